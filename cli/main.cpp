@@ -1,0 +1,123 @@
+// gpumem — command-line front end. Reads a setup (schema: docs/schema.md) from a file or
+// stdin and prints the Estimate as a table, or as JSON with --json.
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "gpumem/estimate.hpp"
+#include "gpumem/format.hpp"
+#include "gpumem/json.hpp"
+#include "gpumem/names.hpp"
+
+namespace {
+
+using gpumem::FormatCount;
+using gpumem::HumanBytes;
+
+constexpr const char* kUsage =
+    "usage: gpumem [--json] [--timeline] [SETUP.json | -]\n"
+    "       gpumem --defaults | --example mlp | --options\n"
+    "\n"
+    "Estimates the GPU memory of one training step. SETUP.json follows docs/schema.md; fields\n"
+    "left out take the defaults (gpumem --defaults). Without a file, the setup is read from stdin.\n"
+    "  --json       print {\"ok\":true,\"estimate\":…} or {\"ok\":false,\"errors\":[…]}\n"
+    "  --timeline   also print every allocation and free of the simulated steps\n"
+    "Exit status: 0 estimated, 1 the setup has errors, 2 usage or unreadable file.\n";
+
+void PrintRows(const std::vector<gpumem::CategoryBytes>& rows) {
+  for (const auto& r : rows) {
+    std::printf("  %-26s %12s  %20s B  %s\n", gpumem::LabelOf(r.category), HumanBytes(r.bytes).c_str(),
+                FormatCount(r.bytes).c_str(), r.formula.c_str());
+  }
+}
+
+void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool timeline) {
+  using namespace gpumem;
+  std::printf("Model: %s parameters — %s\n", FormatCount(e.modelStates.parameterCount).c_str(),
+              LabelOf(setup.model.kind));
+  std::printf("Training: batch %lld × sequence %lld, %s, %s (%s)\n",
+              static_cast<long long>(setup.training.batchSize),
+              static_cast<long long>(setup.training.sequenceLength), LabelOf(setup.training.precision),
+              LabelOf(setup.training.optimizer), LabelOf(setup.training.optimizerImplementation));
+  std::printf("\nPeak: %s (%s B) — %s, step %d: %s\n", HumanBytes(e.peak.totalBytes).c_str(),
+              FormatCount(e.peak.totalBytes).c_str(), LabelOf(e.peak.phase), e.peak.step, e.peak.label.c_str());
+  std::printf("GPU:  %s — %s, %s %s\n", HumanBytes(e.gpuCapacityBytes).c_str(),
+              e.fits ? "fits" : "DOES NOT FIT", e.fits ? "headroom" : "short by",
+              HumanBytes(e.headroomBytes < 0 ? -e.headroomBytes : e.headroomBytes).c_str());
+  std::printf("\nModel states (persistent):\n");
+  PrintRows(e.modelStates.rows);
+  std::printf("  %-26s %12s  %20s B\n", "Total", HumanBytes(e.modelStates.totalBytes).c_str(),
+              FormatCount(e.modelStates.totalBytes).c_str());
+  std::printf("\nAt the peak%s:\n", e.activationsFromHeuristic ? " (activations: per-token heuristic)" : "");
+  PrintRows(e.peak.byCategory);
+  std::printf("\nPeak of each phase:\n");
+  for (const auto& s : e.phasePeaks) {
+    std::printf("  %-16s %12s  step %d  %s\n", LabelOf(s.phase), HumanBytes(s.totalBytes).c_str(), s.step,
+                s.label.c_str());
+  }
+  if (timeline) {
+    std::printf("\nTimeline (every allocation and free):\n");
+    for (std::size_t i = 0; i < e.timeline.size(); ++i) {
+      const auto& p = e.timeline[i];
+      std::printf("  %4zu %-14s s%d %16s B  %12s  %-24s %s\n", i, IdOf(p.phase), p.step,
+                  (p.deltaBytes > 0 ? std::string("+").append(FormatCount(p.deltaBytes)) : FormatCount(p.deltaBytes)).c_str(), HumanBytes(p.totalBytes).c_str(), LabelOf(p.category),
+                  p.label.c_str());
+    }
+  }
+  if (!e.notes.empty()) {
+    std::printf("\nNotes:\n");
+    for (const auto& n : e.notes) std::printf("  - %s\n", n.c_str());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false, timeline = false;
+  const char* path = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--json") json = true;
+    else if (arg == "--timeline") timeline = true;
+    else if (arg == "--defaults") { std::cout << gpumem::SetupToJson(gpumem::DefaultSetup(), 2) << "\n"; return 0; }
+    else if (arg == "--options") { std::cout << gpumem::OptionsJson(2) << "\n"; return 0; }
+    else if (arg == "--example" && i + 1 < argc && std::strcmp(argv[i + 1], "mlp") == 0) {
+      std::cout << gpumem::SetupToJson(gpumem::ExampleMlpSetup(), 2) << "\n";
+      return 0;
+    } else if (arg == "-h" || arg == "--help") { std::cout << kUsage; return 0; }
+    else if (arg == "-" || (!arg.empty() && arg[0] != '-')) {
+      if (path) { std::cerr << kUsage; return 2; }
+      path = argv[i];
+    } else { std::cerr << "gpumem: unknown option " << arg << "\n" << kUsage; return 2; }
+  }
+
+  std::stringstream text;
+  if (path && std::strcmp(path, "-") != 0) {
+    std::ifstream file(path, std::ios::binary);
+    if (!file) { std::cerr << "gpumem: cannot read " << path << "\n"; return 2; }
+    text << file.rdbuf();
+  } else {
+    text << std::cin.rdbuf();
+  }
+
+  gpumem::Setup setup;
+  gpumem::EstimateResult result;
+  result.errors = gpumem::ParseAndValidate(text.str(), setup);
+  if (result.ok()) result = gpumem::EstimateMemory(setup);
+  if (json) {
+    std::cout << gpumem::EstimateResultToJson(result, 2) << "\n";
+    return result.ok() ? 0 : 1;
+  }
+  if (!result.ok()) {
+    for (const auto& e : result.errors) {
+      std::cerr << "error: " << (e.field.empty() ? "setup" : e.field) << ": " << e.message << " ["
+                << gpumem::ErrorCodeId(e.code) << "]\n";
+    }
+    return 1;
+  }
+  PrintTable(setup, result.estimate, timeline);
+  return 0;
+}

@@ -1,0 +1,24 @@
+// gpumem — element types and their sizes.
+#pragma once
+
+#include <cstdint>
+
+namespace gpumem {
+
+enum class DType { FP32, FP16, BF16, Int64, Bool };
+
+// Bytes per element: fp32 4, fp16 2, bf16 2, int64 8, bool 1 (PyTorch's storage sizes).
+constexpr std::int64_t BytesPerElement(DType type) {
+  switch (type) {
+    case DType::FP32: return 4;
+    case DType::FP16: return 2;
+    case DType::BF16: return 2;
+    case DType::Int64: return 8;
+    case DType::Bool: return 1;
+  }
+  return 0;
+}
+
+const char* DTypeId(DType type);  // "fp32", "fp16", "bf16", "int64", "bool"
+
+}  // namespace gpumem

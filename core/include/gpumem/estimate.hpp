@@ -1,0 +1,81 @@
+// gpumem — Estimate: the plain result the CLI, the JSON, the wasm module and the page all read.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpumem/error.hpp"
+#include "gpumem/setup.hpp"
+#include "gpumem/trace.hpp"
+
+namespace gpumem {
+
+// Bytes held by one category, with the formula that produced them.
+struct CategoryBytes {
+  Category category = Category::Parameters;
+  std::int64_t bytes = 0;
+  std::string formula;  // e.g. "369,405,824 parameters × 4 B (fp32)" or a sum of live tensors
+};
+
+// Memory at one moment of the replay.
+struct Snapshot {
+  std::int64_t totalBytes = 0;
+  Phase phase = Phase::Init;
+  int step = 0;
+  std::size_t eventIndex = 0;          // index into the trace / timeline
+  std::string label;                   // the event that reached this total
+  std::vector<CategoryBytes> byCategory;  // categories holding memory, in Category order
+};
+
+// Running total after each event, for the timeline chart.
+struct TimelinePoint {
+  Phase phase = Phase::Init;
+  int step = 0;
+  int layer = -1;
+  std::string label;
+  Category category = Category::Activations;
+  std::int64_t deltaBytes = 0;  // + allocation, − free
+  std::int64_t totalBytes = 0;  // after the event
+};
+
+// Persistent memory of the model (what stays between steps), with formulas.
+struct ModelStates {
+  std::int64_t parameterCount = 0;
+  std::int64_t parametersBytes = 0;
+  std::int64_t masterWeightsBytes = 0;
+  std::int64_t gradientsBytes = 0;
+  std::int64_t optimizerStatesBytes = 0;
+  std::int64_t totalBytes = 0;            // sum of the four above
+  std::vector<CategoryBytes> rows;        // the four, with formulas
+};
+
+struct Estimate {
+  ModelStates modelStates;
+  Snapshot peak;                     // the largest total of the whole simulation
+  std::vector<Snapshot> phasePeaks;  // one per Phase, in Phase order (largest over both steps)
+  std::vector<TimelinePoint> timeline;
+  std::int64_t gpuCapacityBytes = 0;
+  bool fits = false;
+  std::int64_t headroomBytes = 0;    // capacity − peak; negative when it does not fit
+  bool activationsFromHeuristic = false;  // quick mode: activations are the per-token heuristic
+  std::vector<std::string> notes;
+};
+
+struct EstimateResult {
+  std::vector<FieldError> errors;  // non-empty when the setup could not be estimated
+  Estimate estimate;
+  bool ok() const { return errors.empty(); }
+};
+
+// Setup → Inventory → Trace → Replay → Estimate. Validates first; never throws for bad input.
+EstimateResult EstimateMemory(const Setup& setup);
+
+// Replays a trace: running total, overall and per-phase peaks, what is live at each peak.
+Estimate Replay(const Trace& trace);
+
+// Persistent model states of a validated setup, computed from the same per-tensor rules the
+// trace uses (parameters, master weights, gradients, optimizer states).
+ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory);
+
+}  // namespace gpumem

@@ -1,0 +1,34 @@
+// gpumem — Inventory: every parameter tensor the model owns, with its shape.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpumem/setup.hpp"
+
+namespace gpumem {
+
+struct Tensor {
+  std::string name;                // "layers[0].weight", "matrix[1]", "other parameters"
+  std::vector<std::int64_t> shape; // elements per dimension, PyTorch order ([out, in] for Linear)
+  bool trainable = true;
+  int layer = -1;                  // index into ModelDef::layers, -1 when not from a layer
+
+  std::int64_t Elements() const;
+};
+
+struct Inventory {
+  std::vector<Tensor> parameters;
+
+  std::int64_t ParameterCount() const;        // Σ elements of all parameters
+  std::int64_t TrainableCount() const;        // Σ elements of trainable parameters
+};
+
+// Builds the inventory of a validated setup. Quick mode lists the given largest matrices and
+// one 1-D tensor "other parameters" holding the rest of N (so Adafactor treats the rest as
+// unfactored, an upper bound). Layer lists give each Linear a weight [out, in] and a bias
+// [out], each Embedding a weight [numEmbeddings, embeddingDim].
+Inventory BuildInventory(const Setup& setup);
+
+}  // namespace gpumem

@@ -1,0 +1,50 @@
+// gpumem — the JSON schema (version 1) for a Setup and an Estimate. Documented in docs/schema.md.
+// The CLI, the page's URL state and its export/import all use these functions.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpumem/error.hpp"
+#include "gpumem/estimate.hpp"
+#include "gpumem/setup.hpp"
+
+namespace gpumem {
+
+constexpr int kSchemaVersion = 1;
+
+struct SetupParseResult {
+  Setup setup;                     // DefaultSetup() with every field the text gave applied
+  std::vector<FieldError> errors;  // malformed JSON, wrong types, unknown fields
+  bool ok() const { return errors.empty(); }
+};
+
+// Reads a setup. Absent fields keep DefaultSetup()'s values, so a partial document works;
+// unknown fields are errors (usually typos). Never throws, never aborts, on any input.
+SetupParseResult ParseSetupJson(std::string_view text);
+
+std::string SetupToJson(const Setup& setup, int indent = -1);
+std::string EstimateToJson(const Estimate& estimate, int indent = -1);
+std::string ErrorsToJson(const std::vector<FieldError>& errors, int indent = -1);
+
+// Parse + validate (every problem, parse and range errors together) → the setup's errors, with
+// `setup` filled with what could be read.
+std::vector<FieldError> ParseAndValidate(std::string_view text, Setup& setup);
+
+// Parse + validate + estimate.
+EstimateResult EstimateFromJson(std::string_view setupText);
+std::string EstimateResultToJson(const EstimateResult& result, int indent = -1);
+
+// Parse + validate + estimate in one call: {"ok":true,"estimate":{…}} or
+// {"ok":false,"errors":[{"code","field","message"}]}. The wasm boundary uses this envelope.
+std::string EstimateJson(std::string_view setupText, int indent = -1);
+
+// Parse + validate: {"ok":true,"setup":{…normalised…}} or {"ok":false,"errors":[…]}.
+std::string ValidateJson(std::string_view setupText, int indent = -1);
+
+// Every enum's ids and labels, the defaults and the examples, for the page's controls:
+// {"schemaVersion":1,"defaultSetup":{…},"examples":{"mlp":{…}},"precisions":[{"id","label"}],…}
+std::string OptionsJson(int indent = -1);
+
+}  // namespace gpumem

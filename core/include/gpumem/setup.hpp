@@ -1,0 +1,126 @@
+// gpumem — the Setup: everything a person says about one training run.
+//
+// One struct, one DefaultSetup(), units on every field. The CLI, the JSON schema, the wasm
+// bindings and the page all start from DefaultSetup(), so defaults are typed once, here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpumem/error.hpp"
+
+namespace gpumem {
+
+// How the model is described.
+enum class ModelKind {
+  // Quick mode: only the parameter count N is known. Activations come from the published
+  // per-token heuristic A = 4.6894e-4·N + 1.8494e6 values per token (see heuristics.hpp).
+  ParameterCount,
+  // An explicit list of layers; every tensor is counted from its shape.
+  LayerList,
+};
+
+enum class LayerKind { Embedding, Linear, ReLU, GELU, Tanh, Sigmoid, Dropout };
+
+enum class LossKind { CrossEntropy, MSE };
+
+// Numeric regime of the run.
+enum class Precision {
+  FP32,       // weights, gradients, optimizer states, activations: fp32
+  FP16Mixed,  // fp16 weights, gradients and activations; fp32 master weights and states
+  BF16Mixed,  // as FP16Mixed with bf16
+  BF16,       // pure bf16: weights, gradients, states and activations all bf16, no master
+};
+
+enum class OptimizerKind { SGD, SGDMomentum, Adam, AdamW, Adafactor };
+
+// How the optimizer step is executed; decides its temporaries ("intermediates").
+enum class OptimizerImplementation {
+  ForEach,       // torch.optim default on CUDA: one multi-tensor op over all parameters
+  PerParameter,  // a Python loop over parameters (foreach=False; HF Adafactor)
+  Fused,         // one fused kernel (fused=True): no parameter-sized temporaries
+};
+
+// A matrix shape, rows × cols, in elements. Used to describe the largest weight matrices in
+// quick mode so that Adafactor can factor them (rows + cols second-moment values).
+struct MatrixShape {
+  std::int64_t rows = 0;  // elements
+  std::int64_t cols = 0;  // elements
+};
+
+// One layer of a layer-list model. Only the fields of its kind are read.
+struct LayerDef {
+  LayerKind kind = LayerKind::Linear;
+  std::int64_t inFeatures = 0;     // Linear: input features (elements)
+  std::int64_t outFeatures = 0;    // Linear: output features (elements)
+  bool bias = true;                // Linear: has a bias vector of outFeatures
+  std::int64_t numEmbeddings = 0;  // Embedding: vocabulary size (rows)
+  std::int64_t embeddingDim = 0;   // Embedding: width of a row (elements)
+  double dropoutProbability = 0.1; // Dropout: p in [0, 1); p = 0 is the identity (no mask)
+};
+
+struct ModelDef {
+  ModelKind kind = ModelKind::ParameterCount;
+
+  // --- quick mode (ParameterCount) ---
+  std::int64_t parameterCount = 0;          // N, parameters (elements)
+  std::vector<MatrixShape> largestMatrices; // optional: shapes of the largest weight matrices
+
+  // --- layer list ---
+  std::vector<LayerDef> layers;  // in forward order
+  LossKind loss = LossKind::CrossEntropy;
+};
+
+struct TrainingDef {
+  std::int64_t batchSize = 1;       // samples per micro-batch
+  std::int64_t sequenceLength = 1;  // tokens per sample (1 for a plain MLP on vectors)
+  Precision precision = Precision::FP32;
+  OptimizerKind optimizer = OptimizerKind::Adam;
+  OptimizerImplementation optimizerImplementation = OptimizerImplementation::ForEach;
+  bool adafactorBeta1 = false;       // Adafactor keeps a full first moment when β1 is set
+  bool zeroGradSetToNone = true;     // zero_grad(set_to_none=True): gradients freed after the step
+};
+
+struct GpuDef {
+  double memoryGiB = 80.0;  // capacity the person trains on, GiB (2^30 bytes)
+};
+
+struct Setup {
+  ModelDef model;
+  TrainingDef training;
+  GpuDef gpu;
+};
+
+// The one source of defaults: GPT-2 XL-sized quick mode (1.5e9 parameters), fp16 mixed
+// precision, Adam, batch 1 × 1024 tokens, on an 80 GiB GPU.
+Setup DefaultSetup();
+
+// The MLP of the classic "why is my 1.5 GB model using 6 GB" example:
+// 240000 → 1024 → 512 → 240000 with biases and ReLUs, MSE loss, batch 32, fp32, Adam.
+Setup ExampleMlpSetup();
+
+// Upper bounds that reject absurd input before any arithmetic can overflow.
+struct Limits {
+  static constexpr std::int64_t maxParameterCount = 100'000'000'000'000;  // 1e14
+  static constexpr std::int64_t maxFeatures = 1'000'000'000;              // per dimension
+  static constexpr std::int64_t maxLayers = 100'000;
+  static constexpr std::int64_t maxMatrices = 100'000;
+  static constexpr std::int64_t maxBatchSize = 1'000'000;
+  static constexpr std::int64_t maxSequenceLength = 100'000'000;
+  static constexpr std::int64_t maxTokens = 10'000'000'000;  // batch × sequence
+  static constexpr double maxGpuMemoryGiB = 1'000'000.0;
+  // The largest number of bytes any single estimate may reach (about 1 EB); beyond it the
+  // setup is rejected instead of risking 64-bit overflow.
+  static constexpr double maxEstimateBytes = 1e18;
+};
+
+// Every problem with a setup, each naming its field by JSON path ("training.batchSize",
+// "model.layers[2].inFeatures"). Empty when the setup can be estimated.
+std::vector<FieldError> Validate(const Setup& setup);
+
+// Feature width flowing out of layer `index` (and into layer index+1), or 0 when unknown
+// (a leading activation with no width yet). Used by validation and by the trace.
+std::int64_t OutputWidth(const std::vector<LayerDef>& layers, std::size_t index);
+
+}  // namespace gpumem

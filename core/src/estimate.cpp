@@ -1,0 +1,102 @@
+// Setup → Inventory → Trace → Replay → Estimate.
+#include "gpumem/estimate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "gpumem/format.hpp"
+#include "gpumem/inventory.hpp"
+#include "gpumem/names.hpp"
+#include "trace_builder.hpp"
+
+namespace gpumem {
+namespace {
+
+std::string PerParameter(std::int64_t count, DType type) {
+  return FormatCount(count) + " parameters × " + BytesOf(type);
+}
+
+// Model-state rows are exact products of N; at a peak the same bytes read better as that
+// product than as a list of tensors.
+void UseModelStateFormulas(Snapshot& snapshot, const ModelStates& states) {
+  for (CategoryBytes& row : snapshot.byCategory) {
+    for (const CategoryBytes& state : states.rows) {
+      if (row.category == state.category && row.bytes == state.bytes) row.formula = state.formula;
+    }
+  }
+}
+
+}  // namespace
+
+ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
+  const Regime regime = RegimeOf(setup.training.precision);
+  ModelStates m;
+  m.parameterCount = inventory.ParameterCount();
+  const std::int64_t trainable = inventory.TrainableCount();
+  m.parametersBytes = m.parameterCount * BytesPerElement(regime.weights);
+  m.masterWeightsBytes = regime.masterWeights ? trainable * 4 : 0;
+  m.gradientsBytes = trainable * BytesPerElement(regime.gradients);
+
+  // Optimizer states from the same per-tensor rule the trace uses, summed by state name.
+  std::vector<std::pair<std::string, std::int64_t>> valuesByName;
+  DType stateType = regime.states;
+  for (const Tensor& p : inventory.parameters) {
+    for (const StateTensor& s : OptimizerStateTensors(setup.training, regime, p)) {
+      m.optimizerStatesBytes += s.elements * BytesPerElement(s.type);
+      stateType = s.type;
+      auto it = std::find_if(valuesByName.begin(), valuesByName.end(),
+                             [&](const auto& v) { return v.first == s.name; });
+      if (it == valuesByName.end()) valuesByName.emplace_back(s.name, s.elements);
+      else it->second += s.elements;
+    }
+  }
+  m.totalBytes = m.parametersBytes + m.masterWeightsBytes + m.gradientsBytes + m.optimizerStatesBytes;
+
+  m.rows.push_back({Category::Parameters, m.parametersBytes, PerParameter(m.parameterCount, regime.weights)});
+  if (regime.masterWeights) {
+    m.rows.push_back({Category::MasterWeights, m.masterWeightsBytes, PerParameter(trainable, DType::FP32)});
+  }
+  m.rows.push_back({Category::Gradients, m.gradientsBytes, PerParameter(trainable, regime.gradients)});
+  std::string states;
+  std::int64_t values = 0;
+  for (const auto& [name, count] : valuesByName) {
+    states += (states.empty() ? "" : " + ") + name + " " + FormatCount(count);
+    values += count;
+  }
+  states = valuesByName.empty()
+               ? std::string(LabelOf(setup.training.optimizer)) + " keeps no state"
+               : states + " = " + FormatCount(values) + " values × " + BytesOf(stateType);
+  m.rows.push_back({Category::OptimizerStates, m.optimizerStatesBytes, states});
+  return m;
+}
+
+EstimateResult EstimateMemory(const Setup& setup) {
+  EstimateResult result;
+  result.errors = Validate(setup);
+  if (!result.ok()) return result;
+
+  const Inventory inventory = BuildInventory(setup);
+  const Trace trace = BuildTrace(setup, inventory);
+  Estimate est = Replay(trace);
+  est.modelStates = ComputeModelStates(setup, inventory);
+  UseModelStateFormulas(est.peak, est.modelStates);
+  for (Snapshot& s : est.phasePeaks) UseModelStateFormulas(s, est.modelStates);
+
+  est.activationsFromHeuristic = setup.model.kind == ModelKind::ParameterCount;
+  est.gpuCapacityBytes = std::llround(setup.gpu.memoryGiB * 1073741824.0);
+  est.headroomBytes = est.gpuCapacityBytes - est.peak.totalBytes;
+  est.fits = est.headroomBytes >= 0;
+  if (setup.training.optimizer == OptimizerKind::Adafactor &&
+      setup.training.optimizerImplementation == OptimizerImplementation::ForEach) {
+    est.notes.push_back("Adafactor is simulated as HF transformers runs it: one parameter at a time.");
+  }
+  est.notes.push_back(
+      "Not included: the CUDA context (about 0.3–1 GiB per process), allocator fragmentation "
+      "and communication buffers.");
+  result.estimate = std::move(est);
+  return result;
+}
+
+}  // namespace gpumem

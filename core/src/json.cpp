@@ -1,0 +1,437 @@
+// The JSON schema (docs/schema.md). Built without exceptions for wasm, so every value is
+// type-checked before it is read: no nlohmann call here may throw on any input.
+#include "gpumem/json.hpp"
+
+#include <cmath>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "gpumem/names.hpp"
+
+namespace gpumem {
+namespace {
+
+using nlohmann::json;
+// Output keeps insertion order so that documents read top-down (schemaVersion, model, …).
+using ojson = nlohmann::ordered_json;
+
+constexpr std::size_t kMaxTextBytes = 16u << 20;  // 16 MiB
+constexpr int kMaxDepth = 64;
+
+// Refuses hostile nesting before the parser sees it (deep recursion in a small wasm stack).
+bool NestingWithin(std::string_view text, int limit) {
+  int depth = 0;
+  bool inString = false, escaped = false;
+  for (char c : text) {
+    if (inString) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') inString = false;
+      continue;
+    }
+    if (c == '"') inString = true;
+    else if (c == '[' || c == '{') { if (++depth > limit) return false; }
+    else if (c == ']' || c == '}') --depth;
+  }
+  return true;
+}
+
+std::string Join(const std::string& path, const std::string& key) {
+  return path.empty() ? key : path + "." + key;
+}
+
+std::string KindOf(const json& v) {
+  if (v.is_null()) return "null";
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string";
+  if (v.is_array()) return "an array";
+  return "an object";
+}
+
+class Reader {
+ public:
+  explicit Reader(std::vector<FieldError>& errors) : errors_(errors) {}
+
+  void Fail(ErrorCode code, const std::string& field, const std::string& message) {
+    errors_.push_back({code, field, message});
+  }
+
+  // True when `v` is an object; otherwise records an error.
+  bool ExpectObject(const json& v, const std::string& path) {
+    if (v.is_object()) return true;
+    Fail(ErrorCode::InvalidField, path, "Expected an object, got " + KindOf(v) + ".");
+    return false;
+  }
+
+  void RejectUnknown(const json& object, std::initializer_list<const char*> known,
+                     const std::string& path) {
+    for (auto it = object.begin(); it != object.end(); ++it) {
+      bool ok = false;
+      for (const char* k : known) ok = ok || it.key() == k;
+      if (!ok) {
+        Fail(ErrorCode::UnknownField, Join(path, it.key()),
+             "Unknown field \"" + it.key() + "\" (check the spelling; see docs/schema.md).");
+      }
+    }
+  }
+
+  void Int(const json& object, const char* key, const std::string& path, std::int64_t& out) {
+    auto it = object.find(key);
+    if (it == object.end()) return;
+    const std::string field = Join(path, key);
+    const json& v = *it;
+    if (v.is_number_integer()) {
+      if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
+        Fail(ErrorCode::InvalidField, field, "The value is far too large.");
+        return;
+      }
+      out = v.get<std::int64_t>();
+      return;
+    }
+    if (v.is_number_float()) {
+      const double d = v.get<double>();
+      if (!std::isfinite(d) || std::fabs(d) > 9.0e18) {
+        Fail(ErrorCode::InvalidField, field, "The value is far too large.");
+      } else if (d != std::floor(d)) {
+        Fail(ErrorCode::InvalidField, field, "Must be a whole number (got " + v.dump() + ").");
+      } else {
+        out = static_cast<std::int64_t>(d);
+      }
+      return;
+    }
+    Fail(ErrorCode::InvalidField, field, "Must be a number, got " + KindOf(v) + ".");
+  }
+
+  void Number(const json& object, const char* key, const std::string& path, double& out) {
+    auto it = object.find(key);
+    if (it == object.end()) return;
+    if (!it->is_number()) {
+      Fail(ErrorCode::InvalidField, Join(path, key), "Must be a number, got " + KindOf(*it) + ".");
+      return;
+    }
+    out = it->get<double>();
+  }
+
+  void Bool(const json& object, const char* key, const std::string& path, bool& out) {
+    auto it = object.find(key);
+    if (it == object.end()) return;
+    if (!it->is_boolean()) {
+      Fail(ErrorCode::InvalidField, Join(path, key), "Must be true or false, got " + KindOf(*it) + ".");
+      return;
+    }
+    out = it->get<bool>();
+  }
+
+  template <class E>
+  void Enum(const json& object, const char* key, const std::string& path, E& out) {
+    auto it = object.find(key);
+    if (it == object.end()) return;
+    const std::string field = Join(path, key);
+    std::string allowed;
+    for (const auto& n : NamesOf(E{})) allowed += (allowed.empty() ? "" : ", ") + std::string(n.id);
+    if (!it->is_string() || !FromId(it->get_ref<const std::string&>(), out)) {
+      Fail(ErrorCode::InvalidField, field,
+           "Must be one of " + allowed + " (got " + it->dump() + ").");
+    }
+  }
+
+ private:
+  std::vector<FieldError>& errors_;
+};
+
+void ReadLayer(Reader& r, const json& v, const std::string& path, LayerDef& layer) {
+  if (!r.ExpectObject(v, path)) return;
+  auto type = v.find("type");
+  if (type == v.end()) {
+    r.Fail(ErrorCode::MissingField, path + ".type", "Each layer needs a \"type\".");
+    return;
+  }
+  r.Enum(v, "type", path, layer.kind);
+  switch (layer.kind) {
+    case LayerKind::Linear:
+      r.RejectUnknown(v, {"type", "inFeatures", "outFeatures", "bias"}, path);
+      if (!v.contains("inFeatures")) r.Fail(ErrorCode::MissingField, path + ".inFeatures", "A linear layer needs inFeatures.");
+      if (!v.contains("outFeatures")) r.Fail(ErrorCode::MissingField, path + ".outFeatures", "A linear layer needs outFeatures.");
+      r.Int(v, "inFeatures", path, layer.inFeatures);
+      r.Int(v, "outFeatures", path, layer.outFeatures);
+      r.Bool(v, "bias", path, layer.bias);
+      break;
+    case LayerKind::Embedding:
+      r.RejectUnknown(v, {"type", "numEmbeddings", "embeddingDim"}, path);
+      if (!v.contains("numEmbeddings")) r.Fail(ErrorCode::MissingField, path + ".numEmbeddings", "An embedding needs numEmbeddings.");
+      if (!v.contains("embeddingDim")) r.Fail(ErrorCode::MissingField, path + ".embeddingDim", "An embedding needs embeddingDim.");
+      r.Int(v, "numEmbeddings", path, layer.numEmbeddings);
+      r.Int(v, "embeddingDim", path, layer.embeddingDim);
+      break;
+    case LayerKind::Dropout:
+      r.RejectUnknown(v, {"type", "p"}, path);
+      r.Number(v, "p", path, layer.dropoutProbability);
+      break;
+    default:
+      r.RejectUnknown(v, {"type"}, path);
+      break;
+  }
+}
+
+void ReadModel(Reader& r, const json& v, ModelDef& model) {
+  const std::string path = "model";
+  if (!r.ExpectObject(v, path)) return;
+  r.RejectUnknown(v, {"kind", "parameterCount", "largestMatrices", "layers", "loss"}, path);
+  r.Enum(v, "kind", path, model.kind);
+  r.Int(v, "parameterCount", path, model.parameterCount);
+  r.Enum(v, "loss", path, model.loss);
+  if (auto it = v.find("largestMatrices"); it != v.end()) {
+    if (!it->is_array()) {
+      r.Fail(ErrorCode::InvalidField, "model.largestMatrices", "Must be an array of {rows, cols}.");
+    } else if (it->size() > static_cast<std::size_t>(Limits::maxMatrices)) {
+      r.Fail(ErrorCode::InvalidField, "model.largestMatrices", "Too many matrices listed.");
+    } else {
+      model.largestMatrices.clear();
+      for (std::size_t i = 0; i < it->size(); ++i) {
+        const std::string p = "model.largestMatrices[" + std::to_string(i) + "]";
+        MatrixShape m;
+        const json& e = (*it)[i];
+        if (r.ExpectObject(e, p)) {
+          r.RejectUnknown(e, {"rows", "cols"}, p);
+          if (!e.contains("rows")) r.Fail(ErrorCode::MissingField, p + ".rows", "A matrix needs rows.");
+          if (!e.contains("cols")) r.Fail(ErrorCode::MissingField, p + ".cols", "A matrix needs cols.");
+          r.Int(e, "rows", p, m.rows);
+          r.Int(e, "cols", p, m.cols);
+        }
+        model.largestMatrices.push_back(m);
+      }
+    }
+  }
+  if (auto it = v.find("layers"); it != v.end()) {
+    if (!it->is_array()) {
+      r.Fail(ErrorCode::InvalidField, "model.layers", "Must be an array of layers.");
+    } else if (it->size() > static_cast<std::size_t>(Limits::maxLayers)) {
+      r.Fail(ErrorCode::InvalidField, "model.layers", "Too many layers.");
+    } else {
+      model.layers.clear();
+      for (std::size_t i = 0; i < it->size(); ++i) {
+        LayerDef layer;
+        ReadLayer(r, (*it)[i], "model.layers[" + std::to_string(i) + "]", layer);
+        model.layers.push_back(layer);
+      }
+    }
+  }
+}
+
+void ReadTraining(Reader& r, const json& v, TrainingDef& t) {
+  const std::string path = "training";
+  if (!r.ExpectObject(v, path)) return;
+  r.RejectUnknown(v, {"batchSize", "sequenceLength", "precision", "optimizer",
+                      "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone"}, path);
+  r.Int(v, "batchSize", path, t.batchSize);
+  r.Int(v, "sequenceLength", path, t.sequenceLength);
+  r.Enum(v, "precision", path, t.precision);
+  r.Enum(v, "optimizer", path, t.optimizer);
+  r.Enum(v, "optimizerImplementation", path, t.optimizerImplementation);
+  r.Bool(v, "adafactorBeta1", path, t.adafactorBeta1);
+  r.Bool(v, "zeroGradSetToNone", path, t.zeroGradSetToNone);
+}
+
+ojson LayerToJson(const LayerDef& l) {
+  ojson j = {{"type", IdOf(l.kind)}};
+  if (l.kind == LayerKind::Linear) {
+    j["inFeatures"] = l.inFeatures;
+    j["outFeatures"] = l.outFeatures;
+    j["bias"] = l.bias;
+  } else if (l.kind == LayerKind::Embedding) {
+    j["numEmbeddings"] = l.numEmbeddings;
+    j["embeddingDim"] = l.embeddingDim;
+  } else if (l.kind == LayerKind::Dropout) {
+    j["p"] = l.dropoutProbability;
+  }
+  return j;
+}
+
+ojson SetupJson(const Setup& s) {
+  ojson layers = ojson::array();
+  for (const LayerDef& l : s.model.layers) layers.push_back(LayerToJson(l));
+  ojson matrices = ojson::array();
+  for (const MatrixShape& m : s.model.largestMatrices) matrices.push_back({{"rows", m.rows}, {"cols", m.cols}});
+  return {
+      {"schemaVersion", kSchemaVersion},
+      {"model", {{"kind", IdOf(s.model.kind)}, {"parameterCount", s.model.parameterCount},
+                 {"largestMatrices", matrices}, {"layers", layers}, {"loss", IdOf(s.model.loss)}}},
+      {"training", {{"batchSize", s.training.batchSize}, {"sequenceLength", s.training.sequenceLength},
+                    {"precision", IdOf(s.training.precision)}, {"optimizer", IdOf(s.training.optimizer)},
+                    {"optimizerImplementation", IdOf(s.training.optimizerImplementation)},
+                    {"adafactorBeta1", s.training.adafactorBeta1},
+                    {"zeroGradSetToNone", s.training.zeroGradSetToNone}}},
+      {"gpu", {{"memoryGiB", s.gpu.memoryGiB}}},
+  };
+}
+
+ojson RowsJson(const std::vector<CategoryBytes>& rows) {
+  ojson out = ojson::array();
+  for (const CategoryBytes& r : rows) {
+    out.push_back({{"category", IdOf(r.category)}, {"label", LabelOf(r.category)},
+                   {"bytes", r.bytes}, {"formula", r.formula}});
+  }
+  return out;
+}
+
+ojson SnapshotJson(const Snapshot& s) {
+  return {{"totalBytes", s.totalBytes}, {"phase", IdOf(s.phase)}, {"phaseLabel", LabelOf(s.phase)},
+          {"step", s.step}, {"eventIndex", s.eventIndex}, {"label", s.label},
+          {"byCategory", RowsJson(s.byCategory)}};
+}
+
+ojson EstimateObject(const Estimate& e) {
+  ojson phases = ojson::array();
+  for (const Snapshot& s : e.phasePeaks) phases.push_back(SnapshotJson(s));
+  ojson timeline = ojson::array();
+  for (const TimelinePoint& p : e.timeline) {
+    timeline.push_back({{"phase", IdOf(p.phase)}, {"step", p.step}, {"layer", p.layer},
+                        {"label", p.label}, {"category", IdOf(p.category)},
+                        {"deltaBytes", p.deltaBytes}, {"totalBytes", p.totalBytes}});
+  }
+  const ModelStates& m = e.modelStates;
+  return {
+      {"schemaVersion", kSchemaVersion},
+      {"activationsFromHeuristic", e.activationsFromHeuristic},
+      {"modelStates", {{"parameterCount", m.parameterCount}, {"parametersBytes", m.parametersBytes},
+                       {"masterWeightsBytes", m.masterWeightsBytes}, {"gradientsBytes", m.gradientsBytes},
+                       {"optimizerStatesBytes", m.optimizerStatesBytes}, {"totalBytes", m.totalBytes},
+                       {"rows", RowsJson(m.rows)}}},
+      {"peak", SnapshotJson(e.peak)},
+      {"phasePeaks", phases},
+      {"timeline", timeline},
+      {"gpu", {{"capacityBytes", e.gpuCapacityBytes}, {"fits", e.fits}, {"headroomBytes", e.headroomBytes}}},
+      {"notes", e.notes},
+  };
+}
+
+ojson ErrorsArray(const std::vector<FieldError>& errors) {
+  ojson out = ojson::array();
+  for (const FieldError& e : errors) {
+    out.push_back({{"code", ErrorCodeId(e.code)}, {"field", e.field}, {"message", e.message}});
+  }
+  return out;
+}
+
+template <class E>
+ojson NameList() {
+  ojson out = ojson::array();
+  for (const auto& n : NamesOf(E{})) out.push_back({{"id", n.id}, {"label", n.label}});
+  return out;
+}
+
+// Invalid UTF-8 in a message (echoed input) must not make dump() throw or abort.
+std::string Dump(const ojson& j, int indent) {
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
+
+}  // namespace
+
+SetupParseResult ParseSetupJson(std::string_view text) {
+  SetupParseResult result;
+  result.setup = DefaultSetup();
+  Reader r(result.errors);
+  if (text.size() > kMaxTextBytes) {
+    r.Fail(ErrorCode::MalformedJson, "", "The setup is larger than 16 MiB.");
+    return result;
+  }
+  if (!NestingWithin(text, kMaxDepth)) {
+    r.Fail(ErrorCode::MalformedJson, "", "The setup is nested more than 64 levels deep.");
+    return result;
+  }
+  const json doc = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    r.Fail(ErrorCode::MalformedJson, "", "The setup is not valid JSON.");
+    return result;
+  }
+  if (!r.ExpectObject(doc, "")) return result;
+  r.RejectUnknown(doc, {"schemaVersion", "model", "training", "gpu"}, "");
+  if (auto it = doc.find("schemaVersion"); it != doc.end()) {
+    if (!it->is_number_integer() || it->get<std::int64_t>() != kSchemaVersion) {
+      r.Fail(ErrorCode::InvalidField, "schemaVersion", "Only schema version 1 is understood.");
+    }
+  }
+  if (auto it = doc.find("model"); it != doc.end()) ReadModel(r, *it, result.setup.model);
+  if (auto it = doc.find("training"); it != doc.end()) ReadTraining(r, *it, result.setup.training);
+  if (auto it = doc.find("gpu"); it != doc.end()) {
+    if (r.ExpectObject(*it, "gpu")) {
+      r.RejectUnknown(*it, {"memoryGiB"}, "gpu");
+      r.Number(*it, "memoryGiB", "gpu", result.setup.gpu.memoryGiB);
+    }
+  }
+  return result;
+}
+
+std::string SetupToJson(const Setup& setup, int indent) { return Dump(SetupJson(setup), indent); }
+
+std::string EstimateToJson(const Estimate& estimate, int indent) {
+  return Dump(EstimateObject(estimate), indent);
+}
+
+std::string ErrorsToJson(const std::vector<FieldError>& errors, int indent) {
+  return Dump(ErrorsArray(errors), indent);
+}
+
+std::vector<FieldError> ParseAndValidate(std::string_view text, Setup& setup) {
+  SetupParseResult parsed = ParseSetupJson(text);
+  setup = parsed.setup;
+  std::vector<FieldError> errors = parsed.errors;
+  if (!errors.empty() && errors.front().code == ErrorCode::MalformedJson) return errors;
+  // Fields that failed to parse kept their defaults; report every other problem too, so a
+  // person fixes them all in one pass. A field already named is not named twice.
+  for (FieldError& e : Validate(setup)) {
+    bool named = false;
+    for (const FieldError& p : parsed.errors) named = named || p.field == e.field;
+    if (!named) errors.push_back(std::move(e));
+  }
+  return errors;
+}
+
+std::string EstimateResultToJson(const EstimateResult& result, int indent) {
+  if (!result.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(result.errors)}}, indent);
+  return Dump({{"ok", true}, {"estimate", EstimateObject(result.estimate)}}, indent);
+}
+
+EstimateResult EstimateFromJson(std::string_view setupText) {
+  Setup setup;
+  EstimateResult result;
+  result.errors = ParseAndValidate(setupText, setup);
+  if (result.ok()) result = EstimateMemory(setup);
+  return result;
+}
+
+std::string EstimateJson(std::string_view setupText, int indent) {
+  return EstimateResultToJson(EstimateFromJson(setupText), indent);
+}
+
+std::string ValidateJson(std::string_view setupText, int indent) {
+  Setup setup;
+  const std::vector<FieldError> errors = ParseAndValidate(setupText, setup);
+  if (!errors.empty()) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  return Dump({{"ok", true}, {"setup", SetupJson(setup)}}, indent);
+}
+
+std::string OptionsJson(int indent) {
+  ojson examples = ojson::array();
+  examples.push_back({{"id", "quick-1.5b"}, {"label", "1.5B parameters, quick mode (fp16 mixed, Adam)"},
+                      {"setup", SetupJson(DefaultSetup())}});
+  examples.push_back({{"id", "mlp"}, {"label", "MLP 240000 → 1024 → 512 → 240000 (fp32, Adam)"},
+                      {"setup", SetupJson(ExampleMlpSetup())}});
+  return Dump({{"schemaVersion", kSchemaVersion},
+               {"version", GPUMEM_VERSION},
+               {"defaultSetup", SetupJson(DefaultSetup())},
+               {"examples", examples},
+               {"modelKinds", NameList<ModelKind>()},
+               {"layerTypes", NameList<LayerKind>()},
+               {"losses", NameList<LossKind>()},
+               {"precisions", NameList<Precision>()},
+               {"optimizers", NameList<OptimizerKind>()},
+               {"optimizerImplementations", NameList<OptimizerImplementation>()},
+               {"phases", NameList<Phase>()},
+               {"categories", NameList<Category>()}},
+              indent);
+}
+
+}  // namespace gpumem

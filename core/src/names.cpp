@@ -1,0 +1,95 @@
+// The one table of enum identifiers (JSON, URLs) and labels (what people read).
+#include "gpumem/names.hpp"
+
+#include "gpumem/dtype.hpp"
+#include "gpumem/error.hpp"
+
+namespace gpumem {
+namespace {
+
+constexpr Named<ModelKind> kModelKinds[] = {
+    {ModelKind::ParameterCount, "parameterCount", "Parameter count (quick, heuristic activations)"},
+    {ModelKind::LayerList, "layers", "Layer list (exact)"},
+};
+constexpr Named<LayerKind> kLayerKinds[] = {
+    {LayerKind::Embedding, "embedding", "Embedding"}, {LayerKind::Linear, "linear", "Linear"},
+    {LayerKind::ReLU, "relu", "ReLU"},                {LayerKind::GELU, "gelu", "GELU"},
+    {LayerKind::Tanh, "tanh", "Tanh"},                {LayerKind::Sigmoid, "sigmoid", "Sigmoid"},
+    {LayerKind::Dropout, "dropout", "Dropout"},
+};
+constexpr Named<LossKind> kLosses[] = {
+    {LossKind::CrossEntropy, "crossEntropy", "Cross-entropy"},
+    {LossKind::MSE, "mse", "Mean squared error"},
+};
+constexpr Named<Precision> kPrecisions[] = {
+    {Precision::FP32, "fp32", "fp32"},
+    {Precision::FP16Mixed, "fp16Mixed", "fp16 mixed precision (fp32 master weights)"},
+    {Precision::BF16Mixed, "bf16Mixed", "bf16 mixed precision (fp32 master weights)"},
+    {Precision::BF16, "bf16", "pure bf16"},
+};
+constexpr Named<OptimizerKind> kOptimizers[] = {
+    {OptimizerKind::SGD, "sgd", "SGD"},
+    {OptimizerKind::SGDMomentum, "sgdMomentum", "SGD with momentum"},
+    {OptimizerKind::Adam, "adam", "Adam"},
+    {OptimizerKind::AdamW, "adamw", "AdamW"},
+    {OptimizerKind::Adafactor, "adafactor", "Adafactor"},
+};
+constexpr Named<OptimizerImplementation> kImplementations[] = {
+    {OptimizerImplementation::ForEach, "forEach", "foreach (multi-tensor, PyTorch default)"},
+    {OptimizerImplementation::PerParameter, "perParameter", "per parameter (for-loop)"},
+    {OptimizerImplementation::Fused, "fused", "fused kernel"},
+};
+constexpr Named<Phase> kPhases[] = {
+    {Phase::Init, "init", "Model init"},
+    {Phase::Forward, "forward", "Forward"},
+    {Phase::Backward, "backward", "Backward"},
+    {Phase::OptimizerStep, "optimizerStep", "Optimizer step"},
+};
+constexpr Named<Category> kCategories[] = {
+    {Category::Parameters, "parameters", "Parameters"},
+    {Category::MasterWeights, "masterWeights", "fp32 master weights"},
+    {Category::Gradients, "gradients", "Gradients"},
+    {Category::OptimizerStates, "optimizerStates", "Optimizer states"},
+    {Category::OptimizerIntermediates, "optimizerIntermediates", "Optimizer intermediates"},
+    {Category::Activations, "activations", "Activations"},
+    {Category::ActivationGradients, "activationGradients", "Activation gradients"},
+    {Category::InputBatch, "inputBatch", "Input batch"},
+};
+static_assert(std::size(kCategories) == kCategoryCount);
+
+}  // namespace
+
+std::span<const Named<ModelKind>> NamesOf(ModelKind) { return kModelKinds; }
+std::span<const Named<LayerKind>> NamesOf(LayerKind) { return kLayerKinds; }
+std::span<const Named<LossKind>> NamesOf(LossKind) { return kLosses; }
+std::span<const Named<Precision>> NamesOf(Precision) { return kPrecisions; }
+std::span<const Named<OptimizerKind>> NamesOf(OptimizerKind) { return kOptimizers; }
+std::span<const Named<OptimizerImplementation>> NamesOf(OptimizerImplementation) {
+  return kImplementations;
+}
+std::span<const Named<Phase>> NamesOf(Phase) { return kPhases; }
+std::span<const Named<Category>> NamesOf(Category) { return kCategories; }
+
+const char* DTypeId(DType type) {
+  switch (type) {
+    case DType::FP32: return "fp32";
+    case DType::FP16: return "fp16";
+    case DType::BF16: return "bf16";
+    case DType::Int64: return "int64";
+    case DType::Bool: return "bool";
+  }
+  return "";
+}
+
+const char* ErrorCodeId(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::InvalidField: return "invalidField";
+    case ErrorCode::MissingField: return "missingField";
+    case ErrorCode::UnknownField: return "unknownField";
+    case ErrorCode::MalformedJson: return "malformedJson";
+    case ErrorCode::TooLarge: return "tooLarge";
+  }
+  return "";
+}
+
+}  // namespace gpumem

@@ -1,0 +1,116 @@
+// Private machinery of the trace: reference-counted tensors, precision regimes, gradients.
+//
+// A tensor is freed when the last thing holding it lets go — the Python variable, the autograd
+// node that saved it, the batch — which is how PyTorch's caching allocator sees it. Modelling
+// references instead of writing frees by hand keeps each op's rule local: "linear saves its
+// input" is one Retain, and the input is freed exactly when nothing else holds it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpumem/dtype.hpp"
+#include "gpumem/inventory.hpp"
+#include "gpumem/setup.hpp"
+#include "gpumem/trace.hpp"
+
+namespace gpumem {
+
+using TensorHandle = int;
+constexpr TensorHandle kNoTensor = -1;
+
+class TraceBuilder {
+ public:
+  explicit TraceBuilder(Trace& trace) : trace_(trace) {}
+
+  void SetPhase(Phase phase, int step) { phase_ = phase; step_ = step; }
+  int step() const { return step_; }
+
+  // Allocates a tensor held once (by the caller).
+  TensorHandle Alloc(Category category, std::int64_t bytes, std::string tensor, std::string label,
+                     std::string formula, int layer = -1);
+  // One more holder (e.g. autograd saving it for backward).
+  TensorHandle Retain(TensorHandle handle);
+  // One holder lets go; the tensor is freed when none remain. No-op for kNoTensor.
+  void Release(TensorHandle handle, const std::string& label);
+
+ private:
+  struct Live {
+    std::size_t allocEvent = 0;
+    int holders = 0;
+  };
+  Trace& trace_;
+  Phase phase_ = Phase::Init;
+  int step_ = 0;
+  int nextId_ = 0;
+  std::map<TensorHandle, Live> live_;
+};
+
+// Element types of one precision regime.
+struct Regime {
+  DType weights;      // what forward computes with
+  DType gradients;    // .grad
+  DType states;       // optimizer states (Adafactor keeps fp32 whatever this says)
+  DType activations;  // forward outputs and saved tensors
+  bool masterWeights; // an fp32 master copy lives in the optimizer
+  bool lossInFp32;    // logits are upcast to fp32 for the loss
+};
+Regime RegimeOf(Precision precision);
+
+// Receives parameter gradients as backward produces them. The first gradient of a tensor
+// becomes its .grad (PyTorch's AccumulateGrad steals the buffer, no copy); later ones are
+// added in place, so they only exist for the duration of the add.
+class GradientSink {
+ public:
+  GradientSink(TraceBuilder& builder, const Inventory& inventory, const Regime& regime);
+  void Produce(std::size_t parameterIndex, const std::string& label);
+  // zero_grad(set_to_none=True): every .grad released.
+  void ReleaseAll(const std::string& label);
+  const std::vector<TensorHandle>& handles() const { return grads_; }
+
+ private:
+  TraceBuilder& builder_;
+  const Inventory& inventory_;
+  Regime regime_;
+  std::vector<TensorHandle> grads_;
+};
+
+// One model family's forward and backward over a micro-batch.
+class ModelPass {
+ public:
+  virtual ~ModelPass() = default;
+  virtual void Forward(TraceBuilder& builder) = 0;
+  virtual void Backward(TraceBuilder& builder, GradientSink& gradients) = 0;
+  // Releases what the step held to its end (the batch, the loss).
+  virtual void EndStep(TraceBuilder& builder) = 0;
+};
+
+// Emits one optimizer.step(): states created on the first call, then the temporaries of the
+// chosen implementation. Defined in optimizer.cpp next to the state-size rules.
+class OptimizerPass {
+ public:
+  OptimizerPass(const Setup& setup, const Inventory& inventory, const Regime& regime);
+  void Step(TraceBuilder& builder);
+
+ private:
+  const Setup& setup_;
+  const Inventory& inventory_;
+  Regime regime_;
+  bool statesCreated_ = false;
+  std::vector<TensorHandle> states_;
+};
+
+// The state tensors an optimizer keeps for one parameter tensor (shared by the trace and by
+// ComputeModelStates so both always agree).
+struct StateTensor {
+  std::string name;          // "exp_avg", "exp_avg_sq_row", …
+  std::int64_t elements = 0;
+  DType type = DType::FP32;
+  std::string formula;
+};
+std::vector<StateTensor> OptimizerStateTensors(const TrainingDef& training, const Regime& regime,
+                                               const Tensor& parameter);
+
+}  // namespace gpumem
