@@ -50,6 +50,12 @@ std::string KindOf(const json& v) {
   return "an object";
 }
 
+// A value quoted back in a message: invalid UTF-8 replaced, long text cut.
+std::string Echo(const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  return text.size() > 60 ? text.substr(0, 57) + "..." : text;
+}
+
 class Reader {
  public:
   explicit Reader(std::vector<FieldError>& errors) : errors_(errors) {}
@@ -95,7 +101,7 @@ class Reader {
       if (!std::isfinite(d) || std::fabs(d) > 9.0e18) {
         Fail(ErrorCode::InvalidField, field, "The value is far too large.");
       } else if (d != std::floor(d)) {
-        Fail(ErrorCode::InvalidField, field, "Must be a whole number (got " + v.dump() + ").");
+        Fail(ErrorCode::InvalidField, field, "Must be a whole number (got " + Echo(v) + ").");
       } else {
         out = static_cast<std::int64_t>(d);
       }
@@ -124,17 +130,20 @@ class Reader {
     out = it->get<bool>();
   }
 
+  // False when the field is present but not one of the enum's ids.
   template <class E>
-  void Enum(const json& object, const char* key, const std::string& path, E& out) {
+  bool Enum(const json& object, const char* key, const std::string& path, E& out) {
     auto it = object.find(key);
-    if (it == object.end()) return;
+    if (it == object.end()) return true;
     const std::string field = Join(path, key);
     std::string allowed;
     for (const auto& n : NamesOf(E{})) allowed += (allowed.empty() ? "" : ", ") + std::string(n.id);
     if (!it->is_string() || !FromId(it->get_ref<const std::string&>(), out)) {
       Fail(ErrorCode::InvalidField, field,
-           "Must be one of " + allowed + " (got " + it->dump() + ").");
+           "Must be one of " + allowed + " (got " + Echo(*it) + ").");
+      return false;
     }
+    return true;
   }
 
  private:
@@ -148,7 +157,7 @@ void ReadLayer(Reader& r, const json& v, const std::string& path, LayerDef& laye
     r.Fail(ErrorCode::MissingField, path + ".type", "Each layer needs a \"type\".");
     return;
   }
-  r.Enum(v, "type", path, layer.kind);
+  if (!r.Enum(v, "type", path, layer.kind)) return;  // the other fields depend on the type
   switch (layer.kind) {
     case LayerKind::Linear:
       r.RejectUnknown(v, {"type", "inFeatures", "outFeatures", "bias"}, path);
@@ -381,9 +390,18 @@ std::vector<FieldError> ParseAndValidate(std::string_view text, Setup& setup) {
   if (!errors.empty() && errors.front().code == ErrorCode::MalformedJson) return errors;
   // Fields that failed to parse kept their defaults; report every other problem too, so a
   // person fixes them all in one pass. A field already named is not named twice.
+  // A field that failed to parse also silences range errors inside it: a layer whose type
+  // is unknown is not then told that its features are missing.
+  auto within = [](const std::string& field, std::string parent) {
+    const std::string type = ".type";
+    if (parent.size() > type.size() && parent.ends_with(type)) parent.resize(parent.size() - type.size());
+    if (field == parent) return true;
+    return field.size() > parent.size() && field.starts_with(parent) &&
+           (field[parent.size()] == '.' || field[parent.size()] == '[');
+  };
   for (FieldError& e : Validate(setup)) {
     bool named = false;
-    for (const FieldError& p : parsed.errors) named = named || p.field == e.field;
+    for (const FieldError& p : parsed.errors) named = named || within(e.field, p.field);
     if (!named) errors.push_back(std::move(e));
   }
   return errors;

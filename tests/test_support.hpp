@@ -1,0 +1,82 @@
+// Small builders shared by the test files.
+#pragma once
+
+#include "gpumem/estimate.hpp"
+#include "gpumem/setup.hpp"
+
+namespace gpumem::test {
+
+inline LayerDef Linear(std::int64_t in, std::int64_t out, bool bias = true) {
+  LayerDef d;
+  d.kind = LayerKind::Linear;
+  d.inFeatures = in;
+  d.outFeatures = out;
+  d.bias = bias;
+  return d;
+}
+
+inline LayerDef Embedding(std::int64_t rows, std::int64_t dim) {
+  LayerDef d;
+  d.kind = LayerKind::Embedding;
+  d.numEmbeddings = rows;
+  d.embeddingDim = dim;
+  return d;
+}
+
+inline LayerDef Activation(LayerKind kind) {
+  LayerDef d;
+  d.kind = kind;
+  return d;
+}
+
+inline LayerDef Dropout(double p) {
+  LayerDef d;
+  d.kind = LayerKind::Dropout;
+  d.dropoutProbability = p;
+  return d;
+}
+
+inline Setup QuickSetup(std::int64_t parameters, Precision precision, OptimizerKind optimizer) {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::ParameterCount;
+  s.model.parameterCount = parameters;
+  s.training.precision = precision;
+  s.training.optimizer = optimizer;
+  return s;
+}
+
+inline Setup LayerSetup(std::vector<LayerDef> layers, LossKind loss, std::int64_t batch,
+                        std::int64_t sequence, Precision precision, OptimizerKind optimizer) {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::LayerList;
+  s.model.layers = std::move(layers);
+  s.model.loss = loss;
+  s.training.batchSize = batch;
+  s.training.sequenceLength = sequence;
+  s.training.precision = precision;
+  s.training.optimizer = optimizer;
+  return s;
+}
+
+// Estimates a setup that must be valid; fails the test otherwise.
+inline Estimate MustEstimate(const Setup& setup) {
+  EstimateResult r = EstimateMemory(setup);
+  if (!r.ok()) {
+    std::string all;
+    for (const auto& e : r.errors) all += e.field + ": " + e.message + "\n";
+    FAIL("setup unexpectedly invalid:\n" << all);
+  }
+  return r.estimate;
+}
+
+inline std::int64_t BytesIn(const Snapshot& s, Category c) {
+  for (const auto& row : s.byCategory) if (row.category == c) return row.bytes;
+  return 0;
+}
+
+inline bool HasErrorOn(const std::vector<FieldError>& errors, const std::string& field) {
+  for (const auto& e : errors) if (e.field == field) return true;
+  return false;
+}
+
+}  // namespace gpumem::test

@@ -1,0 +1,148 @@
+// The simulated step: exact totals of small models worked out by hand, and the invariants of
+// the replay.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+
+#include "gpumem/heuristics.hpp"
+#include "gpumem/inventory.hpp"
+#include "test_support.hpp"
+
+using namespace gpumem;
+using namespace gpumem::test;
+
+TEST_CASE("a tiny fp32 MLP counted byte by byte", "[trace]") {
+  // Linear(4→3) → ReLU → Linear(3→2), MSE, batch 2, fp32, SGD.
+  // Parameters 12+3+6+2 = 23 × 4 B = 92 B. Forward adds input 32, targets 16, linear output 24,
+  // ReLU output 24 → 188, the forward peak (the linear output, saved by nobody, is then freed:
+  // 164), output 16, loss 4 → 184. Backward: mse gradient 16 (200), saved output freed (184), layers[2]: input gradient
+  // 24 (208), weight grad 24 (232), bias grad 8 (240) — the peak — then frees.
+  Setup s = LayerSetup({Linear(4, 3), Activation(LayerKind::ReLU), Linear(3, 2)}, LossKind::MSE, 2, 1,
+                       Precision::FP32, OptimizerKind::SGD);
+  const Estimate e = MustEstimate(s);
+  CHECK(e.phasePeaks[0].totalBytes == 92);
+  CHECK(e.phasePeaks[1].totalBytes == 188);
+  // layers[1] ReLU backward: input gradient 24 on top of 240−16 = 224 → 248; layers[0]: weight
+  // grad 48 and bias grad 12 on top of 248−24−24 = 200 → 260, the peak.
+  CHECK(e.phasePeaks[2].totalBytes == 260);
+  CHECK(e.peak.totalBytes == 260);
+  CHECK(e.peak.phase == Phase::Backward);
+  CHECK(e.peak.step == 1);
+  CHECK(BytesIn(e.peak, Category::Gradients) == 92);
+  CHECK(BytesIn(e.peak, Category::InputBatch) == 48);
+  // After the step: zero_grad frees the gradients, the batch and loss go; parameters remain.
+  CHECK(e.timeline.back().totalBytes == 92);
+}
+
+TEST_CASE("mixed precision cross-entropy keeps fp32 logits and their gradient", "[trace]") {
+  // Embedding(10, 4) → Linear(4→10, no bias), cross-entropy, batch 1 × 3 tokens, fp16 mixed, SGD.
+  // init: 80 params × (2 B + 4 B master) = 480.
+  // forward: ids 24 + labels 24, embedding out 24, logits 60 (612), fp32 upcast 120 (732),
+  //   16-bit logits freed (672), log_softmax 120 (792) — forward peak — upcast freed, loss 4.
+  // backward: nll grad 120 (796), log_softmax grad 120 (916) — backward peak — …
+  // step: foreach SGD upcasts all 80 gradients to fp32: 692 + 320 = 1012, the overall peak.
+  Setup s = LayerSetup({Embedding(10, 4), Linear(4, 10, false)}, LossKind::CrossEntropy, 1, 3,
+                       Precision::FP16Mixed, OptimizerKind::SGD);
+  const Estimate e = MustEstimate(s);
+  CHECK(e.phasePeaks[0].totalBytes == 480);
+  CHECK(e.phasePeaks[1].totalBytes == 792);
+  CHECK(e.phasePeaks[2].totalBytes == 916);
+  CHECK(e.phasePeaks[3].totalBytes == 1012);
+  CHECK(e.peak.totalBytes == 1012);
+  CHECK(e.peak.phase == Phase::OptimizerStep);
+  CHECK(BytesIn(e.phasePeaks[2], Category::ActivationGradients) == 240);
+  SECTION("fused: no upcast, the backward pass is the peak") {
+    s.training.optimizerImplementation = OptimizerImplementation::Fused;
+    CHECK(MustEstimate(s).peak.totalBytes == 916);
+  }
+  SECTION("fp32: no upcast of the logits") {
+    s.training.precision = Precision::FP32;
+    // 80 × 4 = 320; ids, labels 48; embedding out 48; logits 120; log_softmax 120 → 656 in
+    // forward before the logits are freed.
+    CHECK(MustEstimate(s).phasePeaks[1].totalBytes == 320 + 48 + 48 + 120 + 120);
+  }
+}
+
+TEST_CASE("saved-for-backward rules of each activation", "[trace]") {
+  // Linear → (the op) → Linear, MSE. What is still held once the loss is computed tells which
+  // tensors each op saved: the forward peak alone would hide it (an op's input and output
+  // briefly coexist whatever it saves).
+  const std::int64_t b = 8, w = 1000;
+  auto heldAfterForward = [&](std::vector<LayerDef> middle) {
+    std::vector<LayerDef> layers = {Linear(w, w, false)};
+    layers.insert(layers.end(), middle.begin(), middle.end());
+    layers.push_back(Linear(w, w, false));
+    Setup s = LayerSetup(layers, LossKind::MSE, b, 1, Precision::FP32, OptimizerKind::SGD);
+    std::int64_t held = 0;
+    for (const auto& p : MustEstimate(s).timeline) {
+      if (p.step == 1 && p.phase == Phase::Forward && p.category == Category::Activations) held += p.deltaBytes;
+    }
+    return held;
+  };
+  const std::int64_t act = b * w * 4;  // one activation, bytes
+  const std::int64_t none = heldAfterForward({});
+  CHECK(none == 2 * act + 4);  // the first linear's output (saved by the second) + output + loss
+  SECTION("ReLU, Tanh, Sigmoid keep their output; their input is freed") {
+    for (auto k : {LayerKind::ReLU, LayerKind::Tanh, LayerKind::Sigmoid}) {
+      CHECK(heldAfterForward({Activation(k)}) == none);
+    }
+  }
+  SECTION("GELU keeps its input as well") {
+    CHECK(heldAfterForward({Activation(LayerKind::GELU)}) == none + act);
+  }
+  SECTION("dropout keeps a 1-byte mask; p = 0 is the identity") {
+    CHECK(heldAfterForward({Dropout(0.1)}) == none + b * w);
+    CHECK(heldAfterForward({Dropout(0.0)}) == none);
+  }
+}
+
+TEST_CASE("replay invariants", "[trace]") {
+  Setup s = ExampleMlpSetup();
+  for (auto opt : {OptimizerKind::SGD, OptimizerKind::Adam, OptimizerKind::Adafactor}) {
+    for (auto prec : {Precision::FP32, Precision::FP16Mixed, Precision::BF16}) {
+      s.training.optimizer = opt;
+      s.training.precision = prec;
+      const Estimate e = MustEstimate(s);
+      std::int64_t running = 0, maxTotal = 0;
+      for (const auto& p : e.timeline) {
+        running += p.deltaBytes;
+        REQUIRE(running == p.totalBytes);
+        REQUIRE(running >= 0);
+        maxTotal = std::max(maxTotal, running);
+      }
+      CHECK(e.peak.totalBytes == maxTotal);
+      std::int64_t maxPhase = 0, sum = 0;
+      for (const auto& p : e.phasePeaks) maxPhase = std::max(maxPhase, p.totalBytes);
+      CHECK(maxPhase == e.peak.totalBytes);
+      for (const auto& row : e.peak.byCategory) sum += row.bytes;
+      CHECK(sum == e.peak.totalBytes);
+      // What remains after two steps is exactly the persistent state.
+      CHECK(e.timeline.back().totalBytes ==
+            e.modelStates.parametersBytes + e.modelStates.masterWeightsBytes + e.modelStates.optimizerStatesBytes);
+    }
+  }
+}
+
+TEST_CASE("zero_grad(set_to_none=False) keeps gradients through the next forward", "[trace]") {
+  Setup s = ExampleMlpSetup();
+  s.training.zeroGradSetToNone = false;
+  const Estimate e = MustEstimate(s);
+  CHECK(e.timeline.back().totalBytes == e.modelStates.totalBytes);
+  CHECK(BytesIn(e.phasePeaks[1], Category::Gradients) == e.modelStates.gradientsBytes);
+}
+
+TEST_CASE("quick mode uses the labelled per-token heuristic", "[trace]") {
+  Setup s = QuickSetup(1'500'000'000, Precision::FP16Mixed, OptimizerKind::Adam);
+  s.training.batchSize = 2;
+  s.training.sequenceLength = 1024;
+  const Estimate e = MustEstimate(s);
+  CHECK(e.activationsFromHeuristic);
+  const double perToken = 4.6894e-4 * 1.5e9 + 1.8494e6;
+  CHECK(HeuristicActivationValuesPerToken(1'500'000'000) == Approx(perToken).epsilon(1e-12));
+  const auto& forward = e.phasePeaks[static_cast<int>(Phase::Forward)];
+  CHECK(double(BytesIn(forward, Category::Activations)) == Approx(perToken * 2 * 1024 * 2).epsilon(1e-9));
+  bool labelled = false;
+  for (const auto& n : e.notes) labelled = labelled || n.find("heuristic") != std::string::npos;
+  CHECK(labelled);
+  CHECK(!MustEstimate(ExampleMlpSetup()).activationsFromHeuristic);
+}
