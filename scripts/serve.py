@@ -1,0 +1,28 @@
+"""Serves a folder on 127.0.0.1 with the MIME types the page needs.
+
+The standard module maps .cjs to nothing (application/octet-stream) and, on some Python
+versions, .js to a legacy type; module scripts need a JavaScript type.
+"""
+import functools
+import http.server
+import sys
+
+folder, port = sys.argv[1], int(sys.argv[2])
+
+
+class Handler(http.server.SimpleHTTPRequestHandler):
+    extensions_map = {
+        **http.server.SimpleHTTPRequestHandler.extensions_map,
+        ".js": "text/javascript",
+        ".mjs": "text/javascript",
+        ".cjs": "text/javascript",
+        ".json": "application/json",
+        ".svg": "image/svg+xml",
+    }
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), functools.partial(Handler, directory=folder))
+try:
+    server.serve_forever()
+except KeyboardInterrupt:
+    pass
