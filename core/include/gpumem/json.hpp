@@ -44,7 +44,7 @@ std::string EstimateJson(std::string_view setupText, int indent = -1);
 std::string ValidateJson(std::string_view setupText, int indent = -1);
 
 // Every enum's ids and labels, the defaults and the examples, for the page's controls:
-// {"schemaVersion":1,"defaultSetup":{…},"examples":{"mlp":{…}},"precisions":[{"id","label"}],…}
+// {"schemaVersion":1,"defaultSetup":{…},"examples":[{"id","label","setup"}],"precisions":[{"id","label"}],…}
 std::string OptionsJson(int indent = -1);
 
 }  // namespace gpumem

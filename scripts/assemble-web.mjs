@@ -1,0 +1,141 @@
+#!/usr/bin/env node
+// Assembles the page in two forms:
+//   build/web/        the page as separate files (web/*, wasm/gpumem.js and the wasm glue), to serve;
+//   dist/gpumem.html  one self-contained file that works opened from file:// with no server.
+// ES module imports of files do not work from file://, so the single file inlines the glue in a
+// classic <script> and joins gpumem.js, charts.js and app.js into one <script type="module">.
+//
+// Usage: node scripts/assemble-web.mjs [--glue PATH] [--wrapper PATH] [--out-dir DIR] [--dist FILE]
+// Environment: GPUMEM_GLUE, GPUMEM_WRAPPER, GPUMEM_WEB_OUT, GPUMEM_DIST override the same paths.
+// Needs nothing beyond node.
+
+import { readFileSync, writeFileSync, mkdirSync, readdirSync, copyFileSync, statSync, existsSync } from 'node:fs';
+import { dirname, join, resolve, relative, basename } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { gzipSync } from 'node:zlib';
+
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+
+function argValue(name) {
+  const i = process.argv.indexOf(name);
+  if (i >= 0 && i + 1 < process.argv.length) return process.argv[i + 1];
+  const eq = process.argv.find((a) => a.startsWith(`${name}=`));
+  return eq ? eq.slice(name.length + 1) : undefined;
+}
+
+const paths = {
+  web: join(root, 'web'),
+  glue: resolve(argValue('--glue') ?? process.env.GPUMEM_GLUE ?? join(root, 'build/wasm/wasm/gpumem_core.cjs')),
+  wrapper: resolve(argValue('--wrapper') ?? process.env.GPUMEM_WRAPPER ?? join(root, 'wasm/gpumem.js')),
+  outDir: resolve(argValue('--out-dir') ?? process.env.GPUMEM_WEB_OUT ?? join(root, 'build/web')),
+  dist: resolve(argValue('--dist') ?? process.env.GPUMEM_DIST ?? join(root, 'dist/gpumem.html')),
+};
+
+function fail(message) {
+  console.error(`assemble-web: ${message}`);
+  process.exit(1);
+}
+
+for (const [what, path] of [['wasm glue', paths.glue], ['JS wrapper', paths.wrapper], ['page', join(paths.web, 'index.html')]]) {
+  if (!existsSync(path)) fail(`${what} not found at ${path}${what === 'wasm glue' ? ' (build the gpumem_wasm target first, or pass --glue)' : ''}`);
+}
+
+// ---------- build/web: the files as they are ----------
+
+mkdirSync(paths.outDir, { recursive: true });
+const written = [];
+for (const name of readdirSync(paths.web)) {
+  const from = join(paths.web, name);
+  if (!statSync(from).isFile()) continue;
+  copyFileSync(from, join(paths.outDir, name));
+  written.push(join(paths.outDir, name));
+}
+copyFileSync(paths.wrapper, join(paths.outDir, 'gpumem.js'));
+copyFileSync(paths.glue, join(paths.outDir, 'gpumem_core.cjs'));
+written.push(join(paths.outDir, 'gpumem.js'), join(paths.outDir, 'gpumem_core.cjs'));
+
+// ---------- dist/gpumem.html: one file ----------
+
+// Text placed inside <script> must not end the element early. "</script" and "<!--" are the two
+// sequences the HTML tokenizer reacts to inside script data; both only occur inside JS strings,
+// regular expressions or comments, where "<\/script" and "<\!--" mean the same.
+function escapeScript(code) {
+  return code.replace(/<\/(script)/gi, '<\\/$1').replace(/<!--/g, '<\\!--');
+}
+
+function escapeStyle(css) {
+  return css.replace(/<\/(style)/gi, '<\\/$1');
+}
+
+// One module file → an IIFE that returns its named exports, so private top-level names of
+// different files cannot collide once they share one <script>. Every import and export is on one
+// line and names only (a project rule), which keeps this a line-by-line rewrite.
+function moduleToIife(file, code, available) {
+  const exports = [];
+  const lines = code.split('\n').map((line, n) => {
+    const where = `${relative(root, file)}:${n + 1}`;
+    const imp = /^\s*import\s+(.*?)\s+from\s+['"]([^'"]+)['"];?\s*$/.exec(line);
+    if (imp) {
+      const names = /^\{([^}]*)\}$/.exec(imp[1].trim());
+      if (!names) fail(`${where}: only named imports on one line are supported: ${line.trim()}`);
+      for (const spec of names[1].split(',').map((s) => s.trim()).filter(Boolean)) {
+        if (/\bas\b/.test(spec)) fail(`${where}: renamed imports are not supported: ${spec}`);
+        if (!available.has(spec)) fail(`${where}: ${spec} is imported from ${imp[2]} but no earlier file exports it`);
+      }
+      return '';
+    }
+    if (/^\s*import[\s{('"]/.test(line) && !/^\s*import\s*\(/.test(line)) fail(`${where}: unsupported import form: ${line.trim()}`);
+    if (/^\s*export\s+default\b/.test(line)) fail(`${where}: default exports are not supported`);
+    const list = /^\s*export\s*\{([^}]*)\};?\s*$/.exec(line);
+    if (list) {
+      for (const spec of list[1].split(',').map((s) => s.trim()).filter(Boolean)) {
+        if (/\bas\b/.test(spec)) fail(`${where}: renamed exports are not supported: ${spec}`);
+        exports.push(spec);
+      }
+      return '';
+    }
+    const decl = /^(\s*)export\s+((?:async\s+)?function\*?\s+([A-Za-z_$][\w$]*)|class\s+([A-Za-z_$][\w$]*)|(?:const|let|var)\s+([A-Za-z_$][\w$]*))/.exec(line);
+    if (decl) {
+      exports.push(decl[3] ?? decl[4] ?? decl[5]);
+      return line.replace(/^(\s*)export\s+/, '$1');
+    }
+    if (/^\s*export\b/.test(line)) fail(`${where}: unsupported export form: ${line.trim()}`);
+    return line;
+  });
+  for (const name of exports) available.add(name);
+  const body = lines.join('\n');
+  const head = `// ---- ${basename(file)} ----\n`;
+  if (!exports.length) return `${head}(() => {\n${body}\n})();\n`;
+  return `${head}const { ${exports.join(', ')} } = (() => {\n${body}\nreturn { ${exports.join(', ')} };\n})();\n`;
+}
+
+const html = readFileSync(join(paths.web, 'index.html'), 'utf8');
+const glue = readFileSync(paths.glue, 'utf8');
+const available = new Set();
+const moduleFiles = [paths.wrapper, join(paths.web, 'charts.js'), join(paths.web, 'app.js')];
+const bundle = moduleFiles.map((f) => moduleToIife(f, readFileSync(f, 'utf8'), available)).join('\n');
+
+let page = html;
+const swap = (pattern, replacement) => {
+  const before = page;
+  page = page.replace(pattern, () => replacement);
+  if (page === before) fail(`index.html does not contain ${pattern}`);
+};
+swap(/<script src="gpumem_core\.cjs"><\/script>/, `<script>\n${escapeScript(glue)}\n</script>`);
+swap(/<script type="module" src="app\.js"><\/script>/, `<script type="module">\n${escapeScript(bundle)}\n</script>`);
+// A separate stylesheet, if the page links one, is inlined too.
+page = page.replace(/<link rel="stylesheet" href="([^"]+)">/g, (_, href) => {
+  const css = readFileSync(join(paths.web, href), 'utf8');
+  return `<style>\n${escapeStyle(css)}\n</style>`;
+});
+// With everything inline, nothing is loaded from 'self': the policy drops it.
+page = page.replace(/(<meta http-equiv="Content-Security-Policy" content=")([^"]*)(")/, (_, a, csp, b) => `${a}${csp.replace(/\s*'self'/g, '')}${b}`);
+if (/<script[^>]+src=/.test(page)) fail('dist page still references an external script');
+
+mkdirSync(dirname(paths.dist), { recursive: true });
+writeFileSync(paths.dist, page);
+
+const kb = (n) => `${(n / 1024).toFixed(1)} KiB`;
+for (const file of written) console.log(`${relative(root, file).padEnd(32)} ${kb(statSync(file).size)}`);
+const raw = Buffer.byteLength(page);
+console.log(`${relative(root, paths.dist).padEnd(32)} ${kb(raw)} (${raw} bytes; gzipped ${kb(gzipSync(page, { level: 9 }).length)})`);
