@@ -77,8 +77,10 @@ class Reader {
       bool ok = false;
       for (const char* k : known) ok = ok || it.key() == k;
       if (!ok) {
-        Fail(ErrorCode::UnknownField, Join(path, it.key()),
-             "Unknown field \"" + it.key() + "\" (check the spelling; see docs/schema.md).");
+        // A hostile document may use megabyte-long keys; echo at most 100 characters.
+        const std::string key = it.key().size() > 100 ? it.key().substr(0, 100) + "..." : it.key();
+        Fail(ErrorCode::UnknownField, Join(path, key),
+             "Unknown field \"" + key + "\" (check the spelling; see docs/schema.md).");
       }
     }
   }
@@ -430,6 +432,8 @@ std::string ValidateJson(std::string_view setupText, int indent) {
   if (!errors.empty()) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
   return Dump({{"ok", true}, {"setup", SetupJson(setup)}}, indent);
 }
+
+const char* Version() { return GPUMEM_VERSION; }
 
 std::string OptionsJson(int indent) {
   ojson examples = ojson::array();

@@ -223,7 +223,7 @@ std::vector<FieldError> Validate(const Setup& setup) {
     if (!(bound < Limits::maxEstimateBytes)) {
       errors.push_back({ErrorCode::TooLarge, "training.batchSize",
                         "This setup would need on the order of " + FormatScientific(bound) +
-                            " bytes, beyond what the estimator represents (1e18); reduce the "
+                            " bytes, beyond what the estimator represents (2^53 ≈ 9e15); reduce the "
                             "batch size, sequence length or model."});
     }
   }

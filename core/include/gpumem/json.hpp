@@ -47,4 +47,7 @@ std::string ValidateJson(std::string_view setupText, int indent = -1);
 // {"schemaVersion":1,"defaultSetup":{…},"examples":[{"id","label","setup"}],"precisions":[{"id","label"}],…}
 std::string OptionsJson(int indent = -1);
 
+// The estimator's version, "MAJOR.MINOR.PATCH" (CMake's PROJECT_VERSION).
+const char* Version();
+
 }  // namespace gpumem

@@ -110,9 +110,9 @@ struct Limits {
   static constexpr std::int64_t maxSequenceLength = 100'000'000;
   static constexpr std::int64_t maxTokens = 10'000'000'000;  // batch × sequence
   static constexpr double maxGpuMemoryGiB = 1'000'000.0;
-  // The largest number of bytes any single estimate may reach (about 1 EB); beyond it the
-  // setup is rejected instead of risking 64-bit overflow.
-  static constexpr double maxEstimateBytes = 1e18;
+  // The largest number of bytes an estimate may reach: 2^53 (8 PiB), so that every byte count
+  // is exact as a JS number and no 64-bit arithmetic can overflow. Setups beyond it are refused.
+  static constexpr double maxEstimateBytes = 9007199254740992.0;
 };
 
 // Every problem with a setup, each naming its field by JSON path ("training.batchSize",

@@ -1,0 +1,24 @@
+// The JS surface of the estimator: strings in, JSON envelopes out. All logic is in the core;
+// wasm/gpumem.js turns the envelopes into objects and errors.
+#include <emscripten/bind.h>
+
+#include <string>
+
+#include "gpumem/json.hpp"
+
+namespace {
+
+// embind binds std::string, not std::string_view, and cannot pass default arguments.
+std::string EstimateJs(const std::string& setup) { return gpumem::EstimateJson(setup); }
+std::string ValidateJs(const std::string& setup) { return gpumem::ValidateJson(setup); }
+std::string OptionsJs() { return gpumem::OptionsJson(); }
+std::string VersionJs() { return gpumem::Version(); }
+
+}  // namespace
+
+EMSCRIPTEN_BINDINGS(gpumem) {
+  emscripten::function("estimateJson", &EstimateJs);
+  emscripten::function("validateJson", &ValidateJs);
+  emscripten::function("optionsJson", &OptionsJs);
+  emscripten::function("version", &VersionJs);
+}

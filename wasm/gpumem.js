@@ -1,0 +1,124 @@
+// gpumem's JS API: the one module the page imports. It turns the core's JSON envelopes into
+// objects and GpumemErrors; every number comes from the wasm core, none is computed here.
+//
+// Kept free of host-specific globals so the same file runs in a browser and under node; the
+// single-file page's bundler strips import lines and the `export ` keyword, so exports stay
+// on declarations and imports on one line each.
+
+// A bad setup, with every problem the core found. `code` and `field` are the first error's,
+// so a caller can point at one control; `errors` keeps them all.
+export class GpumemError extends Error {
+  constructor(errors, options) {
+    const list = Array.isArray(errors) && errors.length > 0
+      ? errors
+      : [{ code: 'internal', field: '', message: 'The estimator reported an error without details.' }];
+    const first = list[0];
+    const where = first.field ? `${first.field}: ` : '';
+    const more = list.length > 1 ? ` (and ${list.length - 1} more)` : '';
+    super(`${where}${first.message}${more}`, options);
+    this.name = 'GpumemError';
+    this.code = first.code;
+    this.field = first.field;
+    this.errors = list;
+  }
+}
+
+// One promise per factory: instantiating the module again would only duplicate its memory.
+const loaded = new Map();
+
+export async function loadGpumem({ factory } = {}) {
+  const make = factory ?? globalThis.GpumemCore;
+  if (typeof make !== 'function') {
+    throw new Error('gpumem: the wasm module is not loaded (no GpumemCore factory); load gpumem_core.cjs first or pass { factory }.');
+  }
+  let promise = loaded.get(make);
+  if (!promise) {
+    promise = Promise.resolve(make()).then(wrapModule);
+    // A failed load must not stay cached, or a retry could never succeed.
+    promise.catch(() => loaded.delete(make));
+    loaded.set(make, promise);
+  }
+  return promise;
+}
+
+function wrapModule(core) {
+  let options = null;
+
+  function getOptions() {
+    if (!options) options = deepFreeze(parseEnvelope(callCore(() => core.optionsJson())));
+    return options;
+  }
+
+  return {
+    version: String(core.version()),
+    options: getOptions,
+    defaultSetup() {
+      return JSON.parse(JSON.stringify(getOptions().defaultSetup));
+    },
+    estimate(setup) {
+      const text = setupText(setup);
+      const envelope = parseEnvelope(callCore(() => core.estimateJson(text)));
+      if (!envelope.ok) throw new GpumemError(envelope.errors);
+      return envelope.estimate;
+    },
+    validate(setup) {
+      try {
+        const text = setupText(setup);
+        const envelope = parseEnvelope(callCore(() => core.validateJson(text)));
+        return envelope.ok ? { ok: true, setup: envelope.setup } : { ok: false, errors: envelope.errors };
+      } catch (error) {
+        if (error instanceof GpumemError) return { ok: false, errors: error.errors };
+        return { ok: false, errors: [internalError(error)] };
+      }
+    },
+  };
+}
+
+// A setup may arrive as an object (the page's state) or as text (an imported file, the URL).
+// An absent setup means the defaults, as an empty document does.
+function setupText(setup) {
+  if (typeof setup === 'string') return setup;
+  if (setup === undefined) return '{}';
+  let text;
+  try {
+    text = JSON.stringify(setup);
+  } catch (error) {
+    // Cycles and BigInts cannot be written as JSON; report them as the core reports bad text.
+    throw new GpumemError([{ code: 'malformedJson', field: '', message: `The setup cannot be written as JSON: ${error.message}` }], { cause: error });
+  }
+  // Functions and symbols stringify to undefined; let the core reject the resulting document.
+  return text === undefined ? 'null' : text;
+}
+
+// The core never throws for bad input; anything thrown here is a defect (an abort, a missing
+// binding), surfaced as an Error rather than the bare number wasm can throw.
+function callCore(call) {
+  try {
+    return call();
+  } catch (error) {
+    throw new GpumemError([internalError(error)], { cause: error });
+  }
+}
+
+function parseEnvelope(text) {
+  try {
+    return JSON.parse(text);
+  } catch (error) {
+    throw new GpumemError([internalError(error)], { cause: error });
+  }
+}
+
+function internalError(error) {
+  const detail = error instanceof Error ? error.message : String(error);
+  return { code: 'internal', field: '', message: `The estimator failed: ${detail}` };
+}
+
+// The cached options are shared by every caller; freezing turns an accidental edit (say, of an
+// example's setup) into an immediate TypeError instead of a silently changed default.
+function deepFreeze(value) {
+  if (value && typeof value === 'object' && !Object.isFrozen(value)) {
+    Object.freeze(value);
+    for (const key of Object.keys(value)) deepFreeze(value[key]);
+  }
+  return value;
+}
