@@ -14,52 +14,59 @@ using namespace gpumem::test;
 TEST_CASE("a tiny fp32 MLP counted byte by byte", "[trace]") {
   // Linear(4→3) → ReLU → Linear(3→2), MSE, batch 2, fp32, SGD.
   // Parameters 12+3+6+2 = 23 × 4 B = 92 B. Forward adds input 32, targets 16, linear output 24,
-  // ReLU output 24 → 188, the forward peak (the linear output, saved by nobody, is then freed:
-  // 164), output 16, loss 4 → 184. Backward: mse gradient 16 (200), saved output freed (184), layers[2]: input gradient
-  // 24 (208), weight grad 24 (232), bias grad 8 (240) — the peak — then frees.
+  // ReLU output 24 → 188 (the linear output, saved by nobody, is then freed: 164), output 16
+  // → 180, mse's element-wise squared error 16 and the loss 4 → 200, the forward peak; the
+  // squared error is freed once reduced → 184.
+  // Backward: mse gradient 16 (200; the output stays, held by the loop), layers[2]: input
+  // gradient 24 (224), weight grad 24 (248), bias grad 8 (256), incoming gradient freed (240);
+  // layers[1] ReLU: input gradient 24 (264), saved output and incoming gradient freed (216);
+  // layers[0]: weight grad 48 (264), bias grad 12 (276) — the peak — incoming gradient freed.
   Setup s = LayerSetup({Linear(4, 3), Activation(LayerKind::ReLU), Linear(3, 2)}, LossKind::MSE, 2, 1,
                        Precision::FP32, OptimizerKind::SGD);
   const Estimate e = MustEstimate(s);
   CHECK(e.phasePeaks[0].totalBytes == 92);
-  CHECK(e.phasePeaks[1].totalBytes == 188);
-  // layers[1] ReLU backward: input gradient 24 on top of 240−16 = 224 → 248; layers[0]: weight
-  // grad 48 and bias grad 12 on top of 248−24−24 = 200 → 260, the peak.
-  CHECK(e.phasePeaks[2].totalBytes == 260);
-  CHECK(e.peak.totalBytes == 260);
+  CHECK(e.phasePeaks[1].totalBytes == 200);
+  CHECK(e.phasePeaks[2].totalBytes == 276);
+  CHECK(e.peak.totalBytes == 276);
   CHECK(e.peak.phase == Phase::Backward);
   CHECK(e.peak.step == 1);
   CHECK(BytesIn(e.peak, Category::Gradients) == 92);
   CHECK(BytesIn(e.peak, Category::InputBatch) == 48);
-  // After the step: zero_grad frees the gradients, the batch and loss go; parameters remain.
+  CHECK(BytesIn(e.peak, Category::Activations) == 16 + 4);  // the held output and the loss
+  // After the step: zero_grad frees the gradients; output, loss and batch go; parameters remain.
   CHECK(e.timeline.back().totalBytes == 92);
 }
 
 TEST_CASE("mixed precision cross-entropy keeps fp32 logits and their gradient", "[trace]") {
   // Embedding(10, 4) → Linear(4→10, no bias), cross-entropy, batch 1 × 3 tokens, fp16 mixed, SGD.
   // init: 80 params × (2 B + 4 B master) = 480.
-  // forward: ids 24 + labels 24, embedding out 24, logits 60 (612), fp32 upcast 120 (732),
-  //   16-bit logits freed (672), log_softmax 120 (792) — forward peak — upcast freed, loss 4.
-  // backward: nll grad 120 (796), log_softmax grad 120 (916) — backward peak — …
-  // step: foreach SGD upcasts all 80 gradients to fp32: 692 + 320 = 1012, the overall peak.
+  // forward: ids 24 + labels 24, embedding out 24, 16-bit logits 60 (612, held by the loop),
+  //   fp32 upcast 120 (732), log_softmax 120 (852) — forward peak — upcast freed (732),
+  //   total_weight 4 and loss 4 (740).
+  // backward: nll gradient 120 (860), total_weight freed (856), log_softmax gradient 120 (976)
+  //   — backward peak — then the nll gradient and log_softmax output are freed (736), the
+  //   gradient cast to 16-bit 60 (796) and its fp32 original freed (676); the linear and the
+  //   embedding add 24 + 80 + 80 of gradients and free 24 + 60 + 24 → 752.
+  // step: foreach SGD upcasts all 80 gradients to fp32: 752 + 320 = 1072, the overall peak.
   Setup s = LayerSetup({Embedding(10, 4), Linear(4, 10, false)}, LossKind::CrossEntropy, 1, 3,
                        Precision::FP16Mixed, OptimizerKind::SGD);
   const Estimate e = MustEstimate(s);
   CHECK(e.phasePeaks[0].totalBytes == 480);
-  CHECK(e.phasePeaks[1].totalBytes == 792);
-  CHECK(e.phasePeaks[2].totalBytes == 916);
-  CHECK(e.phasePeaks[3].totalBytes == 1012);
-  CHECK(e.peak.totalBytes == 1012);
+  CHECK(e.phasePeaks[1].totalBytes == 852);
+  CHECK(e.phasePeaks[2].totalBytes == 976);
+  CHECK(e.phasePeaks[3].totalBytes == 1072);
+  CHECK(e.peak.totalBytes == 1072);
   CHECK(e.peak.phase == Phase::OptimizerStep);
   CHECK(BytesIn(e.phasePeaks[2], Category::ActivationGradients) == 240);
   SECTION("fused: no upcast, the backward pass is the peak") {
     s.training.optimizerImplementation = OptimizerImplementation::Fused;
-    CHECK(MustEstimate(s).peak.totalBytes == 916);
+    CHECK(MustEstimate(s).peak.totalBytes == 976);
   }
   SECTION("fp32: no upcast of the logits") {
     s.training.precision = Precision::FP32;
-    // 80 × 4 = 320; ids, labels 48; embedding out 48; logits 120; log_softmax 120 → 656 in
-    // forward before the logits are freed.
-    CHECK(MustEstimate(s).phasePeaks[1].totalBytes == 320 + 48 + 48 + 120 + 120);
+    // 80 × 4 = 320; ids, labels 48; embedding out 48; logits 120; log_softmax 120 → 656, then
+    // total_weight and loss, 4 B each.
+    CHECK(MustEstimate(s).phasePeaks[1].totalBytes == 320 + 48 + 48 + 120 + 120 + 4 + 4);
   }
 }
 

@@ -4,9 +4,13 @@
 //   linear: its input (for the weight gradient)        relu, tanh, sigmoid: their output
 //   gelu: its input                                     dropout (0<p<1): a 1-byte bool mask
 //   embedding: the token ids (already held by the batch)
-//   cross-entropy = log_softmax (saves its output) + nll_loss (saves the labels)
-//   mse: its input and the target
+//   cross-entropy = log_softmax (saves its output) + nll_loss (saves the labels and a scalar
+//     total_weight)
+//   mse: its input and the target; ATen first materialises the element-wise squared error
+//     (one output-sized temporary, CPU and CUDA alike) and then reduces it
 // A dropout with p = 0 returns its input unchanged and keeps nothing.
+// The training loop holds the model's output (`out = model(x)`, or a Hugging Face model's
+// `outputs.logits`) until the end of the step, so it outlives the loss and backward.
 #include <memory>
 #include <string>
 
@@ -90,7 +94,8 @@ class LayerListPass final : public ModelPass {
       current = out;
     }
 
-    // The loss.
+    // The loss. The loop's variable keeps the output alive to the end of the step.
+    output_ = b.Retain(current);
     const std::int64_t classes = outWidth;
     if (loss_ == LossKind::CrossEntropy) {
       const DType lossType = regime_.lossInFp32 ? DType::FP32 : act;
@@ -105,11 +110,20 @@ class LayerListPass final : public ModelPass {
                             SizeFormula({batch_, sequence_, classes}, lossType));
       b.Release(logits, "loss: logits no longer referenced");
       savedTarget_ = b.Retain(labels_);
+      totalWeight_ = b.Alloc(Category::Activations, BytesPerElement(lossType), "nll_loss total_weight",
+                             "loss: nll_loss total_weight (saved)", SizeFormula({1}, lossType));
+      loss_value_ = b.Alloc(Category::Activations, BytesPerElement(lossType), "loss", "loss: scalar",
+                            SizeFormula({1}, lossType));
     } else {
       savedInput_ = current;  // mse saves its input: the model output stays alive
       savedTarget_ = b.Retain(labels_);
+      TensorHandle squared = b.Alloc(Category::Activations, tokens * classes * BytesPerElement(act),
+                                     "squared error", "loss: element-wise squared error",
+                                     SizeFormula({batch_, sequence_, classes}, act));
+      loss_value_ = b.Alloc(Category::Activations, BytesPerElement(act), "loss", "loss: scalar",
+                            SizeFormula({1}, act));
+      b.Release(squared, "loss: reduced to its mean");
     }
-    loss_value_ = b.Alloc(Category::Activations, 4, "loss", "loss: scalar", "1 × 4 B (fp32)");
   }
 
   void Backward(TraceBuilder& b, GradientSink& gradients) override {
@@ -125,6 +139,7 @@ class LayerListPass final : public ModelPass {
                                             "grad of log_softmax output",
                                             "loss backward: nll_loss gradient", formula);
       b.Release(savedTarget_, "loss backward: labels released by nll_loss");
+      b.Release(totalWeight_, "loss backward: total_weight released by nll_loss");
       gradOut = b.Alloc(Category::ActivationGradients, bytes, "grad of logits",
                         "loss backward: log_softmax gradient", formula);
       b.Release(gradLogSoftmax, "loss backward: nll_loss gradient consumed");
@@ -168,6 +183,7 @@ class LayerListPass final : public ModelPass {
   }
 
   void EndStep(TraceBuilder& b) override {
+    b.Release(output_, "end of step: model output released");
     b.Release(loss_value_, "end of step: loss released");
     b.Release(input_, "end of step: batch released");
     b.Release(labels_, "end of step: batch released");
@@ -182,6 +198,7 @@ class LayerListPass final : public ModelPass {
   std::vector<std::vector<std::size_t>> parameterIndices_;
   TensorHandle input_ = kNoTensor, labels_ = kNoTensor, logSoftmax_ = kNoTensor;
   TensorHandle savedTarget_ = kNoTensor, savedInput_ = kNoTensor, loss_value_ = kNoTensor;
+  TensorHandle totalWeight_ = kNoTensor, output_ = kNoTensor;
 };
 
 }  // namespace

@@ -1,0 +1,420 @@
+"""Predicted vs measured: the estimator against real PyTorch, allocation by allocation.
+
+For each case, the same JSON setup goes to the gpumem CLI (the prediction) and is rebuilt in
+PyTorch (Debian's python3-torch, CPU), which runs init and two training steps under the
+profiler's allocation tracker (every CPU allocation and free, in order, with its size). The
+running total gives each phase's peak and the overall peak; parameters, gradients, optimizer
+states and the tensors saved for backward are summed from the live objects.
+
+Usage: scripts/validate [--cli PATH] [--write docs/validation.md] [--only NAME]
+"""
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile, record_function
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PHASES = ["init", "forward", "backward", "optimizerStep"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The tracker, proved on tensors of known size before it measures anything else.
+
+def allocation_events(fn):
+    """Runs fn under the profiler; returns ([(time_us, delta_bytes)], [(name, start, end)])."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    memory, ranges = [], []
+    for ev in prof.profiler.kineto_results.events():
+        if ev.name() == "[memory]":
+            memory.append((ev.start_us(), ev.nbytes()))
+        elif ev.name().startswith("gpumem:"):
+            ranges.append((ev.name()[len("gpumem:"):], ev.start_us(), ev.start_us() + ev.duration_us()))
+    return memory, ranges
+
+
+def prove_tracker():
+    def known():
+        a = torch.empty(1000, dtype=torch.float32)  # 4000 B
+        b = torch.empty(250, dtype=torch.float64)   # 2000 B
+        c = torch.empty(3, 5, dtype=torch.int64)    # 120 B
+        del a
+        d = torch.empty(7, dtype=torch.bool)        # 7 B
+        del b, c, d
+
+    memory, _ = allocation_events(known)
+    deltas = [d for _, d in memory]
+    expected = [4000, 2000, 120, -4000, 7]
+    assert deltas[:5] == expected and sum(deltas) == 0, f"tracker is not byte-exact: {deltas}"
+    running, peak = 0, 0
+    for d in deltas:
+        running += d
+        peak = max(peak, running)
+    assert peak == 6120, peak
+
+
+# ---------------------------------------------------------------------------------------------
+# The setup, rebuilt in PyTorch.
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16Mixed": torch.bfloat16}
+
+
+def build_model(setup, dtype):
+    """Parameters are created in their dtype, as a model loaded or moved to the GPU would be:
+    building in fp32 and converting would add a transient fp32 copy the estimator rightly omits."""
+    layers = []
+    for layer in setup["model"]["layers"]:
+        t = layer["type"]
+        if t == "linear":
+            layers.append(nn.Linear(layer["inFeatures"], layer["outFeatures"], bias=layer.get("bias", True), dtype=dtype))
+        elif t == "embedding":
+            layers.append(nn.Embedding(layer["numEmbeddings"], layer["embeddingDim"], dtype=dtype))
+        elif t == "dropout":
+            layers.append(nn.Dropout(layer["p"]))
+        else:
+            layers.append({"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}[t]())
+    return nn.Sequential(*layers)
+
+
+def output_width(layers):
+    width = None
+    for layer in layers:
+        if layer["type"] == "linear":
+            width = layer["outFeatures"]
+        elif layer["type"] == "embedding":
+            width = layer["embeddingDim"]
+    return width
+
+
+def current_foreach_adam(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps,
+                         *args, beta1, beta2, lr, weight_decay, eps, decoupled=False, **unused):
+    """torch ≥ 2.0's multi-tensor Adam/AdamW (non-capturable, no amsgrad), on the real foreach
+    kernels. torch 1.13 allocated `denom = _foreach_add(exp_avg_sq_sqrt, eps)`, a second
+    parameter-sized copy; since 2.0 the ε is added in place, one copy. The estimator follows the
+    current releases, so the validation runs their op sequence."""
+    torch._foreach_add_(state_steps, 1)
+    if weight_decay != 0:
+        if decoupled:
+            torch._foreach_mul_(params, 1 - lr * weight_decay)
+        else:
+            grads = torch._foreach_add(grads, params, alpha=weight_decay)
+    torch._foreach_mul_(exp_avgs, beta1)
+    torch._foreach_add_(exp_avgs, grads, alpha=1 - beta1)
+    torch._foreach_mul_(exp_avg_sqs, beta2)
+    torch._foreach_addcmul_(exp_avg_sqs, grads, grads, 1 - beta2)
+    steps = [s.item() for s in state_steps]
+    step_size = [-(lr / (1 - beta1 ** k)) for k in steps]
+    bias_correction2_sqrt = [(1 - beta2 ** k) ** 0.5 for k in steps]
+    exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)
+    torch._foreach_div_(exp_avg_sq_sqrt, bias_correction2_sqrt)
+    torch._foreach_add_(exp_avg_sq_sqrt, eps)
+    torch._foreach_addcdiv_(params, exp_avgs, exp_avg_sq_sqrt, step_size)
+
+
+if torch.__version__ < "2":
+    import importlib
+    importlib.import_module("torch.optim.adam")._multi_tensor_adam = current_foreach_adam
+    importlib.import_module("torch.optim.adamw")._multi_tensor_adamw = \
+        lambda *a, **k: current_foreach_adam(*a, decoupled=True, **k)
+
+
+def make_optimizer(name, implementation, params):
+    foreach = implementation == "forEach"
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, foreach=foreach)
+    if name == "sgdMomentum":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-3, foreach=foreach)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-3, foreach=foreach)
+    raise ValueError(f"optimizer {name} is not in torch {torch.__version__}")
+
+
+def measure(setup):
+    """Init and two training steps; returns measured figures."""
+    t = setup["training"]
+    layers = setup["model"]["layers"]
+    precision, b, s = t["precision"], t["batchSize"], t["sequenceLength"]
+    dtype = DTYPES[precision]
+    mixed = precision.endswith("Mixed")
+    ce = setup["model"]["loss"] == "crossEntropy"
+    width_out = output_width(layers)
+    torch.manual_seed(0)
+    state = {}
+
+    def run():
+        with record_function("gpumem:init"):
+            model = build_model(setup, dtype)
+            params = list(model.parameters())
+            if mixed:
+                masters = [p.detach().float() for p in params]
+                groups = [masters] if t["optimizerImplementation"] == "forEach" else [[m] for m in masters]
+                optimizers = [make_optimizer(t["optimizer"], t["optimizerImplementation"], g) for g in groups]
+            else:
+                optimizers = [make_optimizer(t["optimizer"], t["optimizerImplementation"], params)]
+        saved = {}
+        for step in (1, 2):
+            with record_function(f"gpumem:forward:{step}"):
+                if layers[0]["type"] == "embedding":
+                    x = torch.randint(0, layers[0]["numEmbeddings"], (b, s))
+                else:
+                    x = torch.randn(b, s, layers[0]["inFeatures"], dtype=dtype)
+                y = torch.randint(0, width_out, (b, s)) if ce else torch.randn(b, s, width_out, dtype=dtype)
+                batch_ptrs = {x.data_ptr(), y.data_ptr()}
+                param_ptrs = {p.data_ptr() for p in params}
+                saved.clear()
+
+                def pack(tensor):
+                    ptr = tensor.data_ptr()
+                    if ptr not in batch_ptrs and ptr not in param_ptrs:
+                        saved[ptr] = tensor.untyped_storage().nbytes() if hasattr(tensor, "untyped_storage") \
+                            else tensor.storage().nbytes()
+                    return tensor
+
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                    out = model(x)  # held by the loop until the end of the step
+                    if ce:
+                        logits = out.reshape(-1, width_out)
+                        loss = F.cross_entropy(logits.float() if mixed else logits, y.reshape(-1))
+                        del logits  # a view of out
+                    else:
+                        loss = F.mse_loss(out, y)
+            if step == 1:
+                # Held after forward: what autograd saved plus the output the loop keeps.
+                saved.setdefault(out.data_ptr(), out.untyped_storage().nbytes()
+                                 if hasattr(out, "untyped_storage") else out.storage().nbytes())
+                state["saved"] = sum(saved.values())
+            with record_function(f"gpumem:backward:{step}"):
+                loss.backward()
+            if step == 1:
+                state["gradients"] = sum(p.grad.numel() * p.grad.element_size() for p in params)
+            with record_function(f"gpumem:optimizerStep:{step}"):
+                if mixed:
+                    if len(optimizers) == 1:
+                        grads32 = [p.grad.float() for p in params]  # foreach: all at once
+                        for m, g in zip(masters, grads32):
+                            m.grad = g
+                        del grads32
+                        optimizers[0].step()
+                        for m in masters:
+                            m.grad = None
+                    else:
+                        for m, p, opt in zip(masters, params, optimizers):
+                            m.grad = p.grad.float()  # one tensor at a time
+                            opt.step()
+                            m.grad = None
+                    with torch.no_grad():
+                        for p, m in zip(params, masters):
+                            p.copy_(m)
+                else:
+                    optimizers[0].step()
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+                if mixed:
+                    model.zero_grad(set_to_none=True)
+                del loss, x, y, out
+        state["parameters"] = sum(p.numel() * p.element_size() for p in params)
+        state["masterWeights"] = sum(m.numel() * m.element_size() for m in masters) if mixed else 0
+        state["optimizerStates"] = sum(
+            v.numel() * v.element_size()
+            for opt in optimizers for st in opt.state.values() for v in st.values()
+            if torch.is_tensor(v) and v.dim() > 0)
+        state["keep"] = (model, optimizers)  # nothing is freed inside the profile at the end
+
+    memory, ranges = allocation_events(run)
+    del state["keep"]
+    running, peak = 0, 0
+    phase_peaks = {p: 0 for p in PHASES}
+    for time_us, delta in memory:
+        before = running
+        running += delta
+        peak = max(peak, running)
+        for name, start, end in ranges:
+            phase = name.split(":")[0]
+            if start <= time_us <= end:
+                phase_peaks[phase] = max(phase_peaks[phase], running, before if delta < 0 else 0)
+    state["peak"] = peak
+    state["phasePeaks"] = phase_peaks
+    return state
+
+
+# ---------------------------------------------------------------------------------------------
+# The prediction.
+
+def predict(cli, setup):
+    out = subprocess.run([cli, "--json", "-"], input=json.dumps(setup), capture_output=True, text=True)
+    doc = json.loads(out.stdout)
+    if not doc["ok"]:
+        raise SystemExit(f"setup rejected: {doc['errors']}")
+    e = doc["estimate"]
+    # Held after forward = activations live at the end of step 1's forward (saved tensors and
+    # the output the loop keeps), less the loss scalar itself.
+    held = 0
+    for p in e["timeline"]:
+        if p["step"] == 1 and p["phase"] == "forward" and p["category"] == "activations":
+            held += p["deltaBytes"] if p["label"] != "loss: scalar" else 0
+    m = e["modelStates"]
+    return {
+        "parameters": m["parametersBytes"], "masterWeights": m["masterWeightsBytes"],
+        "gradients": m["gradientsBytes"], "optimizerStates": m["optimizerStatesBytes"],
+        "saved": held, "peak": e["peak"]["totalBytes"],
+        "phasePeaks": {p["phase"]: p["totalBytes"] for p in e["phasePeaks"]},
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The cases: small enough for two cores, covering every knob torch 1.13 on CPU can run.
+
+def mlp(widths, act="relu", bias=True, dropout=None):
+    layers = []
+    for i in range(len(widths) - 1):
+        layers.append({"type": "linear", "inFeatures": widths[i], "outFeatures": widths[i + 1], "bias": bias})
+        if i < len(widths) - 2:
+            layers.append({"type": act})
+            if dropout is not None:
+                layers.append({"type": "dropout", "p": dropout})
+    return layers
+
+
+def case(name, layers, loss="mse", batch=32, seq=1, precision="fp32", optimizer="adam", impl="forEach"):
+    return name, {
+        "model": {"kind": "layers", "layers": layers, "loss": loss},
+        "training": {"batchSize": batch, "sequenceLength": seq, "precision": precision,
+                     "optimizer": optimizer, "optimizerImplementation": impl},
+        "gpu": {"memoryGiB": 80},
+    }
+
+
+def embed(vocab, dim, hidden):
+    return [{"type": "embedding", "numEmbeddings": vocab, "embeddingDim": dim},
+            {"type": "linear", "inFeatures": dim, "outFeatures": hidden},
+            {"type": "gelu"},
+            {"type": "linear", "inFeatures": hidden, "outFeatures": vocab}]
+
+
+CASES = [
+    case("mlp-relu-sgd", mlp([512, 1024, 256, 512]), optimizer="sgd"),
+    case("mlp-relu-momentum", mlp([512, 1024, 256, 512]), optimizer="sgdMomentum"),
+    case("mlp-relu-adam-foreach", mlp([512, 1024, 256, 512])),
+    case("mlp-relu-adam-loop", mlp([512, 1024, 256, 512]), impl="perParameter"),
+    case("mlp-relu-adamw", mlp([512, 1024, 256, 512]), optimizer="adamw"),
+    case("mlp-gelu-adam", mlp([768, 3072, 768], act="gelu"), batch=16, seq=8),
+    case("mlp-tanh-sgd", mlp([256, 512, 512, 10], act="tanh"), loss="crossEntropy", optimizer="sgd", batch=64),
+    case("mlp-sigmoid-adam", mlp([256, 512, 10], act="sigmoid"), loss="crossEntropy", batch=64),
+    case("mlp-nobias-adam", mlp([512, 1024, 512], bias=False)),
+    case("mlp-ce-big-vocab", mlp([256, 512, 8000]), loss="crossEntropy", batch=8, seq=16),
+    case("mlp-bf16-adam-ce", mlp([512, 1024, 256, 512]), loss="crossEntropy", precision="bf16"),
+    case("mlp-bf16-sgd-ce", mlp([256, 512, 4000]), loss="crossEntropy", precision="bf16", optimizer="sgd", batch=16, seq=4),
+    case("mlp-bf16mixed-adam-foreach", mlp([512, 1024, 256, 512]), loss="crossEntropy", precision="bf16Mixed"),
+    case("mlp-bf16mixed-adam-loop", mlp([512, 1024, 256, 512]), loss="crossEntropy", precision="bf16Mixed", impl="perParameter"),
+    case("mlp-bf16mixed-sgd-ce", mlp([256, 512, 4000]), loss="crossEntropy", precision="bf16Mixed", optimizer="sgd", batch=16, seq=4),
+    case("embed-gelu-ce-adam", embed(5000, 128, 512), loss="crossEntropy", batch=4, seq=64),
+    case("embed-gelu-ce-bf16mixed", embed(5000, 128, 512), loss="crossEntropy", precision="bf16Mixed", batch=4, seq=64),
+    case("embed-gelu-ce-sgd-long", embed(2000, 64, 256), loss="crossEntropy", optimizer="sgd", batch=2, seq=512),
+    case("mlp-dropout-adam", mlp([512, 1024, 512], dropout=0.1)),
+    case("mlp-dropout0-adam", mlp([512, 1024, 512], dropout=0.0)),
+]
+
+
+def pct(predicted, measured):
+    return 0.0 if measured == 0 and predicted == 0 else 100.0 * (predicted - measured) / max(measured, 1)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cli", default=os.path.join(ROOT, "build/native/cli/gpumem"))
+    parser.add_argument("--write", help="write the table as Markdown to this file")
+    parser.add_argument("--only", help="run only cases whose name contains this")
+    args = parser.parse_args()
+
+    prove_tracker()
+    print(f"tracker proved byte-exact on tensors of known size (torch {torch.__version__}, CPU)\n")
+    exact_fields = ["parameters", "masterWeights", "gradients", "optimizerStates"]
+    rows, peak_errors = [], []
+    header = f"{'case':30} {'states':>7} {'held pred':>11} {'held meas':>11} {'peak pred':>11} {'peak meas':>11} {'peak err':>8}  phase errors (init/fwd/bwd/step)"
+    print(header)
+    for name, setup in CASES:
+        if args.only and args.only not in name:
+            continue
+        p, m = predict(args.cli, setup), measure(setup)
+        states_exact = all(p[f] == m[f] for f in exact_fields)
+        err = pct(p["peak"], m["peak"])
+        peak_errors.append(abs(err))
+        phase_err = [pct(p["phasePeaks"][ph], m["phasePeaks"][ph]) for ph in PHASES]
+        rows.append((name, setup, p, m, states_exact, err, phase_err))
+        print(f"{name:30} {'exact' if states_exact else 'DIFF':>7} {p['saved']:>11,} {m['saved']:>11,} "
+              f"{p['peak']:>11,} {m['peak']:>11,} {err:>+7.2f}%  " + " ".join(f"{e:+.1f}%" for e in phase_err))
+        if not states_exact:
+            for f in exact_fields:
+                if p[f] != m[f]:
+                    print(f"    {f}: predicted {p[f]:,} measured {m[f]:,}")
+    peak_errors.sort()
+    median = peak_errors[len(peak_errors) // 2] if peak_errors else 0.0
+    worst = max(peak_errors) if peak_errors else 0.0
+    exact = sum(1 for r in rows if r[4])
+    print(f"\n{len(rows)} cases: model states byte-exact in {exact}; overall peak |error| median {median:.2f}%, worst {worst:.2f}%")
+    if args.write:
+        write_markdown(args.write, rows, median, worst, exact)
+        print(f"wrote {args.write}")
+    ok = exact == len(rows) and worst <= 8.0
+    sys.exit(0 if ok else 1)
+
+
+def write_markdown(path, rows, median, worst, exact):
+    today = datetime.date.today().isoformat()
+    lines = [
+        "# Validation against PyTorch",
+        "",
+        f"Generated by `scripts/validate --write docs/validation.md` on {today} with torch "
+        f"{torch.__version__} (Debian python3-torch, CPU). Each case is the same JSON setup given to the",
+        "CLI and rebuilt in PyTorch; init and two training steps run under the profiler's allocation",
+        "tracker (every CPU allocation and free, in order; proved byte-exact on tensors of known size).",
+        "",
+        f"**{len(rows)} cases: parameters, master weights, gradients and optimizer states byte-exact in "
+        f"{exact}; overall peak |error| median {median:.2f} %, worst {worst:.2f} %.**",
+        "",
+        "| case | model states | held after forward (saved + output), predicted / measured (B) | peak predicted (B) | peak measured (B) | peak error | init / forward / backward / step error |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, setup, p, m, states_exact, err, phase_err in rows:
+        lines.append(
+            f"| {name} | {'exact' if states_exact else 'differs'} | {p['saved']:,} / {m['saved']:,} | "
+            f"{p['peak']:,} | {m['peak']:,} | {err:+.2f} % | " + " / ".join(f"{e:+.1f} %" for e in phase_err) + " |")
+    lines += [
+        "",
+        "## Where CPU PyTorch differs from the CUDA kernels the estimator follows",
+        "",
+        "- **Dropout:** CUDA's fused kernel keeps a 1-byte bool mask; the CPU path keeps a mask of the",
+        "  activation's dtype (4 B per element in fp32), so CPU measures 3 B per element more for each",
+        "  dropout. The dropout case above shows that difference in its held-after-forward column.",
+        "- **foreach Adam/AdamW:** torch 1.13 kept a second parameter-sized copy in the step",
+        "  (`denom = _foreach_add(exp_avg_sq_sqrt, eps)`); since torch 2.0 the ε is added in place. The",
+        "  estimator follows current releases, so the foreach cases run the current op sequence on",
+        "  torch's own `_foreach_*` kernels (`scripts/validate.py`, `current_foreach_adam`).",
+        "- **fp16:** torch 1.13 has no fp16 matrix multiply on CPU, so mixed precision is validated",
+        "  in bf16 (the same byte sizes), and its CPU `mse_loss` has no bf16 kernel, so the bf16 cases",
+        "  use cross-entropy; fused optimizers and Adafactor are not in torch 1.13.",
+        "- **mse_loss:** current ATen materialises one output-sized squared error and reduces it (on",
+        "  every device); torch 1.13's CPU kernel also keeps a second output-sized buffer until",
+        "  backward, which the MSE cases measure as −0.3 … −0.9 % at their peaks.",
+        "- **Mixed precision loop:** the cases run 16-bit weights and gradients with fp32 master",
+        "  copies stepped by torch.optim, the 16-bit gradients upcast to fp32 for the update (all at",
+        "  once for foreach, one tensor at a time otherwise) — the regime the estimator models.",
+        "",
+        "Re-run: `scripts/validate` (prints the table; exits non-zero if a model state differs or any",
+        "peak is off by more than 8 %).",
+    ]
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
