@@ -58,6 +58,23 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
     std::printf("  %-16s %12s  step %d  %s\n", LabelOf(s.phase), HumanBytes(s.totalBytes).c_str(), s.step,
                 s.label.c_str());
   }
+  // Which category is live in which phase: bytes of each at each phase's peak.
+  std::printf("\nWhat each phase's peak holds:\n  %-26s", "");
+  for (const auto& s : e.phasePeaks) std::printf(" %14s", LabelOf(s.phase));
+  std::printf("\n");
+  for (const auto& c : NamesOf(Category{})) {
+    bool any = false;
+    std::string line;
+    for (const auto& s : e.phasePeaks) {
+      std::int64_t bytes = 0;
+      for (const auto& r : s.byCategory) if (r.category == c.value) bytes = r.bytes;
+      any = any || bytes > 0;
+      char cellText[32];
+      std::snprintf(cellText, sizeof cellText, " %14s", bytes > 0 ? HumanBytes(bytes).c_str() : "-");
+      line += cellText;
+    }
+    if (any) std::printf("  %-26s%s\n", c.label, line.c_str());
+  }
   if (timeline) {
     std::printf("\nTimeline (every allocation and free):\n");
     for (std::size_t i = 0; i < e.timeline.size(); ++i) {

@@ -620,6 +620,9 @@ function render(est) {
     return tr;
   }));
 
+  // Which category is live in which phase: bytes of each category at each phase's peak.
+  fillPhaseMatrix(est.phasePeaks);
+
   // Notes.
   $('#notes').replaceChildren(...est.notes.map((text) => {
     const li = document.createElement('li');
@@ -628,6 +631,37 @@ function render(est) {
   }));
 
   drawCharts(est);
+}
+
+function fillPhaseMatrix(phasePeaks) {
+  const table = $('#phase-matrix');
+  const head = document.createElement('tr');
+  const corner = document.createElement('th');
+  corner.scope = 'col';
+  corner.textContent = 'Category';
+  head.append(corner, ...phasePeaks.map((p) => {
+    const th = document.createElement('th');
+    th.scope = 'col';
+    th.className = 'num';
+    th.textContent = phaseLabel(p.phase);
+    return th;
+  }));
+  $('thead', table).replaceChildren(head);
+  const present = state.options.categories.filter((c) =>
+    phasePeaks.some((p) => p.byCategory.some((row) => row.category === c.id)));
+  $('tbody', table).replaceChildren(...present.map((c) => {
+    const tr = document.createElement('tr');
+    tr.dataset.category = c.id;
+    tr.append(categoryCell({ category: c.id, label: c.label }, false), ...phasePeaks.map((p) => {
+      const row = p.byCategory.find((r) => r.category === c.id);
+      const td = cell(row ? formatBytes(row.bytes) : '—', 'num');
+      td.dataset.phase = p.phase;
+      td.dataset.bytes = String(row ? row.bytes : 0);
+      if (row) td.title = `${formatExactBytes(row.bytes)}: ${row.formula}`;
+      return td;
+    }));
+    return tr;
+  }));
 }
 
 function drawCharts(est) {

@@ -170,6 +170,16 @@ test('MLP example: 369,405,824 parameters and 5,910,493,184 bytes of fp32 Adam m
   assert.equal(await page.isVisible('#layers-panel'), true);
   assert.ok((await page.$$('#layer-list > li')).length >= 3, 'the layer editor shows the example layers');
   assert.equal(await page.isVisible('#heuristic-note'), false, 'a layer list is counted exactly');
+  // Which category is live in which phase: Adam's states appear in step 1's optimizer step, so
+  // they are absent at init and held through step 2's forward; gradients exist only from
+  // backward to zero_grad.
+  const matrixBytes = (category, phase) =>
+    page.$eval(`#phase-matrix tr[data-category="${category}"] td[data-phase="${phase}"]`, (td) => td.dataset.bytes);
+  assert.equal(await matrixBytes('optimizerStates', 'init'), '0');
+  assert.equal(await matrixBytes('optimizerStates', 'forward'), '2955246592');
+  assert.equal(await matrixBytes('gradients', 'forward'), '0');
+  assert.equal(await matrixBytes('gradients', 'backward'), '1477623296');
+  assert.equal(await matrixBytes('parameters', 'init'), '1477623296');
   await finish();
 });
 
