@@ -1,0 +1,62 @@
+// How fast an estimate is where people meet it: the wasm module through the JS API, the whole
+// round trip the page pays on every keystroke (setup → JSON → wasm parse, simulate, replay,
+// serialise → JS objects). Prints the median and 95th-percentile time per estimate for setups
+// from small to large, and the sizes of what the page loads.
+// Usage: node scripts/bench.mjs [runs]   (after scripts/build)
+import { createRequire } from 'node:module';
+import { statSync, readFileSync } from 'node:fs';
+import { gzipSync } from 'node:zlib';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { loadGpumem } from '../wasm/gpumem.js';
+
+const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const runs = Number(process.argv[2] ?? 200);
+const glue = path.join(root, 'build/wasm/wasm/gpumem_core.cjs');
+const started = performance.now();
+const gpumem = await loadGpumem({ factory: createRequire(import.meta.url)(glue) });
+const loadMs = performance.now() - started;
+
+function deepLayers(blocks, width) {
+  const layers = [];
+  for (let i = 0; i < blocks; i++) {
+    layers.push({ type: 'linear', inFeatures: width, outFeatures: width, bias: true }, { type: 'gelu' });
+  }
+  return layers;
+}
+
+const mlp = gpumem.options().examples.find((e) => e.id === 'mlp').setup;
+const cases = [
+  ['quick mode, 1.5e9 parameters', {}],
+  ['MLP example (5 layers)', mlp],
+  ['layer list, 200 layers', { ...mlp, model: { ...mlp.model, layers: deepLayers(100, 1024) } }],
+  ['layer list, 2,000 layers', { ...mlp, model: { ...mlp.model, layers: deepLayers(1000, 1024) } }],
+];
+
+function percentile(sorted, p) {
+  return sorted[Math.min(sorted.length - 1, Math.floor(p * sorted.length))];
+}
+
+console.log(`wasm module loaded in ${loadMs.toFixed(1)} ms (node ${process.version})`);
+console.log(`${'setup'.padEnd(32)} ${'events'.padStart(7)} ${'median'.padStart(9)} ${'p95'.padStart(9)}`);
+for (const [name, setup] of cases) {
+  const text = JSON.stringify(setup);
+  let estimate;
+  for (let i = 0; i < 5; i++) estimate = gpumem.estimate(text);  // warm up
+  const times = [];
+  for (let i = 0; i < runs; i++) {
+    const t0 = performance.now();
+    estimate = gpumem.estimate(text);
+    times.push(performance.now() - t0);
+  }
+  times.sort((a, b) => a - b);
+  console.log(`${name.padEnd(32)} ${String(estimate.timeline.length).padStart(7)} ` +
+              `${percentile(times, 0.5).toFixed(2).padStart(6)} ms ${percentile(times, 0.95).toFixed(2).padStart(6)} ms`);
+}
+
+for (const file of ['build/wasm/wasm/gpumem_core.cjs', 'dist/gpumem.html']) {
+  const full = path.join(root, file);
+  const bytes = statSync(full).size;
+  const gz = gzipSync(readFileSync(full), { level: 9 }).length;
+  console.log(`${file.padEnd(34)} ${(bytes / 1024).toFixed(1).padStart(7)} KiB, gzipped ${(gz / 1024).toFixed(1)} KiB`);
+}
