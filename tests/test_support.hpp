@@ -6,35 +6,10 @@
 
 namespace gpumem::test {
 
-inline LayerDef Linear(std::int64_t in, std::int64_t out, bool bias = true) {
-  LayerDef d;
-  d.kind = LayerKind::Linear;
-  d.inFeatures = in;
-  d.outFeatures = out;
-  d.bias = bias;
-  return d;
-}
-
-inline LayerDef Embedding(std::int64_t rows, std::int64_t dim) {
-  LayerDef d;
-  d.kind = LayerKind::Embedding;
-  d.numEmbeddings = rows;
-  d.embeddingDim = dim;
-  return d;
-}
-
-inline LayerDef Activation(LayerKind kind) {
-  LayerDef d;
-  d.kind = kind;
-  return d;
-}
-
-inline LayerDef Dropout(double p) {
-  LayerDef d;
-  d.kind = LayerKind::Dropout;
-  d.dropoutProbability = p;
-  return d;
-}
+inline LayerDef Linear(std::int64_t in, std::int64_t out, bool bias = true) { return LinearLayer(in, out, bias); }
+inline LayerDef Embedding(std::int64_t rows, std::int64_t dim) { return EmbeddingLayer(rows, dim); }
+inline LayerDef Activation(LayerKind kind) { return ActivationLayer(kind); }
+inline LayerDef Dropout(double p) { return DropoutLayer(p); }
 
 inline Setup QuickSetup(std::int64_t parameters, Precision precision, OptimizerKind optimizer) {
   Setup s = DefaultSetup();

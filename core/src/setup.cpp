@@ -11,17 +11,8 @@ namespace gpumem {
 namespace {
 
 std::vector<LayerDef> MlpLayers() {
-  auto linear = [](std::int64_t in, std::int64_t out) {
-    LayerDef d;
-    d.kind = LayerKind::Linear;
-    d.inFeatures = in;
-    d.outFeatures = out;
-    d.bias = true;
-    return d;
-  };
-  LayerDef relu;
-  relu.kind = LayerKind::ReLU;
-  return {linear(240000, 1024), relu, linear(1024, 512), relu, linear(512, 240000)};
+  return {LinearLayer(240000, 1024), ActivationLayer(LayerKind::ReLU), LinearLayer(1024, 512),
+          ActivationLayer(LayerKind::ReLU), LinearLayer(512, 240000)};
 }
 
 std::string LayerPath(std::size_t i) { return "model.layers[" + std::to_string(i) + "]"; }
@@ -56,6 +47,7 @@ void ValidateLayers(const ModelDef& model, std::vector<FieldError>& errors) {
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const LayerDef& layer = layers[i];
     const std::string path = LayerPath(i);
+    parameters += LayerParameterCount(layer);
     switch (layer.kind) {
       case LayerKind::Embedding:
         if (i != 0) {
@@ -66,7 +58,6 @@ void ValidateLayers(const ModelDef& model, std::vector<FieldError>& errors) {
                    "The number of embeddings");
         CheckCount(errors, path + ".embeddingDim", layer.embeddingDim, Limits::maxFeatures,
                    "The embedding width");
-        parameters += static_cast<double>(layer.numEmbeddings) * static_cast<double>(layer.embeddingDim);
         width = layer.embeddingDim;
         break;
       case LayerKind::Linear:
@@ -80,8 +71,6 @@ void ValidateLayers(const ModelDef& model, std::vector<FieldError>& errors) {
                                 FormatCount(width) + " (from " + LayerPath(i - 1) + "), got " +
                                 FormatCount(layer.inFeatures) + "."});
         }
-        parameters += static_cast<double>(layer.inFeatures) * static_cast<double>(layer.outFeatures) +
-                      (layer.bias ? static_cast<double>(layer.outFeatures) : 0.0);
         width = layer.outFeatures;
         break;
       case LayerKind::Dropout:
@@ -121,14 +110,54 @@ double RoughUpperBoundBytes(const Setup& setup) {
   double params = 0, widths = 0;
   for (std::size_t i = 0; i < setup.model.layers.size(); ++i) {
     const LayerDef& l = setup.model.layers[i];
-    if (l.kind == LayerKind::Linear) params += double(l.inFeatures) * double(l.outFeatures) + double(l.outFeatures);
-    if (l.kind == LayerKind::Embedding) params += double(l.numEmbeddings) * double(l.embeddingDim);
+    params += LayerParameterCount(l);
     widths += double(OutputWidth(setup.model.layers, i)) + (l.kind == LayerKind::Linear ? double(l.inFeatures) : 0.0);
   }
   return 32.0 * params + 32.0 * tokens * (widths + 2.0);
 }
 
 }  // namespace
+
+LayerDef LinearLayer(std::int64_t inFeatures, std::int64_t outFeatures, bool bias) {
+  LayerDef d;
+  d.kind = LayerKind::Linear;
+  d.inFeatures = inFeatures;
+  d.outFeatures = outFeatures;
+  d.bias = bias;
+  return d;
+}
+
+LayerDef EmbeddingLayer(std::int64_t numEmbeddings, std::int64_t embeddingDim) {
+  LayerDef d;
+  d.kind = LayerKind::Embedding;
+  d.numEmbeddings = numEmbeddings;
+  d.embeddingDim = embeddingDim;
+  return d;
+}
+
+LayerDef ActivationLayer(LayerKind kind) {
+  LayerDef d;
+  d.kind = kind;
+  return d;
+}
+
+LayerDef DropoutLayer(double probability) {
+  LayerDef d;
+  d.kind = LayerKind::Dropout;
+  d.dropoutProbability = probability;
+  return d;
+}
+
+double LayerParameterCount(const LayerDef& layer) {
+  switch (layer.kind) {
+    case LayerKind::Linear:
+      return double(layer.inFeatures) * double(layer.outFeatures) + (layer.bias ? double(layer.outFeatures) : 0.0);
+    case LayerKind::Embedding:
+      return double(layer.numEmbeddings) * double(layer.embeddingDim);
+    default:
+      return 0.0;
+  }
+}
 
 Setup DefaultSetup() {
   Setup s;

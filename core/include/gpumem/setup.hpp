@@ -60,6 +60,16 @@ struct LayerDef {
   double dropoutProbability = 0.1; // Dropout: p in [0, 1); p = 0 is the identity (no mask)
 };
 
+// Layer definitions with only the fields of their kind set (the rest keep LayerDef's defaults).
+LayerDef LinearLayer(std::int64_t inFeatures, std::int64_t outFeatures, bool bias = true);
+LayerDef EmbeddingLayer(std::int64_t numEmbeddings, std::int64_t embeddingDim);
+LayerDef ActivationLayer(LayerKind kind);  // ReLU, GELU, Tanh or Sigmoid
+LayerDef DropoutLayer(double probability);
+
+// Parameters a layer owns: in·out (+ out with a bias) for Linear, rows·dim for Embedding, 0
+// otherwise. In double, so that validation can bound absurd sizes before any int64 product.
+double LayerParameterCount(const LayerDef& layer);
+
 struct ModelDef {
   ModelKind kind = ModelKind::ParameterCount;
 
