@@ -23,9 +23,138 @@ std::int64_t Inventory::TrainableCount() const {
   return n;
 }
 
+namespace {
+
+// Hugging Face's parameter names and shapes ([out, in] for nn.Linear; GPT-2's Conv1D stores
+// [in, out], kept here so names and shapes read as in a checkpoint).
+void AddTransformer(const ArchitectureDef& a, Inventory& inv) {
+  auto add = [&](std::string name, std::vector<std::int64_t> shape, int block = -1) {
+    inv.parameters.push_back({std::move(name), std::move(shape), true, block});
+  };
+  const std::int64_t h = a.hiddenSize, V = a.vocabSize, inter = IntermediateSize(a);
+  const std::int64_t d = HeadDim(a), heads = a.numHeads, kv = KeyValueHeads(a);
+  switch (a.family) {
+    case Family::GPT2: {
+      add("transformer.wte.weight", {V, h});
+      add("transformer.wpe.weight", {a.maxPositionEmbeddings, h});
+      for (std::int64_t i = 0; i < a.numLayers; ++i) {
+        const std::string b = "transformer.h." + std::to_string(i) + ".";
+        const int L = static_cast<int>(i);
+        add(b + "ln_1.weight", {h}, L);
+        add(b + "ln_1.bias", {h}, L);
+        add(b + "attn.c_attn.weight", {h, 3 * h}, L);
+        add(b + "attn.c_attn.bias", {3 * h}, L);
+        add(b + "attn.c_proj.weight", {h, h}, L);
+        add(b + "attn.c_proj.bias", {h}, L);
+        add(b + "ln_2.weight", {h}, L);
+        add(b + "ln_2.bias", {h}, L);
+        add(b + "mlp.c_fc.weight", {h, inter}, L);
+        add(b + "mlp.c_fc.bias", {inter}, L);
+        add(b + "mlp.c_proj.weight", {inter, h}, L);
+        add(b + "mlp.c_proj.bias", {h}, L);
+      }
+      add("transformer.ln_f.weight", {h});
+      add("transformer.ln_f.bias", {h});
+      if (!a.tieWordEmbeddings) add("lm_head.weight", {V, h});
+      break;
+    }
+    case Family::Llama: {
+      add("model.embed_tokens.weight", {V, h});
+      const std::int64_t ei = ExpertIntermediateSize(a);
+      for (std::int64_t i = 0; i < a.numLayers; ++i) {
+        const std::string b = "model.layers." + std::to_string(i) + ".";
+        const int L = static_cast<int>(i);
+        add(b + "input_layernorm.weight", {h}, L);
+        add(b + "self_attn.q_proj.weight", {heads * d, h}, L);
+        if (a.attentionBias) add(b + "self_attn.q_proj.bias", {heads * d}, L);
+        add(b + "self_attn.k_proj.weight", {kv * d, h}, L);
+        if (a.attentionBias) add(b + "self_attn.k_proj.bias", {kv * d}, L);
+        add(b + "self_attn.v_proj.weight", {kv * d, h}, L);
+        if (a.attentionBias) add(b + "self_attn.v_proj.bias", {kv * d}, L);
+        add(b + "self_attn.o_proj.weight", {h, heads * d}, L);
+        add(b + "post_attention_layernorm.weight", {h}, L);
+        if (a.numExperts == 0) {
+          add(b + "mlp.gate_proj.weight", {inter, h}, L);
+          add(b + "mlp.up_proj.weight", {inter, h}, L);
+          add(b + "mlp.down_proj.weight", {h, inter}, L);
+          continue;
+        }
+        add(b + "block_sparse_moe.gate.weight", {a.numExperts, h}, L);
+        for (std::int64_t e = 0; e < a.numExperts; ++e) {
+          const std::string x = b + "block_sparse_moe.experts." + std::to_string(e) + ".";
+          add(x + "w1.weight", {ei, h}, L);
+          add(x + "w2.weight", {h, ei}, L);
+          add(x + "w3.weight", {ei, h}, L);
+        }
+        if (a.sharedExpertIntermediateSize > 0) {
+          const std::int64_t si = a.sharedExpertIntermediateSize;
+          add(b + "mlp.shared_expert.gate_proj.weight", {si, h}, L);
+          add(b + "mlp.shared_expert.up_proj.weight", {si, h}, L);
+          add(b + "mlp.shared_expert.down_proj.weight", {h, si}, L);
+          if (a.sharedExpertGate) add(b + "mlp.shared_expert_gate.weight", {1, h}, L);
+        }
+      }
+      add("model.norm.weight", {h});
+      if (!a.tieWordEmbeddings) add("lm_head.weight", {V, h});
+      break;
+    }
+    case Family::BERT: {
+      add("bert.embeddings.word_embeddings.weight", {V, h});
+      add("bert.embeddings.position_embeddings.weight", {a.maxPositionEmbeddings, h});
+      add("bert.embeddings.token_type_embeddings.weight", {a.typeVocabSize, h});
+      add("bert.embeddings.LayerNorm.weight", {h});
+      add("bert.embeddings.LayerNorm.bias", {h});
+      for (std::int64_t i = 0; i < a.numLayers; ++i) {
+        const std::string b = "bert.encoder.layer." + std::to_string(i) + ".";
+        const int L = static_cast<int>(i);
+        for (const char* m : {"query", "key", "value"}) {
+          add(b + "attention.self." + m + ".weight", {h, h}, L);
+          add(b + "attention.self." + m + ".bias", {h}, L);
+        }
+        add(b + "attention.output.dense.weight", {h, h}, L);
+        add(b + "attention.output.dense.bias", {h}, L);
+        add(b + "attention.output.LayerNorm.weight", {h}, L);
+        add(b + "attention.output.LayerNorm.bias", {h}, L);
+        add(b + "intermediate.dense.weight", {inter, h}, L);
+        add(b + "intermediate.dense.bias", {inter}, L);
+        add(b + "output.dense.weight", {h, inter}, L);
+        add(b + "output.dense.bias", {h}, L);
+        add(b + "output.LayerNorm.weight", {h}, L);
+        add(b + "output.LayerNorm.bias", {h}, L);
+      }
+      if (a.encoderHead == EncoderHead::Classification) {
+        add("bert.pooler.dense.weight", {h, h});
+        add("bert.pooler.dense.bias", {h});
+        add("classifier.weight", {a.numLabels, h});
+        add("classifier.bias", {a.numLabels});
+      } else {
+        add("cls.predictions.transform.dense.weight", {h, h});
+        add("cls.predictions.transform.dense.bias", {h});
+        add("cls.predictions.transform.LayerNorm.weight", {h});
+        add("cls.predictions.transform.LayerNorm.bias", {h});
+        add("cls.predictions.bias", {V});  // the decoder's weight is the word embedding
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+std::int64_t Inventory::IndexOf(const std::string& name) const {
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    if (parameters[i].name == name) return static_cast<std::int64_t>(i);
+  }
+  return -1;
+}
+
 Inventory BuildInventory(const Setup& setup) {
   Inventory inv;
   const ModelDef& model = setup.model;
+  if (model.kind == ModelKind::Transformer) {
+    AddTransformer(model.architecture, inv);
+    return inv;
+  }
   if (model.kind == ModelKind::ParameterCount) {
     std::int64_t listed = 0;
     for (std::size_t i = 0; i < model.largestMatrices.size(); ++i) {

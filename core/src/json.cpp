@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpumem/names.hpp"
+#include "gpumem/presets.hpp"
 
 namespace gpumem {
 namespace {
@@ -186,11 +187,58 @@ void ReadLayer(Reader& r, const json& v, const std::string& path, LayerDef& laye
   }
 }
 
+// Fields override the family's defaults; naming another family starts from its defaults.
+void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a) {
+  const std::string path = "model.architecture";
+  if (!r.ExpectObject(v, path)) return;
+  r.RejectUnknown(v, {"family", "vocabSize", "hiddenSize", "numLayers", "numHeads", "numKeyValueHeads",
+                      "headDim", "intermediateSize", "maxPositionEmbeddings", "typeVocabSize",
+                      "tieWordEmbeddings", "attentionBias", "hiddenAct", "numExperts", "expertsPerToken",
+                      "expertIntermediateSize", "sharedExpertIntermediateSize", "sharedExpertGate",
+                      "hiddenDropout", "attentionDropout", "encoderHead", "numLabels"},
+                  path);
+  Family family = a.family;
+  if (r.Enum(v, "family", path, family) && family != a.family) a = DefaultArchitecture(family);
+  r.Int(v, "vocabSize", path, a.vocabSize);
+  r.Int(v, "hiddenSize", path, a.hiddenSize);
+  r.Int(v, "numLayers", path, a.numLayers);
+  r.Int(v, "numHeads", path, a.numHeads);
+  r.Int(v, "numKeyValueHeads", path, a.numKeyValueHeads);
+  r.Int(v, "headDim", path, a.headDim);
+  r.Int(v, "intermediateSize", path, a.intermediateSize);
+  r.Int(v, "maxPositionEmbeddings", path, a.maxPositionEmbeddings);
+  r.Int(v, "typeVocabSize", path, a.typeVocabSize);
+  r.Bool(v, "tieWordEmbeddings", path, a.tieWordEmbeddings);
+  r.Bool(v, "attentionBias", path, a.attentionBias);
+  r.Enum(v, "hiddenAct", path, a.hiddenAct);
+  r.Int(v, "numExperts", path, a.numExperts);
+  r.Int(v, "expertsPerToken", path, a.expertsPerToken);
+  r.Int(v, "expertIntermediateSize", path, a.expertIntermediateSize);
+  r.Int(v, "sharedExpertIntermediateSize", path, a.sharedExpertIntermediateSize);
+  r.Bool(v, "sharedExpertGate", path, a.sharedExpertGate);
+  r.Number(v, "hiddenDropout", path, a.hiddenDropout);
+  r.Number(v, "attentionDropout", path, a.attentionDropout);
+  r.Enum(v, "encoderHead", path, a.encoderHead);
+  r.Int(v, "numLabels", path, a.numLabels);
+}
+
 void ReadModel(Reader& r, const json& v, ModelDef& model) {
   const std::string path = "model";
   if (!r.ExpectObject(v, path)) return;
-  r.RejectUnknown(v, {"kind", "parameterCount", "largestMatrices", "layers", "loss"}, path);
+  r.RejectUnknown(v, {"kind", "parameterCount", "largestMatrices", "layers", "loss", "preset", "architecture"}, path);
   r.Enum(v, "kind", path, model.kind);
+  if (auto it = v.find("preset"); it != v.end()) {
+    const Preset* preset = it->is_string() ? FindPreset(it->get_ref<const std::string&>()) : nullptr;
+    if (preset == nullptr) {
+      std::string ids;
+      for (const Preset& p : Presets()) ids += (ids.empty() ? "" : ", ") + std::string(p.id);
+      r.Fail(ErrorCode::InvalidField, "model.preset", "Unknown preset " + Echo(*it) + "; known: " + ids + ".");
+    } else {
+      model.architecture = preset->architecture;
+      if (!v.contains("kind")) model.kind = ModelKind::Transformer;
+    }
+  }
+  if (auto it = v.find("architecture"); it != v.end()) ReadArchitecture(r, *it, model.architecture);
   r.Int(v, "parameterCount", path, model.parameterCount);
   r.Enum(v, "loss", path, model.loss);
   if (auto it = v.find("largestMatrices"); it != v.end()) {
@@ -235,7 +283,11 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t) {
   const std::string path = "training";
   if (!r.ExpectObject(v, path)) return;
   r.RejectUnknown(v, {"batchSize", "sequenceLength", "precision", "optimizer",
-                      "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone"}, path);
+                      "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
+                      "attention", "checkpointing", "checkpointInterval"}, path);
+  r.Enum(v, "attention", path, t.attention);
+  r.Enum(v, "checkpointing", path, t.checkpointing);
+  r.Int(v, "checkpointInterval", path, t.checkpointInterval);
   r.Int(v, "batchSize", path, t.batchSize);
   r.Int(v, "sequenceLength", path, t.sequenceLength);
   r.Enum(v, "precision", path, t.precision);
@@ -260,6 +312,20 @@ ojson LayerToJson(const LayerDef& l) {
   return j;
 }
 
+ojson ArchitectureJson(const ArchitectureDef& a) {
+  return {{"family", IdOf(a.family)}, {"vocabSize", a.vocabSize}, {"hiddenSize", a.hiddenSize},
+          {"numLayers", a.numLayers}, {"numHeads", a.numHeads}, {"numKeyValueHeads", a.numKeyValueHeads},
+          {"headDim", a.headDim}, {"intermediateSize", a.intermediateSize},
+          {"maxPositionEmbeddings", a.maxPositionEmbeddings}, {"typeVocabSize", a.typeVocabSize},
+          {"tieWordEmbeddings", a.tieWordEmbeddings}, {"attentionBias", a.attentionBias},
+          {"hiddenAct", IdOf(a.hiddenAct)}, {"numExperts", a.numExperts},
+          {"expertsPerToken", a.expertsPerToken}, {"expertIntermediateSize", a.expertIntermediateSize},
+          {"sharedExpertIntermediateSize", a.sharedExpertIntermediateSize},
+          {"sharedExpertGate", a.sharedExpertGate}, {"hiddenDropout", a.hiddenDropout},
+          {"attentionDropout", a.attentionDropout}, {"encoderHead", IdOf(a.encoderHead)},
+          {"numLabels", a.numLabels}};
+}
+
 ojson SetupJson(const Setup& s) {
   ojson layers = ojson::array();
   for (const LayerDef& l : s.model.layers) layers.push_back(LayerToJson(l));
@@ -268,12 +334,16 @@ ojson SetupJson(const Setup& s) {
   return {
       {"schemaVersion", kSchemaVersion},
       {"model", {{"kind", IdOf(s.model.kind)}, {"parameterCount", s.model.parameterCount},
-                 {"largestMatrices", matrices}, {"layers", layers}, {"loss", IdOf(s.model.loss)}}},
+                 {"largestMatrices", matrices}, {"layers", layers}, {"loss", IdOf(s.model.loss)},
+                 {"architecture", ArchitectureJson(s.model.architecture)}}},
       {"training", {{"batchSize", s.training.batchSize}, {"sequenceLength", s.training.sequenceLength},
                     {"precision", IdOf(s.training.precision)}, {"optimizer", IdOf(s.training.optimizer)},
                     {"optimizerImplementation", IdOf(s.training.optimizerImplementation)},
                     {"adafactorBeta1", s.training.adafactorBeta1},
-                    {"zeroGradSetToNone", s.training.zeroGradSetToNone}}},
+                    {"zeroGradSetToNone", s.training.zeroGradSetToNone},
+                    {"attention", IdOf(s.training.attention)},
+                    {"checkpointing", IdOf(s.training.checkpointing)},
+                    {"checkpointInterval", s.training.checkpointInterval}}},
       {"gpu", {{"memoryGiB", s.gpu.memoryGiB}}},
   };
 }
@@ -441,8 +511,20 @@ std::string OptionsJson(int indent) {
                       {"setup", SetupJson(DefaultSetup())}});
   examples.push_back({{"id", "mlp"}, {"label", "MLP 240000 → 1024 → 512 → 240000 (fp32, Adam)"},
                       {"setup", SetupJson(ExampleMlpSetup())}});
+  ojson presets = ojson::array();
+  for (const Preset& p : Presets()) {
+    presets.push_back({{"id", p.id}, {"label", p.label}, {"source", p.source},
+                       {"publishedParameters", p.publishedParameters}, {"countedAs", p.countedAs},
+                       {"architecture", ArchitectureJson(p.architecture)}});
+  }
   return Dump({{"schemaVersion", kSchemaVersion},
                {"version", GPUMEM_VERSION},
+               {"presets", presets},
+               {"families", NameList<Family>()},
+               {"hiddenActs", NameList<HiddenAct>()},
+               {"encoderHeads", NameList<EncoderHead>()},
+               {"attentions", NameList<AttentionImplementation>()},
+               {"checkpointings", NameList<Checkpointing>()},
                {"defaultSetup", SetupJson(DefaultSetup())},
                {"examples", examples},
                {"modelKinds", NameList<ModelKind>()},

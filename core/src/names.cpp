@@ -10,6 +10,32 @@ namespace {
 constexpr Named<ModelKind> kModelKinds[] = {
     {ModelKind::ParameterCount, "parameterCount", "Parameter count (quick, heuristic activations)"},
     {ModelKind::LayerList, "layers", "Layer list (exact)"},
+    {ModelKind::Transformer, "transformer", "Transformer architecture (exact)"},
+};
+constexpr Named<Family> kFamilies[] = {
+    {Family::GPT2, "gpt2", "GPT-2"},
+    {Family::Llama, "llama", "Llama / Mistral / Qwen2 / Mixtral"},
+    {Family::BERT, "bert", "BERT (encoder)"},
+};
+constexpr Named<HiddenAct> kHiddenActs[] = {
+    {HiddenAct::GELU, "gelu", "GELU (erf)"},
+    {HiddenAct::GELUTanh, "geluTanh", "GELU (tanh approximation, one kernel)"},
+    {HiddenAct::GELUNew, "geluNew", "GELU new (tanh formula as separate ops, GPT-2)"},
+    {HiddenAct::SiLU, "silu", "SiLU (SwiGLU MLP)"},
+};
+constexpr Named<EncoderHead> kEncoderHeads[] = {
+    {EncoderHead::Classification, "classification", "Sequence classification (pooler + classifier)"},
+    {EncoderHead::MaskedLM, "maskedLm", "Masked language modelling"},
+};
+constexpr Named<AttentionImplementation> kAttentions[] = {
+    {AttentionImplementation::Eager, "eager", "eager (scores materialised)"},
+    {AttentionImplementation::SDPA, "sdpa", "fused SDPA / flash"},
+};
+constexpr Named<Checkpointing> kCheckpointings[] = {
+    {Checkpointing::None, "none", "none"},
+    {Checkpointing::EveryBlock, "everyBlock", "every block"},
+    {Checkpointing::EveryKthBlock, "everyKthBlock", "every k-th block"},
+    {Checkpointing::Selective, "selective", "selective (attention core)"},
 };
 constexpr Named<LayerKind> kLayerKinds[] = {
     {LayerKind::Embedding, "embedding", "Embedding"}, {LayerKind::Linear, "linear", "Linear"},
@@ -26,6 +52,8 @@ constexpr Named<Precision> kPrecisions[] = {
     {Precision::FP16Mixed, "fp16Mixed", "fp16 mixed precision (fp32 master weights)"},
     {Precision::BF16Mixed, "bf16Mixed", "bf16 mixed precision (fp32 master weights)"},
     {Precision::BF16, "bf16", "pure bf16"},
+    {Precision::AmpBF16, "ampBf16", "autocast bf16 (fp32 weights)"},
+    {Precision::AmpFP16, "ampFp16", "autocast fp16 with loss scaling (fp32 weights)"},
 };
 constexpr Named<OptimizerKind> kOptimizers[] = {
     {OptimizerKind::SGD, "sgd", "SGD"},
@@ -54,6 +82,7 @@ constexpr Named<Category> kCategories[] = {
     {Category::Activations, "activations", "Activations"},
     {Category::ActivationGradients, "activationGradients", "Activation gradients"},
     {Category::InputBatch, "inputBatch", "Input batch"},
+    {Category::WeightCopies, "weightCopies", "16-bit weight copies (autocast)"},
 };
 static_assert(std::size(kCategories) == kCategoryCount);
 
@@ -68,6 +97,11 @@ std::span<const Named<OptimizerImplementation>> NamesOf(OptimizerImplementation)
   return kImplementations;
 }
 std::span<const Named<Phase>> NamesOf(Phase) { return kPhases; }
+std::span<const Named<Family>> NamesOf(Family) { return kFamilies; }
+std::span<const Named<HiddenAct>> NamesOf(HiddenAct) { return kHiddenActs; }
+std::span<const Named<EncoderHead>> NamesOf(EncoderHead) { return kEncoderHeads; }
+std::span<const Named<AttentionImplementation>> NamesOf(AttentionImplementation) { return kAttentions; }
+std::span<const Named<Checkpointing>> NamesOf(Checkpointing) { return kCheckpointings; }
 std::span<const Named<Category>> NamesOf(Category) { return kCategories; }
 
 const char* DTypeId(DType type) {

@@ -6,6 +6,8 @@
 
 #include "gpumem/format.hpp"
 #include "gpumem/heuristics.hpp"
+#include "gpumem/inventory.hpp"
+#include "gpumem/names.hpp"
 
 namespace gpumem {
 namespace {
@@ -98,6 +100,113 @@ void ValidateLayers(const ModelDef& model, std::vector<FieldError>& errors) {
   }
 }
 
+// Appends an error when `value` is outside [min, max] (min may be 0 for "derive it").
+void CheckRange(std::vector<FieldError>& errors, const std::string& field, std::int64_t value,
+                std::int64_t min, std::int64_t max, const char* what) {
+  if (value < min || value > max) {
+    errors.push_back({ErrorCode::InvalidField, field,
+                      std::string(what) + " must be between " + FormatCount(min) + " and " +
+                          FormatCount(max) + " (got " + FormatCount(value) + ")."});
+  }
+}
+
+void CheckProbability(std::vector<FieldError>& errors, const std::string& field, double p) {
+  if (!std::isfinite(p) || p < 0.0 || p >= 1.0) {
+    errors.push_back({ErrorCode::InvalidField, field, "A dropout probability must be in [0, 1)."});
+  }
+}
+
+// Bounds that keep every tensor's element count far inside int64 and the inventory small.
+constexpr std::int64_t kMaxHidden = 1'000'000;
+constexpr std::int64_t kMaxVocab = 100'000'000;
+constexpr std::int64_t kMaxIntermediate = 10'000'000;
+constexpr std::int64_t kMaxTensors = 2'000'000;
+
+void ValidateArchitecture(const Setup& setup, std::vector<FieldError>& errors) {
+  const ArchitectureDef& a = setup.model.architecture;
+  const std::string p = "model.architecture.";
+  const std::size_t before = errors.size();
+  CheckCount(errors, p + "vocabSize", a.vocabSize, kMaxVocab, "The vocabulary size");
+  CheckCount(errors, p + "hiddenSize", a.hiddenSize, kMaxHidden, "The hidden size");
+  CheckCount(errors, p + "numLayers", a.numLayers, Limits::maxLayers, "The number of layers");
+  CheckCount(errors, p + "numHeads", a.numHeads, kMaxHidden, "The number of heads");
+  CheckRange(errors, p + "headDim", a.headDim, 0, kMaxHidden, "headDim (0 = hiddenSize / numHeads)");
+  CheckRange(errors, p + "numKeyValueHeads", a.numKeyValueHeads, 0, kMaxHidden,
+             "numKeyValueHeads (0 = numHeads)");
+  CheckRange(errors, p + "intermediateSize", a.intermediateSize, 0, kMaxIntermediate,
+             "intermediateSize (0 = 4 × hiddenSize)");
+  CheckRange(errors, p + "numExperts", a.numExperts, 0, Limits::maxExperts, "numExperts (0 = dense)");
+  CheckRange(errors, p + "expertIntermediateSize", a.expertIntermediateSize, 0, kMaxIntermediate,
+             "expertIntermediateSize (0 = intermediateSize)");
+  CheckRange(errors, p + "sharedExpertIntermediateSize", a.sharedExpertIntermediateSize, 0,
+             kMaxIntermediate, "sharedExpertIntermediateSize (0 = none)");
+  CheckProbability(errors, p + "hiddenDropout", a.hiddenDropout);
+  CheckProbability(errors, p + "attentionDropout", a.attentionDropout);
+  if (a.family != Family::Llama) {
+    if (a.numExperts > 0) {
+      errors.push_back({ErrorCode::InvalidField, p + "numExperts",
+                        "Mixture of experts is supported in the llama family (Mixtral, Qwen2-MoE)."});
+    }
+    if (a.numKeyValueHeads != 0 && a.numKeyValueHeads != a.numHeads) {
+      errors.push_back({ErrorCode::InvalidField, p + "numKeyValueHeads",
+                        std::string(LabelOf(a.family)) + " has one key/value head per query head."});
+    }
+    CheckCount(errors, p + "maxPositionEmbeddings", a.maxPositionEmbeddings, Limits::maxSequenceLength,
+               "maxPositionEmbeddings (rows of the learned position table)");
+  }
+  if (a.family == Family::BERT) {
+    CheckCount(errors, p + "typeVocabSize", a.typeVocabSize, kMaxVocab, "typeVocabSize");
+    if (a.encoderHead == EncoderHead::Classification) {
+      CheckCount(errors, p + "numLabels", a.numLabels, kMaxVocab, "numLabels");
+    }
+  }
+  if (a.numExperts > 0) {
+    CheckRange(errors, p + "expertsPerToken", a.expertsPerToken, 1, a.numExperts,
+               "expertsPerToken (top-k)");
+  }
+  if (errors.size() != before) return;  // the relations below need sane sizes
+
+  if (a.headDim == 0 && a.hiddenSize % a.numHeads != 0) {
+    errors.push_back({ErrorCode::InvalidField, p + "numHeads",
+                      "numHeads (" + FormatCount(a.numHeads) + ") must divide hiddenSize (" +
+                          FormatCount(a.hiddenSize) + "), or set headDim."});
+  }
+  const std::int64_t kv = KeyValueHeads(a);
+  if (kv > a.numHeads || a.numHeads % kv != 0) {
+    errors.push_back({ErrorCode::InvalidField, p + "numKeyValueHeads",
+                      "numKeyValueHeads (" + FormatCount(kv) + ") must divide numHeads (" +
+                          FormatCount(a.numHeads) + ")."});
+  }
+  if (a.family == Family::Llama && a.headDim == 0 && a.hiddenSize % a.numHeads == 0 &&
+      HeadDim(a) % 2 != 0) {
+    errors.push_back({ErrorCode::InvalidField, p + "numHeads",
+                      "RoPE needs an even head dimension (hiddenSize / numHeads)."});
+  } else if (a.family == Family::Llama && a.headDim % 2 != 0) {
+    errors.push_back({ErrorCode::InvalidField, p + "headDim", "RoPE needs an even head dimension."});
+  }
+  if (a.family != Family::Llama && setup.training.sequenceLength > a.maxPositionEmbeddings) {
+    errors.push_back({ErrorCode::InvalidField, "training.sequenceLength",
+                      "The sequence (" + FormatCount(setup.training.sequenceLength) +
+                          " tokens) is longer than the position table (maxPositionEmbeddings " +
+                          FormatCount(a.maxPositionEmbeddings) + ")."});
+  }
+  const double tensors = double(a.numLayers) * double(3 * a.numExperts + 20);
+  if (tensors > double(kMaxTensors)) {
+    errors.push_back({ErrorCode::TooLarge, p + "numLayers",
+                      "numLayers × numExperts is too large: the model would list " +
+                          FormatScientific(tensors) + " tensors."});
+    return;
+  }
+  if (errors.size() != before) return;
+  double parameters = 0;
+  for (const Tensor& t : BuildInventory(setup).parameters) parameters += double(t.Elements());
+  if (parameters > double(Limits::maxParameterCount)) {
+    errors.push_back({ErrorCode::TooLarge, "model.architecture",
+                      "The architecture holds about " + FormatScientific(parameters) +
+                          " parameters, more than the supported 1e14."});
+  }
+}
+
 // A generous upper bound of the bytes the simulation can reach, in double, so that absurd
 // combinations are refused before any 64-bit arithmetic can overflow.
 double RoughUpperBoundBytes(const Setup& setup) {
@@ -106,6 +215,19 @@ double RoughUpperBoundBytes(const Setup& setup) {
   if (setup.model.kind == ModelKind::ParameterCount) {
     const double n = static_cast<double>(setup.model.parameterCount);
     return 32.0 * n + 8.0 * tokens * HeuristicActivationValuesPerToken(setup.model.parameterCount);
+  }
+  if (setup.model.kind == ModelKind::Transformer) {
+    const ArchitectureDef& a = setup.model.architecture;
+    double parameters = 0;
+    for (const Tensor& t : BuildInventory(setup).parameters) parameters += double(t.Elements());
+    const double k = a.numExperts > 0 ? double(a.expertsPerToken) : 1.0;
+    const double perTokenPerLayer =
+        64.0 * double(a.hiddenSize) + 16.0 * k * double(ExpertIntermediateSize(a)) +
+        16.0 * double(IntermediateSize(a)) + 16.0 * double(a.sharedExpertIntermediateSize) +
+        16.0 * double(a.numHeads) * (double(setup.training.sequenceLength) + double(HeadDim(a))) +
+        8.0 * double(a.numExperts);
+    return 40.0 * parameters +
+           8.0 * tokens * (double(a.numLayers) * perTokenPerLayer + 32.0 * double(a.vocabSize) + 64.0);
   }
   double params = 0, widths = 0;
   for (std::size_t i = 0; i < setup.model.layers.size(); ++i) {
@@ -159,12 +281,49 @@ double LayerParameterCount(const LayerDef& layer) {
   }
 }
 
+ArchitectureDef DefaultArchitecture(Family family) {
+  ArchitectureDef a;
+  a.family = family;
+  switch (family) {
+    case Family::GPT2:  // openai-community/gpt2
+      a.vocabSize = 50257; a.hiddenSize = 768; a.numLayers = 12; a.numHeads = 12;
+      a.maxPositionEmbeddings = 1024; a.tieWordEmbeddings = true;
+      a.hiddenAct = HiddenAct::GELUNew; a.hiddenDropout = 0.1; a.attentionDropout = 0.1;
+      break;
+    case Family::Llama:  // meta-llama/Llama-2-7b-hf
+      a.vocabSize = 32000; a.hiddenSize = 4096; a.numLayers = 32; a.numHeads = 32;
+      a.numKeyValueHeads = 32; a.intermediateSize = 11008; a.hiddenAct = HiddenAct::SiLU;
+      break;
+    case Family::BERT:  // google-bert/bert-base-uncased
+      a.vocabSize = 30522; a.hiddenSize = 768; a.numLayers = 12; a.numHeads = 12;
+      a.intermediateSize = 3072; a.maxPositionEmbeddings = 512; a.typeVocabSize = 2;
+      a.tieWordEmbeddings = true; a.hiddenAct = HiddenAct::GELU;
+      a.hiddenDropout = 0.1; a.attentionDropout = 0.1;
+      break;
+  }
+  return a;
+}
+
+std::int64_t HeadDim(const ArchitectureDef& a) {
+  return a.headDim > 0 ? a.headDim : a.numHeads > 0 ? a.hiddenSize / a.numHeads : 0;
+}
+std::int64_t KeyValueHeads(const ArchitectureDef& a) {
+  return a.numKeyValueHeads > 0 ? a.numKeyValueHeads : a.numHeads;
+}
+std::int64_t IntermediateSize(const ArchitectureDef& a) {
+  return a.intermediateSize > 0 ? a.intermediateSize : 4 * a.hiddenSize;
+}
+std::int64_t ExpertIntermediateSize(const ArchitectureDef& a) {
+  return a.expertIntermediateSize > 0 ? a.expertIntermediateSize : IntermediateSize(a);
+}
+
 Setup DefaultSetup() {
   Setup s;
   s.model.kind = ModelKind::ParameterCount;
   s.model.parameterCount = 1'500'000'000;
   s.model.layers = MlpLayers();  // what the layer editor starts from
   s.model.loss = LossKind::CrossEntropy;
+  s.model.architecture = DefaultArchitecture(Family::Llama);
   s.training.batchSize = 1;
   s.training.sequenceLength = 1024;
   s.training.precision = Precision::FP16Mixed;
@@ -223,8 +382,19 @@ std::vector<FieldError> Validate(const Setup& setup) {
                               FormatCount(m.parameterCount) + "."});
       }
     }
-  } else {
+  } else if (m.kind == ModelKind::LayerList) {
     ValidateLayers(m, errors);
+    if (t.precision == Precision::AmpBF16 || t.precision == Precision::AmpFP16) {
+      errors.push_back({ErrorCode::InvalidField, "training.precision",
+                        "Autocast is simulated for transformer architectures and quick mode; for a "
+                        "layer list choose fp32, bf16, bf16Mixed or fp16Mixed."});
+    }
+  } else {
+    ValidateArchitecture(setup, errors);
+    if (t.checkpointing == Checkpointing::EveryKthBlock) {
+      CheckCount(errors, "training.checkpointInterval", t.checkpointInterval, Limits::maxLayers,
+                 "The checkpoint interval");
+    }
   }
 
   CheckCount(errors, "training.batchSize", t.batchSize, Limits::maxBatchSize, "The batch size");

@@ -11,6 +11,8 @@ namespace gpumem {
 
 std::unique_ptr<ModelPass> MakeLayerListPass(const Setup& setup, const Inventory& inventory,
                                              const Regime& regime);
+std::unique_ptr<ModelPass> MakeTransformerPass(const Setup& setup, const Inventory& inventory,
+                                               const Regime& regime, std::vector<std::string>& notes);
 std::unique_ptr<ModelPass> MakeQuickPass(const Setup& setup, const Inventory& inventory,
                                          const Regime& regime, std::vector<std::string>& notes);
 
@@ -53,15 +55,19 @@ void TraceBuilder::Release(TensorHandle handle, const std::string& label) {
 Regime RegimeOf(Precision precision) {
   switch (precision) {
     case Precision::FP32:
-      return {DType::FP32, DType::FP32, DType::FP32, DType::FP32, false, false};
+      return {DType::FP32, DType::FP32, DType::FP32, DType::FP32, false, false, false, DType::FP32};
     case Precision::FP16Mixed:
-      return {DType::FP16, DType::FP16, DType::FP32, DType::FP16, true, true};
+      return {DType::FP16, DType::FP16, DType::FP32, DType::FP16, true, true, false, DType::FP16};
     case Precision::BF16Mixed:
-      return {DType::BF16, DType::BF16, DType::FP32, DType::BF16, true, true};
+      return {DType::BF16, DType::BF16, DType::FP32, DType::BF16, true, true, false, DType::BF16};
     case Precision::BF16:
-      return {DType::BF16, DType::BF16, DType::BF16, DType::BF16, false, false};
+      return {DType::BF16, DType::BF16, DType::BF16, DType::BF16, false, false, false, DType::BF16};
+    case Precision::AmpBF16:
+      return {DType::FP32, DType::FP32, DType::FP32, DType::BF16, false, true, true, DType::BF16};
+    case Precision::AmpFP16:
+      return {DType::FP32, DType::FP32, DType::FP32, DType::FP16, false, true, true, DType::FP16};
   }
-  return {DType::FP32, DType::FP32, DType::FP32, DType::FP32, false, false};
+  return {DType::FP32, DType::FP32, DType::FP32, DType::FP32, false, false, false, DType::FP32};
 }
 
 GradientSink::GradientSink(TraceBuilder& builder, const Inventory& inventory, const Regime& regime)
@@ -111,9 +117,10 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory) {
     }
   }
 
-  std::unique_ptr<ModelPass> pass = setup.model.kind == ModelKind::ParameterCount
-                                        ? MakeQuickPass(setup, inventory, regime, trace.notes)
-                                        : MakeLayerListPass(setup, inventory, regime);
+  std::unique_ptr<ModelPass> pass =
+      setup.model.kind == ModelKind::ParameterCount ? MakeQuickPass(setup, inventory, regime, trace.notes)
+      : setup.model.kind == ModelKind::Transformer  ? MakeTransformerPass(setup, inventory, regime, trace.notes)
+                                                    : MakeLayerListPass(setup, inventory, regime);
   GradientSink gradients(b, inventory, regime);
   OptimizerPass optimizer(setup, inventory, regime);
 

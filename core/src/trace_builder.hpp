@@ -35,6 +35,11 @@ class TraceBuilder {
   TensorHandle Retain(TensorHandle handle);
   // One holder lets go; the tensor is freed when none remain. No-op for kNoTensor.
   void Release(TensorHandle handle, const std::string& label);
+  // How many holders a live tensor has (0 when freed or kNoTensor).
+  int Holders(TensorHandle handle) const {
+    auto it = live_.find(handle);
+    return it == live_.end() ? 0 : it->second.holders;
+  }
 
  private:
   struct Live {
@@ -56,6 +61,8 @@ struct Regime {
   DType activations;  // forward outputs and saved tensors
   bool masterWeights; // an fp32 master copy lives in the optimizer
   bool lossInFp32;    // logits are upcast to fp32 for the loss
+  bool autocast;      // torch.autocast: matmuls in `compute` on cached 16-bit weight copies
+  DType compute;      // dtype of matmul outputs (= activations unless autocast)
 };
 Regime RegimeOf(Precision precision);
 

@@ -22,6 +22,14 @@ class QuickPass final : public ModelPass {
     batch_ = b.Alloc(Category::InputBatch, batch * sequence * 8 * 2, "token ids and labels",
                      "batch: token ids and labels",
                      "2 × " + SizeFormula({batch, sequence}, DType::Int64));
+    if (regime_.autocast) {
+      // Autocast copies every weight to 16-bit once per forward; backward keeps them.
+      copies_ = b.Alloc(Category::WeightCopies,
+                        setup_.model.parameterCount * BytesPerElement(regime_.compute),
+                        "16-bit weight copies", "forward: autocast copies the weights to 16-bit",
+                        FormatCount(setup_.model.parameterCount) + " parameters × " +
+                            BytesOf(regime_.compute));
+    }
     const double perToken = HeuristicActivationValuesPerToken(setup_.model.parameterCount);
     const auto values = static_cast<std::int64_t>(std::llround(perToken));
     const DType act = regime_.activations;
@@ -39,6 +47,7 @@ class QuickPass final : public ModelPass {
       gradients.Produce(i, "backward");
     }
     b.Release(activations_, "backward: saved activations freed");
+    b.Release(copies_, "backward: 16-bit weight copies freed");
   }
 
   void EndStep(TraceBuilder& b) override { b.Release(batch_, "end of step: batch released"); }
@@ -47,7 +56,7 @@ class QuickPass final : public ModelPass {
   const Setup& setup_;
   const Inventory& inventory_;
   Regime regime_;
-  TensorHandle batch_ = kNoTensor, activations_ = kNoTensor;
+  TensorHandle batch_ = kNoTensor, activations_ = kNoTensor, copies_ = kNoTensor;
 };
 
 }  // namespace

@@ -13,7 +13,7 @@ struct Tensor {
   std::string name;                // "layers[0].weight", "matrix[1]", "other parameters"
   std::vector<std::int64_t> shape; // elements per dimension, PyTorch order ([out, in] for Linear)
   bool trainable = true;
-  int layer = -1;                  // index into ModelDef::layers, -1 when not from a layer
+  int layer = -1;                  // layer-list index or transformer block; -1 when neither
 
   std::int64_t Elements() const;
 };
@@ -23,12 +23,14 @@ struct Inventory {
 
   std::int64_t ParameterCount() const;        // Σ elements of all parameters
   std::int64_t TrainableCount() const;        // Σ elements of trainable parameters
+  std::int64_t IndexOf(const std::string& name) const;  // -1 when absent
 };
 
 // Builds the inventory of a validated setup. Quick mode lists the given largest matrices and
 // one 1-D tensor "other parameters" holding the rest of N (so Adafactor treats the rest as
 // unfactored, an upper bound). Layer lists give each Linear a weight [out, in] and a bias
-// [out], each Embedding a weight [numEmbeddings, embeddingDim].
+// [out], each Embedding a weight [numEmbeddings, embeddingDim]. Transformers list every tensor
+// under its Hugging Face name; a tied output head is the token embedding (listed once).
 Inventory BuildInventory(const Setup& setup);
 
 }  // namespace gpumem

@@ -25,6 +25,11 @@ std::span<const Named<OptimizerKind>> NamesOf(OptimizerKind);
 std::span<const Named<OptimizerImplementation>> NamesOf(OptimizerImplementation);
 std::span<const Named<Phase>> NamesOf(Phase);
 std::span<const Named<Category>> NamesOf(Category);
+std::span<const Named<Family>> NamesOf(Family);
+std::span<const Named<HiddenAct>> NamesOf(HiddenAct);
+std::span<const Named<EncoderHead>> NamesOf(EncoderHead);
+std::span<const Named<AttentionImplementation>> NamesOf(AttentionImplementation);
+std::span<const Named<Checkpointing>> NamesOf(Checkpointing);
 
 template <class E>
 const char* IdOf(E value) {

@@ -19,6 +19,41 @@ enum class ModelKind {
   ParameterCount,
   // An explicit list of layers; every tensor is counted from its shape.
   LayerList,
+  // A transformer described by its architecture, as a Hugging Face config.json does; every
+  // parameter tensor is listed and every op of a training step is simulated.
+  Transformer,
+};
+
+// Transformer families. Each fixes the block's layout; sizes come from ArchitectureDef.
+enum class Family {
+  GPT2,   // learned positions, pre-LayerNorm with bias, fused QKV with biases, GELU MLP, tied head
+  Llama,  // RMSNorm, RoPE, grouped-query attention, SwiGLU MLP or mixture of experts
+          // (also Mistral, Qwen2 with attentionBias, Mixtral with numExperts)
+  BERT,   // encoder: word + position + token-type embeddings, post-LayerNorm, GELU MLP
+};
+
+// The MLP's activation, as config.json names it ("gelu_new" is GPT-2's tanh formula written
+// as separate tensor ops, which keeps four tensors for backward instead of one).
+enum class HiddenAct { GELU, GELUTanh, GELUNew, SiLU };
+
+// What a BERT encoder is trained for.
+enum class EncoderHead {
+  Classification,  // pooler (dense + tanh on the first token) and a numLabels classifier
+  MaskedLM,        // transform (dense + act + LayerNorm) and a decoder tied to the word embeddings
+};
+
+// How attention is computed.
+enum class AttentionImplementation {
+  Eager,  // scores b·heads·s·s materialised; softmax output (fp32) and probabilities saved
+  SDPA,   // fused flash / memory-efficient kernel: keeps only its output and an fp32 log-sum-exp
+};
+
+// Activation checkpointing (Hugging Face's gradient checkpointing, reentrant).
+enum class Checkpointing {
+  None,
+  EveryBlock,     // each block keeps only its input; recomputed during backward
+  EveryKthBlock,  // blocks 0, k, 2k, … checkpointed; the others keep everything
+  Selective,      // only the attention core (scores, softmax, dropout, ·V) is recomputed
 };
 
 enum class LayerKind { Embedding, Linear, ReLU, GELU, Tanh, Sigmoid, Dropout };
@@ -31,6 +66,10 @@ enum class Precision {
   FP16Mixed,  // fp16 weights, gradients and activations; fp32 master weights and states
   BF16Mixed,  // as FP16Mixed with bf16
   BF16,       // pure bf16: weights, gradients, states and activations all bf16, no master
+  // torch.autocast: fp32 weights, gradients and states; matmuls run in 16-bit on copies of
+  // the weights that autocast makes once per forward and autograd keeps for backward.
+  AmpBF16,
+  AmpFP16,    // as AmpBF16 in fp16, with GradScaler's loss scaling
 };
 
 enum class OptimizerKind { SGD, SGDMomentum, Adam, AdamW, Adafactor };
@@ -70,6 +109,42 @@ LayerDef DropoutLayer(double probability);
 // otherwise. In double, so that validation can bound absurd sizes before any int64 product.
 double LayerParameterCount(const LayerDef& layer);
 
+// A transformer's architecture, with the names of Hugging Face config.json in the comments.
+// Start from DefaultArchitecture(family): zero means "derive it" where a field says so.
+struct ArchitectureDef {
+  Family family = Family::Llama;
+  std::int64_t vocabSize = 32000;           // vocab_size (rows of the token embedding)
+  std::int64_t hiddenSize = 4096;           // hidden_size / n_embd (elements)
+  std::int64_t numLayers = 32;              // num_hidden_layers / n_layer (blocks)
+  std::int64_t numHeads = 32;               // num_attention_heads / n_head
+  std::int64_t numKeyValueHeads = 0;        // num_key_value_heads (Llama family); 0 = numHeads
+  std::int64_t headDim = 0;                 // head_dim; 0 = hiddenSize / numHeads
+  std::int64_t intermediateSize = 0;        // intermediate_size / n_inner; 0 = 4·hiddenSize
+  std::int64_t maxPositionEmbeddings = 0;   // GPT-2, BERT: rows of the learned position table
+  std::int64_t typeVocabSize = 2;           // BERT: rows of the token-type table
+  bool tieWordEmbeddings = false;           // output head shares the token embedding
+  bool attentionBias = false;               // Llama family: q/k/v projections have biases (Qwen2)
+  HiddenAct hiddenAct = HiddenAct::SiLU;    // hidden_act / activation_function
+  // Mixture of experts (Llama family): 0 experts = a dense MLP.
+  std::int64_t numExperts = 0;              // num_local_experts / num_experts
+  std::int64_t expertsPerToken = 2;         // num_experts_per_tok (top-k)
+  std::int64_t expertIntermediateSize = 0;  // moe_intermediate_size; 0 = intermediateSize
+  std::int64_t sharedExpertIntermediateSize = 0;  // shared_expert_intermediate_size; 0 = none
+  bool sharedExpertGate = false;            // a sigmoid gate (hidden → 1) on the shared expert
+  double hiddenDropout = 0.0;               // resid/embd_pdrop, hidden_dropout_prob, in [0, 1)
+  double attentionDropout = 0.0;            // attn_pdrop, attention_(probs_)dropout(_prob)
+  EncoderHead encoderHead = EncoderHead::Classification;  // BERT only
+  std::int64_t numLabels = 2;               // BERT classification: classes
+};
+
+// The family's own defaults (GPT-2 small, Llama-2-7B, BERT-base shapes and flags).
+ArchitectureDef DefaultArchitecture(Family family);
+// Derived sizes (zero fields resolved).
+std::int64_t HeadDim(const ArchitectureDef& a);            // headDim or hiddenSize / numHeads
+std::int64_t KeyValueHeads(const ArchitectureDef& a);      // numKeyValueHeads or numHeads
+std::int64_t IntermediateSize(const ArchitectureDef& a);   // intermediateSize or 4·hiddenSize
+std::int64_t ExpertIntermediateSize(const ArchitectureDef& a);
+
 struct ModelDef {
   ModelKind kind = ModelKind::ParameterCount;
 
@@ -80,6 +155,9 @@ struct ModelDef {
   // --- layer list ---
   std::vector<LayerDef> layers;  // in forward order
   LossKind loss = LossKind::CrossEntropy;
+
+  // --- transformer ---
+  ArchitectureDef architecture;  // the loss is the family's own (causal LM, MLM, classification)
 };
 
 struct TrainingDef {
@@ -90,6 +168,10 @@ struct TrainingDef {
   OptimizerImplementation optimizerImplementation = OptimizerImplementation::ForEach;
   bool adafactorBeta1 = false;       // Adafactor keeps a full first moment when β1 is set
   bool zeroGradSetToNone = true;     // zero_grad(set_to_none=True): gradients freed after the step
+  // Transformers only:
+  AttentionImplementation attention = AttentionImplementation::Eager;
+  Checkpointing checkpointing = Checkpointing::None;
+  std::int64_t checkpointInterval = 2;  // k for EveryKthBlock (blocks)
 };
 
 struct GpuDef {
@@ -115,6 +197,7 @@ struct Limits {
   static constexpr std::int64_t maxParameterCount = 100'000'000'000'000;  // 1e14
   static constexpr std::int64_t maxFeatures = 1'000'000'000;              // per dimension
   static constexpr std::int64_t maxLayers = 100'000;
+  static constexpr std::int64_t maxExperts = 100'000;
   static constexpr std::int64_t maxMatrices = 100'000;
   static constexpr std::int64_t maxBatchSize = 1'000'000;
   static constexpr std::int64_t maxSequenceLength = 100'000'000;

@@ -26,8 +26,9 @@ enum class Category {
   Activations,             // forward outputs and tensors saved for backward
   ActivationGradients,     // gradients flowing backward through activations (transient)
   InputBatch,              // token ids / features and labels of one micro-batch
+  WeightCopies,            // autocast's 16-bit copies of fp32 weights, kept for backward
 };
-constexpr int kCategoryCount = 8;
+constexpr int kCategoryCount = 9;
 
 enum class EventKind { Alloc, Free };
 
@@ -38,7 +39,7 @@ struct Event {
   Category category = Category::Activations;
   Phase phase = Phase::Init;
   int step = 0;             // 0 during init, then 1, 2
-  int layer = -1;           // index into ModelDef::layers, -1 when not tied to a layer
+  int layer = -1;           // layer-list index or transformer block, -1 when not tied to one
   std::string label;        // what happens: "layers[0] Linear forward: output"
   std::string tensor;       // which tensor: "layers[0].output"
   std::string formula;      // its size: "32 × 1024 × 4 B"

@@ -1,0 +1,33 @@
+// gpumem — presets: published architectures, each with the parameter count its publisher states.
+//
+// Every preset is transcribed from the model's own config.json; a test checks that the
+// inventory built from it reproduces the published count exactly.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+
+#include "gpumem/setup.hpp"
+
+namespace gpumem {
+
+struct Preset {
+  const char* id;      // stable identifier for JSON and URLs: "llama-2-7b"
+  const char* label;   // what a person reads: "Llama 2 7B"
+  const char* source;  // where the configuration comes from (Hugging Face repository)
+  ArchitectureDef architecture;
+  // Parameters as published (model card / checkpoint metadata). For BERT this is BertModel
+  // with its pooler, without the task head the preset trains.
+  std::int64_t publishedParameters = 0;
+  const char* countedAs;  // which tensors the published count covers
+};
+
+std::span<const Preset> Presets();
+const Preset* FindPreset(std::string_view id);  // nullptr when unknown
+
+// Parameters of an inventory that the published count covers: all of them, except a BERT
+// task head (classifier.*, cls.*).
+std::int64_t PublishedScopeParameterCount(const Setup& setup);
+
+}  // namespace gpumem
