@@ -517,9 +517,12 @@ std::string OptionsJson(int indent) {
                        {"publishedParameters", p.publishedParameters}, {"countedAs", p.countedAs},
                        {"architecture", ArchitectureJson(p.architecture)}});
   }
+  ojson familyDefaults = ojson::object();
+  for (const auto& n : NamesOf(Family{})) familyDefaults[n.id] = ArchitectureJson(DefaultArchitecture(n.value));
   return Dump({{"schemaVersion", kSchemaVersion},
                {"version", GPUMEM_VERSION},
                {"presets", presets},
+               {"familyDefaults", familyDefaults},
                {"families", NameList<Family>()},
                {"hiddenActs", NameList<HiddenAct>()},
                {"encoderHeads", NameList<EncoderHead>()},
