@@ -1,0 +1,253 @@
+// Transformers: exact inventories of published models, the tensors autograd keeps after the
+// forward pass counted by hand, checkpointing, fused attention, autocast and bad input.
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "gpumem/inventory.hpp"
+#include "gpumem/json.hpp"
+#include "gpumem/presets.hpp"
+#include "test_support.hpp"
+
+using namespace gpumem;
+using namespace gpumem::test;
+
+namespace {
+
+Setup TransformerSetup(const ArchitectureDef& a, std::int64_t batch, std::int64_t sequence,
+                       Precision precision = Precision::FP32) {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = a;
+  s.training.batchSize = batch;
+  s.training.sequenceLength = sequence;
+  s.training.precision = precision;
+  s.training.optimizer = OptimizerKind::AdamW;
+  return s;
+}
+
+// A small Llama: hidden 64, 4 heads of 16, 2 layers, intermediate 96, vocabulary 100.
+ArchitectureDef TinyLlama() {
+  ArchitectureDef a = DefaultArchitecture(Family::Llama);
+  a.vocabSize = 100; a.hiddenSize = 64; a.numLayers = 2; a.numHeads = 4; a.numKeyValueHeads = 4;
+  a.intermediateSize = 96;
+  return a;
+}
+
+// Bytes of each category live at the end of step 1's forward pass (activations start at zero).
+std::map<Category, std::int64_t> HeldAfterForward(const Estimate& e) {
+  std::map<Category, std::int64_t> held;
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.step == 1 && p.phase == Phase::Forward) held[p.category] += p.deltaBytes;
+  }
+  return held;
+}
+
+}  // namespace
+
+TEST_CASE("every preset reproduces its published parameter count", "[transformer][presets]") {
+  REQUIRE(Presets().size() >= 8);
+  const std::map<std::string, std::int64_t> published = {
+      {"gpt2", 124'439'808},         {"gpt2-xl", 1'557'611'200},
+      {"bert-large-uncased", 335'141'888}, {"llama-2-7b", 6'738'415'616},
+      {"mistral-7b-v0.1", 7'241'732'096}, {"llama-3-8b", 8'030'261'248},
+      {"qwen2.5-1.5b", 1'543'714'304}, {"mixtral-8x7b", 46'702'792'704},
+  };
+  for (const auto& [id, count] : published) {
+    SECTION(id) {
+      const Preset* p = FindPreset(id);
+      REQUIRE(p != nullptr);
+      CHECK(p->publishedParameters == count);
+      Setup s = TransformerSetup(p->architecture, 1, 128);
+      CHECK(Validate(s).empty());
+      CHECK(PublishedScopeParameterCount(s) == count);
+    }
+  }
+}
+
+TEST_CASE("inventories use Hugging Face names and shapes", "[transformer]") {
+  SECTION("GPT-2: a tied head is listed once, Conv1D weights are [in, out]") {
+    const Inventory inv = BuildInventory(TransformerSetup(FindPreset("gpt2")->architecture, 1, 8));
+    CHECK(inv.parameters.size() == 2 + 12 * 12 + 2);
+    CHECK(inv.IndexOf("lm_head.weight") == -1);
+    const auto i = inv.IndexOf("transformer.h.0.attn.c_attn.weight");
+    REQUIRE(i >= 0);
+    CHECK(inv.parameters[static_cast<std::size_t>(i)].shape == std::vector<std::int64_t>{768, 2304});
+  }
+  SECTION("Qwen2.5: grouped-query k/v with biases, no o_proj bias") {
+    const Inventory inv = BuildInventory(TransformerSetup(FindPreset("qwen2.5-1.5b")->architecture, 1, 8));
+    const auto k = inv.IndexOf("model.layers.0.self_attn.k_proj.weight");
+    REQUIRE(k >= 0);
+    CHECK(inv.parameters[static_cast<std::size_t>(k)].shape == std::vector<std::int64_t>{256, 1536});
+    CHECK(inv.IndexOf("model.layers.0.self_attn.k_proj.bias") >= 0);
+    CHECK(inv.IndexOf("model.layers.0.self_attn.o_proj.bias") == -1);
+  }
+  SECTION("Mixtral: every expert's weights are held") {
+    const Inventory inv = BuildInventory(TransformerSetup(FindPreset("mixtral-8x7b")->architecture, 1, 8));
+    CHECK(inv.IndexOf("model.layers.31.block_sparse_moe.experts.7.w2.weight") >= 0);
+    CHECK(inv.IndexOf("model.layers.0.block_sparse_moe.gate.weight") >= 0);
+  }
+}
+
+TEST_CASE("what an fp32 Llama keeps after forward is counted tensor by tensor", "[transformer][trace]") {
+  // Per layer, in elements (T = b·s tokens, h hidden, i intermediate):
+  //   input_layernorm: its input x (saved by pow and mul), rsqrt [T,1], x·rsqrt, its output
+  //   v_proj output (saved by probs·v); q and k after RoPE (saved by q·kᵀ); softmax output
+  //   b·heads·s·s; attention output (saved by o_proj); the residual sum (post-norm input),
+  //   post_attention_layernorm rsqrt, x·rsqrt and output; gate, silu(gate), up, silu·up.
+  //   = 10·T·h + 2·T + 4·T·i + b·heads·s² values.
+  // Once: final norm (input, rsqrt, x·rsqrt, output = 3·T·h + T), cos and sin (s·d each),
+  // log_softmax (T·V), the shifted labels (T int64), nll's total_weight and the loss (4 B each).
+  const ArchitectureDef a = TinyLlama();
+  const std::int64_t b = 2, s = 16, T = b * s, h = 64, i = 96, heads = 4, d = 16, V = 100;
+  Setup setup = TransformerSetup(a, b, s);
+  const auto held = HeldAfterForward(MustEstimate(setup));
+  const std::int64_t perLayer = 10 * T * h + 2 * T + 4 * T * i + b * heads * s * s;
+  const std::int64_t once = 3 * T * h + T + 2 * s * d + T * V;
+  CHECK(held.at(Category::Activations) == (2 * perLayer + once) * 4 + T * 8 + 4 + 4);
+
+  SECTION("checkpointing every block keeps each block's input and the rotary tables it is given") {
+    setup.training.checkpointing = Checkpointing::EveryBlock;
+    setup.training.attention = AttentionImplementation::SDPA;  // no mask to keep
+    const auto ckpt = HeldAfterForward(MustEstimate(setup));
+    CHECK(ckpt.at(Category::Activations) == (2 * T * h + once) * 4 + T * 8 + 4 + 4);
+  }
+  SECTION("fused attention keeps its output and an fp32 log-sum-exp instead of the probabilities") {
+    setup.training.attention = AttentionImplementation::SDPA;
+    const auto fused = HeldAfterForward(MustEstimate(setup));
+    const std::int64_t eagerCore = b * heads * s * s;
+    const std::int64_t fusedCore = T * h + b * heads * s;
+    CHECK(fused.at(Category::Activations) ==
+          held.at(Category::Activations) + 2 * (fusedCore - eagerCore) * 4);
+  }
+}
+
+TEST_CASE("autocast keeps 16-bit copies of the matmul weights until their backward", "[transformer][precision]") {
+  const ArchitectureDef a = TinyLlama();
+  Setup setup = TransformerSetup(a, 2, 16, Precision::AmpBF16);
+  const Estimate e = MustEstimate(setup);
+  const Inventory inv = BuildInventory(setup);
+  // Every nn.Linear weight is copied once per forward; the embedding and the norms are not.
+  std::int64_t matmulWeights = 0;
+  for (const Tensor& t : inv.parameters) {
+    if (t.shape.size() == 2 && t.name != "model.embed_tokens.weight") matmulWeights += t.Elements();
+  }
+  CHECK(HeldAfterForward(e).at(Category::WeightCopies) == matmulWeights * 2);
+  // fp32 weights and gradients, fp32 Adam states, no master copy: 16 B per parameter.
+  CHECK(e.modelStates.totalBytes == inv.ParameterCount() * 16);
+  CHECK(e.modelStates.masterWeightsBytes == 0);
+}
+
+TEST_CASE("the large-vocabulary loss is the forward peak of a small causal LM", "[transformer][trace]") {
+  // Vocabulary 32,000 against hidden 64: the fp32 upcast of the logits and log_softmax's output
+  // live together with the 16-bit logits at the loss.
+  ArchitectureDef a = TinyLlama();
+  a.vocabSize = 32000;
+  const Estimate e = MustEstimate(TransformerSetup(a, 2, 64, Precision::BF16Mixed));
+  CHECK(e.phasePeaks[1].label.find("loss") != std::string::npos);
+}
+
+TEST_CASE("a step frees everything it allocated but the model states", "[transformer][trace]") {
+  for (const char* id : {"gpt2", "mixtral-8x7b", "bert-large-uncased"}) {
+    ArchitectureDef a = FindPreset(id)->architecture;
+    a.numLayers = 2;
+    if (a.family != Family::GPT2) { a.hiddenSize = 128; a.numHeads = 4; a.numKeyValueHeads = 0; a.intermediateSize = 256; }
+    for (Checkpointing c : {Checkpointing::None, Checkpointing::EveryBlock, Checkpointing::Selective}) {
+      for (Precision p : {Precision::FP32, Precision::AmpBF16, Precision::BF16Mixed}) {
+        Setup s = TransformerSetup(a, 2, 32, p);
+        s.training.checkpointing = c;
+        const Estimate e = MustEstimate(s);
+        INFO(id << " " << static_cast<int>(c) << " " << static_cast<int>(p));
+        CHECK(e.timeline.back().totalBytes == e.modelStates.totalBytes - e.modelStates.gradientsBytes);
+      }
+    }
+  }
+}
+
+TEST_CASE("step 2 holds optimizer states through its forward pass", "[transformer][trace]") {
+  const Estimate e = MustEstimate(TransformerSetup(TinyLlama(), 2, 16));
+  CHECK(e.phasePeaks[1].step == 2);
+  CHECK(BytesIn(e.phasePeaks[1], Category::OptimizerStates) == e.modelStates.optimizerStatesBytes);
+}
+
+TEST_CASE("bad architectures are refused naming the field", "[transformer][validation]") {
+  Setup s = TransformerSetup(TinyLlama(), 1, 16);
+  SECTION("heads not dividing the hidden size") {
+    s.model.architecture.numHeads = 7;
+    CHECK(HasErrorOn(Validate(s), "model.architecture.numHeads"));
+  }
+  SECTION("key/value heads not dividing the heads") {
+    s.model.architecture.numKeyValueHeads = 3;
+    CHECK(HasErrorOn(Validate(s), "model.architecture.numKeyValueHeads"));
+  }
+  SECTION("more experts per token than experts") {
+    s.model.architecture.numExperts = 4;
+    s.model.architecture.expertsPerToken = 5;
+    CHECK(HasErrorOn(Validate(s), "model.architecture.expertsPerToken"));
+  }
+  SECTION("a sequence longer than the learned position table") {
+    s.model.architecture = FindPreset("gpt2")->architecture;
+    s.training.sequenceLength = 2048;
+    CHECK(HasErrorOn(Validate(s), "training.sequenceLength"));
+  }
+  SECTION("zero and negative sizes") {
+    s.model.architecture.hiddenSize = 0;
+    s.model.architecture.vocabSize = -5;
+    const auto errors = Validate(s);
+    CHECK(HasErrorOn(errors, "model.architecture.hiddenSize"));
+    CHECK(HasErrorOn(errors, "model.architecture.vocabSize"));
+  }
+  SECTION("absurd sizes are refused before any arithmetic overflows") {
+    s.model.architecture.numLayers = 100000;
+    s.model.architecture.numExperts = 100000;
+    CHECK(HasErrorOn(Validate(s), "model.architecture.numLayers"));
+  }
+  SECTION("a checkpoint interval below 1") {
+    s.training.checkpointing = Checkpointing::EveryKthBlock;
+    s.training.checkpointInterval = 0;
+    CHECK(HasErrorOn(Validate(s), "training.checkpointInterval"));
+  }
+  SECTION("autocast on a layer list") {
+    Setup l = ExampleMlpSetup();
+    l.training.precision = Precision::AmpBF16;
+    CHECK(HasErrorOn(Validate(l), "training.precision"));
+  }
+}
+
+TEST_CASE("transformer setups in JSON", "[transformer][json]") {
+  SECTION("a preset by id, with fields overriding it") {
+    const EstimateResult r = EstimateFromJson(
+        R"({"model":{"preset":"gpt2","architecture":{"numLayers":2}},"training":{"sequenceLength":64}})");
+    REQUIRE(r.ok());
+    // 124,439,808 less 10 of GPT-2's 12 blocks (7,087,872 parameters each).
+    CHECK(r.estimate.modelStates.parameterCount == 124'439'808 - 10 * 7'087'872);
+  }
+  SECTION("naming another family starts from its defaults") {
+    Setup s;
+    CHECK(ParseAndValidate(R"({"model":{"kind":"transformer","architecture":{"family":"bert"}},"training":{"sequenceLength":128}})", s).empty());
+    CHECK(s.model.architecture.maxPositionEmbeddings == 512);
+    CHECK(s.model.architecture.hiddenAct == HiddenAct::GELU);
+  }
+  SECTION("errors name the field") {
+    Setup s;
+    CHECK(HasErrorOn(ParseAndValidate(R"({"model":{"preset":"gpt-5"}})", s), "model.preset"));
+    CHECK(HasErrorOn(ParseAndValidate(R"({"model":{"preset":"gpt2","architecture":{"numHeads":"twelve"}}})", s),
+                     "model.architecture.numHeads"));
+    CHECK(HasErrorOn(ParseAndValidate(R"({"model":{"preset":"gpt2","architecture":{"heads":12}}})", s),
+                     "model.architecture.heads"));
+    CHECK(HasErrorOn(ParseAndValidate(R"({"model":{"preset":"gpt2"},"training":{"checkpointing":"sometimes"}})", s),
+                     "training.checkpointing"));
+    CHECK(HasErrorOn(ParseAndValidate(R"({"model":{"preset":"gpt2","architecture":{"hiddenDropout":1.5}}})", s),
+                     "model.architecture.hiddenDropout"));
+  }
+  SECTION("a setup survives a round trip") {
+    Setup s;
+    REQUIRE(ParseAndValidate(R"({"model":{"preset":"mixtral-8x7b"},"training":{"attention":"sdpa","checkpointing":"everyKthBlock","checkpointInterval":4,"precision":"ampBf16"}})", s).empty());
+    Setup back;
+    REQUIRE(ParseAndValidate(SetupToJson(s, -1), back).empty());
+    CHECK(back.model.architecture.numExperts == 8);
+    CHECK(back.training.checkpointInterval == 4);
+    CHECK(back.training.precision == Precision::AmpBF16);
+    CHECK(back.training.attention == AttentionImplementation::SDPA);
+  }
+}
