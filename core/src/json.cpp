@@ -2,6 +2,7 @@
 // type-checked before it is read: no nlohmann call here may throw on any input.
 #include "gpumem/json.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -363,12 +364,49 @@ ojson SnapshotJson(const Snapshot& s) {
           {"byCategory", RowsJson(s.byCategory)}};
 }
 
+// Which events the JSON timeline carries. Up to kTimelineLimit, all of them; beyond, each run
+// of consecutive events within one phase and step keeps its highest and lowest total (so no
+// peak or trough is lost), plus the first event of every phase. The CLI's --timeline prints
+// every event.
+constexpr std::size_t kTimelineLimit = 2000;
+
+std::vector<std::size_t> TimelineIndices(const std::vector<TimelinePoint>& timeline) {
+  std::vector<std::size_t> keep;
+  const std::size_t n = timeline.size();
+  if (n <= kTimelineLimit) {
+    for (std::size_t i = 0; i < n; ++i) keep.push_back(i);
+    return keep;
+  }
+  const std::size_t bucket = (2 * n + kTimelineLimit - 1) / kTimelineLimit;
+  std::size_t start = 0;
+  while (start < n) {
+    std::size_t end = start;
+    while (end < n && end - start < bucket &&
+           timeline[end].phase == timeline[start].phase && timeline[end].step == timeline[start].step) {
+      ++end;
+    }
+    std::size_t hi = start, lo = start;
+    for (std::size_t i = start; i < end; ++i) {
+      if (timeline[i].totalBytes > timeline[hi].totalBytes) hi = i;
+      if (timeline[i].totalBytes < timeline[lo].totalBytes) lo = i;
+    }
+    keep.push_back(start);
+    if (lo != start) keep.push_back(lo);
+    if (hi != start) keep.push_back(hi);
+    start = end;
+  }
+  std::sort(keep.begin(), keep.end());
+  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
+  return keep;
+}
+
 ojson EstimateObject(const Estimate& e) {
   ojson phases = ojson::array();
   for (const Snapshot& s : e.phasePeaks) phases.push_back(SnapshotJson(s));
   ojson timeline = ojson::array();
-  for (const TimelinePoint& p : e.timeline) {
-    timeline.push_back({{"phase", IdOf(p.phase)}, {"step", p.step}, {"layer", p.layer},
+  for (std::size_t i : TimelineIndices(e.timeline)) {
+    const TimelinePoint& p = e.timeline[i];
+    timeline.push_back({{"index", i}, {"phase", IdOf(p.phase)}, {"step", p.step}, {"layer", p.layer},
                         {"label", p.label}, {"category", IdOf(p.category)},
                         {"deltaBytes", p.deltaBytes}, {"totalBytes", p.totalBytes}});
   }
@@ -382,6 +420,8 @@ ojson EstimateObject(const Estimate& e) {
                        {"rows", RowsJson(m.rows)}}},
       {"peak", SnapshotJson(e.peak)},
       {"phasePeaks", phases},
+      {"forwardEnd", SnapshotJson(e.forwardEnd)},
+      {"timelineEventCount", e.timeline.size()},
       {"timeline", timeline},
       {"gpu", {{"capacityBytes", e.gpuCapacityBytes}, {"fits", e.fits}, {"headroomBytes", e.headroomBytes}}},
       {"notes", e.notes},

@@ -104,6 +104,12 @@ Estimate Replay(const Trace& trace) {
       est.phasePeaks.push_back(TakeSnapshot(trace, phaseIndex[p], static_cast<Phase>(p)));
     }
   }
+  // The end of step 1's forward pass: what forward leaves for backward.
+  std::size_t lastForward = trace.events.size();
+  for (std::size_t i = 0; i < trace.events.size(); ++i) {
+    if (trace.events[i].step == 1 && trace.events[i].phase == Phase::Forward) lastForward = i;
+  }
+  if (lastForward < trace.events.size()) est.forwardEnd = TakeSnapshot(trace, lastForward, Phase::Forward);
   est.notes = trace.notes;
   return est;
 }

@@ -54,6 +54,9 @@ struct Estimate {
   ModelStates modelStates;
   Snapshot peak;                     // the largest total of the whole simulation
   std::vector<Snapshot> phasePeaks;  // one per Phase, in Phase order (largest over both steps)
+  // Memory at the end of step 1's forward pass: the model states that exist then, the tensors
+  // saved for backward, the batch and the loss.
+  Snapshot forwardEnd;
   std::vector<TimelinePoint> timeline;
   std::int64_t gpuCapacityBytes = 0;
   bool fits = false;
