@@ -11,6 +11,7 @@
 #include "gpumem/format.hpp"
 #include "gpumem/json.hpp"
 #include "gpumem/names.hpp"
+#include "gpumem/presets.hpp"
 
 namespace {
 
@@ -18,13 +19,15 @@ using gpumem::FormatCount;
 using gpumem::HumanBytes;
 
 constexpr const char* kUsage =
-    "usage: gpumem [--json] [--timeline] [SETUP.json | -]\n"
-    "       gpumem --defaults | --example mlp | --options\n"
+    "usage: gpumem [--json] [--timeline] [SETUP.json | - | --preset ID]\n"
+    "       gpumem --defaults | --example mlp | --options | --presets\n"
     "\n"
     "Estimates the GPU memory of one training step. SETUP.json follows docs/schema.md; fields\n"
     "left out take the defaults (gpumem --defaults). Without a file, the setup is read from stdin.\n"
     "  --json       print {\"ok\":true,\"estimate\":…} or {\"ok\":false,\"errors\":[…]}\n"
     "  --timeline   also print every allocation and free of the simulated steps\n"
+    "  --preset ID  estimate a published architecture with the default training setup\n"
+    "  --presets    list the presets and their published parameter counts\n"
     "Exit status: 0 estimated, 1 the setup has errors, 2 usage or unreadable file.\n";
 
 void PrintRows(const std::vector<gpumem::CategoryBytes>& rows) {
@@ -38,6 +41,19 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
   using namespace gpumem;
   std::printf("Model: %s parameters — %s\n", FormatCount(e.modelStates.parameterCount).c_str(),
               LabelOf(setup.model.kind));
+  if (setup.model.kind == ModelKind::Transformer) {
+    const ArchitectureDef& a = setup.model.architecture;
+    std::printf("Architecture: %s, %lld layers, hidden %lld, %lld heads (%lld key/value) of %lld, "
+                "MLP %lld%s, vocabulary %lld\n",
+                LabelOf(a.family), static_cast<long long>(a.numLayers), static_cast<long long>(a.hiddenSize),
+                static_cast<long long>(a.numHeads), static_cast<long long>(KeyValueHeads(a)),
+                static_cast<long long>(HeadDim(a)), static_cast<long long>(IntermediateSize(a)),
+                a.numExperts > 0 ? (", " + std::to_string(a.numExperts) + " experts, top-" +
+                                    std::to_string(a.expertsPerToken)).c_str() : "",
+                static_cast<long long>(a.vocabSize));
+    std::printf("Attention: %s; checkpointing: %s\n", LabelOf(setup.training.attention),
+                LabelOf(setup.training.checkpointing));
+  }
   std::printf("Training: batch %lld × sequence %lld, %s, %s (%s)\n",
               static_cast<long long>(setup.training.batchSize),
               static_cast<long long>(setup.training.sequenceLength), LabelOf(setup.training.precision),
@@ -53,6 +69,10 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
               FormatCount(e.modelStates.totalBytes).c_str());
   std::printf("\nAt the peak%s:\n", e.activationsFromHeuristic ? " (activations: per-token heuristic)" : "");
   PrintRows(e.peak.byCategory);
+  if (!e.forwardEnd.byCategory.empty()) {
+    std::printf("\nHeld at the end of the forward pass (step 1): %s\n", HumanBytes(e.forwardEnd.totalBytes).c_str());
+    PrintRows(e.forwardEnd.byCategory);
+  }
   std::printf("\nPeak of each phase:\n");
   for (const auto& s : e.phasePeaks) {
     std::printf("  %-16s %12s  step %d  %s\n", LabelOf(s.phase), HumanBytes(s.totalBytes).c_str(), s.step,
@@ -79,7 +99,7 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
     std::printf("\nTimeline (every allocation and free):\n");
     for (std::size_t i = 0; i < e.timeline.size(); ++i) {
       const auto& p = e.timeline[i];
-      std::printf("  %4zu %-14s s%d %16s B  %12s  %-24s %s\n", i, IdOf(p.phase), p.step,
+      std::printf("  %5zu %-14s s%d L%-3d %16s B  %12s  %-24s %s\n", i, IdOf(p.phase), p.step, p.layer,
                   (p.deltaBytes > 0 ? std::string("+").append(FormatCount(p.deltaBytes)) : FormatCount(p.deltaBytes)).c_str(), HumanBytes(p.totalBytes).c_str(), LabelOf(p.category),
                   p.label.c_str());
     }
@@ -95,12 +115,26 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
 int main(int argc, char** argv) {
   bool json = false, timeline = false;
   const char* path = nullptr;
+  std::string presetSetup;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json") json = true;
     else if (arg == "--timeline") timeline = true;
     else if (arg == "--defaults") { std::cout << gpumem::SetupToJson(gpumem::DefaultSetup(), 2) << "\n"; return 0; }
     else if (arg == "--options") { std::cout << gpumem::OptionsJson(2) << "\n"; return 0; }
+    else if (arg == "--presets") {
+      for (const auto& p : gpumem::Presets()) {
+        std::printf("  %-20s %-44s %20s parameters (%s)\n", p.id, p.label,
+                    FormatCount(p.publishedParameters).c_str(), p.source);
+      }
+      return 0;
+    } else if (arg == "--preset" && i + 1 < argc) {
+      if (!gpumem::FindPreset(argv[i + 1])) {
+        std::cerr << "gpumem: unknown preset " << argv[i + 1] << " (see gpumem --presets)\n";
+        return 2;
+      }
+      presetSetup = std::string("{\"model\":{\"preset\":\"") + argv[++i] + "\"}}";
+    }
     else if (arg == "--example" && i + 1 < argc && std::strcmp(argv[i + 1], "mlp") == 0) {
       std::cout << gpumem::SetupToJson(gpumem::ExampleMlpSetup(), 2) << "\n";
       return 0;
@@ -112,7 +146,10 @@ int main(int argc, char** argv) {
   }
 
   std::stringstream text;
-  if (path && std::strcmp(path, "-") != 0) {
+  if (!presetSetup.empty()) {
+    if (path) { std::cerr << kUsage; return 2; }
+    text << presetSetup;
+  } else if (path && std::strcmp(path, "-") != 0) {
     std::ifstream file(path, std::ios::binary);
     if (!file) { std::cerr << "gpumem: cannot read " << path << "\n"; return 2; }
     text << file.rdbuf();

@@ -249,18 +249,31 @@ def measure(setup):
 # ---------------------------------------------------------------------------------------------
 # The prediction.
 
+def loss_bytes(setup):
+    """Size of the loss scalar: fp32 when the loss runs in fp32, else the 16-bit dtype."""
+    precision = setup["training"]["precision"]
+    model = setup["model"]
+    if model.get("kind") == "transformer":
+        causal = model.get("architecture", {}).get("family", "llama") != "bert" and \
+            not model.get("preset", "").startswith("bert")
+        return 4 if causal or precision in ("fp32", "ampBf16", "ampFp16") else 2
+    if model["loss"] == "crossEntropy":
+        return 2 if precision == "bf16" else 4
+    return 4 if precision == "fp32" else 2
+
+
 def predict(cli, setup):
     out = subprocess.run([cli, "--json", "-"], input=json.dumps(setup), capture_output=True, text=True)
     doc = json.loads(out.stdout)
     if not doc["ok"]:
         raise SystemExit(f"setup rejected: {doc['errors']}")
     e = doc["estimate"]
-    # Held after forward = activations live at the end of step 1's forward (saved tensors and
-    # the output the loop keeps), less the loss scalar itself.
-    held = 0
-    for p in e["timeline"]:
-        if p["step"] == 1 and p["phase"] == "forward" and p["category"] == "activations":
-            held += p["deltaBytes"] if p["label"] != "loss: scalar" else 0
+    # Held after forward = activations (and autocast's weight copies) live at the end of step
+    # 1's forward — the saved tensors and, for layer lists, the output the loop keeps — less
+    # the loss scalar itself, which nothing saves.
+    held = sum(row["bytes"] for row in e["forwardEnd"]["byCategory"]
+               if row["category"] in ("activations", "weightCopies"))
+    held -= loss_bytes(setup)
     m = e["modelStates"]
     return {
         "parameters": m["parametersBytes"], "masterWeights": m["masterWeightsBytes"],
@@ -324,6 +337,76 @@ CASES = [
 ]
 
 
+def arch(family, **fields):
+    """A small architecture of `family` (2 cores: hidden ≤ 256, ≤ 4 layers)."""
+    base = {
+        "gpt2": dict(family="gpt2", vocabSize=8000, hiddenSize=256, numLayers=4, numHeads=4,
+                     maxPositionEmbeddings=512, tieWordEmbeddings=True, hiddenAct="geluNew",
+                     hiddenDropout=0.1, attentionDropout=0.1),
+        "llama": dict(family="llama", vocabSize=8000, hiddenSize=256, numLayers=4, numHeads=8,
+                      numKeyValueHeads=8, intermediateSize=688, hiddenAct="silu"),
+        "moe": dict(family="llama", vocabSize=4000, hiddenSize=128, numLayers=2, numHeads=4,
+                    numKeyValueHeads=2, intermediateSize=256, numExperts=4, expertsPerToken=2,
+                    hiddenAct="silu"),
+        "bert": dict(family="bert", vocabSize=8000, hiddenSize=256, numLayers=4, numHeads=4,
+                     intermediateSize=1024, maxPositionEmbeddings=512, typeVocabSize=2,
+                     hiddenAct="gelu", hiddenDropout=0.1, attentionDropout=0.1,
+                     encoderHead="classification", numLabels=3),
+    }[family]
+    base.update(fields)
+    return base
+
+
+def tcase(name, architecture, batch=4, seq=256, precision="fp32", optimizer="adamw", impl="forEach",
+          attention="eager", checkpointing="none", interval=2):
+    return name, {
+        "model": {"kind": "transformer", "architecture": architecture},
+        "training": {"batchSize": batch, "sequenceLength": seq, "precision": precision,
+                     "optimizer": optimizer, "optimizerImplementation": impl,
+                     "attention": attention, "checkpointing": checkpointing,
+                     "checkpointInterval": interval},
+        "gpu": {"memoryGiB": 80},
+    }
+
+
+TRANSFORMER_CASES = [
+    tcase("gpt2-fp32-adamw", arch("gpt2")),
+    tcase("gpt2-fp32-sdpa", arch("gpt2"), attention="sdpa"),
+    tcase("gpt2-bf16mixed", arch("gpt2"), precision="bf16Mixed"),
+    tcase("gpt2-ampbf16", arch("gpt2"), precision="ampBf16"),
+    tcase("gpt2-ckpt-every", arch("gpt2"), checkpointing="everyBlock"),
+    tcase("gpt2-gelutanh-sgd-nodrop", arch("gpt2", hiddenAct="geluTanh", hiddenDropout=0.0, attentionDropout=0.0), optimizer="sgd"),
+    tcase("gpt2-ampbf16-sdpa-kth", arch("gpt2"), precision="ampBf16", attention="sdpa", checkpointing="everyKthBlock"),
+    tcase("llama-fp32-adamw", arch("llama")),
+    tcase("llama-gqa-fp32", arch("llama", numKeyValueHeads=2)),
+    tcase("qwen-style-bf16", arch("llama", numKeyValueHeads=2, attentionBias=True, tieWordEmbeddings=True), precision="bf16"),
+    tcase("llama-bf16mixed-loop", arch("llama"), precision="bf16Mixed", optimizer="adam", impl="perParameter"),
+    tcase("llama-ampbf16", arch("llama", numKeyValueHeads=4), precision="ampBf16"),
+    tcase("llama-ampfp16-scaled", arch("llama"), precision="ampFp16"),
+    tcase("llama-sdpa-bf16mixed", arch("llama", numKeyValueHeads=2), precision="bf16Mixed", attention="sdpa"),
+    tcase("llama-ckpt-every", arch("llama"), checkpointing="everyBlock"),
+    tcase("llama-ckpt-kth", arch("llama"), checkpointing="everyKthBlock"),
+    tcase("llama-ckpt-selective", arch("llama"), checkpointing="selective"),
+    tcase("llama-long-vocab32k", arch("llama", vocabSize=32000, numLayers=2), batch=1, seq=512),
+    tcase("llama-momentum", arch("llama"), optimizer="sgdMomentum"),
+    tcase("moe-fp32", arch("moe")),
+    tcase("moe-shared-gate-bf16mixed", arch("moe", sharedExpertIntermediateSize=256, sharedExpertGate=True), precision="bf16Mixed"),
+    tcase("moe-ampbf16-sdpa", arch("moe"), precision="ampBf16", attention="sdpa"),
+    tcase("bert-cls-fp32", arch("bert")),
+    tcase("bert-mlm-fp32", arch("bert", encoderHead="maskedLm")),
+    tcase("bert-mlm-bf16mixed-sdpa", arch("bert", encoderHead="maskedLm"), precision="bf16Mixed", attention="sdpa"),
+    tcase("bert-cls-ckpt-ampbf16", arch("bert"), precision="ampBf16", checkpointing="everyBlock"),
+]
+CASES += TRANSFORMER_CASES
+
+
+def measure_any(setup):
+    if setup["model"].get("kind") == "transformer":
+        import torch_reference
+        return torch_reference.measure_transformer(setup)
+    return measure(setup)
+
+
 def pct(predicted, measured):
     return 0.0 if measured == 0 and predicted == 0 else 100.0 * (predicted - measured) / max(measured, 1)
 
@@ -344,7 +427,7 @@ def main():
     for name, setup in CASES:
         if args.only and args.only not in name:
             continue
-        p, m = predict(args.cli, setup), measure(setup)
+        p, m = predict(args.cli, setup), measure_any(setup)
         states_exact = all(p[f] == m[f] for f in exact_fields)
         err = pct(p["peak"], m["peak"])
         peak_errors.append(abs(err))

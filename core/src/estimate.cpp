@@ -83,6 +83,7 @@ EstimateResult EstimateMemory(const Setup& setup) {
   est.modelStates = ComputeModelStates(setup, inventory);
   UseModelStateFormulas(est.peak, est.modelStates);
   for (Snapshot& s : est.phasePeaks) UseModelStateFormulas(s, est.modelStates);
+  UseModelStateFormulas(est.forwardEnd, est.modelStates);
 
   est.activationsFromHeuristic = setup.model.kind == ModelKind::ParameterCount;
   est.gpuCapacityBytes = std::llround(setup.gpu.memoryGiB * 1073741824.0);
