@@ -112,11 +112,13 @@ TEST_CASE("what an fp32 Llama keeps after forward is counted tensor by tensor", 
     const auto ckpt = HeldAfterForward(MustEstimate(setup));
     CHECK(ckpt.at(Category::Activations) == (2 * T * h + once) * 4 + T * 8 + 4 + 4);
   }
-  SECTION("fused attention keeps its output and an fp32 log-sum-exp instead of the probabilities") {
+  SECTION("fused attention keeps an fp32 log-sum-exp instead of the probabilities") {
+    // Its output, in [b, s, heads, d] memory order, is o_proj's input as it is: the eager
+    // path's contiguous copy of the attention output is not made.
     setup.training.attention = AttentionImplementation::SDPA;
     const auto fused = HeldAfterForward(MustEstimate(setup));
     const std::int64_t eagerCore = b * heads * s * s;
-    const std::int64_t fusedCore = T * h + b * heads * s;
+    const std::int64_t fusedCore = b * heads * s;
     CHECK(fused.at(Category::Activations) ==
           held.at(Category::Activations) + 2 * (fusedCore - eagerCore) * 4);
   }

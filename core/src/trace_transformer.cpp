@@ -285,9 +285,11 @@ class TransformerPass final : public ModelPass {
     ValueId out = kNoValue;
     if (t_.attention == AttentionImplementation::SDPA) {
       const ValueId q16 = t.ForMatmul(q), k16 = t.ForMatmul(keys), v16 = t.ForMatmul(vals);
+      // The kernels write their output in [b, s, heads, d] memory order and return it
+      // transposed, so HF's .transpose(1, 2).contiguous() afterwards copies nothing.
       out = t.Apply({.name = "scaled_dot_product_attention",
                      .inputs = {{q16}, {k16}, {v16}},
-                     .shape = full,
+                     .shape = {b_, s_, heads, d},
                      .type = t.TypeOf(q16),
                      .saves = {q16, k16, v16},
                      .savesOutput = true,
@@ -297,6 +299,9 @@ class TransformerPass final : public ModelPass {
       t.Drop(q16);
       t.Drop(k16);
       t.Drop(v16);
+      t.Drop(keys);
+      t.Drop(vals);
+      return out;
     } else {
       const Shape scores = {b_, heads, s_, s_};
       const ValueId kT = View(keys, {b_, heads, d, s_}, "keyᵀ");

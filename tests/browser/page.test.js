@@ -86,10 +86,14 @@ function setupFromUrl(url) {
   return JSON.parse(Buffer.from(value, 'base64url').toString('utf8'));
 }
 
-// The hash is written after the debounced update; wait until it describes the current form.
+// The hash is written after the debounced update (#results is aria-busy until it runs; the
+// pause grows for slow estimates); wait until it describes the current form.
 async function settled(page) {
-  await page.waitForFunction(() => document.querySelector('#results').dataset.state !== 'empty', null, WAIT);
-  await page.waitForTimeout(400);
+  await page.waitForFunction(() => {
+    const results = document.querySelector('#results');
+    return results.dataset.state !== 'empty' && results.getAttribute('aria-busy') !== 'true';
+  }, null, WAIT);
+  await page.waitForTimeout(200);
 }
 
 // Every value a person can set, for comparing the form before and after a reload.
@@ -198,6 +202,15 @@ test('the peak shown equals the native CLI\'s estimate.peak.totalBytes for the s
       await page.fill('#batchSize', '4');
       await page.selectOption('#optimizer', 'adafactor');
       await page.selectOption('#optimizerImplementation', 'perParameter');
+    }],
+    ['GPT-2 preset, every block checkpointed, autocast bf16', async () => {
+      await page.check('input[name=modelKind][value=transformer]');
+      await page.selectOption('#preset', 'gpt2');
+      await page.fill('#batchSize', '2');
+      await page.selectOption('#optimizer', 'adamw');
+      await page.selectOption('#optimizerImplementation', 'forEach');
+      await page.selectOption('#precision', 'ampBf16');
+      await page.selectOption('#checkpointing', 'everyBlock');
     }],
   ];
   for (const [name, act] of cases) {
@@ -373,4 +386,296 @@ test('phone width and dark scheme render the results without overflow', async ()
   assert.notEqual(background, 'rgb(255, 255, 255)', 'dark scheme has a dark background');
   await dark.page.screenshot({ path: join(screenshotDir, 'page-dark.png'), fullPage: true });
   await dark.finish();
+});
+
+// ---------- architecture mode ----------
+
+async function choosePreset(page, id) {
+  await page.check('input[name=modelKind][value=transformer]');
+  await page.selectOption('#preset', id);
+}
+
+const peakBytes = (page) => page.$eval('#peak-total', (el) => Number(el.dataset.bytes));
+
+test('architecture mode: presets fill the fields, the count and the published count are shown', async () => {
+  const { page, finish } = await openPage();
+  assert.equal(await page.isChecked('input[name=modelKind][value=parameterCount]'), true, 'the defaults open in quick mode');
+  assert.equal(await page.isVisible('#arch-panel'), false);
+
+  await choosePreset(page, 'gpt2');
+  await waitForAttr(page, '#param-count', 'data-count', '124439808');
+  assert.match(await page.textContent('#param-count'), /124,439,808/);
+  assert.match(await page.textContent('#param-source'), /parameter tensor/);
+  assert.match(await page.textContent('#param-published'), /Published: 124,439,808 \(openai-community\/gpt2;.*matches/);
+  assert.match(await page.textContent('#preset-hint'), /124,439,808.*openai-community\/gpt2/);
+  assert.ok(await peakBytes(page) > 0, 'a peak is shown');
+  assert.match(await page.textContent('#peak-total'), /[\d.]+ [KMG]iB/);
+  assert.equal(await page.$eval('#results', (el) => el.dataset.state), 'ok');
+  assert.equal(await page.isVisible('#heuristic-note'), false, 'an architecture is counted exactly');
+  // GPT-2 shows its own fields only.
+  assert.equal(await page.inputValue('#arch-family'), 'gpt2');
+  assert.equal(await page.inputValue('#arch-hiddenSize'), '768');
+  for (const hidden of ['#arch-numKeyValueHeads', '#arch-attentionBias', '#arch-numExperts', '#arch-typeVocabSize', '#arch-encoderHead']) {
+    assert.equal(await page.isVisible(hidden), false, `${hidden} is hidden for GPT-2`);
+  }
+  assert.equal(await page.isVisible('#arch-maxPositionEmbeddings'), true);
+  assert.equal(await page.isVisible('#attention'), true, 'transformer training options are shown');
+  assert.equal(await page.isVisible('#checkpointInterval'), false, 'k only for every k-th block');
+
+  // A Llama-family preset.
+  await page.selectOption('#preset', 'qwen2.5-1.5b');
+  await waitForAttr(page, '#param-count', 'data-count', '1543714304');
+  assert.match(await page.textContent('#param-count'), /1,543,714,304/);
+  assert.match(await page.textContent('#param-published'), /1,543,714,304 \(Qwen\/Qwen2\.5-1\.5B/);
+  assert.equal(await page.inputValue('#arch-family'), 'llama');
+  assert.equal(await page.inputValue('#arch-numKeyValueHeads'), '2');
+  assert.equal(await page.isChecked('#arch-attentionBias'), true);
+  assert.equal(await page.isVisible('#arch-numExperts'), true);
+  assert.equal(await page.isVisible('#arch-expertsPerToken'), false, 'expert details only with experts');
+  assert.equal(await page.isVisible('#arch-maxPositionEmbeddings'), false, 'RoPE has no position table');
+
+  // Editing keeps the values and marks the preset as modified.
+  await page.fill('#arch-numLayers', '20');
+  await page.waitForFunction(() => document.querySelector('#param-count').dataset.count !== '1543714304', null, WAIT);
+  assert.equal(await page.inputValue('#preset'), '');
+  assert.match(await page.textContent('#preset-hint'), /modified from Qwen2\.5 1\.5B/i);
+  assert.equal(await page.inputValue('#arch-hiddenSize'), '1536');
+  assert.equal(await page.isVisible('#param-published'), false, 'no published count for a modified preset');
+  await page.fill('#arch-numExperts', '4');
+  await page.waitForSelector('#arch-expertsPerToken', { ...WAIT, state: 'visible' });
+
+  // A family switch loads that family's defaults and its own fields.
+  await page.selectOption('#arch-family', 'bert');
+  await page.waitForFunction(() => document.querySelector('#arch-hiddenSize').value === '768', null, WAIT);
+  for (const shown of ['#arch-typeVocabSize', '#arch-encoderHead', '#arch-numLabels']) {
+    assert.equal(await page.isVisible(shown), true, `${shown} is shown for BERT`);
+  }
+  assert.equal(await page.isVisible('#arch-numKeyValueHeads'), false);
+  assert.equal(await page.isVisible('#arch-numExperts'), false);
+  // BERT-base's position table has 512 rows, fewer than the default 1,024 tokens.
+  await page.waitForFunction(() => /training\.sequenceLength/.test(document.querySelector('#errors').textContent), null, WAIT);
+  await page.fill('#sequenceLength', '512');
+  await page.waitForSelector('#errors[hidden]', { ...WAIT, state: 'attached' });
+  await settled(page);
+  assert.equal(await page.$eval('#results', (el) => el.dataset.state), 'ok');
+
+  await choosePreset(page, 'gpt2');
+  await waitForAttr(page, '#param-count', 'data-count', '124439808');
+  await settled(page);
+  assert.equal(await pageHasNoNaN(page), true);
+  await page.screenshot({ path: join(screenshotDir, 'page-architecture.png'), fullPage: true });
+  await finish();
+});
+
+test('architecture errors name the field and highlight it', async () => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'gpt2');
+  await waitForAttr(page, '#param-count', 'data-count', '124439808');
+  const lastPeak = await page.textContent('#peak-total');
+
+  await page.fill('#arch-numHeads', '7');
+  await page.waitForSelector('#errors:not([hidden])', WAIT);
+  assert.match(await page.textContent('#errors'), /model\.architecture\.numHeads/);
+  assert.match(await page.textContent('#errors'), /divide/);
+  assert.equal(await page.getAttribute('#arch-numHeads', 'aria-invalid'), 'true');
+  assert.match(await page.textContent('#arch-numHeads ~ .field-error'), /model\.architecture\.numHeads/);
+  assert.equal(await page.$eval('#results', (el) => el.dataset.state), 'stale');
+  assert.equal(await page.textContent('#peak-total'), lastPeak, 'the last good result stays');
+  await page.screenshot({ path: join(screenshotDir, 'page-architecture-error.png'), fullPage: false });
+
+  await page.fill('#arch-numHeads', '12');
+  await page.waitForSelector('#errors[hidden]', { ...WAIT, state: 'attached' });
+  assert.equal(await page.getAttribute('#arch-numHeads', 'aria-invalid'), null);
+  assert.equal(await page.inputValue('#preset'), 'gpt2', 'back to the preset\'s values: the preset is named again');
+
+  // A sequence longer than GPT-2's position table names training.sequenceLength.
+  await page.fill('#sequenceLength', '2048');
+  await page.waitForFunction(() => /training\.sequenceLength/.test(document.querySelector('#errors').textContent), null, WAIT);
+  assert.equal(await page.getAttribute('#sequenceLength', 'aria-invalid'), 'true');
+  assert.equal(await pageHasNoNaN(page), true);
+  await finish();
+});
+
+test('checkpointing every block lowers the peak shown', async () => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'gpt2');
+  await waitForAttr(page, '#param-count', 'data-count', '124439808');
+  await settled(page);
+  const before = await peakBytes(page);
+  const beforeText = await page.textContent('#peak-exact');
+  assert.equal(Number(beforeText.split(' B')[0].replace(/,/g, '')), before, 'the exact figure shown is the peak');
+
+  await page.selectOption('#checkpointing', 'everyBlock');
+  await page.waitForFunction((b) => Number(document.querySelector('#peak-total').dataset.bytes) !== b, before, WAIT);
+  const after = await peakBytes(page);
+  const afterText = await page.textContent('#peak-exact');
+  assert.equal(Number(afterText.split(' B')[0].replace(/,/g, '')), after);
+  assert.ok(after < before, `checkpointing lowers the peak (${after} < ${before})`);
+  assert.equal(await page.isVisible('#checkpointInterval'), false);
+
+  await page.selectOption('#checkpointing', 'everyKthBlock');
+  assert.equal(await page.isVisible('#checkpointInterval'), true);
+  await page.fill('#checkpointInterval', '4');
+  await settled(page);
+  assert.equal(setupFromUrl(page.url()).training.checkpointInterval, 4);
+  await finish();
+});
+
+test('the timeline chart: phases labelled, blocks ticked, the peak marked, keyboard steps through events', async () => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'gpt2');
+  await waitForAttr(page, '#param-count', 'data-count', '124439808');
+  await settled(page);
+  const chart = '#timeline-chart svg';
+  const bandLabels = await page.$$eval(`${chart} .band-label`, (els) => els.map((e) => e.textContent));
+  for (const phase of ['Forward · step 1', 'Backward · step 1', 'Forward · step 2', 'Backward · step 2']) {
+    assert.ok(bandLabels.includes(phase), `"${phase}" is labelled (labels: ${bandLabels.join(', ')})`);
+  }
+  const bands = await page.$$eval(`${chart} .band`, (els) => els.map((e) => `${e.dataset.phase}:${e.dataset.step}`));
+  assert.deepEqual(bands, ['init:0', 'forward:1', 'backward:1', 'optimizerStep:1', 'forward:2', 'backward:2', 'optimizerStep:2']);
+  // One path for the running total, not one element per event.
+  assert.equal((await page.$$(`${chart} path.line`)).length, 1);
+  assert.ok((await page.$$(`${chart} *`)).length < 1500, 'the chart stays small for thousands of events');
+  // Blocks 0 … 11 ticked along forward and backward.
+  const layerLabels = await page.$$eval(`${chart} .layer-label`, (els) => els.map((e) => e.textContent));
+  assert.ok(layerLabels.includes('0') && layerLabels.length >= 8, `block numbers shown: ${layerLabels.join(' ')}`);
+  // The peak marker sits at the peak's event and names it.
+  const peakEvent = await page.$eval('#peak-where', (el) => /event #(\d+)/.exec(el.textContent)[1]);
+  assert.equal(await page.$eval(`${chart} .peak-marker`, (el) => el.dataset.event), peakEvent);
+  assert.match(await page.textContent(`${chart} .peak-marker`), /peak [\d.]+ GiB/);
+
+  // Keyboard: focus starts at the peak; → and ← step between phase starts and peaks.
+  await page.focus(chart);
+  assert.equal(await page.getAttribute(chart, 'aria-valuenow'), peakEvent);
+  assert.match(await page.textContent('.chart-readout'), /the peak/);
+  await page.keyboard.press('Home');
+  assert.equal(await page.getAttribute(chart, 'aria-valuenow'), '0');
+  await page.keyboard.press('ArrowRight');
+  await page.keyboard.press('ArrowRight');
+  const text = await page.getAttribute(chart, 'aria-valuetext');
+  assert.match(text, /event #\d+/);
+  assert.match(text, /total [\d.]+ [KMG]iB/);
+  assert.ok(Number(await page.getAttribute(chart, 'aria-valuenow')) > 0);
+  await page.keyboard.press('End');
+  assert.match(await page.textContent('.chart-readout'), /last event/);
+
+  // Hover shows an event too.
+  const box = await page.$eval(chart, (el) => { const r = el.getBoundingClientRect(); return { x: r.x, y: r.y, w: r.width, h: r.height }; });
+  await page.mouse.move(box.x + box.w * 0.35, box.y + box.h / 2);
+  assert.match(await page.textContent('.chart-readout'), /event #\d+ · (Forward|Backward)/);
+
+  // The largest allocations are listed as a table.
+  assert.ok((await page.$$('#largest-events tbody tr')).length > 0);
+  assert.match(await page.textContent('#largest-events'), /Adam|logits|log_softmax/);
+  await finish();
+});
+
+test('an architecture setup survives the URL: a new page shows the same form and peak', async () => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'qwen2.5-1.5b');
+  await waitForAttr(page, '#param-count', 'data-count', '1543714304');
+  await page.fill('#arch-numLayers', '6');
+  await page.fill('#sequenceLength', '512');
+  await page.selectOption('#precision', 'ampBf16');
+  await page.selectOption('#attention', 'sdpa');
+  await page.selectOption('#checkpointing', 'everyKthBlock');
+  await page.fill('#checkpointInterval', '3');
+  await settled(page);
+  const values = await formValues(page);
+  const peak = await peakBytes(page);
+  const url = page.url();
+  const setup = setupFromUrl(url);
+  assert.equal(setup.model.kind, 'transformer');
+  assert.equal(setup.model.preset, undefined, 'a modified preset is not named');
+  assert.equal(setup.model.architecture.numLayers, 6);
+  assert.equal(setup.model.architecture.numKeyValueHeads, 2);
+  assert.deepEqual([setup.training.attention, setup.training.checkpointing, setup.training.checkpointInterval], ['sdpa', 'everyKthBlock', 3]);
+  await finish();
+
+  const second = await openPage({ url });
+  await settled(second.page);
+  assert.deepEqual(await formValues(second.page), values, 'same form');
+  assert.equal(await peakBytes(second.page), peak, 'same peak');
+  assert.match(await second.page.textContent('#preset-hint'), /custom/i);
+
+  // An unmodified preset is named in the link and shown as that preset.
+  await second.page.selectOption('#preset', 'gpt2');
+  await waitForAttr(second.page, '#param-count', 'data-count', '124439808');
+  await second.page.fill('#sequenceLength', '256');
+  await settled(second.page);
+  const presetUrl = second.page.url();
+  assert.equal(setupFromUrl(presetUrl).model.preset, 'gpt2');
+  const presetValues = await formValues(second.page);
+  const presetPeak = await peakBytes(second.page);
+  await second.finish();
+
+  const third = await openPage({ url: presetUrl });
+  await settled(third.page);
+  assert.deepEqual(await formValues(third.page), presetValues);
+  assert.equal(await peakBytes(third.page), presetPeak);
+  assert.match(await third.page.textContent('#param-published'), /openai-community\/gpt2/);
+  await third.finish();
+});
+
+test('llama-2-7b at batch 1 × 4096: input to rendered result stays responsive', async (t) => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'llama-2-7b');
+  await waitForAttr(page, '#param-count', 'data-count', '6738415616');
+  await settled(page);
+  await page.fill('#sequenceLength', '4096');
+  await page.waitForFunction(() => document.querySelector('#results').dataset.inputToFrameMs !== undefined
+    && new URLSearchParams(location.hash.slice(1)).get('s') !== null
+    && document.querySelector('#sequenceLength').value === '4096'
+    && document.querySelector('#results').dataset.state === 'ok', null, WAIT);
+  await settled(page);
+  const timing = await page.$eval('#results', (el) => ({ ...el.dataset }));
+  assert.equal(setupFromUrl(page.url()).training.sequenceLength, 4096);
+  t.diagnostic(`llama-2-7b 1×4096: estimate ${timing.estimateMs} ms, render ${timing.renderMs} ms, input to next frame ${timing.inputToFrameMs} ms (includes the typing pause)`);
+  // Loose bounds: a slow machine must not fail this, a regression to seconds must.
+  assert.ok(Number(timing.estimateMs) + Number(timing.renderMs) < 2000);
+  // A select change (no typing pause) also renders in one go.
+  await page.selectOption('#attention', 'sdpa');
+  await page.waitForFunction(() => new URLSearchParams(location.hash.slice(1)).get('s') && document.querySelector('#results').dataset.state === 'ok', null, WAIT);
+  await settled(page);
+  const sdpa = await page.$eval('#results', (el) => ({ ...el.dataset }));
+  t.diagnostic(`llama-2-7b 1×4096, attention sdpa: estimate ${sdpa.estimateMs} ms, render ${sdpa.renderMs} ms, input to next frame ${sdpa.inputToFrameMs} ms`);
+  await finish();
+});
+
+test('autocast weight copies get a ninth colour in light and dark; architecture mode fits a phone', async () => {
+  for (const colorScheme of ['light', 'dark']) {
+    const { page, finish } = await openPage({ colorScheme });
+    await choosePreset(page, 'gpt2');
+    await page.selectOption('#precision', 'ampBf16');
+    await page.fill('#sequenceLength', '128');
+    await page.fill('#batchSize', '4');
+    await page.waitForSelector('#peak-table tr[data-category="weightCopies"]', WAIT);
+    const colours = await page.evaluate(() => {
+      const probe = (cls) => {
+        const el = document.createElement('span');
+        el.className = `swatch ${cls}`;
+        document.body.append(el);
+        const colour = getComputedStyle(el).backgroundColor;
+        el.remove();
+        return colour;
+      };
+      return Array.from({ length: 9 }, (_, i) => probe(`cat-${i}`));
+    });
+    assert.equal(new Set(colours).size, 9, `${colorScheme}: nine distinct category colours (${colours.join(' ')})`);
+    const swatch = await page.$eval('#peak-table tr[data-category="weightCopies"] .swatch', (el) => [el.className, getComputedStyle(el).backgroundColor]);
+    assert.match(swatch[0], /\bcat-8\b/);
+    assert.equal(swatch[1], colours[8]);
+    await finish();
+  }
+
+  const phone = await openPage({ viewport: { width: 390, height: 844 } });
+  await choosePreset(phone.page, 'mixtral-8x7b');
+  await waitForAttr(phone.page, '#param-count', 'data-count', '46702792704');
+  await phone.page.waitForSelector('#arch-expertsPerToken', { ...WAIT, state: 'visible' });
+  await settled(phone.page);
+  const overflow = await phone.page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(overflow <= 0, `no horizontal scrolling at 390 px in architecture mode (overflow ${overflow} px)`);
+  assert.ok(await phone.page.$('#timeline-chart svg .peak-marker'));
+  await phone.page.screenshot({ path: join(screenshotDir, 'page-phone-architecture.png'), fullPage: true });
+  await phone.finish();
 });

@@ -112,7 +112,7 @@ test('version and options come from the core', () => {
     }
   }
   const ids = (list) => o[list].map((item) => item.id);
-  assert.deepEqual(ids('modelKinds'), ['parameterCount', 'layers']);
+  assert.deepEqual(ids('modelKinds'), ['parameterCount', 'layers', 'transformer']);
   assert.deepEqual(ids('phases'), ['init', 'forward', 'backward', 'optimizerStep']);
   for (const id of ['fp32', 'fp16Mixed', 'bf16Mixed', 'bf16']) assert.ok(ids('precisions').includes(id), id);
   for (const id of ['sgd', 'sgdMomentum', 'adam', 'adamw', 'adafactor']) assert.ok(ids('optimizers').includes(id), id);
@@ -120,7 +120,7 @@ test('version and options come from the core', () => {
   for (const id of ['embedding', 'linear', 'relu', 'gelu', 'tanh', 'sigmoid', 'dropout']) assert.ok(ids('layerTypes').includes(id), id);
   for (const id of ['crossEntropy', 'mse']) assert.ok(ids('losses').includes(id), id);
   for (const id of ['parameters', 'masterWeights', 'gradients', 'optimizerStates',
-    'optimizerIntermediates', 'activations', 'activationGradients', 'inputBatch']) {
+    'optimizerIntermediates', 'activations', 'activationGradients', 'inputBatch', 'weightCopies']) {
     assert.ok(ids('categories').includes(id), id);
   }
   assert.ok(Array.isArray(o.examples) && o.examples.length > 0);

@@ -1,0 +1,1229 @@
+"""PyTorch reference implementations of the transformer families the estimator models.
+
+The same JSON setup the gpumem CLI reads ({"model": {"kind": "transformer", "architecture":
+{...}}, "training": {...}}) is rebuilt here as nn.Modules that follow Hugging Face
+transformers' current eager code op by op (GPT2LMHeadModel, LlamaForCausalLM and its
+Mistral / Qwen2 / Mixtral / Qwen2-MoE relatives, BertForSequenceClassification and
+BertForMaskedLM), with HF's parameter names. `measure_transformer(setup)` runs init and two
+training steps with HF Trainer semantics under validate.py's byte-exact allocation tracker and
+returns the same figures as validate.py's `measure`.
+
+Everything runs on CPU with Debian's torch 1.13 (`/usr/bin/python3`): no `transformers`, no
+`F.scaled_dot_product_attention`, no fp16 matmul, no CPU GradScaler. What that changes, and how
+it is approximated, is said where it happens (search for "CPU torch 1.13"). In short:
+- sdpa: a custom autograd.Function emulates the fused kernel's memory (FusedAttentionEmulation).
+- fp16Mixed / ampFp16 run in bf16 (same byte sizes); ampFp16 scales the loss by 2**16 and
+  unscales in place, without GradScaler's inf check.
+- CPU autocast leaves layer_norm and pow in bf16 where CUDA's runs them in fp32: the cast is
+  inserted by hand (cuda_autocast_fp32).
+- CPU dropout keeps a mask in the activation's dtype (CUDA: 1-byte bool), as validate.py notes.
+- Wrapped Python scalars (0-dim fp64, 8 B, e.g. `* scaling`) are saved on the CPU here as on
+  CUDA, so they appear in "saved" though they are not GPU memory.
+- Debian's torch uses reference BLAS: fp32 matmuls are ~100x slower than bf16 (oneDNN), so
+  keep fp32 / amp cases small (hidden <= 256) or expect minutes.
+
+Usage: /usr/bin/python3 scripts/torch_reference.py --selftest
+       /usr/bin/python3 scripts/torch_reference.py setup.json     (prints the measured figures)
+"""
+import argparse
+import contextlib
+import functools
+import json
+import math
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.profiler import record_function
+from torch.utils.checkpoint import checkpoint
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Importing validate also installs its torch >= 2.0 foreach Adam/AdamW op sequence.
+from validate import PHASES, allocation_events, make_optimizer  # noqa: E402
+
+SDPA_BLOCK = 64          # query rows per block of the emulated fused attention kernel
+AMP_FP16_SCALE = 65536.0  # GradScaler's initial scale (init_scale=2.**16)
+
+
+# ---------------------------------------------------------------------------------------------
+# The setup, read with the estimator's defaults.
+
+def read_config(setup):
+    """Architecture and training knobs from the setup document, defaults filled in."""
+    a = setup["model"]["architecture"]
+    t = setup.get("training", {})
+    family = a["family"]
+    if family not in ("gpt2", "llama", "bert"):
+        raise ValueError(f"unknown family {family!r}")
+    h, heads = a["hiddenSize"], a["numHeads"]
+    head_dim = a.get("headDim") or h // heads
+    if family != "llama" and head_dim * heads != h:
+        raise ValueError(f"{family}: headDim must be hiddenSize / numHeads")
+    kv_heads = (a.get("numKeyValueHeads") or heads) if family == "llama" else heads
+    if heads % kv_heads:
+        raise ValueError("numHeads must be a multiple of numKeyValueHeads")
+    inter = a.get("intermediateSize") or 0
+    num_experts = (a.get("numExperts") or 0) if family == "llama" else 0
+    if not inter:
+        if family in ("gpt2", "bert"):
+            inter = 4 * h  # GPT-2's n_inner=None; BERT's configs all use 4h
+        elif not (num_experts and a.get("expertIntermediateSize")):
+            raise ValueError("llama: intermediateSize is required")
+    default_act = {"gpt2": "geluNew", "llama": "silu", "bert": "gelu"}[family]
+    cfg = SimpleNamespace(
+        family=family,
+        vocab=a["vocabSize"], hidden=h, layers=a["numLayers"], heads=heads, kv_heads=kv_heads,
+        head_dim=head_dim, inter=inter,
+        max_pos=a.get("maxPositionEmbeddings") or 0,
+        type_vocab=a.get("typeVocabSize") or 2,
+        tie=a.get("tieWordEmbeddings", family in ("gpt2", "bert")),
+        attention_bias=bool(a.get("attentionBias", False)),
+        act=a.get("hiddenAct") or default_act,
+        num_experts=num_experts,
+        top_k=a.get("expertsPerToken") or 2,
+        expert_inter=a.get("expertIntermediateSize") or inter,
+        shared_inter=a.get("sharedExpertIntermediateSize") or 0,
+        shared_gate=bool(a.get("sharedExpertGate", False)),
+        hidden_dropout=float(a.get("hiddenDropout") or 0.0),
+        attention_dropout=float(a.get("attentionDropout") or 0.0),
+        head=a.get("encoderHead") or "classification",
+        num_labels=a.get("numLabels") or 2,
+        attention=t.get("attention", "eager"),
+        checkpointing=t.get("checkpointing", "none"),
+        interval=t.get("checkpointInterval") or 1,
+        rms_eps=1e-6, ln_eps={"gpt2": 1e-5, "bert": 1e-12}.get(family, 1e-5),
+    )
+    if family in ("gpt2", "bert") and cfg.max_pos <= 0:
+        raise ValueError(f"{family}: maxPositionEmbeddings is required")
+    if cfg.attention not in ("eager", "sdpa"):
+        raise ValueError(f"unknown attention {cfg.attention!r}")
+    if cfg.checkpointing not in ("none", "everyBlock", "everyKthBlock", "selective"):
+        raise ValueError(f"unknown checkpointing {cfg.checkpointing!r}")
+    if num_experts and not 0 < cfg.top_k <= num_experts:
+        raise ValueError("expertsPerToken must be in 1..numExperts")
+    return cfg
+
+
+def block_checkpointed(cfg, index):
+    """Whether decoder/encoder layer `index` is wrapped in torch.utils.checkpoint."""
+    if cfg.checkpointing == "everyBlock":
+        return True
+    if cfg.checkpointing == "everyKthBlock":
+        return index % cfg.interval == 0
+    return False
+
+
+def run_layer(cfg, index, layer, *args):
+    """HF's GradientCheckpointingLayer with use_reentrant=True (HF's default); the mask and the
+    rotary cos/sin travel as extra positional args, so the reentrant checkpoint saves them."""
+    if block_checkpointed(cfg, index):
+        return checkpoint(layer, *args, use_reentrant=True)
+    return layer(*args)
+
+
+# ---------------------------------------------------------------------------------------------
+# Autocast: CUDA's op lists, where CPU torch 1.13's differ.
+#
+# Under amp the estimator follows CUDA autocast. CPU torch 1.13's autocast agrees on what the
+# models here use (matmul/linear/addmm to bf16; cross_entropy, nll_loss, mse_loss to fp32;
+# softmax with an explicit dtype as is; binary ops by type promotion) except for two ops that
+# CUDA runs in fp32 and CPU 1.13 leaves alone: layer_norm and pow. Those get the cast CUDA
+# autocast would insert (a copy of a bf16 input in fp32), by hand.
+
+def cuda_autocast_fp32(x):
+    """What CUDA autocast does to a floating input of an op on its fp32 list."""
+    if torch.is_autocast_cpu_enabled() and x.is_floating_point() and x.dtype != torch.float32:
+        return x.to(torch.float32)
+    return x
+
+
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm; under autocast its input is cast to fp32 as CUDA autocast does."""
+
+    def forward(self, input):
+        return super().forward(cuda_autocast_fp32(input))
+
+
+# ---------------------------------------------------------------------------------------------
+# Activations (transformers.activations.ACT2FN).
+
+def activation(name, x):
+    if name == "gelu":        # GELUActivation: the exact erf form
+        return F.gelu(x)
+    if name == "geluTanh":    # PytorchGELUTanh
+        return F.gelu(x, approximate="tanh")
+    if name == "geluNew":     # NewGELUActivation, written out as HF does (one tensor per op);
+        # under autocast pow runs in fp32, so the rest of the expression does too
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(cuda_autocast_fp32(x), 3.0))))
+    if name == "silu":        # SiLUActivation = F.silu
+        return F.silu(x)
+    raise ValueError(f"unknown hiddenAct {name!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention, shared by the three families.
+
+def repeat_kv(hidden_states, n_rep):
+    """HF repeat_kv: (b, kvh, s, d) -> (b, kvh*n_rep, s, d); the input itself when n_rep == 1."""
+    if n_rep == 1:
+        return hidden_states
+    b, kvh, s, d = hidden_states.shape
+    hidden_states = hidden_states[:, :, None, :, :].expand(b, kvh, n_rep, s, d)  # a view
+    return hidden_states.reshape(b, kvh * n_rep, s, d)                          # the copy
+
+
+def eager_attention(query, key, value, mask, *, n_rep, scaling, dropout_p):
+    """HF eager_attention_forward (llama's, used here for all three families)."""
+    key_states = repeat_kv(key, n_rep)
+    value_states = repeat_kv(value, n_rep)
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling   # (b,h,s,s), then * scaling: a second one
+    if mask is not None:
+        causal_mask = mask[:, :, :, : key_states.shape[-2]]                    # a view
+        attn_weights = attn_weights + causal_mask                              # (b,h,s,s), fp32 under autocast (mask is fp32)
+    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)  # fp32 softmax, cast back
+    attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)         # p == 0 returns its input on CPU
+    attn_output = torch.matmul(attn_weights, value_states)                      # (b,h,s,d)
+    attn_output = attn_output.transpose(1, 2).contiguous()                      # (b,s,h,d) copy
+    return attn_output
+
+
+def _dropout_drop(gen, shape, p):
+    """The kernel's dropout mask (True = dropped) for one block, regenerated identically in
+    backward from the same seed (the flash kernels regenerate theirs from a Philox seed instead
+    of storing it)."""
+    return torch.rand(shape, generator=gen) < p
+
+
+class FusedAttentionEmulation(torch.autograd.Function):
+    """Stands in for a fused flash / memory-efficient SDPA kernel (CPU torch 1.13 has none).
+
+    Forward computes attention one 64-query-row block of one (batch, head) at a time, so no
+    s x s tensor ever exists, only blocks of 64 x s (causal: 64 x the keys up to the block's
+    last row, as flash skips the blocks above the diagonal). It returns out and saves exactly
+    q, k, v, out and an fp32 logsumexp (b, heads, s). As the CUDA kernels do, out is allocated
+    in the (b, s, heads, d) layout and returned as its (b, heads, s, d) transpose, so the
+    caller's `transpose(1, 2).contiguous()` copies nothing.
+
+    Backward follows FlashAttention-2: dq, dk, dv are allocated, then an fp32 "delta"
+    (b, heads, s) = rowsum(dO * O) and an fp32 dq accumulator of dq's size; the blocks are
+    recomputed; both fp32 buffers are freed before returning. (Per (batch, head) the backward
+    also holds fp32 dk/dv accumulators of s x d, which the real kernel keeps in registers.)
+    Matmuls run in the inputs' dtype, softmax and accumulation in fp32, as FA2's MMAs do."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scaling, dropout_p, seed):
+        with torch.autocast("cpu", enabled=False):  # the kernel picks its own precisions
+            b, h, s, d = q.shape
+            acc = torch.promote_types(q.dtype, torch.float32)   # fp32 (fp64 only for gradcheck)
+            out = torch.empty((b, s, h, d), dtype=q.dtype).transpose(1, 2)   # (b,h,s,d) view of (b,s,h,d)
+            lse = torch.empty((b, h, s), dtype=acc)
+            tri = torch.ones((SDPA_BLOCK, SDPA_BLOCK), dtype=torch.bool).triu_(1) if causal else None
+            gen = torch.Generator().manual_seed(seed) if dropout_p > 0 else None
+            for bi in range(b):
+                for hi in range(h):
+                    q_bh, k_bh, v_bh = q[bi, hi], k[bi, hi], v[bi, hi]
+                    for r0 in range(0, s, SDPA_BLOCK):
+                        r1 = min(r0 + SDPA_BLOCK, s)
+                        kv_end = r1 if causal else s
+                        scores = torch.matmul(q_bh[r0:r1], k_bh[:kv_end].t()).to(acc).mul_(scaling)
+                        if causal:   # the diagonal tile
+                            scores[:, r0:r1].masked_fill_(tri[:r1 - r0, :r1 - r0], float("-inf"))
+                        m = torch.logsumexp(scores, dim=-1)
+                        lse[bi, hi, r0:r1] = m
+                        p = scores.sub_(m[:, None]).exp_()
+                        if dropout_p > 0:
+                            p.masked_fill_(_dropout_drop(gen, p.shape, dropout_p), 0.0).mul_(1.0 / (1.0 - dropout_p))
+                        out[bi, hi, r0:r1] = torch.matmul(p.to(v.dtype), v_bh[:kv_end])
+                        del scores, m, p
+        ctx.causal, ctx.scaling, ctx.dropout_p, ctx.seed = causal, scaling, dropout_p, seed
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, scaling, dropout_p = ctx.causal, ctx.scaling, ctx.dropout_p
+        with torch.autocast("cpu", enabled=False):
+            b, h, s, d = q.shape
+            dt = q.dtype
+            acc = torch.promote_types(dt, torch.float32)
+            dq = torch.empty((b, s, h, d), dtype=q.dtype).transpose(1, 2)
+            dk = torch.empty((b, s, h, d), dtype=k.dtype).transpose(1, 2)
+            dv = torch.empty((b, s, h, d), dtype=v.dtype).transpose(1, 2)
+            delta = torch.empty((b, h, s), dtype=acc)                              # FA2's softmax_d
+            dq_acc = torch.zeros((b, s, h, d), dtype=acc).transpose(1, 2)          # FA2's dq_accum
+            for bi in range(b):
+                for hi in range(h):
+                    delta[bi, hi] = (dout[bi, hi].to(acc) * out[bi, hi].to(acc)).sum(-1)
+            tri = torch.ones((SDPA_BLOCK, SDPA_BLOCK), dtype=torch.bool).triu_(1) if causal else None
+            gen = torch.Generator().manual_seed(ctx.seed) if dropout_p > 0 else None
+            for bi in range(b):
+                for hi in range(h):
+                    q_bh, k_bh, v_bh = q[bi, hi], k[bi, hi], v[bi, hi]
+                    dk_acc = torch.zeros((s, d), dtype=acc)
+                    dv_acc = torch.zeros((s, d), dtype=acc)
+                    for r0 in range(0, s, SDPA_BLOCK):
+                        r1 = min(r0 + SDPA_BLOCK, s)
+                        kv_end = r1 if causal else s
+                        q_blk, do_blk = q_bh[r0:r1], dout[bi, hi, r0:r1]
+                        k_blk, v_blk = k_bh[:kv_end], v_bh[:kv_end]
+                        scores = torch.matmul(q_blk, k_blk.t()).to(acc).mul_(scaling)
+                        if causal:
+                            scores[:, r0:r1].masked_fill_(tri[:r1 - r0, :r1 - r0], float("-inf"))
+                        p = scores.sub_(lse[bi, hi, r0:r1, None]).exp_()        # recomputed probabilities
+                        dp = torch.matmul(do_blk, v_blk.t()).to(acc)            # dO V^T
+                        if dropout_p > 0:
+                            drop = _dropout_drop(gen, p.shape, dropout_p)
+                            p_used = p.masked_fill(drop, 0.0).mul_(1.0 / (1.0 - dropout_p))
+                            dp.masked_fill_(drop, 0.0).mul_(1.0 / (1.0 - dropout_p))
+                            del drop
+                        else:
+                            p_used = p
+                        dv_acc[:kv_end] += torch.matmul(p_used.to(dt).t(), do_blk)
+                        ds = dp.sub_(delta[bi, hi, r0:r1, None]).mul_(p).mul_(scaling).to(dt)
+                        dq_acc[bi, hi, r0:r1] = torch.matmul(ds, k_blk)
+                        dk_acc[:kv_end] += torch.matmul(ds.t(), q_blk)
+                        del scores, p, dp, p_used, ds
+                    dk[bi, hi] = dk_acc
+                    dv[bi, hi] = dv_acc
+                    del dk_acc, dv_acc
+            dq.copy_(dq_acc)
+            del dq_acc, delta
+        return dq, dk, dv, None, None, None, None
+
+
+def sdpa_attention(query, key, value, mask, *, n_rep, scaling, dropout_p, causal):
+    """HF sdpa_attention_forward with the fused kernel emulated. The all-ones padding mask is
+    dropped (HF passes attn_mask=None, is_causal=True for decoders, nothing for BERT)."""
+    assert mask is None
+    key = repeat_kv(key, n_rep)      # HF repeats before the kernel
+    value = repeat_kv(value, n_rep)
+    if torch.is_autocast_cpu_enabled():
+        # scaled_dot_product_attention is on autocast's lower-precision list: every floating
+        # input not already in the autocast dtype is cast (copied), as cached_cast does.
+        dt = torch.get_autocast_cpu_dtype()
+        query, key, value = query.to(dt), key.to(dt), value.to(dt)
+    seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout_p > 0 else 0  # Philox seed
+    attn_output = FusedAttentionEmulation.apply(query, key, value, causal, scaling, dropout_p, seed)
+    attn_output = attn_output.transpose(1, 2).contiguous()   # already (b,s,h,d)-contiguous: no copy
+    return attn_output
+
+
+def attention_core(cfg, query, key, value, mask, *, n_rep, causal):
+    """q, k, v (b, heads, s, d) in, attn_output (b, s, heads, d) out; eager or sdpa, wrapped in
+    a reentrant checkpoint for "selective" checkpointing."""
+    kwargs = dict(n_rep=n_rep, scaling=cfg.head_dim ** -0.5, dropout_p=cfg.attention_dropout)
+    if cfg.attention == "sdpa":
+        fn = functools.partial(sdpa_attention, causal=causal, **kwargs)
+    else:
+        fn = functools.partial(eager_attention, **kwargs)
+    if cfg.checkpointing == "selective":
+        return checkpoint(fn, query, key, value, mask, use_reentrant=True)
+    return fn(query, key, value, mask)
+
+
+def decoder_eager_mask(b, s, dtype):
+    """The eager 4D causal mask, (b, 1, s, s) in the embeddings' dtype: 0 on and below the
+    diagonal, finfo.min above. The attention mask is all ones, so padding adds nothing."""
+    min_dtype = torch.finfo(dtype).min
+    causal_mask = torch.full((s, s), min_dtype, dtype=dtype)        # (s,s) temporary
+    causal_mask = torch.triu(causal_mask, diagonal=1)               # (s,s) temporary
+    return causal_mask[None, None, :, :].expand(b, 1, s, s).contiguous()  # the (b,1,s,s) mask
+
+
+# ---------------------------------------------------------------------------------------------
+# GPT-2 (GPT2LMHeadModel).
+
+class GPT2Attention(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden
+        # HF's Conv1D keeps its weight as (h, 3h); nn.Linear's (3h, h) has the same size.
+        self.c_attn = nn.Linear(h, 3 * h, dtype=dtype, device=device)
+        self.c_proj = nn.Linear(h, h, dtype=dtype, device=device)
+        self.resid_dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, hidden_states, mask):
+        cfg = self.cfg
+        b, s, _ = hidden_states.shape
+        query, key, value = self.c_attn(hidden_states).split(cfg.hidden, dim=2)   # (b,s,3h), three views
+        query = query.view(b, s, -1, cfg.head_dim).transpose(1, 2)
+        key = key.view(b, s, -1, cfg.head_dim).transpose(1, 2)
+        value = value.view(b, s, -1, cfg.head_dim).transpose(1, 2)
+        attn_output = attention_core(cfg, query, key, value, mask, n_rep=1, causal=True)
+        attn_output = attn_output.reshape(b, s, -1).contiguous()   # a view
+        attn_output = self.c_proj(attn_output)
+        attn_output = self.resid_dropout(attn_output)
+        return attn_output
+
+
+class GPT2MLP(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.act = cfg.act
+        self.c_fc = nn.Linear(cfg.hidden, cfg.inter, dtype=dtype, device=device)
+        self.c_proj = nn.Linear(cfg.inter, cfg.hidden, dtype=dtype, device=device)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def forward(self, hidden_states):
+        hidden_states = self.c_fc(hidden_states)
+        hidden_states = activation(self.act, hidden_states)
+        hidden_states = self.c_proj(hidden_states)
+        hidden_states = self.dropout(hidden_states)
+        return hidden_states
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.ln_1 = LayerNorm(cfg.hidden, eps=cfg.ln_eps, dtype=dtype, device=device)
+        self.attn = GPT2Attention(cfg, dtype, device)
+        self.ln_2 = LayerNorm(cfg.hidden, eps=cfg.ln_eps, dtype=dtype, device=device)
+        self.mlp = GPT2MLP(cfg, dtype, device)
+
+    def forward(self, hidden_states, mask):
+        residual = hidden_states
+        hidden_states = self.ln_1(hidden_states)
+        attn_output = self.attn(hidden_states, mask)
+        hidden_states = attn_output + residual
+        residual = hidden_states
+        hidden_states = self.ln_2(hidden_states)
+        feed_forward_hidden_states = self.mlp(hidden_states)
+        hidden_states = residual + feed_forward_hidden_states
+        return hidden_states
+
+
+class GPT2Model(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab, cfg.hidden, dtype=dtype, device=device)
+        self.wpe = nn.Embedding(cfg.max_pos, cfg.hidden, dtype=dtype, device=device)
+        self.drop = nn.Dropout(cfg.hidden_dropout)
+        self.h = nn.ModuleList([GPT2Block(cfg, dtype, device) for _ in range(cfg.layers)])
+        self.ln_f = LayerNorm(cfg.hidden, eps=cfg.ln_eps, dtype=dtype, device=device)
+
+    def forward(self, input_ids, attention_mask):
+        cfg = self.cfg
+        b, s = input_ids.shape
+        inputs_embeds = self.wte(input_ids)
+        position_ids = torch.arange(s)[None]                      # cache_position.unsqueeze(0)
+        position_embeds = self.wpe(position_ids)
+        hidden_states = inputs_embeds + position_embeds
+        del inputs_embeds, position_embeds
+        mask = decoder_eager_mask(b, s, hidden_states.dtype) if cfg.attention == "eager" else None
+        hidden_states = self.drop(hidden_states)
+        for i, block in enumerate(self.h):
+            hidden_states = run_layer(cfg, i, block, hidden_states, mask)
+        hidden_states = self.ln_f(hidden_states)
+        return hidden_states
+
+
+class GPT2LMHeadModel(nn.Module):
+    def __init__(self, cfg, dtype, device, **unused):
+        super().__init__()
+        self.cfg = cfg
+        self.transformer = GPT2Model(cfg, dtype, device)
+        if cfg.tie:
+            # Built on meta and then tied: no transient V x h weight (from_pretrained's way).
+            self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device="meta")
+            self.lm_head.weight = self.transformer.wte.weight
+        else:
+            self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device=device)
+
+    def forward(self, input_ids, attention_mask, labels):
+        hidden_states = self.transformer(input_ids, attention_mask)
+        logits = self.lm_head(hidden_states)          # logits_to_keep=0: all positions (a view slice)
+        loss = causal_lm_loss(logits, labels, self.cfg.vocab)
+        return loss, logits
+
+
+def causal_lm_loss(logits, labels, vocab_size, ignore_index=-100):
+    """HF ForCausalLMLoss (mean reduction)."""
+    logits = logits.float()                                           # a copy unless already fp32
+    labels = F.pad(labels, (0, 1), value=ignore_index)                # (b, s+1)
+    shift_labels = labels[..., 1:].contiguous()                       # (b, s)
+    del labels
+    logits = logits.view(-1, vocab_size)
+    shift_labels = shift_labels.view(-1)
+    return F.cross_entropy(logits, shift_labels, ignore_index=ignore_index)
+
+
+# ---------------------------------------------------------------------------------------------
+# Llama family (LlamaForCausalLM; Mistral, Qwen2 via numKeyValueHeads / attentionBias;
+# Mixtral / Qwen2-MoE via numExperts).
+
+class LlamaRMSNorm(nn.Module):
+    def __init__(self, hidden, eps, dtype, device):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden, dtype=dtype, device=device))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states):
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(input_dtype)
+
+
+class LlamaRotaryEmbedding(nn.Module):
+    def __init__(self, cfg, device, base=10000.0):
+        super().__init__()
+        d = cfg.head_dim
+        inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)   # fp32 (d/2,)
+
+    @torch.no_grad()
+    def forward(self, x, position_ids):
+        inv_freq_expanded = self.inv_freq[None, :, None].float().expand(position_ids.shape[0], -1, 1)
+        position_ids_expanded = position_ids[:, None, :].float()
+        with torch.autocast("cpu", enabled=False):  # HF forces fp32 here
+            freqs = (inv_freq_expanded.float() @ position_ids_expanded.float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos = emb.cos()
+            sin = emb.sin()
+        return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)   # (1, s, d) each
+
+
+def rotate_half(x):
+    x1 = x[..., : x.shape[-1] // 2]
+    x2 = x[..., x.shape[-1] // 2:]
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    q_embed = (q * cos) + (rotate_half(q) * sin)
+    k_embed = (k * cos) + (rotate_half(k) * sin)
+    return q_embed, k_embed
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.cfg = cfg
+        h, d = cfg.hidden, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(h, cfg.heads * d, bias=bias, dtype=dtype, device=device)
+        self.k_proj = nn.Linear(h, cfg.kv_heads * d, bias=bias, dtype=dtype, device=device)
+        self.v_proj = nn.Linear(h, cfg.kv_heads * d, bias=bias, dtype=dtype, device=device)
+        self.o_proj = nn.Linear(cfg.heads * d, h, bias=False, dtype=dtype, device=device)
+
+    def forward(self, hidden_states, mask, cos, sin):
+        cfg = self.cfg
+        b, s, _ = hidden_states.shape
+        hidden_shape = (b, s, -1, cfg.head_dim)
+        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        attn_output = attention_core(cfg, query_states, key_states, value_states, mask,
+                                     n_rep=cfg.heads // cfg.kv_heads, causal=True)
+        attn_output = attn_output.reshape(b, s, -1).contiguous()
+        attn_output = self.o_proj(attn_output)
+        return attn_output
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg, inter, dtype, device):
+        super().__init__()
+        self.act = cfg.act
+        self.gate_proj = nn.Linear(cfg.hidden, inter, bias=False, dtype=dtype, device=device)
+        self.up_proj = nn.Linear(cfg.hidden, inter, bias=False, dtype=dtype, device=device)
+        self.down_proj = nn.Linear(inter, cfg.hidden, bias=False, dtype=dtype, device=device)
+
+    def forward(self, x):
+        return self.down_proj(activation(self.act, self.gate_proj(x)) * self.up_proj(x))
+
+
+class MixtralExpert(nn.Module):
+    """MixtralBlockSparseTop2MLP."""
+
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.act = cfg.act
+        self.w1 = nn.Linear(cfg.hidden, cfg.expert_inter, bias=False, dtype=dtype, device=device)
+        self.w2 = nn.Linear(cfg.expert_inter, cfg.hidden, bias=False, dtype=dtype, device=device)
+        self.w3 = nn.Linear(cfg.hidden, cfg.expert_inter, bias=False, dtype=dtype, device=device)
+
+    def forward(self, hidden_states):
+        current_hidden_states = activation(self.act, self.w1(hidden_states)) * self.w3(hidden_states)
+        return self.w2(current_hidden_states)
+
+
+class SparseMoeBlock(nn.Module):
+    """MixtralSparseMoeBlock, plus Qwen2-MoE's shared expert when sharedExpertIntermediateSize > 0.
+
+    Validation only: `route_bias` (T x E, built before the measurement, not a parameter) is added
+    in place to the router logits so token t picks experts (t*k + j) mod E, j < k: every expert
+    gets b*s*k/E tokens (exactly, when E divides b*s*k) whatever the random gate weights say.
+    The gate stays a trainable parameter with a real gradient."""
+
+    def __init__(self, cfg, dtype, device, route_bias=None):
+        super().__init__()
+        self.cfg = cfg
+        self.route_bias = route_bias   # a plain attribute: not a parameter, not a buffer
+        self.gate = nn.Linear(cfg.hidden, cfg.num_experts, bias=False, dtype=dtype, device=device)
+        self.experts = nn.ModuleList([MixtralExpert(cfg, dtype, device) for _ in range(cfg.num_experts)])
+        if cfg.shared_inter:
+            self.shared_expert = LlamaMLP(cfg, cfg.shared_inter, dtype, device)
+            if cfg.shared_gate:
+                self.shared_expert_gate = nn.Linear(cfg.hidden, 1, bias=False, dtype=dtype, device=device)
+
+    def forward(self, hidden_states):
+        cfg = self.cfg
+        batch_size, sequence_length, hidden_dim = hidden_states.shape
+        hidden_states = hidden_states.view(-1, hidden_dim)
+        router_logits = self.gate(hidden_states)                              # (T, E)
+        if self.route_bias is not None:
+            router_logits.add_(self.route_bias[router_logits.dtype])          # in place: no allocation
+        routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
+        routing_weights, selected_experts = torch.topk(routing_weights, cfg.top_k, dim=-1)
+        routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+        routing_weights = routing_weights.to(hidden_states.dtype)
+        final_hidden_states = torch.zeros((batch_size * sequence_length, hidden_dim), dtype=hidden_states.dtype)
+        expert_mask = F.one_hot(selected_experts, num_classes=cfg.num_experts).permute(2, 1, 0)   # (E, k, T)
+        for expert_idx in range(cfg.num_experts):
+            expert_layer = self.experts[expert_idx]
+            idx, top_x = torch.where(expert_mask[expert_idx])
+            current_state = hidden_states[None, top_x].reshape(-1, hidden_dim)   # gathered copy
+            current_hidden_states = expert_layer(current_state) * routing_weights[top_x, idx, None]
+            final_hidden_states.index_add_(0, top_x, current_hidden_states.to(hidden_states.dtype))
+            del idx, top_x, current_state, current_hidden_states
+        if cfg.shared_inter:
+            shared_expert_output = self.shared_expert(hidden_states)
+            if cfg.shared_gate:
+                shared_expert_output = torch.sigmoid(self.shared_expert_gate(hidden_states)) * shared_expert_output
+            final_hidden_states = final_hidden_states + shared_expert_output
+        return final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg, dtype, device, route_bias=None):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, dtype, device)
+        if cfg.num_experts:
+            self.block_sparse_moe = SparseMoeBlock(cfg, dtype, device, route_bias)
+        else:
+            self.mlp = LlamaMLP(cfg, cfg.inter, dtype, device)
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device)
+
+    def forward(self, hidden_states, mask, cos, sin):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states = self.self_attn(hidden_states, mask, cos, sin)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        hidden_states = ffn(hidden_states)
+        hidden_states = residual + hidden_states
+        return hidden_states
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg, dtype, device, route_bias=None):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab, cfg.hidden, dtype=dtype, device=device)
+        self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, dtype, device, route_bias) for _ in range(cfg.layers)])
+        self.norm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device)
+        self.rotary_emb = LlamaRotaryEmbedding(cfg, device)
+
+    def forward(self, input_ids, attention_mask):
+        cfg = self.cfg
+        b, s = input_ids.shape
+        inputs_embeds = self.embed_tokens(input_ids)
+        cache_position = torch.arange(s)
+        position_ids = cache_position.unsqueeze(0)
+        mask = decoder_eager_mask(b, s, inputs_embeds.dtype) if cfg.attention == "eager" else None
+        hidden_states = inputs_embeds
+        del inputs_embeds
+        cos, sin = self.rotary_emb(hidden_states, position_ids)
+        for i, layer in enumerate(self.layers):
+            hidden_states = run_layer(cfg, i, layer, hidden_states, mask, cos, sin)
+        hidden_states = self.norm(hidden_states)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, cfg, dtype, device, route_bias=None):
+        super().__init__()
+        self.cfg = cfg
+        self.model = LlamaModel(cfg, dtype, device, route_bias)
+        if cfg.tie:
+            self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device="meta")
+            self.lm_head.weight = self.model.embed_tokens.weight
+        else:
+            self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device=device)
+
+    def forward(self, input_ids, attention_mask, labels):
+        hidden_states = self.model(input_ids, attention_mask)
+        logits = self.lm_head(hidden_states)
+        loss = causal_lm_loss(logits, labels, self.cfg.vocab)
+        return loss, logits
+
+
+# ---------------------------------------------------------------------------------------------
+# BERT (BertForSequenceClassification, BertForMaskedLM).
+
+def _container(**modules):
+    m = nn.Module()
+    for name, module in modules.items():
+        m.add_module(name, module)
+    return m
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        h = cfg.hidden
+        self.word_embeddings = nn.Embedding(cfg.vocab, h, dtype=dtype, device=device)
+        self.position_embeddings = nn.Embedding(cfg.max_pos, h, dtype=dtype, device=device)
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab, h, dtype=dtype, device=device)
+        self.LayerNorm = LayerNorm(h, eps=cfg.ln_eps, dtype=dtype, device=device)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        # HF's non-persistent int64 buffers (1, P), allocated with the model.
+        self.register_buffer("position_ids", torch.arange(cfg.max_pos, device=device).expand((1, -1)), persistent=False)
+        self.register_buffer("token_type_ids", torch.zeros((1, cfg.max_pos), dtype=torch.long, device=device), persistent=False)
+
+    def forward(self, input_ids, token_type_ids):
+        s = input_ids.shape[1]
+        position_ids = self.position_ids[:, :s]                     # a view of the buffer
+        inputs_embeds = self.word_embeddings(input_ids)
+        token_type_embeddings = self.token_type_embeddings(token_type_ids)
+        embeddings = inputs_embeds + token_type_embeddings
+        del inputs_embeds, token_type_embeddings
+        position_embeddings = self.position_embeddings(position_ids)
+        embeddings = embeddings + position_embeddings               # HF: `embeddings += ...` (in place)
+        del position_embeddings
+        embeddings = self.LayerNorm(embeddings)
+        embeddings = self.dropout(embeddings)
+        return embeddings
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden
+        self.query = nn.Linear(h, h, dtype=dtype, device=device)
+        self.key = nn.Linear(h, h, dtype=dtype, device=device)
+        self.value = nn.Linear(h, h, dtype=dtype, device=device)
+
+    def forward(self, hidden_states, mask):
+        cfg = self.cfg
+        b, s, _ = hidden_states.shape
+        hidden_shape = (b, s, -1, cfg.head_dim)
+        query_layer = self.query(hidden_states).view(hidden_shape).transpose(1, 2)
+        key_layer = self.key(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_layer = self.value(hidden_states).view(hidden_shape).transpose(1, 2)
+        attn_output = attention_core(cfg, query_layer, key_layer, value_layer, mask, n_rep=1, causal=False)
+        return attn_output.reshape(b, s, -1).contiguous()
+
+
+class BertLayer(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        h, eps = cfg.hidden, cfg.ln_eps
+        self.act = cfg.act
+        self.attention = _container(
+            self=BertSelfAttention(cfg, dtype, device),
+            output=_container(dense=nn.Linear(h, h, dtype=dtype, device=device),
+                              LayerNorm=LayerNorm(h, eps=eps, dtype=dtype, device=device),
+                              dropout=nn.Dropout(cfg.hidden_dropout)))
+        self.intermediate = _container(dense=nn.Linear(h, cfg.inter, dtype=dtype, device=device))
+        self.output = _container(dense=nn.Linear(cfg.inter, h, dtype=dtype, device=device),
+                                 LayerNorm=LayerNorm(h, eps=eps, dtype=dtype, device=device),
+                                 dropout=nn.Dropout(cfg.hidden_dropout))
+
+    def forward(self, hidden_states, mask):
+        self_outputs = self.attention.self(hidden_states, mask)
+        # BertSelfOutput
+        x = self.attention.output.dense(self_outputs)
+        x = self.attention.output.dropout(x)
+        attention_output = self.attention.output.LayerNorm(x + hidden_states)
+        del x, self_outputs
+        # BertIntermediate
+        intermediate_output = self.intermediate.dense(attention_output)
+        intermediate_output = activation(self.act, intermediate_output)
+        # BertOutput
+        x = self.output.dense(intermediate_output)
+        x = self.output.dropout(x)
+        return self.output.LayerNorm(x + attention_output)
+
+
+class BertModel(nn.Module):
+    def __init__(self, cfg, dtype, device, pooler):
+        super().__init__()
+        self.cfg = cfg
+        self.embeddings = BertEmbeddings(cfg, dtype, device)
+        self.encoder = _container(layer=nn.ModuleList([BertLayer(cfg, dtype, device) for _ in range(cfg.layers)]))
+        if pooler:
+            self.pooler = _container(dense=nn.Linear(cfg.hidden, cfg.hidden, dtype=dtype, device=device))
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        cfg = self.cfg
+        embedding_output = self.embeddings(input_ids, token_type_ids)
+        if cfg.attention == "eager":
+            # get_extended_attention_mask: (b,1,1,s) in the model's dtype
+            dtype = embedding_output.dtype
+            mask = attention_mask[:, None, None, :].to(dtype)
+            mask = (1.0 - mask) * torch.finfo(dtype).min
+        else:
+            mask = None   # all-ones padding mask: _prepare_4d_attention_mask_for_sdpa returns None
+        hidden_states = embedding_output
+        del embedding_output
+        for i, layer in enumerate(self.encoder.layer):
+            hidden_states = run_layer(cfg, i, layer, hidden_states, mask)
+        pooled_output = None
+        if hasattr(self, "pooler"):
+            first_token_tensor = hidden_states[:, 0]
+            pooled_output = torch.tanh(self.pooler.dense(first_token_tensor))
+        return hidden_states, pooled_output
+
+
+class BertForSequenceClassification(nn.Module):
+    def __init__(self, cfg, dtype, device, **unused):
+        super().__init__()
+        self.cfg = cfg
+        self.bert = BertModel(cfg, dtype, device, pooler=True)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)   # classifier_dropout=None -> hidden_dropout_prob
+        self.classifier = nn.Linear(cfg.hidden, cfg.num_labels, dtype=dtype, device=device)
+
+    def forward(self, input_ids, attention_mask, token_type_ids, labels):
+        _, pooled_output = self.bert(input_ids, attention_mask, token_type_ids)
+        pooled_output = self.dropout(pooled_output)
+        logits = self.classifier(pooled_output)
+        if self.cfg.num_labels == 1:   # problem_type "regression"
+            loss = F.mse_loss(logits.squeeze(), labels.squeeze())
+        else:                          # "single_label_classification"
+            loss = F.cross_entropy(logits.view(-1, self.cfg.num_labels), labels.view(-1))
+        return loss, logits
+
+
+class BertForMaskedLM(nn.Module):
+    def __init__(self, cfg, dtype, device, **unused):
+        super().__init__()
+        self.cfg = cfg
+        h, V = cfg.hidden, cfg.vocab
+        self.bert = BertModel(cfg, dtype, device, pooler=False)
+        decoder = nn.Linear(h, V, bias=False, dtype=dtype, device="meta" if cfg.tie else device)
+        predictions = _container(
+            transform=_container(dense=nn.Linear(h, h, dtype=dtype, device=device),
+                                 LayerNorm=LayerNorm(h, eps=cfg.ln_eps, dtype=dtype, device=device)),
+            decoder=decoder)
+        predictions.bias = nn.Parameter(torch.zeros(V, dtype=dtype, device=device))
+        decoder.bias = predictions.bias
+        if cfg.tie:
+            decoder.weight = self.bert.embeddings.word_embeddings.weight
+        self.cls = _container(predictions=predictions)
+
+    def forward(self, input_ids, attention_mask, token_type_ids, labels):
+        sequence_output, _ = self.bert(input_ids, attention_mask, token_type_ids)
+        p = self.cls.predictions
+        hidden_states = p.transform.dense(sequence_output)
+        hidden_states = activation(self.cfg.act, hidden_states)
+        hidden_states = p.transform.LayerNorm(hidden_states)
+        prediction_scores = p.decoder(hidden_states)
+        loss = F.cross_entropy(prediction_scores.view(-1, self.cfg.vocab), labels.view(-1))
+        return loss, prediction_scores
+
+
+# ---------------------------------------------------------------------------------------------
+# Building, counting, batches.
+
+def model_class(cfg):
+    if cfg.family == "gpt2":
+        return GPT2LMHeadModel
+    if cfg.family == "llama":
+        return LlamaForCausalLM
+    if cfg.head == "maskedLm":
+        return BertForMaskedLM
+    if cfg.head == "classification":
+        return BertForSequenceClassification
+    raise ValueError(f"unknown encoderHead {cfg.head!r}")
+
+
+def build_model(setup, dtype=torch.float32, device="cpu", route_bias=None):
+    """The model of the setup, parameters created directly in `dtype` on `device`, train mode."""
+    cfg = setup if isinstance(setup, SimpleNamespace) else read_config(setup)
+    return model_class(cfg)(cfg, dtype, device, route_bias=route_bias).train()
+
+
+def parameter_count(setup):
+    """Sum of numel over the built model's parameters, tied ones counted once (built on meta)."""
+    model = build_model(setup, torch.float32, device="meta")
+    return sum(p.numel() for p in model.parameters())
+
+
+def make_route_bias(cfg, b, s):
+    """{dtype: (b*s, E)} logit offsets sending token t to experts (t*k + j) mod E, j < k."""
+    T, E, k = b * s, cfg.num_experts, cfg.top_k
+    preferred = (torch.arange(T)[:, None] * k + torch.arange(k)[None, :]) % E
+    bias = torch.zeros(T, E).scatter_(1, preferred, 30.0)
+    return {dt: bias.to(dt) for dt in (torch.float32, torch.bfloat16)}
+
+
+def make_batch(cfg, b, s):
+    """A collated batch as the Trainer hands it to the model: int64 tensors."""
+    batch = {"input_ids": torch.randint(0, cfg.vocab, (b, s)),
+             "attention_mask": torch.ones((b, s), dtype=torch.long)}
+    if cfg.family == "bert":
+        batch["token_type_ids"] = torch.zeros((b, s), dtype=torch.long)
+        if cfg.head == "classification":
+            batch["labels"] = torch.randint(0, cfg.num_labels, (b,)) if cfg.num_labels > 1 else torch.randn(b)
+            return batch
+    batch["labels"] = torch.randint(0, cfg.vocab, (b, s))
+    return batch
+
+
+def compute_loss(model, batch):
+    """Trainer.compute_loss: the model returns (loss, logits); only the loss comes back."""
+    outputs = model(**batch)
+    return outputs[0]
+
+
+def _storage(tensor):
+    st = tensor.untyped_storage() if hasattr(tensor, "untyped_storage") else tensor.storage()
+    return st.data_ptr(), st.nbytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# The measurement.
+
+PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16,
+                # CPU torch 1.13 has no fp16 matmul: the fp16 regimes run in bf16 (same sizes).
+                "bf16Mixed": torch.bfloat16, "fp16Mixed": torch.bfloat16,
+                "ampBf16": torch.float32, "ampFp16": torch.float32}
+
+
+def summarise(memory, ranges):
+    """Overall and per-phase peaks of the running total, as validate.measure computes them."""
+    running, peak = 0, 0
+    phase_peaks = {p: 0 for p in PHASES}
+    for time_us, delta in memory:
+        before = running
+        running += delta
+        peak = max(peak, running)
+        for name, start, end in ranges:
+            phase = name.split(":")[0]
+            if start <= time_us <= end:
+                phase_peaks[phase] = max(phase_peaks[phase], running, before if delta < 0 else 0)
+    return peak, phase_peaks
+
+
+def fast_allocation_events(fn):
+    """validate.allocation_events without torch.profiler's Python post-processing of every op
+    event, which it discards anyway: the same kineto session with the same configuration (CPU,
+    profile_memory, no shapes or stacks), whose result is read the same way. The emulated fused
+    attention makes ~10^5 small ops per step, where that post-processing takes minutes; the
+    self-test checks that both trackers give identical figures."""
+    prof = torch.autograd.profiler.profile(use_kineto=True, use_cpu=True, profile_memory=True)
+    prof._prepare_trace()
+    prof._start_trace()
+    try:
+        fn()
+    finally:
+        results = torch.autograd._disable_profiler()
+    memory, ranges = [], []
+    for ev in results.events():
+        if ev.name() == "[memory]":
+            memory.append((ev.start_us(), ev.nbytes()))
+        elif ev.name().startswith("gpumem:"):
+            ranges.append((ev.name()[len("gpumem:"):], ev.start_us(), ev.start_us() + ev.duration_us()))
+    return memory, ranges
+
+
+def measure_transformer(setup, tracker=fast_allocation_events):
+    """Init and two training steps of the setup's transformer; returns measured figures with
+    validate.measure's keys: parameters, masterWeights, gradients, optimizerStates (bytes, from
+    the live objects), saved (distinct storages saved for backward in step 1's forward, less the
+    batch, parameters and buffers), peak and phasePeaks. `tracker` is fast_allocation_events or
+    validate.allocation_events (same figures, slower)."""
+    cfg = read_config(setup)
+    t = setup["training"]
+    precision, b, s = t["precision"], t["batchSize"], t["sequenceLength"]
+    if precision not in PARAM_DTYPES:
+        raise ValueError(f"unknown precision {precision!r}")
+    dtype = PARAM_DTYPES[precision]
+    mixed = precision.endswith("Mixed")
+    amp = precision.startswith("amp")
+    loss_scale = AMP_FP16_SCALE if precision == "ampFp16" else None
+    impl = t.get("optimizerImplementation", "forEach")
+    torch.manual_seed(0)
+    # Validation machinery, built before the tracker starts so it is not measured.
+    route_bias = make_route_bias(cfg, b, s) if cfg.num_experts else None
+    state = {}
+
+    def run():
+        with record_function("gpumem:init"):
+            model = build_model(cfg, dtype, route_bias=route_bias)
+            params = list(model.parameters())
+            if mixed:
+                masters = [p.detach().float() for p in params]
+                groups = [masters] if impl == "forEach" else [[m] for m in masters]
+                optimizers = [make_optimizer(t["optimizer"], impl, g) for g in groups]
+            else:
+                optimizers = [make_optimizer(t["optimizer"], impl, params)]
+        model_ptrs = {_storage(p)[0] for p in params} | {_storage(x)[0] for x in model.buffers()}
+        saved = {}
+        for step in (1, 2):
+            with record_function(f"gpumem:forward:{step}"):
+                batch = make_batch(cfg, b, s)
+                excluded = model_ptrs | {_storage(x)[0] for x in batch.values()}
+                saved.clear()
+
+                def pack(tensor):
+                    ptr, nbytes = _storage(tensor)
+                    if ptr not in excluded:
+                        saved[ptr] = nbytes
+                    return tensor
+
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                    with torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
+                        loss = compute_loss(model, batch)
+            if step == 1:
+                state["saved"] = sum(saved.values())
+            with record_function(f"gpumem:backward:{step}"):
+                if loss_scale:
+                    (loss * loss_scale).backward()   # GradScaler.scale(loss).backward()
+                else:
+                    loss.backward()
+            if step == 1:
+                state["gradients"] = sum(p.grad.numel() * p.grad.element_size() for p in params)
+            with record_function(f"gpumem:optimizerStep:{step}"):
+                if loss_scale:
+                    # GradScaler.unscale_, by hand: CPU torch 1.13 has no
+                    # _amp_foreach_non_finite_check_and_unscale_. The in-place unscale is the
+                    # same; the inf/nan check (one found_inf scalar on CUDA) is skipped, since
+                    # every CPU way to do it allocates grad-sized temporaries.
+                    torch._foreach_mul_([p.grad for p in params], 1.0 / loss_scale)
+                if mixed:
+                    if len(optimizers) == 1:
+                        grads32 = [p.grad.float() for p in params]  # foreach: all at once
+                        for m, g in zip(masters, grads32):
+                            m.grad = g
+                        del grads32
+                        optimizers[0].step()
+                        for m in masters:
+                            m.grad = None
+                    else:
+                        for m, p, opt in zip(masters, params, optimizers):
+                            m.grad = p.grad.float()  # one tensor at a time
+                            opt.step()
+                            m.grad = None
+                    with torch.no_grad():
+                        for p, m in zip(params, masters):
+                            p.copy_(m)
+                else:
+                    optimizers[0].step()
+                for opt in optimizers:
+                    opt.zero_grad(set_to_none=True)
+                if mixed:
+                    model.zero_grad(set_to_none=True)
+                del loss, batch
+        state["parameters"] = sum(p.numel() * p.element_size() for p in params)
+        state["masterWeights"] = sum(m.numel() * m.element_size() for m in masters) if mixed else 0
+        state["optimizerStates"] = sum(
+            v.numel() * v.element_size()
+            for opt in optimizers for st in opt.state.values() for v in st.values()
+            if torch.is_tensor(v) and v.dim() > 0)
+        state["keep"] = (model, optimizers)  # nothing is freed inside the profile at the end
+
+    memory, ranges = tracker(run)
+    del state["keep"]
+    state["peak"], state["phasePeaks"] = summarise(memory, ranges)
+    return {k: state[k] for k in ("parameters", "masterWeights", "gradients", "optimizerStates",
+                                  "saved", "peak", "phasePeaks")}
+
+
+# ---------------------------------------------------------------------------------------------
+# Self-test.
+
+def transformer_setup(arch, batch=2, seq=64, precision="fp32", optimizer="adamw", impl="forEach",
+                      attention="eager", checkpointing="none", interval=2):
+    return {"model": {"kind": "transformer", "architecture": arch},
+            "training": {"batchSize": batch, "sequenceLength": seq, "precision": precision,
+                         "optimizer": optimizer, "optimizerImplementation": impl,
+                         "attention": attention, "checkpointing": checkpointing,
+                         "checkpointInterval": interval},
+            "gpu": {"memoryGiB": 80}}
+
+
+def formula_count(setup):
+    """Parameter count by hand, family by family, for the self-test."""
+    c = read_config(setup)
+    V, h, L, I = c.vocab, c.hidden, c.layers, c.inter
+    if c.family == "gpt2":
+        layer = 2 * 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + (h * I + I) + (I * h + h)
+        return V * h + c.max_pos * h + L * layer + 2 * h + (0 if c.tie else V * h)
+    if c.family == "llama":
+        q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
+        attn = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if c.attention_bias else 0)
+        if c.num_experts:
+            ffn = c.num_experts * h + c.num_experts * 3 * h * c.expert_inter
+            if c.shared_inter:
+                ffn += 3 * h * c.shared_inter + (h if c.shared_gate else 0)
+        else:
+            ffn = 3 * h * I
+        return V * h + L * (2 * h + attn + ffn) + h + (0 if c.tie else V * h)
+    layer = 4 * (h * h + h) + 2 * 2 * h + (h * I + I) + (I * h + h)
+    base = V * h + c.max_pos * h + c.type_vocab * h + 2 * h + L * layer
+    if c.head == "classification":
+        return base + (h * h + h) + (h * c.num_labels + c.num_labels)
+    return base + (h * h + h) + 2 * h + V + (0 if c.tie else V * h)
+
+
+REAL_COUNTS = [
+    ("gpt2 (124M)", {"family": "gpt2", "vocabSize": 50257, "hiddenSize": 768, "numLayers": 12,
+                     "numHeads": 12, "maxPositionEmbeddings": 1024}, 124_439_808),
+    ("bert-base-uncased MLM", {"family": "bert", "vocabSize": 30522, "hiddenSize": 768, "numLayers": 12,
+                               "numHeads": 12, "maxPositionEmbeddings": 512, "encoderHead": "maskedLm"},
+     109_514_298),
+    ("bert-base-uncased 2-label", {"family": "bert", "vocabSize": 30522, "hiddenSize": 768, "numLayers": 12,
+                                   "numHeads": 12, "maxPositionEmbeddings": 512,
+                                   "encoderHead": "classification", "numLabels": 2}, 109_483_778),
+    ("TinyLlama-1.1B", {"family": "llama", "vocabSize": 32000, "hiddenSize": 2048, "numLayers": 22,
+                        "numHeads": 32, "numKeyValueHeads": 4, "intermediateSize": 5632}, 1_100_048_384),
+    ("Qwen2-0.5B", {"family": "llama", "vocabSize": 151936, "hiddenSize": 896, "numLayers": 24,
+                    "numHeads": 14, "numKeyValueHeads": 2, "intermediateSize": 4864,
+                    "attentionBias": True, "tieWordEmbeddings": True}, 494_032_768),
+    ("Mistral-7B", {"family": "llama", "vocabSize": 32000, "hiddenSize": 4096, "numLayers": 32,
+                    "numHeads": 32, "numKeyValueHeads": 8, "intermediateSize": 14336}, 7_241_732_096),
+    ("Mixtral-8x7B", {"family": "llama", "vocabSize": 32000, "hiddenSize": 4096, "numLayers": 32,
+                      "numHeads": 32, "numKeyValueHeads": 8, "intermediateSize": 14336,
+                      "numExperts": 8, "expertsPerToken": 2}, 46_702_792_704),
+]
+
+TINY = {
+    "gpt2": {"family": "gpt2", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+             "maxPositionEmbeddings": 256},
+    "llama": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+              "intermediateSize": 352},
+    "qwen2-gqa": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+                  "numKeyValueHeads": 2, "intermediateSize": 352, "attentionBias": True,
+                  "tieWordEmbeddings": True},
+    "mixtral": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+                "numKeyValueHeads": 2, "intermediateSize": 256, "numExperts": 4, "expertsPerToken": 2},
+    "qwen2-moe": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+                  "intermediateSize": 256, "numExperts": 4, "expertsPerToken": 2,
+                  "expertIntermediateSize": 64, "sharedExpertIntermediateSize": 256,
+                  "sharedExpertGate": True, "attentionBias": True},
+    "bert-cls": {"family": "bert", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+                 "maxPositionEmbeddings": 256, "encoderHead": "classification", "numLabels": 3,
+                 "hiddenDropout": 0.1, "attentionDropout": 0.1},
+    "bert-mlm": {"family": "bert", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+                 "maxPositionEmbeddings": 256, "encoderHead": "maskedLm"},
+}
+
+
+def check_fused_attention():
+    """The emulated kernel against eager attention (values and gradients), and gradcheck of its
+    backward with dropout (the keep-masks must be regenerated identically)."""
+    torch.manual_seed(1)
+    for causal, n_rep in ((True, 1), (True, 2), (False, 1)):
+        b, h, s, d = 2, 4, 150, 16
+        q = torch.randn(b, h, s, d, requires_grad=True)
+        k = torch.randn(b, h // n_rep, s, d, requires_grad=True)
+        v = torch.randn(b, h // n_rep, s, d, requires_grad=True)
+        mask = decoder_eager_mask(b, s, torch.float32) if causal else None
+        ref = eager_attention(q, k, v, mask, n_rep=n_rep, scaling=d ** -0.5, dropout_p=0.0)
+        out = sdpa_attention(q, k, v, None, n_rep=n_rep, scaling=d ** -0.5, dropout_p=0.0, causal=causal)
+        g = torch.randn_like(ref)
+        grads_ref = torch.autograd.grad(ref, (q, k, v), g)
+        grads = torch.autograd.grad(out, (q, k, v), g)
+        assert torch.allclose(ref, out, atol=1e-5), (causal, n_rep, (ref - out).abs().max())
+        for a, c in zip(grads_ref, grads):
+            assert torch.allclose(a, c, atol=1e-4), (causal, n_rep, (a - c).abs().max())
+    q, k, v = (torch.randn(1, 2, 70, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: FusedAttentionEmulation.apply(q, k, v, True, 0.5, 0.3, 1234), (q, k, v))
+    print("fused-attention emulation: matches eager (values, grads; causal, GQA, bidirectional); "
+          "gradcheck with dropout passes")
+
+
+def selftest():
+    print(f"torch {torch.__version__}, CPU, {torch.get_num_threads()} thread(s)\n")
+    print("parameter counts (built on meta) against published figures:")
+    for name, arch, expected in REAL_COUNTS:
+        setup = transformer_setup(arch)
+        n, f = parameter_count(setup), formula_count(setup)
+        assert n == expected == f, (name, n, f, expected)
+        print(f"  {name:28} {n:>15,}  ok")
+    print("tiny models, built count = formula:")
+    for name, arch in TINY.items():
+        setup = transformer_setup(arch)
+        n, f = parameter_count(setup), formula_count(setup)
+        assert n == f, (name, n, f)
+        print(f"  {name:28} {n:>15,}  ok")
+    print()
+    check_fused_attention()
+
+    print("\ntrackers: fast_allocation_events and validate.allocation_events agree:")
+    for name, kw in (("qwen2-gqa", {"precision": "ampBf16", "attention": "sdpa", "checkpointing": "everyKthBlock"}),
+                     ("bert-cls", {"precision": "bf16Mixed", "impl": "perParameter"})):
+        setup = transformer_setup(TINY[name], **kw)
+        fast, slow = measure_transformer(setup), measure_transformer(setup, tracker=allocation_events)
+        assert fast == slow, (name, fast, slow)
+        print(f"  {name} {kw}: identical (peak {fast['peak']:,})")
+
+    print("\none measure per family:")
+    cases = [
+        ("gpt2 fp32 eager adamw", TINY["gpt2"], {}),
+        ("llama bf16Mixed eager adamw", TINY["llama"], {"precision": "bf16Mixed"}),
+        ("qwen2-gqa ampBf16 sdpa", TINY["qwen2-gqa"], {"precision": "ampBf16", "attention": "sdpa"}),
+        ("mixtral bf16 everyBlock", TINY["mixtral"], {"precision": "bf16", "checkpointing": "everyBlock"}),
+        ("qwen2-moe fp32 selective", TINY["qwen2-moe"], {"checkpointing": "selective"}),
+        ("bert-cls fp32 eager dropout", TINY["bert-cls"], {"optimizer": "adam"}),
+        ("bert-mlm ampFp16 sdpa everyKth", TINY["bert-mlm"], {"precision": "ampFp16", "attention": "sdpa",
+                                                              "checkpointing": "everyKthBlock"}),
+    ]
+    for name, arch, kw in cases:
+        t0 = time.time()
+        m = measure_transformer(transformer_setup(arch, **kw))
+        print(f"  {name} ({time.time() - t0:.1f} s)\n    {json.dumps(m)}")
+        assert m["saved"] > 0 and m["peak"] >= max(m["phasePeaks"].values())
+
+    print("\nevery knob once (3-layer Qwen2-style GQA llama, b=2, s=64; then gpt2 x optimizers):")
+    small_gqa = dict(TINY["qwen2-gqa"], numLayers=3)
+    for precision in PARAM_DTYPES:
+        for attention in ("eager", "sdpa"):
+            for ckpt in ("none", "everyBlock", "everyKthBlock", "selective"):
+                t0 = time.time()
+                m = measure_transformer(transformer_setup(small_gqa, precision=precision, attention=attention,
+                                                          checkpointing=ckpt))
+                print(f"  {precision:9} {attention:5} {ckpt:13} saved {m['saved']:>10,} peak {m['peak']:>11,}"
+                      f"  ({time.time() - t0:.1f} s)")
+    for opt in ("sgd", "sgdMomentum", "adam", "adamw"):
+        for impl in ("forEach", "perParameter"):
+            m = measure_transformer(transformer_setup(TINY["gpt2"], optimizer=opt, impl=impl))
+            print(f"  gpt2 {opt:11} {impl:12} optimizerStates {m['optimizerStates']:>10,} peak {m['peak']:>11,}")
+    print("\nselftest passed")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--selftest", action="store_true")
+    parser.add_argument("setup", nargs="?", help="a setup JSON file ('-' for stdin): print its measured figures")
+    args = parser.parse_args()
+    if args.selftest:
+        selftest()
+    elif args.setup:
+        with (sys.stdin if args.setup == "-" else open(args.setup)) as f:
+            setup = json.load(f)
+        print(json.dumps({"parameterCount": parameter_count(setup), **measure_transformer(setup)}, indent=2))
+    else:
+        parser.print_help()
+
+
+if __name__ == "__main__":
+    main()
