@@ -16,7 +16,8 @@ it is approximated, is said where it happens (search for "CPU torch 1.13"). In s
   unscales in place, without GradScaler's inf check.
 - CPU autocast leaves layer_norm and pow in bf16 where CUDA's runs them in fp32: the cast is
   inserted by hand (cuda_autocast_fp32).
-- CPU dropout keeps a mask in the activation's dtype (CUDA: 1-byte bool), as validate.py notes.
+- CPU's F.dropout keeps a mask in the activation's dtype; the harness calls native_dropout, CUDA's
+  path, which keeps a 1-byte bool mask.
 - Wrapped Python scalars (0-dim fp64, 8 B, e.g. `* scaling`) are saved on the CPU here as on
   CUDA, so they appear in "saved" though they are not GPU memory.
 - Debian's torch uses reference BLAS: fp32 matmuls are ~100x slower than bf16 (oneDNN), so
@@ -176,6 +177,24 @@ def repeat_kv(hidden_states, n_rep):
     return hidden_states.reshape(b, kvh * n_rep, s, d)                          # the copy
 
 
+def dropout(x, p):
+    """F.dropout as CUDA runs it: ATen's native_dropout, which keeps a 1-byte bool mask for
+    backward. CPU's F.dropout keeps a mask of x's dtype (4 B per element in fp32); CPU torch
+    1.13 has native_dropout too, so the harness calls it directly. p = 0 is the identity."""
+    if p <= 0.0:
+        return x
+    return torch.native_dropout(x, p, True)[0]
+
+
+class Dropout(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.p = float(p)
+
+    def forward(self, x):
+        return dropout(x, self.p) if self.training else x
+
+
 def eager_attention(query, key, value, mask, *, n_rep, scaling, dropout_p):
     """HF eager_attention_forward (llama's, used here for all three families)."""
     key_states = repeat_kv(key, n_rep)
@@ -185,7 +204,7 @@ def eager_attention(query, key, value, mask, *, n_rep, scaling, dropout_p):
         causal_mask = mask[:, :, :, : key_states.shape[-2]]                    # a view
         attn_weights = attn_weights + causal_mask                              # (b,h,s,s), fp32 under autocast (mask is fp32)
     attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)  # fp32 softmax, cast back
-    attn_weights = F.dropout(attn_weights, p=dropout_p, training=True)         # p == 0 returns its input on CPU
+    attn_weights = dropout(attn_weights, dropout_p)
     attn_output = torch.matmul(attn_weights, value_states)                      # (b,h,s,d)
     attn_output = attn_output.transpose(1, 2).contiguous()                      # (b,s,h,d) copy
     return attn_output
@@ -346,7 +365,7 @@ class GPT2Attention(nn.Module):
         # HF's Conv1D keeps its weight as (h, 3h); nn.Linear's (3h, h) has the same size.
         self.c_attn = nn.Linear(h, 3 * h, dtype=dtype, device=device)
         self.c_proj = nn.Linear(h, h, dtype=dtype, device=device)
-        self.resid_dropout = nn.Dropout(cfg.hidden_dropout)
+        self.resid_dropout = Dropout(cfg.hidden_dropout)
 
     def forward(self, hidden_states, mask):
         cfg = self.cfg
@@ -368,7 +387,7 @@ class GPT2MLP(nn.Module):
         self.act = cfg.act
         self.c_fc = nn.Linear(cfg.hidden, cfg.inter, dtype=dtype, device=device)
         self.c_proj = nn.Linear(cfg.inter, cfg.hidden, dtype=dtype, device=device)
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
 
     def forward(self, hidden_states):
         hidden_states = self.c_fc(hidden_states)
@@ -404,7 +423,7 @@ class GPT2Model(nn.Module):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab, cfg.hidden, dtype=dtype, device=device)
         self.wpe = nn.Embedding(cfg.max_pos, cfg.hidden, dtype=dtype, device=device)
-        self.drop = nn.Dropout(cfg.hidden_dropout)
+        self.drop = Dropout(cfg.hidden_dropout)
         self.h = nn.ModuleList([GPT2Block(cfg, dtype, device) for _ in range(cfg.layers)])
         self.ln_f = LayerNorm(cfg.hidden, eps=cfg.ln_eps, dtype=dtype, device=device)
 
@@ -458,6 +477,28 @@ def causal_lm_loss(logits, labels, vocab_size, ignore_index=-100):
 # Llama family (LlamaForCausalLM; Mistral, Qwen2 via numKeyValueHeads / attentionBias;
 # Mixtral / Qwen2-MoE via numExperts).
 
+class _MeanKeepingSize(torch.autograd.Function):
+    """x.mean(-1, keepdim=True) as torch >= 2.0 differentiates it: its backward keeps only the
+    input's size (derivatives.yaml: mean_backward(grad, self.sym_sizes(), …)). torch 1.13's
+    MeanBackward1 kept the input itself, one hidden-sized fp32 tensor per RMSNorm that current
+    releases no longer hold; the estimator follows current releases."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.shape = x.shape
+        return x.mean(-1, keepdim=True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.expand(ctx.shape) / ctx.shape[-1]
+
+
+def mean_last_dim(x):
+    if torch.__version__ < "2":
+        return _MeanKeepingSize.apply(x)
+    return x.mean(-1, keepdim=True)
+
+
 class LlamaRMSNorm(nn.Module):
     def __init__(self, hidden, eps, dtype, device):
         super().__init__()
@@ -467,7 +508,7 @@ class LlamaRMSNorm(nn.Module):
     def forward(self, hidden_states):
         input_dtype = hidden_states.dtype
         hidden_states = hidden_states.to(torch.float32)
-        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        variance = mean_last_dim(hidden_states.pow(2))
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
         return self.weight * hidden_states.to(input_dtype)
 
@@ -690,7 +731,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(cfg.max_pos, h, dtype=dtype, device=device)
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab, h, dtype=dtype, device=device)
         self.LayerNorm = LayerNorm(h, eps=cfg.ln_eps, dtype=dtype, device=device)
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
         # HF's non-persistent int64 buffers (1, P), allocated with the model.
         self.register_buffer("position_ids", torch.arange(cfg.max_pos, device=device).expand((1, -1)), persistent=False)
         self.register_buffer("token_type_ids", torch.zeros((1, cfg.max_pos), dtype=torch.long, device=device), persistent=False)
@@ -739,11 +780,11 @@ class BertLayer(nn.Module):
             self=BertSelfAttention(cfg, dtype, device),
             output=_container(dense=nn.Linear(h, h, dtype=dtype, device=device),
                               LayerNorm=LayerNorm(h, eps=eps, dtype=dtype, device=device),
-                              dropout=nn.Dropout(cfg.hidden_dropout)))
+                              dropout=Dropout(cfg.hidden_dropout)))
         self.intermediate = _container(dense=nn.Linear(h, cfg.inter, dtype=dtype, device=device))
         self.output = _container(dense=nn.Linear(cfg.inter, h, dtype=dtype, device=device),
                                  LayerNorm=LayerNorm(h, eps=eps, dtype=dtype, device=device),
-                                 dropout=nn.Dropout(cfg.hidden_dropout))
+                                 dropout=Dropout(cfg.hidden_dropout))
 
     def forward(self, hidden_states, mask):
         self_outputs = self.attention.self(hidden_states, mask)
@@ -796,7 +837,7 @@ class BertForSequenceClassification(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.bert = BertModel(cfg, dtype, device, pooler=True)
-        self.dropout = nn.Dropout(cfg.hidden_dropout)   # classifier_dropout=None -> hidden_dropout_prob
+        self.dropout = Dropout(cfg.hidden_dropout)   # classifier_dropout=None -> hidden_dropout_prob
         self.classifier = nn.Linear(cfg.hidden, cfg.num_labels, dtype=dtype, device=device)
 
     def forward(self, input_ids, attention_mask, token_type_ids, labels):
@@ -1012,7 +1053,7 @@ def measure_transformer(setup, tracker=fast_allocation_events):
                         grads32 = [p.grad.float() for p in params]  # foreach: all at once
                         for m, g in zip(masters, grads32):
                             m.grad = g
-                        del grads32
+                        del grads32, g  # the loop variable would keep the last fp32 gradient alive
                         optimizers[0].step()
                         for m in masters:
                             m.grad = None

@@ -202,7 +202,7 @@ def measure(setup):
                         grads32 = [p.grad.float() for p in params]  # foreach: all at once
                         for m, g in zip(masters, grads32):
                             m.grad = g
-                        del grads32
+                        del grads32, g  # the loop variable would keep the last fp32 gradient alive
                         optimizers[0].step()
                         for m in masters:
                             m.grad = None

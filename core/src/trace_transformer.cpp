@@ -9,6 +9,7 @@
 //   dropout (0 < p < 1): a 1-byte mask        layer_norm: input, mean and rstd (fp32)
 //   embedding: the ids        log_softmax: its output        nll_loss: target and total_weight
 //   fused SDPA (flash / memory-efficient): q, k, v, its output and an fp32 log-sum-exp
+//   index (x[idx]): the indices        index_add_: the indices and its source
 // Autocast (CUDA lists): linear and matmul cast their inputs to 16-bit (weights once per
 // forward, cached); layer_norm, softmax, log_softmax and the loss run in fp32; elementwise
 // ops promote. The simulation follows the CUDA kernels; docs/validation.md lists where CPU
@@ -248,9 +249,13 @@ class TransformerPass final : public ModelPass {
         return SavesInput(x, name);
       case HiddenAct::GELUNew: {
         // 0.5 * x * (1.0 + tanh(sqrt(2/π) * (x + 0.044715 * x³))), evaluated left to right.
+        // Under autocast pow is an fp32 op: it runs on (and saves) an fp32 copy of x, and the
+        // rest of the formula is promoted to fp32.
         const ValueId half = Scale(x, name + " 0.5·x");
-        const ValueId cube = t.Apply({.name = name + " x³", .inputs = {{x}}, .shape = t.ShapeOf(x),
-                                      .type = t.TypeOf(x), .saves = {x}});
+        const ValueId base = t.autocast() ? To(x, DType::FP32) : t.Keep(x);
+        const ValueId cube = t.Apply({.name = name + " x³", .inputs = {{base}}, .shape = t.ShapeOf(x),
+                                      .type = t.TypeOf(base), .saves = {base}});
+        t.Drop(base);
         const ValueId scaled = Scale(cube, name + " 0.044715·x³");
         t.Drop(cube);
         const ValueId inner = Add(x, scaled, name + " x + 0.044715·x³");
@@ -488,8 +493,10 @@ class TransformerPass final : public ModelPass {
       t.Drop(w);
       const ValueId cast = To(scaled, t.TypeOf(flat));
       t.Drop(scaled);
+      // index_add_'s backward expands the gradient "as source": it keeps the source tensor.
       const ValueId added = t.Apply({.name = label + " index_add_", .inputs = {{final, In::PassThrough}, {cast}},
-                                     .shape = {T, h}, .type = t.TypeOf(final), .saves = {topX}, .viewOf = final});
+                                     .shape = {T, h}, .type = t.TypeOf(final), .saves = {topX, cast},
+                                     .viewOf = final});
       t.Drop(final);
       final = added;
       t.Drop(cast);
