@@ -11,7 +11,7 @@ import { fileURLToPath } from 'node:url';
 import { loadGpumem } from '../wasm/gpumem.js';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
-const runs = Number(process.argv[2] ?? 200);
+const runs = Number(process.argv[2] ?? 50);
 const glue = path.join(root, 'build/wasm/wasm/gpumem_core.cjs');
 const started = performance.now();
 const gpumem = await loadGpumem({ factory: createRequire(import.meta.url)(glue) });
@@ -31,6 +31,14 @@ const cases = [
   ['MLP example (5 layers)', mlp],
   ['layer list, 200 layers', { ...mlp, model: { ...mlp.model, layers: deepLayers(100, 1024) } }],
   ['layer list, 2,000 layers', { ...mlp, model: { ...mlp.model, layers: deepLayers(1000, 1024) } }],
+  ['GPT-2, 1 × 1024', { model: { preset: 'gpt2' }, training: { batchSize: 1, sequenceLength: 1024 } }],
+  ['Llama 2 7B, 1 × 4096, sdpa', { model: { preset: 'llama-2-7b' },
+    training: { batchSize: 1, sequenceLength: 4096, attention: 'sdpa' } }],
+  ['Llama 3 8B, 1 × 8192, ckpt', { model: { preset: 'llama-3-8b' },
+    training: { batchSize: 1, sequenceLength: 8192, attention: 'sdpa', checkpointing: 'everyBlock',
+                precision: 'ampBf16' } }],
+  ['Mixtral 8x7B, 1 × 4096', { model: { preset: 'mixtral-8x7b' },
+    training: { batchSize: 1, sequenceLength: 4096, attention: 'sdpa', precision: 'bf16Mixed' } }],
 ];
 
 function percentile(sorted, p) {
@@ -50,7 +58,7 @@ for (const [name, setup] of cases) {
     times.push(performance.now() - t0);
   }
   times.sort((a, b) => a - b);
-  console.log(`${name.padEnd(32)} ${String(estimate.timeline.length).padStart(7)} ` +
+  console.log(`${name.padEnd(32)} ${String(estimate.timelineEventCount ?? estimate.timeline.length).padStart(7)} ` +
               `${percentile(times, 0.5).toFixed(2).padStart(6)} ms ${percentile(times, 0.95).toFixed(2).padStart(6)} ms`);
 }
 

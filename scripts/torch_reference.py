@@ -44,6 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Importing validate also installs its torch >= 2.0 foreach Adam/AdamW op sequence.
+import validate  # noqa: E402
 from validate import PHASES, allocation_events, make_optimizer  # noqa: E402
 
 SDPA_BLOCK = 64          # query rows per block of the emulated fused attention kernel
@@ -1048,36 +1049,9 @@ def measure_transformer(setup, tracker=fast_allocation_events):
                     # same; the inf/nan check (one found_inf scalar on CUDA) is skipped, since
                     # every CPU way to do it allocates grad-sized temporaries.
                     torch._foreach_mul_([p.grad for p in params], 1.0 / loss_scale)
-                if mixed:
-                    if len(optimizers) == 1:
-                        grads32 = [p.grad.float() for p in params]  # foreach: all at once
-                        for m, g in zip(masters, grads32):
-                            m.grad = g
-                        del grads32, g  # the loop variable would keep the last fp32 gradient alive
-                        optimizers[0].step()
-                        for m in masters:
-                            m.grad = None
-                    else:
-                        for m, p, opt in zip(masters, params, optimizers):
-                            m.grad = p.grad.float()  # one tensor at a time
-                            opt.step()
-                            m.grad = None
-                    with torch.no_grad():
-                        for p, m in zip(params, masters):
-                            p.copy_(m)
-                else:
-                    optimizers[0].step()
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-                if mixed:
-                    model.zero_grad(set_to_none=True)
+                validate.optimizer_step(model, params, masters if mixed else None, optimizers)
                 del loss, batch
-        state["parameters"] = sum(p.numel() * p.element_size() for p in params)
-        state["masterWeights"] = sum(m.numel() * m.element_size() for m in masters) if mixed else 0
-        state["optimizerStates"] = sum(
-            v.numel() * v.element_size()
-            for opt in optimizers for st in opt.state.values() for v in st.values()
-            if torch.is_tensor(v) and v.dim() > 0)
+        state.update(validate.model_state_bytes(params, masters if mixed else None, optimizers))
         state["keep"] = (model, optimizers)  # nothing is freed inside the profile at the end
 
     memory, ranges = tracker(run)

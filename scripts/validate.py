@@ -138,6 +138,47 @@ def make_optimizer(name, implementation, params):
     raise ValueError(f"optimizer {name} is not in torch {torch.__version__}")
 
 
+def optimizer_step(model, params, masters, optimizers):
+    """optimizer.step() and zero_grad(set_to_none=True). With fp32 `masters` (mixed precision)
+    the 16-bit gradients are upcast for the update — all at once with one foreach optimizer,
+    one tensor at a time with one optimizer per tensor — and the masters copied back."""
+    if masters is not None:
+        if len(optimizers) == 1:
+            grads32 = [p.grad.float() for p in params]
+            for m, g in zip(masters, grads32):
+                m.grad = g
+            del grads32, g  # the loop variable would keep the last fp32 gradient alive
+            optimizers[0].step()
+            for m in masters:
+                m.grad = None
+        else:
+            for m, p, opt in zip(masters, params, optimizers):
+                m.grad = p.grad.float()
+                opt.step()
+                m.grad = None
+        with torch.no_grad():
+            for p, m in zip(params, masters):
+                p.copy_(m)
+    else:
+        optimizers[0].step()
+    for opt in optimizers:
+        opt.zero_grad(set_to_none=True)
+    if masters is not None:
+        model.zero_grad(set_to_none=True)
+
+
+def model_state_bytes(params, masters, optimizers):
+    """Bytes of parameters, fp32 masters and optimizer states, from the live objects."""
+    return {
+        "parameters": sum(p.numel() * p.element_size() for p in params),
+        "masterWeights": sum(m.numel() * m.element_size() for m in masters) if masters is not None else 0,
+        "optimizerStates": sum(
+            v.numel() * v.element_size()
+            for opt in optimizers for st in opt.state.values() for v in st.values()
+            if torch.is_tensor(v) and v.dim() > 0),
+    }
+
+
 def measure(setup):
     """Init and two training steps; returns measured figures."""
     t = setup["training"]
@@ -197,36 +238,9 @@ def measure(setup):
             if step == 1:
                 state["gradients"] = sum(p.grad.numel() * p.grad.element_size() for p in params)
             with record_function(f"gpumem:optimizerStep:{step}"):
-                if mixed:
-                    if len(optimizers) == 1:
-                        grads32 = [p.grad.float() for p in params]  # foreach: all at once
-                        for m, g in zip(masters, grads32):
-                            m.grad = g
-                        del grads32, g  # the loop variable would keep the last fp32 gradient alive
-                        optimizers[0].step()
-                        for m in masters:
-                            m.grad = None
-                    else:
-                        for m, p, opt in zip(masters, params, optimizers):
-                            m.grad = p.grad.float()  # one tensor at a time
-                            opt.step()
-                            m.grad = None
-                    with torch.no_grad():
-                        for p, m in zip(params, masters):
-                            p.copy_(m)
-                else:
-                    optimizers[0].step()
-                for opt in optimizers:
-                    opt.zero_grad(set_to_none=True)
-                if mixed:
-                    model.zero_grad(set_to_none=True)
+                optimizer_step(model, params, masters if mixed else None, optimizers)
                 del loss, x, y, out
-        state["parameters"] = sum(p.numel() * p.element_size() for p in params)
-        state["masterWeights"] = sum(m.numel() * m.element_size() for m in masters) if mixed else 0
-        state["optimizerStates"] = sum(
-            v.numel() * v.element_size()
-            for opt in optimizers for st in opt.state.values() for v in st.values()
-            if torch.is_tensor(v) and v.dim() > 0)
+        state.update(model_state_bytes(params, masters if mixed else None, optimizers))
         state["keep"] = (model, optimizers)  # nothing is freed inside the profile at the end
 
     memory, ranges = allocation_events(run)
