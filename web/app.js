@@ -19,16 +19,59 @@ const LAYER_FIELDS = {
   dropout: [['p', 'Dropout p', 'number']],
 };
 
+// The architecture's fields (model.architecture.*): [field, label, kind, hint, shown(arch)].
+// kind is 'count', 'number', 'bool' or 'select:<options list>'. shown() says which families use
+// the field (the schema's comments, core/include/gpumem/setup.hpp); a field whose value differs
+// from the family's default is shown anyway, so no setting the core uses is ever invisible.
+const ALL = () => true;
+const LLAMA = (a) => a.family === 'llama';
+const MOE = (a) => a.family === 'llama' && Number(a.numExperts) > 0;
+const ARCH_FIELDS = [
+  ['vocabSize', 'Vocabulary', 'count', 'tokens (embedding rows)', ALL],
+  ['hiddenSize', 'Hidden size', 'count', 'elements per token', ALL],
+  ['numLayers', 'Blocks', 'count', 'transformer layers', ALL],
+  ['numHeads', 'Attention heads', 'count', 'query heads', ALL],
+  ['numKeyValueHeads', 'Key/value heads', 'count', '0 = numHeads (grouped-query attention when fewer)', LLAMA],
+  ['headDim', 'Head dimension', 'count', 'elements; 0 = hiddenSize / numHeads', LLAMA],
+  ['intermediateSize', 'MLP width', 'count', 'elements; 0 = 4 × hiddenSize', ALL],
+  ['maxPositionEmbeddings', 'Position table', 'count', 'positions (rows); at least the sequence length', (a) => a.family !== 'llama'],
+  ['typeVocabSize', 'Token types', 'count', 'rows of the token-type table', (a) => a.family === 'bert'],
+  ['hiddenAct', 'Activation', 'select:hiddenActs', '', ALL],
+  ['hiddenDropout', 'Hidden dropout', 'number', 'probability, 0 ≤ p < 1; 0 keeps no mask', (a) => a.family !== 'llama'],
+  ['attentionDropout', 'Attention dropout', 'number', 'probability, 0 ≤ p < 1', ALL],
+  ['encoderHead', 'Training head', 'select:encoderHeads', '', (a) => a.family === 'bert'],
+  ['numLabels', 'Classes', 'count', 'outputs of the classifier', (a) => a.family === 'bert' && a.encoderHead === 'classification'],
+  ['tieWordEmbeddings', 'Output head shares the token embedding (tied)', 'bool', '', (a) => a.family !== 'bert'],
+  ['attentionBias', 'q/k/v projections have biases (Qwen2)', 'bool', '', LLAMA],
+  ['numExperts', 'Experts', 'count', '0 = dense MLP (mixture of experts when more)', LLAMA],
+  ['expertsPerToken', 'Experts per token', 'count', 'top-k routing', MOE],
+  ['expertIntermediateSize', 'Expert MLP width', 'count', 'elements; 0 = intermediateSize', MOE],
+  ['sharedExpertIntermediateSize', 'Shared expert width', 'count', 'elements; 0 = no shared expert', MOE],
+  ['sharedExpertGate', 'Sigmoid gate on the shared expert', 'bool', '', (a) => MOE(a) && Number(a.sharedExpertIntermediateSize) > 0],
+];
+
 const TYPING_DELAY_MS = 150;
+// An update (estimate + render) slower than this makes the page wait longer after the last
+// keystroke, so typing "4096" runs one estimate, not four. A 32-block model traces ~14k events;
+// its estimate takes 40–110 ms in headless Chromium, more on a slow machine.
+const SLOW_UPDATE_MS = 150;
+const MAX_TYPING_DELAY_MS = 600;
+const LARGEST_EVENTS = 8;
 
 const state = {
   api: null,
   options: null,
   quickKind: 'parameterCount',
   layersKind: 'layers',
+  archKind: 'transformer',
   examples: [],       // [{id, label, setup}] from options()
+  presetBase: '',     // the preset the architecture fields were last filled from
   lastGood: null,     // the last estimate rendered
+  lastContext: null,  // {kind, presetId, family} of the setup behind lastGood
   lastHash: '',       // the hash this page wrote, to tell it from one a person pasted
+  lastCostMs: 0,      // how long the last estimate and render took
+  chartWidth: -1,     // the timeline chart's box width when last drawn
+  inputAt: 0,         // when the change being estimated was made (performance.now())
   timer: 0,
 };
 
@@ -110,12 +153,24 @@ function currentKind() {
 }
 
 function showKindPanels() {
-  const layers = currentKind() === state.layersKind;
-  $('#quick-panel').hidden = layers;
+  const kind = currentKind();
+  const layers = kind === state.layersKind;
+  const arch = Boolean(state.archKind) && kind === state.archKind;
+  $('#quick-panel').hidden = layers || arch;
   $('#layers-panel').hidden = !layers;
+  $('#arch-panel').hidden = !arch;
+  showTrainingOptions();
 }
 
-function fillForm(setup) {
+// Attention and checkpointing only change a traced transformer; k only matters for every-k-th.
+function showTrainingOptions() {
+  $('#transformer-training').hidden = !state.archKind || currentKind() !== state.archKind;
+  $('#checkpointInterval-field').hidden = $('#checkpointing').value !== 'everyKthBlock';
+}
+
+// fillForm's presetId is the preset the setup named: a validated setup no longer names it (the
+// core has merged it into the architecture).
+function fillForm(setup, presetId) {
   const model = setup.model ?? {};
   const training = setup.training ?? {};
   const gpu = setup.gpu ?? {};
@@ -127,6 +182,7 @@ function fillForm(setup) {
     ? model.largestMatrices.map((m) => `${m?.rows}×${m?.cols}`).join(', ') : '';
   renderLayers(Array.isArray(model.layers) ? model.layers : []);
   setSelectValue($('#loss'), model.loss);
+  fillArchitecture(isPlainObject(model.architecture) ? model.architecture : {}, presetId);
   $('#batchSize').value = displayNumber(training.batchSize);
   $('#sequenceLength').value = displayNumber(training.sequenceLength);
   setSelectValue($('#precision'), training.precision);
@@ -134,7 +190,11 @@ function fillForm(setup) {
   setSelectValue($('#optimizerImplementation'), training.optimizerImplementation);
   $('#adafactorBeta1').checked = Boolean(training.adafactorBeta1);
   $('#zeroGradSetToNone').checked = Boolean(training.zeroGradSetToNone);
+  setSelectValue($('#attention'), training.attention);
+  setSelectValue($('#checkpointing'), training.checkpointing);
+  $('#checkpointInterval').value = displayNumber(training.checkpointInterval);
   $('#memoryGiB').value = displayNumber(gpu.memoryGiB);
+  showKindPanels();
   showParameterHint();
 }
 
@@ -147,6 +207,12 @@ function readForm() {
   if (kind === state.layersKind) {
     model.layers = readLayers();
     model.loss = $('#loss').value;
+  } else if (kind === state.archKind) {
+    // The preset is named only while the fields hold exactly its architecture; the full
+    // architecture is written too, so a link keeps its numbers even if a preset is revised.
+    const preset = $('#preset').value;
+    if (preset) model.preset = preset;
+    model.architecture = readArchitecture();
   } else {
     model.parameterCount = numberValue($('#parameterCount'));
     const parsed = parseMatrices($('#largestMatrices').value);
@@ -164,6 +230,9 @@ function readForm() {
       optimizerImplementation: $('#optimizerImplementation').value,
       adafactorBeta1: $('#adafactorBeta1').checked,
       zeroGradSetToNone: $('#zeroGradSetToNone').checked,
+      attention: $('#attention').value,
+      checkpointing: $('#checkpointing').value,
+      checkpointInterval: numberValue($('#checkpointInterval')),
     },
     gpu: { memoryGiB: numberValue($('#memoryGiB')) },
   };
@@ -176,6 +245,140 @@ function showParameterHint() {
   hint.textContent = Number.isFinite(n) && n > 0
     ? `= ${formatInteger(n)} parameters`
     : 'Accepts 1.5e9, 1,500,000,000 or 1.5B.';
+}
+
+// ---------- architecture editor ----------
+
+function presetById(id) {
+  return (state.options.presets ?? []).find((p) => p.id === id);
+}
+
+// True when every field of the preset's architecture has the same value in `arch`.
+function sameArchitecture(arch, presetArch) {
+  return Object.entries(presetArch).every(([key, value]) => arch[key] === value);
+}
+
+function matchingPreset(arch) {
+  return (state.options.presets ?? []).find((p) => sameArchitecture(arch, p.architecture));
+}
+
+function buildArchFields() {
+  $('#arch-fields').replaceChildren(...ARCH_FIELDS.map(([key, label, kind, hint]) => {
+    const id = `arch-${key}`;
+    const wrap = document.createElement('div');
+    wrap.dataset.archKey = key;
+    const lab = document.createElement('label');
+    lab.htmlFor = id;
+    lab.textContent = label;
+    let input;
+    if (kind.startsWith('select:')) {
+      input = document.createElement('select');
+      fillSelect(input, state.options[kind.slice('select:'.length)] ?? []);
+    } else {
+      input = document.createElement('input');
+      input.type = kind === 'bool' ? 'checkbox' : 'text';
+      if (kind !== 'bool') {
+        input.inputMode = kind === 'count' ? 'numeric' : 'decimal';
+        input.spellcheck = false;
+      }
+    }
+    input.id = id;
+    input.dataset.key = key;
+    input.dataset.field = `model.architecture.${key}`;
+    if (kind === 'bool') {
+      wrap.className = 'check';
+      wrap.append(input, lab);
+      return wrap;
+    }
+    wrap.className = kind.startsWith('select:') ? 'field wide' : 'field';
+    wrap.append(lab, input);
+    if (hint) {
+      const p = document.createElement('p');
+      p.className = 'hint';
+      p.id = `${id}-hint`;
+      p.textContent = hint;
+      input.setAttribute('aria-describedby', p.id);
+      wrap.append(p);
+    }
+    return wrap;
+  }));
+}
+
+// The architecture as the schema writes it: family first, then every field, shown or not (a
+// field hidden for this family holds the family's default, which the core ignores anyway).
+function readArchitecture() {
+  const arch = { family: $('#arch-family').value };
+  for (const [key, , kind] of ARCH_FIELDS) {
+    const input = $(`#arch-${key}`);
+    if (kind === 'bool') arch[key] = input.checked;
+    else if (kind.startsWith('select:')) arch[key] = input.value;
+    else arch[key] = numberValue(input);
+  }
+  return arch;
+}
+
+function fillArchitecture(arch, presetId) {
+  setSelectValue($('#arch-family'), arch.family);
+  for (const [key, , kind] of ARCH_FIELDS) {
+    const input = $(`#arch-${key}`);
+    if (kind === 'bool') input.checked = Boolean(arch[key]);
+    else if (kind.startsWith('select:')) setSelectValue(input, arch[key]);
+    else input.value = displayNumber(arch[key]);
+  }
+  state.presetBase = presetById(presetId)?.id ?? '';
+  syncPreset();
+  showArchFields();
+}
+
+// The preset select names a preset only while the fields hold exactly its architecture; after
+// an edit it says "custom" and the hint remembers which preset the values started from.
+function syncPreset() {
+  const arch = readArchitecture();
+  const base = presetById(state.presetBase);
+  const current = base && sameArchitecture(arch, base.architecture) ? base : matchingPreset(arch);
+  if (current) state.presetBase = current.id;
+  $('#preset').value = current?.id ?? '';
+  showPresetHint();
+}
+
+function showPresetHint() {
+  const hint = $('#preset-hint');
+  const current = presetById($('#preset').value);
+  const base = presetById(state.presetBase);
+  if (current) {
+    hint.textContent = `Published: ${formatInteger(current.publishedParameters)} parameters (${current.source}; counted as ${current.countedAs}). The fields below stay editable.`;
+  } else if (base) {
+    hint.textContent = `Custom: modified from ${base.label}, so its published count no longer applies.`;
+  } else {
+    hint.textContent = 'Custom architecture. Choose a preset to load a published model\'s sizes.';
+  }
+}
+
+// Which fields the family uses, plus any whose value is not the family default (so a value
+// loaded from a link or file is never hidden while it changes the estimate or an error).
+function showArchFields() {
+  const arch = readArchitecture();
+  const defaults = state.options.familyDefaults?.[arch.family] ?? {};
+  for (const [key, , , , shown] of ARCH_FIELDS) {
+    $(`[data-arch-key="${key}"]`).hidden = !(shown(arch) || (key in defaults && arch[key] !== defaults[key]));
+  }
+}
+
+function onPresetChange() {
+  const preset = presetById($('#preset').value);
+  if (preset) fillArchitecture(preset.architecture, preset.id);
+  else showPresetHint();  // "custom": the values stay as they are
+}
+
+function onFamilyChange() {
+  const defaults = state.options.familyDefaults?.[$('#arch-family').value];
+  if (defaults) fillArchitecture(defaults);
+  else showArchFields();
+}
+
+function onArchFieldInput() {
+  syncPreset();
+  showArchFields();
 }
 
 // ---------- layer editor ----------
@@ -471,22 +674,36 @@ function phaseLabel(id) {
   return state.options.phases.find((p) => p.id === id)?.label ?? id;
 }
 
+// One colour class per category, cat-0 … cat-8 in index.html; a tenth category would reuse one.
+const CATEGORY_COLOURS = 9;
+
 function categoryIndex(id) {
   const i = state.options.categories.findIndex((c) => c.id === id);
-  return (i < 0 ? state.options.categories.length : i) % 8;
+  return (i < 0 ? state.options.categories.length : i) % CATEGORY_COLOURS;
 }
 
 function categoryLabel(row) {
   return row.label || state.options.categories.find((c) => c.id === row.category)?.label || row.category;
 }
 
+// Typing waits for a pause; the pause grows with what the last update cost, so on a slow
+// machine a burst of keystrokes still runs one estimate instead of one per key.
+function typingDelay() {
+  if (state.lastCostMs <= SLOW_UPDATE_MS) return TYPING_DELAY_MS;
+  return Math.min(MAX_TYPING_DELAY_MS, Math.round(state.lastCostMs * 1.5));
+}
+
+// While an update waits for the typing pause, the results say they are about to change.
 function scheduleUpdate() {
   clearTimeout(state.timer);
-  state.timer = setTimeout(update, TYPING_DELAY_MS);
+  $('#results').setAttribute('aria-busy', 'true');
+  state.timer = setTimeout(update, typingDelay());
 }
 
 function update() {
   clearTimeout(state.timer);
+  $('#results').removeAttribute('aria-busy');
+  const started = performance.now();
   const { setup, errors } = readForm();
   writeHash(setup);
   clearErrors();
@@ -504,9 +721,28 @@ function update() {
     setResultsState(state.lastGood ? 'stale' : 'empty');
     return;
   }
+  const estimated = performance.now();
   state.lastGood = estimate;
+  state.lastContext = { kind: setup.model.kind, presetId: setup.model.preset ?? '', family: setup.model.architecture?.family };
   render(estimate);
   setResultsState('ok');
+  recordTiming(started, estimated);
+}
+
+// How long the last change took, kept on #results for anyone measuring the page (the browser
+// tests log it): estimate (core + JSON), render (DOM and SVG), and from the input event to the
+// next frame after the render, which includes the typing pause.
+function recordTiming(started, estimated) {
+  const done = performance.now();
+  state.lastCostMs = done - started;
+  const results = $('#results');
+  results.dataset.estimateMs = (estimated - started).toFixed(1);
+  results.dataset.renderMs = (done - estimated).toFixed(1);
+  const inputAt = state.inputAt;
+  state.inputAt = 0;
+  requestAnimationFrame(() => {
+    if (inputAt) results.dataset.inputToFrameMs = (performance.now() - inputAt).toFixed(1);
+  });
 }
 
 function cell(text, className) {
@@ -601,6 +837,7 @@ function render(est) {
   const count = $('#param-count');
   count.textContent = formatInteger(states.parameterCount);
   count.dataset.count = String(states.parameterCount);
+  showParameterSource(states.parameterCount, state.lastContext ?? {});
   fillBytesTable($('#states-table'), states.rows, states.totalBytes, 'Model states', 'states-total', false);
 
   // Phase peaks.
@@ -630,7 +867,78 @@ function render(est) {
     return li;
   }));
 
+  fillLargestEvents(est.timeline, est.timelineEventCount);
   drawCharts(est);
+}
+
+// Where the parameter count comes from, and for a preset the count its model card publishes.
+function showParameterSource(counted, context) {
+  const source = $('#param-source');
+  const published = $('#param-published');
+  const family = state.options.families?.find((f) => f.id === context.family)?.label ?? context.family;
+  if (context.kind === state.archKind) {
+    source.textContent = `Counted by the core: the elements of every parameter tensor of the ${family} architecture, with Hugging Face's tensor names and shapes (a tied output head is counted once).`;
+  } else if (context.kind === state.layersKind) {
+    source.textContent = 'Counted by the core from the layer list: in × out (+ out for a bias) per linear layer, rows × width per embedding.';
+  } else {
+    source.textContent = 'As entered (model.parameterCount).';
+  }
+  const preset = context.kind === state.archKind ? presetById(context.presetId) : null;
+  published.hidden = !preset;
+  if (!preset) {
+    published.replaceChildren();
+    delete published.dataset.count;
+    return;
+  }
+  published.dataset.count = String(preset.publishedParameters);
+  const difference = counted - preset.publishedParameters;
+  const verdict = document.createElement('span');
+  verdict.className = difference === 0 ? 'match' : 'differs';
+  verdict.textContent = difference === 0 ? 'the count above matches it'
+    : `the count above differs by ${difference > 0 ? '+' : '−'}${formatInteger(Math.abs(difference))}`;
+  published.replaceChildren(`Published: ${formatInteger(preset.publishedParameters)} (${preset.source}; counted as ${preset.countedAs}) — `, verdict, '.');
+}
+
+// The biggest single allocations of the run: a keyboard- and screen-reader-readable companion
+// to the chart. Steps 1 and 2 repeat most events, so equal events of both steps share a row.
+// A long run's timeline lists only each stretch's highest and lowest totals, which the note says.
+function fillLargestEvents(timeline, eventCount) {
+  const listed = timeline.length;
+  const note = $('#largest-note');
+  note.hidden = !(eventCount > listed);
+  note.textContent = eventCount > listed
+    ? `Among the ${formatInteger(listed)} of ${formatInteger(eventCount)} events the estimate lists (for long runs the core keeps each stretch's highest and lowest total); the CLI's --timeline prints every event.`
+    : '';
+  const rows = new Map();
+  timeline.forEach((p, k) => {
+    if (!(p.deltaBytes > 0)) return;
+    const i = Number.isInteger(p.index) ? p.index : k;
+    const key = `${p.phase}|${p.layer}|${p.label}|${p.deltaBytes}`;
+    const row = rows.get(key);
+    if (row) row.steps.push(p.step);
+    else rows.set(key, { ...p, index: i, steps: [p.step] });
+  });
+  const largest = [...rows.values()].sort((a, b) => b.deltaBytes - a.deltaBytes || a.index - b.index).slice(0, LARGEST_EVENTS);
+  $('#largest-events tbody').replaceChildren(...largest.map((p) => {
+    const tr = document.createElement('tr');
+    tr.dataset.event = String(p.index);
+    const steps = p.steps.filter((s) => s > 0);
+    const when = steps.length ? `${phaseLabel(p.phase)} · step${steps.length > 1 ? 's' : ''} ${steps.join(', ')}` : phaseLabel(p.phase);
+    const swatch = document.createElement('span');
+    swatch.className = `swatch cat-${categoryIndex(p.category)}`;
+    swatch.title = categoryLabel({ category: p.category });
+    swatch.setAttribute('role', 'img');
+    swatch.setAttribute('aria-label', `${swatch.title}: `);
+    const what = cell(p.label, 'label-cell');
+    what.prepend(swatch);
+    const size = cell(formatBytes(p.deltaBytes), 'num');
+    size.title = formatExactBytes(p.deltaBytes);
+    size.dataset.bytes = String(p.deltaBytes);
+    const total = cell(formatBytes(p.totalBytes), 'num');
+    total.title = formatExactBytes(p.totalBytes);
+    tr.append(cell(`#${p.index}`, 'num'), cell(when), cell(p.layer >= 0 ? String(p.layer) : '—', 'num'), what, size, total);
+    return tr;
+  }));
 }
 
 function fillPhaseMatrix(phasePeaks) {
@@ -672,9 +980,15 @@ function drawCharts(est) {
   }));
   const chartBox = $('#timeline-chart');
   const width = Math.max(chartBox.clientWidth, 280);
+  state.chartWidth = chartBox.clientWidth;
+  // A person stepping through the chart with the keyboard keeps the focus across a redraw.
+  const hadFocus = chartBox.contains(document.activeElement);
   chartBox.replaceChildren(timelineChart(est.timeline, {
-    peak: est.peak, phaseLabel, capacityBytes: est.gpu.capacityBytes, width, height: width < 500 ? 200 : 250,
+    eventCount: est.timelineEventCount, peak: est.peak, phasePeaks: est.phasePeaks, forwardEnd: est.forwardEnd,
+    phaseLabel, capacityBytes: est.gpu.capacityBytes,
+    width, height: width < 500 ? 220 : 270,
   }));
+  if (hadFocus) $('svg', chartBox)?.focus();
 }
 
 // ---------- setup sources: defaults, examples, the URL, files ----------
@@ -683,7 +997,7 @@ function drawCharts(est) {
 // an invalid one is still shown, so the errors point at what the person gave.
 function applySetup(partial) {
   let problems = [];
-  let setup = mergeSetup(state.options.defaultSetup, partial);
+  let setup = mergeSetup(presetBaseSetup(partial), partial);
   try {
     const result = state.api.validate(partial);
     if (result.ok) setup = result.setup;
@@ -691,9 +1005,19 @@ function applySetup(partial) {
   } catch (exception) {
     problems = errorsOf(exception);
   }
-  fillForm(setup);
+  fillForm(setup, isPlainObject(partial?.model) ? partial.model.preset : undefined);
   update();
   return problems;
+}
+
+// What an invalid setup that names a preset is shown over: as the core reads one, the preset's
+// architecture with the setup's fields on top, and the transformer kind unless it names another.
+function presetBaseSetup(partial) {
+  const base = state.options.defaultSetup;
+  const model = isPlainObject(partial) && isPlainObject(partial.model) ? partial.model : null;
+  if (!model || typeof model.preset !== 'string' || !state.archKind) return base;
+  const preset = presetById(model.preset);
+  return mergeSetup(base, { model: { kind: state.archKind, ...(preset ? { architecture: preset.architecture } : {}) } });
 }
 
 function loadFromHash() {
@@ -777,7 +1101,8 @@ function buildControls(options) {
   state.examples = examples;
   const kinds = options.modelKinds;
   state.quickKind = kinds.find((k) => k.id === 'parameterCount')?.id ?? kinds[0]?.id;
-  state.layersKind = kinds.find((k) => k.id !== state.quickKind)?.id ?? 'layers';
+  state.layersKind = kinds.find((k) => k.id === 'layers')?.id ?? kinds.find((k) => k.id !== state.quickKind)?.id ?? 'layers';
+  state.archKind = kinds.find((k) => k.id === 'transformer')?.id ?? '';
 
   const group = $('#model-kinds');
   group.replaceChildren(...kinds.map((k, i) => {
@@ -796,6 +1121,13 @@ function buildControls(options) {
   fillSelect($('#precision'), options.precisions);
   fillSelect($('#optimizer'), options.optimizers);
   fillSelect($('#optimizerImplementation'), options.optimizerImplementations);
+  fillSelect($('#attention'), options.attentions ?? []);
+  fillSelect($('#checkpointing'), options.checkpointings ?? []);
+  // Each preset with the count its model card publishes, so the list itself says what it is.
+  $('#preset').replaceChildren(new Option('Custom architecture', ''), ...(options.presets ?? []).map((p) =>
+    new Option(`${p.label} — ${formatInteger(p.publishedParameters)} parameters`, p.id)));
+  fillSelect($('#arch-family'), options.families ?? []);
+  buildArchFields();
 }
 
 function wireEvents() {
@@ -807,8 +1139,13 @@ function wireEvents() {
     const target = event.target;
     if (target.id === 'example' || target.id === 'import-file' || target.id === 'add-layer-type') return;
     $('#example').value = '';
+    state.inputAt = performance.now();
     if (target.name === 'modelKind') onKindChange();
     if (target.id === 'parameterCount') showParameterHint();
+    if (target.id === 'preset') onPresetChange();
+    else if (target.id === 'arch-family') onFamilyChange();
+    else if (target.closest('#arch-fields')) onArchFieldInput();
+    if (target.id === 'checkpointing') showTrainingOptions();
     if (target.type === 'text') scheduleUpdate();
     else update();
   });
@@ -829,9 +1166,13 @@ function wireEvents() {
     if (location.hash !== state.lastHash) loadFromHash();
   });
   let frame = 0;
+  // Charts are drawn to the width they get; only a new width redraws them (a taller results
+  // column, say from the chart's own readout, must not replace the chart under the keyboard).
   new ResizeObserver(() => {
     cancelAnimationFrame(frame);
-    frame = requestAnimationFrame(() => state.lastGood && drawCharts(state.lastGood));
+    frame = requestAnimationFrame(() => {
+      if (state.lastGood && $('#timeline-chart').clientWidth !== state.chartWidth) drawCharts(state.lastGood);
+    });
   }).observe($('#results'));
 }
 

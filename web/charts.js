@@ -108,66 +108,153 @@ export function capacityBar(segments, capacityBytes, { width = 640, peakLabel = 
   return svg;
 }
 
-// Reduces a long timeline to at most `buckets` points for drawing, keeping the largest total of
-// each bucket (so no spike disappears) and its index for the hover text.
-function bucketize(timeline, buckets) {
-  const n = timeline.length;
-  if (n <= buckets) return timeline.map((p, i) => ({ i0: i, i1: i + 1, rep: i }));
+// ---------- the timeline ----------
+//
+// The estimate lists every event up to a limit; beyond it, only each short run's highest and
+// lowest totals, each with its `index` in the full run (`timelineEventCount` events). So the x
+// axis is the full event index, and a listed event's total holds until the next listed event.
+
+// Groups the listed events by pixel column (consecutive events whose index falls in the same
+// column), keeping each column's largest total (so no spike disappears).
+//   idx(k): event index of list entry k; count: events in the full run.
+function pixelColumns(timeline, columns, idx, count) {
   const out = [];
-  const size = n / buckets;
-  for (let b = 0; b < buckets; b++) {
-    const i0 = Math.floor(b * size);
-    const i1 = Math.max(i0 + 1, Math.floor((b + 1) * size));
-    let rep = i0;
-    for (let i = i0; i < i1; i++) if (timeline[i].totalBytes > timeline[rep].totalBytes) rep = i;
-    out.push({ i0, i1, rep });
+  for (let k = 0; k < timeline.length; k++) {
+    const col = Math.floor((idx(k) / count) * columns);
+    const last = out[out.length - 1];
+    if (last && last.col === col) {
+      last.k1 = k + 1;
+      if (timeline[k].totalBytes > timeline[last.rep].totalBytes) last.rep = k;
+    } else {
+      out.push({ col, k0: k, k1: k + 1, rep: k });
+    }
   }
   return out;
 }
 
-// Memory after each event of the simulated run, as a step line over the event index.
-// Phases (init → forward → backward → optimizer step, per training step) are shaded and
-// labelled; the peak is marked; every point carries a <title> with its label and total.
-//   timeline: estimate.timeline; peak: estimate.peak; phaseLabel(id) → text;
-//   capacityBytes: drawn as a dashed line when it is within the chart's range.
-export function timelineChart(timeline, { peak, phaseLabel = (id) => id, capacityBytes = 0, width = 640, height = 240 } = {}) {
-  const margin = { top: 26, right: 10, bottom: 26, left: 62 };
+// Runs of consecutive entries of one phase and step: init, then forward, backward and optimizer
+// step of step 1 and of step 2. start/end are list positions.
+function phaseBands(timeline) {
+  const bands = [];
+  timeline.forEach((p, k) => {
+    const last = bands[bands.length - 1];
+    if (last && last.phase === p.phase && last.step === p.step) last.end = k + 1;
+    else bands.push({ phase: p.phase, step: p.step, start: k, end: k + 1 });
+  });
+  return bands;
+}
+
+// Where each block (layer ≥ 0) starts inside a band, as list positions. Entries of no block
+// (-1: embeddings, head, loss) in between do not start the same block again.
+function blockStarts(timeline, band) {
+  const out = [];
+  let last = -1;
+  for (let k = band.start; k < band.end; k++) {
+    const layer = timeline[k].layer;
+    if (layer >= 0 && layer !== last) {
+      out.push({ k, layer });
+      last = layer;
+    }
+  }
+  return out;
+}
+
+// The last list position whose value is ≤ target, for a list sorted ascending by value(k).
+function lastAtOrBefore(length, value, target) {
+  let lo = 0;
+  let hi = length - 1;
+  if (hi < 0 || value(0) > target) return 0;
+  while (lo < hi) {
+    const mid = (lo + hi + 1) >> 1;
+    if (value(mid) <= target) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+const LABEL_STRIDES = [1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 250, 500, 1000];
+
+function truncate(text, maxChars) {
+  if (text.length <= maxChars) return text;
+  return maxChars > 1 ? `${text.slice(0, maxChars - 1)}…` : '';
+}
+
+// Memory after each event of the simulated run, drawn for thousands of events: the running total
+// as one path (per pixel column, the column's largest total), phases shaded and labelled, blocks
+// ticked along forward and backward where there is room, the peak marked with its event.
+// Pointer hover and the keyboard (the chart is a slider over event indices: ← → jump between
+// phase starts and peaks, Shift+← → move one column, Home/End) show an event in the readout.
+//   timeline: estimate.timeline; eventCount: estimate.timelineEventCount; peak, phasePeaks,
+//   forwardEnd: the estimate's snapshots; phaseLabel(id) → text; capacityBytes: drawn as a
+//   dashed line when within the chart's range.
+// Returns a <div> holding the SVG and its readout line.
+export function timelineChart(timeline, {
+  eventCount, peak, phasePeaks = [], forwardEnd, phaseLabel = (id) => id, capacityBytes = 0, width = 640, height = 260,
+} = {}) {
+  const margin = { top: 28, right: 12, bottom: 42, left: 62 };
   const innerW = Math.max(width - margin.left - margin.right, 40);
   const innerH = height - margin.top - margin.bottom;
+  const bottom = margin.top + innerH;
   const n = timeline.length;
+  const idx = (k) => (Number.isInteger(timeline[k].index) ? timeline[k].index : k);
+  const count = Math.max(Number.isInteger(eventCount) ? eventCount : 0, n ? idx(n - 1) + 1 : 0);
+  const until = (k) => (k + 1 < n ? idx(k + 1) : count);  // the event index where entry k's total ends
   const peakBytes = peak && Number.isFinite(peak.totalBytes) ? peak.totalBytes : 0;
-  const maxY = Math.max(peakBytes, ...timeline.map((p) => p.totalBytes), 1);
+  let maxY = Math.max(peakBytes, 1);
+  for (const p of timeline) if (p.totalBytes > maxY) maxY = p.totalBytes;
   const showCapacity = capacityBytes > 0 && capacityBytes <= maxY * 1.3;
   const yMax = (showCapacity ? Math.max(maxY, capacityBytes) : maxY) * 1.08;
-  const sx = (i) => margin.left + (n ? (i / n) * innerW : 0);
+  const sx = (i) => margin.left + (count ? (i / count) * innerW : 0);
   const sy = (b) => margin.top + innerH - (b / yMax) * innerH;
+  const bandText = (b) => (b.step > 0 ? `${phaseLabel(b.phase)} · step ${b.step}` : phaseLabel(b.phase));
 
+  const figure = document.createElement('div');
+  figure.className = 'timeline-figure';
+  // The results are a live region; hover readouts inside it must not be read out on every move.
+  figure.setAttribute('aria-live', 'off');
   const svg = svgEl('svg', {
-    class: 'chart timeline', viewBox: `0 0 ${width} ${height}`, width: '100%', height,
-    role: 'img', 'aria-label': `Memory after each of ${n} allocation and free events; peak ${formatBytes(peakBytes)}`,
+    class: 'chart timeline', viewBox: `0 0 ${width} ${height}`, width: '100%', height, tabindex: n ? 0 : undefined,
   });
+  const readout = document.createElement('p');
+  readout.className = 'chart-readout';
+  figure.append(svg, readout);
 
-  // Phase bands: consecutive events of the same phase and step.
-  const bands = [];
-  for (let i = 0; i < n; i++) {
-    const p = timeline[i];
-    const last = bands[bands.length - 1];
-    if (last && last.phase === p.phase && last.step === p.step) last.end = i + 1;
-    else bands.push({ phase: p.phase, step: p.step, start: i, end: i + 1 });
-  }
+  // Phase bands, labelled where the label fits; the <title> names every band.
+  const bands = phaseBands(timeline);
   const phaseIds = [...new Set(bands.map((b) => b.phase))];
   for (const b of bands) {
-    const x0 = sx(b.start);
-    const w = sx(b.end) - x0;
-    const text = b.step > 0 ? `${phaseLabel(b.phase)} · step ${b.step}` : phaseLabel(b.phase);
-    const g = svgEl('g', { class: `band phase-${phaseIds.indexOf(b.phase) % 4}` },
+    const x0 = sx(idx(b.start));
+    const w = sx(until(b.end - 1)) - x0;
+    const text = bandText(b);
+    const g = svgEl('g', { class: `band phase-${phaseIds.indexOf(b.phase) % 4}`, 'data-phase': b.phase, 'data-step': b.step },
       svgEl('rect', { x: x0, y: margin.top, width: Math.max(w, 0.5), height: innerH }, titleEl(text)));
-    // Label only what fits; the title still names every band.
     const short = phaseLabel(b.phase);
     const initial = `${short.slice(0, 1)}${b.step > 0 ? b.step : ''}`;
     const label = w > text.length * 6.2 ? text : w > short.length * 6.2 ? short : w > initial.length * 7 + 4 ? initial : '';
-    if (label) g.append(svgEl('text', { class: 'band-label', x: x0 + w / 2, y: margin.top - 6, 'text-anchor': 'middle' }, label));
+    if (label) g.append(svgEl('text', { class: 'band-label', x: x0 + w / 2, y: margin.top - 8, 'text-anchor': 'middle' }, label));
     svg.append(g);
+  }
+
+  // Block ticks along forward and backward: a tick per block where blocks are at least 3 px
+  // apart, a number every `stride` blocks so that numbers do not collide.
+  let ticked = false;
+  const ticks = svgEl('g', { class: 'layer-ticks' });
+  for (const b of bands) {
+    if (b.phase !== 'forward' && b.phase !== 'backward') continue;
+    const starts = blockStarts(timeline, b);
+    if (!starts.length) continue;
+    const spacing = (sx(until(b.end - 1)) - sx(idx(b.start))) / starts.length;
+    if (spacing < 3) continue;
+    const widest = String(Math.max(...starts.map((s) => s.layer))).length * 6 + 6;
+    const stride = LABEL_STRIDES.find((k) => k * spacing >= widest);
+    for (const s of starts) {
+      const x = sx(idx(s.k));
+      ticks.append(svgEl('line', { class: 'layer-tick', x1: x, x2: x, y1: bottom, y2: bottom + 4 }));
+      if (stride && s.layer % stride === 0) {
+        ticks.append(svgEl('text', { class: 'layer-label', x, y: bottom + 13, 'text-anchor': 'middle' }, String(s.layer)));
+      }
+    }
+    ticked = true;
   }
 
   // Y axis with binary-unit ticks.
@@ -178,8 +265,8 @@ export function timelineChart(timeline, { peak, phaseLabel = (id) => id, capacit
       svgEl('text', { class: 'axis-label', x: margin.left - 6, y: y + 4, 'text-anchor': 'end' }, formatBytes(t)),
     );
   }
-  svg.append(svgEl('text', { class: 'axis-label', x: margin.left + innerW / 2, y: height - 6, 'text-anchor': 'middle' },
-    `event index (0 … ${Math.max(n - 1, 0)})`));
+  svg.append(ticks, svgEl('text', { class: 'axis-label', x: margin.left + innerW / 2, y: height - 6, 'text-anchor': 'middle' },
+    `event index (0 … ${Math.max(count - 1, 0)})${ticked ? ' · numbers above: block (layer)' : ''}`));
 
   if (showCapacity) {
     const y = sy(capacityBytes);
@@ -189,37 +276,149 @@ export function timelineChart(timeline, { peak, phaseLabel = (id) => id, capacit
     );
   }
 
-  // The step line: after event i the total holds until event i + 1.
-  const groups = bucketize(timeline, Math.max(50, Math.floor(innerW)));
+  // The running total as a step line over pixel columns; a column shows its largest total.
+  const columns = pixelColumns(timeline, Math.max(50, Math.floor(innerW)), idx, count || 1);
   let d = '';
-  groups.forEach((g, k) => {
-    const y = sy(timeline[g.rep].totalBytes);
-    d += k === 0 ? `M${sx(g.i0).toFixed(2)},${sy(0).toFixed(2)}V${y.toFixed(2)}` : `V${y.toFixed(2)}`;
-    d += `H${sx(g.i1).toFixed(2)}`;
+  columns.forEach((c, j) => {
+    const y = sy(timeline[c.rep].totalBytes).toFixed(2);
+    d += j === 0 ? `M${sx(idx(c.k0)).toFixed(2)},${sy(0).toFixed(2)}V${y}` : `V${y}`;
+    d += `H${sx(until(c.k1 - 1)).toFixed(2)}`;
   });
-  if (d) svg.append(svgEl('path', { class: 'line', d }));
+  if (d) svg.append(svgEl('path', { class: 'area', d: `${d}V${sy(0).toFixed(2)}Z` }), svgEl('path', { class: 'line', d }));
 
-  // Hover targets, one per drawn point.
-  const hits = svgEl('g', { class: 'hits' });
-  for (const g of groups) {
-    const p = timeline[g.rep];
-    const range = g.i1 - g.i0 > 1 ? `events ${g.i0}–${g.i1 - 1}, largest at #${g.rep}` : `event #${g.rep}`;
-    const stepText = p.step > 0 ? ` · step ${p.step}` : '';
-    const delta = p.deltaBytes >= 0 ? `+${formatBytes(p.deltaBytes)}` : formatBytes(p.deltaBytes);
-    hits.append(svgEl('rect', { x: sx(g.i0), y: margin.top, width: Math.max(sx(g.i1) - sx(g.i0), 0.5), height: innerH },
-      titleEl(`${range} (${phaseLabel(p.phase)}${stepText})\n${p.label}\ntotal ${formatBytes(p.totalBytes)} (${formatExactBytes(p.totalBytes)}), ${delta}`)));
+  const validIndex = (i) => Number.isInteger(i) && i >= 0 && i < count;
+  const positionOf = (eventIndex) => lastAtOrBefore(n, idx, eventIndex);
+  const at = (k) => ({ x: sx(idx(k) + 0.5), y: sy(timeline[k].totalBytes) });
+
+  // Each phase's own peak, small; the overall peak, large and labelled with its event.
+  for (const p of phasePeaks) {
+    if (!validIndex(p.eventIndex) || p.eventIndex === peak?.eventIndex) continue;
+    const x = sx(p.eventIndex + 0.5);
+    svg.append(svgEl('g', { class: 'phase-peak', 'data-phase': p.phase },
+      svgEl('circle', { cx: x, cy: sy(p.totalBytes), r: 3 }, titleEl(`Peak of ${phaseLabel(p.phase)}: ${formatBytes(p.totalBytes)}\n${p.label}`))));
   }
-  svg.append(hits);
-
-  // Peak marker.
-  if (peak && Number.isInteger(peak.eventIndex) && peak.eventIndex >= 0 && peak.eventIndex < n) {
-    const px = (sx(peak.eventIndex) + sx(peak.eventIndex + 1)) / 2;
+  if (peak && validIndex(peak.eventIndex)) {
+    const px = sx(peak.eventIndex + 0.5);
     const py = sy(peak.totalBytes);
-    const anchor = px > margin.left + innerW * 0.7 ? 'end' : 'start';
-    svg.append(svgEl('g', { class: 'peak-marker' },
+    const anchor = px > margin.left + innerW * 0.6 ? 'end' : 'start';
+    const tx = anchor === 'end' ? px - 8 : px + 8;
+    const room = anchor === 'end' ? tx - margin.left : margin.left + innerW - tx;
+    const ty = Math.max(py + 4, margin.top + 10);
+    svg.append(svgEl('g', { class: 'peak-marker', 'data-event': peak.eventIndex },
       svgEl('circle', { cx: px, cy: py, r: 4.5 }, titleEl(`Peak: ${formatBytes(peak.totalBytes)} (${formatExactBytes(peak.totalBytes)})\n${peak.label}`)),
-      svgEl('text', { class: 'chart-label strong', x: anchor === 'end' ? px - 8 : px + 8, y: Math.max(py + 4, margin.top + 10), 'text-anchor': anchor },
-        `peak ${formatBytes(peak.totalBytes)}`)));
+      svgEl('text', { class: 'chart-label strong', x: tx, y: ty, 'text-anchor': anchor }, `peak ${formatBytes(peak.totalBytes)}`),
+      svgEl('text', { class: 'chart-label peak-label', x: tx, y: ty + 13, 'text-anchor': anchor }, truncate(String(peak.label ?? ''), Math.floor(room / 5.8)))));
   }
-  return svg;
+
+  if (!n) return figure;
+
+  // ---- hover and keyboard ----
+  const cursorLine = svgEl('line', { y1: margin.top, y2: bottom });
+  const cursorDot = svgEl('circle', { r: 3.5 });
+  const cursorText = svgEl('text', {});
+  const cursor = svgEl('g', { class: 'cursor', visibility: 'hidden', 'pointer-events': 'none' }, cursorLine, cursorDot, cursorText);
+  svg.append(svgEl('rect', { class: 'hit-area', x: margin.left, y: margin.top, width: innerW, height: innerH }), cursor);
+
+  // Keyboard stops (list positions): each phase's start and peak, the end of the first forward
+  // (what forward leaves for backward), the overall peak, the last event.
+  const stopNotes = new Map();
+  const addStop = (k, note) => stopNotes.set(k, stopNotes.has(k) ? `${stopNotes.get(k)}; ${note}` : note);
+  for (const b of bands) addStop(b.start, `start of ${bandText(b)}`);
+  for (const p of phasePeaks) if (validIndex(p.eventIndex)) addStop(positionOf(p.eventIndex), `peak of ${phaseLabel(p.phase)}`);
+  if (forwardEnd && validIndex(forwardEnd.eventIndex)) addStop(positionOf(forwardEnd.eventIndex), 'end of forward (what backward starts from)');
+  if (peak && validIndex(peak.eventIndex)) addStop(positionOf(peak.eventIndex), 'the peak');
+  addStop(n - 1, 'last event');
+  const stops = [...stopNotes.keys()].sort((a, b) => a - b);
+
+  const describe = (k, note) => {
+    const p = timeline[k];
+    const where = [`event #${idx(k)}`, p.step > 0 ? `${phaseLabel(p.phase)} · step ${p.step}` : phaseLabel(p.phase)];
+    if (p.layer >= 0) where.push(`block ${p.layer}`);
+    const delta = p.deltaBytes >= 0 ? `+${formatBytes(p.deltaBytes)}` : formatBytes(p.deltaBytes);
+    const total = `total ${formatBytes(p.totalBytes)} (${formatExactBytes(p.totalBytes)}), this event ${delta}`;
+    return { where: `${note ? `${note}: ` : ''}${where.join(' · ')}`, label: String(p.label ?? ''), total };
+  };
+  const idle = 'Hover the chart for an event, or focus it and press ← → to step between phase starts and peaks.';
+  const showIdle = () => {
+    cursor.setAttribute('visibility', 'hidden');
+    readout.textContent = idle;
+  };
+  const show = (k, note) => {
+    const { x, y } = at(k);
+    const text = describe(k, note);
+    cursorLine.setAttribute('x1', x);
+    cursorLine.setAttribute('x2', x);
+    cursorDot.setAttribute('cx', x);
+    cursorDot.setAttribute('cy', y);
+    const anchor = x > margin.left + innerW * 0.75 ? 'end' : 'start';
+    cursorText.setAttribute('x', anchor === 'end' ? x - 6 : x + 6);
+    cursorText.setAttribute('y', Math.max(y - 6, margin.top + 10));
+    cursorText.setAttribute('text-anchor', anchor);
+    cursorText.textContent = formatBytes(timeline[k].totalBytes);
+    cursor.setAttribute('visibility', 'visible');
+    const where = document.createElement('span');
+    where.className = 'where';
+    where.textContent = text.where;
+    readout.replaceChildren(where, document.createElement('br'), `${text.label} — ${text.total}`);
+    return text;
+  };
+
+  let current = peak && validIndex(peak.eventIndex) ? positionOf(peak.eventIndex) : 0;
+  let keyboardActive = false;
+  const moveTo = (k) => {
+    current = Math.max(0, Math.min(n - 1, k));
+    keyboardActive = true;
+    const text = show(current, stopNotes.get(current));
+    svg.setAttribute('aria-valuenow', idx(current));
+    svg.setAttribute('aria-valuetext', `${text.where}. ${text.label}. ${text.total}`);
+  };
+  const columnOf = (k) => lastAtOrBefore(columns.length, (j) => columns[j].k0, k);
+
+  svg.setAttribute('role', 'slider');
+  svg.setAttribute('aria-label', `Memory after each of ${count} allocation and free events; peak ${formatBytes(peakBytes)}. Arrow keys step between phase starts and peaks.`);
+  svg.setAttribute('aria-valuemin', 0);
+  svg.setAttribute('aria-valuemax', Math.max(count - 1, 0));
+  svg.setAttribute('aria-valuenow', idx(current));
+  svg.addEventListener('focus', () => moveTo(current));
+  svg.addEventListener('blur', () => {
+    keyboardActive = false;
+    showIdle();
+  });
+  svg.addEventListener('keydown', (event) => {
+    let next;
+    if (event.key === 'ArrowRight' || event.key === 'ArrowUp') {
+      next = event.shiftKey ? columns[Math.min(columns.length - 1, columnOf(current) + 1)].rep : stops.find((s) => s > current);
+    } else if (event.key === 'ArrowLeft' || event.key === 'ArrowDown') {
+      next = event.shiftKey ? columns[Math.max(0, columnOf(current) - 1)].rep : stops.findLast((s) => s < current);
+    } else if (event.key === 'Home') {
+      next = 0;
+    } else if (event.key === 'End') {
+      next = n - 1;
+    } else {
+      return;
+    }
+    event.preventDefault();
+    // A column's largest entry may lie behind the cursor; a step always moves in its direction.
+    if (event.shiftKey && next !== undefined) {
+      const forward = event.key === 'ArrowRight' || event.key === 'ArrowUp';
+      if (forward ? next <= current : next >= current) next = current + (forward ? 1 : -1);
+    }
+    if (next !== undefined) moveTo(next);
+  });
+  svg.addEventListener('pointermove', (event) => {
+    const box = svg.getBoundingClientRect();
+    if (!box.width) return;
+    const x = ((event.clientX - box.left) * width) / box.width;
+    if (x < margin.left || x > margin.left + innerW) return;
+    const c = columns[lastAtOrBefore(columns.length, (j) => idx(columns[j].k0), ((x - margin.left) / innerW) * count)];
+    const first = idx(c.k0);
+    const last = until(c.k1 - 1) - 1;
+    show(c.rep, last > first ? `largest total of events ${first}–${last}` : '');
+  });
+  svg.addEventListener('pointerleave', () => {
+    if (keyboardActive) moveTo(current);
+    else showIdle();
+  });
+  showIdle();
+  return figure;
 }
