@@ -39,8 +39,8 @@ void PrintRows(const std::vector<gpumem::CategoryBytes>& rows) {
 
 void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool timeline) {
   using namespace gpumem;
-  std::printf("Model: %s parameters — %s\n", FormatCount(e.modelStates.parameterCount).c_str(),
-              LabelOf(setup.model.kind));
+  std::printf("Model: %s parameters — %s\n       %s\n", FormatCount(e.modelStates.parameterCount).c_str(),
+              LabelOf(setup.model.kind), e.modelStates.parameterFormula.c_str());
   if (setup.model.kind == ModelKind::Transformer) {
     const ArchitectureDef& a = setup.model.architecture;
     std::printf("Architecture: %s, %lld layers, hidden %lld, %lld heads (%lld key/value) of %lld, "

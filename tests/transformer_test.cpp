@@ -66,6 +66,11 @@ TEST_CASE("every preset reproduces its published parameter count", "[transformer
 }
 
 TEST_CASE("inventories use Hugging Face names and shapes", "[transformer]") {
+  SECTION("the count is explained as embeddings and head plus blocks") {
+    const Estimate e = MustEstimate(TransformerSetup(FindPreset("gpt2")->architecture, 1, 8));
+    CHECK(e.modelStates.parameterFormula ==
+          "embeddings, final norm and head 39,385,344 + 12 blocks × 7,087,872 = 124,439,808 (148 tensors)");
+  }
   SECTION("GPT-2: a tied head is listed once, Conv1D weights are [in, out]") {
     const Inventory inv = BuildInventory(TransformerSetup(FindPreset("gpt2")->architecture, 1, 8));
     CHECK(inv.parameters.size() == 2 + 12 * 12 + 2);

@@ -837,7 +837,7 @@ function render(est) {
   const count = $('#param-count');
   count.textContent = formatInteger(states.parameterCount);
   count.dataset.count = String(states.parameterCount);
-  showParameterSource(states.parameterCount, state.lastContext ?? {});
+  showParameterSource(states, state.lastContext ?? {});
   fillBytesTable($('#states-table'), states.rows, states.totalBytes, 'Model states', 'states-total', false);
 
   // Phase peaks.
@@ -872,14 +872,15 @@ function render(est) {
 }
 
 // Where the parameter count comes from, and for a preset the count its model card publishes.
-function showParameterSource(counted, context) {
+function showParameterSource(states, context) {
+  const counted = states.parameterCount;
   const source = $('#param-source');
   const published = $('#param-published');
   const family = state.options.families?.find((f) => f.id === context.family)?.label ?? context.family;
   if (context.kind === state.archKind) {
-    source.textContent = `Counted by the core: the elements of every parameter tensor of the ${family} architecture, with Hugging Face's tensor names and shapes (a tied output head is counted once).`;
+    source.textContent = `Counted by the core: the elements of every parameter tensor of the ${family} architecture, with Hugging Face's tensor names and shapes (a tied output head is counted once): ${states.parameterFormula}.`;
   } else if (context.kind === state.layersKind) {
-    source.textContent = 'Counted by the core from the layer list: in × out (+ out for a bias) per linear layer, rows × width per embedding.';
+    source.textContent = `Counted by the core from the layer list: in × out (+ out for a bias) per linear layer, rows × width per embedding: ${states.parameterFormula}.`;
   } else {
     source.textContent = 'As entered (model.parameterCount).';
   }

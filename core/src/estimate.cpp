@@ -28,12 +28,44 @@ void UseModelStateFormulas(Snapshot& snapshot, const ModelStates& states) {
   }
 }
 
+// The parameter count as a sum a person can check against the architecture.
+std::string ParameterFormula(const Setup& setup, const Inventory& inventory) {
+  const std::int64_t total = inventory.ParameterCount();
+  if (setup.model.kind == ModelKind::ParameterCount) return FormatCount(total) + " parameters, as given";
+  std::vector<std::int64_t> perLayer;
+  std::int64_t outside = 0;
+  for (const Tensor& t : inventory.parameters) {
+    if (t.layer < 0) { outside += t.Elements(); continue; }
+    if (perLayer.size() <= static_cast<std::size_t>(t.layer)) perLayer.resize(static_cast<std::size_t>(t.layer) + 1, 0);
+    perLayer[static_cast<std::size_t>(t.layer)] += t.Elements();
+  }
+  const std::string tensors = " (" + FormatCount(static_cast<std::int64_t>(inventory.parameters.size())) + " tensors)";
+  if (setup.model.kind == ModelKind::Transformer) {
+    const bool uniform = !perLayer.empty() &&
+                         std::all_of(perLayer.begin(), perLayer.end(), [&](std::int64_t n) { return n == perLayer.front(); });
+    std::string blocks = uniform ? FormatCount(static_cast<std::int64_t>(perLayer.size())) + " blocks × " +
+                                       FormatCount(perLayer.front())
+                                 : FormatCount(static_cast<std::int64_t>(perLayer.size())) + " blocks";
+    return "embeddings, final norm and head " + FormatCount(outside) + " + " + blocks + " = " +
+           FormatCount(total) + tensors;
+  }
+  std::string terms;
+  std::size_t shown = 0;
+  for (std::size_t i = 0; i < perLayer.size(); ++i) {
+    if (perLayer[i] == 0) continue;
+    if (++shown > 6) { terms += " + …"; break; }
+    terms += (terms.empty() ? "" : " + ") + std::string("layers[") + std::to_string(i) + "] " + FormatCount(perLayer[i]);
+  }
+  return (terms.empty() ? "no parameters" : terms) + " = " + FormatCount(total) + tensors;
+}
+
 }  // namespace
 
 ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   const Regime regime = RegimeOf(setup.training.precision);
   ModelStates m;
   m.parameterCount = inventory.ParameterCount();
+  m.parameterFormula = ParameterFormula(setup, inventory);
   const std::int64_t trainable = inventory.TrainableCount();
   m.parametersBytes = m.parameterCount * BytesPerElement(regime.weights);
   m.masterWeightsBytes = regime.masterWeights ? trainable * 4 : 0;

@@ -414,7 +414,8 @@ ojson EstimateObject(const Estimate& e) {
   return {
       {"schemaVersion", kSchemaVersion},
       {"activationsFromHeuristic", e.activationsFromHeuristic},
-      {"modelStates", {{"parameterCount", m.parameterCount}, {"parametersBytes", m.parametersBytes},
+      {"modelStates", {{"parameterCount", m.parameterCount}, {"parameterFormula", m.parameterFormula},
+                       {"parametersBytes", m.parametersBytes},
                        {"masterWeightsBytes", m.masterWeightsBytes}, {"gradientsBytes", m.gradientsBytes},
                        {"optimizerStatesBytes", m.optimizerStatesBytes}, {"totalBytes", m.totalBytes},
                        {"rows", RowsJson(m.rows)}}},

@@ -167,9 +167,12 @@ void ValidateArchitecture(const Setup& setup, std::vector<FieldError>& errors) {
   if (errors.size() != before) return;  // the relations below need sane sizes
 
   if (a.headDim == 0 && a.hiddenSize % a.numHeads != 0) {
+    // Only the Llama family has a head_dim of its own (Gemma, Qwen3 set it); GPT-2 and BERT
+    // split the hidden size across the heads.
     errors.push_back({ErrorCode::InvalidField, p + "numHeads",
                       "numHeads (" + FormatCount(a.numHeads) + ") must divide hiddenSize (" +
-                          FormatCount(a.hiddenSize) + "), or set headDim."});
+                          FormatCount(a.hiddenSize) + ")" +
+                          (a.family == Family::Llama ? ", or set headDim." : ".")});
   }
   const std::int64_t kv = KeyValueHeads(a);
   if (kv > a.numHeads || a.numHeads % kv != 0) {

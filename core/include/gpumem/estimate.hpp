@@ -42,6 +42,8 @@ struct TimelinePoint {
 // Persistent memory of the model (what stays between steps), with formulas.
 struct ModelStates {
   std::int64_t parameterCount = 0;
+  // Where the count comes from: "embeddings and head 38,597,376 + 12 blocks × 7,087,872 …".
+  std::string parameterFormula;
   std::int64_t parametersBytes = 0;
   std::int64_t masterWeightsBytes = 0;
   std::int64_t gradientsBytes = 0;
