@@ -12,6 +12,7 @@
 #include "gpumem/json.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/presets.hpp"
+#include "gpumem/solve.hpp"
 
 namespace {
 
@@ -28,6 +29,9 @@ constexpr const char* kUsage =
     "  --timeline   also print every allocation and free of the simulated steps\n"
     "  --preset ID  estimate a published architecture with the default training setup\n"
     "  --presets    list the presets and their published parameter counts\n"
+    "  --solve      also find the largest batch and sequence that fit, and what would make it fit\n"
+    "  --import-config config.json       print the setup a Hugging Face config.json describes\n"
+    "  --import-safetensors FILE         count the tensors of a safetensors header or index JSON\n"
     "Exit status: 0 estimated, 1 the setup has errors, 2 usage or unreadable file.\n";
 
 void PrintRows(const std::vector<gpumem::CategoryBytes>& rows) {
@@ -110,16 +114,44 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
   }
 }
 
+void PrintSolve(const gpumem::SolveResult& r) {
+  using namespace gpumem;
+  std::printf("\nSolve (GPU %s):\n", HumanBytes(r.capacityBytes).c_str());
+  auto limit = [](const char* what, const SolvedLimit& l, const char* unit) {
+    if (!l.found) std::printf("  %-24s none fits, even 1\n", what);
+    else std::printf("  %-24s %s %s (peak %s; allowed up to %s)\n", what, FormatCount(l.value).c_str(), unit,
+                     HumanBytes(l.peakBytes).c_str(), FormatCount(l.limit).c_str());
+  };
+  limit("Largest micro-batch:", r.maxBatchSize, "samples");
+  limit("Longest sequence:", r.maxSequenceLength, "tokens");
+  std::printf("  Changes, by memory saved:\n");
+  for (const FitSuggestion& s : r.suggestions) {
+    std::printf("    %-4s %12s saved → peak %12s  %s (%s)\n", s.fits ? "fits" : "", HumanBytes(s.savedBytes).c_str(),
+                HumanBytes(s.peakBytes).c_str(), s.label.c_str(), s.tradeoff.c_str());
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false, timeline = false;
+  bool json = false, timeline = false, solve = false;
   const char* path = nullptr;
   std::string presetSetup;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json") json = true;
     else if (arg == "--timeline") timeline = true;
+    else if (arg == "--solve") solve = true;
+    else if ((arg == "--import-config" || arg == "--import-safetensors") && i + 1 < argc) {
+      std::ifstream file(argv[i + 1], std::ios::binary);
+      if (!file) { std::cerr << "gpumem: cannot read " << argv[i + 1] << "\n"; return 2; }
+      std::stringstream content;
+      content << file.rdbuf();
+      const std::string out = arg == "--import-config" ? gpumem::ImportConfigJson(content.str(), 2)
+                                                       : gpumem::ImportSafetensorsJson(content.str(), 2);
+      std::cout << out << "\n";
+      return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
+    }
     else if (arg == "--defaults") { std::cout << gpumem::SetupToJson(gpumem::DefaultSetup(), 2) << "\n"; return 0; }
     else if (arg == "--options") { std::cout << gpumem::OptionsJson(2) << "\n"; return 0; }
     else if (arg == "--presets") {
@@ -163,6 +195,7 @@ int main(int argc, char** argv) {
   if (result.ok()) result = gpumem::EstimateMemory(setup);
   if (json) {
     std::cout << gpumem::EstimateResultToJson(result, 2) << "\n";
+    if (solve && result.ok()) std::cout << gpumem::SolveJson(text.str(), 2) << "\n";
     return result.ok() ? 0 : 1;
   }
   if (!result.ok()) {
@@ -173,5 +206,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   PrintTable(setup, result.estimate, timeline);
+  if (solve) PrintSolve(gpumem::Solve(setup));
   return 0;
 }

@@ -46,12 +46,27 @@ std::map<Category, std::int64_t> HeldAfterForward(const Estimate& e) {
 }  // namespace
 
 TEST_CASE("every preset reproduces its published parameter count", "[transformer][presets]") {
-  REQUIRE(Presets().size() >= 8);
+  REQUIRE(Presets().size() >= 25);
+  for (const Preset& p : Presets()) {
+    INFO(p.id);
+    Setup s = TransformerSetup(p.architecture, 1, 128);
+    CHECK(Validate(s).empty());
+    CHECK(PublishedScopeParameterCount(s) == p.publishedParameters);
+  }
+  // The figures each publisher states, typed here once more so that a preset cannot drift
+  // together with its own expected value.
   const std::map<std::string, std::int64_t> published = {
       {"gpt2", 124'439'808},         {"gpt2-xl", 1'557'611'200},
       {"bert-large-uncased", 335'141'888}, {"llama-2-7b", 6'738'415'616},
       {"mistral-7b-v0.1", 7'241'732'096}, {"llama-3-8b", 8'030'261'248},
       {"qwen2.5-1.5b", 1'543'714'304}, {"mixtral-8x7b", 46'702'792'704},
+      {"gpt2-medium", 354'823'168}, {"gpt2-large", 774'030'080}, {"bert-base-uncased", 109'482'240},
+      {"llama-2-13b", 13'015'864'320}, {"llama-2-70b", 68'976'648'192}, {"tinyllama-1.1b", 1'100'048'384},
+      {"llama-3-70b", 70'553'706'496}, {"llama-3.1-405b", 405'853'388'800}, {"llama-3.2-1b", 1'235'814'400},
+      {"llama-3.2-3b", 3'212'749'824}, {"mistral-7b-v0.3", 7'248'023'552}, {"qwen2.5-0.5b", 494'032'768},
+      {"qwen2.5-7b", 7'615'616'512}, {"qwen2.5-14b", 14'770'033'664}, {"qwen2.5-72b", 72'706'203'648},
+      {"gemma-2b", 2'506'172'416}, {"gemma-7b", 8'537'680'896}, {"phi-3-mini-4k", 3'821'079'552},
+      {"mixtral-8x22b", 140'620'634'112}, {"qwen1.5-moe-a2.7b", 14'315'784'192},
   };
   for (const auto& [id, count] : published) {
     SECTION(id) {

@@ -13,6 +13,9 @@ std::string EstimateJs(const std::string& setup) { return gpumem::EstimateJson(s
 std::string ValidateJs(const std::string& setup) { return gpumem::ValidateJson(setup); }
 std::string OptionsJs() { return gpumem::OptionsJson(); }
 std::string VersionJs() { return gpumem::Version(); }
+std::string ImportConfigJs(const std::string& text) { return gpumem::ImportConfigJson(text); }
+std::string ImportSafetensorsJs(const std::string& text) { return gpumem::ImportSafetensorsJson(text); }
+std::string SolveJs(const std::string& setup) { return gpumem::SolveJson(setup); }
 
 }  // namespace
 
@@ -21,4 +24,7 @@ EMSCRIPTEN_BINDINGS(gpumem) {
   emscripten::function("validateJson", &ValidateJs);
   emscripten::function("optionsJson", &OptionsJs);
   emscripten::function("version", &VersionJs);
+  emscripten::function("importConfigJson", &ImportConfigJs);
+  emscripten::function("importSafetensorsJson", &ImportSafetensorsJs);
+  emscripten::function("solveJson", &SolveJs);
 }

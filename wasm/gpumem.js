@@ -61,6 +61,27 @@ function wrapModule(core) {
       if (!envelope.ok) throw new GpumemError(envelope.errors);
       return envelope.estimate;
     },
+    // A Hugging Face config.json (text) → { setup, modelType, ignoredFields, notes }.
+    importConfig(text) {
+      const envelope = parseEnvelope(callCore(() => core.importConfigJson(String(text))));
+      if (!envelope.ok) throw new GpumemError(envelope.errors);
+      const { ok, ...result } = envelope;
+      return result;
+    },
+    // A safetensors header (the JSON after its 8-byte length) or model.safetensors.index.json.
+    importSafetensors(text) {
+      const envelope = parseEnvelope(callCore(() => core.importSafetensorsJson(String(text))));
+      if (!envelope.ok) throw new GpumemError(envelope.errors);
+      const { ok, ...result } = envelope;
+      return result;
+    },
+    // The largest micro-batch and sequence that fit, and the changes that would make it fit.
+    solve(setup) {
+      const text = setupText(setup);
+      const envelope = parseEnvelope(callCore(() => core.solveJson(text)));
+      if (!envelope.ok) throw new GpumemError(envelope.errors);
+      return envelope.solve;
+    },
     validate(setup) {
       try {
         const text = setupText(setup);

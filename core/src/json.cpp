@@ -9,7 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "gpumem/names.hpp"
+#include "gpumem/gpus.hpp"
+#include "gpumem/import.hpp"
+#include "gpumem/inventory.hpp"
 #include "gpumem/presets.hpp"
+#include "gpumem/solve.hpp"
 
 namespace gpumem {
 namespace {
@@ -345,7 +349,8 @@ ojson SetupJson(const Setup& s) {
                     {"attention", IdOf(s.training.attention)},
                     {"checkpointing", IdOf(s.training.checkpointing)},
                     {"checkpointInterval", s.training.checkpointInterval}}},
-      {"gpu", {{"memoryGiB", s.gpu.memoryGiB}}},
+      {"gpu", s.gpu.id.empty() ? ojson{{"memoryGiB", s.gpu.memoryGiB}}
+                               : ojson{{"memoryGiB", s.gpu.memoryGiB}, {"id", s.gpu.id}}},
   };
 }
 
@@ -479,7 +484,17 @@ SetupParseResult ParseSetupJson(std::string_view text) {
   if (auto it = doc.find("training"); it != doc.end()) ReadTraining(r, *it, result.setup.training);
   if (auto it = doc.find("gpu"); it != doc.end()) {
     if (r.ExpectObject(*it, "gpu")) {
-      r.RejectUnknown(*it, {"memoryGiB"}, "gpu");
+      r.RejectUnknown(*it, {"memoryGiB", "id"}, "gpu");
+      // A GPU of the list sets the capacity; an explicit memoryGiB still wins.
+      if (auto id = it->find("id"); id != it->end()) {
+        const GpuModel* gpu = id->is_string() ? FindGpu(id->get_ref<const std::string&>()) : nullptr;
+        if (gpu == nullptr) {
+          r.Fail(ErrorCode::InvalidField, "gpu.id", "Unknown GPU " + Echo(*id) + " (see the gpus list in the options).");
+        } else {
+          result.setup.gpu.id = gpu->id;
+          result.setup.gpu.memoryGiB = gpu->memoryGiB;
+        }
+      }
       r.Number(*it, "memoryGiB", "gpu", result.setup.gpu.memoryGiB);
     }
   }
@@ -544,6 +559,82 @@ std::string ValidateJson(std::string_view setupText, int indent) {
   return Dump({{"ok", true}, {"setup", SetupJson(setup)}}, indent);
 }
 
+std::string ImportConfigJson(std::string_view configText, int indent) {
+  const ConfigImport c = ImportHfConfig(configText);
+  if (!c.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(c.errors)}}, indent);
+  Setup imported = DefaultSetup();
+  imported.model.kind = ModelKind::Transformer;
+  imported.model.architecture = c.architecture;
+  // The count, when the architecture is valid at all (its own errors show once it is estimated).
+  std::vector<FieldError> problems;
+  for (const FieldError& e : Validate(imported)) if (e.field.starts_with("model.")) problems.push_back(e);
+  const ojson count = problems.empty() ? ojson(BuildInventory(imported).ParameterCount()) : ojson(nullptr);
+  return Dump({{"ok", true},
+               {"modelType", c.modelType},
+               {"parameterCount", count},
+               {"setup", {{"model", {{"kind", IdOf(ModelKind::Transformer)}, {"architecture", ArchitectureJson(c.architecture)}}}}},
+               {"ignoredFields", c.ignoredFields},
+               {"notes", c.notes}},
+              indent);
+}
+
+std::string ImportSafetensorsJson(std::string_view text, int indent) {
+  const SafetensorsImport t = ImportSafetensors(text);
+  if (!t.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(t.errors)}}, indent);
+  ojson dtypes = ojson::object();
+  for (const auto& [name, count] : t.dtypes) dtypes[name] = count;
+  ojson matrices = ojson::array();
+  for (std::size_t i = 0; i < t.largestMatrices.size(); ++i) {
+    matrices.push_back({{"rows", t.largestMatrices[i].rows}, {"cols", t.largestMatrices[i].cols},
+                        {"name", t.largestNames[i]}});
+  }
+  ojson out = {{"ok", true}, {"source", t.fromHeader ? "header" : "index"}};
+  out["parameterCount"] = t.parameterCount ? ojson(*t.parameterCount) : ojson(nullptr);
+  out["totalSizeBytes"] = t.totalSizeBytes;
+  out["tensorCount"] = t.tensorCount;
+  out["dtypes"] = dtypes;
+  out["largestMatrices"] = matrices;
+  out["numLayers"] = t.numLayers;
+  if (t.parameterCount) {
+    ojson shapes = ojson::array();
+    for (const MatrixShape& m : t.largestMatrices) shapes.push_back({{"rows", m.rows}, {"cols", m.cols}});
+    out["setup"] = {{"model", {{"kind", IdOf(ModelKind::ParameterCount)}, {"parameterCount", *t.parameterCount},
+                               {"largestMatrices", shapes}}}};
+  } else {
+    out["setup"] = nullptr;
+  }
+  out["notes"] = t.notes;
+  return Dump(out, indent);
+}
+
+std::string SolveJson(std::string_view setupText, int indent) {
+  Setup setup;
+  const std::vector<FieldError> errors = ParseAndValidate(setupText, setup);
+  if (!errors.empty()) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  const SolveResult r = Solve(setup);
+  if (!r.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(r.errors)}}, indent);
+  auto limit = [](const SolvedLimit& l) {
+    return l.found ? ojson{{"value", l.value}, {"peakBytes", l.peakBytes}, {"limit", l.limit}} : ojson(nullptr);
+  };
+  ojson suggestions = ojson::array();
+  for (const FitSuggestion& s : r.suggestions) {
+    // The change as a partial setup: only the fields it touches, read back from its setup.
+    const ojson full = SetupJson(s.setup);
+    ojson change = ojson::object();
+    for (const std::string& f : s.changedFields) {
+      const std::string key = f.substr(f.find('.') + 1);
+      change["training"][key] = full["training"][key];
+    }
+    suggestions.push_back({{"id", s.id}, {"label", s.label}, {"tradeoff", s.tradeoff}, {"change", change},
+                           {"peakBytes", s.peakBytes}, {"savedBytes", s.savedBytes}, {"fits", s.fits}});
+  }
+  return Dump({{"ok", true},
+               {"solve", {{"currentPeakBytes", r.currentPeakBytes}, {"capacityBytes", r.capacityBytes},
+                          {"maxBatchSize", limit(r.maxBatchSize)}, {"maxSequenceLength", limit(r.maxSequenceLength)},
+                          {"suggestions", suggestions}}}},
+              indent);
+}
+
 const char* Version() { return GPUMEM_VERSION; }
 
 std::string OptionsJson(int indent) {
@@ -556,13 +647,19 @@ std::string OptionsJson(int indent) {
   for (const Preset& p : Presets()) {
     presets.push_back({{"id", p.id}, {"label", p.label}, {"source", p.source},
                        {"publishedParameters", p.publishedParameters}, {"countedAs", p.countedAs},
+                       {"note", p.note},
                        {"architecture", ArchitectureJson(p.architecture)}});
+  }
+  ojson gpus = ojson::array();
+  for (const GpuModel& g : Gpus()) {
+    gpus.push_back({{"id", g.id}, {"label", g.label}, {"memoryGiB", g.memoryGiB}, {"vendor", g.vendor}, {"kind", g.kind}});
   }
   ojson familyDefaults = ojson::object();
   for (const auto& n : NamesOf(Family{})) familyDefaults[n.id] = ArchitectureJson(DefaultArchitecture(n.value));
   return Dump({{"schemaVersion", kSchemaVersion},
                {"version", GPUMEM_VERSION},
                {"presets", presets},
+               {"gpus", gpus},
                {"familyDefaults", familyDefaults},
                {"families", NameList<Family>()},
                {"hiddenActs", NameList<HiddenAct>()},

@@ -47,6 +47,22 @@ std::string ValidateJson(std::string_view setupText, int indent = -1);
 // {"schemaVersion":1,"defaultSetup":{…},"examples":[{"id","label","setup"}],"precisions":[{"id","label"}],…}
 std::string OptionsJson(int indent = -1);
 
+// A Hugging Face config.json read into an architecture:
+// {"ok":true,"modelType","setup":{"model":{"kind":"transformer","architecture":{…}}},
+//  "ignoredFields":[…],"notes":[…]} or {"ok":false,"errors":[…]} (fields "config.hidden_size").
+std::string ImportConfigJson(std::string_view configText, int indent = -1);
+
+// A safetensors header or model.safetensors.index.json:
+// {"ok":true,"source":"header"|"index","parameterCount"(header) | null,"totalSizeBytes",
+//  "tensorCount","dtypes":{…},"largestMatrices":[{rows,cols,name}],"numLayers",
+//  "setup":{"model":{"kind":"parameterCount",…}} (header),"notes":[…]}.
+std::string ImportSafetensorsJson(std::string_view text, int indent = -1);
+
+// The solvers on a setup: {"ok":true,"solve":{"currentPeakBytes","capacityBytes",
+//  "maxBatchSize":{value,peakBytes,limit}|null,"maxSequenceLength":{…}|null,
+//  "suggestions":[{id,label,tradeoff,change:{training:{…}},peakBytes,savedBytes,fits}]}}.
+std::string SolveJson(std::string_view setupText, int indent = -1);
+
 // The estimator's version, "MAJOR.MINOR.PATCH" (CMake's PROJECT_VERSION).
 const char* Version();
 

@@ -21,6 +21,7 @@ struct Preset {
   // with its pooler, without the task head the preset trains.
   std::int64_t publishedParameters = 0;
   const char* countedAs;  // which tensors the published count covers
+  const char* note = "";  // how the simulation approximates the model, when it does
 };
 
 std::span<const Preset> Presets();

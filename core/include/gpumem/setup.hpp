@@ -176,6 +176,7 @@ struct TrainingDef {
 
 struct GpuDef {
   double memoryGiB = 80.0;  // capacity the person trains on, GiB (2^30 bytes)
+  std::string id;           // a GPU of Gpus() ("nvidia-h100-sxm"), or empty for a custom size
 };
 
 struct Setup {

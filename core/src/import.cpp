@@ -1,0 +1,359 @@
+// Reading Hugging Face config.json files and safetensors headers / indexes. Built without
+// exceptions for wasm: every value is type-checked before it is read.
+#include "gpumem/import.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include <nlohmann/json.hpp>
+
+#include "gpumem/format.hpp"
+
+namespace gpumem {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::size_t kMaxTextBytes = 16u << 20;
+
+// Refuses hostile nesting before the parser recurses (the same rule as setups).
+bool ShallowEnough(std::string_view text, int limit) {
+  int depth = 0;
+  bool inString = false, escaped = false;
+  for (char c : text) {
+    if (inString) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') inString = false;
+      continue;
+    }
+    if (c == '"') inString = true;
+    else if (c == '[' || c == '{') { if (++depth > limit) return false; }
+    else if (c == ']' || c == '}') --depth;
+  }
+  return true;
+}
+
+// Parses `text` as one JSON object, or records why not under `what`.
+bool ParseObject(std::string_view text, const char* what, json& doc, std::vector<FieldError>& errors) {
+  if (text.size() > kMaxTextBytes) {
+    errors.push_back({ErrorCode::MalformedJson, "", std::string("The ") + what + " is larger than 16 MiB."});
+    return false;
+  }
+  if (!ShallowEnough(text, 64)) {
+    errors.push_back({ErrorCode::MalformedJson, "", std::string("The ") + what + " is nested more than 64 levels deep."});
+    return false;
+  }
+  doc = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    errors.push_back({ErrorCode::MalformedJson, "", std::string("The ") + what + " is not valid JSON."});
+    return false;
+  }
+  if (!doc.is_object()) {
+    errors.push_back({ErrorCode::MalformedJson, "", std::string("The ") + what + " must be a JSON object."});
+    return false;
+  }
+  return true;
+}
+
+class ConfigReader {
+ public:
+  ConfigReader(const json& doc, ConfigImport& out) : doc_(doc), out_(out) {}
+
+  // The first of `keys` present (config names differ by family: n_embd / hidden_size).
+  const json* Find(std::initializer_list<const char*> keys) {
+    for (const char* k : keys) {
+      auto it = doc_.find(k);
+      if (it != doc_.end() && !it->is_null()) {
+        used_.push_back(k);
+        return &*it;
+      }
+      if (it != doc_.end()) used_.push_back(k);  // null: "use the default"
+    }
+    return nullptr;
+  }
+
+  void Int(std::initializer_list<const char*> keys, std::int64_t& target, bool required) {
+    const json* v = Find(keys);
+    const std::string field = std::string("config.") + *keys.begin();
+    if (!v) {
+      if (required) out_.errors.push_back({ErrorCode::MissingField, field, "config.json has no " + std::string(*keys.begin()) + "."});
+      return;
+    }
+    if (v->is_number_integer() && !(v->is_number_unsigned() && v->get<std::uint64_t>() > 1'000'000'000'000ull)) {
+      target = v->get<std::int64_t>();
+    } else if (v->is_number_float() && std::isfinite(v->get<double>()) && v->get<double>() == std::floor(v->get<double>()) &&
+               std::fabs(v->get<double>()) < 1e12) {
+      target = static_cast<std::int64_t>(v->get<double>());
+    } else {
+      out_.errors.push_back({ErrorCode::InvalidField, field, "Must be a whole number."});
+    }
+  }
+
+  void Number(std::initializer_list<const char*> keys, double& target) {
+    const json* v = Find(keys);
+    if (!v) return;
+    if (v->is_number()) target = v->get<double>();
+    else out_.errors.push_back({ErrorCode::InvalidField, std::string("config.") + *keys.begin(), "Must be a number."});
+  }
+
+  void Bool(std::initializer_list<const char*> keys, bool& target) {
+    const json* v = Find(keys);
+    if (!v) return;
+    if (v->is_boolean()) target = v->get<bool>();
+    else out_.errors.push_back({ErrorCode::InvalidField, std::string("config.") + *keys.begin(), "Must be true or false."});
+  }
+
+  void Activation(std::initializer_list<const char*> keys, HiddenAct& target) {
+    const json* v = Find(keys);
+    if (!v) return;
+    const std::string field = std::string("config.") + *keys.begin();
+    if (!v->is_string()) {
+      out_.errors.push_back({ErrorCode::InvalidField, field, "Must be an activation name."});
+      return;
+    }
+    const std::string& name = v->get_ref<const std::string&>();
+    if (name == "gelu") target = HiddenAct::GELU;
+    else if (name == "gelu_new" || name == "gelu_fast") target = HiddenAct::GELUNew;
+    else if (name == "gelu_pytorch_tanh" || name == "gelu_tanh") target = HiddenAct::GELUTanh;
+    else if (name == "silu" || name == "swish") target = HiddenAct::SiLU;
+    else out_.errors.push_back({ErrorCode::InvalidField, field, "Activation \"" + name.substr(0, 40) + "\" is not simulated (gelu, gelu_new, gelu_pytorch_tanh, silu)."});
+  }
+
+  void ListIgnored() {
+    for (auto it = doc_.begin(); it != doc_.end(); ++it) {
+      if (std::find(used_.begin(), used_.end(), it.key()) == used_.end()) {
+        out_.ignoredFields.push_back(it.key().size() > 100 ? it.key().substr(0, 100) + "..." : it.key());
+      }
+    }
+  }
+
+  void Use(const char* key) { used_.push_back(key); }
+
+ private:
+  const json& doc_;
+  ConfigImport& out_;
+  std::vector<std::string> used_;
+};
+
+bool ArchitecturesContain(const json& doc, const char* name) {
+  auto it = doc.find("architectures");
+  if (it == doc.end() || !it->is_array()) return false;
+  for (const json& a : *it) if (a.is_string() && a.get_ref<const std::string&>() == name) return true;
+  return false;
+}
+
+}  // namespace
+
+ConfigImport ImportHfConfig(std::string_view text) {
+  ConfigImport out;
+  json doc;
+  if (!ParseObject(text, "config", doc, out.errors)) return out;
+  auto type = doc.find("model_type");
+  if (type == doc.end() || !type->is_string()) {
+    out.errors.push_back({ErrorCode::MissingField, "config.model_type",
+                          "config.json needs a model_type (gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, gemma, phi3, bert)."});
+    return out;
+  }
+  out.modelType = type->get<std::string>();
+  const std::string& t = out.modelType;
+  ConfigReader r(doc, out);
+  r.Use("model_type");
+  r.Use("architectures");
+  ArchitectureDef& a = out.architecture;
+
+  if (t == "gpt2") {
+    a = DefaultArchitecture(Family::GPT2);
+    r.Int({"vocab_size"}, a.vocabSize, true);
+    r.Int({"n_embd", "hidden_size"}, a.hiddenSize, true);
+    r.Int({"n_layer", "num_hidden_layers"}, a.numLayers, true);
+    r.Int({"n_head", "num_attention_heads"}, a.numHeads, true);
+    r.Int({"n_positions", "max_position_embeddings"}, a.maxPositionEmbeddings, true);
+    a.intermediateSize = 0;
+    r.Int({"n_inner"}, a.intermediateSize, false);
+    r.Activation({"activation_function"}, a.hiddenAct);
+    r.Number({"resid_pdrop"}, a.hiddenDropout);
+    r.Number({"attn_pdrop"}, a.attentionDropout);
+    r.Bool({"tie_word_embeddings"}, a.tieWordEmbeddings);
+  } else if (t == "llama" || t == "mistral" || t == "qwen2" || t == "mixtral" || t == "qwen2_moe" ||
+             t == "gemma" || t == "phi3" || t == "qwen3") {
+    a = DefaultArchitecture(Family::Llama);
+    a.numKeyValueHeads = 0;
+    a.tieWordEmbeddings = t == "gemma";  // each config class's default
+    a.attentionBias = t == "qwen2" || t == "qwen2_moe";
+    a.hiddenAct = t == "gemma" ? HiddenAct::GELUTanh : HiddenAct::SiLU;
+    r.Int({"vocab_size"}, a.vocabSize, true);
+    r.Int({"hidden_size"}, a.hiddenSize, true);
+    r.Int({"num_hidden_layers"}, a.numLayers, true);
+    r.Int({"num_attention_heads"}, a.numHeads, true);
+    r.Int({"num_key_value_heads"}, a.numKeyValueHeads, false);
+    r.Int({"head_dim"}, a.headDim, false);
+    r.Int({"intermediate_size"}, a.intermediateSize, true);
+    r.Bool({"tie_word_embeddings"}, a.tieWordEmbeddings);
+    r.Bool({"attention_bias"}, a.attentionBias);
+    r.Activation({"hidden_act", "hidden_activation"}, a.hiddenAct);
+    r.Number({"attention_dropout"}, a.attentionDropout);
+    if (t == "mixtral") {
+      r.Int({"num_local_experts"}, a.numExperts, true);
+      r.Int({"num_experts_per_tok"}, a.expertsPerToken, true);
+    } else if (t == "qwen2_moe") {
+      r.Int({"num_experts"}, a.numExperts, true);
+      r.Int({"num_experts_per_tok"}, a.expertsPerToken, true);
+      r.Int({"moe_intermediate_size"}, a.expertIntermediateSize, true);
+      r.Int({"shared_expert_intermediate_size"}, a.sharedExpertIntermediateSize, false);
+      a.sharedExpertGate = a.sharedExpertIntermediateSize > 0;
+      out.notes.push_back("Qwen2-MoE: every layer is taken as sparse (decoder_sparse_step 1, no mlp_only_layers).");
+    }
+    if (t == "gemma") {
+      out.notes.push_back("Gemma is simulated with the Llama block (same tensors and count); its embedding "
+                          "scaling and (1 + weight) RMSNorm are not separate ops here.");
+    }
+    if (t == "phi3") {
+      out.notes.push_back("Phi-3's fused qkv_proj and gate_up_proj are listed as Llama's separate q/k/v and "
+                          "gate/up projections: the same parameters, near-identical activations.");
+    }
+    if (t == "qwen3") {
+      out.notes.push_back("Qwen3's per-head q/k RMSNorms (2 × head_dim parameters per layer) are not listed.");
+    }
+  } else if (t == "bert") {
+    a = DefaultArchitecture(Family::BERT);
+    r.Int({"vocab_size"}, a.vocabSize, true);
+    r.Int({"hidden_size"}, a.hiddenSize, true);
+    r.Int({"num_hidden_layers"}, a.numLayers, true);
+    r.Int({"num_attention_heads"}, a.numHeads, true);
+    r.Int({"intermediate_size"}, a.intermediateSize, true);
+    r.Int({"max_position_embeddings"}, a.maxPositionEmbeddings, true);
+    r.Int({"type_vocab_size"}, a.typeVocabSize, false);
+    r.Activation({"hidden_act"}, a.hiddenAct);
+    r.Number({"hidden_dropout_prob"}, a.hiddenDropout);
+    r.Number({"attention_probs_dropout_prob"}, a.attentionDropout);
+    a.encoderHead = ArchitecturesContain(doc, "BertForMaskedLM") || ArchitecturesContain(doc, "BertForPreTraining")
+                        ? EncoderHead::MaskedLM
+                        : EncoderHead::Classification;
+    if (auto labels = doc.find("id2label"); labels != doc.end() && labels->is_object() && !labels->empty()) {
+      a.numLabels = static_cast<std::int64_t>(labels->size());
+      r.Use("id2label");
+      r.Use("label2id");
+    }
+  } else {
+    out.errors.push_back({ErrorCode::InvalidField, "config.model_type",
+                          "model_type \"" + t.substr(0, 40) + "\" is not simulated yet; supported: gpt2, llama, "
+                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, gemma, phi3, bert."});
+    return out;
+  }
+  r.ListIgnored();
+  return out;
+}
+
+SafetensorsImport ImportSafetensors(std::string_view text) {
+  SafetensorsImport out;
+  json doc;
+  if (!ParseObject(text, "safetensors header or index", doc, out.errors)) return out;
+  auto layerOf = [](const std::string& name) -> std::int64_t {
+    // "model.layers.31.mlp…", "transformer.h.11.…", "bert.encoder.layer.23.…"
+    for (const char* marker : {".layers.", ".h.", ".layer.", "blocks."}) {
+      const std::size_t at = name.find(marker);
+      if (at == std::string::npos) continue;
+      std::size_t i = at + std::char_traits<char>::length(marker);
+      std::int64_t n = -1;
+      while (i < name.size() && name[i] >= '0' && name[i] <= '9' && n < 1'000'000) {
+        n = (n < 0 ? 0 : n * 10) + (name[i] - '0');
+        ++i;
+      }
+      if (n >= 0) return n;
+    }
+    return -1;
+  };
+  std::map<std::string, std::int64_t> dtypes;
+  if (auto map = doc.find("weight_map"); map != doc.end()) {
+    // model.safetensors.index.json: {"metadata": {"total_size": bytes}, "weight_map": {name: file}}
+    if (!map->is_object()) {
+      out.errors.push_back({ErrorCode::InvalidField, "index.weight_map", "Must map tensor names to files."});
+      return out;
+    }
+    auto meta = doc.find("metadata");
+    if (meta != doc.end() && meta->is_object()) {
+      auto size = meta->find("total_size");
+      if (size != meta->end() && size->is_number() && size->get<double>() >= 0 && size->get<double>() < 9e15) {
+        out.totalSizeBytes = static_cast<std::int64_t>(size->get<double>());
+      }
+    }
+    out.tensorCount = static_cast<std::int64_t>(map->size());
+    for (auto it = map->begin(); it != map->end(); ++it) out.numLayers = std::max(out.numLayers, layerOf(it.key()) + 1);
+    out.notes.push_back("An index lists tensor names and the checkpoint's total bytes, not shapes or dtypes: " +
+                        FormatCount(out.totalSizeBytes) + " B is " + FormatCount(out.totalSizeBytes / 2) +
+                        " parameters if stored in bf16/fp16 (2 B each). Drop a .safetensors file for the exact count.");
+    return out;
+  }
+  // A safetensors header: {name: {"dtype", "shape", "data_offsets"}, "__metadata__": {…}}.
+  out.fromHeader = true;
+  std::int64_t total = 0;
+  struct Matrix { std::int64_t elements; MatrixShape shape; std::string name; };
+  std::vector<Matrix> matrices;
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    const std::string field = "header." + (it.key().size() > 100 ? it.key().substr(0, 100) + "..." : it.key());
+    const json& t = it.value();
+    if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t["dtype"].is_string() || !t["shape"].is_array()) {
+      out.errors.push_back({ErrorCode::InvalidField, field, "Each tensor needs a dtype and a shape."});
+      continue;
+    }
+    static const std::map<std::string, int> kBytes = {
+        {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2}, {"I8", 1},
+        {"U8", 1}, {"U16", 2}, {"U32", 4}, {"U64", 8}, {"BOOL", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+    const std::string& dtype = t["dtype"].get_ref<const std::string&>();
+    auto bytes = kBytes.find(dtype);
+    if (bytes == kBytes.end()) {
+      out.errors.push_back({ErrorCode::InvalidField, field + ".dtype", "Unknown dtype \"" + dtype.substr(0, 20) + "\"."});
+      continue;
+    }
+    std::int64_t elements = 1;
+    bool valid = true;
+    std::vector<std::int64_t> dims;
+    for (const json& d : t["shape"]) {
+      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > 1'000'000'000ull) { valid = false; break; }
+      dims.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
+      if (elements > 0 && dims.back() > 0 && elements > (std::int64_t{1} << 50) / dims.back()) { valid = false; break; }
+      elements *= dims.back();
+    }
+    if (!valid) {
+      out.errors.push_back({ErrorCode::InvalidField, field + ".shape", "The shape must be whole numbers of a sane size."});
+      continue;
+    }
+    if (auto off = t.find("data_offsets"); off != t.end() && off->is_array() && off->size() == 2 &&
+                                            (*off)[0].is_number_unsigned() && (*off)[1].is_number_unsigned()) {
+      const auto begin = (*off)[0].get<std::uint64_t>(), end = (*off)[1].get<std::uint64_t>();
+      if (end < begin || end - begin != static_cast<std::uint64_t>(elements * bytes->second)) {
+        out.errors.push_back({ErrorCode::InvalidField, field + ".data_offsets",
+                              "The byte range does not match shape × dtype size."});
+        continue;
+      }
+    }
+    total += elements;
+    out.totalSizeBytes += elements * bytes->second;
+    ++out.tensorCount;
+    ++dtypes[dtype];
+    out.numLayers = std::max(out.numLayers, layerOf(it.key()) + 1);
+    if (dims.size() == 2) matrices.push_back({elements, {dims[0], dims[1]}, it.key()});
+    if (total > (std::int64_t{1} << 52)) {
+      out.errors.push_back({ErrorCode::TooLarge, "header", "The header lists more than 2^52 parameters."});
+      return out;
+    }
+  }
+  if (!out.errors.empty()) return out;
+  if (out.tensorCount == 0) {
+    out.errors.push_back({ErrorCode::InvalidField, "header", "The header lists no tensors."});
+    return out;
+  }
+  out.parameterCount = total;
+  for (const auto& [dtype, count] : dtypes) out.dtypes.emplace_back(dtype, count);
+  std::stable_sort(matrices.begin(), matrices.end(), [](const Matrix& x, const Matrix& y) { return x.elements > y.elements; });
+  for (std::size_t i = 0; i < matrices.size() && i < 8; ++i) {
+    out.largestMatrices.push_back(matrices[i].shape);
+    out.largestNames.push_back(matrices[i].name);
+  }
+  return out;
+}
+
+}  // namespace gpumem

@@ -1,0 +1,129 @@
+// Reading what people have: Hugging Face config.json files and safetensors headers / indexes,
+// including malformed and hostile ones.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "gpumem/import.hpp"
+#include "gpumem/inventory.hpp"
+#include "gpumem/json.hpp"
+#include "gpumem/presets.hpp"
+#include "test_support.hpp"
+
+using namespace gpumem;
+using namespace gpumem::test;
+
+namespace {
+
+std::int64_t CountOf(const ArchitectureDef& a) {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = a;
+  return BuildInventory(s).ParameterCount();
+}
+
+}  // namespace
+
+TEST_CASE("a config.json becomes the architecture it describes", "[import][config]") {
+  SECTION("Mistral 7B: grouped-query attention, fields the estimator does not need are listed") {
+    const ConfigImport c = ImportHfConfig(R"({
+      "architectures": ["MistralForCausalLM"], "model_type": "mistral", "hidden_size": 4096,
+      "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32,
+      "num_key_value_heads": 8, "vocab_size": 32000, "rope_theta": 10000.0, "sliding_window": 4096,
+      "torch_dtype": "bfloat16", "tie_word_embeddings": false, "hidden_act": "silu"})");
+    REQUIRE(c.ok());
+    CHECK(c.modelType == "mistral");
+    CHECK(CountOf(c.architecture) == FindPreset("mistral-7b-v0.1")->publishedParameters);
+    CHECK(std::find(c.ignoredFields.begin(), c.ignoredFields.end(), "rope_theta") != c.ignoredFields.end());
+    CHECK(std::find(c.ignoredFields.begin(), c.ignoredFields.end(), "hidden_size") == c.ignoredFields.end());
+  }
+  SECTION("GPT-2 names its fields differently; n_inner null means 4 × hidden") {
+    const ConfigImport c = ImportHfConfig(R"({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+      "n_positions": 1024, "n_inner": null, "vocab_size": 50257, "activation_function": "gelu_new"})");
+    REQUIRE(c.ok());
+    CHECK(c.architecture.hiddenAct == HiddenAct::GELUNew);
+    CHECK(CountOf(c.architecture) == 124'439'808);
+  }
+  SECTION("Qwen2 has q/k/v biases by its class's rule; Gemma ties its head by default") {
+    const ConfigImport q = ImportHfConfig(R"({"model_type": "qwen2", "hidden_size": 1536, "intermediate_size": 8960,
+      "num_attention_heads": 12, "num_hidden_layers": 28, "num_key_value_heads": 2, "vocab_size": 151936,
+      "tie_word_embeddings": true})");
+    REQUIRE(q.ok());
+    CHECK(q.architecture.attentionBias);
+    CHECK(CountOf(q.architecture) == 1'543'714'304);
+    const ConfigImport g = ImportHfConfig(R"({"model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384,
+      "num_attention_heads": 8, "num_hidden_layers": 18, "num_key_value_heads": 1, "head_dim": 256,
+      "vocab_size": 256000, "hidden_act": "gelu_pytorch_tanh"})");
+    REQUIRE(g.ok());
+    CHECK(CountOf(g.architecture) == 2'506'172'416);
+    CHECK_FALSE(g.notes.empty());
+  }
+  SECTION("a BERT checkpoint for masked LM gets the MLM head") {
+    const ConfigImport b = ImportHfConfig(R"({"model_type": "bert", "architectures": ["BertForMaskedLM"],
+      "hidden_size": 768, "intermediate_size": 3072, "num_attention_heads": 12, "num_hidden_layers": 12,
+      "max_position_embeddings": 512, "type_vocab_size": 2, "vocab_size": 30522})");
+    REQUIRE(b.ok());
+    CHECK(b.architecture.encoderHead == EncoderHead::MaskedLM);
+  }
+}
+
+TEST_CASE("bad config.json files are refused naming the field", "[import][config]") {
+  CHECK(HasErrorOn(ImportHfConfig(R"({"model_type": "llama", "num_hidden_layers": 2})").errors, "config.hidden_size"));
+  CHECK(HasErrorOn(ImportHfConfig(R"({"hidden_size": 8})").errors, "config.model_type"));
+  CHECK(HasErrorOn(ImportHfConfig(R"({"model_type": "phi"})").errors, "config.model_type"));
+  CHECK(HasErrorOn(ImportHfConfig(R"({"model_type": "llama", "hidden_size": "big", "num_hidden_layers": 2,
+      "num_attention_heads": 2, "intermediate_size": 8, "vocab_size": 10})").errors, "config.hidden_size"));
+  CHECK(HasErrorOn(ImportHfConfig(R"({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 2, "intermediate_size": 8, "vocab_size": 10, "hidden_act": "relu2"})").errors, "config.hidden_act"));
+  SECTION("malformed and hostile text") {
+    for (const std::string text : {std::string("{\"model_type\": "), std::string("[1, 2]"), std::string("null"),
+                                   std::string(100000, '[') + std::string(100000, ']'), std::string("\xff\xfe")}) {
+      const ConfigImport c = ImportHfConfig(text);
+      REQUIRE_FALSE(c.ok());
+      CHECK(c.errors.front().code == ErrorCode::MalformedJson);
+    }
+  }
+  SECTION("the JSON envelope carries the count, or the errors") {
+    const std::string ok = ImportConfigJson(R"({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+      "n_positions": 1024, "vocab_size": 50257})");
+    CHECK(ok.find("\"parameterCount\":124439808") != std::string::npos);
+    CHECK(ImportConfigJson("{").find("\"ok\":false") != std::string::npos);
+  }
+}
+
+TEST_CASE("a safetensors header counts the checkpoint exactly", "[import][safetensors]") {
+  const SafetensorsImport t = ImportSafetensors(R"({
+    "__metadata__": {"format": "pt"},
+    "model.embed_tokens.weight": {"dtype": "BF16", "shape": [1000, 64], "data_offsets": [0, 128000]},
+    "model.layers.0.mlp.up_proj.weight": {"dtype": "BF16", "shape": [256, 64], "data_offsets": [128000, 160768]},
+    "model.layers.1.input_layernorm.weight": {"dtype": "F32", "shape": [64], "data_offsets": [160768, 161024]}})");
+  REQUIRE(t.ok());
+  CHECK(t.fromHeader);
+  REQUIRE(t.parameterCount.has_value());
+  CHECK(*t.parameterCount == 64000 + 16384 + 64);
+  CHECK(t.totalSizeBytes == 161024);
+  CHECK(t.numLayers == 2);
+  CHECK(t.tensorCount == 3);
+  REQUIRE(t.largestMatrices.size() == 2);
+  CHECK(t.largestMatrices[0].rows == 1000);
+
+  SECTION("byte ranges that disagree with the shape are refused") {
+    const SafetensorsImport bad = ImportSafetensors(
+        R"({"w": {"dtype": "F32", "shape": [10, 10], "data_offsets": [0, 10]}})");
+    CHECK(HasErrorOn(bad.errors, "header.w.data_offsets"));
+    CHECK(HasErrorOn(ImportSafetensors(R"({"w": {"dtype": "F99", "shape": [1]}})").errors, "header.w.dtype"));
+    CHECK(HasErrorOn(ImportSafetensors(R"({"w": {"dtype": "F32", "shape": [-1]}})").errors, "header.w.shape"));
+    CHECK(HasErrorOn(ImportSafetensors(R"({"w": {"dtype": "F32", "shape": [1000000000, 1000000000]}})").errors, "header.w.shape"));
+  }
+  SECTION("an index gives names and total bytes, not an exact count") {
+    const SafetensorsImport index = ImportSafetensors(R"({"metadata": {"total_size": 13476839424},
+      "weight_map": {"model.layers.0.mlp.up_proj.weight": "a.safetensors",
+                     "model.layers.31.mlp.up_proj.weight": "b.safetensors", "lm_head.weight": "b.safetensors"}})");
+    REQUIRE(index.ok());
+    CHECK_FALSE(index.fromHeader);
+    CHECK_FALSE(index.parameterCount.has_value());
+    CHECK(index.totalSizeBytes == 13'476'839'424);
+    CHECK(index.numLayers == 32);
+    CHECK(index.tensorCount == 3);
+  }
+}
