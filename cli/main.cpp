@@ -64,6 +64,7 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
               LabelOf(setup.training.optimizer), LabelOf(setup.training.optimizerImplementation));
   std::printf("\nPeak: %s (%s B) — %s, step %d: %s\n", HumanBytes(e.peak.totalBytes).c_str(),
               FormatCount(e.peak.totalBytes).c_str(), LabelOf(e.peak.phase), e.peak.step, e.peak.label.c_str());
+  if (!e.peakExplanation.empty()) std::printf("Why:  %s\n", e.peakExplanation.c_str());
   std::printf("GPU:  %s — %s, %s %s\n", HumanBytes(e.gpuCapacityBytes).c_str(),
               e.fits ? "fits" : "DOES NOT FIT", e.fits ? "headroom" : "short by",
               HumanBytes(e.headroomBytes < 0 ? -e.headroomBytes : e.headroomBytes).c_str());

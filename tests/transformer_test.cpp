@@ -186,6 +186,13 @@ TEST_CASE("a step frees everything it allocated but the model states", "[transfo
   }
 }
 
+TEST_CASE("the peak says which category dominates it and why", "[transformer][explain]") {
+  Setup s = TransformerSetup(FindPreset("gpt2")->architecture, 8, 1024, Precision::AmpBF16);
+  const Estimate e = MustEstimate(s);
+  CHECK(e.peakExplanation.rfind("Activations hold ", 0) == 0);
+  CHECK(e.peakExplanation.find("checkpointing") != std::string::npos);
+}
+
 TEST_CASE("step 2 holds optimizer states through its forward pass", "[transformer][trace]") {
   const Estimate e = MustEstimate(TransformerSetup(TinyLlama(), 2, 16));
   CHECK(e.phasePeaks[1].step == 2);

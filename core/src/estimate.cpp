@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -57,6 +58,48 @@ std::string ParameterFormula(const Setup& setup, const Inventory& inventory) {
     terms += (terms.empty() ? "" : " + ") + std::string("layers[") + std::to_string(i) + "] " + FormatCount(perLayer[i]);
   }
   return (terms.empty() ? "no parameters" : terms) + " = " + FormatCount(total) + tensors;
+}
+
+// The category holding most of the peak, its share, and what makes it large.
+std::string ExplainPeak(const Snapshot& peak) {
+  const CategoryBytes* top = nullptr;
+  for (const CategoryBytes& row : peak.byCategory) if (!top || row.bytes > top->bytes) top = &row;
+  if (!top || peak.totalBytes <= 0) return "";
+  const double share = 100.0 * static_cast<double>(top->bytes) / static_cast<double>(peak.totalBytes);
+  char percent[16];
+  std::snprintf(percent, sizeof percent, "%.0f%%", share);
+  std::string why;
+  switch (top->category) {
+    case Category::Parameters:
+    case Category::MasterWeights:
+    case Category::Gradients:
+    case Category::OptimizerStates:
+      why = "model states grow with the parameter count and the bytes kept per parameter; a lower "
+            "precision, an optimizer with fewer states, or sharding them across GPUs shrinks them";
+      break;
+    case Category::OptimizerIntermediates:
+      why = "the optimizer step's temporaries come on top of the states; a fused optimizer has none "
+            "and a per-parameter loop holds one tensor's worth at a time";
+      break;
+    case Category::Activations:
+      why = "the tensors saved for backward grow with batch × sequence (attention scores with "
+            "sequence²) and are all held when backward starts; checkpointing, fused attention, a "
+            "smaller micro-batch or 16-bit activations shrink them";
+      break;
+    case Category::ActivationGradients:
+      why = "gradients flowing back through the layers peak at the largest layer (often the "
+            "logits over the vocabulary); a smaller micro-batch or sequence shrinks them";
+      break;
+    case Category::InputBatch:
+      why = "the batch itself is the largest tensor; a smaller micro-batch shrinks it";
+      break;
+    case Category::WeightCopies:
+      why = "autocast keeps a 16-bit copy of every matmul weight until its backward";
+      break;
+  }
+  return std::string(LabelOf(top->category)) + " hold " + percent + " of the peak (" + HumanBytes(top->bytes) +
+         " of " + HumanBytes(peak.totalBytes) + ", " + LabelOf(peak.phase) + ", step " + std::to_string(peak.step) +
+         "): " + why + ".";
 }
 
 }  // namespace
@@ -116,6 +159,7 @@ EstimateResult EstimateMemory(const Setup& setup) {
   UseModelStateFormulas(est.peak, est.modelStates);
   for (Snapshot& s : est.phasePeaks) UseModelStateFormulas(s, est.modelStates);
   UseModelStateFormulas(est.forwardEnd, est.modelStates);
+  est.peakExplanation = ExplainPeak(est.peak);
 
   est.activationsFromHeuristic = setup.model.kind == ModelKind::ParameterCount;
   est.gpuCapacityBytes = std::llround(setup.gpu.memoryGiB * 1073741824.0);

@@ -425,6 +425,7 @@ ojson EstimateObject(const Estimate& e) {
                        {"optimizerStatesBytes", m.optimizerStatesBytes}, {"totalBytes", m.totalBytes},
                        {"rows", RowsJson(m.rows)}}},
       {"peak", SnapshotJson(e.peak)},
+      {"peakExplanation", e.peakExplanation},
       {"phasePeaks", phases},
       {"forwardEnd", SnapshotJson(e.forwardEnd)},
       {"timelineEventCount", e.timeline.size()},

@@ -55,6 +55,9 @@ struct ModelStates {
 struct Estimate {
   ModelStates modelStates;
   Snapshot peak;                     // the largest total of the whole simulation
+  // Which category dominates the peak, its share, and why it is large there (what grows it and
+  // what would shrink it), for people.
+  std::string peakExplanation;
   std::vector<Snapshot> phasePeaks;  // one per Phase, in Phase order (largest over both steps)
   // Memory at the end of step 1's forward pass: the model states that exist then, the tensors
   // saved for backward, the batch and the loss.
