@@ -1,7 +1,11 @@
 #!/usr/bin/env node
 // Assembles the page in two forms:
 //   build/web/        the page as separate files (web/*, wasm/gpumem.js and the wasm glue), to serve;
-//   dist/gpumem.html  one self-contained file that works opened from file:// with no server.
+//   dist/gpumem.html  one self-contained file that works opened from file:// with no server;
+// and the embed:
+//   dist/gpumem-embed.js      one classic script defining <gpumem-calculator> (glue included);
+//   dist/example-embed.html   web/example-embed.html: the element and the ?embed=1 iframe.
+// build/web gets gpumem-embed.js and gpumem.html too, so its example page works when served.
 // ES module imports of files do not work from file://, so the single file inlines the glue in a
 // classic <script> and joins gpumem.js, charts.js and app.js into one <script type="module">.
 //
@@ -30,6 +34,9 @@ const paths = {
   outDir: resolve(argValue('--out-dir') ?? process.env.GPUMEM_WEB_OUT ?? join(root, 'build/web')),
   dist: resolve(argValue('--dist') ?? process.env.GPUMEM_DIST ?? join(root, 'dist/gpumem.html')),
 };
+// The embed script and example page are written beside the single-file page.
+paths.distEmbed = join(dirname(paths.dist), 'gpumem-embed.js');
+paths.distExample = join(dirname(paths.dist), 'example-embed.html');
 
 function fail(message) {
   console.error(`assemble-web: ${message}`);
@@ -112,7 +119,8 @@ function moduleToIife(file, code, available) {
 const html = readFileSync(join(paths.web, 'index.html'), 'utf8');
 const glue = readFileSync(paths.glue, 'utf8');
 const available = new Set();
-const moduleFiles = [paths.wrapper, join(paths.web, 'charts.js'), join(paths.web, 'app.js')];
+// In dependency order: a file may import only what an earlier one exports.
+const moduleFiles = [paths.wrapper, ...['charts.js', 'setup-params.js', 'exports.js', 'app.js'].map((f) => join(paths.web, f))];
 const bundle = moduleFiles.map((f) => moduleToIife(f, readFileSync(f, 'utf8'), available)).join('\n');
 
 let page = html;
@@ -135,7 +143,36 @@ if (/<script[^>]+src=/.test(page)) fail('dist page still references an external 
 mkdirSync(dirname(paths.dist), { recursive: true });
 writeFileSync(paths.dist, page);
 
+// ---------- dist/gpumem-embed.js: the custom element in one classic script ----------
+
+// One function scope holds the glue and the modules, so a documentation page gets one global
+// name only (the element). define/module/exports are shadowed so the glue never registers itself
+// with an AMD or CommonJS loader the host page may have.
+const embedFiles = [paths.wrapper, ...['charts.js', 'setup-params.js', 'embed.js'].map((f) => join(paths.web, f))];
+const embedAvailable = new Set();
+const embedBundle = embedFiles.map((f) => moduleToIife(f, readFileSync(f, 'utf8'), embedAvailable)).join('\n');
+const embedScript = `/*! gpumem-embed.js: <gpumem-calculator>, GPU memory for training, computed in the browser (WebAssembly).
+ * Usage: <script src="gpumem-embed.js"></script> <gpumem-calculator preset="gpt2" batch-size="8"></gpumem-calculator>
+ * Attributes: see web/embed.js. Makes no network requests. */
+(function () {
+var define, module, exports;
+${glue}
+${embedBundle}
+})();
+`;
+writeFileSync(paths.distEmbed, embedScript);
+// The example page and the element link to gpumem.html beside them; build/web has it too.
+writeFileSync(join(paths.outDir, 'gpumem.html'), page);
+written.push(join(paths.outDir, 'gpumem.html'));
+writeFileSync(join(paths.outDir, 'gpumem-embed.js'), embedScript);
+written.push(join(paths.outDir, 'gpumem-embed.js'));
+const examplePath = join(paths.web, 'example-embed.html');
+if (existsSync(examplePath)) copyFileSync(examplePath, paths.distExample);
+
 const kb = (n) => `${(n / 1024).toFixed(1)} KiB`;
 for (const file of written) console.log(`${relative(root, file).padEnd(32)} ${kb(statSync(file).size)}`);
 const raw = Buffer.byteLength(page);
 console.log(`${relative(root, paths.dist).padEnd(32)} ${kb(raw)} (${raw} bytes; gzipped ${kb(gzipSync(page, { level: 9 }).length)})`);
+const embedRaw = Buffer.byteLength(embedScript);
+console.log(`${relative(root, paths.distEmbed).padEnd(32)} ${kb(embedRaw)} (${embedRaw} bytes; gzipped ${kb(gzipSync(embedScript, { level: 9 }).length)})`);
+if (existsSync(examplePath)) console.log(`${relative(root, paths.distExample).padEnd(32)} ${kb(statSync(paths.distExample).size)}`);

@@ -6,7 +6,9 @@
 // state and the export/import format.
 
 import { loadGpumem, GpumemError } from './gpumem.js';
-import { capacityBar, timelineChart, formatBytes, formatGB, formatExactBytes, formatInteger } from './charts.js';
+import { capacityBar, comparisonBars, timelineChart, formatBytes, formatBytesOther, bytesTitle, formatExactBytes, formatInteger, setByteUnits } from './charts.js';
+import { setupFromParams, decodeSetupParam, encodeSetupParam, fromBase64Url } from './setup-params.js';
+import { downloadBlob, csvText, standaloneSvg, svgToPngBlob } from './exports.js';
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const $$ = (selector, root = document) => [...root.querySelectorAll(selector)];
@@ -73,6 +75,13 @@ const state = {
   chartWidth: -1,     // the timeline chart's box width when last drawn
   inputAt: 0,         // when the change being estimated was made (performance.now())
   timer: 0,
+  units: 'GiB',       // 'GiB' or 'GB': how byte figures are shown (URL: units=GB)
+  gpuId: '',          // the GPU chosen from options.gpus (setup's gpu.id), '' for a custom size
+  hashSetup: null,    // the setup last written to the URL
+  compare: null,      // {setup, shown, estimate, error}: the pinned setup A (URL: compare=)
+  explainAll: false,  // every formula expanded
+  embed: false,       // ?embed=1: compact layout without the editor
+  solvedFor: '',      // the setup (JSON) the solve panel's results belong to
 };
 
 // ---------- number input ----------
@@ -194,8 +203,10 @@ function fillForm(setup, presetId) {
   setSelectValue($('#checkpointing'), training.checkpointing);
   $('#checkpointInterval').value = displayNumber(training.checkpointInterval);
   $('#memoryGiB').value = displayNumber(gpu.memoryGiB);
+  state.gpuId = gpuById(gpu.id)?.id ?? '';
   showKindPanels();
   showParameterHint();
+  syncGpuSelect();
 }
 
 // The setup the form describes, in the schema's shape. Only the active model mode's fields are
@@ -234,7 +245,9 @@ function readForm() {
       checkpointing: $('#checkpointing').value,
       checkpointInterval: numberValue($('#checkpointInterval')),
     },
-    gpu: { memoryGiB: numberValue($('#memoryGiB')) },
+    // A GPU of the list is named by its id; its size is written too, so the setup reads the
+    // same without the list.
+    gpu: state.gpuId ? { id: state.gpuId, memoryGiB: numberValue($('#memoryGiB')) } : { memoryGiB: numberValue($('#memoryGiB')) },
   };
   return { setup, errors };
 }
@@ -558,7 +571,8 @@ function clearErrors() {
   box.replaceChildren();
   for (const el of $$('[aria-invalid=true]')) el.removeAttribute('aria-invalid');
   for (const el of $$('[data-invalid=true]')) el.removeAttribute('data-invalid');
-  for (const el of $$('.field-error')) el.remove();
+  // Only the notes showErrors added; other .field-error texts (import, comparison) stay.
+  for (const el of $$('.field-error[id^="field-error-"]')) el.remove();
   for (const el of $$('[data-described-error]')) {
     el.setAttribute('aria-describedby', el.dataset.describedError);
     if (!el.dataset.describedError) el.removeAttribute('aria-describedby');
@@ -635,19 +649,6 @@ function setResultsState(value) {
 
 // ---------- URL state ----------
 
-function toBase64Url(text) {
-  let binary = '';
-  for (const byte of new TextEncoder().encode(text)) binary += String.fromCharCode(byte);
-  return btoa(binary).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
-}
-
-function fromBase64Url(text) {
-  let b64 = text.replace(/-/g, '+').replace(/_/g, '/');
-  while (b64.length % 4) b64 += '=';
-  const binary = atob(b64);
-  return new TextDecoder('utf-8', { fatal: true }).decode(Uint8Array.from(binary, (c) => c.charCodeAt(0)));
-}
-
 // The setup from "#s=<base64url of the JSON>" (or of URI-encoded JSON, for hand-written
 // links); null when the hash holds none; throws when it holds one that cannot be read.
 function setupFromHash(hash) {
@@ -657,14 +658,30 @@ function setupFromHash(hash) {
   return JSON.parse(text);
 }
 
+// The page's state in its address: #s=<setup> (its gpu.id names a listed GPU), units=GB when
+// decimal units are chosen, compare=<setup A> while a comparison is pinned. Called with no
+// setup, it rewrites the last one (after a units change).
 function writeHash(setup) {
-  const hash = `#s=${toBase64Url(JSON.stringify(setup))}`;
+  if (setup) state.hashSetup = setup;
+  if (!state.hashSetup) return;
+  const params = new URLSearchParams();
+  params.set('s', encodeSetupParam(state.hashSetup));
+  if (state.units === 'GB') params.set('units', 'GB');
+  if (state.compare) params.set('compare', encodeSetupParam(state.compare.setup));
+  const hash = `#${params.toString()}`;
   state.lastHash = hash;
-  if (location.hash === hash) return;
-  try {
-    history.replaceState(null, '', hash);
-  } catch {
-    location.replace(hash);
+  if (location.hash !== hash) {
+    try {
+      history.replaceState(null, '', hash);
+    } catch {
+      location.replace(hash);
+    }
+  }
+  if (state.embed) {
+    // The full calculator: the same address without the query (the hash holds the state).
+    const url = new URL(location.href);
+    url.search = '';
+    $('#open-calculator').href = url.href;
   }
 }
 
@@ -702,14 +719,15 @@ function scheduleUpdate() {
 
 function update() {
   clearTimeout(state.timer);
+  state.timer = 0;
   $('#results').removeAttribute('aria-busy');
   const started = performance.now();
   const { setup, errors } = readForm();
   writeHash(setup);
   clearErrors();
+  markSolveStale(setup);
   if (errors.length) {
-    showErrors(errors);
-    setResultsState(state.lastGood ? 'stale' : 'empty');
+    failed(errors);
     return;
   }
   let estimate;
@@ -717,16 +735,32 @@ function update() {
     estimate = state.api.estimate(setup);
   } catch (exception) {
     if (!(exception instanceof GpumemError)) console.error(exception);
-    showErrors(errorsOf(exception));
-    setResultsState(state.lastGood ? 'stale' : 'empty');
+    failed(errorsOf(exception));
     return;
   }
   const estimated = performance.now();
   state.lastGood = estimate;
+  state.lastGoodSetup = setup;
   state.lastContext = { kind: setup.model.kind, presetId: setup.model.preset ?? '', family: setup.model.architecture?.family };
   render(estimate);
+  renderSafetensors();
   setResultsState('ok');
+  if (state.embed) showParamProblems(state.paramProblems ?? []);
   recordTiming(started, estimated);
+}
+
+function failed(errors) {
+  showErrors(errors);
+  setResultsState(state.lastGood ? 'stale' : 'empty');
+  if (state.embed) showParamProblems([...(state.paramProblems ?? []), ...errors]);
+}
+
+function markSolveStale(setup) {
+  const box = $('#solve-results');
+  if (!state.solve || box.hidden) return;
+  const stale = state.solvedFor !== JSON.stringify(setup);
+  box.dataset.stale = String(stale);
+  if (stale) $('#solve-status').textContent = 'The setup changed since the last solve; press Solve again for its results.';
 }
 
 // How long the last change took, kept on #results for anyone measuring the page (the browser
@@ -755,7 +789,7 @@ function cell(text, className) {
 
 function bytesCells(bytes) {
   const human = cell(formatBytes(bytes), 'num');
-  human.title = formatGB(bytes);
+  human.title = bytesTitle(bytes);
   const exact = cell(formatExactBytes(bytes), 'num');
   exact.dataset.bytes = String(bytes);
   return [human, exact];
@@ -782,7 +816,7 @@ function fillBytesTable(table, rows, total, totalLabel, totalId, heuristic) {
   for (const row of rows) {
     const tr = document.createElement('tr');
     tr.dataset.category = row.category;
-    tr.append(categoryCell(row, heuristic), ...bytesCells(row.bytes), cell(row.formula ?? '', 'formula'));
+    tr.append(categoryCell(row, heuristic), ...bytesCells(row.bytes), explainCell(row));
     body.append(tr);
   }
   const foot = $('tfoot', table);
@@ -793,6 +827,93 @@ function fillBytesTable(table, rows, total, totalLabel, totalId, heuristic) {
   foot.replaceChildren(tr);
 }
 
+// A formula cell: the core's formula (inputs substituted) as a one-line summary that expands,
+// with the result it gives beneath. A <details>, so it opens with the keyboard too.
+function explainCell(row, where = '') {
+  const td = document.createElement('td');
+  td.className = 'formula';
+  if (!row.formula) return td;
+  td.append(explainDetails(row.formula, [
+    `${categoryLabel(row)}${where ? ` ${where}` : ''} = ${row.formula}`,
+    ` = ${formatExactBytes(row.bytes)} (${formatBytes(row.bytes)})`,
+  ]));
+  return td;
+}
+
+function explainDetails(summaryContent, bodyContent) {
+  const details = document.createElement('details');
+  details.className = 'explain';
+  details.open = state.explainAll;
+  const summary = document.createElement('summary');
+  summary.append(summaryContent);
+  const body = document.createElement('div');
+  body.className = 'explain-body';
+  body.append(...bodyContent);
+  details.append(summary, body);
+  return details;
+}
+
+// What a snapshot (a phase's peak) holds, category by category, each with its formula.
+function snapshotList(snapshot) {
+  const list = document.createElement('ul');
+  list.append(...snapshot.byCategory.map((row) => {
+    const li = document.createElement('li');
+    li.dataset.category = row.category;
+    const bytes = document.createElement('strong');
+    bytes.textContent = formatBytes(row.bytes);
+    bytes.title = bytesTitle(row.bytes);
+    const op = document.createElement('span');
+    op.className = 'op';
+    op.textContent = ` = ${row.formula}`;
+    li.append(`${categoryLabel(row)}: `, bytes, op);
+    return li;
+  }));
+  return list;
+}
+
+// The sentence naming the largest category at the peak, with its formula and the core's reason
+// (estimate.peakExplanation). The share is the core's two byte counts divided, for reading only;
+// the sizes are written here, in the chosen units, so only the reason is taken from the core's
+// sentence (after its "(sizes, phase, step): ").
+function showDominant(est) {
+  const peak = est.peak;
+  const el = $('#dominant');
+  const rows = peak.byCategory.filter((r) => r.bytes > 0);
+  if (!rows.length || !(peak.totalBytes > 0)) {
+    el.replaceChildren();
+    delete el.dataset.category;
+    return;
+  }
+  const top = rows.reduce((best, r) => (r.bytes > best.bytes ? r : best));
+  const share = (top.bytes / peak.totalBytes) * 100;
+  const pct = share >= 99.5 && top.bytes < peak.totalBytes ? '>99' : share < 1 ? '<1' : String(Math.round(share));
+  el.dataset.category = top.category;
+  const name = document.createElement('strong');
+  name.textContent = categoryLabel(top);
+  const formula = document.createElement('span');
+  formula.className = 'formula-inline';
+  formula.textContent = top.formula;
+  const size = document.createElement('span');
+  size.textContent = `${formatBytes(top.bytes)} of ${formatBytes(peak.totalBytes)}`;
+  size.title = `${formatExactBytes(top.bytes)} of ${formatExactBytes(peak.totalBytes)}`;
+  el.replaceChildren('Largest at the peak: ', name, ` — ${pct} % of it (`, size, '). ', formula);
+  const explanation = String(est.peakExplanation ?? '');
+  const cut = explanation.indexOf('): ');
+  const why = cut >= 0 ? explanation.slice(cut + 3) : state.units === 'GiB' ? explanation : '';
+  if (why) {
+    const reason = document.createElement('span');
+    reason.className = 'why';
+    reason.textContent = `Why: ${why}`;
+    el.append(document.createElement('br'), reason);
+  }
+  el.title = explanation;
+}
+
+function gpuCaption(gpuId, est) {
+  const gpu = gpuById(gpuId);
+  return gpu ? gpu.label : `custom ${formatBytes(est.gpu.capacityBytes)}`;
+}
+
 function render(est) {
   const peak = est.peak;
   const gpu = est.gpu;
@@ -801,7 +922,8 @@ function render(est) {
   const total = $('#peak-total');
   total.textContent = formatBytes(peak.totalBytes);
   total.dataset.bytes = String(peak.totalBytes);
-  $('#peak-exact').textContent = `${formatExactBytes(peak.totalBytes)} · ${formatGB(peak.totalBytes)}`;
+  total.title = bytesTitle(peak.totalBytes);
+  $('#peak-exact').textContent = `${formatExactBytes(peak.totalBytes)} · ${formatBytesOther(peak.totalBytes)}`;
   const stepText = peak.step > 0 ? ` of step ${peak.step}` : '';
   $('#peak-where').textContent = `During ${phaseLabel(peak.phase)}${stepText}, at event #${peak.eventIndex}: ${peak.label}`;
   $('#peak-where').dataset.phase = peak.phase;
@@ -811,14 +933,19 @@ function render(est) {
   verdict.dataset.fits = String(Boolean(gpu.fits));
   verdict.dataset.headroomBytes = String(gpu.headroomBytes);
   const headline = document.createElement('span');
+  headline.className = 'big';
   headline.textContent = gpu.fits ? 'Fits' : 'Does not fit';
   const sub = document.createElement('span');
   sub.className = 'sub';
+  sub.id = 'verdict-amount';
   sub.textContent = gpu.fits
     ? `${formatBytes(gpu.headroomBytes)} headroom on ${formatBytes(gpu.capacityBytes)}`
     : `${formatBytes(Math.abs(gpu.headroomBytes))} short of ${formatBytes(gpu.capacityBytes)}`;
   sub.title = `${formatExactBytes(gpu.headroomBytes)} headroom (capacity ${formatExactBytes(gpu.capacityBytes)})`;
-  verdict.replaceChildren(headline, sub);
+  const name = document.createElement('span');
+  name.className = 'gpu-name';
+  name.textContent = gpuCaption(state.lastGoodSetup?.gpu?.id, est);
+  verdict.replaceChildren(headline, sub, name);
 
   // Breakdown at the peak.
   const segments = peak.byCategory.map((row) => ({ label: categoryLabel(row), bytes: row.bytes, colorIndex: categoryIndex(row.category) }));
@@ -828,8 +955,10 @@ function render(est) {
     const swatch = document.createElement('span');
     swatch.className = `swatch cat-${s.colorIndex}`;
     li.append(swatch, `${s.label} ${formatBytes(s.bytes)}`);
+    li.title = bytesTitle(s.bytes);
     return li;
   }));
+  showDominant(est);
   fillBytesTable($('#peak-table'), peak.byCategory, peak.totalBytes, 'Total at the peak', 'peak-table-total', heuristic);
 
   // Model states.
@@ -840,20 +969,32 @@ function render(est) {
   showParameterSource(states, state.lastContext ?? {});
   fillBytesTable($('#states-table'), states.rows, states.totalBytes, 'Model states', 'states-total', false);
 
+  // What forward leaves for backward.
+  const fe = est.forwardEnd;
+  if (fe) {
+    const feStep = fe.step > 0 ? ` of step ${fe.step}` : '';
+    $('#forward-where').textContent = `At the end of ${phaseLabel(fe.phase)}${feStep} (event #${fe.eventIndex}: ${fe.label}), before backward starts. Everything here stays until backward frees it.`;
+    fillBytesTable($('#forward-table'), fe.byCategory, fe.totalBytes, 'Total when backward starts', 'forward-total', heuristic);
+  }
+
   // Phase peaks.
   const phaseBody = $('#phase-table tbody');
   phaseBody.replaceChildren(...est.phasePeaks.map((p) => {
     const tr = document.createElement('tr');
     tr.dataset.phase = p.phase;
     const size = cell(formatBytes(p.totalBytes), 'num');
-    size.title = formatExactBytes(p.totalBytes);
+    size.title = bytesTitle(p.totalBytes);
     size.dataset.bytes = String(p.totalBytes);
     const bar = document.createElement('div');
     bar.className = 'phase-bar';
     const share = peak.totalBytes > 0 ? (p.totalBytes / peak.totalBytes) * 100 : 0;
     bar.style.width = `${Math.max(0, Math.min(100, share)).toFixed(1)}%`;
     const where = p.step > 0 ? `step ${p.step}: ${p.label}` : p.label;
-    tr.append(cell(phaseLabel(p.phase)), size, cell(bar, 'bar-cell'), cell(where));
+    const whereCell = cell(explainDetails(where, [
+      `${phaseLabel(p.phase)} peaks at ${formatBytes(p.totalBytes)} (${formatExactBytes(p.totalBytes)}), event #${p.eventIndex}. It holds:`,
+      snapshotList(p),
+    ]));
+    tr.append(cell(phaseLabel(p.phase)), size, cell(bar, 'bar-cell'), whereCell);
     return tr;
   }));
 
@@ -869,6 +1010,13 @@ function render(est) {
 
   fillLargestEvents(est.timeline, est.timelineEventCount);
   drawCharts(est);
+  renderCompare();
+  if (state.embed) {
+    const d = describeSetup(state.lastGoodSetup, state.lastGoodSetup, est);
+    const model = document.createElement('strong');
+    model.textContent = d.model;
+    $('#embed-setup').replaceChildren(model, ` · batch ${d.shape} · ${d.precision} · ${d.optimizer}`);
+  }
 }
 
 // Where the parameter count comes from, and for a preset the count its model card publishes.
@@ -933,10 +1081,10 @@ function fillLargestEvents(timeline, eventCount) {
     const what = cell(p.label, 'label-cell');
     what.prepend(swatch);
     const size = cell(formatBytes(p.deltaBytes), 'num');
-    size.title = formatExactBytes(p.deltaBytes);
+    size.title = bytesTitle(p.deltaBytes);
     size.dataset.bytes = String(p.deltaBytes);
     const total = cell(formatBytes(p.totalBytes), 'num');
-    total.title = formatExactBytes(p.totalBytes);
+    total.title = bytesTitle(p.totalBytes);
     tr.append(cell(`#${p.index}`, 'num'), cell(when), cell(p.layer >= 0 ? String(p.layer) : '—', 'num'), what, size, total);
     return tr;
   }));
@@ -966,7 +1114,7 @@ function fillPhaseMatrix(phasePeaks) {
       const td = cell(row ? formatBytes(row.bytes) : '—', 'num');
       td.dataset.phase = p.phase;
       td.dataset.bytes = String(row ? row.bytes : 0);
-      if (row) td.title = `${formatExactBytes(row.bytes)}: ${row.formula}`;
+      if (row) td.title = `${formatExactBytes(row.bytes)} · ${formatBytesOther(row.bytes)}: ${row.formula}`;
       return td;
     }));
     return tr;
@@ -990,6 +1138,7 @@ function drawCharts(est) {
     width, height: width < 500 ? 220 : 270,
   }));
   if (hadFocus) $('svg', chartBox)?.focus();
+  drawCompareChart();
 }
 
 // ---------- setup sources: defaults, examples, the URL, files ----------
@@ -1021,18 +1170,51 @@ function presetBaseSetup(partial) {
   return mergeSetup(base, { model: { kind: state.archKind, ...(preset ? { architecture: preset.architecture } : {}) } });
 }
 
+// The state in the address: the hash the page writes (#s=…&gpu=…&units=…&compare=…), or, when
+// it holds no setup, the short parameters of a hand-written link or an iframe embed
+// (?embed=1&preset=gpt2&batch-size=4&gpu=nvidia-h100-sxm; see web/setup-params.js).
 function loadFromHash() {
+  state.paramProblems = [];
+  const params = new URLSearchParams(location.hash.replace(/^#/, ''));
+  const query = new URLSearchParams(location.search);
+  setUnits(params.get('units') ?? query.get('units') ?? 'GiB', { rerender: false });
+  loadCompareFrom(params.get('compare') ?? query.get('compare'));
   try {
     const fromHash = setupFromHash(location.hash);
     if (fromHash) {
       const problems = applySetup(fromHash);
+      // A link's problems stay visible in the embed, which has no editor to show them in.
+      if (problems.length) showLinkProblems(problems);
       ioStatus(problems.length ? `The link's setup has problems: ${problems.map(errorText).join('; ')}` : '');
       return;
     }
   } catch (exception) {
     ioStatus(`The setup in this link could not be read (${exception.message}); showing the defaults.`, true);
+    applySetup(state.options.defaultSetup);
+    return;
+  }
+  const fromQuery = setupFromParams((name) => query.get(name));
+  if (fromQuery.given) {
+    const problems = [...fromQuery.problems, ...applySetup(fromQuery.setup)];
+    if (problems.length) showLinkProblems(problems);
+    ioStatus(problems.length ? `The link's setup has problems: ${problems.map(errorText).join('; ')}` : '');
+    return;
   }
   applySetup(state.options.defaultSetup);
+}
+
+// Problems with a link's setup (an unknown GPU id, bad JSON) disappear from the form once it
+// shows what it could read; the embed, which has no editor, keeps them above its result.
+function showLinkProblems(problems) {
+  state.paramProblems = problems;
+  showParamProblems(problems);
+}
+
+function showParamProblems(problems) {
+  const el = $('#embed-error');
+  if (!state.embed) return;
+  el.hidden = !problems.length;
+  el.textContent = problems.map(errorText).join(' ');
 }
 
 function ioStatus(text, isError = false) {
@@ -1043,15 +1225,7 @@ function ioStatus(text, isError = false) {
 
 function exportSetup() {
   const { setup } = readForm();
-  const blob = new Blob([`${JSON.stringify(setup, null, 2)}\n`], { type: 'application/json' });
-  const url = URL.createObjectURL(blob);
-  const a = document.createElement('a');
-  a.href = url;
-  a.download = 'gpumem-setup.json';
-  document.body.append(a);
-  a.click();
-  a.remove();
-  setTimeout(() => URL.revokeObjectURL(url), 10000);
+  downloadBlob(new Blob([`${JSON.stringify(setup, null, 2)}\n`], { type: 'application/json' }), 'gpumem-setup.json');
   ioStatus('Exported gpumem-setup.json.');
 }
 
@@ -1093,6 +1267,705 @@ function onKindChange() {
   }
 }
 
+// ---------- GPU list and units ----------
+
+function gpus() {
+  return Array.isArray(state.options?.gpus) ? state.options.gpus : [];
+}
+
+function gpuById(id) {
+  return id ? gpus().find((g) => g.id === id) : undefined;
+}
+
+const GPU_KIND_LABELS = { dataCenter: 'Data centre', workstation: 'Workstation', consumer: 'Consumer' };
+
+// The select lists options.gpus grouped by kind; without a list (an older core) only the size
+// field is shown.
+function buildGpuSelect() {
+  const list = gpus();
+  $('#gpu-field').hidden = list.length === 0;
+  const select = $('#gpu');
+  select.replaceChildren(new Option('Custom size', ''));
+  const groups = new Map();
+  for (const gpu of list) {
+    const key = GPU_KIND_LABELS[gpu.kind] ?? gpu.kind ?? 'Other';
+    if (!groups.has(key)) {
+      const group = document.createElement('optgroup');
+      group.label = key;
+      groups.set(key, group);
+      select.append(group);
+    }
+    const option = new Option(gpu.label, gpu.id);
+    option.title = `${gpu.vendor} · ${gpu.memoryGiB} GiB`;
+    groups.get(key).append(option);
+  }
+}
+
+// The select names a GPU only while the size field holds that GPU's memory.
+function syncGpuSelect() {
+  const gpu = gpuById(state.gpuId);
+  if (!gpu || parseNumberText($('#memoryGiB').value) !== gpu.memoryGiB) state.gpuId = '';
+  $('#gpu').value = state.gpuId;
+  const hint = $('#gpu-hint');
+  const chosen = gpuById(state.gpuId);
+  hint.textContent = chosen
+    ? `${chosen.label}: ${chosen.memoryGiB} GiB as sold (${chosen.vendor}); the driver keeps a little of it back.`
+    : gpus().length ? 'Choose a GPU, or type a custom size in GiB (2^30 bytes).' : 'Memory in GiB (2^30 bytes).';
+}
+
+function onGpuChange() {
+  const gpu = gpuById($('#gpu').value);
+  state.gpuId = gpu?.id ?? '';
+  if (gpu) $('#memoryGiB').value = String(gpu.memoryGiB);
+  syncGpuSelect();
+}
+
+function setUnits(units, { rerender = true } = {}) {
+  state.units = setByteUnits(units === 'GB' || units === 'gb' ? 'GB' : 'GiB');
+  for (const radio of $$('input[name=units]')) radio.checked = radio.value === state.units;
+  document.documentElement.dataset.units = state.units;
+  if (!rerender) return;
+  if (state.lastGood) render(state.lastGood);
+  renderSafetensors();
+  renderSolve();
+  writeHash();
+}
+
+// ---------- comparison ----------
+
+function loadCompareFrom(text) {
+  state.compare = null;
+  if (!text) return;
+  try {
+    const setup = decodeSetupParam(text);
+    if (!isPlainObject(setup)) throw new Error('not a setup object');
+    pinSetup(setup);
+  } catch (exception) {
+    ioStatus(`The comparison in this link could not be read (${exception.message}).`, true);
+  }
+}
+
+// A is estimated once, when pinned; B is the live estimate.
+function pinSetup(setup) {
+  const compare = { setup, shown: setup, estimate: null, error: '' };
+  try {
+    const checked = state.api.validate(setup);
+    if (checked.ok) compare.shown = checked.setup;
+    compare.estimate = state.api.estimate(setup);
+  } catch (exception) {
+    compare.error = `A cannot be estimated: ${errorsOf(exception).map(errorText).join('; ')}`;
+  }
+  state.compare = compare;
+}
+
+function onPin() {
+  if (state.timer) update();
+  const { setup, errors } = readForm();
+  if (errors.length || $('#results').dataset.state !== 'ok') {
+    announce('Fix the setup before pinning it for a comparison.');
+    return;
+  }
+  pinSetup(JSON.parse(JSON.stringify(setup)));
+  renderCompare();
+  writeHash();
+  announce('Pinned the current setup as A. Change the setup to compare it with B.');
+}
+
+function onClearCompare() {
+  state.compare = null;
+  renderCompare();
+  writeHash();
+  $('#compare-pin').focus();
+  announce('Comparison cleared.');
+}
+
+// Loads A into the editor; the current setup becomes the pinned one.
+function onSwapCompare() {
+  const a = state.compare;
+  if (!a) return;
+  const { setup } = readForm();
+  applySetup(a.setup);
+  pinSetup(setup);
+  renderCompare();
+  writeHash();
+  announce('Swapped: A is now in the editor, and the setup you had is pinned as A.');
+}
+
+function optionLabel(list, id) {
+  return (list ?? []).find((o) => o.id === id)?.label ?? (id === undefined ? '—' : String(id));
+}
+
+// Short descriptions of a setup for the comparison table (labels from options()).
+function describeSetup(original, shown, est) {
+  const gpuId = shown?.gpu?.id ?? '';
+  const m = isPlainObject(shown?.model) ? shown.model : {};
+  const t = isPlainObject(shown?.training) ? shown.training : {};
+  let model;
+  if (m.kind === state.archKind && state.archKind) {
+    const preset = presetById(original?.model?.preset) ?? (isPlainObject(m.architecture) ? matchingPreset(m.architecture) : null);
+    const family = state.options.families?.find((f) => f.id === m.architecture?.family)?.label ?? m.architecture?.family;
+    model = preset ? preset.label : `${family}, custom (${m.architecture?.numLayers} blocks)`;
+  } else if (m.kind === state.layersKind) {
+    model = `Layer list (${Array.isArray(m.layers) ? m.layers.length : 0} layers)`;
+  } else {
+    model = `${typeof m.parameterCount === 'number' ? formatInteger(m.parameterCount) : m.parameterCount} parameters (quick)`;
+  }
+  const extras = [];
+  if (m.kind === state.archKind && state.archKind) {
+    extras.push(optionLabel(state.options.attentions, t.attention));
+    if (t.checkpointing && t.checkpointing !== 'none') {
+      extras.push(`checkpointing ${optionLabel(state.options.checkpointings, t.checkpointing)}${t.checkpointing === 'everyKthBlock' ? ` (k = ${t.checkpointInterval})` : ''}`);
+    }
+  }
+  return {
+    model,
+    shape: `${t.batchSize} × ${t.sequenceLength} tokens`,
+    precision: optionLabel(state.options.precisions, t.precision),
+    optimizer: `${optionLabel(state.options.optimizers, t.optimizer)} · ${optionLabel(state.options.optimizerImplementations, t.optimizerImplementation)}`,
+    attention: extras.join(' · ') || '—',
+    gpu: est ? gpuCaption(gpuId, est) : gpuById(gpuId)?.label ?? `${shown?.gpu?.memoryGiB} GiB`,
+  };
+}
+
+function renderCompare() {
+  const c = state.compare;
+  $('#compare').hidden = !c;
+  $('#compare-clear').hidden = !c;
+  $('#compare-pin').textContent = c ? 'Pin this setup as A instead' : 'Compare: pin this setup as A';
+  if (!c) return;
+  const error = $('#compare-error');
+  error.hidden = !c.error;
+  error.textContent = c.error;
+  const a = c.estimate;
+  const b = state.lastGood;
+  const descA = describeSetup(c.setup, c.shown, a);
+  const descB = describeSetup(state.lastGoodSetup, state.lastGoodSetup, b);
+  const body = $('#compare-table tbody');
+  const rows = [];
+  const textRow = (id, label, va, vb) => {
+    const tr = document.createElement('tr');
+    tr.dataset.row = id;
+    tr.classList.toggle('differs', va !== vb);
+    const th = document.createElement('th');
+    th.scope = 'row';
+    th.textContent = label;
+    const ca = cell(va, 'num setup-cell');
+    ca.dataset.side = 'A';
+    const cb = cell(vb, 'num setup-cell');
+    cb.dataset.side = 'B';
+    tr.append(th, ca, cb);
+    rows.push(tr);
+  };
+  const bytesRow = (id, label, ba, bb, strong) => {
+    const tr = document.createElement('tr');
+    tr.dataset.row = id;
+    if (strong) tr.className = 'strong-row';
+    const th = document.createElement('th');
+    th.scope = 'row';
+    th.append(label);
+    const side = (bytes, name) => {
+      const td = cell(typeof bytes === 'number' ? formatBytes(bytes) : '—', 'num');
+      td.dataset.side = name;
+      if (typeof bytes === 'number') {
+        td.dataset.bytes = String(bytes);
+        td.title = bytesTitle(bytes);
+      }
+      if (strong) td.style.fontWeight = '700';
+      return td;
+    };
+    tr.append(th, side(ba, 'A'), side(bb, 'B'));
+    rows.push(tr);
+  };
+  const section = (text) => {
+    const tr = document.createElement('tr');
+    tr.className = 'section';
+    const td = cell(text);
+    td.colSpan = 3;
+    tr.append(td);
+    rows.push(tr);
+  };
+  textRow('model', 'Model', descA.model, descB.model);
+  textRow('shape', 'Batch × sequence', descA.shape, descB.shape);
+  textRow('precision', 'Precision', descA.precision, descB.precision);
+  textRow('optimizer', 'Optimizer', descA.optimizer, descB.optimizer);
+  if (descA.attention !== '—' || descB.attention !== '—') textRow('attention', 'Attention', descA.attention, descB.attention);
+  textRow('gpu', 'GPU', descA.gpu, descB.gpu);
+  textRow('parameters', 'Parameters', a ? formatInteger(a.modelStates.parameterCount) : '—', b ? formatInteger(b.modelStates.parameterCount) : '—');
+  bytesRow('peak', 'Peak', a?.peak.totalBytes, b?.peak.totalBytes, true);
+  const fitsText = (est) => (!est ? '—' : est.gpu.fits
+    ? `Fits · ${formatBytes(est.gpu.headroomBytes)} headroom`
+    : `Does not fit · ${formatBytes(Math.abs(est.gpu.headroomBytes))} short`);
+  textRow('fits', 'Fits the GPU', fitsText(a), fitsText(b));
+  const fitsRow = rows.at(-1);
+  fitsRow.classList.add('fits-row');
+  fitsRow.children[1].dataset.fits = String(Boolean(a?.gpu.fits));
+  fitsRow.children[2].dataset.fits = String(Boolean(b?.gpu.fits));
+  bytesRow('states', 'Model states', a?.modelStates.totalBytes, b?.modelStates.totalBytes);
+  section('Breakdown at the peak');
+  for (const category of state.options.categories) {
+    const ra = a?.peak.byCategory.find((r) => r.category === category.id);
+    const rb = b?.peak.byCategory.find((r) => r.category === category.id);
+    if (!ra && !rb) continue;
+    const swatch = document.createElement('span');
+    swatch.className = `swatch cat-${categoryIndex(category.id)}`;
+    swatch.setAttribute('aria-hidden', 'true');
+    const label = document.createDocumentFragment();
+    label.append(swatch, category.label);
+    bytesRow(`cat-${category.id}`, label, ra?.bytes ?? (a ? 0 : undefined), rb?.bytes ?? (b ? 0 : undefined));
+    rows.at(-1).dataset.category = category.id;
+  }
+  body.replaceChildren(...rows);
+  drawCompareChart();
+}
+
+function drawCompareChart() {
+  const box = $('#compare-chart');
+  const c = state.compare;
+  if (!c || $('#compare').hidden) return;
+  const bars = [];
+  const bar = (name, est, setup) => ({
+    name,
+    segments: est.peak.byCategory.map((row) => ({ label: categoryLabel(row), bytes: row.bytes, colorIndex: categoryIndex(row.category) })),
+    capacityBytes: est.gpu.capacityBytes,
+    caption: gpuById(setup?.gpu?.id)?.label ?? '',
+    peakLabel: `peak ${formatBytes(est.peak.totalBytes)} · ${est.gpu.fits ? 'fits' : 'does not fit'}`,
+  });
+  if (c.estimate) bars.push(bar('A', c.estimate, c.shown));
+  if (state.lastGood) bars.push(bar('B', state.lastGood, state.lastGoodSetup));
+  box.replaceChildren(bars.length ? comparisonBars(bars, { width: Math.max(box.clientWidth, 280) }) : '');
+}
+
+// ---------- exports ----------
+
+function announce(text) {
+  const el = $('#export-status');
+  el.textContent = '';
+  requestAnimationFrame(() => { el.textContent = text; });
+}
+
+// The breakdown as CSV: the categories at the peak and the model states, each with its bytes
+// and formula as the core gave them, and the totals.
+function breakdownCsv(est) {
+  const rows = [['section', 'category', 'label', 'bytes', 'formula']];
+  for (const row of est.peak.byCategory) rows.push(['peak', row.category, categoryLabel(row), row.bytes, row.formula ?? '']);
+  const step = est.peak.step > 0 ? ` of step ${est.peak.step}` : '';
+  rows.push(['peak', 'total', 'Total at the peak', est.peak.totalBytes, `during ${phaseLabel(est.peak.phase)}${step}, event #${est.peak.eventIndex}: ${est.peak.label}`]);
+  for (const row of est.modelStates.rows) rows.push(['modelStates', row.category, categoryLabel(row), row.bytes, row.formula ?? '']);
+  rows.push(['modelStates', 'total', 'Model states', est.modelStates.totalBytes, `parameters: ${est.modelStates.parameterFormula ?? est.modelStates.parameterCount}`]);
+  rows.push(['gpu', 'capacity', 'GPU capacity', est.gpu.capacityBytes, gpuCaption(state.lastGoodSetup?.gpu?.id, est)]);
+  rows.push(['gpu', 'headroom', est.gpu.fits ? 'Headroom (fits)' : 'Headroom (does not fit)', est.gpu.headroomBytes, 'capacity − peak']);
+  return csvText(rows);
+}
+
+async function exportChart(svg, base, format, title) {
+  if (!svg) {
+    announce('There is no chart to export yet.');
+    return;
+  }
+  const { text, width, height } = standaloneSvg(svg, { title });
+  if (format === 'svg') {
+    downloadBlob(new Blob([text], { type: 'image/svg+xml' }), `${base}.svg`);
+    announce(`Downloaded ${base}.svg.`);
+    return;
+  }
+  try {
+    downloadBlob(await svgToPngBlob(text, width, height, 2), `${base}.png`);
+    announce(`Downloaded ${base}.png.`);
+  } catch (exception) {
+    announce(`The PNG could not be made: ${exception.message}`);
+  }
+}
+
+function onExport(kind) {
+  const est = state.lastGood;
+  if (!est) return;
+  const peakTitle = `gpumem: peak ${formatBytes(est.peak.totalBytes)} against ${formatBytes(est.gpu.capacityBytes)}`;
+  switch (kind) {
+    case 'csv':
+      downloadBlob(new Blob([breakdownCsv(est)], { type: 'text/csv' }), 'gpumem-breakdown.csv');
+      announce('Downloaded gpumem-breakdown.csv.');
+      break;
+    case 'bar-svg':
+    case 'bar-png':
+      exportChart($('#capacity-bar svg'), 'gpumem-peak', kind.slice(-3), peakTitle);
+      break;
+    case 'timeline-svg':
+    case 'timeline-png':
+      exportChart($('#timeline-chart svg'), 'gpumem-timeline', kind.slice(-3), `gpumem: memory through two training steps, ${peakTitle}`);
+      break;
+    case 'comparison-svg':
+    case 'comparison-png':
+      exportChart($('#compare-chart svg'), 'gpumem-comparison', kind.slice(-3), 'gpumem: A (pinned) and B compared');
+      break;
+    default:
+  }
+}
+
+function toggleExplainAll(button) {
+  state.explainAll = button.getAttribute('aria-pressed') !== 'true';
+  for (const b of $$('.explain-all')) {
+    b.setAttribute('aria-pressed', String(state.explainAll));
+    b.textContent = state.explainAll ? 'Hide the formulas' : 'Show every formula';
+  }
+  for (const details of $$('#results details.explain')) details.open = state.explainAll;
+}
+
+// ---------- importing config.json and safetensors ----------
+
+function canImport() {
+  return typeof state.api.importConfig === 'function' || typeof state.api.importSafetensors === 'function';
+}
+
+// Which of the three JSON documents a text is: a safetensors index (weight_map), a safetensors
+// header (tensors with dtype and shape), or else a config.json (the core reports bad JSON).
+function kindOfJson(text) {
+  let doc;
+  try {
+    doc = JSON.parse(text);
+  } catch {
+    return 'config';
+  }
+  if (!isPlainObject(doc)) return 'config';
+  if (isPlainObject(doc.weight_map)) return 'index';
+  if ('__metadata__' in doc) return 'header';
+  const values = Object.values(doc);
+  if (values.length && values.every((v) => isPlainObject(v) && 'dtype' in v && 'shape' in v)) return 'header';
+  return 'config';
+}
+
+function importText(text, source) {
+  const kind = kindOfJson(text);
+  if (kind === 'config') importConfigText(text, source);
+  else importSafetensorsText(text, source);
+}
+
+function importError(exception, source, what) {
+  const box = $('#import-result');
+  const p = document.createElement('p');
+  p.className = 'field-error';
+  const errors = errorsOf(exception);
+  p.textContent = `${source}: ${what} could not be read — ${errors.map(errorText).join('; ')}`;
+  box.replaceChildren(p);
+  box.dataset.state = 'error';
+  $('#import-model').open = true;
+}
+
+function importConfigText(text, source) {
+  if (typeof state.api.importConfig !== 'function') return;
+  let result;
+  try {
+    result = state.api.importConfig(text);
+  } catch (exception) {
+    importError(exception, source, 'the config');
+    return;
+  }
+  state.safetensors = null;
+  const { setup: current } = readForm();
+  const merged = mergeSetup({ ...current, model: {} }, result.setup);
+  $('#example').value = '';
+  const problems = applySetup(merged);
+  const box = $('#import-result');
+  box.dataset.state = 'config';
+  box.dataset.modelType = result.modelType ?? '';
+  const ignored = Array.isArray(result.ignoredFields) ? result.ignoredFields : [];
+  box.dataset.ignored = String(ignored.length);
+  const head = document.createElement('p');
+  head.className = 'ok';
+  head.textContent = `Imported ${source}: model_type “${result.modelType ?? '?'}”, ${ignored.length} field${ignored.length === 1 ? '' : 's'} ignored. The architecture fields above are filled in and editable.`;
+  const parts = [head];
+  if (ignored.length) {
+    const details = document.createElement('details');
+    const summary = document.createElement('summary');
+    summary.textContent = `Ignored fields (${ignored.length})`;
+    const list = document.createElement('p');
+    list.className = 'hint';
+    list.textContent = ignored.join(', ');
+    details.append(summary, list);
+    parts.push(details);
+  }
+  for (const note of result.notes ?? []) {
+    const p = document.createElement('p');
+    p.className = 'hint';
+    p.textContent = note;
+    parts.push(p);
+  }
+  if (problems.length) {
+    const p = document.createElement('p');
+    p.className = 'field-error';
+    p.textContent = `With the current training settings: ${problems.map(errorText).join('; ')}`;
+    parts.push(p);
+  }
+  box.replaceChildren(...parts);
+}
+
+function importSafetensorsText(text, source) {
+  if (typeof state.api.importSafetensors !== 'function') return;
+  let result;
+  try {
+    result = state.api.importSafetensors(text);
+  } catch (exception) {
+    importError(exception, source, 'the safetensors data');
+    return;
+  }
+  state.safetensors = { result, source };
+  renderSafetensors();
+}
+
+// dtypes may come as {F16: 148}, [[dtype, count]] or [{dtype, count}]: shown as "F16 × 148".
+function dtypeText(dtypes) {
+  const entries = Array.isArray(dtypes)
+    ? dtypes.map((d) => (Array.isArray(d) ? d : [d.dtype ?? d.id ?? d.name, d.count ?? d.tensors ?? d.tensorCount]))
+    : Object.entries(dtypes ?? {});
+  return entries.map(([d, n]) => (n === undefined ? String(d) : `${d} × ${formatInteger(Number(n))}`)).join(', ') || '—';
+}
+
+function renderSafetensors() {
+  const box = $('#import-result');
+  const s = state.safetensors;
+  if (!s) {
+    if (box.dataset.state === 'safetensors') {
+      box.replaceChildren();
+      delete box.dataset.state;
+    }
+    return;
+  }
+  const r = s.result;
+  box.dataset.state = 'safetensors';
+  box.dataset.source = r.source;
+  const head = document.createElement('p');
+  head.className = 'ok';
+  head.textContent = `Read ${s.source} (${r.source === 'header' ? 'a safetensors header: exact shapes' : 'a safetensors index: tensor names and total size only'}).`;
+  const dl = document.createElement('dl');
+  const item = (term, value, attrs = {}) => {
+    const dt = document.createElement('dt');
+    dt.textContent = term;
+    const dd = document.createElement('dd');
+    dd.append(value);
+    Object.assign(dd.dataset, attrs);
+    dl.append(dt, dd);
+    return dd;
+  };
+  item('Parameters', r.parameterCount === null || r.parameterCount === undefined
+    ? 'not in an index (it lists names and bytes only; drop a .safetensors file for an exact count)'
+    : `${formatInteger(r.parameterCount)} (exact)`, { count: String(r.parameterCount ?? '') }).id = 'safetensors-count';
+  const size = item('Tensor data', formatBytes(r.totalSizeBytes));
+  size.title = bytesTitle(r.totalSizeBytes);
+  item('Tensors', formatInteger(r.tensorCount));
+  item('dtypes', dtypeText(r.dtypes));
+  if (r.numLayers) item('Blocks', formatInteger(r.numLayers));
+  if (Array.isArray(r.largestMatrices) && r.largestMatrices.length) {
+    item('Largest matrices', r.largestMatrices.map((m) => `${formatInteger(m.rows)}×${formatInteger(m.cols)}`).join(', '));
+  }
+  const parts = [head, dl];
+  // In architecture mode, the header's exact count against the architecture's (both the core's).
+  const arch = state.lastGood && state.lastContext?.kind === state.archKind && state.archKind ? state.lastGood.modelStates.parameterCount : null;
+  if (arch !== null && typeof r.parameterCount === 'number') {
+    const p = document.createElement('p');
+    p.id = 'safetensors-vs-arch';
+    const same = r.parameterCount === arch;
+    p.dataset.match = String(same);
+    p.className = same ? 'ok' : 'differs';
+    const difference = r.parameterCount - arch;
+    p.textContent = same
+      ? `The header's count equals the architecture's count (${formatInteger(arch)}).`
+      : `The header's count differs from the architecture's count (${formatInteger(arch)}) by ${difference > 0 ? '+' : '−'}${formatInteger(Math.abs(difference))}.`;
+    parts.push(p);
+  }
+  for (const note of r.notes ?? []) {
+    const p = document.createElement('p');
+    p.className = 'hint';
+    p.textContent = note;
+    parts.push(p);
+  }
+  if (r.setup) {
+    const use = document.createElement('button');
+    use.type = 'button';
+    use.id = 'safetensors-use';
+    use.textContent = 'Use this parameter count (quick mode)';
+    use.addEventListener('click', () => {
+      const { setup: current } = readForm();
+      $('#example').value = '';
+      applySetup(mergeSetup({ ...current, model: {} }, r.setup));
+      announce('The model is now the checkpoint\'s exact parameter count, in quick mode.');
+    });
+    const actions = document.createElement('div');
+    actions.className = 'actions';
+    actions.append(use);
+    parts.push(actions);
+  }
+  box.replaceChildren(...parts);
+}
+
+// A .safetensors file starts with its header's length N (8 bytes, little-endian u64) and the
+// N bytes of its JSON header; only those are read.
+async function readSafetensorsHeader(file) {
+  if (file.size < 8) throw new Error('the file is shorter than a safetensors header');
+  const view = new DataView(await file.slice(0, 8).arrayBuffer());
+  const length = view.getBigUint64(0, true);
+  if (length === 0n || length > BigInt(file.size - 8) || length > 512n * 1024n * 1024n) {
+    throw new Error(`the first 8 bytes give a header of ${length} bytes, which does not fit the file (${file.size} bytes): not a safetensors file`);
+  }
+  return new TextDecoder('utf-8', { fatal: true }).decode(await file.slice(8, 8 + Number(length)).arrayBuffer());
+}
+
+async function importFile(file) {
+  if (!file) return;
+  $('#import-model').open = true;
+  try {
+    if (/\.safetensors$/i.test(file.name)) {
+      importSafetensorsText(await readSafetensorsHeader(file), file.name);
+    } else {
+      importText(await file.text(), file.name);
+    }
+  } catch (exception) {
+    importError(exception, file.name, 'the file');
+  }
+}
+
+function wireDropTarget() {
+  const zone = $('#model-fieldset');
+  let depth = 0;
+  const hasFiles = (event) => [...(event.dataTransfer?.types ?? [])].includes('Files');
+  zone.addEventListener('dragenter', (event) => {
+    if (!hasFiles(event)) return;
+    event.preventDefault();
+    depth++;
+    zone.classList.add('dragging');
+  });
+  zone.addEventListener('dragover', (event) => {
+    if (!hasFiles(event)) return;
+    event.preventDefault();
+    event.dataTransfer.dropEffect = 'copy';
+  });
+  zone.addEventListener('dragleave', () => {
+    depth = Math.max(0, depth - 1);
+    if (!depth) zone.classList.remove('dragging');
+  });
+  zone.addEventListener('drop', (event) => {
+    if (!hasFiles(event)) return;
+    event.preventDefault();
+    depth = 0;
+    zone.classList.remove('dragging');
+    importFile(event.dataTransfer.files?.[0]);
+  });
+  // A file dropped anywhere else must not replace the page (and its state) with the file.
+  window.addEventListener('dragover', (event) => { if (hasFiles(event)) event.preventDefault(); });
+  window.addEventListener('drop', (event) => { if (hasFiles(event)) event.preventDefault(); });
+}
+
+// ---------- solve ----------
+
+function canSolve() {
+  return typeof state.api.solve === 'function';
+}
+
+function runSolve() {
+  if (state.timer) update();
+  const { setup, errors } = readForm();
+  const status = $('#solve-status');
+  if (errors.length || $('#results').dataset.state !== 'ok') {
+    status.textContent = 'Fix the setup first: solving starts from a setup the core can estimate.';
+    return;
+  }
+  const button = $('#solve-run');
+  button.disabled = true;
+  $('#solve').setAttribute('aria-busy', 'true');
+  status.textContent = 'Solving…';
+  // Two frames, so the busy state is painted before the (synchronous) search runs.
+  requestAnimationFrame(() => requestAnimationFrame(() => {
+    const started = performance.now();
+    try {
+      const result = state.api.solve(setup);
+      state.solve = { result, setup, ms: performance.now() - started };
+      state.solvedFor = JSON.stringify(setup);
+      renderSolve();
+      status.textContent = `Solved in ${Math.round(state.solve.ms)} ms.`;
+    } catch (exception) {
+      status.textContent = `The search failed: ${errorsOf(exception).map(errorText).join('; ')}`;
+    } finally {
+      button.disabled = false;
+      $('#solve').removeAttribute('aria-busy');
+    }
+  }));
+}
+
+function solveApplyButton(text, label, onClick) {
+  const b = document.createElement('button');
+  b.type = 'button';
+  b.textContent = text;
+  b.setAttribute('aria-label', label);
+  b.addEventListener('click', onClick);
+  return b;
+}
+
+function applyPartial(change, what) {
+  const { setup } = readForm();
+  $('#example').value = '';
+  const problems = applySetup(mergeSetup(setup, change));
+  announce(problems.length ? `Applied ${what}, with problems: ${problems.map(errorText).join('; ')}` : `Applied ${what}.`);
+}
+
+function renderSolve() {
+  const box = $('#solve-results');
+  const solved = state.solve;
+  box.hidden = !solved;
+  if (!solved) return;
+  const { result } = solved;
+  const fill = (id, entry, unit, field, extra) => {
+    const item = $(id);
+    const value = $('.solve-value', item);
+    const hint = $('.hint', item);
+    item.querySelector('button')?.remove();
+    if (!entry) {
+      value.textContent = 'none';
+      delete item.dataset.value;
+      hint.textContent = `Even ${unit === 'samples' ? 'one sample' : 'the shortest sequence'} does not fit this GPU.`;
+      return;
+    }
+    item.dataset.value = String(entry.value);
+    value.textContent = `${formatInteger(entry.value)} ${unit}`;
+    hint.textContent = `Peak ${formatBytes(entry.peakBytes)}${extra ? ` · ${extra(entry)}` : ''}.`;
+    hint.title = bytesTitle(entry.peakBytes);
+    const current = solved.setup.training[field];
+    if (entry.value !== current) {
+      item.append(solveApplyButton(`Use ${formatInteger(entry.value)}`, `Use ${field === 'batchSize' ? 'batch size' : 'sequence length'} ${entry.value}`,
+        () => applyPartial({ training: { [field]: entry.value } }, `${field === 'batchSize' ? 'batch size' : 'sequence length'} ${entry.value}`)));
+    }
+  };
+  const limitNote = (what) => (e) => (e.limit !== undefined && e.limit !== null && e.value >= e.limit ? `the search stops at ${formatInteger(e.limit)} ${what}` : '');
+  fill('#solve-batch', result.maxBatchSize, 'samples', 'batchSize', limitNote('samples'));
+  fill('#solve-seq', result.maxSequenceLength, 'tokens', 'sequenceLength', limitNote('tokens (the position table or the search\'s bound)'));
+  const list = $('#solve-suggestions');
+  const suggestions = Array.isArray(result.suggestions) ? result.suggestions : [];
+  list.replaceChildren(...suggestions.map((s) => {
+    const li = document.createElement('li');
+    li.dataset.id = s.id;
+    li.dataset.fits = String(Boolean(s.fits));
+    const label = document.createElement('strong');
+    label.textContent = s.label;
+    const saved = document.createElement('span');
+    saved.textContent = ` — saves ${formatBytes(s.savedBytes)}, peak ${formatBytes(s.peakBytes)} `;
+    saved.title = `${bytesTitle(s.savedBytes)} saved; peak ${bytesTitle(s.peakBytes)}`;
+    const fits = document.createElement('span');
+    fits.className = s.fits ? 'fits-yes' : 'fits-no';
+    fits.textContent = s.fits ? 'fits' : 'still does not fit';
+    li.append(label, saved, fits, solveApplyButton('Apply', `Apply: ${s.label}`, () => applyPartial(s.change, `“${s.label}”`)));
+    if (s.tradeoff) {
+      const tradeoff = document.createElement('span');
+      tradeoff.className = 'tradeoff';
+      tradeoff.textContent = `Cost: ${s.tradeoff}`;
+      li.append(tradeoff);
+    }
+    return li;
+  }));
+  if (!suggestions.length) {
+    const li = document.createElement('li');
+    li.textContent = 'No single change found.';
+    list.append(li);
+  }
+  box.dataset.stale = String(state.solvedFor !== JSON.stringify(readForm().setup));
+}
+
 // ---------- start ----------
 
 function buildControls(options) {
@@ -1129,6 +2002,9 @@ function buildControls(options) {
     new Option(`${p.label} — ${formatInteger(p.publishedParameters)} parameters`, p.id)));
   fillSelect($('#arch-family'), options.families ?? []);
   buildArchFields();
+  buildGpuSelect();
+  $('#import-model').hidden = !canImport();
+  $('#solve').hidden = !canSolve();
 }
 
 function wireEvents() {
@@ -1147,6 +2023,10 @@ function wireEvents() {
     else if (target.id === 'arch-family') onFamilyChange();
     else if (target.closest('#arch-fields')) onArchFieldInput();
     if (target.id === 'checkpointing') showTrainingOptions();
+    if (target.id === 'gpu') onGpuChange();
+    if (target.id === 'memoryGiB') syncGpuSelect();
+    // The import box's text is not part of the setup.
+    if (target.id === 'config-text' || target.id === 'model-file') return;
     if (target.type === 'text') scheduleUpdate();
     else update();
   });
@@ -1158,6 +2038,31 @@ function wireEvents() {
     importSetup(e.target.files?.[0]);
     e.target.value = '';
   });
+  for (const radio of $$('input[name=units]')) radio.addEventListener('change', () => setUnits(radio.value));
+  $('#compare-pin').addEventListener('click', onPin);
+  $('#compare-clear').addEventListener('click', onClearCompare);
+  $('#compare-swap').addEventListener('click', onSwapCompare);
+  $('#results').addEventListener('click', (event) => {
+    const button = event.target.closest('button[data-export]');
+    if (button) onExport(button.dataset.export);
+    const explain = event.target.closest('button.explain-all');
+    if (explain) toggleExplainAll(explain);
+  });
+  $('#import-config').addEventListener('click', () => {
+    const text = $('#config-text').value;
+    if (!text.trim()) {
+      $('#import-result').textContent = 'Paste the text of a config.json first.';
+      return;
+    }
+    importText(text, 'the pasted JSON');
+  });
+  $('#open-model-file').addEventListener('click', () => $('#model-file').click());
+  $('#model-file').addEventListener('change', (e) => {
+    importFile(e.target.files?.[0]);
+    e.target.value = '';
+  });
+  wireDropTarget();
+  $('#solve-run').addEventListener('click', runSolve);
   $('#reset').addEventListener('click', () => {
     $('#example').value = '';
     applySetup(state.options.defaultSetup);
@@ -1173,6 +2078,7 @@ function wireEvents() {
     cancelAnimationFrame(frame);
     frame = requestAnimationFrame(() => {
       if (state.lastGood && $('#timeline-chart').clientWidth !== state.chartWidth) drawCharts(state.lastGood);
+      else if (state.compare) drawCompareChart();
     });
   }).observe($('#results'));
 }
@@ -1188,6 +2094,8 @@ async function start() {
     console.error(exception);
     return;
   }
+  state.embed = new URLSearchParams(location.search).get('embed') === '1';
+  document.body.classList.toggle('embed', state.embed);
   buildControls(state.options);
   wireEvents();
   $('#version').textContent = `version ${state.options.version ?? state.api.version ?? '?'}`;

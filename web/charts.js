@@ -4,27 +4,53 @@
 // figure. Charts are built with DOM calls (never innerHTML) so labels from the core are text.
 
 const SVG_NS = 'http://www.w3.org/2000/svg';
-const GIB = 2 ** 30;
-const GB = 1e9;
 
-// A byte count for people: binary units (what nvidia-smi and PyTorch report), 3–4 significant
-// digits. Anything that is not a finite number shows as a dash, so NaN never reaches the page.
-export function formatBytes(bytes) {
+// The page's unit for byte figures: 'GiB' (binary, 2^30, what nvidia-smi and PyTorch report) or
+// 'GB' (decimal, 10^9, how model sizes and some data sheets are quoted). Exact byte counts stay
+// in titles and tooltips whatever the choice.
+const UNIT_SYSTEMS = {
+  GiB: { base: 1024, names: ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB', 'EiB'] },
+  GB: { base: 1000, names: ['B', 'kB', 'MB', 'GB', 'TB', 'PB', 'EB'] },
+};
+let byteUnits = 'GiB';
+
+export function setByteUnits(units) {
+  byteUnits = units === 'GB' ? 'GB' : 'GiB';
+  return byteUnits;
+}
+
+export function getByteUnits() {
+  return byteUnits;
+}
+
+// A byte count for people in the chosen unit system (or `units`), 3–4 significant digits.
+// Anything that is not a finite number shows as a dash, so NaN never reaches the page.
+export function formatBytes(bytes, units = byteUnits) {
   if (typeof bytes !== 'number' || !Number.isFinite(bytes)) return '—';
+  const system = UNIT_SYSTEMS[units] ?? UNIT_SYSTEMS.GiB;
   const sign = bytes < 0 ? '−' : '';
   let v = Math.abs(bytes);
-  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB', 'EiB'];
   let u = 0;
-  while (v >= 1024 && u < units.length - 1) { v /= 1024; u++; }
+  while (v >= system.base && u < system.names.length - 1) { v /= system.base; u++; }
   if (u === 0) return `${sign}${v} B`;
   const digits = v >= 100 ? 1 : 2;
-  return `${sign}${v.toFixed(digits)} ${units[u]}`;
+  return `${sign}${v.toFixed(digits)} ${system.names[u]}`;
+}
+
+// The same count in the unit system not chosen, for titles ("80.00 GiB" ↔ "85.90 GB").
+export function formatBytesOther(bytes) {
+  return formatBytes(bytes, byteUnits === 'GB' ? 'GiB' : 'GB');
+}
+
+// Exact bytes and the other unit, the tooltip of every byte figure.
+export function bytesTitle(bytes) {
+  return `${formatExactBytes(bytes)} · ${formatBytesOther(bytes)}`;
 }
 
 // The same count in decimal gigabytes, which is how model sizes are usually quoted.
 export function formatGB(bytes) {
   if (typeof bytes !== 'number' || !Number.isFinite(bytes)) return '—';
-  const v = bytes / GB;
+  const v = bytes / 1e9;
   const digits = Math.abs(v) >= 100 ? 1 : Math.abs(v) >= 1 ? 2 : 3;
   return `${v < 0 ? '−' : ''}${Math.abs(v).toFixed(digits)} GB`;
 }
@@ -56,13 +82,14 @@ function titleEl(text) {
   return svgEl('title', {}, text);
 }
 
-// Axis ticks at 1, 2 or 5 × a power of two of GiB (or of 1024 smaller units), so labels read
-// as round binary numbers.
+// Axis ticks at 1, 2 or 5 × a power of the chosen unit's base (1024 or 1000), so labels read
+// as round numbers of that unit.
 function niceTicks(maxBytes, count = 4) {
   if (!(maxBytes > 0)) return [0];
   const raw = maxBytes / count;
+  const base = UNIT_SYSTEMS[byteUnits].base;
   let unit = 1;
-  while (unit * 1024 <= raw) unit *= 1024;
+  while (unit * base <= raw) unit *= base;
   const candidates = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000].map((m) => m * unit);
   const step = candidates.find((c) => c >= raw) ?? raw;
   const ticks = [];
@@ -105,6 +132,62 @@ export function capacityBar(segments, capacityBytes, { width = 640, peakLabel = 
   svg.append(svgEl('text', {
     class: 'chart-label strong', x: anchorPeak === 'end' ? px - 2 : px + 2, y: barTop + barHeight + 14, 'text-anchor': anchorPeak,
   }, peakLabel || `peak ${formatBytes(total)}`));
+  return svg;
+}
+
+// Two (or more) stacked bars on one scale, each against its own GPU capacity: the comparison of a
+// pinned setup A with the live setup B.
+//   bars: [{name, caption, segments: [{label, bytes, colorIndex}], capacityBytes, peakLabel}]
+export function comparisonBars(bars, { width = 640 } = {}) {
+  const left = 34;
+  const right = 10;
+  const rowHeight = 60;
+  const top = 4;
+  const barHeight = 22;
+  const height = top + bars.length * rowHeight;
+  const totals = bars.map((b) => b.segments.reduce((sum, s) => sum + Math.max(0, s.bytes), 0));
+  const scaleMax = Math.max(1, ...totals, ...bars.map((b) => b.capacityBytes || 0));
+  const innerW = Math.max(width - left - right, 40);
+  const x = (b) => left + (b / scaleMax) * innerW;
+  const summary = bars.map((b, i) => `${b.name}: peak ${formatBytes(totals[i])} against ${formatBytes(b.capacityBytes)}`).join('; ');
+  const svg = svgEl('svg', {
+    class: 'chart comparison-bars', viewBox: `0 0 ${width} ${height}`, width: '100%', height,
+    role: 'img', 'aria-label': `Peak memory compared: ${summary}`,
+  });
+  bars.forEach((bar, i) => {
+    const y0 = top + i * rowHeight;
+    const barTop = y0 + 14;
+    const g = svgEl('g', { class: 'comparison-bar', 'data-bar': bar.name });
+    g.append(
+      svgEl('text', { class: 'chart-label strong', x: 4, y: barTop + barHeight / 2 + 4 }, bar.name),
+      svgEl('rect', { class: 'bar-track', x: left, y: barTop, width: innerW, height: barHeight, rx: 3 }),
+    );
+    let at = 0;
+    for (const s of bar.segments) {
+      if (!(s.bytes > 0)) continue;
+      const w = x(at + s.bytes) - x(at);
+      g.append(svgEl('rect', {
+        class: `cat cat-${s.colorIndex}`, x: x(at), y: barTop, width: Math.max(w, 0.5), height: barHeight,
+      }, titleEl(`${bar.name} · ${s.label}: ${formatBytes(s.bytes)} (${formatExactBytes(s.bytes)})`)));
+      at += s.bytes;
+    }
+    const cx = x(bar.capacityBytes);
+    const capAnchor = cx > left + innerW * 0.7 ? 'end' : 'start';
+    // The GPU's name follows its size where there is room for it (about 6 px a character).
+    const room = capAnchor === 'end' ? cx - 4 : width - cx - 4;
+    const withName = `GPU ${formatBytes(bar.capacityBytes)}${bar.caption ? ` · ${bar.caption}` : ''}`;
+    const capText = withName.length * 6 <= room ? withName : `GPU ${formatBytes(bar.capacityBytes)}`;
+    g.append(
+      svgEl('line', { class: 'capacity-line', x1: cx, x2: cx, y1: barTop - 4, y2: barTop + barHeight + 4 }),
+      svgEl('text', { class: 'chart-label', x: capAnchor === 'end' ? cx - 4 : cx + 4, y: barTop - 4, 'text-anchor': capAnchor }, capText),
+    );
+    const px = x(totals[i]);
+    const peakAnchor = px > left + innerW * 0.6 ? 'end' : 'start';
+    g.append(svgEl('text', {
+      class: 'chart-label strong', x: peakAnchor === 'end' ? px - 2 : px + 2, y: barTop + barHeight + 13, 'text-anchor': peakAnchor,
+    }, bar.peakLabel || `peak ${formatBytes(totals[i])}`));
+    svg.append(g);
+  });
   return svg;
 }
 

@@ -15,7 +15,9 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { tmpdir } from 'node:os';
 import { execFileSync } from 'node:child_process';
+import { createRequire } from 'node:module';
 import { chromium } from 'playwright-core';
+import { gpt2SafetensorsHeader, safetensorsFileStart, llamaIndex } from '../js/fixtures.js';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 const pagePath = resolve(process.env.GPUMEM_PAGE ?? join(root, 'dist/gpumem.html'));
@@ -710,4 +712,536 @@ test('autocast weight copies get a ninth colour in light and dark; architecture 
   assert.ok(await phone.page.$('#timeline-chart svg .peak-marker'));
   await phone.page.screenshot({ path: join(screenshotDir, 'page-phone-architecture.png'), fullPage: true });
   await phone.finish();
+});
+
+// ---------- GPU list, units, comparison, explanations, exports, embeds, imports, solvers ----------
+
+// The same core in node, for the figures a test expects (the page must show the core's numbers).
+let nodeCore;
+async function core() {
+  if (!nodeCore) {
+    const wasmJs = resolve(process.env.GPUMEM_WASM_JS ?? join(root, 'build/wasm/wasm/gpumem_core.cjs'));
+    const { loadGpumem } = await import(pathToFileURL(join(root, 'wasm/gpumem.js')).href);
+    nodeCore = await loadGpumem({ factory: createRequire(import.meta.url)(wasmJs) });
+  }
+  return nodeCore;
+}
+
+// The text of a download, and its file name.
+async function download(page, selector) {
+  const [file] = await Promise.all([page.waitForEvent('download'), page.click(selector)]);
+  const path = join(workDir, file.suggestedFilename());
+  await file.saveAs(path);
+  return { name: file.suggestedFilename(), path, bytes: readFileSync(path) };
+}
+
+const GPU_CHOICE = '#gpu';
+
+test('GPU list: choosing a GPU sets its memory, flips the verdict, and the link keeps its id', async () => {
+  const { page, finish } = await openPage();
+  const gpus = (await core()).options().gpus;
+  const ids = await page.$$eval(`${GPU_CHOICE} option`, (os) => os.map((o) => o.value).filter(Boolean));
+  assert.deepEqual(ids, gpus.map((g) => g.id), 'every GPU of options.gpus is offered');
+  assert.ok(ids.length >= 15);
+  await page.waitForFunction(() => document.querySelector('#results').dataset.state === 'ok', null, WAIT);
+  const peak = await peakBytes(page);
+
+  // The default quick setup (33.5 GiB) does not fit a 24 GB card …
+  await page.selectOption(GPU_CHOICE, 'nvidia-rtx-4090');
+  await waitForAttr(page, '#verdict', 'data-fits', 'false');
+  assert.equal(await page.inputValue('#memoryGiB'), '24');
+  const verdict = await page.textContent('#verdict');
+  assert.match(verdict, /Does not fit/);
+  assert.match(verdict, /short of 24\.00 GiB/);
+  assert.match(verdict, /RTX 4090/);
+  assert.equal(Number(await page.$eval('#verdict', (el) => el.dataset.headroomBytes)), 24 * 2 ** 30 - peak, 'short by capacity − peak');
+  await settled(page);
+  assert.deepEqual(setupFromUrl(page.url()).gpu, { id: 'nvidia-rtx-4090', memoryGiB: 24 });
+
+  // … and fits an H100, with the headroom shown.
+  await page.selectOption(GPU_CHOICE, 'nvidia-h100-sxm');
+  await waitForAttr(page, '#verdict', 'data-fits', 'true');
+  assert.match(await page.textContent('#verdict'), /headroom on 80\.00 GiB/);
+  assert.match(await page.textContent('#gpu-hint'), /H100 SXM/);
+  await settled(page);
+  const url = page.url();
+  assert.equal(setupFromUrl(url).gpu.id, 'nvidia-h100-sxm');
+
+  // Typing a size makes it a custom GPU.
+  await page.fill('#memoryGiB', '40');
+  await page.waitForFunction(() => document.querySelector('#gpu').value === '', null, WAIT);
+  await settled(page);
+  assert.deepEqual(setupFromUrl(page.url()).gpu, { memoryGiB: 40 });
+  await finish();
+
+  const again = await openPage({ url });
+  await settled(again.page);
+  assert.equal(await again.page.inputValue(GPU_CHOICE), 'nvidia-h100-sxm', 'the link restores the chosen GPU');
+  assert.equal(await again.page.inputValue('#memoryGiB'), '80');
+  await again.finish();
+});
+
+test('units: GiB or GB for every figure, kept in the link; exact bytes stay in the titles', async () => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'gpt2');
+  await waitForAttr(page, '#param-count', 'data-count', '124439808');
+  await settled(page);
+  const peak = await peakBytes(page);
+  assert.equal(await page.textContent('#peak-total'), `${(peak / 2 ** 30).toFixed(2)} GiB`);
+  assert.match(await page.getAttribute('#peak-total', 'title'), new RegExp(`^${peak.toLocaleString('en-US')} B`));
+
+  await page.check('input[name=units][value=GB]');
+  await page.waitForFunction(() => /\bGB$/.test(document.querySelector('#peak-total').textContent), null, WAIT);
+  assert.equal(await page.textContent('#peak-total'), `${(peak / 1e9).toFixed(2)} GB`);
+  assert.match(await page.getAttribute('#peak-total', 'title'), new RegExp(`^${peak.toLocaleString('en-US')} B · [\\d.]+ GiB`));
+  // Everywhere: the verdict, the legend, the tables, the chart axes and labels.
+  const texts = await page.evaluate(() => ['#verdict', '#capacity-legend', '#peak-table tbody', '#states-table', '#phase-table', '#capacity-bar svg', '#timeline-chart svg']
+    .map((s) => document.querySelector(s).textContent).join(' '));
+  assert.doesNotMatch(texts, /[KMGT]iB/, 'no binary unit is left');
+  assert.match(texts, /\d GB/);
+  assert.equal(await page.getAttribute('#peak-table-total', 'data-bytes'), String(peak), 'exact bytes unchanged');
+  await settled(page);
+  const url = page.url();
+  assert.equal(new URLSearchParams(new URL(url).hash.slice(1)).get('units'), 'GB');
+  await finish();
+
+  const again = await openPage({ url });
+  await settled(again.page);
+  assert.equal(await again.page.isChecked('input[name=units][value=GB]'), true);
+  assert.match(await again.page.textContent('#peak-total'), / GB$/);
+  await again.page.check('input[name=units][value=GiB]');
+  await again.page.waitForFunction(() => / GiB$/.test(document.querySelector('#peak-total').textContent), null, WAIT);
+  await settled(again.page);
+  assert.equal(new URLSearchParams(new URL(again.page.url()).hash.slice(1)).get('units'), null);
+  await again.finish();
+});
+
+test('comparison: pin A, change the setup, see both peaks, breakdowns and a two-bar chart; kept in the link; cleared', async () => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'gpt2');
+  await page.fill('#sequenceLength', '512');
+  await page.selectOption(GPU_CHOICE, 'nvidia-rtx-4090');
+  await settled(page);
+  assert.equal(await page.isVisible('#compare'), false);
+  const setupA = setupFromUrl(page.url());
+  const peakA = await peakBytes(page);
+  await page.click('#compare-pin');
+  await page.waitForSelector('#compare:not([hidden])', WAIT);
+
+  await page.fill('#batchSize', '32');
+  await page.waitForFunction((a) => Number(document.querySelector('#peak-total').dataset.bytes) !== a, peakA, WAIT);
+  await settled(page);
+  const peakB = await peakBytes(page);
+  const side = (row, s) => page.$eval(`#compare-table tr[data-row="${row}"] td[data-side="${s}"]`, (td) => ({ text: td.textContent, bytes: td.dataset.bytes, fits: td.dataset.fits }));
+  assert.equal(Number((await side('peak', 'A')).bytes), peakA);
+  assert.equal(Number((await side('peak', 'B')).bytes), peakB);
+  assert.equal((await side('peak', 'B')).text, `${(peakB / 2 ** 30).toFixed(2)} GiB`);
+  assert.equal((await side('fits', 'A')).fits, 'true');
+  assert.equal((await side('fits', 'B')).fits, 'false', 'batch 32 does not fit 24 GiB');
+  assert.match((await side('fits', 'B')).text, /Does not fit · [\d.]+ GiB short/);
+  assert.match((await side('shape', 'A')).text, /^1 × 512/);
+  assert.match((await side('shape', 'B')).text, /^32 × 512/);
+  assert.equal(await page.$eval('#compare-table tr[data-row="shape"]', (tr) => tr.classList.contains('differs')), true);
+  // Model states and the breakdown at the peak are the core's, for both.
+  const c = await core();
+  const estA = c.estimate(setupA);
+  const estB = c.estimate(setupFromUrl(page.url()));
+  assert.equal(Number((await side('states', 'A')).bytes), estA.modelStates.totalBytes);
+  for (const row of estB.peak.byCategory) assert.equal(Number((await side(`cat-${row.category}`, 'B')).bytes), row.bytes, row.category);
+  for (const row of estA.peak.byCategory) assert.equal(Number((await side(`cat-${row.category}`, 'A')).bytes), row.bytes, row.category);
+  // Two stacked bars against the capacity.
+  assert.deepEqual(await page.$$eval('#compare-chart svg .comparison-bar', (gs) => gs.map((g) => g.dataset.bar)), ['A', 'B']);
+  assert.equal((await page.$$('#compare-chart svg .capacity-line')).length, 2);
+  assert.match(await page.textContent('#compare-chart svg'), /does not fit/);
+
+  // The link keeps A.
+  const url = page.url();
+  const compare = new URLSearchParams(new URL(url).hash.slice(1)).get('compare');
+  assert.deepEqual(JSON.parse(Buffer.from(compare, 'base64url').toString('utf8')), setupA);
+  await finish();
+
+  const again = await openPage({ url });
+  await settled(again.page);
+  await again.page.waitForSelector('#compare:not([hidden])', WAIT);
+  assert.equal(Number(await again.page.$eval('#compare-table tr[data-row="peak"] td[data-side="A"]', (td) => td.dataset.bytes)), peakA);
+  assert.equal(Number(await again.page.$eval('#compare-table tr[data-row="peak"] td[data-side="B"]', (td) => td.dataset.bytes)), peakB);
+  // "Load A into the editor" swaps: A's setup is edited, the one that was edited is pinned.
+  await again.page.click('#compare-swap');
+  await again.page.waitForFunction(() => document.querySelector('#batchSize').value === '1', null, WAIT);
+  await settled(again.page);
+  assert.equal(await peakBytes(again.page), peakA);
+  assert.equal(Number(await again.page.$eval('#compare-table tr[data-row="peak"] td[data-side="A"]', (td) => td.dataset.bytes)), peakB);
+  await again.page.click('#compare-clear');
+  await again.page.waitForSelector('#compare', { ...WAIT, state: 'hidden' });
+  await settled(again.page);
+  assert.equal(new URLSearchParams(new URL(again.page.url()).hash.slice(1)).get('compare'), null);
+  await again.finish();
+});
+
+test('explanations: every row expands to its formula with its result; the dominant category is named', async () => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'gpt2');
+  await page.fill('#sequenceLength', '1024');
+  await page.fill('#batchSize', '4');
+  await settled(page);
+  const est = (await core()).estimate(setupFromUrl(page.url()));
+
+  // Peak table: a <details> per row, closed at first; opening it shows formula = bytes.
+  const first = est.peak.byCategory[0];
+  const row = `#peak-table tr[data-category="${first.category}"]`;
+  assert.equal(await page.$eval(`${row} details.explain`, (d) => d.open), false);
+  await page.click(`${row} details.explain summary`);
+  assert.equal(await page.$eval(`${row} details.explain`, (d) => d.open), true);
+  const body = await page.textContent(`${row} .explain-body`);
+  assert.ok(body.includes(first.formula), body);
+  assert.ok(body.includes(`${first.bytes.toLocaleString('en-US')} B`), body);
+  assert.equal(await page.isVisible(`${row} .explain-body`), true);
+  // With the keyboard: focus a summary, Enter opens it.
+  const statesRow = '#states-table tbody tr:first-child details.explain';
+  await page.focus(`${statesRow} summary`);
+  await page.keyboard.press('Enter');
+  assert.equal(await page.$eval(statesRow, (d) => d.open), true);
+
+  // "Show every formula" opens them all: peak, model states, forward end, phase peaks.
+  await page.click('#breakdown button.explain-all');
+  assert.equal(await page.$$eval('#results details.explain', (ds) => ds.every((d) => d.open)), true);
+  assert.equal(await page.getAttribute('#breakdown button.explain-all', 'aria-pressed'), 'true');
+  assert.ok((await page.$$('#phase-table details.explain')).length === est.phasePeaks.length);
+  const forwardRows = await page.$$eval('#forward-table tbody tr', (trs) => trs.map((tr) => [tr.dataset.category, Number(tr.querySelector('[data-bytes]').dataset.bytes)]));
+  assert.deepEqual(forwardRows, est.forwardEnd.byCategory.map((r) => [r.category, r.bytes]), 'the forward-end table is the core\'s forwardEnd');
+  assert.equal(Number(await page.getAttribute('#forward-total', 'data-bytes')), est.forwardEnd.totalBytes);
+  const backward = est.phasePeaks.find((p) => p.phase === 'backward');
+  const phaseText = await page.textContent('#phase-table tr[data-phase="backward"] .explain-body');
+  for (const r of backward.byCategory) assert.ok(phaseText.includes(r.formula), `backward peak lists ${r.category}'s formula`);
+
+  // The dominant category: the core's largest row at the peak, its share and its formula.
+  const top = est.peak.byCategory.reduce((a, b) => (b.bytes > a.bytes ? b : a));
+  assert.equal(await page.getAttribute('#dominant', 'data-category'), top.category);
+  const dominant = await page.textContent('#dominant');
+  assert.ok(dominant.includes(top.label), dominant);
+  assert.ok(dominant.includes(`${Math.round((top.bytes / est.peak.totalBytes) * 100)} %`), dominant);
+  assert.ok(dominant.includes(top.formula), dominant);
+  assert.match(dominant, /Why: /);
+  await page.screenshot({ path: join(screenshotDir, 'page-explained.png'), fullPage: true });
+  await finish();
+});
+
+test('exports: the breakdown as CSV with the peak total, the charts as SVG and PNG, all as downloads', async () => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'gpt2');
+  await page.fill('#sequenceLength', '256');
+  await settled(page);
+  const est = (await core()).estimate(setupFromUrl(page.url()));
+
+  const csv = await download(page, 'button[data-export="csv"]');
+  assert.equal(csv.name, 'gpumem-breakdown.csv');
+  const lines = csv.bytes.toString('utf8').trimEnd().split('\r\n');
+  assert.equal(lines[0], 'section,category,label,bytes,formula');
+  assert.ok(lines.some((l) => l.startsWith(`peak,total,Total at the peak,${est.peak.totalBytes},`)), 'the peak total');
+  for (const r of est.peak.byCategory) {
+    assert.ok(lines.includes(`peak,${r.category},${r.label},${r.bytes},"${r.formula.replace(/"/g, '""')}"`)
+      || lines.includes(`peak,${r.category},${r.label},${r.bytes},${r.formula}`), `peak row ${r.category}`);
+  }
+  assert.ok(lines.some((l) => l.startsWith(`modelStates,total,Model states,${est.modelStates.totalBytes},`)));
+  assert.equal(lines.filter((l) => l.startsWith('modelStates,')).length, est.modelStates.rows.length + 1);
+
+  const svg = await download(page, 'button[data-export="bar-svg"]');
+  assert.equal(svg.name, 'gpumem-peak.svg');
+  const svgText = svg.bytes.toString('utf8');
+  assert.match(svgText, /^<\?xml/);
+  assert.match(svgText, /<svg[^>]+xmlns="http:\/\/www\.w3\.org\/2000\/svg"/);
+  assert.match(svgText, /peak [\d.]+ MiB|peak [\d.]+ GiB/);
+  assert.match(svgText, /fill:\s*rgb\(/, 'colours are inlined: the file needs no stylesheet');
+  assert.doesNotMatch(svgText, /var\(--/);
+  const png = await download(page, 'button[data-export="bar-png"]');
+  assert.equal(png.name, 'gpumem-peak.png');
+  assert.deepEqual([...png.bytes.subarray(0, 8)], [0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a], 'a PNG');
+  assert.ok(png.bytes.length > 1000);
+
+  const timeline = await download(page, 'button[data-export="timeline-svg"]');
+  assert.equal(timeline.name, 'gpumem-timeline.svg');
+  assert.match(timeline.bytes.toString('utf8'), /class="|<path/);
+  assert.doesNotMatch(timeline.bytes.toString('utf8'), /hit-area|tabindex/, 'no interactive parts');
+  const timelinePng = await download(page, 'button[data-export="timeline-png"]');
+  assert.equal(timelinePng.bytes.subarray(1, 4).toString('latin1'), 'PNG');
+
+  await page.click('#compare-pin');
+  await page.fill('#batchSize', '2');
+  await settled(page);
+  const comparison = await download(page, 'button[data-export="comparison-svg"]');
+  assert.equal(comparison.name, 'gpumem-comparison.svg');
+  assert.match(comparison.bytes.toString('utf8'), />A<\/text>[\s\S]*>B<\/text>/);
+  const comparisonPng = await download(page, 'button[data-export="comparison-png"]');
+  assert.equal(comparisonPng.bytes.subarray(1, 4).toString('latin1'), 'PNG');
+  await finish();
+});
+
+const examplePath = resolve(process.env.GPUMEM_EXAMPLE ?? join(dirname(pagePath), 'example-embed.html'));
+
+test('embed: the example page\'s <gpumem-calculator> elements show the core\'s peak; its ?embed=1 iframe renders', async () => {
+  assert.ok(existsSync(examplePath), `${examplePath} is missing: run node scripts/assemble-web.mjs`);
+  assert.ok(existsSync(join(dirname(examplePath), 'gpumem-embed.js')));
+  const script = readFileSync(join(dirname(examplePath), 'gpumem-embed.js'), 'utf8');
+  assert.doesNotMatch(script, /https?:\/\/(?!www\.w3\.org)/, 'the embed script names no server');
+
+  for (const colorScheme of ['light', 'dark']) {
+    const context = await browser.newContext({ viewport: { width: 900, height: 900 }, colorScheme });
+    const page = await context.newPage();
+    const requests = [];
+    const errors = [];
+    page.on('request', (r) => requests.push(r.url()));
+    page.on('pageerror', (e) => errors.push(e.message));
+    page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+    await page.goto(pathToFileURL(examplePath).href);
+    const c = await core();
+    const elements = await page.$$eval('gpumem-calculator', (els) => els.map((el) => ({
+      id: el.id, attrs: Object.fromEntries([...el.attributes].map((a) => [a.name, a.value])),
+    })));
+    assert.ok(elements.length >= 2);
+    const { setupFromParams } = await import(pathToFileURL(join(root, 'web/setup-params.js')).href);
+    for (const { id, attrs } of elements) {
+      // Playwright's CSS selectors pierce the shadow root.
+      await page.waitForSelector(`#${id} .peak[data-bytes]`, WAIT);
+      const expected = c.estimate(setupFromParams((n) => attrs[n]).setup);
+      assert.equal(Number(await page.$eval(`#${id}`, (el) => el.shadowRoot.querySelector('.peak').dataset.bytes)), expected.peak.totalBytes, `${id}: the core's peak`);
+      assert.equal(await page.$eval(`#${id}`, (el) => el.estimate.peak.totalBytes), expected.peak.totalBytes, `${id}: the estimate property`);
+      const fits = await page.$eval(`#${id}`, (el) => el.shadowRoot.querySelector('.verdict').dataset.fits);
+      assert.equal(fits, String(expected.gpu.fits), `${id}: fits`);
+      assert.ok(await page.$(`#${id} svg.capacity-bar`), `${id}: the stacked bar`);
+      const href = await page.$eval(`#${id}`, (el) => el.shadowRoot.querySelector('a.open').href);
+      assert.match(href, /\/gpumem\.html#s=/, `${id}: links to the calculator`);
+    }
+    const llama = elements.find((e) => e.attrs.preset);
+    assert.match(await page.$eval(`#${llama.id}`, (el) => el.shadowRoot.textContent), new RegExp(c.options().presets.find((p) => p.id === llama.attrs.preset).label.replace(/[()]/g, '\\$&')));
+    assert.match(await page.$eval('#example-gpt2', (el) => el.shadowRoot.querySelector('.peak').textContent), / GB$/, 'units="GB"');
+
+    await page.screenshot({ path: join(screenshotDir, `embed-example-${colorScheme}.png`), fullPage: true });
+
+    // Changing an attribute re-estimates.
+    const before = await page.$eval('#example-gpt2', (el) => el.shadowRoot.querySelector('.peak').dataset.bytes);
+    await page.$eval('#example-gpt2', (el) => el.setAttribute('batch-size', '1'));
+    await page.waitForFunction((b) => document.querySelector('#example-gpt2').shadowRoot.querySelector('.peak')?.dataset.bytes !== b, before, WAIT);
+    // A bad attribute shows the core's error naming the field.
+    await page.$eval('#example-gpt2', (el) => el.setAttribute('batch-size', '-3'));
+    await page.waitForFunction(() => /training\.batchSize/.test(document.querySelector('#example-gpt2').shadowRoot.textContent), null, WAIT);
+
+    // The iframe: the page in embed mode.
+    const frame = page.frames().find((f) => /embed=1/.test(f.url()));
+    assert.ok(frame, 'the iframe is loaded');
+    await frame.waitForSelector('body[data-ready=true]', WAIT);
+    await frame.waitForFunction(() => Number(document.querySelector('#peak-total').dataset.bytes) > 0, null, WAIT);
+    assert.equal(await frame.$eval('body', (b) => b.classList.contains('embed')), true);
+    assert.equal(await frame.isVisible('#setup-form'), false);
+    if (colorScheme === 'dark') {
+      const bg = await page.$eval('#example-llama', (el) => getComputedStyle(el.shadowRoot.querySelector('.card')).backgroundColor);
+      assert.notEqual(bg, 'rgb(255, 255, 255)', 'the element follows the dark scheme');
+    }
+    // A full-page screenshot leaves the file:// iframe (another process) blank; the frame's own box shows it.
+    await page.locator('#example-iframe').screenshot({ path: join(screenshotDir, `embed-iframe-${colorScheme}.png`) });
+    const outside = requests.filter((u) => !ALLOWED_SCHEMES.has(new URL(u).protocol));
+    assert.deepEqual(outside, [], 'no network requests');
+    assert.deepEqual(errors, []);
+    await context.close();
+  }
+});
+
+test('?embed=1: the compact page from link parameters, with the core\'s peak and a link to the full calculator', async () => {
+  const params = 'embed=1&preset=gpt2&batch-size=4&sequence-length=512&gpu=nvidia-rtx-4090&units=GB';
+  const { page, finish } = await openPage({ url: `${pageUrl}?${params}`, viewport: { width: 480, height: 700 } });
+  await settled(page);
+  const expected = (await core()).estimate({ model: { preset: 'gpt2' }, training: { batchSize: 4, sequenceLength: 512 }, gpu: { id: 'nvidia-rtx-4090' } });
+  assert.equal(await peakBytes(page), expected.peak.totalBytes);
+  assert.match(await page.textContent('#peak-total'), / GB$/);
+  for (const hidden of ['#setup-form', '#timeline-chart', '#peak-table', '#compare-pin', '#solve']) {
+    assert.equal(await page.isVisible(hidden), false, `${hidden} is not part of the embed`);
+  }
+  assert.equal(await page.isVisible('#capacity-bar svg'), true);
+  assert.match(await page.textContent('#verdict'), /RTX 4090/);
+  assert.match(await page.textContent('#embed-setup'), /GPT-2 \(124M\).*4 × 512/);
+  const href = await page.getAttribute('#open-calculator', 'href');
+  assert.doesNotMatch(href, /embed=1/);
+  assert.match(href, /#s=/);
+  const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+  assert.ok(overflow <= 0, `no horizontal scrolling (${overflow})`);
+  await page.screenshot({ path: join(screenshotDir, 'page-embed.png'), fullPage: true });
+
+  // The full calculator from that link shows the same setup and peak.
+  await page.goto(href);
+  await page.waitForSelector('body[data-ready=true]', WAIT);
+  await settled(page);
+  assert.equal(await page.$eval('body', (b) => b.classList.contains('embed')), false);
+  assert.equal(await peakBytes(page), expected.peak.totalBytes);
+  assert.equal(await page.inputValue('#preset'), 'gpt2');
+  assert.equal(await page.inputValue('#gpu'), 'nvidia-rtx-4090');
+  await finish();
+
+  // A parameter the core refuses is shown in the embed, naming the field.
+  const bad = await openPage({ url: `${pageUrl}?embed=1&preset=gpt2&gpu=no-such-gpu` });
+  await bad.page.waitForSelector('#embed-error:not([hidden])', WAIT);
+  assert.match(await bad.page.textContent('#embed-error'), /gpu\.id/);
+  await bad.finish();
+});
+
+const LLAMA_CONFIG = join(root, 'tests/data/configs/llama-2-7b.json');
+
+test('import: a pasted Llama config.json fills the architecture (editable); a dropped safetensors header gives the exact count', async () => {
+  const { page, finish } = await openPage();
+  assert.equal(await page.isVisible('#import-model'), true);
+  await page.click('#import-model summary');
+  await page.fill('#config-text', readFileSync(LLAMA_CONFIG, 'utf8'));
+  await page.click('#import-config');
+  await waitForAttr(page, '#param-count', 'data-count', '6738415616');
+  assert.match(await page.textContent('#param-count'), /6,738,415,616/);
+  assert.equal(await page.isChecked('input[name=modelKind][value=transformer]'), true);
+  assert.equal(await page.getAttribute('#import-result', 'data-model-type'), 'llama');
+  const ignored = (await core()).importConfig(readFileSync(LLAMA_CONFIG, 'utf8')).ignoredFields.length;
+  assert.equal(await page.getAttribute('#import-result', 'data-ignored'), String(ignored));
+  assert.match(await page.textContent('#import-result'), new RegExp(`model_type “llama”, ${ignored} fields ignored`));
+  assert.equal(await page.inputValue('#arch-hiddenSize'), '4096');
+  assert.equal(await page.inputValue('#preset'), 'llama-2-7b', 'the imported architecture is recognised as the preset');
+  // The fields stay editable.
+  await page.fill('#arch-numLayers', '16');
+  await page.waitForFunction(() => document.querySelector('#param-count').dataset.count !== '6738415616', null, WAIT);
+  await settled(page);
+  assert.equal(setupFromUrl(page.url()).model.architecture.numLayers, 16);
+
+  // A config missing required fields: the core's message, naming config.<key>.
+  await page.fill('#config-text', '{"model_type": "llama", "hidden_size": 4096}');
+  await page.click('#import-config');
+  await page.waitForFunction(() => /config\.\w+/.test(document.querySelector('#import-result').textContent), null, WAIT);
+  assert.equal(await page.getAttribute('#import-result', 'data-state'), 'error');
+
+  // A .safetensors file dropped on the model section, in architecture mode: GPT-2.
+  await choosePreset(page, 'gpt2');
+  await waitForAttr(page, '#param-count', 'data-count', '124439808');
+  await settled(page);
+  const { text, parameterCount } = gpt2SafetensorsHeader();
+  const file = safetensorsFileStart(text);
+  const dataTransfer = await page.evaluateHandle(([b64, name]) => {
+    const bytes = Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0));
+    const dt = new DataTransfer();
+    dt.items.add(new File([bytes], name, { type: 'application/octet-stream' }));
+    return dt;
+  }, [file.toString('base64'), 'model.safetensors']);
+  await page.dispatchEvent('#model-fieldset', 'dragenter', { dataTransfer });
+  assert.equal(await page.$eval('#model-fieldset', (f) => f.classList.contains('dragging')), true, 'the drop target shows itself');
+  await page.dispatchEvent('#model-fieldset', 'drop', { dataTransfer });
+  await waitForAttr(page, '#safetensors-count', 'data-count', String(parameterCount));
+  assert.match(await page.textContent('#safetensors-count'), /124,439,808 \(exact\)/);
+  assert.equal(await page.getAttribute('#safetensors-vs-arch', 'data-match'), 'true');
+  assert.match(await page.textContent('#safetensors-vs-arch'), /equals the architecture's count \(124,439,808\)/);
+  // A different architecture: the counts differ, and the page says by how much.
+  await page.fill('#arch-numLayers', '11');
+  await page.waitForFunction(() => document.querySelector('#safetensors-vs-arch')?.dataset.match === 'false', null, WAIT);
+  assert.match(await page.textContent('#safetensors-vs-arch'), /differs .* by \+7,087,872/);
+  // Using its count switches to quick mode with the exact number.
+  await page.click('#safetensors-use');
+  await waitForAttr(page, '#param-count', 'data-count', String(parameterCount));
+  assert.equal(await page.isChecked('input[name=modelKind][value=parameterCount]'), true);
+
+  // An index through the file button: names and bytes, no count.
+  await page.setInputFiles('#model-file', { name: 'model.safetensors.index.json', mimeType: 'application/json', buffer: Buffer.from(JSON.stringify(llamaIndex())) });
+  await page.waitForFunction(() => document.querySelector('#import-result').dataset.source === 'index', null, WAIT);
+  assert.match(await page.textContent('#safetensors-count'), /not in an index/);
+  assert.match(await page.textContent('#import-result'), /Blocks\s*32/);
+  // A file that is not a safetensors file.
+  await page.setInputFiles('#model-file', { name: 'broken.safetensors', mimeType: 'application/octet-stream', buffer: Buffer.from([255, 255, 255, 255, 0, 0, 0, 0, 1, 2]) });
+  await page.waitForFunction(() => document.querySelector('#import-result').dataset.state === 'error', null, WAIT);
+  assert.match(await page.textContent('#import-result'), /not a safetensors file/);
+  assert.equal(await pageHasNoNaN(page), true);
+  await page.screenshot({ path: join(screenshotDir, 'page-import.png'), fullPage: false });
+  await finish();
+});
+
+test('solve: the largest batch and sequence that fit, and what would make it fit, each applied with one press', async () => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'gpt2');
+  await page.fill('#sequenceLength', '512');
+  await page.selectOption(GPU_CHOICE, 'nvidia-rtx-4090');
+  await settled(page);
+  const setup = setupFromUrl(page.url());
+  const expected = (await core()).solve(setup);
+
+  const solving = page.waitForFunction(() => document.querySelector('#solve').getAttribute('aria-busy') === 'true'
+    || document.querySelector('#solve-run').disabled, null, WAIT);
+  await page.click('#solve-run');
+  await solving.catch(() => {});  // the busy state may already be over on a fast machine
+  await page.waitForSelector('#solve-results:not([hidden])', WAIT);
+  assert.equal(await page.isEnabled('#solve-run'), true);
+  assert.equal(await page.getAttribute('#solve-batch', 'data-value'), String(expected.maxBatchSize.value));
+  assert.match(await page.textContent('#solve-batch'), new RegExp(`${expected.maxBatchSize.value} samples`));
+  assert.equal(await page.getAttribute('#solve-seq', 'data-value'), String(expected.maxSequenceLength.value));
+  const ids = await page.$$eval('#solve-suggestions li', (lis) => lis.map((li) => li.dataset.id));
+  assert.deepEqual(ids, expected.suggestions.map((s) => s.id));
+
+  // Use the largest batch: the form takes it, the peak is the solver's, and it still fits.
+  await page.click('#solve-batch button');
+  await page.waitForFunction((v) => document.querySelector('#batchSize').value === String(v), expected.maxBatchSize.value, WAIT);
+  await settled(page);
+  assert.equal(await peakBytes(page), expected.maxBatchSize.peakBytes);
+  assert.equal(await page.getAttribute('#verdict', 'data-fits'), 'true');
+  assert.equal(await page.getAttribute('#solve-results', 'data-stale'), 'true', 'the results say they belong to the previous setup');
+
+  // A setup that does not fit: a suggestion that fits makes the verdict flip.
+  await page.fill('#batchSize', String(expected.maxBatchSize.value + 8));
+  await waitForAttr(page, '#verdict', 'data-fits', 'false');
+  await settled(page);
+  const tooBig = (await core()).solve(setupFromUrl(page.url()));
+  await page.click('#solve-run');
+  await page.waitForFunction(() => document.querySelector('#solve-results').dataset.stale === 'false', null, WAIT);
+  const fitting = tooBig.suggestions.find((s) => s.fits);
+  assert.ok(fitting, 'some change fits');
+  assert.match(await page.textContent(`#solve-suggestions li[data-id="${fitting.id}"]`), /fits/);
+  await page.click(`#solve-suggestions li[data-id="${fitting.id}"] button`);
+  await waitForAttr(page, '#verdict', 'data-fits', 'true');
+  await settled(page);
+  assert.equal(await peakBytes(page), fitting.peakBytes, 'the peak the solver promised');
+  const applied = setupFromUrl(page.url());
+  for (const [k, v] of Object.entries(fitting.change.training ?? {})) assert.equal(applied.training[k], v, `training.${k}`);
+  await page.screenshot({ path: join(screenshotDir, 'page-solve.png'), fullPage: false });
+  await finish();
+});
+
+test('new controls are labelled and keyboard-reachable; light, dark and phone screenshots with everything open', async () => {
+  for (const [colorScheme, viewport, name] of [['light', { width: 1280, height: 900 }, 'features-light'], ['dark', { width: 1280, height: 900 }, 'features-dark'], ['light', { width: 390, height: 844 }, 'features-phone'], ['dark', { width: 390, height: 844 }, 'features-phone-dark']]) {
+    const { page, finish } = await openPage({ colorScheme, viewport });
+    await choosePreset(page, 'llama-2-7b');
+    await page.selectOption(GPU_CHOICE, 'nvidia-h100-sxm');
+    await settled(page);
+    await page.click('#compare-pin');
+    await page.selectOption('#checkpointing', 'everyBlock');
+    await page.click('#import-model summary');
+    await settled(page);
+    await page.click('#solve-run');
+    await page.waitForSelector('#solve-results:not([hidden])', WAIT);
+    await page.click('#breakdown button.explain-all');
+    const unnamed = await page.evaluate(() => [...document.querySelectorAll('input, select, textarea, button, summary, a[href]')]
+      .filter((el) => !el.closest('[hidden]') && el.type !== 'file')
+      .filter((el) => !(el.labels?.length || el.getAttribute('aria-label') || el.textContent.trim()))
+      .map((el) => el.id || el.outerHTML.slice(0, 80)));
+    assert.deepEqual(unnamed, [], 'every control has a name');
+    if (viewport.width === 1280 && colorScheme === 'light') {
+      // Tab reaches the new controls in order.
+      const reached = new Set();
+      await page.focus('#example');
+      for (let i = 0; i < 160 && reached.size < 8; i++) {
+        await page.keyboard.press('Tab');
+        const id = await page.evaluate(() => document.activeElement?.id || document.activeElement?.dataset?.export || document.activeElement?.className || '');
+        for (const want of ['gpu', 'memoryGiB', 'import-config', 'compare-pin', 'compare-clear', 'csv', 'solve-run', 'timeline-svg']) if (id === want) reached.add(want);
+      }
+      assert.deepEqual([...reached].sort(), ['compare-clear', 'compare-pin', 'csv', 'gpu', 'import-config', 'memoryGiB', 'solve-run', 'timeline-svg']);
+      await page.focus('input[name=units][value=GiB]');
+      await page.keyboard.press('ArrowRight');
+      await page.waitForFunction(() => / GB$/.test(document.querySelector('#peak-total').textContent), null, WAIT);
+    }
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflow <= 0, `${name}: no horizontal scrolling (overflow ${overflow} px)`);
+    if (colorScheme === 'dark') {
+      const panel = await page.$eval('#compare-table', (el) => getComputedStyle(el).color);
+      assert.notEqual(panel, 'rgb(29, 35, 43)', 'dark text colours in the comparison');
+    }
+    assert.equal(await pageHasNoNaN(page), true);
+    await page.screenshot({ path: join(screenshotDir, `${name}.png`), fullPage: true });
+    await finish();
+  }
 });

@@ -1,0 +1,129 @@
+// Setups written as short named parameters, shared by the page (?embed=1&preset=gpt2&…, and
+// its #s=…&gpu=…&units=…&compare=… state) and the <gpumem-calculator> element's attributes.
+//
+// Only the shape of a setup is assembled here; the core validates it and computes every number.
+// Kept free of page globals so the page and the embed bundle both use it.
+
+// Attribute / URL-parameter names, in the order they are applied (later ones override earlier
+// ones: `setup` is the base, `preset` and `parameter-count` replace its model, the training and
+// GPU parameters override its fields).
+export const SETUP_PARAMS = [
+  'setup', 'preset', 'parameter-count', 'batch-size', 'sequence-length', 'precision', 'optimizer',
+  'optimizer-implementation', 'attention', 'checkpointing', 'gpu', 'gpu-memory-gib',
+];
+
+const TRAINING_PARAMS = {
+  'batch-size': ['batchSize', 'number'],
+  'sequence-length': ['sequenceLength', 'number'],
+  precision: ['precision', 'text'],
+  optimizer: ['optimizer', 'text'],
+  'optimizer-implementation': ['optimizerImplementation', 'text'],
+  attention: ['attention', 'text'],
+  checkpointing: ['checkpointing', 'text'],
+};
+
+function isPlainObject(x) {
+  return typeof x === 'object' && x !== null && !Array.isArray(x);
+}
+
+// A number when the text is one ("4", "1.5e9", "7B"); otherwise the text itself, so the core's
+// error names the field instead of the page guessing.
+export function paramNumber(text) {
+  const t = String(text).trim().replace(/[\s,_']/g, '');
+  const m = /^([+-]?(?:\d+\.?\d*|\.\d+))(?:e([+-]?\d+))?([kmbgt])?$/i.exec(t);
+  if (!m) return String(text).trim();
+  const power = { k: 3, m: 6, b: 9, g: 9, t: 12 }[(m[3] || '').toLowerCase()] || 0;
+  return Number(`${m[1]}e${Number(m[2] || 0) + power}`);
+}
+
+// UTF-8 text ↔ base64url, as the page's #s= parameter holds its setup.
+export function toBase64Url(text) {
+  let binary = '';
+  for (const byte of new TextEncoder().encode(text)) binary += String.fromCharCode(byte);
+  return btoa(binary).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+}
+
+export function fromBase64Url(text) {
+  let b64 = text.replace(/-/g, '+').replace(/_/g, '/');
+  while (b64.length % 4) b64 += '=';
+  const binary = atob(b64);
+  return new TextDecoder('utf-8', { fatal: true }).decode(Uint8Array.from(binary, (c) => c.charCodeAt(0)));
+}
+
+// A setup held in a parameter: base64url of its JSON, or the JSON itself (hand-written links,
+// the element's `setup` attribute). Throws when it cannot be read.
+export function decodeSetupParam(value) {
+  const text = String(value).trim();
+  return JSON.parse(text.startsWith('{') ? text : fromBase64Url(text));
+}
+
+export function encodeSetupParam(setup) {
+  return toBase64Url(JSON.stringify(setup));
+}
+
+// The partial setup that named parameters describe.
+//   get(name) → the parameter's text, or null/undefined when absent.
+// Returns { setup, problems, given } — `given` is false when no parameter was present; problems
+// are { field, message } for a `setup` the page cannot read as JSON; everything else (an
+// unknown preset or GPU id, a bad number) is left to the core's validation, which names the field.
+export function setupFromParams(get) {
+  const value = (name) => {
+    const v = get(name);
+    return v === null || v === undefined ? null : String(v);
+  };
+  const problems = [];
+  let given = false;
+  let setup = {};
+
+  const text = value('setup');
+  if (text !== null && text.trim() !== '') {
+    given = true;
+    try {
+      const parsed = decodeSetupParam(text);
+      if (isPlainObject(parsed)) setup = parsed;
+      else problems.push({ field: 'setup', message: 'setup must hold a JSON object (a gpumem setup, docs/schema.md).' });
+    } catch (error) {
+      problems.push({ field: 'setup', message: `setup is not JSON: ${error.message}` });
+    }
+  }
+  setup = JSON.parse(JSON.stringify(setup));
+
+  const preset = value('preset');
+  if (preset !== null && preset.trim() !== '') {
+    given = true;
+    // The core sets the transformer kind and the preset's architecture from the id.
+    setup.model = { preset: preset.trim() };
+  }
+  const count = value('parameter-count');
+  if (count !== null && count.trim() !== '') {
+    given = true;
+    setup.model = { kind: 'parameterCount', parameterCount: paramNumber(count) };
+  }
+  for (const [name, [field, kind]] of Object.entries(TRAINING_PARAMS)) {
+    const v = value(name);
+    if (v === null || v.trim() === '') continue;
+    given = true;
+    setup.training = isPlainObject(setup.training) ? setup.training : {};
+    setup.training[field] = kind === 'number' ? paramNumber(v) : v.trim();
+  }
+  // A GPU of the core's list sets the capacity (gpu.id); a size sets it directly and drops the id.
+  const id = value('gpu');
+  if (id !== null && id.trim() !== '') {
+    given = true;
+    setup.gpu = { id: id.trim() };
+  }
+  const memory = value('gpu-memory-gib');
+  if (memory !== null && memory.trim() !== '') {
+    given = true;
+    setup.gpu = { memoryGiB: paramNumber(memory) };
+  }
+  return { setup, problems, given };
+}
+
+// The calculator's own address for a setup: "#s=…", plus units=GB for decimal units.
+export function calculatorHash(setup, { units = '' } = {}) {
+  const params = new URLSearchParams();
+  params.set('s', encodeSetupParam(setup));
+  if (units === 'GB') params.set('units', 'GB');
+  return `#${params.toString()}`;
+}
