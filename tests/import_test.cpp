@@ -107,6 +107,12 @@ TEST_CASE("a safetensors header counts the checkpoint exactly", "[import][safete
   REQUIRE(t.largestMatrices.size() == 2);
   CHECK(t.largestMatrices[0].rows == 1000);
 
+  SECTION("GPT-2's checkpoint names its blocks h.N with no prefix") {
+    const SafetensorsImport g = ImportSafetensors(R"({"h.0.attn.c_attn.weight": {"dtype": "F32", "shape": [4, 12]},
+      "h.11.mlp.c_fc.bias": {"dtype": "F32", "shape": [16]}, "wte.weight": {"dtype": "F32", "shape": [10, 4]}})");
+    REQUIRE(g.ok());
+    CHECK(g.numLayers == 12);
+  }
   SECTION("byte ranges that disagree with the shape are refused") {
     const SafetensorsImport bad = ImportSafetensors(
         R"({"w": {"dtype": "F32", "shape": [10, 10], "data_offsets": [0, 10]}})");

@@ -872,20 +872,19 @@ function snapshotList(snapshot) {
 }
 
 // The sentence naming the largest category at the peak, with its formula and the core's reason
-// (estimate.peakExplanation). The share is the core's two byte counts divided, for reading only;
-// the sizes are written here, in the chosen units, so only the reason is taken from the core's
-// sentence (after its "(sizes, phase, step): ").
+// (estimate.peakDominant: category, bytes, share and reason, all from the core); the sizes are
+// written here in the chosen units.
 function showDominant(est) {
   const peak = est.peak;
   const el = $('#dominant');
-  const rows = peak.byCategory.filter((r) => r.bytes > 0);
-  if (!rows.length || !(peak.totalBytes > 0)) {
+  const dominant = est.peakDominant;
+  const top = dominant ? peak.byCategory.find((r) => r.category === dominant.category) : null;
+  if (!top || !(peak.totalBytes > 0)) {
     el.replaceChildren();
     delete el.dataset.category;
     return;
   }
-  const top = rows.reduce((best, r) => (r.bytes > best.bytes ? r : best));
-  const share = (top.bytes / peak.totalBytes) * 100;
+  const share = dominant.sharePercent;
   const pct = share >= 99.5 && top.bytes < peak.totalBytes ? '>99' : share < 1 ? '<1' : String(Math.round(share));
   el.dataset.category = top.category;
   const name = document.createElement('strong');
@@ -897,16 +896,13 @@ function showDominant(est) {
   size.textContent = `${formatBytes(top.bytes)} of ${formatBytes(peak.totalBytes)}`;
   size.title = `${formatExactBytes(top.bytes)} of ${formatExactBytes(peak.totalBytes)}`;
   el.replaceChildren('Largest at the peak: ', name, ` — ${pct} % of it (`, size, '). ', formula);
-  const explanation = String(est.peakExplanation ?? '');
-  const cut = explanation.indexOf('): ');
-  const why = cut >= 0 ? explanation.slice(cut + 3) : state.units === 'GiB' ? explanation : '';
-  if (why) {
+  if (dominant.reason) {
     const reason = document.createElement('span');
     reason.className = 'why';
-    reason.textContent = `Why: ${why}`;
+    reason.textContent = `Why: ${dominant.reason}.`;
     el.append(document.createElement('br'), reason);
   }
-  el.title = explanation;
+  el.title = String(est.peakExplanation ?? '');
 }
 
 function gpuCaption(gpuId, est) {

@@ -61,7 +61,7 @@ std::string ParameterFormula(const Setup& setup, const Inventory& inventory) {
 }
 
 // The category holding most of the peak, its share, and what makes it large.
-std::string ExplainPeak(const Snapshot& peak) {
+std::string ExplainPeak(const Snapshot& peak, Estimate::Dominant& dominant) {
   const CategoryBytes* top = nullptr;
   for (const CategoryBytes& row : peak.byCategory) if (!top || row.bytes > top->bytes) top = &row;
   if (!top || peak.totalBytes <= 0) return "";
@@ -97,6 +97,7 @@ std::string ExplainPeak(const Snapshot& peak) {
       why = "autocast keeps a 16-bit copy of every matmul weight until its backward";
       break;
   }
+  dominant = {top->category, top->bytes, share, why};
   return std::string(LabelOf(top->category)) + " hold " + percent + " of the peak (" + HumanBytes(top->bytes) +
          " of " + HumanBytes(peak.totalBytes) + ", " + LabelOf(peak.phase) + ", step " + std::to_string(peak.step) +
          "): " + why + ".";
@@ -159,7 +160,7 @@ EstimateResult EstimateMemory(const Setup& setup) {
   UseModelStateFormulas(est.peak, est.modelStates);
   for (Snapshot& s : est.phasePeaks) UseModelStateFormulas(s, est.modelStates);
   UseModelStateFormulas(est.forwardEnd, est.modelStates);
-  est.peakExplanation = ExplainPeak(est.peak);
+  est.peakExplanation = ExplainPeak(est.peak, est.peakDominant);
 
   est.activationsFromHeuristic = setup.model.kind == ModelKind::ParameterCount;
   est.gpuCapacityBytes = std::llround(setup.gpu.memoryGiB * 1073741824.0);

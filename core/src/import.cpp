@@ -251,11 +251,18 @@ SafetensorsImport ImportSafetensors(std::string_view text) {
   json doc;
   if (!ParseObject(text, "safetensors header or index", doc, out.errors)) return out;
   auto layerOf = [](const std::string& name) -> std::int64_t {
-    // "model.layers.31.mlp…", "transformer.h.11.…", "bert.encoder.layer.23.…"
-    for (const char* marker : {".layers.", ".h.", ".layer.", "blocks."}) {
-      const std::size_t at = name.find(marker);
+    // "model.layers.31.mlp…", "transformer.h.11.…" or GPT-2's bare "h.11.…",
+    // "bert.encoder.layer.23.…": a marker at the start of the name or after a dot.
+    for (const char* marker : {"layers.", "h.", "layer.", "blocks."}) {
+      const std::size_t length = std::char_traits<char>::length(marker);
+      std::size_t at = name.rfind(marker, 0) == 0 ? 0 : std::string::npos;
+      for (std::size_t from = 0; at == std::string::npos;) {
+        const std::size_t dot = name.find(std::string(".") + marker, from);
+        if (dot == std::string::npos) break;
+        at = dot + 1;
+      }
       if (at == std::string::npos) continue;
-      std::size_t i = at + std::char_traits<char>::length(marker);
+      std::size_t i = at + length;
       std::int64_t n = -1;
       while (i < name.size() && name[i] >= '0' && name[i] <= '9' && n < 1'000'000) {
         n = (n < 0 ? 0 : n * 10) + (name[i] - '0');

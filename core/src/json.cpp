@@ -426,6 +426,8 @@ ojson EstimateObject(const Estimate& e) {
                        {"rows", RowsJson(m.rows)}}},
       {"peak", SnapshotJson(e.peak)},
       {"peakExplanation", e.peakExplanation},
+      {"peakDominant", {{"category", IdOf(e.peakDominant.category)}, {"bytes", e.peakDominant.bytes},
+                        {"sharePercent", e.peakDominant.sharePercent}, {"reason", e.peakDominant.reason}}},
       {"phasePeaks", phases},
       {"forwardEnd", SnapshotJson(e.forwardEnd)},
       {"timelineEventCount", e.timeline.size()},
@@ -615,7 +617,8 @@ std::string SolveJson(std::string_view setupText, int indent) {
   const SolveResult r = Solve(setup);
   if (!r.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(r.errors)}}, indent);
   auto limit = [](const SolvedLimit& l) {
-    return l.found ? ojson{{"value", l.value}, {"peakBytes", l.peakBytes}, {"limit", l.limit}} : ojson(nullptr);
+    return l.found ? ojson{{"value", l.value}, {"peakBytes", l.peakBytes}, {"limit", l.limit}, {"limitReason", l.limitReason}}
+                   : ojson(nullptr);
   };
   ojson suggestions = ojson::array();
   for (const FitSuggestion& s : r.suggestions) {

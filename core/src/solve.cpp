@@ -70,9 +70,14 @@ SolveResult Solve(const Setup& setup) {
   out.maxBatchSize = LargestFitting(
       std::min(Limits::maxBatchSize, Limits::maxTokens / setup.training.sequenceLength),
       [&](std::int64_t b) { Setup s = setup; s.training.batchSize = b; return PeakOf(s); }, capacity);
+  out.maxBatchSize.limitReason = "the estimator's limits (batch ≤ 1e6, batch × sequence ≤ 1e10 tokens)";
   out.maxSequenceLength = LargestFitting(
       SequenceLimit(setup), [&](std::int64_t n) { Setup s = setup; s.training.sequenceLength = n; return PeakOf(s); },
       capacity);
+  const bool positionTable = setup.model.kind == ModelKind::Transformer && setup.model.architecture.family != Family::Llama;
+  out.maxSequenceLength.limitReason = positionTable
+      ? "the learned position table (maxPositionEmbeddings)"
+      : "the estimator's limits (sequence ≤ 1e8, batch × sequence ≤ 1e10 tokens)";
 
   // Single changes.
   const TrainingDef& t = setup.training;

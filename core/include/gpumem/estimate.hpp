@@ -58,6 +58,13 @@ struct Estimate {
   // Which category dominates the peak, its share, and why it is large there (what grows it and
   // what would shrink it), for people.
   std::string peakExplanation;
+  // The same in parts, for a page that formats bytes its own way.
+  struct Dominant {
+    Category category = Category::Parameters;
+    std::int64_t bytes = 0;
+    double sharePercent = 0;  // of the peak
+    std::string reason;       // what makes it large, what would shrink it
+  } peakDominant;
   std::vector<Snapshot> phasePeaks;  // one per Phase, in Phase order (largest over both steps)
   // Memory at the end of step 1's forward pass: the model states that exist then, the tensors
   // saved for backward, the batch and the loss.

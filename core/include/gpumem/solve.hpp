@@ -18,6 +18,7 @@ struct SolvedLimit {
   std::int64_t value = 0;      // the largest value that fits (samples or tokens)
   std::int64_t peakBytes = 0;  // the peak at that value
   std::int64_t limit = 0;      // the largest value allowed (position table, estimator limits)
+  std::string limitReason;     // what sets `limit`
 };
 
 struct FitSuggestion {
