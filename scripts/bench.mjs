@@ -62,7 +62,18 @@ for (const [name, setup] of cases) {
               `${percentile(times, 0.5).toFixed(2).padStart(6)} ms ${percentile(times, 0.95).toFixed(2).padStart(6)} ms`);
 }
 
-for (const file of ['build/wasm/wasm/gpumem_core.cjs', 'dist/gpumem.html']) {
+// The solvers run the simulation many times (bisection on batch and sequence, one run per
+// suggested change): timed once each, as the page runs them on a button press.
+for (const [name, setup] of [
+  ['solve: GPT-2, 8 × 1024 on 24 GiB', { model: { preset: 'gpt2' }, training: { batchSize: 8, sequenceLength: 1024 }, gpu: { memoryGiB: 24 } }],
+  ['solve: Llama 2 7B, 1 × 4096 on 80 GiB', { model: { preset: 'llama-2-7b' }, training: { batchSize: 1, sequenceLength: 4096, attention: 'sdpa' } }],
+]) {
+  const t0 = performance.now();
+  const solved = gpumem.solve(JSON.stringify(setup));
+  console.log(`${name.padEnd(40)} ${(performance.now() - t0).toFixed(0).padStart(6)} ms, ${solved.suggestions.length} suggestions`);
+}
+
+for (const file of ['build/wasm/wasm/gpumem_core.cjs', 'dist/gpumem.html', 'dist/gpumem-embed.js']) {
   const full = path.join(root, file);
   const bytes = statSync(full).size;
   const gz = gzipSync(readFileSync(full), { level: 9 }).length;
