@@ -107,6 +107,16 @@ TEST_CASE("a safetensors header counts the checkpoint exactly", "[import][safete
   REQUIRE(t.largestMatrices.size() == 2);
   CHECK(t.largestMatrices[0].rows == 1000);
 
+  SECTION("the headers of a sharded checkpoint are counted together") {
+    const SafetensorsImport both = ImportSafetensors(R"([{"a.weight": {"dtype": "BF16", "shape": [4, 4]}},
+      {"__metadata__": {"format": "pt"}, "b.weight": {"dtype": "BF16", "shape": [2, 3]}}])");
+    REQUIRE(both.ok());
+    CHECK(*both.parameterCount == 16 + 6);
+    CHECK(both.tensorCount == 2);
+    CHECK(HasErrorOn(ImportSafetensors(R"([{"a": {"dtype": "F32", "shape": [1]}}, {"a": {"dtype": "F32", "shape": [1]}}])").errors,
+                     "headers[1]"));
+    CHECK_FALSE(ImportSafetensors("[]").ok());
+  }
   SECTION("GPT-2's checkpoint names its blocks h.N with no prefix") {
     const SafetensorsImport g = ImportSafetensors(R"({"h.0.attn.c_attn.weight": {"dtype": "F32", "shape": [4, 12]},
       "h.11.mlp.c_fc.bias": {"dtype": "F32", "shape": [16]}, "wte.weight": {"dtype": "F32", "shape": [10, 4]}})");

@@ -1804,6 +1804,23 @@ async function readSafetensorsHeader(file) {
   return new TextDecoder('utf-8', { fatal: true }).decode(await file.slice(8, 8 + Number(length)).arrayBuffer());
 }
 
+// Several .safetensors files (the shards of one checkpoint): their headers go to the core as one
+// JSON array, which counts them together.
+async function importFiles(fileList) {
+  const files = [...(fileList ?? [])];
+  if (files.length > 1 && files.every((f) => /\.safetensors$/i.test(f.name))) {
+    $('#import-model').open = true;
+    try {
+      const headers = await Promise.all(files.map(readSafetensorsHeader));
+      importSafetensorsText(`[${headers.join(',')}]`, `${files.length} shards`);
+    } catch (exception) {
+      importError(exception, `${files.length} files`, 'the files');
+    }
+    return;
+  }
+  return importFile(files[0]);
+}
+
 async function importFile(file) {
   if (!file) return;
   $('#import-model').open = true;
@@ -1842,7 +1859,7 @@ function wireDropTarget() {
     event.preventDefault();
     depth = 0;
     zone.classList.remove('dragging');
-    importFile(event.dataTransfer.files?.[0]);
+    importFiles(event.dataTransfer.files);
   });
   // A file dropped anywhere else must not replace the page (and its state) with the file.
   window.addEventListener('dragover', (event) => { if (hasFiles(event)) event.preventDefault(); });
@@ -2054,7 +2071,7 @@ function wireEvents() {
   });
   $('#open-model-file').addEventListener('click', () => $('#model-file').click());
   $('#model-file').addEventListener('change', (e) => {
-    importFile(e.target.files?.[0]);
+    importFiles(e.target.files);
     e.target.value = '';
   });
   wireDropTarget();

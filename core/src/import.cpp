@@ -249,7 +249,40 @@ ConfigImport ImportHfConfig(std::string_view text) {
 SafetensorsImport ImportSafetensors(std::string_view text) {
   SafetensorsImport out;
   json doc;
-  if (!ParseObject(text, "safetensors header or index", doc, out.errors)) return out;
+  // A sharded checkpoint: an array of its shards' headers, counted together.
+  const bool shards = text.find_first_not_of(" \t\r\n") != std::string_view::npos &&
+                      text[text.find_first_not_of(" \t\r\n")] == '[';
+  if (shards) {
+    if (text.size() > kMaxTextBytes || !ShallowEnough(text, 64)) {
+      out.errors.push_back({ErrorCode::MalformedJson, "", "The headers are larger than 16 MiB or nested too deeply."});
+      return out;
+    }
+    const json list = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+    if (list.is_discarded() || !list.is_array() || list.empty()) {
+      out.errors.push_back({ErrorCode::MalformedJson, "", "Expected a JSON array of safetensors headers."});
+      return out;
+    }
+    doc = json::object();
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].is_object() || list[i].contains("weight_map")) {
+        out.errors.push_back({ErrorCode::InvalidField, "headers[" + std::to_string(i) + "]",
+                              "Each shard must be a safetensors header object."});
+        return out;
+      }
+      for (auto it = list[i].begin(); it != list[i].end(); ++it) {
+        if (it.key() == "__metadata__") continue;
+        if (doc.contains(it.key())) {
+          out.errors.push_back({ErrorCode::InvalidField, "headers[" + std::to_string(i) + "]",
+                                "Tensor \"" + it.key().substr(0, 80) + "\" appears in two shards."});
+          return out;
+        }
+        doc[it.key()] = it.value();
+      }
+    }
+    out.notes.push_back(std::to_string(list.size()) + " shards counted together.");
+  } else if (!ParseObject(text, "safetensors header or index", doc, out.errors)) {
+    return out;
+  }
   auto layerOf = [](const std::string& name) -> std::int64_t {
     // "model.layers.31.mlp…", "transformer.h.11.…" or GPT-2's bare "h.11.…",
     // "bert.encoder.layer.23.…": a marker at the start of the name or after a dot.

@@ -1139,6 +1139,27 @@ test('import: a pasted Llama config.json fills the architecture (editable); a dr
   await waitForAttr(page, '#param-count', 'data-count', String(parameterCount));
   assert.equal(await page.isChecked('input[name=modelKind][value=parameterCount]'), true);
 
+  // The shards of one checkpoint, picked together: their headers are counted together.
+  const { header } = gpt2SafetensorsHeader();
+  const names = Object.keys(header).filter((k) => k !== '__metadata__');
+  const half = Math.floor(names.length / 2);
+  const shard = (part) => {
+    const h = { __metadata__: { format: 'pt' } };
+    let offset = 0;
+    for (const name of part) {
+      const bytes = header[name].data_offsets[1] - header[name].data_offsets[0];
+      h[name] = { ...header[name], data_offsets: [offset, offset + bytes] };
+      offset += bytes;
+    }
+    return safetensorsFileStart(JSON.stringify(h));
+  };
+  await page.setInputFiles('#model-file', [
+    { name: 'model-00001-of-00002.safetensors', mimeType: 'application/octet-stream', buffer: shard(names.slice(0, half)) },
+    { name: 'model-00002-of-00002.safetensors', mimeType: 'application/octet-stream', buffer: shard(names.slice(half)) },
+  ]);
+  await page.waitForFunction(() => /2 shards/.test(document.querySelector('#import-result').textContent), null, WAIT);
+  assert.match(await page.textContent('#safetensors-count'), /124,439,808 \(exact\)/);
+
   // An index through the file button: names and bytes, no count.
   await page.setInputFiles('#model-file', { name: 'model.safetensors.index.json', mimeType: 'application/json', buffer: Buffer.from(JSON.stringify(llamaIndex())) });
   await page.waitForFunction(() => document.querySelector('#import-result').dataset.source === 'index', null, WAIT);
