@@ -45,7 +45,7 @@ from torch.utils.checkpoint import checkpoint
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Importing validate also installs its torch >= 2.0 foreach Adam/AdamW op sequence.
 import validate  # noqa: E402
-from validate import PHASES, allocation_events, make_optimizer  # noqa: E402
+from validate import PHASES, allocation_events, make_optimizer, summarise  # noqa: E402
 
 SDPA_BLOCK = 64          # query rows per block of the emulated fused attention kernel
 AMP_FP16_SCALE = 65536.0  # GradScaler's initial scale (init_scale=2.**16)
@@ -946,21 +946,6 @@ PARAM_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16,
                 # CPU torch 1.13 has no fp16 matmul: the fp16 regimes run in bf16 (same sizes).
                 "bf16Mixed": torch.bfloat16, "fp16Mixed": torch.bfloat16,
                 "ampBf16": torch.float32, "ampFp16": torch.float32}
-
-
-def summarise(memory, ranges):
-    """Overall and per-phase peaks of the running total, as validate.measure computes them."""
-    running, peak = 0, 0
-    phase_peaks = {p: 0 for p in PHASES}
-    for time_us, delta in memory:
-        before = running
-        running += delta
-        peak = max(peak, running)
-        for name, start, end in ranges:
-            phase = name.split(":")[0]
-            if start <= time_us <= end:
-                phase_peaks[phase] = max(phase_peaks[phase], running, before if delta < 0 else 0)
-    return peak, phase_peaks
 
 
 def fast_allocation_events(fn):

@@ -245,6 +245,13 @@ def measure(setup):
 
     memory, ranges = allocation_events(run)
     del state["keep"]
+    state["peak"], state["phasePeaks"] = summarise(memory, ranges)
+    return state
+
+
+def summarise(memory, ranges):
+    """The overall peak of the running total, and each phase's (counting the total on entry
+    to a free, so a phase made only of frees peaks at its start)."""
     running, peak = 0, 0
     phase_peaks = {p: 0 for p in PHASES}
     for time_us, delta in memory:
@@ -255,9 +262,7 @@ def measure(setup):
             phase = name.split(":")[0]
             if start <= time_us <= end:
                 phase_peaks[phase] = max(phase_peaks[phase], running, before if delta < 0 else 0)
-    state["peak"] = peak
-    state["phasePeaks"] = phase_peaks
-    return state
+    return peak, phase_peaks
 
 
 # ---------------------------------------------------------------------------------------------

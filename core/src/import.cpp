@@ -9,31 +9,14 @@
 #include <nlohmann/json.hpp>
 
 #include "gpumem/format.hpp"
+#include "json_text.hpp"
 
 namespace gpumem {
 namespace {
 
 using nlohmann::json;
 
-constexpr std::size_t kMaxTextBytes = 16u << 20;
-
-// Refuses hostile nesting before the parser recurses (the same rule as setups).
-bool ShallowEnough(std::string_view text, int limit) {
-  int depth = 0;
-  bool inString = false, escaped = false;
-  for (char c : text) {
-    if (inString) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') inString = false;
-      continue;
-    }
-    if (c == '"') inString = true;
-    else if (c == '[' || c == '{') { if (++depth > limit) return false; }
-    else if (c == ']' || c == '}') --depth;
-  }
-  return true;
-}
+constexpr std::size_t kMaxTextBytes = kMaxJsonTextBytes;
 
 // Parses `text` as one JSON object, or records why not under `what`.
 bool ParseObject(std::string_view text, const char* what, json& doc, std::vector<FieldError>& errors) {
@@ -41,7 +24,7 @@ bool ParseObject(std::string_view text, const char* what, json& doc, std::vector
     errors.push_back({ErrorCode::MalformedJson, "", std::string("The ") + what + " is larger than 16 MiB."});
     return false;
   }
-  if (!ShallowEnough(text, 64)) {
+  if (!NestingWithin(text, kMaxJsonDepth)) {
     errors.push_back({ErrorCode::MalformedJson, "", std::string("The ") + what + " is nested more than 64 levels deep."});
     return false;
   }
@@ -253,7 +236,7 @@ SafetensorsImport ImportSafetensors(std::string_view text) {
   const bool shards = text.find_first_not_of(" \t\r\n") != std::string_view::npos &&
                       text[text.find_first_not_of(" \t\r\n")] == '[';
   if (shards) {
-    if (text.size() > kMaxTextBytes || !ShallowEnough(text, 64)) {
+    if (text.size() > kMaxTextBytes || !NestingWithin(text, kMaxJsonDepth)) {
       out.errors.push_back({ErrorCode::MalformedJson, "", "The headers are larger than 16 MiB or nested too deeply."});
       return out;
     }

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpumem/names.hpp"
+#include "json_text.hpp"
 #include "gpumem/gpus.hpp"
 #include "gpumem/import.hpp"
 #include "gpumem/inventory.hpp"
@@ -22,26 +23,8 @@ using nlohmann::json;
 // Output keeps insertion order so that documents read top-down (schemaVersion, model, …).
 using ojson = nlohmann::ordered_json;
 
-constexpr std::size_t kMaxTextBytes = 16u << 20;  // 16 MiB
-constexpr int kMaxDepth = 64;
-
-// Refuses hostile nesting before the parser sees it (deep recursion in a small wasm stack).
-bool NestingWithin(std::string_view text, int limit) {
-  int depth = 0;
-  bool inString = false, escaped = false;
-  for (char c : text) {
-    if (inString) {
-      if (escaped) escaped = false;
-      else if (c == '\\') escaped = true;
-      else if (c == '"') inString = false;
-      continue;
-    }
-    if (c == '"') inString = true;
-    else if (c == '[' || c == '{') { if (++depth > limit) return false; }
-    else if (c == ']' || c == '}') --depth;
-  }
-  return true;
-}
+constexpr std::size_t kMaxTextBytes = kMaxJsonTextBytes;
+constexpr int kMaxDepth = kMaxJsonDepth;
 
 std::string Join(const std::string& path, const std::string& key) {
   return path.empty() ? key : path + "." + key;

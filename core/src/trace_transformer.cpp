@@ -350,6 +350,22 @@ class TransformerPass final : public ModelPass {
     return outs.front();
   }
 
+  // Attention on q, k, v (the caller's, released here), the heads merged back to
+  // [b, s, heads·d], the output projection `module` and its dropout.
+  ValueId AttentionOutput(ValueId q, ValueId k, ValueId v, ValueId mask, bool causal,
+                          const std::string& module, const std::string& name, double dropout) {
+    Tape& t = *tape_;
+    const ValueId core = Attention(q, k, v, mask, causal);
+    t.Drop(q); t.Drop(k); t.Drop(v);
+    const ValueId merged = View(core, {b_, s_, a_.numHeads * HeadDim(a_)}, "merge heads");
+    t.Drop(core);
+    const ValueId projected = Linear(merged, module, a_.hiddenSize, name);
+    t.Drop(merged);
+    const ValueId dropped = Dropout(projected, dropout, name + " dropout");
+    t.Drop(projected);
+    return dropped;
+  }
+
   // [b, s, n·d] → [b, n, s, d] (views).
   ValueId Heads(ValueId x, std::int64_t n, const std::string& name) {
     const std::int64_t d = HeadDim(a_);
@@ -410,14 +426,7 @@ class TransformerPass final : public ModelPass {
     const ValueId k = Heads(parts[1], a_.numHeads, "key");
     const ValueId v = Heads(parts[2], a_.numHeads, "value");
     for (ValueId p : parts) t.Drop(p);
-    const ValueId core = Attention(q, k, v, c.mask, true);
-    t.Drop(q); t.Drop(k); t.Drop(v);
-    const ValueId merged = View(core, {b_, s_, h}, "merge heads");
-    t.Drop(core);
-    const ValueId proj = Linear(merged, m + "attn.c_proj", h, "c_proj");
-    t.Drop(merged);
-    const ValueId dropped = Dropout(proj, a_.hiddenDropout, "resid dropout");
-    t.Drop(proj);
+    const ValueId dropped = AttentionOutput(q, k, v, c.mask, true, m + "attn.c_proj", "c_proj", a_.hiddenDropout);
     const ValueId x2 = Add(dropped, residual, "residual add");
     t.Drop(dropped);
     t.Drop(residual);
@@ -547,12 +556,7 @@ class TransformerPass final : public ModelPass {
     const ValueId qr = Rope(q, c.cos, c.sin, "q");
     const ValueId kr = Rope(k, c.cos, c.sin, "k");
     t.Drop(q); t.Drop(k);
-    const ValueId core = Attention(qr, kr, v, c.mask, true);
-    t.Drop(qr); t.Drop(kr); t.Drop(v);
-    const ValueId merged = View(core, {b_, s_, heads * d}, "reshape(b, s, heads·d)");
-    t.Drop(core);
-    const ValueId o = Linear(merged, m + "self_attn.o_proj", a_.hiddenSize, "o_proj");
-    t.Drop(merged);
+    const ValueId o = AttentionOutput(qr, kr, v, c.mask, true, m + "self_attn.o_proj", "o_proj", 0.0);
     const ValueId x2 = Add(residual, o, "residual add");
     t.Drop(residual);
     t.Drop(o);
@@ -582,14 +586,8 @@ class TransformerPass final : public ModelPass {
     const ValueId vp = Linear(x, m + "attention.self.value", h, "value");
     const ValueId v = Heads(vp, a_.numHeads, "value");
     t.Drop(vp);
-    const ValueId core = Attention(q, k, v, c.mask, false);
-    t.Drop(q); t.Drop(k); t.Drop(v);
-    const ValueId merged = View(core, {b_, s_, h}, "merge heads");
-    t.Drop(core);
-    const ValueId dense = Linear(merged, m + "attention.output.dense", h, "attention output dense");
-    t.Drop(merged);
-    const ValueId dropped = Dropout(dense, a_.hiddenDropout, "attention output dropout");
-    t.Drop(dense);
+    const ValueId dropped = AttentionOutput(q, k, v, c.mask, false, m + "attention.output.dense",
+                                            "attention output dense", a_.hiddenDropout);
     const ValueId sum = Add(dropped, x, "residual add");
     t.Drop(dropped);
     const ValueId attnOut = LayerNorm(sum, m + "attention.output.LayerNorm");
