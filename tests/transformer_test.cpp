@@ -243,6 +243,26 @@ TEST_CASE("bad architectures are refused naming the field", "[transformer][valid
   }
 }
 
+TEST_CASE("the form's architecture fields are exactly the schema's", "[transformer][json]") {
+  // Every field but the family is listed once, and each listed key is one the parser reads.
+  const std::string setup = SetupToJson(DefaultSetup(), -1);
+  std::size_t listed = 0;
+  for (const ArchitectureField& f : ArchitectureFields()) {
+    INFO(f.key);
+    CHECK(setup.find(std::string("\"") + f.key + "\":") != std::string::npos);
+    CHECK((f.gpt2 || f.llama || f.bert));
+    ++listed;
+  }
+  Setup parsed;
+  for (const ArchitectureField& f : ArchitectureFields()) {
+    const std::string value = std::string(f.kind) == "bool" ? "true" : std::string(f.kind) == "select" ? "\"x\"" : "1";
+    const auto errors = ParseAndValidate(std::string(R"({"model":{"kind":"transformer","architecture":{")") + f.key +
+                                             "\":" + value + "}}}", parsed);
+    for (const FieldError& e : errors) CHECK(e.code != ErrorCode::UnknownField);
+  }
+  CHECK(listed == 21);
+}
+
 TEST_CASE("transformer setups in JSON", "[transformer][json]") {
   SECTION("a preset by id, with fields overriding it") {
     const EstimateResult r = EstimateFromJson(

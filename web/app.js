@@ -21,36 +21,19 @@ const LAYER_FIELDS = {
   dropout: [['p', 'Dropout p', 'number']],
 };
 
-// The architecture's fields (model.architecture.*): [field, label, kind, hint, shown(arch)].
-// kind is 'count', 'number', 'bool' or 'select:<options list>'. shown() says which families use
-// the field (the schema's comments, core/include/gpumem/setup.hpp); a field whose value differs
-// from the family's default is shown anyway, so no setting the core uses is ever invisible.
-const ALL = () => true;
-const LLAMA = (a) => a.family === 'llama';
-const MOE = (a) => a.family === 'llama' && Number(a.numExperts) > 0;
-const ARCH_FIELDS = [
-  ['vocabSize', 'Vocabulary', 'count', 'tokens (embedding rows)', ALL],
-  ['hiddenSize', 'Hidden size', 'count', 'elements per token', ALL],
-  ['numLayers', 'Blocks', 'count', 'transformer layers', ALL],
-  ['numHeads', 'Attention heads', 'count', 'query heads', ALL],
-  ['numKeyValueHeads', 'Key/value heads', 'count', '0 = numHeads (grouped-query attention when fewer)', LLAMA],
-  ['headDim', 'Head dimension', 'count', 'elements; 0 = hiddenSize / numHeads', LLAMA],
-  ['intermediateSize', 'MLP width', 'count', 'elements; 0 = 4 × hiddenSize', ALL],
-  ['maxPositionEmbeddings', 'Position table', 'count', 'positions (rows); at least the sequence length', (a) => a.family !== 'llama'],
-  ['typeVocabSize', 'Token types', 'count', 'rows of the token-type table', (a) => a.family === 'bert'],
-  ['hiddenAct', 'Activation', 'select:hiddenActs', '', ALL],
-  ['hiddenDropout', 'Hidden dropout', 'number', 'probability, 0 ≤ p < 1; 0 keeps no mask', (a) => a.family !== 'llama'],
-  ['attentionDropout', 'Attention dropout', 'number', 'probability, 0 ≤ p < 1', ALL],
-  ['encoderHead', 'Training head', 'select:encoderHeads', '', (a) => a.family === 'bert'],
-  ['numLabels', 'Classes', 'count', 'outputs of the classifier', (a) => a.family === 'bert' && a.encoderHead === 'classification'],
-  ['tieWordEmbeddings', 'Output head shares the token embedding (tied)', 'bool', '', (a) => a.family !== 'bert'],
-  ['attentionBias', 'q/k/v projections have biases (Qwen2)', 'bool', '', LLAMA],
-  ['numExperts', 'Experts', 'count', '0 = dense MLP (mixture of experts when more)', LLAMA],
-  ['expertsPerToken', 'Experts per token', 'count', 'top-k routing', MOE],
-  ['expertIntermediateSize', 'Expert MLP width', 'count', 'elements; 0 = intermediateSize', MOE],
-  ['sharedExpertIntermediateSize', 'Shared expert width', 'count', 'elements; 0 = no shared expert', MOE],
-  ['sharedExpertGate', 'Sigmoid gate on the shared expert', 'bool', '', (a) => MOE(a) && Number(a.sharedExpertIntermediateSize) > 0],
-];
+// The architecture's fields come from the core (options.architectureFields: key, label, kind,
+// hint, the families that read it, and a field it depends on). A field whose value differs from
+// the family's default is shown anyway, so no setting the core uses is ever invisible.
+function archFields() {
+  return state.options.architectureFields ?? [];
+}
+
+function fieldShown(field, arch) {
+  if (!field.families.includes(arch.family)) return false;
+  if (!field.when) return true;
+  const other = arch[field.when.field];
+  return field.when.value === 'positive' ? Number(other) > 0 : other === field.when.value;
+}
 
 const TYPING_DELAY_MS = 150;
 // An update (estimate + render) slower than this makes the page wait longer after the last
@@ -276,7 +259,7 @@ function matchingPreset(arch) {
 }
 
 function buildArchFields() {
-  $('#arch-fields').replaceChildren(...ARCH_FIELDS.map(([key, label, kind, hint]) => {
+  $('#arch-fields').replaceChildren(...archFields().map(({ key, label, kind, hint, options }) => {
     const id = `arch-${key}`;
     const wrap = document.createElement('div');
     wrap.dataset.archKey = key;
@@ -284,9 +267,9 @@ function buildArchFields() {
     lab.htmlFor = id;
     lab.textContent = label;
     let input;
-    if (kind.startsWith('select:')) {
+    if (kind === 'select') {
       input = document.createElement('select');
-      fillSelect(input, state.options[kind.slice('select:'.length)] ?? []);
+      fillSelect(input, state.options[options] ?? []);
     } else {
       input = document.createElement('input');
       input.type = kind === 'bool' ? 'checkbox' : 'text';
@@ -303,7 +286,7 @@ function buildArchFields() {
       wrap.append(input, lab);
       return wrap;
     }
-    wrap.className = kind.startsWith('select:') ? 'field wide' : 'field';
+    wrap.className = kind === 'select' ? 'field wide' : 'field';
     wrap.append(lab, input);
     if (hint) {
       const p = document.createElement('p');
@@ -321,10 +304,10 @@ function buildArchFields() {
 // field hidden for this family holds the family's default, which the core ignores anyway).
 function readArchitecture() {
   const arch = { family: $('#arch-family').value };
-  for (const [key, , kind] of ARCH_FIELDS) {
+  for (const { key, kind } of archFields()) {
     const input = $(`#arch-${key}`);
     if (kind === 'bool') arch[key] = input.checked;
-    else if (kind.startsWith('select:')) arch[key] = input.value;
+    else if (kind === 'select') arch[key] = input.value;
     else arch[key] = numberValue(input);
   }
   return arch;
@@ -332,10 +315,10 @@ function readArchitecture() {
 
 function fillArchitecture(arch, presetId) {
   setSelectValue($('#arch-family'), arch.family);
-  for (const [key, , kind] of ARCH_FIELDS) {
+  for (const { key, kind } of archFields()) {
     const input = $(`#arch-${key}`);
     if (kind === 'bool') input.checked = Boolean(arch[key]);
-    else if (kind.startsWith('select:')) setSelectValue(input, arch[key]);
+    else if (kind === 'select') setSelectValue(input, arch[key]);
     else input.value = displayNumber(arch[key]);
   }
   state.presetBase = presetById(presetId)?.id ?? '';
@@ -372,8 +355,9 @@ function showPresetHint() {
 function showArchFields() {
   const arch = readArchitecture();
   const defaults = state.options.familyDefaults?.[arch.family] ?? {};
-  for (const [key, , , , shown] of ARCH_FIELDS) {
-    $(`[data-arch-key="${key}"]`).hidden = !(shown(arch) || (key in defaults && arch[key] !== defaults[key]));
+  for (const field of archFields()) {
+    const { key } = field;
+    $(`[data-arch-key="${key}"]`).hidden = !(fieldShown(field, arch) || (key in defaults && arch[key] !== defaults[key]));
   }
 }
 

@@ -641,6 +641,17 @@ std::string OptionsJson(int indent) {
   for (const GpuModel& g : Gpus()) {
     gpus.push_back({{"id", g.id}, {"label", g.label}, {"memoryGiB", g.memoryGiB}, {"vendor", g.vendor}, {"kind", g.kind}});
   }
+  ojson fields = ojson::array();
+  for (const ArchitectureField& f : ArchitectureFields()) {
+    ojson families = ojson::array();
+    if (f.gpt2) families.push_back(IdOf(Family::GPT2));
+    if (f.llama) families.push_back(IdOf(Family::Llama));
+    if (f.bert) families.push_back(IdOf(Family::BERT));
+    ojson field = {{"key", f.key}, {"label", f.label}, {"kind", f.kind}, {"hint", f.hint}, {"families", families}};
+    if (*f.options) field["options"] = f.options;
+    if (*f.whenField) field["when"] = {{"field", f.whenField}, {"value", f.whenValue}};
+    fields.push_back(field);
+  }
   ojson familyDefaults = ojson::object();
   for (const auto& n : NamesOf(Family{})) familyDefaults[n.id] = ArchitectureJson(DefaultArchitecture(n.value));
   return Dump({{"schemaVersion", kSchemaVersion},
@@ -648,6 +659,7 @@ std::string OptionsJson(int indent) {
                {"presets", presets},
                {"gpus", gpus},
                {"familyDefaults", familyDefaults},
+               {"architectureFields", fields},
                {"families", NameList<Family>()},
                {"hiddenActs", NameList<HiddenAct>()},
                {"encoderHeads", NameList<EncoderHead>()},

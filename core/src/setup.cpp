@@ -284,6 +284,34 @@ double LayerParameterCount(const LayerDef& layer) {
   }
 }
 
+std::span<const ArchitectureField> ArchitectureFields() {
+  // gpt2, llama, bert: which family's forward reads the field (trace_transformer.cpp).
+  static constexpr ArchitectureField kFields[] = {
+      {"vocabSize", "Vocabulary", "count", "", "tokens (embedding rows)", true, true, true, "", ""},
+      {"hiddenSize", "Hidden size", "count", "", "elements per token", true, true, true, "", ""},
+      {"numLayers", "Blocks", "count", "", "transformer layers", true, true, true, "", ""},
+      {"numHeads", "Attention heads", "count", "", "query heads", true, true, true, "", ""},
+      {"numKeyValueHeads", "Key/value heads", "count", "", "0 = numHeads (grouped-query attention when fewer)", false, true, false, "", ""},
+      {"headDim", "Head dimension", "count", "", "elements; 0 = hiddenSize / numHeads", false, true, false, "", ""},
+      {"intermediateSize", "MLP width", "count", "", "elements; 0 = 4 × hiddenSize", true, true, true, "", ""},
+      {"maxPositionEmbeddings", "Position table", "count", "", "positions (rows); at least the sequence length", true, false, true, "", ""},
+      {"typeVocabSize", "Token types", "count", "", "rows of the token-type table", false, false, true, "", ""},
+      {"hiddenAct", "Activation", "select", "hiddenActs", "", true, true, true, "", ""},
+      {"hiddenDropout", "Hidden dropout", "number", "", "probability, 0 ≤ p < 1; 0 keeps no mask", true, false, true, "", ""},
+      {"attentionDropout", "Attention dropout", "number", "", "probability, 0 ≤ p < 1", true, true, true, "", ""},
+      {"encoderHead", "Training head", "select", "encoderHeads", "", false, false, true, "", ""},
+      {"numLabels", "Classes", "count", "", "outputs of the classifier", false, false, true, "encoderHead", "classification"},
+      {"tieWordEmbeddings", "Output head shares the token embedding (tied)", "bool", "", "", true, true, false, "", ""},
+      {"attentionBias", "q/k/v projections have biases (Qwen2)", "bool", "", "", false, true, false, "", ""},
+      {"numExperts", "Experts", "count", "", "0 = dense MLP (mixture of experts when more)", false, true, false, "", ""},
+      {"expertsPerToken", "Experts per token", "count", "", "top-k routing", false, true, false, "numExperts", "positive"},
+      {"expertIntermediateSize", "Expert MLP width", "count", "", "elements; 0 = intermediateSize", false, true, false, "numExperts", "positive"},
+      {"sharedExpertIntermediateSize", "Shared expert width", "count", "", "elements; 0 = no shared expert", false, true, false, "numExperts", "positive"},
+      {"sharedExpertGate", "Sigmoid gate on the shared expert", "bool", "", "", false, true, false, "sharedExpertIntermediateSize", "positive"},
+  };
+  return kFields;
+}
+
 ArchitectureDef DefaultArchitecture(Family family) {
   ArchitectureDef a;
   a.family = family;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -136,6 +137,20 @@ struct ArchitectureDef {
   EncoderHead encoderHead = EncoderHead::Classification;  // BERT only
   std::int64_t numLabels = 2;               // BERT classification: classes
 };
+
+// One field of ArchitectureDef as a form shows it: which families read it, its unit and
+// meaning. The page builds its architecture editor from this list (via OptionsJson).
+struct ArchitectureField {
+  const char* key;        // the JSON key in model.architecture
+  const char* label;      // what a person reads
+  const char* kind;       // "count" (whole number), "number", "bool" or "select"
+  const char* options;    // for "select": the options list of its ids ("hiddenActs"), else ""
+  const char* hint;       // unit and meaning ("0 = numHeads")
+  bool gpt2, llama, bert; // the families whose simulation reads it
+  const char* whenField;  // "" or another field it depends on…
+  const char* whenValue;  // …which must be positive ("positive") or equal this id
+};
+std::span<const ArchitectureField> ArchitectureFields();
 
 // The family's own defaults (GPT-2 small, Llama-2-7B, BERT-base shapes and flags).
 ArchitectureDef DefaultArchitecture(Family family);
