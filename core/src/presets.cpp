@@ -52,76 +52,62 @@ std::vector<Preset> MakePresets() {
       "google-bert/bert-large-uncased", bertLarge, 335'141'888,
       "BertModel with its pooler, without the classifier");
 
-  ArchitectureDef llama2 = DefaultArchitecture(Family::Llama);
-  add("llama-2-7b", "Llama 2 7B", "meta-llama/Llama-2-7b-hf", llama2, 6'738'415'616);
+  // Modifiers of a Llama-family shape: a tied head, Qwen's q/k/v biases, Gemma's explicit head
+  // dimension and GELU, a mixture of experts.
+  auto tied = [](ArchitectureDef a) { a.tieWordEmbeddings = true; return a; };
+  auto qwen = [](ArchitectureDef a) { a.attentionBias = true; return a; };
+  auto gemma = [](ArchitectureDef a) {
+    a.headDim = 256; a.tieWordEmbeddings = true; a.hiddenAct = HiddenAct::GELUTanh;
+    return a;
+  };
+  auto experts = [](ArchitectureDef a, std::int64_t count, std::int64_t perToken) {
+    a.numExperts = count; a.expertsPerToken = perToken;
+    return a;
+  };
 
+  add("llama-2-7b", "Llama 2 7B", "meta-llama/Llama-2-7b-hf", llama(32000, 4096, 32, 32, 32, 11008), 6'738'415'616);
   add("llama-2-13b", "Llama 2 13B", "meta-llama/Llama-2-13b-hf", llama(32000, 5120, 40, 40, 40, 13824), 13'015'864'320);
   add("llama-2-70b", "Llama 2 70B", "meta-llama/Llama-2-70b-hf", llama(32000, 8192, 80, 64, 8, 28672), 68'976'648'192);
   add("tinyllama-1.1b", "TinyLlama 1.1B", "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
       llama(32000, 2048, 22, 32, 4, 5632), 1'100'048'384);
-
-  ArchitectureDef mistral = llama2;
-  mistral.numKeyValueHeads = 8; mistral.intermediateSize = 14336;
-  add("mistral-7b-v0.1", "Mistral 7B v0.1", "mistralai/Mistral-7B-v0.1", mistral, 7'241'732'096);
-
-  ArchitectureDef llama3 = mistral;
-  llama3.vocabSize = 128256;
-  add("llama-3-8b", "Llama 3 8B", "meta-llama/Meta-Llama-3-8B", llama3, 8'030'261'248);
-
+  add("mistral-7b-v0.1", "Mistral 7B v0.1", "mistralai/Mistral-7B-v0.1", llama(32000, 4096, 32, 32, 8, 14336),
+      7'241'732'096);
+  add("llama-3-8b", "Llama 3 8B", "meta-llama/Meta-Llama-3-8B", llama(128256, 4096, 32, 32, 8, 14336), 8'030'261'248);
   add("llama-3-70b", "Llama 3 / 3.1 70B", "meta-llama/Meta-Llama-3-70B", llama(128256, 8192, 80, 64, 8, 28672),
       70'553'706'496);
   add("llama-3.1-405b", "Llama 3.1 405B", "meta-llama/Llama-3.1-405B", llama(128256, 16384, 126, 128, 8, 53248),
       405'853'388'800);
-  ArchitectureDef llama32small = llama(128256, 2048, 16, 32, 8, 8192);
-  llama32small.tieWordEmbeddings = true;
-  add("llama-3.2-1b", "Llama 3.2 1B", "meta-llama/Llama-3.2-1B", llama32small, 1'235'814'400);
-  ArchitectureDef llama32 = llama(128256, 3072, 28, 24, 8, 8192);
-  llama32.tieWordEmbeddings = true;
-  add("llama-3.2-3b", "Llama 3.2 3B", "meta-llama/Llama-3.2-3B", llama32, 3'212'749'824);
+  add("llama-3.2-1b", "Llama 3.2 1B", "meta-llama/Llama-3.2-1B", tied(llama(128256, 2048, 16, 32, 8, 8192)),
+      1'235'814'400);
+  add("llama-3.2-3b", "Llama 3.2 3B", "meta-llama/Llama-3.2-3B", tied(llama(128256, 3072, 28, 24, 8, 8192)),
+      3'212'749'824);
   add("mistral-7b-v0.3", "Mistral 7B v0.3", "mistralai/Mistral-7B-v0.3", llama(32768, 4096, 32, 32, 8, 14336),
       7'248'023'552);
 
-  ArchitectureDef qwen = llama2;
-  qwen.vocabSize = 151936; qwen.hiddenSize = 1536; qwen.numLayers = 28; qwen.numHeads = 12;
-  qwen.numKeyValueHeads = 2; qwen.intermediateSize = 8960; qwen.tieWordEmbeddings = true;
-  qwen.attentionBias = true;
-  add("qwen2.5-1.5b", "Qwen2.5 1.5B", "Qwen/Qwen2.5-1.5B", qwen, 1'543'714'304);
+  add("qwen2.5-0.5b", "Qwen2.5 0.5B", "Qwen/Qwen2.5-0.5B", tied(qwen(llama(151936, 896, 24, 14, 2, 4864))), 494'032'768);
+  add("qwen2.5-1.5b", "Qwen2.5 1.5B", "Qwen/Qwen2.5-1.5B", tied(qwen(llama(151936, 1536, 28, 12, 2, 8960))),
+      1'543'714'304);
+  add("qwen2.5-7b", "Qwen2.5 7B (and Qwen2 7B)", "Qwen/Qwen2.5-7B", qwen(llama(152064, 3584, 28, 28, 4, 18944)),
+      7'615'616'512);
+  add("qwen2.5-14b", "Qwen2.5 14B", "Qwen/Qwen2.5-14B", qwen(llama(152064, 5120, 48, 40, 8, 13824)), 14'770'033'664);
+  add("qwen2.5-72b", "Qwen2.5 72B", "Qwen/Qwen2.5-72B", qwen(llama(152064, 8192, 80, 64, 8, 29568)), 72'706'203'648);
 
-  ArchitectureDef qwenSmall = llama(151936, 896, 24, 14, 2, 4864);
-  qwenSmall.tieWordEmbeddings = true; qwenSmall.attentionBias = true;
-  add("qwen2.5-0.5b", "Qwen2.5 0.5B", "Qwen/Qwen2.5-0.5B", qwenSmall, 494'032'768);
-  ArchitectureDef qwen7 = llama(152064, 3584, 28, 28, 4, 18944);
-  qwen7.attentionBias = true;
-  add("qwen2.5-7b", "Qwen2.5 7B (and Qwen2 7B)", "Qwen/Qwen2.5-7B", qwen7, 7'615'616'512);
-  ArchitectureDef qwen14 = llama(152064, 5120, 48, 40, 8, 13824);
-  qwen14.attentionBias = true;
-  add("qwen2.5-14b", "Qwen2.5 14B", "Qwen/Qwen2.5-14B", qwen14, 14'770'033'664);
-  ArchitectureDef qwen72 = llama(152064, 8192, 80, 64, 8, 29568);
-  qwen72.attentionBias = true;
-  add("qwen2.5-72b", "Qwen2.5 72B", "Qwen/Qwen2.5-72B", qwen72, 72'706'203'648);
-
+  const char* allCounted = "all parameters (tied head counted once)";
   const char* gemmaNote = "Simulated with the Llama block: the same tensors and count; Gemma's embedding "
                           "scaling and (1 + weight) RMSNorm are not separate ops here.";
-  ArchitectureDef gemma2b = llama(256000, 2048, 18, 8, 1, 16384);
-  gemma2b.headDim = 256; gemma2b.tieWordEmbeddings = true; gemma2b.hiddenAct = HiddenAct::GELUTanh;
-  add("gemma-2b", "Gemma 2B", "google/gemma-2b", gemma2b, 2'506'172'416,
-      "all parameters (tied head counted once)", gemmaNote);
-  ArchitectureDef gemma7b = llama(256000, 3072, 28, 16, 16, 24576);
-  gemma7b.headDim = 256; gemma7b.tieWordEmbeddings = true; gemma7b.hiddenAct = HiddenAct::GELUTanh;
-  add("gemma-7b", "Gemma 7B", "google/gemma-7b", gemma7b, 8'537'680'896,
-      "all parameters (tied head counted once)", gemmaNote);
+  add("gemma-2b", "Gemma 2B", "google/gemma-2b", gemma(llama(256000, 2048, 18, 8, 1, 16384)), 2'506'172'416,
+      allCounted, gemmaNote);
+  add("gemma-7b", "Gemma 7B", "google/gemma-7b", gemma(llama(256000, 3072, 28, 16, 16, 24576)), 8'537'680'896,
+      allCounted, gemmaNote);
   add("phi-3-mini-4k", "Phi-3 mini 4k (3.8B)", "microsoft/Phi-3-mini-4k-instruct",
       llama(32064, 3072, 32, 32, 32, 8192), 3'821'079'552, "all parameters",
       "Phi-3's fused qkv_proj and gate_up_proj are listed as separate projections: the same parameters.");
 
-  ArchitectureDef mixtral = mistral;
-  mixtral.numExperts = 8; mixtral.expertsPerToken = 2;
-  add("mixtral-8x7b", "Mixtral 8x7B", "mistralai/Mixtral-8x7B-v0.1", mixtral, 46'702'792'704);
-  ArchitectureDef mixtral22 = llama(32000, 6144, 56, 48, 8, 16384);
-  mixtral22.numExperts = 8; mixtral22.expertsPerToken = 2;
-  add("mixtral-8x22b", "Mixtral 8x22B", "mistralai/Mixtral-8x22B-v0.1", mixtral22, 140'620'634'112);
-  ArchitectureDef qwenMoe = llama(151936, 2048, 24, 16, 16, 5632);
-  qwenMoe.attentionBias = true; qwenMoe.numExperts = 60; qwenMoe.expertsPerToken = 4;
+  add("mixtral-8x7b", "Mixtral 8x7B", "mistralai/Mixtral-8x7B-v0.1", experts(llama(32000, 4096, 32, 32, 8, 14336), 8, 2),
+      46'702'792'704);
+  add("mixtral-8x22b", "Mixtral 8x22B", "mistralai/Mixtral-8x22B-v0.1",
+      experts(llama(32000, 6144, 56, 48, 8, 16384), 8, 2), 140'620'634'112);
+  ArchitectureDef qwenMoe = experts(qwen(llama(151936, 2048, 24, 16, 16, 5632)), 60, 4);
   qwenMoe.expertIntermediateSize = 1408; qwenMoe.sharedExpertIntermediateSize = 5632; qwenMoe.sharedExpertGate = true;
   add("qwen1.5-moe-a2.7b", "Qwen1.5-MoE A2.7B", "Qwen/Qwen1.5-MoE-A2.7B", qwenMoe, 14'315'784'192);
   return out;

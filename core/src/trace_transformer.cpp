@@ -432,18 +432,25 @@ class TransformerPass final : public ModelPass {
     t.Drop(residual);
     Scope(i, "mlp");
     const ValueId n2 = LayerNorm(x2, m + "ln_2");
-    const ValueId fc = Linear(n2, m + "mlp.c_fc", IntermediateSize(a_), "c_fc");
+    const ValueId mdrop = PlainMlp(n2, m + "mlp.c_fc", m + "mlp.c_proj", "mlp");
     t.Drop(n2);
-    const ValueId act = Activation(fc, "activation");
-    t.Drop(fc);
-    const ValueId down = Linear(act, m + "mlp.c_proj", h, "mlp c_proj");
-    t.Drop(act);
-    const ValueId mdrop = Dropout(down, a_.hiddenDropout, "mlp dropout");
-    t.Drop(down);
     const ValueId y = Add(x2, mdrop, "residual add");
     t.Drop(x2);
     t.Drop(mdrop);
     return y;
+  }
+
+  // GPT-2's and BERT's MLP: up-projection, activation, down-projection, dropout.
+  ValueId PlainMlp(ValueId x, const std::string& up, const std::string& down, const std::string& label) {
+    Tape& t = *tape_;
+    const ValueId wide = Linear(x, up, IntermediateSize(a_), label + " up");
+    const ValueId act = Activation(wide, label + " activation");
+    t.Drop(wide);
+    const ValueId narrow = Linear(act, down, a_.hiddenSize, label + " down");
+    t.Drop(act);
+    const ValueId dropped = Dropout(narrow, a_.hiddenDropout, label + " dropout");
+    t.Drop(narrow);
+    return dropped;
   }
 
   ValueId GatedMlp(ValueId x, const std::string& m, std::int64_t inter, const std::string& gate,
@@ -593,13 +600,7 @@ class TransformerPass final : public ModelPass {
     const ValueId attnOut = LayerNorm(sum, m + "attention.output.LayerNorm");
     t.Drop(sum);
     Scope(i, "mlp");
-    const ValueId inter = Linear(attnOut, m + "intermediate.dense", IntermediateSize(a_), "intermediate dense");
-    const ValueId act = Activation(inter, "activation");
-    t.Drop(inter);
-    const ValueId out = Linear(act, m + "output.dense", h, "output dense");
-    t.Drop(act);
-    const ValueId dropped2 = Dropout(out, a_.hiddenDropout, "output dropout");
-    t.Drop(out);
+    const ValueId dropped2 = PlainMlp(attnOut, m + "intermediate.dense", m + "output.dense", "mlp");
     const ValueId sum2 = Add(dropped2, attnOut, "residual add");
     t.Drop(dropped2);
     t.Drop(attnOut);
