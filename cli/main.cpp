@@ -149,7 +149,7 @@ int main(int argc, char** argv) {
       std::stringstream content;
       content << file.rdbuf();
       const std::string out = arg == "--import-config" ? gpumem::ImportConfigJson(content.str(), 2)
-                                                       : gpumem::ImportSafetensorsJson(content.str(), 2);
+                                                       : gpumem::ImportSafetensorsJson(content.str(), {}, 2);
       std::cout << out << "\n";
       return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
     }

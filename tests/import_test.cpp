@@ -107,6 +107,13 @@ TEST_CASE("a safetensors header counts the checkpoint exactly", "[import][safete
   REQUIRE(t.largestMatrices.size() == 2);
   CHECK(t.largestMatrices[0].rows == 1000);
 
+  SECTION("the header's count against an architecture's, in the core") {
+    const std::string header = R"({"w": {"dtype": "F32", "shape": [10, 10]}})";
+    const std::string compared = ImportSafetensorsJson(header, R"({"model":{"preset":"gpt2"},"training":{"sequenceLength":8}})");
+    CHECK(compared.find("\"architectureParameterCount\":124439808") != std::string::npos);
+    CHECK(compared.find("\"differenceFromArchitecture\":-124439708") != std::string::npos);
+    CHECK(ImportSafetensorsJson(header).find("\"differenceFromArchitecture\":null") != std::string::npos);
+  }
   SECTION("the headers of a sharded checkpoint are counted together") {
     const SafetensorsImport both = ImportSafetensors(R"([{"a.weight": {"dtype": "BF16", "shape": [4, 4]}},
       {"__metadata__": {"format": "pt"}, "b.weight": {"dtype": "BF16", "shape": [2, 3]}}])");

@@ -86,6 +86,17 @@ TEST_CASE("inventories use Hugging Face names and shapes", "[transformer]") {
     CHECK(e.modelStates.parameterFormula ==
           "embeddings, final norm and head 39,385,344 + 12 blocks × 7,087,872 = 124,439,808 (148 tensors)");
   }
+  SECTION("an architecture that is exactly a preset's carries its published count") {
+    const Estimate gpt2 = MustEstimate(TransformerSetup(FindPreset("gpt2")->architecture, 1, 8));
+    CHECK(gpt2.modelStates.presetId == "gpt2");
+    CHECK(gpt2.modelStates.differenceFromPublished == 0);
+    // BERT's published count leaves out the classifier: 1,024 × 2 + 2.
+    const Estimate bert = MustEstimate(TransformerSetup(FindPreset("bert-large-uncased")->architecture, 1, 8));
+    CHECK(bert.modelStates.differenceFromPublished == 2'050);
+    ArchitectureDef changed = FindPreset("gpt2")->architecture;
+    changed.numLayers = 11;
+    CHECK(MustEstimate(TransformerSetup(changed, 1, 8)).modelStates.presetId.empty());
+  }
   SECTION("GPT-2: a tied head is listed once, Conv1D weights are [in, out]") {
     const Inventory inv = BuildInventory(TransformerSetup(FindPreset("gpt2")->architecture, 1, 8));
     CHECK(inv.parameters.size() == 2 + 12 * 12 + 2);

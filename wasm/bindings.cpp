@@ -14,7 +14,9 @@ std::string ValidateJs(const std::string& setup) { return gpumem::ValidateJson(s
 std::string OptionsJs() { return gpumem::OptionsJson(); }
 std::string VersionJs() { return gpumem::Version(); }
 std::string ImportConfigJs(const std::string& text) { return gpumem::ImportConfigJson(text); }
-std::string ImportSafetensorsJs(const std::string& text) { return gpumem::ImportSafetensorsJson(text); }
+std::string ImportSafetensorsJs(const std::string& text, const std::string& setup) {
+  return gpumem::ImportSafetensorsJson(text, setup);
+}
 std::string SolveJs(const std::string& setup) { return gpumem::SolveJson(setup); }
 
 }  // namespace

@@ -68,9 +68,11 @@ function wrapModule(core) {
       const { ok, ...result } = envelope;
       return result;
     },
-    // A safetensors header (the JSON after its 8-byte length) or model.safetensors.index.json.
-    importSafetensors(text) {
-      const envelope = parseEnvelope(callCore(() => core.importSafetensorsJson(String(text))));
+    // A safetensors header (the JSON after its 8-byte length) or model.safetensors.index.json;
+    // with a transformer setup, also its count against the architecture's.
+    importSafetensors(text, setup) {
+      const compareWith = setup === undefined ? '' : setupText(setup);
+      const envelope = parseEnvelope(callCore(() => core.importSafetensorsJson(String(text), compareWith)));
       if (!envelope.ok) throw new GpumemError(envelope.errors);
       const { ok, ...result } = envelope;
       return result;

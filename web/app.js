@@ -1001,7 +1001,6 @@ function render(est) {
 
 // Where the parameter count comes from, and for a preset the count its model card publishes.
 function showParameterSource(states, context) {
-  const counted = states.parameterCount;
   const source = $('#param-source');
   const published = $('#param-published');
   const family = state.options.families?.find((f) => f.id === context.family)?.label ?? context.family;
@@ -1020,11 +1019,13 @@ function showParameterSource(states, context) {
     return;
   }
   published.dataset.count = String(preset.publishedParameters);
-  const difference = counted - preset.publishedParameters;
+  // The core says how far the count is from the published one (modelStates.preset).
+  const difference = states.preset?.id === preset.id ? states.preset.differenceFromPublished : null;
   const verdict = document.createElement('span');
   verdict.className = difference === 0 ? 'match' : 'differs';
   verdict.textContent = difference === 0 ? 'the count above matches it'
-    : `the count above differs by ${difference > 0 ? '+' : '−'}${formatInteger(Math.abs(difference))}`;
+    : difference === null ? 'the architecture above is not exactly this preset'
+      : `the count above differs by ${difference > 0 ? '+' : '−'}${formatInteger(Math.abs(difference))}`;
   published.replaceChildren(`Published: ${formatInteger(preset.publishedParameters)} (${preset.source}; counted as ${preset.countedAs}) — `, verdict, '.');
 }
 
@@ -1663,12 +1664,7 @@ function importConfigText(text, source) {
     details.append(summary, list);
     parts.push(details);
   }
-  for (const note of result.notes ?? []) {
-    const p = document.createElement('p');
-    p.className = 'hint';
-    p.textContent = note;
-    parts.push(p);
-  }
+  for (const note of result.notes ?? []) parts.push(paragraph('hint', note));
   if (problems.length) {
     const p = document.createElement('p');
     p.className = 'field-error';
@@ -1687,7 +1683,7 @@ function importSafetensorsText(text, source) {
     importError(exception, source, 'the safetensors data');
     return;
   }
-  state.safetensors = { result, source };
+  state.safetensors = { result, source, text };
   renderSafetensors();
 }
 
@@ -1697,6 +1693,23 @@ function dtypeText(dtypes) {
     ? dtypes.map((d) => (Array.isArray(d) ? d : [d.dtype ?? d.id ?? d.name, d.count ?? d.tensors ?? d.tensorCount]))
     : Object.entries(dtypes ?? {});
   return entries.map(([d, n]) => (n === undefined ? String(d) : `${d} × ${formatInteger(Number(n))}`)).join(', ') || '—';
+}
+
+// The core's comparison of a safetensors header with a setup's architecture, or null.
+function compareWithArchitecture(text, setup) {
+  try {
+    const r = state.api.importSafetensors(text, setup);
+    return typeof r.differenceFromArchitecture === 'number' ? r : null;
+  } catch {
+    return null;
+  }
+}
+
+function paragraph(className, text) {
+  const p = document.createElement('p');
+  p.className = className;
+  p.textContent = text;
+  return p;
 }
 
 function renderSafetensors() {
@@ -1737,26 +1750,24 @@ function renderSafetensors() {
     item('Largest matrices', r.largestMatrices.map((m) => `${formatInteger(m.rows)}×${formatInteger(m.cols)}`).join(', '));
   }
   const parts = [head, dl];
-  // In architecture mode, the header's exact count against the architecture's (both the core's).
-  const arch = state.lastGood && state.lastContext?.kind === state.archKind && state.archKind ? state.lastGood.modelStates.parameterCount : null;
-  if (arch !== null && typeof r.parameterCount === 'number') {
+  // In architecture mode, the header's exact count against the architecture's: the core reads
+  // the header again beside the setup last estimated and gives both counts and their difference.
+  const compared = state.lastGood && state.lastContext?.kind === state.archKind && state.archKind && typeof r.parameterCount === 'number'
+    ? compareWithArchitecture(s.text, state.lastGoodSetup) : null;
+  if (compared) {
+    const arch = compared.architectureParameterCount;
+    const difference = compared.differenceFromArchitecture;
     const p = document.createElement('p');
     p.id = 'safetensors-vs-arch';
-    const same = r.parameterCount === arch;
+    const same = difference === 0;
     p.dataset.match = String(same);
     p.className = same ? 'ok' : 'differs';
-    const difference = r.parameterCount - arch;
     p.textContent = same
       ? `The header's count equals the architecture's count (${formatInteger(arch)}).`
       : `The header's count differs from the architecture's count (${formatInteger(arch)}) by ${difference > 0 ? '+' : '−'}${formatInteger(Math.abs(difference))}.`;
     parts.push(p);
   }
-  for (const note of r.notes ?? []) {
-    const p = document.createElement('p');
-    p.className = 'hint';
-    p.textContent = note;
-    parts.push(p);
-  }
+  for (const note of r.notes ?? []) parts.push(paragraph('hint', note));
   if (r.setup) {
     const use = document.createElement('button');
     use.type = 'button';

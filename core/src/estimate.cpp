@@ -10,6 +10,7 @@
 #include "gpumem/format.hpp"
 #include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
+#include "gpumem/presets.hpp"
 #include "trace_builder.hpp"
 
 namespace gpumem {
@@ -110,6 +111,15 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   ModelStates m;
   m.parameterCount = inventory.ParameterCount();
   m.parameterFormula = ParameterFormula(setup, inventory);
+  if (setup.model.kind == ModelKind::Transformer) {
+    for (const Preset& p : Presets()) {
+      if (p.architecture != setup.model.architecture) continue;
+      m.presetId = p.id;
+      m.publishedParameters = p.publishedParameters;
+      m.differenceFromPublished = m.parameterCount - p.publishedParameters;
+      break;
+    }
+  }
   const std::int64_t trainable = inventory.TrainableCount();
   m.parametersBytes = m.parameterCount * BytesPerElement(regime.weights);
   m.masterWeightsBytes = regime.masterWeights ? trainable * 4 : 0;

@@ -403,6 +403,10 @@ ojson EstimateObject(const Estimate& e) {
       {"schemaVersion", kSchemaVersion},
       {"activationsFromHeuristic", e.activationsFromHeuristic},
       {"modelStates", {{"parameterCount", m.parameterCount}, {"parameterFormula", m.parameterFormula},
+                       {"preset", m.presetId.empty() ? ojson(nullptr)
+                                                     : ojson{{"id", m.presetId},
+                                                             {"publishedParameters", m.publishedParameters},
+                                                             {"differenceFromPublished", m.differenceFromPublished}}},
                        {"parametersBytes", m.parametersBytes},
                        {"masterWeightsBytes", m.masterWeightsBytes}, {"gradientsBytes", m.gradientsBytes},
                        {"optimizerStatesBytes", m.optimizerStatesBytes}, {"totalBytes", m.totalBytes},
@@ -564,7 +568,7 @@ std::string ImportConfigJson(std::string_view configText, int indent) {
               indent);
 }
 
-std::string ImportSafetensorsJson(std::string_view text, int indent) {
+std::string ImportSafetensorsJson(std::string_view text, std::string_view setupText, int indent) {
   const SafetensorsImport t = ImportSafetensors(text);
   if (!t.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(t.errors)}}, indent);
   ojson dtypes = ojson::object();
@@ -588,6 +592,15 @@ std::string ImportSafetensorsJson(std::string_view text, int indent) {
                                {"largestMatrices", shapes}}}};
   } else {
     out["setup"] = nullptr;
+  }
+  out["architectureParameterCount"] = nullptr;
+  out["differenceFromArchitecture"] = nullptr;
+  Setup setup;
+  if (t.parameterCount && !setupText.empty() && ParseAndValidate(setupText, setup).empty() &&
+      setup.model.kind == ModelKind::Transformer) {
+    const std::int64_t architecture = BuildInventory(setup).ParameterCount();
+    out["architectureParameterCount"] = architecture;
+    out["differenceFromArchitecture"] = *t.parameterCount - architecture;
   }
   out["notes"] = t.notes;
   return Dump(out, indent);

@@ -50,6 +50,11 @@ struct ModelStates {
   std::int64_t optimizerStatesBytes = 0;
   std::int64_t totalBytes = 0;            // sum of the four above
   std::vector<CategoryBytes> rows;        // the four, with formulas
+  // When the architecture is exactly a preset's: its published count and how far the count
+  // above is from it (a BERT preset's classifier, which the published count leaves out).
+  std::string presetId;                   // empty when no preset matches
+  std::int64_t publishedParameters = 0;
+  std::int64_t differenceFromPublished = 0;  // parameterCount − publishedParameters
 };
 
 struct Estimate {

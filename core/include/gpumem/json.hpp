@@ -56,7 +56,9 @@ std::string ImportConfigJson(std::string_view configText, int indent = -1);
 // {"ok":true,"source":"header"|"index","parameterCount"(header) | null,"totalSizeBytes",
 //  "tensorCount","dtypes":{…},"largestMatrices":[{rows,cols,name}],"numLayers",
 //  "setup":{"model":{"kind":"parameterCount",…}} (header),"notes":[…]}.
-std::string ImportSafetensorsJson(std::string_view text, int indent = -1);
+// With `setupText` naming a valid transformer, also "architectureParameterCount" and
+// "differenceFromArchitecture" (header count − architecture count); null otherwise.
+std::string ImportSafetensorsJson(std::string_view text, std::string_view setupText = {}, int indent = -1);
 
 // The solvers on a setup: {"ok":true,"solve":{"currentPeakBytes","capacityBytes",
 //  "maxBatchSize":{value,peakBytes,limit}|null,"maxSequenceLength":{…}|null,

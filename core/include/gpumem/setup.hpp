@@ -136,6 +136,8 @@ struct ArchitectureDef {
   double attentionDropout = 0.0;            // attn_pdrop, attention_(probs_)dropout(_prob)
   EncoderHead encoderHead = EncoderHead::Classification;  // BERT only
   std::int64_t numLabels = 2;               // BERT classification: classes
+
+  bool operator==(const ArchitectureDef&) const = default;
 };
 
 // One field of ArchitectureDef as a form shows it: which families read it, its unit and
