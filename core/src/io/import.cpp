@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpumem/format.hpp"
-#include "json_text.hpp"
+#include "io/json_text.hpp"
 
 namespace gpumem {
 namespace {

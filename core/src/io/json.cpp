@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpumem/names.hpp"
-#include "json_text.hpp"
+#include "io/json_text.hpp"
 #include "gpumem/gpus.hpp"
 #include "gpumem/import.hpp"
 #include "gpumem/inventory.hpp"

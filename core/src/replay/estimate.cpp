@@ -11,7 +11,7 @@
 #include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/presets.hpp"
-#include "trace_builder.hpp"
+#include "sim/trace_builder.hpp"
 
 namespace gpumem {
 namespace {

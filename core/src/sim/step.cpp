@@ -5,7 +5,7 @@
 
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
-#include "trace_builder.hpp"
+#include "sim/trace_builder.hpp"
 
 namespace gpumem {
 

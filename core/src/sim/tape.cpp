@@ -1,5 +1,5 @@
 // The autograd model: values, nodes, backward, checkpointing, autocast's weight-copy cache.
-#include "tape.hpp"
+#include "sim/tape.hpp"
 
 #include "gpumem/format.hpp"
 

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "trace_builder.hpp"
+#include "sim/trace_builder.hpp"
 
 namespace gpumem {
 

@@ -6,7 +6,7 @@
 
 #include "gpumem/format.hpp"
 #include "gpumem/heuristics.hpp"
-#include "trace_builder.hpp"
+#include "sim/trace_builder.hpp"
 
 namespace gpumem {
 namespace {

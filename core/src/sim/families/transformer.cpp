@@ -20,8 +20,8 @@
 
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
-#include "tape.hpp"
-#include "trace_builder.hpp"
+#include "sim/tape.hpp"
+#include "sim/trace_builder.hpp"
 
 namespace gpumem {
 namespace {
