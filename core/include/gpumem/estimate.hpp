@@ -33,10 +33,20 @@ struct TimelinePoint {
   Phase phase = Phase::Init;
   int step = 0;
   int layer = -1;
-  std::string label;
+  std::string label;            // only with EstimateOptions::Timeline::Labelled
   Category category = Category::Activations;
   std::int64_t deltaBytes = 0;  // + allocation, − free
   std::int64_t totalBytes = 0;  // after the event
+};
+
+// What an estimate carries besides the figures. Labels are rendered per event, so a caller
+// that runs many estimates (the solver, the page's views) asks for none.
+struct EstimateOptions {
+  enum class Timeline {
+    None,      // no timeline (eventCount still says how many events there were)
+    Points,    // every event's running total, phase, step, layer and category
+    Labelled,  // and each event's label ("layers.3 attention: q_proj backward: …")
+  } timeline = Timeline::Points;
 };
 
 // Persistent memory of the model (what stays between steps), with formulas.
@@ -74,7 +84,8 @@ struct Estimate {
   // Memory at the end of step 1's forward pass: the model states that exist then, the tensors
   // saved for backward, the batch and the loss.
   Snapshot forwardEnd;
-  std::vector<TimelinePoint> timeline;
+  std::vector<TimelinePoint> timeline;  // per EstimateOptions::timeline
+  std::size_t eventCount = 0;           // events simulated (the timeline's length when present)
   std::int64_t gpuCapacityBytes = 0;
   bool fits = false;
   std::int64_t headroomBytes = 0;    // capacity − peak; negative when it does not fit
@@ -89,10 +100,10 @@ struct EstimateResult {
 };
 
 // Setup → Inventory → Trace → Replay → Estimate. Validates first; never throws for bad input.
-EstimateResult EstimateMemory(const Setup& setup);
+EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options = {});
 
 // Replays a trace: running total, overall and per-phase peaks, what is live at each peak.
-Estimate Replay(const Trace& trace);
+Estimate Replay(const Trace& trace, const EstimateOptions& options = {});
 
 // Persistent model states of a validated setup, computed from the same per-tensor rules the
 // trace uses (parameters, master weights, gradients, optimizer states).

@@ -12,12 +12,13 @@
 
 #include "gpumem/inventory.hpp"
 #include "gpumem/setup.hpp"
+#include "gpumem/text.hpp"
 
 namespace gpumem {
 
-enum class Phase { Init, Forward, Backward, OptimizerStep };
+enum class Phase : std::uint8_t { Init, Forward, Backward, OptimizerStep };
 
-enum class Category {
+enum class Category : std::uint8_t {
   Parameters,              // the weights the model computes with (working dtype)
   MasterWeights,           // fp32 copy kept by the optimizer under mixed precision
   Gradients,               // parameter gradients (.grad)
@@ -30,24 +31,31 @@ enum class Category {
 };
 constexpr int kCategoryCount = 9;
 
-enum class EventKind { Alloc, Free };
+enum class EventKind : std::uint8_t { Alloc, Free };
 
+// One allocation or free. Plain numbers; the words (label, tensor, formula) are Texts in the
+// trace's TextStore, rendered only for the events that are shown.
 struct Event {
-  EventKind kind = EventKind::Alloc;
-  int tensorId = 0;         // pairs an Alloc with its Free
   std::int64_t bytes = 0;   // size of the tensor, bytes (positive for both kinds)
+  int tensorId = 0;         // pairs an Alloc with its Free
+  int layer = -1;           // layer-list index or transformer block, -1 when not tied to one
+  EventKind kind = EventKind::Alloc;
   Category category = Category::Activations;
   Phase phase = Phase::Init;
-  int step = 0;             // 0 during init, then 1, 2
-  int layer = -1;           // layer-list index or transformer block, -1 when not tied to one
-  std::string label;        // what happens: "layers[0] Linear forward: output"
-  std::string tensor;       // which tensor: "layers[0].output"
-  std::string formula;      // its size: "32 × 1024 × 4 B"
+  std::uint8_t step = 0;    // 0 during init, then 1, 2
+  Text label;               // what happens: "layers[0] Linear forward: output"
+  Text tensor;              // which tensor: "layers[0].output"
+  Text formula;             // its size: "32 × 1024 × 4 B"
 };
 
 struct Trace {
   std::vector<Event> events;
   std::vector<std::string> notes;  // assumptions a person should know about
+  TextStore text;                  // the words of every event
+
+  std::string Label(const Event& e) const { return text.Render(e.label); }
+  std::string TensorName(const Event& e) const { return text.Render(e.tensor); }
+  std::string Formula(const Event& e) const { return text.Render(e.formula); }
 };
 
 // Simulates init and two training steps of a validated setup over its inventory.

@@ -126,7 +126,7 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   m.gradientsBytes = trainable * BytesPerElement(regime.gradients);
 
   // Optimizer states from the same per-tensor rule the trace uses, summed by state name.
-  std::vector<std::pair<std::string, std::int64_t>> valuesByName;
+  std::vector<std::pair<std::string_view, std::int64_t>> valuesByName;
   DType stateType = regime.states;
   for (const Tensor& p : inventory.parameters) {
     for (const StateTensor& s : OptimizerStateTensors(setup.training, regime, p)) {
@@ -148,7 +148,7 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   std::string states;
   std::int64_t values = 0;
   for (const auto& [name, count] : valuesByName) {
-    states += (states.empty() ? "" : " + ") + name + " " + FormatCount(count);
+    states += (states.empty() ? "" : " + ") + std::string(name) + " " + FormatCount(count);
     values += count;
   }
   states = valuesByName.empty()
@@ -158,14 +158,14 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   return m;
 }
 
-EstimateResult EstimateMemory(const Setup& setup) {
+EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options) {
   EstimateResult result;
   result.errors = Validate(setup);
   if (!result.ok()) return result;
 
   const Inventory inventory = BuildInventory(setup);
   const Trace trace = BuildTrace(setup, inventory);
-  Estimate est = Replay(trace);
+  Estimate est = Replay(trace, options);
   est.modelStates = ComputeModelStates(setup, inventory);
   UseModelStateFormulas(est.peak, est.modelStates);
   for (Snapshot& s : est.phasePeaks) UseModelStateFormulas(s, est.modelStates);

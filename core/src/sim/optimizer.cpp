@@ -29,9 +29,7 @@ std::vector<StateTensor> OptimizerStateTensors(const TrainingDef& training, cons
   std::vector<StateTensor> states;
   if (!parameter.trainable) return states;
   const std::int64_t n = parameter.Elements();
-  auto full = [&](const char* name, DType type) {
-    states.push_back({name, n, type, ShapeFormula(parameter.shape, type)});
-  };
+  auto full = [&](const char* name, DType type) { states.push_back({name, n, type, Shape(parameter.shape)}); };
   switch (training.optimizer) {
     case OptimizerKind::SGD:
       break;
@@ -52,8 +50,8 @@ std::vector<StateTensor> OptimizerStateTensors(const TrainingDef& training, cons
         std::int64_t rows = 1, cols = 1;
         for (auto d : rowShape) rows *= d;
         for (auto d : colShape) cols *= d;
-        states.push_back({"exp_avg_sq_row", rows, DType::FP32, ShapeFormula(rowShape, DType::FP32)});
-        states.push_back({"exp_avg_sq_col", cols, DType::FP32, ShapeFormula(colShape, DType::FP32)});
+        states.push_back({"exp_avg_sq_row", rows, DType::FP32, Shape(rowShape)});
+        states.push_back({"exp_avg_sq_col", cols, DType::FP32, Shape(colShape)});
       } else {
         full("exp_avg_sq", DType::FP32);
       }
@@ -64,21 +62,25 @@ std::vector<StateTensor> OptimizerStateTensors(const TrainingDef& training, cons
   return states;
 }
 
-OptimizerPass::OptimizerPass(const Setup& setup, const Inventory& inventory, const Regime& regime)
-    : setup_(setup), inventory_(inventory), regime_(regime) {}
+OptimizerPass::OptimizerPass(const Setup& setup, const Inventory& inventory,
+                             const std::vector<Text>& names, const Regime& regime)
+    : setup_(setup), inventory_(inventory), names_(names), regime_(regime) {}
 
 void OptimizerPass::Step(TraceBuilder& b) {
   const TrainingDef& t = setup_.training;
-  const std::string name = LabelOf(t.optimizer);
+  const TextPart name = TextPart::View(LabelOf(t.optimizer));
+  TextStore& text = b.text();
 
   if (!statesCreated_) {
-    for (const Tensor& p : inventory_.parameters) {
+    for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+      const Tensor& p = inventory_.parameters[i];
       for (const StateTensor& s : OptimizerStateTensors(t, regime_, p)) {
+        const TextPart state = TextPart::View(s.name);  // a literal
         states_.push_back(b.Alloc(Category::OptimizerStates, s.elements * BytesPerElement(s.type),
-                                  p.name + "." + s.name,
-                                  "step " + std::to_string(b.step()) + ": " + name + " creates " +
-                                      p.name + "." + s.name,
-                                  s.formula, p.layer));
+                                  text.Make({names_[i], ".", state}),
+                                  text.Make({"step ", TextPart::Int(b.step()), ": ", name, " creates ",
+                                             names_[i], ".", state}),
+                                  text.Shape(s.shape, s.type), p.layer));
       }
     }
     statesCreated_ = true;
@@ -92,10 +94,9 @@ void OptimizerPass::Step(TraceBuilder& b) {
   const bool upcast = regime_.masterWeights;
   const DType stateType = regime_.states;
   const std::int64_t stateBytes = BytesPerElement(stateType);
-  auto temp = [&](std::int64_t bytes, const std::string& tensor, const std::string& what,
-                  const std::string& formula, int layer = -1) {
-    return b.Alloc(Category::OptimizerIntermediates, bytes, tensor, name + " step: " + what,
-                   formula, layer);
+  const Text step = text.Make({name, " step: "});
+  auto temp = [&](std::int64_t bytes, Text tensor, Text what, Text formula, int layer = -1) {
+    return b.Alloc(Category::OptimizerIntermediates, bytes, tensor, text.Make({step, what}), formula, layer);
   };
 
   if (impl == OptimizerImplementation::ForEach) {
@@ -103,50 +104,55 @@ void OptimizerPass::Step(TraceBuilder& b) {
     for (const Tensor& p : inventory_.parameters) if (p.trainable) elements += p.Elements();
     TensorHandle grads32 = kNoTensor;
     if (upcast) {
-      grads32 = temp(elements * 4, "fp32 gradients (all)", "foreach: gradients upcast to fp32",
-                     FormatCount(elements) + " × " + BytesOf(DType::FP32));
+      grads32 = temp(elements * 4, text.Make({"fp32 gradients (all)"}),
+                     text.Make({"foreach: gradients upcast to fp32"}),
+                     text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(DType::FP32)}));
     }
     if (adam) {
-      TensorHandle denom = temp(elements * stateBytes, "sqrt(exp_avg_sq) (all)",
-                                "foreach: _foreach_sqrt(exp_avg_sq) for every parameter",
-                                FormatCount(elements) + " × " + BytesOf(stateType));
-      b.Release(denom, name + " step: foreach addcdiv done");
+      TensorHandle denom = temp(elements * stateBytes, text.Make({"sqrt(exp_avg_sq) (all)"}),
+                                text.Make({"foreach: _foreach_sqrt(exp_avg_sq) for every parameter"}),
+                                text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(stateType)}));
+      b.Release(denom, text.Make({step, "foreach addcdiv done"}));
     }
-    b.Release(grads32, name + " step: fp32 gradients freed");
+    b.Release(grads32, text.Make({step, "fp32 gradients freed"}));
     return;
   }
 
-  for (const Tensor& p : inventory_.parameters) {
+  for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+    const Tensor& p = inventory_.parameters[i];
     if (!p.trainable) continue;
+    const Text pname = names_[i];
+    const Shape shape(p.shape);
     const std::int64_t n = p.Elements();
     TensorHandle grad32 = kNoTensor, param32 = kNoTensor;
     if (upcast || (adafactor && regime_.gradients != DType::FP32)) {
-      grad32 = temp(n * 4, p.name + ".grad (fp32)", "gradient of " + p.name + " upcast to fp32",
-                    ShapeFormula(p.shape, DType::FP32), p.layer);
+      grad32 = temp(n * 4, text.Make({pname, ".grad (fp32)"}),
+                    text.Make({"gradient of ", pname, " upcast to fp32"}), text.Shape(shape, DType::FP32), p.layer);
     }
     if (adafactor && !upcast && regime_.weights != DType::FP32) {
-      param32 = temp(n * 4, p.name + " (fp32)", "fp32 copy of " + p.name,
-                     ShapeFormula(p.shape, DType::FP32), p.layer);
+      param32 = temp(n * 4, text.Make({pname, " (fp32)"}), text.Make({"fp32 copy of ", pname}),
+                     text.Shape(shape, DType::FP32), p.layer);
     }
     if (adam) {
-      const std::string f = ShapeFormula(p.shape, stateType);
-      TensorHandle root = temp(n * stateBytes, "sqrt(exp_avg_sq)", "sqrt(exp_avg_sq) of " + p.name, f, p.layer);
-      TensorHandle denom = temp(n * stateBytes, "denom", "denominator of " + p.name, f, p.layer);
-      b.Release(root, name + " step: sqrt consumed");
-      b.Release(denom, name + " step: " + p.name + " updated");
+      const Text f = text.Shape(shape, stateType);
+      TensorHandle root = temp(n * stateBytes, text.Make({"sqrt(exp_avg_sq)"}),
+                               text.Make({"sqrt(exp_avg_sq) of ", pname}), f, p.layer);
+      TensorHandle denom = temp(n * stateBytes, text.Make({"denom"}), text.Make({"denominator of ", pname}), f, p.layer);
+      b.Release(root, text.Make({step, "sqrt consumed"}));
+      b.Release(denom, text.Make({step, pname, " updated"}));
     } else if (adafactor) {
-      const std::string f = ShapeFormula(p.shape, DType::FP32);
-      TensorHandle square = temp(n * 4, "grad²", "grad² of " + p.name, f, p.layer);
-      TensorHandle update = temp(n * 4, "grad² + eps", "grad² + ε of " + p.name, f, p.layer);
-      b.Release(square, name + " step: grad² consumed");
-      TensorHandle scaled = temp(n * 4, "update", "factored update of " + p.name, f, p.layer);
-      b.Release(update, name + " step: grad² + ε consumed");
-      TensorHandle negated = temp(n * 4, "-update", "−update applied to " + p.name, f, p.layer);
-      b.Release(negated, name + " step: " + p.name + " updated");
-      b.Release(scaled, name + " step: update freed");
+      const Text f = text.Shape(shape, DType::FP32);
+      TensorHandle square = temp(n * 4, text.Make({"grad²"}), text.Make({"grad² of ", pname}), f, p.layer);
+      TensorHandle update = temp(n * 4, text.Make({"grad² + eps"}), text.Make({"grad² + ε of ", pname}), f, p.layer);
+      b.Release(square, text.Make({step, "grad² consumed"}));
+      TensorHandle scaled = temp(n * 4, text.Make({"update"}), text.Make({"factored update of ", pname}), f, p.layer);
+      b.Release(update, text.Make({step, "grad² + ε consumed"}));
+      TensorHandle negated = temp(n * 4, text.Make({"-update"}), text.Make({"−update applied to ", pname}), f, p.layer);
+      b.Release(negated, text.Make({step, pname, " updated"}));
+      b.Release(scaled, text.Make({step, "update freed"}));
     }
-    b.Release(param32, name + " step: fp32 copy written back");
-    b.Release(grad32, name + " step: fp32 gradient freed");
+    b.Release(param32, text.Make({step, "fp32 copy written back"}));
+    b.Release(grad32, text.Make({step, "fp32 gradient freed"}));
   }
 }
 

@@ -1,6 +1,7 @@
 // The step: init, then two iterations of forward → backward → optimizer step → zero_grad.
 #include "gpumem/trace.hpp"
 
+#include <algorithm>
 #include <memory>
 
 #include "gpumem/format.hpp"
@@ -12,44 +13,62 @@ namespace gpumem {
 std::unique_ptr<ModelPass> MakeLayerListPass(const Setup& setup, const Inventory& inventory,
                                              const Regime& regime);
 std::unique_ptr<ModelPass> MakeTransformerPass(const Setup& setup, const Inventory& inventory,
-                                               const Regime& regime, std::vector<std::string>& notes);
+                                               const std::vector<Text>& names, const Regime& regime,
+                                               std::vector<std::string>& notes);
+
+namespace {
+// About how many events a setup makes, so the event list is allocated once: two steps of
+// roughly 160 events per transformer block, a few per layer otherwise.
+std::size_t EventCapacityHint(const Setup& setup) {
+  const ModelDef& m = setup.model;
+  if (m.kind == ModelKind::Transformer) {
+    const auto experts = static_cast<std::size_t>(std::max<std::int64_t>(0, m.architecture.numExperts));
+    const auto blocks = static_cast<std::size_t>(std::max<std::int64_t>(0, m.architecture.numLayers));
+    return std::min<std::size_t>(blocks * (400 + 60 * experts) + 4096, std::size_t{1} << 20);
+  }
+  if (m.kind == ModelKind::LayerList) return std::min<std::size_t>(m.layers.size() * 24 + 256, std::size_t{1} << 20);
+  return 256;
+}
+}  // namespace
 std::unique_ptr<ModelPass> MakeQuickPass(const Setup& setup, const Inventory& inventory,
                                          const Regime& regime, std::vector<std::string>& notes);
 
-TensorHandle TraceBuilder::Alloc(Category category, std::int64_t bytes, std::string tensor,
-                                 std::string label, std::string formula, int layer) {
+TensorHandle TraceBuilder::Alloc(Category category, std::int64_t bytes, Text tensor, Text label,
+                                 Text formula, int layer) {
   Event e;
   e.kind = EventKind::Alloc;
-  e.tensorId = nextId_++;
+  e.tensorId = static_cast<int>(holders_.size());
   e.bytes = bytes;
   e.category = category;
   e.phase = phase_;
-  e.step = step_;
+  e.step = static_cast<std::uint8_t>(step_);
   e.layer = layer;
-  e.label = std::move(label);
-  e.tensor = std::move(tensor);
-  e.formula = std::move(formula);
-  live_[e.tensorId] = Live{trace_.events.size(), 1};
-  trace_.events.push_back(std::move(e));
-  return trace_.events.back().tensorId;
+  e.label = label;
+  e.tensor = tensor;
+  e.formula = formula;
+  holders_.push_back(1);
+  allocEvent_.push_back(static_cast<std::uint32_t>(trace_.events.size()));
+  trace_.events.push_back(e);
+  return e.tensorId;
 }
 
-TensorHandle TraceBuilder::Retain(TensorHandle handle) {
-  if (auto it = live_.find(handle); it != live_.end()) ++it->second.holders;
-  return handle;
-}
-
-void TraceBuilder::Release(TensorHandle handle, const std::string& label) {
-  auto it = live_.find(handle);
-  if (it == live_.end()) return;
-  if (--it->second.holders > 0) return;
-  Event e = trace_.events[it->second.allocEvent];
+void TraceBuilder::Release(TensorHandle handle, Text label) {
+  if (handle < 0) return;
+  int& holders = holders_[static_cast<std::size_t>(handle)];
+  if (holders == 0 || --holders > 0) return;
+  Event e = trace_.events[allocEvent_[static_cast<std::size_t>(handle)]];
   e.kind = EventKind::Free;
   e.phase = phase_;
-  e.step = step_;
+  e.step = static_cast<std::uint8_t>(step_);
   e.label = label;
-  live_.erase(it);
-  trace_.events.push_back(std::move(e));
+  trace_.events.push_back(e);
+}
+
+std::vector<Text> ParameterNames(TextStore& text, const Inventory& inventory) {
+  std::vector<Text> names;
+  names.reserve(inventory.parameters.size());
+  for (const Tensor& p : inventory.parameters) names.push_back(text.Make({TextPart::View(p.name)}));
+  return names;
 }
 
 Regime RegimeOf(Precision precision) {
@@ -70,28 +89,31 @@ Regime RegimeOf(Precision precision) {
   return {DType::FP32, DType::FP32, DType::FP32, DType::FP32, false, false, false, DType::FP32};
 }
 
-GradientSink::GradientSink(TraceBuilder& builder, const Inventory& inventory, const Regime& regime)
-    : builder_(builder), inventory_(inventory), regime_(regime),
+GradientSink::GradientSink(TraceBuilder& builder, const Inventory& inventory,
+                           const std::vector<Text>& names, const Regime& regime)
+    : builder_(builder), inventory_(inventory), names_(names), regime_(regime),
       grads_(inventory.parameters.size(), kNoTensor) {}
 
-void GradientSink::Produce(std::size_t index, const std::string& label) {
+void GradientSink::Produce(std::size_t index, Text label) {
   const Tensor& p = inventory_.parameters[index];
   if (!p.trainable) return;
   const std::int64_t bytes = p.Elements() * BytesPerElement(regime_.gradients);
-  const std::string formula = ShapeFormula(p.shape, regime_.gradients);
+  TextStore& t = builder_.text();
+  const Text name = names_[index];
+  const Text formula = t.Shape(Shape(p.shape), regime_.gradients);
   if (grads_[index] == kNoTensor) {
-    grads_[index] = builder_.Alloc(Category::Gradients, bytes, p.name + ".grad",
-                                   label + ": " + p.name + ".grad", formula, p.layer);
+    grads_[index] = builder_.Alloc(Category::Gradients, bytes, t.Make({name, ".grad"}),
+                                   t.Make({label, ": ", name, ".grad"}), formula, p.layer);
     return;
   }
   // .grad already exists (kept by zero_grad(set_to_none=False)): the new gradient is added
   // into it in place and then freed.
-  TensorHandle fresh = builder_.Alloc(Category::Gradients, bytes, p.name + " new gradient",
-                                      label + ": new gradient of " + p.name, formula, p.layer);
-  builder_.Release(fresh, label + ": accumulated into " + p.name + ".grad");
+  TensorHandle fresh = builder_.Alloc(Category::Gradients, bytes, t.Make({name, " new gradient"}),
+                                      t.Make({label, ": new gradient of ", name}), formula, p.layer);
+  builder_.Release(fresh, t.Make({label, ": accumulated into ", name, ".grad"}));
 }
 
-void GradientSink::ReleaseAll(const std::string& label) {
+void GradientSink::ReleaseAll(Text label) {
   for (TensorHandle& h : grads_) {
     builder_.Release(h, label);
     h = kNoTensor;
@@ -103,26 +125,32 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory) {
   TraceBuilder b(trace);
   const Regime regime = RegimeOf(setup.training.precision);
 
+  trace.events.reserve(EventCapacityHint(setup));
+  TextStore& text = trace.text;
+  const std::vector<Text> names = ParameterNames(text, inventory);
+
   b.SetPhase(Phase::Init, 0);
-  for (const Tensor& p : inventory.parameters) {
-    b.Alloc(Category::Parameters, p.Elements() * BytesPerElement(regime.weights), p.name,
-            "model init: " + p.name, ShapeFormula(p.shape, regime.weights), p.layer);
+  for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+    const Tensor& p = inventory.parameters[i];
+    b.Alloc(Category::Parameters, p.Elements() * BytesPerElement(regime.weights), names[i],
+            text.Make({"model init: ", names[i]}), text.Shape(Shape(p.shape), regime.weights), p.layer);
   }
   if (regime.masterWeights) {
-    for (const Tensor& p : inventory.parameters) {
+    for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+      const Tensor& p = inventory.parameters[i];
       if (!p.trainable) continue;
-      b.Alloc(Category::MasterWeights, p.Elements() * 4, p.name + " (fp32 master)",
-              "optimizer construction: fp32 master copy of " + p.name,
-              ShapeFormula(p.shape, DType::FP32), p.layer);
+      b.Alloc(Category::MasterWeights, p.Elements() * 4, text.Make({names[i], " (fp32 master)"}),
+              text.Make({"optimizer construction: fp32 master copy of ", names[i]}),
+              text.Shape(Shape(p.shape), DType::FP32), p.layer);
     }
   }
 
   std::unique_ptr<ModelPass> pass =
       setup.model.kind == ModelKind::ParameterCount ? MakeQuickPass(setup, inventory, regime, trace.notes)
-      : setup.model.kind == ModelKind::Transformer  ? MakeTransformerPass(setup, inventory, regime, trace.notes)
+      : setup.model.kind == ModelKind::Transformer  ? MakeTransformerPass(setup, inventory, names, regime, trace.notes)
                                                     : MakeLayerListPass(setup, inventory, regime);
-  GradientSink gradients(b, inventory, regime);
-  OptimizerPass optimizer(setup, inventory, regime);
+  GradientSink gradients(b, inventory, names, regime);
+  OptimizerPass optimizer(setup, inventory, names, regime);
 
   for (int step = 1; step <= 2; ++step) {
     b.SetPhase(Phase::Forward, step);
@@ -131,7 +159,7 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory) {
     pass->Backward(b, gradients);
     b.SetPhase(Phase::OptimizerStep, step);
     optimizer.Step(b);
-    if (setup.training.zeroGradSetToNone) gradients.ReleaseAll("zero_grad(set_to_none=True)");
+    if (setup.training.zeroGradSetToNone) gradients.ReleaseAll(text.Make({"zero_grad(set_to_none=True)"}));
     pass->EndStep(b);
   }
 

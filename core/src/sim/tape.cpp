@@ -1,13 +1,11 @@
 // The autograd model: values, nodes, backward, checkpointing, autocast's weight-copy cache.
 #include "sim/tape.hpp"
 
-#include "gpumem/format.hpp"
+#include <algorithm>
+
+#include "gpumem/names.hpp"
 
 namespace gpumem {
-
-std::string TensorFormula(const std::vector<std::int64_t>& shape, DType type) {
-  return ShapeFormula(shape, type);
-}
 
 DType Promote(DType a, DType b) {
   if (a == b) return a;
@@ -16,77 +14,77 @@ DType Promote(DType a, DType b) {
   return DType::FP32;  // fp32 with anything, or fp16 with bf16
 }
 
-namespace {
-std::int64_t Product(const std::vector<std::int64_t>& shape) {
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) n *= d;
-  return n;
+Tape::Tape(TraceBuilder& builder, DType computeType, bool autocast, std::size_t parameterCount)
+    : b_(builder), compute_(computeType), autocast_(autocast), parameterCount_(parameterCount) {
+  values_.reserve(4096);
+  nodes_.reserve(2048);
+  caches_.resize(1);
+  if (autocast_) caches_[0].byParameter.assign(parameterCount_, kNoValue);
 }
-}  // namespace
 
-Tape::Tape(TraceBuilder& builder, DType computeType, bool autocast)
-    : b_(builder), compute_(computeType), autocast_(autocast) {}
-
-std::int64_t Tape::Elements(ValueId v) const { return Product(values_[v].shape); }
-
-ValueId Tape::NewValue(Value v) {
-  values_.push_back(std::move(v));
+ValueId Tape::NewValue(const Value& v) {
+  values_.push_back(v);
   return static_cast<ValueId>(values_.size() - 1);
 }
 
-TensorHandle Tape::AllocStorage(const std::vector<std::int64_t>& shape, DType type,
-                                Category category, const std::string& tensor,
-                                const std::string& what) {
-  const std::string prefix = scope_.empty() ? "" : scope_ + ": ";
-  return b_.Alloc(category, Product(shape) * BytesPerElement(type),
-                  scope_.empty() ? tensor : scope_ + "." + tensor, prefix + what,
-                  TensorFormula(shape, type), layer_);
+TensorHandle& Tape::GradOf(ValueId v) {
+  if (grads_.size() < values_.size()) grads_.resize(values_.size() + 1024, kNoTensor);
+  return grads_[static_cast<std::size_t>(v)];
 }
 
-ValueId Tape::External(TensorHandle storage, std::vector<std::int64_t> shape, DType type,
-                       std::string name) {
+Text Tape::ScopedLabel(TextPart what, TextPart suffix) {
+  if (scope_.empty()) return T({what, suffix});
+  return T({scope_, ": ", what, suffix});
+}
+
+TensorHandle Tape::AllocStorage(const Shape& shape, DType type, Category category, TextPart tensor,
+                                TextPart what, TextPart suffix) {
+  const Text tensorName = scope_.empty() ? T({tensor}) : T({scope_, ".", tensor});
+  return b_.Alloc(category, shape.Elements() * BytesPerElement(type), tensorName, ScopedLabel(what, suffix),
+                  text().Shape(shape, type), layer_);
+}
+
+ValueId Tape::External(TensorHandle storage, Shape shape, DType type, TextPart name) {
   Value v;
   v.storage = b_.Retain(storage);
-  v.shape = std::move(shape);
+  v.shape = shape;
   v.type = type;
-  v.name = std::move(name);
-  return NewValue(std::move(v));
+  v.name = T({name});
+  return NewValue(v);
 }
 
-ValueId Tape::Parameter(std::size_t index, std::vector<std::int64_t> shape, DType type,
-                       std::string name) {
+ValueId Tape::Parameter(std::size_t index, Shape shape, DType type, Text name) {
   Value v;
-  v.name = std::move(name);
-  v.shape = std::move(shape);
+  v.name = name;
+  v.shape = shape;
   v.type = type;
   v.requiresGrad = true;
   v.parameter = static_cast<int>(index);
-  return NewValue(std::move(v));
+  return NewValue(v);
 }
 
-ValueId Tape::Fresh(std::vector<std::int64_t> shape, DType type, const std::string& name,
-                    Category category) {
+ValueId Tape::Fresh(Shape shape, DType type, TextPart name, Category category) {
   Value v;
   v.storage = AllocStorage(shape, type, category, name, name);
-  v.shape = std::move(shape);
+  v.shape = shape;
   v.type = type;
-  v.name = name;
-  return NewValue(std::move(v));
+  v.name = T({name});
+  return NewValue(v);
 }
 
 ValueId Tape::Keep(ValueId v) {
-  if (v != kNoValue) b_.Retain(values_[v].storage);
+  if (v != kNoValue) b_.Retain(values_[static_cast<std::size_t>(v)].storage);
   return v;
 }
 
 void Tape::Drop(ValueId v) {
   if (v == kNoValue) return;
-  const std::string prefix = scope_.empty() ? "" : scope_ + ": ";
-  b_.Release(values_[v].storage, prefix + values_[v].name + " no longer referenced");
+  const Value& value = values_[static_cast<std::size_t>(v)];
+  ReleaseWith(value.storage, [&] { return ScopedLabel(value.name, " no longer referenced"); });
 }
 
 bool Tape::NeedsGrad(const In& in) const {
-  return in.rule != In::NoGrad && in.value != kNoValue && values_[in.value].requiresGrad;
+  return in.rule != In::NoGrad && in.value != kNoValue && values_[static_cast<std::size_t>(in.value)].requiresGrad;
 }
 
 ValueId Tape::Apply(const OpSpec& spec) {
@@ -97,146 +95,165 @@ ValueId Tape::Apply(const OpSpec& spec) {
   Value out;
   out.shape = spec.shape;
   out.type = spec.type;
-  out.name = spec.name;
+  out.name = T({spec.name});
   out.requiresGrad = grad;
   if (spec.viewOf != kNoValue) {
-    out.storage = b_.Retain(values_[spec.viewOf].storage);
+    out.storage = b_.Retain(values_[static_cast<std::size_t>(spec.viewOf)].storage);
   } else {
-    out.storage = AllocStorage(spec.shape, spec.type, Category::Activations, spec.name,
-                               spec.name + (grad && spec.savesOutput ? " (saved)" : ""));
+    out.storage = AllocStorage(spec.shape, spec.type, Category::Activations, out.name, out.name,
+                               grad && spec.savesOutput ? TextPart(" (saved)") : TextPart(""));
   }
   // Tensors the op makes beside its output (dropout's mask, norm statistics): kept by the
   // node when recording, freed at once otherwise.
-  std::vector<TensorHandle> made;
+  SmallVec<TensorHandle, 2> made;
   for (const BackwardTemp& t : spec.saveNew) {
-    made.push_back(AllocStorage(t.shape, t.type, Category::Activations, spec.name + " " + t.name,
-                                spec.name + ": " + t.name + (grad ? " (saved)" : "")));
+    const TextPart name = TextPart::View(t.name);
+    made.push_back(AllocStorage(t.shape, t.type, Category::Activations, T({out.name, " ", name}),
+                                T({out.name, ": ", name}), grad ? TextPart(" (saved)") : TextPart("")));
   }
-  const ValueId id = NewValue(std::move(out));
+  const ValueId id = NewValue(out);
   if (!grad) {
-    for (TensorHandle h : made) b_.Release(h, scope_ + ": " + spec.name + " not needed without autograd");
+    for (TensorHandle h : made) {
+      ReleaseWith(h, [&] { return T({scope_, ": ", out.name, " not needed without autograd"}); });
+    }
     return id;
   }
   Node node;
-  node.label = (scope_.empty() ? "" : scope_ + " ") + spec.name + " backward";
+  node.label = scope_.empty() ? T({out.name, " backward"}) : T({scope_, " ", out.name, " backward"});
   node.layer = layer_;
   node.inputs = spec.inputs;
-  node.outputs = {id};
-  for (ValueId s : spec.saves) node.saved.push_back(b_.Retain(values_[s].storage));
-  if (spec.savesOutput) node.saved.push_back(b_.Retain(values_[id].storage));
+  node.outputs.push_back(id);
+  for (ValueId s : spec.saves) node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(s)].storage));
+  if (spec.savesOutput) node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(id)].storage));
   for (TensorHandle h : made) node.saved.push_back(h);
   node.temps = spec.backwardTemps;
-  nodes_.push_back(std::move(node));
-  values_[id].producer = static_cast<int>(nodes_.size() - 1);
+  nodes_.push_back(node);
+  values_[static_cast<std::size_t>(id)].producer = static_cast<int>(nodes_.size() - 1);
   return id;
 }
 
-std::vector<ValueId> Tape::Split(const std::string& name, ValueId input,
-                                 const std::vector<std::vector<std::int64_t>>& shapes) {
-  const bool grad = recording_ && values_[input].requiresGrad;
-  std::vector<ValueId> outs;
-  for (std::size_t i = 0; i < shapes.size(); ++i) {
+SmallVec<ValueId, 4> Tape::Split(TextPart name, ValueId input, std::initializer_list<Shape> shapes) {
+  const bool grad = recording_ && values_[static_cast<std::size_t>(input)].requiresGrad;
+  const Text base = T({name});
+  SmallVec<ValueId, 4> outs;
+  int i = 0;
+  for (const Shape& shape : shapes) {
     Value v;
-    v.storage = b_.Retain(values_[input].storage);
-    v.shape = shapes[i];
-    v.type = values_[input].type;
-    v.name = name + "[" + std::to_string(i) + "]";
+    v.storage = b_.Retain(values_[static_cast<std::size_t>(input)].storage);
+    v.shape = shape;
+    v.type = values_[static_cast<std::size_t>(input)].type;
+    v.name = T({base, "[", TextPart::Int(i++), "]"});
     v.requiresGrad = grad;
-    outs.push_back(NewValue(std::move(v)));
+    outs.push_back(NewValue(v));
   }
   if (grad) {
     Node node;
-    node.label = scope_ + " " + name + " backward";
+    node.label = T({scope_, " ", base, " backward"});
     node.layer = layer_;
     node.inputs = {{input, In::Compute}};
     node.outputs = outs;
-    nodes_.push_back(std::move(node));
-    for (ValueId v : outs) values_[v].producer = static_cast<int>(nodes_.size() - 1);
+    nodes_.push_back(node);
+    for (ValueId v : outs) values_[static_cast<std::size_t>(v)].producer = static_cast<int>(nodes_.size() - 1);
   }
   return outs;
 }
 
 ValueId Tape::ForMatmul(ValueId v) {
-  const Value& value = values_[v];
+  const Value& value = values_[static_cast<std::size_t>(v)];
   if (!autocast_ || value.type == compute_ || value.type == DType::Int64) return Keep(v);
   if (value.parameter >= 0) {
     const auto index = static_cast<std::size_t>(value.parameter);
-    if (auto it = castCache_.find(index); it != castCache_.end()) return Keep(it->second);
+    CastCache& c = cache();
+    if (c.byParameter[index] != kNoValue) return Keep(c.byParameter[index]);
     // The copy autocast caches for the rest of the forward; a WeightCopies tensor.
     Value copy;
     copy.shape = value.shape;
     copy.type = compute_;
-    copy.name = value.name + " (16-bit copy)";
-    copy.storage = b_.Alloc(Category::WeightCopies, Product(value.shape) * BytesPerElement(compute_),
-                            copy.name, scope_ + ": autocast copies " + value.name + " to 16-bit (cached)",
-                            TensorFormula(value.shape, compute_), layer_);
+    copy.name = T({value.name, " (16-bit copy)"});
+    copy.storage = b_.Alloc(Category::WeightCopies, value.shape.Elements() * BytesPerElement(compute_),
+                            copy.name, T({scope_, ": autocast copies ", value.name, " to 16-bit (cached)"}),
+                            text().Shape(value.shape, compute_), layer_);
     const bool grad = recording_;
     copy.requiresGrad = grad;
-    const ValueId id = NewValue(std::move(copy));
+    const ValueId id = NewValue(copy);
     if (grad) {
       Node node;
-      node.label = scope_ + " weight cast backward";
+      node.label = T({scope_, " weight cast backward"});
       node.layer = layer_;
       node.inputs = {{v, In::Compute}};
-      node.outputs = {id};
-      nodes_.push_back(std::move(node));
-      values_[id].producer = static_cast<int>(nodes_.size() - 1);
+      node.outputs.push_back(id);
+      nodes_.push_back(node);
+      values_[static_cast<std::size_t>(id)].producer = static_cast<int>(nodes_.size() - 1);
     }
-    castCache_[index] = id;
+    c.byParameter[index] = id;
+    c.cached.push_back(static_cast<int>(index));
     return Keep(id);
   }
-  return Apply({.name = "to(" + std::string(DTypeId(compute_)) + ")",
+  static constexpr const char* kTo[] = {"to(fp32)", "to(fp16)", "to(bf16)", "to(int64)", "to(bool)"};
+  return Apply({.name = TextPart::View(kTo[static_cast<int>(compute_)]),
                 .inputs = {{v, In::Compute}},
                 .shape = value.shape,
                 .type = compute_});
 }
 
 void Tape::EndAutocast() {
-  for (auto& [index, value] : castCache_) Drop(value);
-  castCache_.clear();
+  CastCache& c = cache();
+  // In parameter order, as the map this replaces iterated.
+  std::sort(c.cached.begin(), c.cached.end());
+  for (int index : c.cached) {
+    const ValueId value = c.byParameter[static_cast<std::size_t>(index)];
+    c.byParameter[static_cast<std::size_t>(index)] = kNoValue;
+    Drop(value);
+  }
+  c.cached.clear();
 }
 
-std::vector<ValueId> Tape::Checkpoint(const std::string& name, const std::vector<ValueId>& inputs,
-                                      Block block) {
+Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block) {
   const bool outer = recording_;
   recording_ = false;
-  std::vector<ValueId> outs = block(*this, inputs);
+  Values outs = block(*this, inputs);
   recording_ = outer;
   if (!outer) return outs;
   bool grad = false;
-  for (ValueId v : inputs) grad = grad || values_[v].requiresGrad;
+  for (ValueId v : inputs) grad = grad || values_[static_cast<std::size_t>(v)].requiresGrad;
   if (!grad) return outs;
   Node node;
-  node.label = scope_ + " " + name + " (checkpoint) backward";
+  node.label = T({scope_, " ", name, " (checkpoint) backward"});
   node.layer = layer_;
   for (ValueId v : inputs) {
-    node.saved.push_back(b_.Retain(values_[v].storage));
-    if (values_[v].requiresGrad) node.inputs.push_back({v, In::Compute});
+    node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(v)].storage));
+    if (values_[static_cast<std::size_t>(v)].requiresGrad) node.inputs.push_back({v, In::Compute});
   }
   node.blockInputs = inputs;
   node.outputs = outs;
   blocks_.push_back(std::move(block));
   node.block = static_cast<int>(blocks_.size() - 1);
-  nodes_.push_back(std::move(node));
+  nodes_.push_back(node);
   for (ValueId v : outs) {
-    values_[v].requiresGrad = true;
-    values_[v].producer = static_cast<int>(nodes_.size() - 1);
+    values_[static_cast<std::size_t>(v)].requiresGrad = true;
+    values_[static_cast<std::size_t>(v)].producer = static_cast<int>(nodes_.size() - 1);
   }
   return outs;
 }
 
 void Tape::Backward(ValueId loss, GradientSink& sink) {
   sink_ = &sink;
-  const std::string saved = scope_;
-  scope_ = "loss.backward()";
+  const Text saved = scope_;
+  scope_ = T({"loss.backward()"});
   layer_ = -1;
-  const TensorHandle seed = b_.Alloc(Category::ActivationGradients, BytesPerElement(values_[loss].type),
-                                     "grad of loss", "loss.backward(): gradient of the loss (1.0)",
-                                     TensorFormula({1}, values_[loss].type));
-  grads_[loss] = seed;
+  const DType type = values_[static_cast<std::size_t>(loss)].type;
+  const TensorHandle seed = b_.Alloc(Category::ActivationGradients, BytesPerElement(type), T({"grad of loss"}),
+                                     T({"loss.backward(): gradient of the loss (1.0)"}),
+                                     text().Shape(Shape{1}, type));
+  GradOf(loss) = seed;
   RunBackward(0, static_cast<int>(nodes_.size()));
-  for (auto& [value, grad] : grads_) b_.Release(grad, "backward finished");
-  grads_.clear();
+  // What is still held (in value order, as the map this replaces iterated).
+  const Text finished = T({"backward finished"});
+  for (TensorHandle& grad : grads_) {
+    if (grad == kNoTensor) continue;
+    b_.Release(grad, finished);
+    grad = kNoTensor;
+  }
   scope_ = saved;
 }
 
@@ -248,34 +265,34 @@ void Tape::RunBackward(int fromNode, int toNode) {
   }
 }
 
-void Tape::Deliver(ValueId value, TensorHandle grad, const std::string& label) {
-  const Value& v = values_[value];
+void Tape::Deliver(ValueId value, TensorHandle grad, Text label) {
+  const Value& v = values_[static_cast<std::size_t>(value)];
   if (v.parameter >= 0) {
     // AccumulateGrad: the first gradient becomes .grad (the buffer is stolen, no copy), later
     // ones are added in place. The sink records .grad; this buffer then lets go.
-    b_.Release(grad, label + ": handed to .grad");
+    ReleaseWith(grad, [&] { return T({label, ": handed to .grad"}); });
     return;
   }
-  auto it = grads_.find(value);
-  if (it == grads_.end()) {
-    grads_[value] = grad;
+  TensorHandle& held = GradOf(value);
+  if (held == kNoTensor) {
+    held = grad;
     return;
   }
   // A value used twice (the residual stream): the engine's input buffer adds the second
   // gradient to the first — in place when the first is not shared, else into a new buffer.
-  if (b_.Holders(it->second) == 1) {
-    b_.Release(grad, label + ": accumulated in place");
+  if (b_.Holders(held) == 1) {
+    ReleaseWith(grad, [&] { return T({label, ": accumulated in place"}); });
   } else if (b_.Holders(grad) == 1) {
-    b_.Release(it->second, label + ": accumulated in place");
-    it->second = grad;
+    ReleaseWith(held, [&] { return T({label, ": accumulated in place"}); });
+    held = grad;
   } else {
-    const TensorHandle sum = b_.Alloc(Category::ActivationGradients,
-                                      Product(v.shape) * BytesPerElement(v.type),
-                                      v.name + " grad (sum)", label + ": gradients summed",
-                                      TensorFormula(v.shape, v.type), layer_);
-    b_.Release(it->second, label + ": summed");
-    b_.Release(grad, label + ": summed");
-    it->second = sum;
+    const TensorHandle sum = b_.Alloc(Category::ActivationGradients, v.shape.Elements() * BytesPerElement(v.type),
+                                      T({v.name, " grad (sum)"}), T({label, ": gradients summed"}),
+                                      text().Shape(v.shape, v.type), layer_);
+    const Text summed = T({label, ": summed"});
+    b_.Release(held, summed);
+    b_.Release(grad, summed);
+    held = sum;
   }
 }
 
@@ -283,42 +300,45 @@ void Tape::Execute(int index) {
   Node& node = nodes_[static_cast<std::size_t>(index)];
   node.done = true;
   bool any = false;
-  for (ValueId o : node.outputs) any = any || grads_.count(o) > 0;
-  const std::string label = node.label;
+  for (ValueId o : node.outputs) any = any || GradOf(o) != kNoTensor;
+  const Text label = node.label;
   layer_ = node.layer;
   if (any) {
-    std::vector<TensorHandle> temps;
+    SmallVec<TensorHandle, 2> temps;
     for (const BackwardTemp& t : node.temps) {
-      temps.push_back(b_.Alloc(Category::ActivationGradients, Product(t.shape) * BytesPerElement(t.type),
-                               t.name, label + ": " + t.name, TensorFormula(t.shape, t.type), layer_));
+      const TextPart name = TextPart::View(t.name);
+      temps.push_back(b_.Alloc(Category::ActivationGradients, t.shape.Elements() * BytesPerElement(t.type),
+                               T({name}), T({label, ": ", name}), text().Shape(t.shape, t.type), layer_));
     }
     for (const In& in : node.inputs) {
       if (!NeedsGrad(in)) continue;
-      const Value& v = values_[in.value];
+      const Value& v = values_[static_cast<std::size_t>(in.value)];
       if (v.parameter >= 0) {
         sink_->Produce(static_cast<std::size_t>(v.parameter), label);
         continue;
       }
       TensorHandle g = kNoTensor;
-      const auto out = grads_.find(node.outputs.front());
-      if (in.rule == In::PassThrough && out != grads_.end() &&
-          values_[node.outputs.front()].type == v.type) {
-        g = b_.Retain(out->second);
+      const ValueId first = node.outputs.front();
+      const TensorHandle out = GradOf(first);
+      if (in.rule == In::PassThrough && out != kNoTensor && values_[static_cast<std::size_t>(first)].type == v.type) {
+        g = b_.Retain(out);
       } else {
-        g = b_.Alloc(Category::ActivationGradients, Product(v.shape) * BytesPerElement(v.type),
-                     "grad of " + v.name, label + ": gradient of " + v.name,
-                     TensorFormula(v.shape, v.type), layer_);
+        g = b_.Alloc(Category::ActivationGradients, v.shape.Elements() * BytesPerElement(v.type),
+                     T({"grad of ", v.name}), T({label, ": gradient of ", v.name}),
+                     text().Shape(v.shape, v.type), layer_);
       }
       Deliver(in.value, g, label);
     }
-    for (TensorHandle t : temps) b_.Release(t, label + ": temporary freed");
+    for (TensorHandle t : temps) ReleaseWith(t, [&] { return T({label, ": temporary freed"}); });
   }
-  for (TensorHandle s : node.saved) b_.Release(s, label + ": saved tensor freed");
-  node.saved.clear();
-  for (ValueId o : node.outputs) {
-    if (auto it = grads_.find(o); it != grads_.end()) {
-      b_.Release(it->second, label + ": incoming gradient consumed");
-      grads_.erase(it);
+  Node& done = nodes_[static_cast<std::size_t>(index)];
+  for (TensorHandle s : done.saved) ReleaseWith(s, [&] { return T({label, ": saved tensor freed"}); });
+  done.saved.clear();
+  for (ValueId o : done.outputs) {
+    TensorHandle& g = GradOf(o);
+    if (g != kNoTensor) {
+      ReleaseWith(g, [&] { return T({label, ": incoming gradient consumed"}); });
+      g = kNoTensor;
     }
   }
 }
@@ -327,63 +347,66 @@ void Tape::RunCheckpoint(int index) {
   nodes_[static_cast<std::size_t>(index)].done = true;
   const Node node = nodes_[static_cast<std::size_t>(index)];  // copy: nodes_ grows below
   bool any = false;
-  for (ValueId o : node.outputs) any = any || grads_.count(o) > 0;
-  const std::string label = node.label;
+  for (ValueId o : node.outputs) any = any || GradOf(o) != kNoTensor;
+  const Text label = node.label;
   layer_ = node.layer;
   if (any) {
     // Detached copies of the inputs (same storage) as leaves, then the block again, recorded.
-    std::vector<ValueId> detached;
+    Values detached;
     for (ValueId v : node.blockInputs) {
-      Value d = values_[v];
+      Value d = values_[static_cast<std::size_t>(v)];
       d.storage = b_.Retain(d.storage);
       d.producer = -1;
       d.parameter = -1;
-      detached.push_back(NewValue(std::move(d)));
+      detached.push_back(NewValue(d));
     }
-    const std::string scope = scope_;
-    scope_ = label + " recompute";
+    const Text scope = scope_;
+    scope_ = T({label, " recompute"});
     const int start = static_cast<int>(nodes_.size());
-    std::map<std::size_t, ValueId> outerCache;
-    outerCache.swap(castCache_);
-    std::vector<ValueId> outs = blocks_[static_cast<std::size_t>(node.block)](*this, detached);
+    // The recompute's own autocast cache (a fresh one, as the block runs in a new context).
+    ++cacheDepth_;
+    if (caches_.size() <= static_cast<std::size_t>(cacheDepth_)) caches_.emplace_back();
+    if (autocast_) cache().byParameter.assign(parameterCount_, kNoValue);
+    Values outs = blocks_[static_cast<std::size_t>(node.block)](*this, detached);
     EndAutocast();  // the recompute's autocast context ends before its backward
-    castCache_.swap(outerCache);
+    --cacheDepth_;
     // torch.autograd.backward(recomputed outputs, incoming gradients)
-    for (std::size_t i = 0; i < outs.size() && i < node.outputs.size(); ++i) {
-      if (auto it = grads_.find(node.outputs[i]); it != grads_.end()) {
-        grads_[outs[i]] = b_.Retain(it->second);
-      }
+    for (int i = 0; i < outs.size() && i < node.outputs.size(); ++i) {
+      const TensorHandle incoming = GradOf(node.outputs[i]);
+      if (incoming != kNoTensor) GradOf(outs[i]) = b_.Retain(incoming);
     }
     RunBackward(start, static_cast<int>(nodes_.size()));
     for (ValueId o : outs) {
-      if (auto it = grads_.find(o); it != grads_.end()) {
-        b_.Release(it->second, label + ": gradient consumed");
-        grads_.erase(it);
+      TensorHandle& g = GradOf(o);
+      if (g != kNoTensor) {
+        ReleaseWith(g, [&] { return T({label, ": gradient consumed"}); });
+        g = kNoTensor;
       }
       Drop(o);
     }
     nodes_.resize(static_cast<std::size_t>(start));
     scope_ = scope;
     // The detached leaves' gradients are the checkpoint's input gradients.
-    for (std::size_t i = 0; i < detached.size(); ++i) {
-      auto it = grads_.find(detached[i]);
+    for (int i = 0; i < detached.size(); ++i) {
+      TensorHandle& slot = GradOf(detached[i]);
       const ValueId original = node.blockInputs[i];
-      if (it != grads_.end()) {
-        const TensorHandle g = it->second;
-        grads_.erase(it);
-        if (values_[original].requiresGrad) Deliver(original, g, label);
-        else b_.Release(g, label + ": gradient not needed");
+      if (slot != kNoTensor) {
+        const TensorHandle g = slot;
+        slot = kNoTensor;
+        if (values_[static_cast<std::size_t>(original)].requiresGrad) Deliver(original, g, label);
+        else ReleaseWith(g, [&] { return T({label, ": gradient not needed"}); });
       }
       Drop(detached[i]);
     }
   }
   Node& stored = nodes_[static_cast<std::size_t>(index)];
-  for (TensorHandle s : stored.saved) b_.Release(s, label + ": saved input freed");
+  for (TensorHandle s : stored.saved) ReleaseWith(s, [&] { return T({label, ": saved input freed"}); });
   stored.saved.clear();
   for (ValueId o : node.outputs) {
-    if (auto it = grads_.find(o); it != grads_.end()) {
-      b_.Release(it->second, label + ": incoming gradient consumed");
-      grads_.erase(it);
+    TensorHandle& g = GradOf(o);
+    if (g != kNoTensor) {
+      ReleaseWith(g, [&] { return T({label, ": incoming gradient consumed"}); });
+      g = kNoTensor;
     }
   }
 }

@@ -11,12 +11,16 @@
 // Checkpoint() models torch.utils.checkpoint (reentrant, Hugging Face's default): the block
 // runs without recording, keeping only its inputs; at its backward the block is run again with
 // recording on and back-propagated on its own.
+//
+// Speed: an estimate simulates 10⁴–10⁵ ops, so nothing here allocates per op. Values, nodes
+// and gradients live in flat vectors indexed by id, shapes and small lists are fixed-size, and
+// every label is a Text (parts rendered only when shown).
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
-#include <map>
-#include <string>
+#include <initializer_list>
 #include <vector>
 
 #include "sim/trace_builder.hpp"
@@ -26,65 +30,94 @@ namespace gpumem {
 using ValueId = int;
 constexpr ValueId kNoValue = -1;
 
+// A list of at most N items stored inline (ops have a handful of inputs and saved tensors).
+template <typename T, int N>
+class SmallVec {
+ public:
+  SmallVec() = default;
+  SmallVec(std::initializer_list<T> items) {
+    for (const T& t : items) push_back(t);
+  }
+  void push_back(const T& t) {
+    if (size_ == N) std::abort();  // a programming error: an op with more parts than N
+    items_[size_++] = t;
+  }
+  int size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  void clear() { size_ = 0; }
+  T& operator[](int i) { return items_[i]; }
+  const T& operator[](int i) const { return items_[i]; }
+  const T& front() const { return items_[0]; }
+  const T* begin() const { return items_; }
+  const T* end() const { return items_ + size_; }
+  T* begin() { return items_; }
+  T* end() { return items_ + size_; }
+
+ private:
+  T items_[N] = {};
+  int size_ = 0;
+};
+
 // One input of an op, and how its gradient is made in backward.
 struct In {
   ValueId value = kNoValue;
-  enum Rule {
+  enum Rule : std::uint8_t {
     Compute,      // a new gradient of the input's size and dtype is allocated (most ops)
     PassThrough,  // the output's gradient is the input's gradient (add, views, clone)
     NoGrad,       // no gradient flows (masks, indices, constants)
   } rule = Compute;
 };
 
-// A temporary of an op's backward, allocated when the node runs and freed when it ends.
+// A tensor an op makes beside its output (saved), or a temporary of its backward.
 struct BackwardTemp {
-  std::vector<std::int64_t> shape;
+  Shape shape;
   DType type = DType::FP32;
-  std::string name;
+  const char* name = "";  // a literal: "mask", "logsumexp"
 };
 
 class Tape {
  public:
-  Tape(TraceBuilder& builder, DType computeType, bool autocast);
+  Tape(TraceBuilder& builder, DType computeType, bool autocast, std::size_t parameterCount);
+
+  TextStore& text() { return b_.text(); }
+  // A Text of parts, for op and value names built from pieces.
+  Text T(std::initializer_list<TextPart> parts) { return b_.text().Make(parts); }
 
   // --- where events happen (labels and the timeline's layer) ---
-  void SetScope(std::string scope, int layer) { scope_ = std::move(scope); layer_ = layer; }
-  const std::string& scope() const { return scope_; }
+  void SetScope(Text scope, int layer) { scope_ = scope; layer_ = layer; }
+  Text scope() const { return scope_; }
   int layer() const { return layer_; }
   bool recording() const { return recording_; }
 
   // --- values ---
   // A tensor whose storage is owned elsewhere (the batch); no gradient.
-  ValueId External(TensorHandle storage, std::vector<std::int64_t> shape, DType type, std::string name);
+  ValueId External(TensorHandle storage, Shape shape, DType type, TextPart name);
   // A parameter: a leaf whose gradient goes to the sink; its storage is the model's.
-  ValueId Parameter(std::size_t inventoryIndex, std::vector<std::int64_t> shape, DType type,
-                    std::string name);
+  ValueId Parameter(std::size_t inventoryIndex, Shape shape, DType type, Text name);
   // A new tensor held once by the caller, with no autograd history (torch.zeros, a mask).
-  ValueId Fresh(std::vector<std::int64_t> shape, DType type, const std::string& name,
-                Category category = Category::Activations);
+  ValueId Fresh(Shape shape, DType type, TextPart name, Category category = Category::Activations);
   ValueId Keep(ValueId v);  // one more Python reference to the same tensor
   void Drop(ValueId v);     // the caller's reference ends (no-op for kNoValue)
-  DType TypeOf(ValueId v) const { return values_[v].type; }
-  bool RequiresGrad(ValueId v) const { return v != kNoValue && values_[v].requiresGrad; }
-  const std::vector<std::int64_t>& ShapeOf(ValueId v) const { return values_[v].shape; }
-  std::int64_t Elements(ValueId v) const;
+  DType TypeOf(ValueId v) const { return values_[static_cast<std::size_t>(v)].type; }
+  bool RequiresGrad(ValueId v) const { return v != kNoValue && values_[static_cast<std::size_t>(v)].requiresGrad; }
+  const Shape& ShapeOf(ValueId v) const { return values_[static_cast<std::size_t>(v)].shape; }
+  std::int64_t Elements(ValueId v) const { return ShapeOf(v).Elements(); }
 
   // --- the one primitive: an op with an output that may save things for backward ---
   struct OpSpec {
-    std::string name;                    // "q_proj", "softmax"
-    std::vector<In> inputs;
-    std::vector<std::int64_t> shape;     // output shape
+    TextPart name = "";                  // "q_proj", "softmax" (a literal or a Text)
+    SmallVec<In, 4> inputs;
+    Shape shape;                         // output shape
     DType type = DType::FP32;            // output dtype
-    std::vector<ValueId> saves;          // values whose storage the node keeps
+    SmallVec<ValueId, 4> saves;          // values whose storage the node keeps
     bool savesOutput = false;            // the node keeps its own output (softmax, tanh)
-    std::vector<BackwardTemp> saveNew;   // extra tensors made and saved (dropout mask, stats)
-    std::vector<BackwardTemp> backwardTemps;
+    SmallVec<BackwardTemp, 2> saveNew;   // extra tensors made and saved (dropout mask, stats)
+    SmallVec<BackwardTemp, 2> backwardTemps;
     ValueId viewOf = kNoValue;           // output shares this value's storage (no allocation)
   };
   ValueId Apply(const OpSpec& spec);
-  // An op with several outputs sharing one node (split): outputs are views of inputs[0].
-  std::vector<ValueId> Split(const std::string& name, ValueId input,
-                             const std::vector<std::vector<std::int64_t>>& shapes);
+  // An op with several outputs sharing one node (split): outputs are views of `input`.
+  SmallVec<ValueId, 4> Split(TextPart name, ValueId input, std::initializer_list<Shape> shapes);
 
   // --- autocast ---
   bool autocast() const { return autocast_; }
@@ -95,12 +128,12 @@ class Tape {
   void EndAutocast();  // leaving the autocast context: the weight-copy cache lets go
 
   // --- checkpointing ---
-  using Block = std::function<std::vector<ValueId>(Tape&, const std::vector<ValueId>&)>;
+  using Values = SmallVec<ValueId, 4>;
+  using Block = std::function<Values(Tape&, const Values&)>;
   // Runs `block` without recording; the returned outputs get a checkpoint node that keeps
   // `inputs` and recomputes the block at backward. Inputs that need no gradient (masks, cos)
   // are kept too, as torch.utils.checkpoint's save_for_backward does.
-  std::vector<ValueId> Checkpoint(const std::string& name, const std::vector<ValueId>& inputs,
-                                  Block block);
+  Values Checkpoint(TextPart name, const Values& inputs, Block block);
 
   // --- backward ---
   // loss.backward(): the gradient of `loss` (a scalar) is created and back-propagated.
@@ -109,50 +142,64 @@ class Tape {
  private:
   struct Value {
     TensorHandle storage = kNoTensor;
-    std::vector<std::int64_t> shape;
+    Shape shape;
     DType type = DType::FP32;
-    int producer = -1;        // node index, -1 for leaves
     bool requiresGrad = false;
+    int producer = -1;        // node index, -1 for leaves
     int parameter = -1;       // inventory index for parameters
-    std::string name;
+    Text name;
   };
   struct Node {
-    std::string label;
+    Text label;
     int layer = -1;
-    std::vector<In> inputs;
-    std::vector<ValueId> outputs;
-    std::vector<TensorHandle> saved;
-    std::vector<BackwardTemp> temps;
-    int block = -1;                   // index into blocks_ for checkpoint nodes
-    std::vector<ValueId> blockInputs; // checkpoint: all inputs, in order
+    SmallVec<In, 4> inputs;
+    SmallVec<ValueId, 4> outputs;
+    SmallVec<TensorHandle, 5> saved;
+    SmallVec<BackwardTemp, 2> temps;
+    int block = -1;           // index into blocks_ for checkpoint nodes
+    Values blockInputs;       // checkpoint: all inputs, in order
     bool done = false;
   };
+  // autocast's weight-copy cache: parameter → its 16-bit copy, and which are set (in order).
+  struct CastCache {
+    std::vector<ValueId> byParameter;
+    std::vector<int> cached;
+  };
 
-  ValueId NewValue(Value v);
-  TensorHandle AllocStorage(const std::vector<std::int64_t>& shape, DType type, Category category,
-                            const std::string& tensor, const std::string& what);
+  ValueId NewValue(const Value& v);
+  // "scope: what" (or "what" without a scope) and "scope.tensor".
+  Text ScopedLabel(TextPart what, TextPart suffix = "");
+  TensorHandle AllocStorage(const Shape& shape, DType type, Category category, TextPart tensor,
+                            TextPart what, TextPart suffix = "");
   void RunBackward(int fromNode, int toNode);
   void Execute(int node);
   void RunCheckpoint(int node);
-  void Deliver(ValueId value, TensorHandle grad, const std::string& label);
+  void Deliver(ValueId value, TensorHandle grad, Text label);
   bool NeedsGrad(const In& in) const;
+  TensorHandle& GradOf(ValueId v);
+  // Releases `h` with the label `make()` builds, built only when the release frees it.
+  template <typename MakeLabel>
+  void ReleaseWith(TensorHandle h, MakeLabel make) {
+    if (b_.Holders(h) == 1) b_.Release(h, make());
+    else b_.Release(h, Text{});
+  }
+  CastCache& cache() { return caches_[static_cast<std::size_t>(cacheDepth_)]; }
 
   TraceBuilder& b_;
   GradientSink* sink_ = nullptr;
   DType compute_;
   bool autocast_;
   bool recording_ = true;
-  std::string scope_;
+  Text scope_;
   int layer_ = -1;
+  std::size_t parameterCount_;
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::vector<Block> blocks_;
-  std::map<ValueId, TensorHandle> grads_;        // gradient buffer of each value, during backward
-  std::map<std::size_t, ValueId> castCache_;     // parameter → its autocast copy
+  std::vector<TensorHandle> grads_;  // gradient buffer of each value, during backward
+  std::vector<CastCache> caches_;    // [0] the forward's; deeper ones for recomputes
+  int cacheDepth_ = 0;
 };
-
-// Formats "[2, 128, 768] = 196,608 × 2 B (bf16)".
-std::string TensorFormula(const std::vector<std::int64_t>& shape, DType type);
 
 // The wider of two floating types, as PyTorch promotes mixed operands.
 DType Promote(DType a, DType b);

@@ -27,31 +27,45 @@ class TraceBuilder {
 
   void SetPhase(Phase phase, int step) { phase_ = phase; step_ = step; }
   int step() const { return step_; }
+  TextStore& text() { return trace_.text; }
 
   // Allocates a tensor held once (by the caller).
+  TensorHandle Alloc(Category category, std::int64_t bytes, Text tensor, Text label, Text formula,
+                     int layer = -1);
+  // The same with owned strings, for the passes that make few events (layer lists, quick mode).
   TensorHandle Alloc(Category category, std::int64_t bytes, std::string tensor, std::string label,
-                     std::string formula, int layer = -1);
+                     std::string formula, int layer = -1) {
+    TextStore& t = text();
+    return Alloc(category, bytes, t.Own(std::move(tensor)), t.Own(std::move(label)),
+                 t.Own(std::move(formula)), layer);
+  }
   // One more holder (e.g. autograd saving it for backward).
-  TensorHandle Retain(TensorHandle handle);
+  TensorHandle Retain(TensorHandle handle) {
+    if (handle >= 0 && holders_[static_cast<std::size_t>(handle)] > 0) ++holders_[static_cast<std::size_t>(handle)];
+    return handle;
+  }
   // One holder lets go; the tensor is freed when none remain. No-op for kNoTensor.
-  void Release(TensorHandle handle, const std::string& label);
+  void Release(TensorHandle handle, Text label);
+  void Release(TensorHandle handle, std::string label) {
+    if (Holders(handle) == 1) Release(handle, text().Own(std::move(label)));
+    else Release(handle, Text{});
+  }
   // How many holders a live tensor has (0 when freed or kNoTensor).
   int Holders(TensorHandle handle) const {
-    auto it = live_.find(handle);
-    return it == live_.end() ? 0 : it->second.holders;
+    return handle < 0 ? 0 : holders_[static_cast<std::size_t>(handle)];
   }
 
  private:
-  struct Live {
-    std::size_t allocEvent = 0;
-    int holders = 0;
-  };
   Trace& trace_;
   Phase phase_ = Phase::Init;
   int step_ = 0;
-  int nextId_ = 0;
-  std::map<TensorHandle, Live> live_;
+  // By tensor id (ids are handed out in order): holders left, and the Alloc event's index.
+  std::vector<int> holders_;
+  std::vector<std::uint32_t> allocEvent_;
 };
+
+// Every parameter's name as a Text of the trace, in inventory order (made once per trace).
+std::vector<Text> ParameterNames(TextStore& text, const Inventory& inventory);
 
 // Element types of one precision regime.
 struct Regime {
@@ -71,15 +85,18 @@ Regime RegimeOf(Precision precision);
 // added in place, so they only exist for the duration of the add.
 class GradientSink {
  public:
-  GradientSink(TraceBuilder& builder, const Inventory& inventory, const Regime& regime);
-  void Produce(std::size_t parameterIndex, const std::string& label);
+  // `names`: each parameter's name as a Text (ParameterNames).
+  GradientSink(TraceBuilder& builder, const Inventory& inventory, const std::vector<Text>& names,
+               const Regime& regime);
+  void Produce(std::size_t parameterIndex, Text label);
   // zero_grad(set_to_none=True): every .grad released.
-  void ReleaseAll(const std::string& label);
+  void ReleaseAll(Text label);
   const std::vector<TensorHandle>& handles() const { return grads_; }
 
  private:
   TraceBuilder& builder_;
   const Inventory& inventory_;
+  const std::vector<Text>& names_;
   Regime regime_;
   std::vector<TensorHandle> grads_;
 };
@@ -98,12 +115,14 @@ class ModelPass {
 // chosen implementation. Defined in optimizer.cpp next to the state-size rules.
 class OptimizerPass {
  public:
-  OptimizerPass(const Setup& setup, const Inventory& inventory, const Regime& regime);
+  OptimizerPass(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names,
+                const Regime& regime);
   void Step(TraceBuilder& builder);
 
  private:
   const Setup& setup_;
   const Inventory& inventory_;
+  const std::vector<Text>& names_;
   Regime regime_;
   bool statesCreated_ = false;
   std::vector<TensorHandle> states_;
@@ -112,10 +131,10 @@ class OptimizerPass {
 // The state tensors an optimizer keeps for one parameter tensor (shared by the trace and by
 // ComputeModelStates so both always agree).
 struct StateTensor {
-  std::string name;          // "exp_avg", "exp_avg_sq_row", …
+  const char* name;          // "exp_avg", "exp_avg_sq_row", …
   std::int64_t elements = 0;
   DType type = DType::FP32;
-  std::string formula;
+  Shape shape;               // its shape (the formula shows it)
 };
 std::vector<StateTensor> OptimizerStateTensors(const TrainingDef& training, const Regime& regime,
                                                const Tensor& parameter);

@@ -174,7 +174,10 @@ class LayerListPass final : public ModelPass {
                          name + " grad of input", op + ": gradient of its input",
                          SizeFormula({batch_, sequence_, inWidth}, act), index);
       }
-      for (std::size_t p : parameterIndices_[i]) gradients.Produce(p, op);
+      if (!parameterIndices_[i].empty()) {
+        const Text opText = b.text().Own(op);
+        for (std::size_t p : parameterIndices_[i]) gradients.Produce(p, opText);
+      }
       b.Release(saved_[i], op + ": saved tensor freed");
       saved_[i] = kNoTensor;
       b.Release(gradOut, op + ": incoming gradient consumed");

@@ -43,8 +43,9 @@ class QuickPass final : public ModelPass {
   void Backward(TraceBuilder& b, GradientSink& gradients) override {
     // Without layers the order of frees is unknown; all gradients appear before the saved
     // activations are released, an upper bound on the backward peak.
+    const Text label = b.text().Make({"backward"});
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
-      gradients.Produce(i, "backward");
+      gradients.Produce(i, label);
     }
     b.Release(activations_, "backward: saved activations freed");
     b.Release(copies_, "backward: 16-bit weight copies freed");

@@ -1,0 +1,93 @@
+// gpumem — Text: the words of a trace, stored as parts and rendered only when shown.
+//
+// A simulated step makes tens of thousands of events, and each has a label ("layers.3
+// attention: q_proj backward: gradient of …"), a tensor name and a size formula. Building those
+// strings was most of an estimate's cost, yet only the peak's, the phase peaks' and the
+// hovered events' are ever read. So an event keeps a Text: a range of parts in a TextStore
+// (literals, integers, shapes, references to other Texts), and Render() concatenates them on
+// demand. Rendering gives exactly the string the old eager code built.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <initializer_list>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpumem/dtype.hpp"
+
+namespace gpumem {
+
+// A range of parts in one TextStore. The empty Text renders as "".
+struct Text {
+  std::uint32_t begin = 0;
+  std::uint32_t count = 0;
+  bool empty() const { return count == 0; }
+};
+
+// Up to six dimensions (elements per dimension, PyTorch order).
+struct Shape {
+  static constexpr int kMaxRank = 6;
+  std::int64_t dims[kMaxRank] = {};
+  int rank = 0;
+
+  Shape() = default;
+  Shape(std::initializer_list<std::int64_t> list);
+  explicit Shape(const std::vector<std::int64_t>& list);
+  std::int64_t Elements() const;
+  std::int64_t& back() { return dims[rank - 1]; }
+  std::int64_t back() const { return dims[rank - 1]; }
+  std::int64_t operator[](int i) const { return dims[i]; }
+  void push_back(std::int64_t d) { if (rank < kMaxRank) dims[rank++] = d; }
+  bool operator==(const Shape& o) const;
+};
+
+// One part of a Text. Literals and views must outlive the store (string literals, or views
+// returned by TextStore::Keep).
+struct TextPart {
+  enum Kind : std::uint8_t { kStr, kInt, kCount, kRef, kShape, kSize, kBytes };
+  Kind kind = kStr;
+  DType type = DType::FP32;
+  std::uint16_t rank = 0;
+  std::uint32_t n = 0;           // Str: length; Ref: begin; ShapeFormula/SizeFormula: dims offset
+  union {
+    const char* str;
+    std::int64_t value;          // Int, Count; Ref: count
+  };
+
+  template <std::size_t N>
+  TextPart(const char (&literal)[N]) : kind(kStr), n(N - 1), str(literal) {}  // NOLINT: implicit
+  TextPart(Text text) : kind(kRef), n(text.begin), value(text.count) {}     // NOLINT: implicit
+  static TextPart View(std::string_view s);          // a view that outlives the store
+  static TextPart Int(std::int64_t v);              // std::to_string(v)
+  static TextPart Count(std::int64_t v);            // FormatCount(v): "1,024"
+  static TextPart Bytes(DType type);                // BytesOf(type): "2 B (bf16)"
+
+ private:
+  TextPart() : value(0) {}
+  friend class TextStore;
+};
+
+class TextStore {
+ public:
+  Text Make(std::initializer_list<TextPart> parts);
+  // "[2, 128, 768] = 196,608 × 2 B (bf16)" (ShapeFormula of format.hpp).
+  Text Shape(const gpumem::Shape& shape, DType type);
+  // "2 × 128 × 768 × 2 B (bf16)" (SizeFormula of format.hpp).
+  Text Size(std::initializer_list<std::int64_t> dims, DType type);
+  // A string owned by the store; the view stays valid as long as the store.
+  std::string_view Keep(std::string s);
+  Text Own(std::string s) { return Make({TextPart::View(Keep(std::move(s)))}); }
+
+  std::string Render(Text text) const;
+  void RenderTo(Text text, std::string& out) const;
+
+ private:
+  Text Add(const TextPart* parts, std::size_t count);
+  std::vector<TextPart> parts_;
+  std::vector<std::int64_t> dims_;
+  std::deque<std::string> owned_;
+};
+
+}  // namespace gpumem

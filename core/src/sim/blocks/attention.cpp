@@ -1,0 +1,137 @@
+// Attention: heads, rotary embeddings, the core (eager with its materialised scores, or the
+// fused SDPA kernel), selective recomputation, and the output projection.
+#include "sim/blocks/blocks.hpp"
+
+namespace gpumem::blocks {
+namespace {
+
+// q: [b, heads, s, d]; k, v: [b, kvHeads, s, d]. Returns [b, s, heads, d] (contiguous).
+ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
+  Tape& t = m.t;
+  const std::int64_t b = m.b, s = m.s, heads = m.a.numHeads, d = HeadDim(m.a), kv = KeyValueHeads(m.a);
+  const Shape full = {b, heads, s, d};
+  // repeat_kv: expand + reshape copies k and v to every query head (GQA).
+  const ValueId keys = kv == heads ? t.Keep(k) : ops::Copy(t, k, full, "repeat_kv(key)", In::Compute);
+  const ValueId vals = kv == heads ? t.Keep(v) : ops::Copy(t, v, full, "repeat_kv(value)", In::Compute);
+  ValueId out = kNoValue;
+  if (m.training.attention == AttentionImplementation::SDPA) {
+    const ValueId q16 = t.ForMatmul(q);
+    const ValueId k16 = t.ForMatmul(keys);
+    const ValueId v16 = t.ForMatmul(vals);
+    // The kernels write their output in [b, s, heads, d] memory order and return it
+    // transposed, so HF's .transpose(1, 2).contiguous() afterwards copies nothing. Flash keeps
+    // q, k, v, its output and an fp32 log-sum-exp; its backward holds FA2's fp32 dq
+    // accumulator and the row sums of dO·O.
+    out = t.Apply({.name = "scaled_dot_product_attention",
+                   .inputs = {{q16}, {k16}, {v16}},
+                   .shape = {b, s, heads, d},
+                   .type = t.TypeOf(q16),
+                   .saves = {q16, k16, v16},
+                   .savesOutput = true,
+                   .saveNew = {{{b, heads, s}, DType::FP32, "logsumexp"}},
+                   .backwardTemps = {{full, DType::FP32, "dq accumulator (fp32)"},
+                                     {{b, heads, s}, DType::FP32, "softmax_d = rowsum(dO·O)"}}});
+    t.Drop(q16);
+    t.Drop(k16);
+    t.Drop(v16);
+    t.Drop(keys);
+    t.Drop(vals);
+    return out;
+  }
+  const Shape scores = {b, heads, s, s};
+  const ValueId kT = ops::View(t, keys, {b, heads, d, s}, "keyᵀ");
+  const ValueId raw = ops::MatMul(t, q, kT, scores, "q·kᵀ");
+  t.Drop(kT);
+  ValueId scaled = ops::Scale(t, raw, "scores × 1/√d");
+  t.Drop(raw);
+  if (mask != kNoValue) {
+    const ValueId masked = ops::AddConstant(t, scaled, mask, "scores + mask");
+    t.Drop(scaled);
+    scaled = masked;
+  }
+  const ValueId probs32 = ops::SavesOutput(t, scaled, "softmax (fp32)", DType::FP32);
+  t.Drop(scaled);
+  const ValueId probs = ops::To(t, probs32, t.TypeOf(q));
+  t.Drop(probs32);
+  const ValueId dropped = ops::Dropout(t, probs, m.a.attentionDropout, "attention dropout");
+  t.Drop(probs);
+  out = ops::MatMul(t, dropped, vals, full, "probs·v");
+  t.Drop(dropped);
+  t.Drop(keys);
+  t.Drop(vals);
+  const ValueId transposed = ops::View(t, out, {b, s, heads, d}, "transpose(1, 2)");
+  t.Drop(out);
+  const ValueId contiguous = ops::Copy(t, transposed, {b, s, heads, d}, "attention output .contiguous()");
+  t.Drop(transposed);
+  return contiguous;
+}
+
+// The core, wrapped in a checkpoint under selective recomputation.
+ValueId Attention(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
+  if (m.training.checkpointing != Checkpointing::Selective) return AttentionCore(m, q, k, v, mask);
+  Tape::Values inputs = {q, k, v};
+  if (mask != kNoValue) inputs.push_back(mask);
+  Model* model = &m;
+  const Tape::Values outs = m.t.Checkpoint("attention core", inputs, [model](Tape&, const Tape::Values& in) {
+    return Tape::Values{AttentionCore(*model, in[0], in[1], in[2], in.size() > 3 ? in[3] : kNoValue)};
+  });
+  return outs.front();
+}
+
+}  // namespace
+
+ValueId Heads(Model& m, ValueId x, std::int64_t n, const char* name) {
+  Tape& t = m.t;
+  const std::int64_t d = HeadDim(m.a);
+  const TextPart base = TextPart::View(name);
+  const ValueId split = ops::View(t, x, {m.b, m.s, n, d}, t.T({base, " view"}));
+  const ValueId heads = ops::View(t, split, {m.b, n, m.s, d}, t.T({base, " transpose"}));
+  t.Drop(split);
+  return heads;
+}
+
+ValueId Rope(Model& m, ValueId x, ValueId cos, ValueId sin, const char* name) {
+  Tape& t = m.t;
+  const TextPart n = TextPart::View(name);
+  Shape half = t.ShapeOf(x);
+  half.back() /= 2;
+  const ValueId xc = ops::Mul(t, x, cos, t.T({n, "·cos"}));
+  const ValueId x1 = t.Apply({.name = t.T({n, "[..., :d/2]"}), .inputs = {{x}}, .shape = half,
+                              .type = t.TypeOf(x), .viewOf = x});
+  const ValueId x2 = t.Apply({.name = t.T({n, "[..., d/2:]"}), .inputs = {{x}}, .shape = half,
+                              .type = t.TypeOf(x), .viewOf = x});
+  const ValueId negated = t.Apply({.name = t.T({"−", n, "₂"}), .inputs = {{x2}}, .shape = half, .type = t.TypeOf(x)});
+  const Text rotatedName = t.T({"rotate_half(", n, ")"});
+  const ValueId rotated = t.Apply({.name = rotatedName,
+                                   .inputs = {{negated, In::PassThrough}, {x1, In::PassThrough}},
+                                   .shape = t.ShapeOf(x), .type = t.TypeOf(x)});
+  t.Drop(negated);
+  t.Drop(x1);
+  t.Drop(x2);
+  const ValueId xs = ops::Mul(t, rotated, sin, t.T({rotatedName, "·sin"}));
+  t.Drop(rotated);
+  const ValueId y = ops::Add(t, xc, xs, t.T({n, " with RoPE"}));
+  t.Drop(xc);
+  t.Drop(xs);
+  return y;
+}
+
+ValueId AttentionOutput(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask, bool causal,
+                        const Module& out, const char* name, double dropout) {
+  (void)causal;  // the mask (eager) or the kernel's is_causal (SDPA) carries causality
+  Tape& t = m.t;
+  const ValueId core = Attention(m, q, k, v, mask);
+  t.Drop(q);
+  t.Drop(k);
+  t.Drop(v);
+  const ValueId merged = ops::View(t, core, {m.b, m.s, m.a.numHeads * HeadDim(m.a)}, "merge heads");
+  t.Drop(core);
+  const TextPart n = TextPart::View(name);
+  const ValueId projected = Linear(m, merged, out, m.a.hiddenSize, n);
+  t.Drop(merged);
+  const ValueId dropped = ops::Dropout(t, projected, dropout, t.T({n, " dropout"}));
+  t.Drop(projected);
+  return dropped;
+}
+
+}  // namespace gpumem::blocks

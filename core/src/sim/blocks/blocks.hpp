@@ -1,0 +1,45 @@
+// The shared blocks transformer families are composed of, each written once in the primitive
+// ops of sim/ops.hpp and following Hugging Face transformers' eager / SDPA forward code.
+#pragma once
+
+#include "sim/model.hpp"
+
+namespace gpumem::blocks {
+
+// --- norms (norms.cpp) ---
+// LlamaRMSNorm, op by op: x.to(fp32); x.pow(2).mean(-1); x * rsqrt(var + eps); w * x.to(dtype).
+ValueId RmsNorm(Model& m, ValueId x, const Module& module);
+// nn.LayerNorm with weight and bias; under autocast it runs on an fp32 copy of x.
+ValueId LayerNorm(Model& m, ValueId x, const Module& module);
+
+// --- MLPs (mlp.cpp) ---
+// The architecture's hidden activation (gelu_new as its separate ops).
+ValueId Activation(Model& m, ValueId x, TextPart name);
+// x @ Wᵀ + b with the module's weight and optional bias.
+ValueId Linear(Model& m, ValueId x, const Module& module, std::int64_t out, TextPart name);
+// GPT-2's and BERT's MLP: up-projection, activation, down-projection, dropout.
+ValueId PlainMlp(Model& m, ValueId x, const Module& up, const Module& down, const char* label);
+// SwiGLU: down(act(gate(x)) · up(x)), the projections named as the module names them.
+ValueId GatedMlp(Model& m, ValueId x, const Module& module, std::int64_t inter, const char* gate,
+                 const char* up, const char* down, TextPart label);
+
+// --- mixture of experts (moe.cpp) ---
+// MixtralSparseMoeBlock (with Qwen2-MoE's gated shared expert when the architecture has one).
+ValueId MoE(Model& m, ValueId x, const Module& block);
+
+// --- attention (attention.cpp) ---
+// [b, s, n·d] → [b, n, s, d] (views).
+ValueId Heads(Model& m, ValueId x, std::int64_t n, const char* name);
+// apply_rotary_pos_emb: x·cos + rotate_half(x)·sin.
+ValueId Rope(Model& m, ValueId x, ValueId cos, ValueId sin, const char* name);
+// Attention on q, k, v (the caller's, released here; eager or SDPA, recomputed under selective
+// checkpointing), the heads merged back to [b, s, heads·d], the output projection and dropout.
+ValueId AttentionOutput(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask, bool causal,
+                        const Module& out, const char* name, double dropout);
+
+// --- loss (loss.cpp) ---
+// Cross-entropy on the logits against `labels`: causal LMs shift the labels and upcast the
+// logits to fp32; with fp16 autocast, GradScaler scales the loss.
+ValueId CrossEntropy(Model& m, ValueId logits, ValueId labels, bool causal);
+
+}  // namespace gpumem::blocks

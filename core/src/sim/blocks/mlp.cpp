@@ -1,0 +1,77 @@
+// MLPs: the activation, GPT-2/BERT's plain MLP, and the gated (SwiGLU) MLP of the Llama family.
+#include "sim/blocks/blocks.hpp"
+
+namespace gpumem::blocks {
+
+ValueId Linear(Model& m, ValueId x, const Module& module, std::int64_t out, TextPart name) {
+  const ValueId weight = m.P(module, "weight");
+  const ValueId bias = m.POptional(module, "bias");
+  return ops::Linear(m.t, x, weight, bias, out, name);
+}
+
+ValueId Activation(Model& m, ValueId x, TextPart name) {
+  Tape& t = m.t;
+  switch (m.a.hiddenAct) {
+    case HiddenAct::GELU:
+    case HiddenAct::GELUTanh:
+    case HiddenAct::SiLU:
+      return ops::SavesInput(t, x, name);
+    case HiddenAct::GELUNew: {
+      // 0.5 * x * (1.0 + tanh(sqrt(2/π) * (x + 0.044715 * x³))), evaluated left to right.
+      // Under autocast pow is an fp32 op: it runs on (and saves) an fp32 copy of x, and the
+      // rest of the formula is promoted to fp32.
+      const Text n = t.T({name});
+      const ValueId half = ops::Scale(t, x, t.T({n, " 0.5·x"}));
+      const ValueId base = t.autocast() ? ops::To(t, x, DType::FP32) : t.Keep(x);
+      const ValueId cube = t.Apply({.name = t.T({n, " x³"}), .inputs = {{base}}, .shape = t.ShapeOf(x),
+                                    .type = t.TypeOf(base), .saves = {base}});
+      t.Drop(base);
+      const ValueId scaled = ops::Scale(t, cube, t.T({n, " 0.044715·x³"}));
+      t.Drop(cube);
+      const ValueId inner = ops::Add(t, x, scaled, t.T({n, " x + 0.044715·x³"}));
+      t.Drop(scaled);
+      const ValueId arg = ops::Scale(t, inner, t.T({n, " √(2/π)·(…)"}));
+      t.Drop(inner);
+      const ValueId th = ops::SavesOutput(t, arg, t.T({n, " tanh"}), t.TypeOf(arg));
+      t.Drop(arg);
+      const ValueId onePlus = ops::AddConstant(t, th, kNoValue, t.T({n, " 1 + tanh"}));
+      t.Drop(th);
+      const ValueId y = ops::Mul(t, half, onePlus, t.T({n, " output"}));
+      t.Drop(half);
+      t.Drop(onePlus);
+      return y;
+    }
+  }
+  return t.Keep(x);
+}
+
+ValueId PlainMlp(Model& m, ValueId x, const Module& up, const Module& down, const char* label) {
+  Tape& t = m.t;
+  const TextPart l = TextPart::View(label);
+  const ValueId wide = Linear(m, x, up, IntermediateSize(m.a), t.T({l, " up"}));
+  const ValueId act = Activation(m, wide, t.T({l, " activation"}));
+  t.Drop(wide);
+  const ValueId narrow = Linear(m, act, down, m.a.hiddenSize, t.T({l, " down"}));
+  t.Drop(act);
+  const ValueId dropped = ops::Dropout(t, narrow, m.a.hiddenDropout, t.T({l, " dropout"}));
+  t.Drop(narrow);
+  return dropped;
+}
+
+ValueId GatedMlp(Model& m, ValueId x, const Module& module, std::int64_t inter, const char* gate,
+                 const char* up, const char* down, TextPart label) {
+  Tape& t = m.t;
+  const TextPart g_ = TextPart::View(gate), u_ = TextPart::View(up), d_ = TextPart::View(down);
+  const ValueId g = Linear(m, x, m.Child(module, gate), inter, t.T({label, " ", g_}));
+  const ValueId act = Activation(m, g, t.T({label, " act_fn"}));
+  t.Drop(g);
+  const ValueId u = Linear(m, x, m.Child(module, up), inter, t.T({label, " ", u_}));
+  const ValueId prod = ops::Mul(t, act, u, t.T({label, " act·up"}));
+  t.Drop(act);
+  t.Drop(u);
+  const ValueId y = Linear(m, prod, m.Child(module, down), m.a.hiddenSize, t.T({label, " ", d_}));
+  t.Drop(prod);
+  return y;
+}
+
+}  // namespace gpumem::blocks

@@ -1,0 +1,86 @@
+// MixtralSparseMoeBlock, with tokens routed evenly: expert e receives ⌊T·k/E⌋ tokens, the first
+// (T·k mod E) experts one more. Saved activations depend only on the total T·k, so imbalance
+// changes the transients, not the saved total. Qwen2-MoE adds a shared expert with a sigmoid gate.
+#include "sim/blocks/blocks.hpp"
+
+namespace gpumem::blocks {
+
+ValueId MoE(Model& m, ValueId x, const Module& block) {
+  Tape& t = m.t;
+  const ArchitectureDef& a = m.a;
+  const std::int64_t h = a.hiddenSize, E = a.numExperts, k = a.expertsPerToken, T = m.b * m.s;
+  const ValueId flat = ops::View(t, x, {T, h}, "view(-1, hidden)");
+  const ValueId router = Linear(m, flat, m.Child(block, "block_sparse_moe.gate"), E, "router logits");
+  const ValueId probs = ops::SavesOutput(t, router, "router softmax (fp32)", DType::FP32);
+  t.Drop(router);
+  const ValueId selected = t.Fresh({T, k}, DType::Int64, "selected_experts");
+  const ValueId top = t.Apply({.name = "topk weights", .inputs = {{probs}}, .shape = {T, k},
+                               .type = DType::FP32, .saves = {selected}});
+  t.Drop(probs);
+  const ValueId sum = t.Apply({.name = "routing sum", .inputs = {{top}}, .shape = {T, 1}, .type = DType::FP32});
+  const ValueId normed = t.Apply({.name = "routing /= sum", .inputs = {{top}, {sum}}, .shape = {T, k},
+                                  .type = DType::FP32, .saves = {top, sum}});
+  t.Drop(sum);
+  t.Drop(top);
+  const ValueId weights = ops::To(t, normed, t.TypeOf(flat));
+  t.Drop(normed);
+  ValueId final = t.Fresh({T, h}, t.TypeOf(flat), "final_hidden_states (zeros)");
+  const ValueId expertMask = t.Fresh({E, k, T}, DType::Int64, "expert_mask (one_hot)");
+  const std::int64_t inter = ExpertIntermediateSize(a);
+  const Module experts = m.Child(block, "block_sparse_moe.experts.");
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::int64_t n = (T * k) / E + (e < (T * k) % E ? 1 : 0);
+    if (n == 0) continue;
+    const Module expert = m.Indexed(experts, "", e);
+    const Text label = t.T({"expert ", TextPart::Int(e)});
+    const ValueId idx = t.Fresh({n}, DType::Int64, t.T({label, " idx"}));
+    const ValueId topX = t.Fresh({n}, DType::Int64, t.T({label, " top_x"}));
+    const ValueId state = t.Apply({.name = t.T({label, " hidden_states[top_x]"}), .inputs = {{flat}},
+                                   .shape = {n, h}, .type = t.TypeOf(flat), .saves = {topX}});
+    const ValueId out = GatedMlp(m, state, expert, inter, "w1", "w3", "w2", label);
+    t.Drop(state);
+    const ValueId w = t.Apply({.name = t.T({label, " routing_weights[top_x, idx]"}), .inputs = {{weights}},
+                               .shape = {n, 1}, .type = t.TypeOf(weights), .saves = {topX, idx}});
+    const ValueId scaled = ops::Mul(t, out, w, t.T({label, " output × routing weight"}));
+    t.Drop(out);
+    t.Drop(w);
+    const ValueId cast = ops::To(t, scaled, t.TypeOf(flat));
+    t.Drop(scaled);
+    // index_add_'s backward expands the gradient "as source": it keeps the source tensor.
+    const ValueId added = t.Apply({.name = t.T({label, " index_add_"}),
+                                   .inputs = {{final, In::PassThrough}, {cast}},
+                                   .shape = {T, h}, .type = t.TypeOf(final), .saves = {topX, cast},
+                                   .viewOf = final});
+    t.Drop(final);
+    final = added;
+    t.Drop(cast);
+    t.Drop(idx);
+    t.Drop(topX);
+  }
+  t.Drop(expertMask);
+  t.Drop(weights);
+  t.Drop(selected);
+  if (a.sharedExpertIntermediateSize > 0) {
+    ValueId shared = GatedMlp(m, flat, m.Child(block, "mlp.shared_expert."), a.sharedExpertIntermediateSize,
+                              "gate_proj", "up_proj", "down_proj", "shared expert");
+    if (a.sharedExpertGate) {
+      const ValueId g = Linear(m, flat, m.Child(block, "mlp.shared_expert_gate"), 1, "shared_expert_gate");
+      const ValueId sg = ops::SavesOutput(t, g, "sigmoid(shared_expert_gate)", t.TypeOf(g));
+      t.Drop(g);
+      const ValueId gated = ops::Mul(t, sg, shared, "gate × shared expert");
+      t.Drop(sg);
+      t.Drop(shared);
+      shared = gated;
+    }
+    const ValueId sum2 = ops::Add(t, final, shared, "routed + shared");
+    t.Drop(final);
+    t.Drop(shared);
+    final = sum2;
+  }
+  t.Drop(flat);
+  const ValueId y = ops::View(t, final, {m.b, m.s, h}, "reshape(b, s, hidden)");
+  t.Drop(final);
+  return y;
+}
+
+}  // namespace gpumem::blocks

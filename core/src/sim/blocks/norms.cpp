@@ -1,0 +1,43 @@
+// Normalisations: RMSNorm as LlamaRMSNorm writes it, LayerNorm as one native kernel.
+#include "sim/blocks/blocks.hpp"
+
+namespace gpumem::blocks {
+
+ValueId RmsNorm(Model& m, ValueId x, const Module& module) {
+  Tape& t = m.t;
+  const DType inputType = t.TypeOf(x);
+  Shape rows = t.ShapeOf(x);
+  rows.back() = 1;
+  const Text name = module.text;
+  const ValueId x32 = ops::To(t, x, DType::FP32);
+  const ValueId square = t.Apply({.name = t.T({name, " pow(2)"}), .inputs = {{x32}}, .shape = t.ShapeOf(x),
+                                  .type = DType::FP32, .saves = {x32}});
+  const ValueId variance = t.Apply({.name = t.T({name, " mean"}), .inputs = {{square}}, .shape = rows,
+                                    .type = DType::FP32});
+  t.Drop(square);
+  const ValueId shifted = ops::AddConstant(t, variance, kNoValue, t.T({name, " variance + eps"}));
+  t.Drop(variance);
+  const ValueId rstd = ops::SavesOutput(t, shifted, t.T({name, " rsqrt"}), DType::FP32);
+  t.Drop(shifted);
+  const ValueId normed = ops::Mul(t, x32, rstd, t.T({name, " x * rsqrt"}));
+  t.Drop(x32);
+  t.Drop(rstd);
+  const ValueId cast = ops::To(t, normed, inputType);
+  t.Drop(normed);
+  const ValueId y = ops::Mul(t, m.P(module), cast, t.T({name, " weight * x"}));
+  t.Drop(cast);
+  return y;
+}
+
+ValueId LayerNorm(Model& m, ValueId x, const Module& module) {
+  Tape& t = m.t;
+  // Under autocast layer_norm is an fp32 op: a 16-bit input is copied to fp32 first.
+  const ValueId in = t.autocast() ? ops::To(t, x, DType::FP32) : t.Keep(x);
+  const ValueId weight = m.P(module, "weight");
+  const ValueId bias = m.P(module, "bias");
+  const ValueId y = ops::LayerNorm(t, in, weight, bias, module.text);
+  t.Drop(in);
+  return y;
+}
+
+}  // namespace gpumem::blocks

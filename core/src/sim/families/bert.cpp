@@ -1,0 +1,121 @@
+// BertForSequenceClassification / BertForMaskedLM: word + token-type + position embeddings,
+// post-LayerNorm layers with a GELU MLP, and the task head.
+#include "sim/families/family.hpp"
+
+namespace gpumem::families {
+
+ValueId BertLayer(Model& m, ValueId x, const Context& c, int i) {
+  Tape& t = m.t;
+  const Module root = m.BlockRoot("bert.encoder.layer.", i);
+  const std::int64_t h = m.a.hiddenSize;
+  m.Scope(i, "attention");
+  const ValueId qp = blocks::Linear(m, x, m.Child(root, "attention.self.query"), h, "query");
+  const ValueId q = blocks::Heads(m, qp, m.a.numHeads, "query");
+  t.Drop(qp);
+  const ValueId kp = blocks::Linear(m, x, m.Child(root, "attention.self.key"), h, "key");
+  const ValueId k = blocks::Heads(m, kp, m.a.numHeads, "key");
+  t.Drop(kp);
+  const ValueId vp = blocks::Linear(m, x, m.Child(root, "attention.self.value"), h, "value");
+  const ValueId v = blocks::Heads(m, vp, m.a.numHeads, "value");
+  t.Drop(vp);
+  const ValueId dropped = blocks::AttentionOutput(m, q, k, v, c.mask, false, m.Child(root, "attention.output.dense"),
+                                                  "attention output dense", m.a.hiddenDropout);
+  const ValueId sum = ops::Add(t, dropped, x, "residual add");
+  t.Drop(dropped);
+  const ValueId attnOut = blocks::LayerNorm(m, sum, m.Child(root, "attention.output.LayerNorm"));
+  t.Drop(sum);
+  m.Scope(i, "mlp");
+  const ValueId dropped2 =
+      blocks::PlainMlp(m, attnOut, m.Child(root, "intermediate.dense"), m.Child(root, "output.dense"), "mlp");
+  const ValueId sum2 = ops::Add(t, dropped2, attnOut, "residual add");
+  t.Drop(dropped2);
+  t.Drop(attnOut);
+  const ValueId y = blocks::LayerNorm(m, sum2, m.Child(root, "output.LayerNorm"));
+  t.Drop(sum2);
+  return y;
+}
+
+namespace {
+
+Module Root(Model& m, const char* path) {
+  const Module none;
+  return m.Child(none, path);
+}
+
+// The pooler (dense + tanh on the first token) and the classifier on its dropout.
+ValueId ClassificationHead(Model& m, ValueId x) {
+  Tape& t = m.t;
+  const std::int64_t h = m.a.hiddenSize;
+  m.Scope(-1, "pooler");
+  const ValueId first = t.Apply({.name = "hidden_states[:, 0]", .inputs = {{x}}, .shape = {m.b, h},
+                                 .type = t.TypeOf(x), .viewOf = x});
+  const ValueId dense = blocks::Linear(m, first, Root(m, "bert.pooler.dense"), h, "pooler dense");
+  t.Drop(first);
+  const ValueId pooled = ops::SavesOutput(t, dense, "pooler tanh", t.TypeOf(dense));
+  t.Drop(dense);
+  t.Drop(x);  // the model returns the pooled output; the sequence output goes
+  m.Scope(-1, "classifier");
+  const ValueId dropped = ops::Dropout(t, pooled, m.a.hiddenDropout, "classifier dropout");
+  t.Drop(pooled);
+  const ValueId logits = blocks::Linear(m, dropped, Root(m, "classifier"), m.a.numLabels, "logits");
+  t.Drop(dropped);
+  return logits;
+}
+
+// The MLM head: transform (dense + activation + LayerNorm), then a decoder tied to the word
+// embeddings with its own bias.
+ValueId MaskedLmHead(Model& m, ValueId x) {
+  Tape& t = m.t;
+  m.Scope(-1, "mlm head");
+  const ValueId dense = blocks::Linear(m, x, Root(m, "cls.predictions.transform.dense"), m.a.hiddenSize, "transform dense");
+  t.Drop(x);
+  const ValueId act = blocks::Activation(m, dense, "transform activation");
+  t.Drop(dense);
+  const ValueId normed = blocks::LayerNorm(m, act, Root(m, "cls.predictions.transform.LayerNorm"));
+  t.Drop(act);
+  const ValueId weight = m.parameters.ByName(t, "bert.embeddings.word_embeddings.weight");
+  const ValueId bias = m.parameters.ByName(t, "cls.predictions.bias");
+  const ValueId logits = ops::Linear(t, normed, weight, bias, m.a.vocabSize, "logits");
+  t.Drop(normed);
+  return logits;
+}
+
+}  // namespace
+
+ValueId BertForward(Model& m, ValueId ids, ValueId tokenTypes, const RunBlock& block) {
+  Tape& t = m.t;
+  const std::int64_t h = m.a.hiddenSize;
+  Context c;
+  m.Scope(-1, "embeddings");
+  const ValueId words = ops::Embedding(t, ids, m.parameters.ByName(t, "bert.embeddings.word_embeddings.weight"), h,
+                                       "word_embeddings");
+  const ValueId types = ops::Embedding(t, tokenTypes, m.parameters.ByName(t, "bert.embeddings.token_type_embeddings.weight"),
+                                       h, "token_type_embeddings");
+  const ValueId sum = ops::Add(t, words, types, "words + token types");
+  t.Drop(words);
+  t.Drop(types);
+  const ValueId positions = t.Fresh({1, m.s}, DType::Int64, "position_ids");
+  const ValueId pos = ops::Embedding(t, positions, m.parameters.ByName(t, "bert.embeddings.position_embeddings.weight"),
+                                     h, "position_embeddings");
+  t.Drop(positions);
+  const ValueId sum2 = ops::Add(t, sum, pos, "+ positions");
+  t.Drop(sum);
+  t.Drop(pos);
+  const ValueId normed = blocks::LayerNorm(m, sum2, Root(m, "bert.embeddings.LayerNorm"));
+  t.Drop(sum2);
+  ValueId x = ops::Dropout(t, normed, m.a.hiddenDropout, "embedding dropout");
+  t.Drop(normed);
+  if (m.training.attention == AttentionImplementation::Eager) {
+    m.Scope(-1, "attention mask");
+    c.mask = t.Fresh({m.b, 1, 1, m.s}, t.TypeOf(x), "extended attention mask (b, 1, 1, s)");
+  }
+  for (int i = 0; i < static_cast<int>(m.a.numLayers); ++i) {
+    const ValueId y = block(x, c, i);
+    t.Drop(x);
+    x = y;
+  }
+  t.Drop(c.mask);
+  return m.a.encoderHead == EncoderHead::Classification ? ClassificationHead(m, x) : MaskedLmHead(m, x);
+}
+
+}  // namespace gpumem::families

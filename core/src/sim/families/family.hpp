@@ -1,0 +1,28 @@
+// A transformer family: its block and its forward (embeddings → blocks → head), each a short
+// composition of the shared blocks in sim/blocks. The driver (transformer.cpp) owns the batch,
+// checkpointing, the loss and backward.
+#pragma once
+
+#include <functional>
+
+#include "sim/blocks/blocks.hpp"
+
+namespace gpumem::families {
+
+// Runs block i on x (wrapped by the driver in a checkpoint when the setup says so).
+using RunBlock = std::function<ValueId(ValueId x, const Context& c, int i)>;
+
+// Decoders (GPT-2, the Llama family): embeddings, blocks, final norm; returns the logits.
+ValueId Gpt2Forward(Model& m, ValueId ids, const RunBlock& block);
+ValueId Gpt2Block(Model& m, ValueId x, const Context& c, int i);
+ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block);
+ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i);
+// BERT: embeddings (with token types), post-norm layers, a classification or masked-LM head.
+ValueId BertForward(Model& m, ValueId ids, ValueId tokenTypes, const RunBlock& block);
+ValueId BertLayer(Model& m, ValueId x, const Context& c, int i);
+
+// The decoders' shared tail: the base model returns (its mask and rotary tables go) and the
+// LM head projects onto the vocabulary.
+ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c);
+
+}  // namespace gpumem::families

@@ -1,0 +1,82 @@
+// GPT2LMHeadModel: learned positions, pre-LayerNorm blocks with a fused QKV (Conv1D), GELU MLP,
+// the head tied to the token embedding.
+#include "sim/families/family.hpp"
+
+namespace gpumem::families {
+
+ValueId Gpt2Block(Model& m, ValueId x, const Context& c, int i) {
+  Tape& t = m.t;
+  const Module root = m.BlockRoot("transformer.h.", i);
+  const std::int64_t h = m.a.hiddenSize;
+  m.Scope(i, "attention");
+  const ValueId residual = t.Keep(x);
+  const ValueId n1 = blocks::LayerNorm(m, x, m.Child(root, "ln_1"));
+  const ValueId qkv = blocks::Linear(m, n1, m.Child(root, "attn.c_attn"), 3 * h, "c_attn (qkv)");
+  t.Drop(n1);
+  const auto parts = t.Split("qkv.split", qkv, {{m.b, m.s, h}, {m.b, m.s, h}, {m.b, m.s, h}});
+  t.Drop(qkv);
+  const ValueId q = blocks::Heads(m, parts[0], m.a.numHeads, "query");
+  const ValueId k = blocks::Heads(m, parts[1], m.a.numHeads, "key");
+  const ValueId v = blocks::Heads(m, parts[2], m.a.numHeads, "value");
+  for (ValueId p : parts) t.Drop(p);
+  const ValueId dropped =
+      blocks::AttentionOutput(m, q, k, v, c.mask, true, m.Child(root, "attn.c_proj"), "c_proj", m.a.hiddenDropout);
+  const ValueId x2 = ops::Add(t, dropped, residual, "residual add");
+  t.Drop(dropped);
+  t.Drop(residual);
+  m.Scope(i, "mlp");
+  const ValueId n2 = blocks::LayerNorm(m, x2, m.Child(root, "ln_2"));
+  const ValueId mlp = blocks::PlainMlp(m, n2, m.Child(root, "mlp.c_fc"), m.Child(root, "mlp.c_proj"), "mlp");
+  t.Drop(n2);
+  const ValueId y = ops::Add(t, x2, mlp, "residual add");
+  t.Drop(x2);
+  t.Drop(mlp);
+  return y;
+}
+
+ValueId Gpt2Forward(Model& m, ValueId ids, const RunBlock& block) {
+  Tape& t = m.t;
+  Context c;
+  m.Scope(-1, "embeddings");
+  const ValueId tokens = ops::Embedding(t, ids, m.parameters.ByName(t, "transformer.wte.weight"), m.a.hiddenSize,
+                                        "wte(input_ids)");
+  const ValueId positions = t.Fresh({1, m.s}, DType::Int64, "position_ids");
+  const ValueId pos = ops::Embedding(t, positions, m.parameters.ByName(t, "transformer.wpe.weight"), m.a.hiddenSize,
+                                     "wpe(position_ids)");
+  t.Drop(positions);
+  const ValueId sum = ops::Add(t, tokens, pos, "inputs_embeds + position_embeds");
+  t.Drop(tokens);
+  t.Drop(pos);
+  ValueId x = ops::Dropout(t, sum, m.a.hiddenDropout, "embedding dropout");
+  t.Drop(sum);
+  if (m.training.attention == AttentionImplementation::Eager) {
+    m.Scope(-1, "causal mask");
+    c.mask = t.Fresh({m.b, 1, m.s, m.s}, t.TypeOf(x), "causal mask (b, 1, s, s)");
+  }
+  for (int i = 0; i < static_cast<int>(m.a.numLayers); ++i) {
+    const ValueId y = block(x, c, i);
+    t.Drop(x);
+    x = y;
+  }
+  m.Scope(-1, "final norm");
+  Module lnF;
+  lnF = m.Child(lnF, "transformer.ln_f");
+  const ValueId normed = blocks::LayerNorm(m, x, lnF);
+  t.Drop(x);
+  return LmHead(m, normed, "transformer.wte.weight", c);
+}
+
+ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) {
+  Tape& t = m.t;
+  t.Drop(c.mask);
+  t.Drop(c.cos);
+  t.Drop(c.sin);
+  m.Scope(-1, "lm_head");
+  const ValueId weight = m.parameters.Has("lm_head.weight") ? m.parameters.ByName(t, "lm_head.weight")
+                                                            : m.parameters.ByName(t, tiedEmbedding);
+  const ValueId logits = ops::Linear(t, normed, weight, kNoValue, m.a.vocabSize, "logits");
+  t.Drop(normed);
+  return logits;
+}
+
+}  // namespace gpumem::families

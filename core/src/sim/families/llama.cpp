@@ -1,0 +1,72 @@
+// LlamaForCausalLM and its relatives (Mistral, Qwen2 with QKV biases, Mixtral and Qwen2-MoE):
+// RMSNorm, rotary embeddings, grouped-query attention, a SwiGLU MLP or a mixture of experts.
+#include "sim/families/family.hpp"
+
+namespace gpumem::families {
+
+ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
+  Tape& t = m.t;
+  const Module root = m.BlockRoot("model.layers.", i);
+  const std::int64_t heads = m.a.numHeads, kv = KeyValueHeads(m.a), d = HeadDim(m.a);
+  m.Scope(i, "attention");
+  const ValueId residual = t.Keep(x);
+  const ValueId n1 = blocks::RmsNorm(m, x, m.Child(root, "input_layernorm"));
+  const ValueId qp = blocks::Linear(m, n1, m.Child(root, "self_attn.q_proj"), heads * d, "q_proj");
+  const ValueId kp = blocks::Linear(m, n1, m.Child(root, "self_attn.k_proj"), kv * d, "k_proj");
+  const ValueId vp = blocks::Linear(m, n1, m.Child(root, "self_attn.v_proj"), kv * d, "v_proj");
+  t.Drop(n1);
+  const ValueId q = blocks::Heads(m, qp, heads, "query");
+  const ValueId k = blocks::Heads(m, kp, kv, "key");
+  const ValueId v = blocks::Heads(m, vp, kv, "value");
+  t.Drop(qp);
+  t.Drop(kp);
+  t.Drop(vp);
+  const ValueId qr = blocks::Rope(m, q, c.cos, c.sin, "q");
+  const ValueId kr = blocks::Rope(m, k, c.cos, c.sin, "k");
+  t.Drop(q);
+  t.Drop(k);
+  const ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
+  const ValueId x2 = ops::Add(t, residual, o, "residual add");
+  t.Drop(residual);
+  t.Drop(o);
+  m.Scope(i, m.a.numExperts > 0 ? "moe" : "mlp");
+  const ValueId n2 = blocks::RmsNorm(m, x2, m.Child(root, "post_attention_layernorm"));
+  const ValueId mlp = m.a.numExperts > 0
+                          ? blocks::MoE(m, n2, root)
+                          : blocks::GatedMlp(m, n2, m.Child(root, "mlp."), IntermediateSize(m.a), "gate_proj",
+                                             "up_proj", "down_proj", "mlp");
+  t.Drop(n2);
+  const ValueId y = ops::Add(t, x2, mlp, "residual add");
+  t.Drop(x2);
+  t.Drop(mlp);
+  return y;
+}
+
+ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block) {
+  Tape& t = m.t;
+  Context c;
+  m.Scope(-1, "embeddings");
+  ValueId x = ops::Embedding(t, ids, m.parameters.ByName(t, "model.embed_tokens.weight"), m.a.hiddenSize,
+                             "embed_tokens(input_ids)");
+  // Rotary tables for this forward: cos and sin [1, 1, s, head_dim] in the hidden dtype.
+  m.Scope(-1, "rotary embedding");
+  c.cos = t.Fresh({1, 1, m.s, HeadDim(m.a)}, t.TypeOf(x), "cos");
+  c.sin = t.Fresh({1, 1, m.s, HeadDim(m.a)}, t.TypeOf(x), "sin");
+  if (m.training.attention == AttentionImplementation::Eager) {
+    m.Scope(-1, "causal mask");
+    c.mask = t.Fresh({m.b, 1, m.s, m.s}, t.TypeOf(x), "causal mask (b, 1, s, s)");
+  }
+  for (int i = 0; i < static_cast<int>(m.a.numLayers); ++i) {
+    const ValueId y = block(x, c, i);
+    t.Drop(x);
+    x = y;
+  }
+  m.Scope(-1, "final norm");
+  Module norm;
+  norm = m.Child(norm, "model.norm");
+  const ValueId normed = blocks::RmsNorm(m, x, norm);
+  t.Drop(x);
+  return LmHead(m, normed, "model.embed_tokens.weight", c);
+}
+
+}  // namespace gpumem::families

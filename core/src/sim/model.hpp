@@ -1,0 +1,67 @@
+// What the blocks of a transformer share during one forward pass: the tape, the architecture
+// and training settings, the micro-batch's sizes, and the model's parameters by module name.
+#pragma once
+
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "sim/ops.hpp"
+
+namespace gpumem {
+
+// A module path ("model.layers.3.self_attn.q_proj"): its name for parameter lookup and as a
+// Text for labels. Paths are short (HF names), so the name lives inline.
+struct Module {
+  static constexpr std::size_t kMaxPath = 160;
+  char path[kMaxPath] = {};
+  std::size_t length = 0;
+  Text text;
+  std::string_view name() const { return {path, length}; }
+};
+
+// The parameters of one forward pass, created as tape leaves on first use.
+class Parameters {
+ public:
+  Parameters(const Inventory& inventory, const std::vector<Text>& names, DType weights);
+  void Reset() { std::fill(values_.begin(), values_.end(), kNoValue); }
+  // `module` + "." + `tensor` ("weight", "bias"); kNoValue when the model has no such tensor.
+  ValueId Find(Tape& t, const Module& module, std::string_view tensor);
+  ValueId Get(Tape& t, const Module& module, std::string_view tensor);  // must exist
+  ValueId ByName(Tape& t, std::string_view fullName);                   // must exist
+  bool Has(std::string_view fullName) const { return index_.count(fullName) > 0; }
+
+ private:
+  ValueId Leaf(Tape& t, std::size_t index);
+  const Inventory& inventory_;
+  const std::vector<Text>& names_;
+  DType weights_;
+  std::unordered_map<std::string_view, std::size_t> index_;
+  std::vector<ValueId> values_;
+};
+
+struct Model {
+  Tape& t;
+  const ArchitectureDef& a;
+  const TrainingDef& training;
+  Parameters& parameters;
+  std::int64_t b, s;  // micro-batch and sequence length
+
+  // A child module: "model.layers.3." + "self_attn.q_proj".
+  Module Child(const Module& parent, std::string_view name);
+  // The root of block i: prefix + i + "." ("model.layers.3.").
+  Module BlockRoot(const char* prefix, int i);
+  // parent + name + i + "." ("…block_sparse_moe.experts." + 5 + ".").
+  Module Indexed(const Module& parent, std::string_view name, std::int64_t i);
+  ValueId P(const Module& m, std::string_view tensor = "weight") { return parameters.Get(t, m, tensor); }
+  ValueId POptional(const Module& m, std::string_view tensor = "bias") { return parameters.Find(t, m, tensor); }
+  // Labels and the timeline's layer: "layers.3 attention".
+  void Scope(int layer, const char* what);
+};
+
+// The shared context every block sees of the others (rotary tables, the additive mask).
+struct Context {
+  ValueId mask = kNoValue, cos = kNoValue, sin = kNoValue;
+};
+
+}  // namespace gpumem

@@ -1,0 +1,112 @@
+// The primitive ops (see ops.hpp for what each saves and why).
+#include "sim/ops.hpp"
+
+namespace gpumem::ops {
+namespace {
+
+Shape WithLast(Shape shape, std::int64_t last) {
+  shape.back() = last;
+  return shape;
+}
+
+const Shape& Larger(const Tape& t, ValueId a, ValueId b) {
+  return t.Elements(a) >= t.Elements(b) ? t.ShapeOf(a) : t.ShapeOf(b);
+}
+
+}  // namespace
+
+bool Grad(const Tape& t, ValueId v) { return t.recording() && t.RequiresGrad(v); }
+
+ValueId Linear(Tape& t, ValueId x, ValueId weight, ValueId bias, std::int64_t out, TextPart name) {
+  const ValueId x16 = t.ForMatmul(x);
+  const ValueId w16 = t.ForMatmul(weight);
+  const ValueId b16 = bias == kNoValue ? kNoValue : t.ForMatmul(bias);
+  const DType type = t.autocast() ? t.computeType() : Promote(t.TypeOf(x16), t.TypeOf(w16));
+  Tape::OpSpec spec{.name = name, .inputs = {{x16}, {w16}}, .shape = WithLast(t.ShapeOf(x), out),
+                    .type = type, .saves = {x16, w16}};
+  if (b16 != kNoValue) spec.inputs.push_back({b16});
+  const ValueId y = t.Apply(spec);
+  t.Drop(x16);
+  t.Drop(w16);
+  t.Drop(b16);
+  return y;
+}
+
+ValueId MatMul(Tape& t, ValueId a, ValueId b, Shape shape, TextPart name) {
+  const ValueId a16 = t.ForMatmul(a), b16 = t.ForMatmul(b);
+  const DType type = t.autocast() ? t.computeType() : Promote(t.TypeOf(a16), t.TypeOf(b16));
+  const ValueId y = t.Apply({.name = name, .inputs = {{a16}, {b16}}, .shape = shape, .type = type,
+                             .saves = {a16, b16}});
+  t.Drop(a16);
+  t.Drop(b16);
+  return y;
+}
+
+ValueId View(Tape& t, ValueId x, Shape shape, TextPart name) {
+  return t.Apply({.name = name, .inputs = {{x, In::PassThrough}}, .shape = shape, .type = t.TypeOf(x), .viewOf = x});
+}
+
+ValueId Copy(Tape& t, ValueId x, Shape shape, TextPart name, In::Rule rule) {
+  return t.Apply({.name = name, .inputs = {{x, rule}}, .shape = shape, .type = t.TypeOf(x)});
+}
+
+ValueId To(Tape& t, ValueId x, DType type) {
+  if (t.TypeOf(x) == type) return t.Keep(x);
+  static constexpr const char* kTo[] = {"to(fp32)", "to(fp16)", "to(bf16)", "to(int64)", "to(bool)"};
+  return t.Apply({.name = TextPart::View(kTo[static_cast<int>(type)]), .inputs = {{x}}, .shape = t.ShapeOf(x),
+                  .type = type});
+}
+
+ValueId Add(Tape& t, ValueId a, ValueId b, TextPart name) {
+  return t.Apply({.name = name, .inputs = {{a, In::PassThrough}, {b, In::PassThrough}}, .shape = Larger(t, a, b),
+                  .type = Promote(t.TypeOf(a), t.TypeOf(b))});
+}
+
+ValueId AddConstant(Tape& t, ValueId a, ValueId constant, TextPart name) {
+  const DType type = constant == kNoValue ? t.TypeOf(a) : Promote(t.TypeOf(a), t.TypeOf(constant));
+  Tape::OpSpec spec{.name = name, .inputs = {{a, In::PassThrough}}, .shape = t.ShapeOf(a), .type = type};
+  if (constant != kNoValue) spec.inputs.push_back({constant, In::NoGrad});
+  return t.Apply(spec);
+}
+
+ValueId Scale(Tape& t, ValueId a, TextPart name) {
+  return t.Apply({.name = name, .inputs = {{a}}, .shape = t.ShapeOf(a), .type = t.TypeOf(a)});
+}
+
+ValueId Mul(Tape& t, ValueId a, ValueId b, TextPart name) {
+  Tape::OpSpec spec{.name = name, .inputs = {{a}, {b}}, .shape = Larger(t, a, b),
+                    .type = Promote(t.TypeOf(a), t.TypeOf(b))};
+  if (Grad(t, a)) spec.saves.push_back(b);
+  if (Grad(t, b)) spec.saves.push_back(a);
+  return t.Apply(spec);
+}
+
+ValueId SavesInput(Tape& t, ValueId x, TextPart name) {
+  return t.Apply({.name = name, .inputs = {{x}}, .shape = t.ShapeOf(x), .type = t.TypeOf(x), .saves = {x}});
+}
+
+ValueId SavesOutput(Tape& t, ValueId x, TextPart name, DType type) {
+  return t.Apply({.name = name, .inputs = {{x}}, .shape = t.ShapeOf(x), .type = type, .savesOutput = true});
+}
+
+ValueId Dropout(Tape& t, ValueId x, double p, TextPart name) {
+  if (p <= 0.0) return t.Keep(x);  // F.dropout with p = 0 returns its input
+  return t.Apply({.name = name, .inputs = {{x}}, .shape = t.ShapeOf(x), .type = t.TypeOf(x),
+                  .saveNew = {{t.ShapeOf(x), DType::Bool, "mask"}}});
+}
+
+ValueId LayerNorm(Tape& t, ValueId x, ValueId weight, ValueId bias, TextPart name) {
+  Shape rows = t.ShapeOf(x);
+  rows.back() = 1;
+  return t.Apply({.name = name, .inputs = {{x}, {weight}, {bias}}, .shape = t.ShapeOf(x), .type = t.TypeOf(x),
+                  .saves = {x}, .saveNew = {{rows, DType::FP32, "mean"}, {rows, DType::FP32, "rstd"}}});
+}
+
+ValueId Embedding(Tape& t, ValueId ids, ValueId weight, std::int64_t width, TextPart name) {
+  Shape shape = t.ShapeOf(ids);
+  shape.push_back(width);
+  return t.Apply({.name = name, .inputs = {{ids, In::NoGrad}, {weight}}, .shape = shape, .type = t.TypeOf(weight),
+                  .saves = {ids}});
+}
+
+}  // namespace gpumem::ops

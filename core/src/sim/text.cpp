@@ -1,0 +1,135 @@
+// Text parts and their rendering; each kind renders exactly as format.hpp's eager functions.
+#include "gpumem/text.hpp"
+
+#include <cstring>
+
+#include "gpumem/format.hpp"
+
+namespace gpumem {
+
+Shape::Shape(std::initializer_list<std::int64_t> list) {
+  for (std::int64_t d : list) push_back(d);
+}
+
+Shape::Shape(const std::vector<std::int64_t>& list) {
+  for (std::int64_t d : list) push_back(d);
+}
+
+std::int64_t Shape::Elements() const {
+  std::int64_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= dims[i];
+  return n;
+}
+
+bool Shape::operator==(const Shape& o) const {
+  if (rank != o.rank) return false;
+  for (int i = 0; i < rank; ++i) if (dims[i] != o.dims[i]) return false;
+  return true;
+}
+
+TextPart TextPart::View(std::string_view s) {
+  TextPart p;
+  p.kind = kStr;
+  p.n = static_cast<std::uint32_t>(s.size());
+  p.str = s.data();
+  return p;
+}
+
+TextPart TextPart::Int(std::int64_t v) {
+  TextPart p;
+  p.kind = kInt;
+  p.value = v;
+  return p;
+}
+
+TextPart TextPart::Count(std::int64_t v) {
+  TextPart p;
+  p.kind = kCount;
+  p.value = v;
+  return p;
+}
+
+TextPart TextPart::Bytes(DType type) {
+  TextPart p;
+  p.kind = kBytes;
+  p.type = type;
+  return p;
+}
+
+Text TextStore::Add(const TextPart* parts, std::size_t count) {
+  Text t{static_cast<std::uint32_t>(parts_.size()), 0};
+  for (std::size_t i = 0; i < count; ++i) {
+    const TextPart& p = parts[i];
+    if (p.kind == TextPart::kRef) {
+      if (p.value == 0) continue;
+      // A reference to a single part is that part, copied: one indirection less to render.
+      if (p.value == 1) {
+        const TextPart single = parts_[p.n];
+        parts_.push_back(single);
+        ++t.count;
+        continue;
+      }
+    } else if (p.kind == TextPart::kStr && p.n == 0) {
+      continue;
+    }
+    parts_.push_back(p);
+    ++t.count;
+  }
+  return t;
+}
+
+Text TextStore::Make(std::initializer_list<TextPart> parts) { return Add(parts.begin(), parts.size()); }
+
+Text TextStore::Shape(const gpumem::Shape& shape, DType type) {
+  TextPart p = TextPart::Int(0);
+  p.kind = TextPart::kShape;
+  p.type = type;
+  p.rank = static_cast<std::uint16_t>(shape.rank);
+  p.n = static_cast<std::uint32_t>(dims_.size());
+  dims_.insert(dims_.end(), shape.dims, shape.dims + shape.rank);
+  return Add(&p, 1);
+}
+
+Text TextStore::Size(std::initializer_list<std::int64_t> dims, DType type) {
+  TextPart p = TextPart::Int(0);
+  p.kind = TextPart::kSize;
+  p.type = type;
+  p.rank = static_cast<std::uint16_t>(dims.size());
+  p.n = static_cast<std::uint32_t>(dims_.size());
+  dims_.insert(dims_.end(), dims.begin(), dims.end());
+  return Add(&p, 1);
+}
+
+std::string_view TextStore::Keep(std::string s) {
+  owned_.push_back(std::move(s));
+  return owned_.back();
+}
+
+std::string TextStore::Render(Text text) const {
+  std::string out;
+  RenderTo(text, out);
+  return out;
+}
+
+void TextStore::RenderTo(Text text, std::string& out) const {
+  for (std::uint32_t i = text.begin; i < text.begin + text.count; ++i) {
+    const TextPart& p = parts_[i];
+    switch (p.kind) {
+      case TextPart::kStr: out.append(p.str, p.n); break;
+      case TextPart::kInt: out += std::to_string(p.value); break;
+      case TextPart::kCount: out += FormatCount(p.value); break;
+      case TextPart::kRef: RenderTo(Text{p.n, static_cast<std::uint32_t>(p.value)}, out); break;
+      case TextPart::kBytes: out += BytesOf(p.type); break;
+      case TextPart::kShape:
+        out += ShapeFormula(std::vector<std::int64_t>(dims_.begin() + p.n, dims_.begin() + p.n + p.rank), p.type);
+        break;
+      case TextPart::kSize: {
+        for (std::uint32_t k = 0; k < p.rank; ++k) out += FormatCount(dims_[p.n + k]) + " × ";
+        out += BytesOf(p.type);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace gpumem
