@@ -193,7 +193,10 @@ int main(int argc, char** argv) {
   gpumem::Setup setup;
   gpumem::EstimateResult result;
   result.errors = gpumem::ParseAndValidate(text.str(), setup);
-  if (result.ok()) result = gpumem::EstimateMemory(setup);
+  // The table's --timeline lists every event; the JSON thins long timelines as the page does.
+  const gpumem::EstimateOptions options{.timeline = gpumem::EstimateOptions::Timeline::Labelled,
+                                        .timelineLimit = json ? std::size_t{2000} : std::size_t{0}};
+  if (result.ok()) result = gpumem::EstimateMemory(setup, options);
   if (json) {
     std::cout << gpumem::EstimateResultToJson(result, 2) << "\n";
     if (solve && result.ok()) std::cout << gpumem::SolveJson(text.str(), 2) << "\n";

@@ -9,7 +9,14 @@
 namespace {
 
 // embind binds std::string, not std::string_view, and cannot pass default arguments.
-std::string EstimateJs(const std::string& setup) { return gpumem::EstimateJson(setup); }
+// timeline: "none" (the figures only: what views and solvers need), "points", or "labelled".
+std::string EstimateJs(const std::string& setup, const std::string& timeline) {
+  gpumem::EstimateOptions options;
+  options.timeline = timeline == "labelled" ? gpumem::EstimateOptions::Timeline::Labelled
+                     : timeline == "points" ? gpumem::EstimateOptions::Timeline::Points
+                                            : gpumem::EstimateOptions::Timeline::None;
+  return gpumem::EstimateJson(setup, -1, options);
+}
 std::string ValidateJs(const std::string& setup) { return gpumem::ValidateJson(setup); }
 std::string OptionsJs() { return gpumem::OptionsJson(); }
 std::string VersionJs() { return gpumem::Version(); }

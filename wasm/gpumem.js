@@ -55,9 +55,12 @@ function wrapModule(core) {
     defaultSetup() {
       return JSON.parse(JSON.stringify(getOptions().defaultSetup));
     },
-    estimate(setup) {
+    // options.timeline: 'none' (default: the figures, no timeline), 'points' (running totals
+    // of up to 2,000 events, thinned so no peak is lost) or 'labelled' (points with labels).
+    estimate(setup, { timeline = 'none' } = {}) {
       const text = setupText(setup);
-      const envelope = parseEnvelope(callCore(() => core.estimateJson(text)));
+      const mode = ['none', 'points', 'labelled'].includes(timeline) ? timeline : 'none';
+      const envelope = parseEnvelope(callCore(() => core.estimateJson(text, mode)));
       if (!envelope.ok) throw new GpumemError(envelope.errors);
       return envelope.estimate;
     },

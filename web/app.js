@@ -716,7 +716,7 @@ function update() {
   }
   let estimate;
   try {
-    estimate = state.api.estimate(setup);
+    estimate = state.api.estimate(setup, { timeline: 'labelled' });
   } catch (exception) {
     if (!(exception instanceof GpumemError)) console.error(exception);
     failed(errorsOf(exception));

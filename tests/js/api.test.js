@@ -201,6 +201,21 @@ test('the MLP example: 369,405,824 parameters, 16 B each with fp32 adam', () => 
   assert.equal(estimate.activationsFromHeuristic, false);
 });
 
+test('the timeline is opt-in: none by default, points or labelled on request', () => {
+  const setup = { model: { preset: 'gpt2' }, training: { batchSize: 1, sequenceLength: 128 } };
+  const plain = gpumem.estimate(setup);
+  assert.equal(plain.timeline, null);
+  assert.ok(plain.timelineEventCount > 1000);
+  const points = gpumem.estimate(setup, { timeline: 'points' });
+  const labelled = gpumem.estimate(setup, { timeline: 'labelled' });
+  assert.equal(points.timeline.length, labelled.timeline.length);
+  assert.ok(points.timeline.every((p) => p.label === undefined));
+  assert.ok(labelled.timeline.every((p) => typeof p.label === 'string' && p.label.length > 0));
+  assert.deepEqual(labelled.timeline.map(({ label, ...rest }) => rest), points.timeline);
+  // Everything but the timeline is the same whichever is asked for.
+  assert.deepEqual({ ...plain, timeline: null }, { ...labelled, timeline: null });
+});
+
 test('estimate shape: peak, phase peaks, timeline, all numbers finite', () => {
   const setups = [
     quick(1.5e9, 'fp16Mixed', 'adam'),
@@ -216,7 +231,7 @@ test('estimate shape: peak, phase peaks, timeline, all numbers finite', () => {
     }
   }
   for (const setup of setups) {
-    const e = gpumem.estimate(setup);
+    const e = gpumem.estimate(setup, { timeline: 'labelled' });
     assertAllFinite(e);
     assert.ok(Number.isFinite(e.peak.totalBytes) && e.peak.totalBytes > 0);
     assert.ok(e.peak.totalBytes >= e.modelStates.totalBytes,

@@ -78,7 +78,8 @@ test('checkpointing every block lowers the GPT-2 peak', () => {
 });
 
 test('a long timeline is thinned with each entry\'s index into the full run', () => {
-  const e = gpumem.estimate({ model: { preset: 'llama-2-7b' }, training: { batchSize: 1, sequenceLength: 512 } });
+  const e = gpumem.estimate({ model: { preset: 'llama-2-7b' }, training: { batchSize: 1, sequenceLength: 512 } },
+    { timeline: 'points' });
   assert.ok(e.timelineEventCount > e.timeline.length, 'thinned');
   let last = -1;
   for (const p of e.timeline) {

@@ -30,6 +30,7 @@ struct Snapshot {
 
 // Running total after each event, for the timeline chart.
 struct TimelinePoint {
+  std::size_t index = 0;        // the event's index in the simulation
   Phase phase = Phase::Init;
   int step = 0;
   int layer = -1;
@@ -47,6 +48,14 @@ struct EstimateOptions {
     Points,    // every event's running total, phase, step, layer and category
     Labelled,  // and each event's label ("layers.3 attention: q_proj backward: …")
   } timeline = Timeline::Points;
+  // At most this many points (0: every event). Beyond it, each run of consecutive events
+  // within one phase and step keeps its first, highest and lowest total, so no peak or trough
+  // is lost; runs are about 2·events/limit long.
+  std::size_t timelineLimit = 0;
+  // Words: event labels, tensor names and formulas in the snapshots, the peak's explanation.
+  // Off, the figures are the same and every such string is empty (for callers that only
+  // compare peaks, such as the solver; about a third faster).
+  bool explain = true;
 };
 
 // Persistent memory of the model (what stays between steps), with formulas.

@@ -33,12 +33,15 @@ std::string ErrorsToJson(const std::vector<FieldError>& errors, int indent = -1)
 std::vector<FieldError> ParseAndValidate(std::string_view text, Setup& setup);
 
 // Parse + validate + estimate.
-EstimateResult EstimateFromJson(std::string_view setupText);
+EstimateResult EstimateFromJson(std::string_view setupText, const EstimateOptions& options = {});
 std::string EstimateResultToJson(const EstimateResult& result, int indent = -1);
 
 // Parse + validate + estimate in one call: {"ok":true,"estimate":{…}} or
 // {"ok":false,"errors":[{"code","field","message"}]}. The wasm boundary uses this envelope.
-std::string EstimateJson(std::string_view setupText, int indent = -1);
+// The timeline (per `options`) is written as "timeline": [{index, phase, step, layer, label?,
+// category, deltaBytes, totalBytes}…] (thinned beyond 2,000 events), or null when not asked.
+std::string EstimateJson(std::string_view setupText, int indent = -1,
+                         EstimateOptions options = {.timeline = EstimateOptions::Timeline::Labelled});
 
 // Parse + validate: {"ok":true,"setup":{…normalised…}} or {"ok":false,"errors":[…]}.
 std::string ValidateJson(std::string_view setupText, int indent = -1);

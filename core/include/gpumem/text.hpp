@@ -29,8 +29,8 @@ struct Text {
 // Up to six dimensions (elements per dimension, PyTorch order).
 struct Shape {
   static constexpr int kMaxRank = 6;
-  std::int64_t dims[kMaxRank] = {};
-  int rank = 0;
+  std::int64_t dims[kMaxRank];  // only the first `rank` are meaningful (left uninitialised: ops
+  int rank = 0;                 // make millions of shapes, and zeroing them showed in profiles)
 
   Shape() = default;
   Shape(std::initializer_list<std::int64_t> list);
@@ -71,6 +71,18 @@ struct TextPart {
 
 class TextStore {
  public:
+  TextStore() = default;
+  TextStore(const TextStore&) = delete;
+  TextStore& operator=(const TextStore&) = delete;
+  TextStore(TextStore&& o) noexcept;
+  TextStore& operator=(TextStore&& o) noexcept;
+  ~TextStore();
+  // Room for about `parts` parts without growing.
+  void Reserve(std::size_t parts);
+  // Off: every Make, Shape, Size and Own returns the empty Text and stores nothing (a run whose
+  // words nobody reads: the solver's and the page's views' many estimates).
+  void SetEnabled(bool enabled) { enabled_ = enabled; }
+  bool enabled() const { return enabled_; }
   Text Make(std::initializer_list<TextPart> parts);
   // "[2, 128, 768] = 196,608 × 2 B (bf16)" (ShapeFormula of format.hpp).
   Text Shape(const gpumem::Shape& shape, DType type);
@@ -78,14 +90,19 @@ class TextStore {
   Text Size(std::initializer_list<std::int64_t> dims, DType type);
   // A string owned by the store; the view stays valid as long as the store.
   std::string_view Keep(std::string s);
-  Text Own(std::string s) { return Make({TextPart::View(Keep(std::move(s)))}); }
+  Text Own(std::string s) { return enabled_ ? Make({TextPart::View(Keep(std::move(s)))}) : Text{}; }
 
   std::string Render(Text text) const;
   void RenderTo(Text text, std::string& out) const;
 
  private:
   Text Add(const TextPart* parts, std::size_t count);
-  std::vector<TextPart> parts_;
+  void Grow(std::size_t needed);
+  // A plain growable array: TextPart is trivially copyable, and Make is the hottest call of a
+  // simulation (std::vector's per-element push_back cost a quarter of an estimate).
+  TextPart* parts_ = nullptr;
+  std::size_t size_ = 0, capacity_ = 0;
+  bool enabled_ = true;
   std::vector<std::int64_t> dims_;
   std::deque<std::string> owned_;
 };

@@ -60,6 +60,8 @@ struct Trace {
 
 // Simulates init and two training steps of a validated setup over its inventory.
 // Step 2 differs from step 1: optimizer states exist before its forward pass.
-Trace BuildTrace(const Setup& setup, const Inventory& inventory);
+// The trace's texts refer to the inventory's names: keep the inventory while reading them.
+// With `explain` false, no text is made (every Text is empty).
+Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain = true);
 
 }  // namespace gpumem

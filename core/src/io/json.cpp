@@ -3,12 +3,15 @@
 #include "gpumem/json.hpp"
 
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
 #include <cmath>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "gpumem/names.hpp"
+#include "io/estimate_json.hpp"
 #include "io/json_text.hpp"
 #include "gpumem/gpus.hpp"
 #include "gpumem/import.hpp"
@@ -337,93 +340,6 @@ ojson SetupJson(const Setup& s) {
   };
 }
 
-ojson RowsJson(const std::vector<CategoryBytes>& rows) {
-  ojson out = ojson::array();
-  for (const CategoryBytes& r : rows) {
-    out.push_back({{"category", IdOf(r.category)}, {"label", LabelOf(r.category)},
-                   {"bytes", r.bytes}, {"formula", r.formula}});
-  }
-  return out;
-}
-
-ojson SnapshotJson(const Snapshot& s) {
-  return {{"totalBytes", s.totalBytes}, {"phase", IdOf(s.phase)}, {"phaseLabel", LabelOf(s.phase)},
-          {"step", s.step}, {"eventIndex", s.eventIndex}, {"label", s.label},
-          {"byCategory", RowsJson(s.byCategory)}};
-}
-
-// Which events the JSON timeline carries. Up to kTimelineLimit, all of them; beyond, each run
-// of consecutive events within one phase and step keeps its highest and lowest total (so no
-// peak or trough is lost), plus the first event of every phase. The CLI's --timeline prints
-// every event.
-constexpr std::size_t kTimelineLimit = 2000;
-
-std::vector<std::size_t> TimelineIndices(const std::vector<TimelinePoint>& timeline) {
-  std::vector<std::size_t> keep;
-  const std::size_t n = timeline.size();
-  if (n <= kTimelineLimit) {
-    for (std::size_t i = 0; i < n; ++i) keep.push_back(i);
-    return keep;
-  }
-  const std::size_t bucket = (2 * n + kTimelineLimit - 1) / kTimelineLimit;
-  std::size_t start = 0;
-  while (start < n) {
-    std::size_t end = start;
-    while (end < n && end - start < bucket &&
-           timeline[end].phase == timeline[start].phase && timeline[end].step == timeline[start].step) {
-      ++end;
-    }
-    std::size_t hi = start, lo = start;
-    for (std::size_t i = start; i < end; ++i) {
-      if (timeline[i].totalBytes > timeline[hi].totalBytes) hi = i;
-      if (timeline[i].totalBytes < timeline[lo].totalBytes) lo = i;
-    }
-    keep.push_back(start);
-    if (lo != start) keep.push_back(lo);
-    if (hi != start) keep.push_back(hi);
-    start = end;
-  }
-  std::sort(keep.begin(), keep.end());
-  keep.erase(std::unique(keep.begin(), keep.end()), keep.end());
-  return keep;
-}
-
-ojson EstimateObject(const Estimate& e) {
-  ojson phases = ojson::array();
-  for (const Snapshot& s : e.phasePeaks) phases.push_back(SnapshotJson(s));
-  ojson timeline = ojson::array();
-  for (std::size_t i : TimelineIndices(e.timeline)) {
-    const TimelinePoint& p = e.timeline[i];
-    timeline.push_back({{"index", i}, {"phase", IdOf(p.phase)}, {"step", p.step}, {"layer", p.layer},
-                        {"label", p.label}, {"category", IdOf(p.category)},
-                        {"deltaBytes", p.deltaBytes}, {"totalBytes", p.totalBytes}});
-  }
-  const ModelStates& m = e.modelStates;
-  return {
-      {"schemaVersion", kSchemaVersion},
-      {"activationsFromHeuristic", e.activationsFromHeuristic},
-      {"modelStates", {{"parameterCount", m.parameterCount}, {"parameterFormula", m.parameterFormula},
-                       {"preset", m.presetId.empty() ? ojson(nullptr)
-                                                     : ojson{{"id", m.presetId},
-                                                             {"publishedParameters", m.publishedParameters},
-                                                             {"differenceFromPublished", m.differenceFromPublished}}},
-                       {"parametersBytes", m.parametersBytes},
-                       {"masterWeightsBytes", m.masterWeightsBytes}, {"gradientsBytes", m.gradientsBytes},
-                       {"optimizerStatesBytes", m.optimizerStatesBytes}, {"totalBytes", m.totalBytes},
-                       {"rows", RowsJson(m.rows)}}},
-      {"peak", SnapshotJson(e.peak)},
-      {"peakExplanation", e.peakExplanation},
-      {"peakDominant", {{"category", IdOf(e.peakDominant.category)}, {"bytes", e.peakDominant.bytes},
-                        {"sharePercent", e.peakDominant.sharePercent}, {"reason", e.peakDominant.reason}}},
-      {"phasePeaks", phases},
-      {"forwardEnd", SnapshotJson(e.forwardEnd)},
-      {"timelineEventCount", e.timeline.size()},
-      {"timeline", timeline},
-      {"gpu", {{"capacityBytes", e.gpuCapacityBytes}, {"fits", e.fits}, {"headroomBytes", e.headroomBytes}}},
-      {"notes", e.notes},
-  };
-}
-
 ojson ErrorsArray(const std::vector<FieldError>& errors) {
   ojson out = ojson::array();
   for (const FieldError& e : errors) {
@@ -494,7 +410,7 @@ SetupParseResult ParseSetupJson(std::string_view text) {
 std::string SetupToJson(const Setup& setup, int indent) { return Dump(SetupJson(setup), indent); }
 
 std::string EstimateToJson(const Estimate& estimate, int indent) {
-  return Dump(EstimateObject(estimate), indent);
+  return EstimateOnlyJson(estimate, indent);
 }
 
 std::string ErrorsToJson(const std::vector<FieldError>& errors, int indent) {
@@ -527,19 +443,24 @@ std::vector<FieldError> ParseAndValidate(std::string_view text, Setup& setup) {
 
 std::string EstimateResultToJson(const EstimateResult& result, int indent) {
   if (!result.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(result.errors)}}, indent);
-  return Dump({{"ok", true}, {"estimate", EstimateObject(result.estimate)}}, indent);
+  return EstimateEnvelopeJson(result.estimate, indent);
 }
 
-EstimateResult EstimateFromJson(std::string_view setupText) {
+EstimateResult EstimateFromJson(std::string_view setupText, const EstimateOptions& options) {
   Setup setup;
   EstimateResult result;
   result.errors = ParseAndValidate(setupText, setup);
-  if (result.ok()) result = EstimateMemory(setup);
+  if (result.ok()) result = EstimateMemory(setup, options);
   return result;
 }
 
-std::string EstimateJson(std::string_view setupText, int indent) {
-  return EstimateResultToJson(EstimateFromJson(setupText), indent);
+// The JSON timeline's most points (EstimateOptions::timelineLimit); the CLI's --timeline
+// prints every event.
+constexpr std::size_t kTimelineLimit = 2000;
+
+std::string EstimateJson(std::string_view setupText, int indent, EstimateOptions options) {
+  if (options.timelineLimit == 0) options.timelineLimit = kTimelineLimit;
+  return EstimateResultToJson(EstimateFromJson(setupText, options), indent);
 }
 
 std::string ValidateJson(std::string_view setupText, int indent) {

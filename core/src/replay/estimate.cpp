@@ -164,13 +164,14 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
   if (!result.ok()) return result;
 
   const Inventory inventory = BuildInventory(setup);
-  const Trace trace = BuildTrace(setup, inventory);
+  const Trace trace = BuildTrace(setup, inventory, options.explain);
   Estimate est = Replay(trace, options);
   est.modelStates = ComputeModelStates(setup, inventory);
   UseModelStateFormulas(est.peak, est.modelStates);
   for (Snapshot& s : est.phasePeaks) UseModelStateFormulas(s, est.modelStates);
   UseModelStateFormulas(est.forwardEnd, est.modelStates);
   est.peakExplanation = ExplainPeak(est.peak, est.peakDominant);
+  if (!options.explain) est.peakExplanation.clear();
 
   est.activationsFromHeuristic = setup.model.kind == ModelKind::ParameterCount;
   est.gpuCapacityBytes = std::llround(setup.gpu.memoryGiB * 1073741824.0);

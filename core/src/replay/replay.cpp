@@ -21,18 +21,17 @@ std::int64_t Signed(const Event& e) { return e.kind == EventKind::Alloc ? e.byte
 struct Lifetimes {
   std::vector<std::uint32_t> alloc, free;
   explicit Lifetimes(const Trace& trace) {
+    std::size_t tensors = 0;
+    for (const Event& e : trace.events) {
+      if (e.kind == EventKind::Alloc) tensors = std::max(tensors, static_cast<std::size_t>(e.tensorId) + 1);
+    }
+    alloc.assign(tensors, kNever);
+    free.assign(tensors, kNever);
     for (std::size_t i = 0; i < trace.events.size(); ++i) {
       const Event& e = trace.events[i];
       const auto id = static_cast<std::size_t>(e.tensorId);
-      if (e.kind == EventKind::Alloc) {
-        if (alloc.size() <= id) {
-          alloc.resize(id + 1, kNever);
-          free.resize(id + 1, kNever);
-        }
-        alloc[id] = static_cast<std::uint32_t>(i);
-      } else if (id < free.size()) {
-        free[id] = static_cast<std::uint32_t>(i);
-      }
+      if (id >= tensors) continue;
+      (e.kind == EventKind::Alloc ? alloc : free)[id] = static_cast<std::uint32_t>(i);
     }
   }
 };
@@ -52,7 +51,7 @@ Snapshot TakeSnapshot(const Trace& trace, const Lifetimes& life, std::size_t las
   s.eventIndex = last;
   if (last < trace.events.size()) {
     s.step = trace.events[last].step;
-    s.label = trace.Label(trace.events[last]);
+    if (trace.text.enabled()) s.label = trace.Label(trace.events[last]);
   }
   for (int c = 0; c < kCategoryCount; ++c) {
     auto& tensors = byCategory[c];
@@ -60,6 +59,11 @@ Snapshot TakeSnapshot(const Trace& trace, const Lifetimes& life, std::size_t las
     CategoryBytes row;
     row.category = static_cast<Category>(c);
     for (const Event* e : tensors) row.bytes += e->bytes;
+    if (!trace.text.enabled()) {
+      s.totalBytes += row.bytes;
+      s.byCategory.push_back(std::move(row));
+      continue;
+    }
     // The largest four, ties in tensor order (a stable sort by size, largest first).
     constexpr std::size_t kShown = 4;
     const std::size_t shown = std::min(kShown, tensors.size());
@@ -86,6 +90,54 @@ Snapshot TakeSnapshot(const Trace& trace, const Lifetimes& life, std::size_t las
   return s;
 }
 
+// Collects the timeline's points, thinned to runs' first, highest and lowest totals when
+// there are more events than the limit.
+class TimelineWriter {
+ public:
+  TimelineWriter(const Trace& trace, const EstimateOptions& options, std::vector<TimelinePoint>& out)
+      : trace_(trace), out_(out), labelled_(options.timeline == EstimateOptions::Timeline::Labelled) {
+    const std::size_t n = trace.events.size();
+    const std::size_t limit = options.timelineLimit;
+    bucket_ = limit > 0 && n > limit ? (2 * n + limit - 1) / limit : 1;
+    out_.reserve(std::min(n, limit > 0 ? limit + limit / 2 : n));
+  }
+  void Add(const TimelinePoint& p) {
+    if (bucket_ == 1) {
+      Emit(p);
+      return;
+    }
+    if (length_ == 0 || length_ == bucket_ || p.phase != start_.phase || p.step != start_.step) {
+      Flush();
+      start_ = hi_ = lo_ = p;
+      length_ = 1;
+      return;
+    }
+    if (p.totalBytes > hi_.totalBytes) hi_ = p;
+    if (p.totalBytes < lo_.totalBytes) lo_ = p;
+    ++length_;
+  }
+  void Flush() {
+    if (length_ == 0) return;
+    Emit(start_);
+    const TimelinePoint& first = lo_.index < hi_.index ? lo_ : hi_;
+    const TimelinePoint& second = lo_.index < hi_.index ? hi_ : lo_;
+    if (first.index != start_.index) Emit(first);
+    if (second.index != start_.index && second.index != first.index) Emit(second);
+    length_ = 0;
+  }
+
+ private:
+  void Emit(const TimelinePoint& p) {
+    out_.push_back(p);
+    if (labelled_) out_.back().label = trace_.Label(trace_.events[p.index]);
+  }
+  const Trace& trace_;
+  std::vector<TimelinePoint>& out_;
+  bool labelled_;
+  std::size_t bucket_ = 1, length_ = 0;
+  TimelinePoint start_, hi_, lo_;
+};
+
 }  // namespace
 
 Estimate Replay(const Trace& trace, const EstimateOptions& options) {
@@ -93,8 +145,7 @@ Estimate Replay(const Trace& trace, const EstimateOptions& options) {
   const std::size_t n = trace.events.size();
   est.eventCount = n;
   const bool points = options.timeline != EstimateOptions::Timeline::None;
-  const bool labelled = options.timeline == EstimateOptions::Timeline::Labelled;
-  if (points) est.timeline.resize(n);
+  TimelineWriter timeline(trace, options, est.timeline);
   std::int64_t total = 0;
   std::int64_t peakTotal = -1;
   std::size_t peakIndex = 0;
@@ -114,14 +165,15 @@ Estimate Replay(const Trace& trace, const EstimateOptions& options) {
     }
     total += Signed(e);
     if (points) {
-      TimelinePoint& p = est.timeline[i];
+      TimelinePoint p;
+      p.index = i;
       p.phase = e.phase;
       p.step = e.step;
       p.layer = e.layer;
       p.category = e.category;
       p.deltaBytes = Signed(e);
       p.totalBytes = total;
-      if (labelled) p.label = trace.Label(e);
+      timeline.Add(p);
     }
     if (total > peakTotal) {
       peakTotal = total;
@@ -133,6 +185,7 @@ Estimate Replay(const Trace& trace, const EstimateOptions& options) {
     }
     if (e.step == 1 && e.phase == Phase::Forward) lastForward = i;
   }
+  if (points) timeline.Flush();
   const Lifetimes life(trace);
   if (n > 0) est.peak = TakeSnapshot(trace, life, peakIndex, trace.events[peakIndex].phase);
   for (int p = 0; p < kPhases; ++p) {

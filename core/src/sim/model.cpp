@@ -8,10 +8,34 @@
 
 namespace gpumem {
 
+namespace {
+// FNV-1a: names share long prefixes, so every byte counts.
+std::uint64_t HashName(std::string_view s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  return h;
+}
+}  // namespace
+
 Parameters::Parameters(const Inventory& inventory, const std::vector<Text>& names, DType weights)
     : inventory_(inventory), names_(names), weights_(weights), values_(inventory.parameters.size(), kNoValue) {
-  index_.reserve(inventory.parameters.size());
-  for (std::size_t i = 0; i < inventory.parameters.size(); ++i) index_.emplace(inventory.parameters[i].name, i);
+  std::size_t size = 16;
+  while (size < 2 * inventory.parameters.size()) size *= 2;
+  slots_.assign(size, -1);
+  for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+    std::size_t slot = HashName(inventory.parameters[i].name) & (size - 1);
+    while (slots_[slot] >= 0) slot = (slot + 1) & (size - 1);
+    slots_[slot] = static_cast<std::int32_t>(i);
+  }
+}
+
+std::int64_t Parameters::IndexOf(std::string_view name) const {
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t slot = HashName(name) & mask;; slot = (slot + 1) & mask) {
+    const std::int32_t i = slots_[slot];
+    if (i < 0) return -1;
+    if (inventory_.parameters[static_cast<std::size_t>(i)].name == name) return i;
+  }
 }
 
 ValueId Parameters::Leaf(Tape& t, std::size_t index) {
@@ -27,8 +51,8 @@ ValueId Parameters::Find(Tape& t, const Module& module, std::string_view tensor)
   std::memcpy(full, module.path, module.length);
   full[module.length] = '.';
   std::memcpy(full + module.length + 1, tensor.data(), tensor.size());
-  const auto it = index_.find(std::string_view(full, module.length + 1 + tensor.size()));
-  return it == index_.end() ? kNoValue : Leaf(t, it->second);
+  const std::int64_t i = IndexOf(std::string_view(full, module.length + 1 + tensor.size()));
+  return i < 0 ? kNoValue : Leaf(t, static_cast<std::size_t>(i));
 }
 
 ValueId Parameters::Get(Tape& t, const Module& module, std::string_view tensor) {
@@ -38,9 +62,9 @@ ValueId Parameters::Get(Tape& t, const Module& module, std::string_view tensor) 
 }
 
 ValueId Parameters::ByName(Tape& t, std::string_view fullName) {
-  const auto it = index_.find(fullName);
-  if (it == index_.end()) std::abort();
-  return Leaf(t, it->second);
+  const std::int64_t i = IndexOf(fullName);
+  if (i < 0) std::abort();
+  return Leaf(t, static_cast<std::size_t>(i));
 }
 
 Module Model::Child(const Module& parent, std::string_view name) {

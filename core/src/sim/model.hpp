@@ -3,7 +3,6 @@
 #pragma once
 
 #include <string_view>
-#include <unordered_map>
 #include <vector>
 
 #include "sim/ops.hpp"
@@ -29,14 +28,17 @@ class Parameters {
   ValueId Find(Tape& t, const Module& module, std::string_view tensor);
   ValueId Get(Tape& t, const Module& module, std::string_view tensor);  // must exist
   ValueId ByName(Tape& t, std::string_view fullName);                   // must exist
-  bool Has(std::string_view fullName) const { return index_.count(fullName) > 0; }
+  bool Has(std::string_view fullName) const { return IndexOf(fullName) >= 0; }
 
  private:
   ValueId Leaf(Tape& t, std::size_t index);
+  // Inventory index of a name, or -1: open addressing over the inventory's own strings (a map
+  // with a node per parameter cost more than the lookups it served).
+  std::int64_t IndexOf(std::string_view name) const;
   const Inventory& inventory_;
   const std::vector<Text>& names_;
   DType weights_;
-  std::unordered_map<std::string_view, std::size_t> index_;
+  std::vector<std::int32_t> slots_;  // inventory index per slot, -1 empty; size a power of two
   std::vector<ValueId> values_;
 };
 

@@ -24,12 +24,13 @@
 
 namespace gpumem {
 
-std::vector<StateTensor> OptimizerStateTensors(const TrainingDef& training, const Regime& regime,
+StateTensors OptimizerStateTensors(const TrainingDef& training, const Regime& regime,
                                                const Tensor& parameter) {
-  std::vector<StateTensor> states;
+  StateTensors states;
+  auto push = [&states](const StateTensor& s) { states.items[states.count++] = s; };
   if (!parameter.trainable) return states;
   const std::int64_t n = parameter.Elements();
-  auto full = [&](const char* name, DType type) { states.push_back({name, n, type, Shape(parameter.shape)}); };
+  auto full = [&](const char* name, DType type) { push({name, n, type, Shape(parameter.shape)}); };
   switch (training.optimizer) {
     case OptimizerKind::SGD:
       break;
@@ -50,8 +51,8 @@ std::vector<StateTensor> OptimizerStateTensors(const TrainingDef& training, cons
         std::int64_t rows = 1, cols = 1;
         for (auto d : rowShape) rows *= d;
         for (auto d : colShape) cols *= d;
-        states.push_back({"exp_avg_sq_row", rows, DType::FP32, Shape(rowShape)});
-        states.push_back({"exp_avg_sq_col", cols, DType::FP32, Shape(colShape)});
+        push({"exp_avg_sq_row", rows, DType::FP32, Shape(rowShape)});
+        push({"exp_avg_sq_col", cols, DType::FP32, Shape(colShape)});
       } else {
         full("exp_avg_sq", DType::FP32);
       }

@@ -120,12 +120,14 @@ void GradientSink::ReleaseAll(Text label) {
   }
 }
 
-Trace BuildTrace(const Setup& setup, const Inventory& inventory) {
+Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   Trace trace;
+  trace.text.SetEnabled(explain);
   TraceBuilder b(trace);
   const Regime regime = RegimeOf(setup.training.precision);
 
   trace.events.reserve(EventCapacityHint(setup));
+  if (explain) trace.text.Reserve(EventCapacityHint(setup) * 12);
   TextStore& text = trace.text;
   const std::vector<Text> names = ParameterNames(text, inventory);
 

@@ -49,7 +49,7 @@ ValueId Tape::External(TensorHandle storage, Shape shape, DType type, TextPart n
   v.storage = b_.Retain(storage);
   v.shape = shape;
   v.type = type;
-  v.name = T({name});
+  v.name = TextOf(name);
   return NewValue(v);
 }
 
@@ -65,10 +65,10 @@ ValueId Tape::Parameter(std::size_t index, Shape shape, DType type, Text name) {
 
 ValueId Tape::Fresh(Shape shape, DType type, TextPart name, Category category) {
   Value v;
-  v.storage = AllocStorage(shape, type, category, name, name);
+  v.name = TextOf(name);
+  v.storage = AllocStorage(shape, type, category, v.name, v.name);
   v.shape = shape;
   v.type = type;
-  v.name = T({name});
   return NewValue(v);
 }
 
@@ -95,7 +95,7 @@ ValueId Tape::Apply(const OpSpec& spec) {
   Value out;
   out.shape = spec.shape;
   out.type = spec.type;
-  out.name = T({spec.name});
+  out.name = TextOf(spec.name);
   out.requiresGrad = grad;
   if (spec.viewOf != kNoValue) {
     out.storage = b_.Retain(values_[static_cast<std::size_t>(spec.viewOf)].storage);
@@ -118,7 +118,7 @@ ValueId Tape::Apply(const OpSpec& spec) {
     }
     return id;
   }
-  Node node;
+  Node& node = nodes_.emplace_back();
   node.label = scope_.empty() ? T({out.name, " backward"}) : T({scope_, " ", out.name, " backward"});
   node.layer = layer_;
   node.inputs = spec.inputs;
@@ -127,7 +127,6 @@ ValueId Tape::Apply(const OpSpec& spec) {
   if (spec.savesOutput) node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(id)].storage));
   for (TensorHandle h : made) node.saved.push_back(h);
   node.temps = spec.backwardTemps;
-  nodes_.push_back(node);
   values_[static_cast<std::size_t>(id)].producer = static_cast<int>(nodes_.size() - 1);
   return id;
 }

@@ -54,7 +54,7 @@ class SmallVec {
   T* end() { return items_ + size_; }
 
  private:
-  T items_[N] = {};
+  T items_[N];
   int size_ = 0;
 };
 
@@ -167,6 +167,8 @@ class Tape {
   };
 
   ValueId NewValue(const Value& v);
+  // The Text a part names: the referenced Text itself, or a new one-part Text.
+  Text TextOf(TextPart part) { return part.kind == TextPart::kRef ? Text{part.n, static_cast<std::uint32_t>(part.value)} : T({part}); }
   // "scope: what" (or "what" without a scope) and "scope.tensor".
   Text ScopedLabel(TextPart what, TextPart suffix = "");
   TensorHandle AllocStorage(const Shape& shape, DType type, Category category, TextPart tensor,

@@ -1,11 +1,17 @@
 // Text parts and their rendering; each kind renders exactly as format.hpp's eager functions.
 #include "gpumem/text.hpp"
 
+#include <cstdlib>
 #include <cstring>
+#include <utility>
+
+#include <type_traits>
 
 #include "gpumem/format.hpp"
 
 namespace gpumem {
+
+static_assert(std::is_trivially_copyable_v<TextPart>);
 
 Shape::Shape(std::initializer_list<std::int64_t> list) {
   for (std::int64_t d : list) push_back(d);
@@ -56,41 +62,72 @@ TextPart TextPart::Bytes(DType type) {
   return p;
 }
 
+TextStore::TextStore(TextStore&& o) noexcept
+    : parts_(std::exchange(o.parts_, nullptr)), size_(std::exchange(o.size_, 0)),
+      capacity_(std::exchange(o.capacity_, 0)), dims_(std::move(o.dims_)), owned_(std::move(o.owned_)) {}
+
+TextStore& TextStore::operator=(TextStore&& o) noexcept {
+  if (this != &o) {
+    std::free(parts_);
+    parts_ = std::exchange(o.parts_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    capacity_ = std::exchange(o.capacity_, 0);
+    dims_ = std::move(o.dims_);
+    owned_ = std::move(o.owned_);
+  }
+  return *this;
+}
+
+TextStore::~TextStore() { std::free(parts_); }
+
+void TextStore::Reserve(std::size_t parts) {
+  if (parts > capacity_) Grow(parts);
+}
+
+void TextStore::Grow(std::size_t needed) {
+  std::size_t capacity = capacity_ ? capacity_ : 1024;
+  while (capacity < needed) capacity *= 2;
+  void* grown = std::realloc(parts_, capacity * sizeof(TextPart));
+  if (!grown) std::abort();  // out of memory: nothing sensible is left to do
+  parts_ = static_cast<TextPart*>(grown);
+  capacity_ = capacity;
+}
+
 Text TextStore::Add(const TextPart* parts, std::size_t count) {
-  Text t{static_cast<std::uint32_t>(parts_.size()), 0};
+  if (!enabled_) return {};
+  if (size_ + count > capacity_) Grow(size_ + count);
+  Text t{static_cast<std::uint32_t>(size_), 0};
+  TextPart* out = parts_ + size_;
   for (std::size_t i = 0; i < count; ++i) {
     const TextPart& p = parts[i];
     if (p.kind == TextPart::kRef) {
       if (p.value == 0) continue;
       // A reference to a single part is that part, copied: one indirection less to render.
-      if (p.value == 1) {
-        const TextPart single = parts_[p.n];
-        parts_.push_back(single);
-        ++t.count;
-        continue;
-      }
-    } else if (p.kind == TextPart::kStr && p.n == 0) {
-      continue;
+      *out++ = p.value == 1 ? parts_[p.n] : p;
+    } else if (p.kind != TextPart::kStr || p.n != 0) {
+      *out++ = p;
     }
-    parts_.push_back(p);
-    ++t.count;
   }
+  t.count = static_cast<std::uint32_t>(out - (parts_ + size_));
+  size_ += t.count;
   return t;
 }
 
 Text TextStore::Make(std::initializer_list<TextPart> parts) { return Add(parts.begin(), parts.size()); }
 
 Text TextStore::Shape(const gpumem::Shape& shape, DType type) {
+  if (!enabled_) return {};
   TextPart p = TextPart::Int(0);
   p.kind = TextPart::kShape;
   p.type = type;
   p.rank = static_cast<std::uint16_t>(shape.rank);
   p.n = static_cast<std::uint32_t>(dims_.size());
   dims_.insert(dims_.end(), shape.dims, shape.dims + shape.rank);
-  return Add(&p, 1);
+  return Add(&p, 1);  // NOLINT
 }
 
 Text TextStore::Size(std::initializer_list<std::int64_t> dims, DType type) {
+  if (!enabled_) return {};
   TextPart p = TextPart::Int(0);
   p.kind = TextPart::kSize;
   p.type = type;

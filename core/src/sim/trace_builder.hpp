@@ -136,7 +136,14 @@ struct StateTensor {
   DType type = DType::FP32;
   Shape shape;               // its shape (the formula shows it)
 };
-std::vector<StateTensor> OptimizerStateTensors(const TrainingDef& training, const Regime& regime,
+// At most three per tensor (Adafactor with β1: row, column, exp_avg).
+struct StateTensors {
+  StateTensor items[3];
+  int count = 0;
+  const StateTensor* begin() const { return items; }
+  const StateTensor* end() const { return items + count; }
+};
+StateTensors OptimizerStateTensors(const TrainingDef& training, const Regime& regime,
                                                const Tensor& parameter);
 
 }  // namespace gpumem

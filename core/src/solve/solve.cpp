@@ -16,7 +16,7 @@ namespace {
 
 std::optional<std::int64_t> PeakOf(const Setup& setup) {
   if (!Validate(setup).empty()) return std::nullopt;
-  return EstimateMemory(setup, {.timeline = EstimateOptions::Timeline::None}).estimate.peak.totalBytes;
+  return EstimateMemory(setup, {.timeline = EstimateOptions::Timeline::None, .explain = false}).estimate.peak.totalBytes;
 }
 
 // The largest v in [1, limit] with fits(v), given that the peak grows with v.
@@ -62,7 +62,7 @@ SolveResult Solve(const Setup& setup) {
   SolveResult out;
   out.errors = Validate(setup);
   if (!out.ok()) return out;
-  const Estimate current = EstimateMemory(setup, {.timeline = EstimateOptions::Timeline::None}).estimate;
+  const Estimate current = EstimateMemory(setup, {.timeline = EstimateOptions::Timeline::None, .explain = false}).estimate;
   out.currentPeakBytes = current.peak.totalBytes;
   out.capacityBytes = current.gpuCapacityBytes;
   const std::int64_t capacity = out.capacityBytes;

@@ -1,0 +1,124 @@
+// An Estimate as JSON (docs/schema.md), written directly: this is the text every estimate in
+// the page crosses the wasm boundary as, so it is kept small and cheap to write.
+#include "io/estimate_json.hpp"
+
+#include "gpumem/names.hpp"
+#include "io/json_writer.hpp"
+
+namespace gpumem {
+namespace {
+
+void WriteRows(JsonWriter& w, const std::vector<CategoryBytes>& rows) {
+  w.BeginArray();
+  for (const CategoryBytes& r : rows) {
+    w.BeginObject()
+        .Key("category").String(IdOf(r.category))
+        .Key("label").String(LabelOf(r.category))
+        .Key("bytes").Int(r.bytes)
+        .Key("formula").String(r.formula)
+        .EndObject();
+  }
+  w.EndArray();
+}
+
+void WriteSnapshot(JsonWriter& w, const Snapshot& s) {
+  w.BeginObject()
+      .Key("totalBytes").Int(s.totalBytes)
+      .Key("phase").String(IdOf(s.phase))
+      .Key("phaseLabel").String(LabelOf(s.phase))
+      .Key("step").Int(s.step)
+      .Key("eventIndex").Int(static_cast<std::int64_t>(s.eventIndex))
+      .Key("label").String(s.label)
+      .Key("byCategory");
+  WriteRows(w, s.byCategory);
+  w.EndObject();
+}
+
+// [{index, phase, step, layer, label?, category, deltaBytes, totalBytes}…], compact always:
+// two thousand points, one per line, would only make the CLI's output longer.
+void WriteTimeline(JsonWriter& w, const std::vector<TimelinePoint>& timeline) {
+  JsonWriter points;
+  points.BeginArray();
+  for (const TimelinePoint& p : timeline) {
+    points.BeginObject()
+        .Key("index").Int(static_cast<std::int64_t>(p.index))
+        .Key("phase").String(IdOf(p.phase))
+        .Key("step").Int(p.step)
+        .Key("layer").Int(p.layer);
+    if (!p.label.empty()) points.Key("label").String(p.label);
+    points.Key("category").String(IdOf(p.category))
+        .Key("deltaBytes").Int(p.deltaBytes)
+        .Key("totalBytes").Int(p.totalBytes)
+        .EndObject();
+  }
+  points.EndArray();
+  w.Raw(points.text());
+}
+
+}  // namespace
+
+void WriteEstimate(JsonWriter& w, const Estimate& e) {
+  const ModelStates& m = e.modelStates;
+  w.BeginObject()
+      .Key("schemaVersion").Int(kEstimateSchemaVersion)
+      .Key("activationsFromHeuristic").Bool(e.activationsFromHeuristic)
+      .Key("modelStates").BeginObject()
+      .Key("parameterCount").Int(m.parameterCount)
+      .Key("parameterFormula").String(m.parameterFormula)
+      .Key("preset");
+  if (m.presetId.empty()) {
+    w.Null();
+  } else {
+    w.BeginObject()
+        .Key("id").String(m.presetId)
+        .Key("publishedParameters").Int(m.publishedParameters)
+        .Key("differenceFromPublished").Int(m.differenceFromPublished)
+        .EndObject();
+  }
+  w.Key("parametersBytes").Int(m.parametersBytes)
+      .Key("masterWeightsBytes").Int(m.masterWeightsBytes)
+      .Key("gradientsBytes").Int(m.gradientsBytes)
+      .Key("optimizerStatesBytes").Int(m.optimizerStatesBytes)
+      .Key("totalBytes").Int(m.totalBytes)
+      .Key("rows");
+  WriteRows(w, m.rows);
+  w.EndObject().Key("peak");
+  WriteSnapshot(w, e.peak);
+  w.Key("peakExplanation").String(e.peakExplanation)
+      .Key("peakDominant").BeginObject()
+      .Key("category").String(IdOf(e.peakDominant.category))
+      .Key("bytes").Int(e.peakDominant.bytes)
+      .Key("sharePercent").Double(e.peakDominant.sharePercent)
+      .Key("reason").String(e.peakDominant.reason)
+      .EndObject()
+      .Key("phasePeaks").BeginArray();
+  for (const Snapshot& s : e.phasePeaks) WriteSnapshot(w, s);
+  w.EndArray().Key("forwardEnd");
+  WriteSnapshot(w, e.forwardEnd);
+  w.Key("timelineEventCount").Int(static_cast<std::int64_t>(e.eventCount)).Key("timeline");
+  if (e.timeline.empty()) w.Null();
+  else WriteTimeline(w, e.timeline);
+  w.Key("gpu").BeginObject()
+      .Key("capacityBytes").Int(e.gpuCapacityBytes)
+      .Key("fits").Bool(e.fits)
+      .Key("headroomBytes").Int(e.headroomBytes)
+      .EndObject()
+      .Key("notes").Strings(e.notes)
+      .EndObject();
+}
+
+std::string EstimateEnvelopeJson(const Estimate& e, int indent) {
+  JsonWriter w(indent);
+  w.BeginObject().Key("ok").Bool(true).Key("estimate");
+  WriteEstimate(w, e);
+  w.EndObject();
+  return std::move(w.text());
+}
+
+std::string EstimateOnlyJson(const Estimate& e, int indent) {
+  JsonWriter w(indent);
+  WriteEstimate(w, e);
+  return std::move(w.text());
+}
+
+}  // namespace gpumem
