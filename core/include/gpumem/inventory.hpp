@@ -33,4 +33,8 @@ struct Inventory {
 // under its Hugging Face name; a tied output head is the token embedding (listed once).
 Inventory BuildInventory(const Setup& setup);
 
+// Σ elements of what BuildInventory would list, without making names (for validation, which
+// bounds sizes before anything is built). In double, so absurd architectures cannot overflow.
+double CountParameters(const Setup& setup);
+
 }  // namespace gpumem

@@ -6,6 +6,7 @@
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,9 +54,15 @@ class JsonWriter {
   // The shortest text that reads back as v, with ".0" on whole numbers, as nlohmann writes.
   JsonWriter& Double(double v) {
     Separate();
+    // (libc++ of the wasm toolchain has no floating-point to_chars: the fewest of 15–17
+    // significant digits that read back exactly.)
     char digits[32];
-    const auto result = std::to_chars(digits, digits + sizeof digits, v);
-    const std::string_view text(digits, static_cast<std::size_t>(result.ptr - digits));
+    int length = 0;
+    for (int precision = 15; precision <= 17; ++precision) {
+      length = std::snprintf(digits, sizeof digits, "%.*g", precision, v);
+      if (std::strtod(digits, nullptr) == v) break;
+    }
+    const std::string_view text(digits, static_cast<std::size_t>(length > 0 ? length : 0));
     out_ += text;
     if (text.find_first_of(".eE") == std::string_view::npos && text != "inf" && text != "nan") out_ += ".0";
     return *this;

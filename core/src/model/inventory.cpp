@@ -1,7 +1,9 @@
 // Inventory: every parameter tensor, from the model description.
 #include "gpumem/inventory.hpp"
 
+#include <initializer_list>
 #include <string>
+#include <string_view>
 
 namespace gpumem {
 
@@ -27,112 +29,118 @@ namespace {
 
 // Hugging Face's parameter names and shapes ([out, in] for nn.Linear; GPT-2's Conv1D stores
 // [in, out], kept here so names and shapes read as in a checkpoint).
-void AddTransformer(const ArchitectureDef& a, Inventory& inv) {
-  auto add = [&](std::string name, std::vector<std::int64_t> shape, int block = -1) {
-    inv.parameters.push_back({std::move(name), std::move(shape), true, block});
-  };
+//
+// One enumeration serves both BuildInventory and CountParameters: `add(prefix, name, shape,
+// block)` receives each tensor as a prefix (the block's or expert's path, built only when
+// `named`) and the rest of its name.
+template <class Add>
+void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) {
+  auto add = [&](const std::string& prefix, const char* name, std::initializer_list<std::int64_t> shape,
+                 int block = -1) { add0(prefix, name, shape, block); };
+  const std::string none;
   const std::int64_t h = a.hiddenSize, V = a.vocabSize, inter = IntermediateSize(a);
   const std::int64_t d = HeadDim(a), heads = a.numHeads, kv = KeyValueHeads(a);
   switch (a.family) {
     case Family::GPT2: {
-      add("transformer.wte.weight", {V, h});
-      add("transformer.wpe.weight", {a.maxPositionEmbeddings, h});
+      add(none, "transformer.wte.weight", {V, h});
+      add(none, "transformer.wpe.weight", {a.maxPositionEmbeddings, h});
       for (std::int64_t i = 0; i < a.numLayers; ++i) {
-        const std::string b = "transformer.h." + std::to_string(i) + ".";
+        const std::string b = named ? "transformer.h." + std::to_string(i) + "." : none;
         const int L = static_cast<int>(i);
-        add(b + "ln_1.weight", {h}, L);
-        add(b + "ln_1.bias", {h}, L);
-        add(b + "attn.c_attn.weight", {h, 3 * h}, L);
-        add(b + "attn.c_attn.bias", {3 * h}, L);
-        add(b + "attn.c_proj.weight", {h, h}, L);
-        add(b + "attn.c_proj.bias", {h}, L);
-        add(b + "ln_2.weight", {h}, L);
-        add(b + "ln_2.bias", {h}, L);
-        add(b + "mlp.c_fc.weight", {h, inter}, L);
-        add(b + "mlp.c_fc.bias", {inter}, L);
-        add(b + "mlp.c_proj.weight", {inter, h}, L);
-        add(b + "mlp.c_proj.bias", {h}, L);
+        add(b, "ln_1.weight", {h}, L);
+        add(b, "ln_1.bias", {h}, L);
+        add(b, "attn.c_attn.weight", {h, 3 * h}, L);
+        add(b, "attn.c_attn.bias", {3 * h}, L);
+        add(b, "attn.c_proj.weight", {h, h}, L);
+        add(b, "attn.c_proj.bias", {h}, L);
+        add(b, "ln_2.weight", {h}, L);
+        add(b, "ln_2.bias", {h}, L);
+        add(b, "mlp.c_fc.weight", {h, inter}, L);
+        add(b, "mlp.c_fc.bias", {inter}, L);
+        add(b, "mlp.c_proj.weight", {inter, h}, L);
+        add(b, "mlp.c_proj.bias", {h}, L);
       }
-      add("transformer.ln_f.weight", {h});
-      add("transformer.ln_f.bias", {h});
-      if (!a.tieWordEmbeddings) add("lm_head.weight", {V, h});
+      add(none, "transformer.ln_f.weight", {h});
+      add(none, "transformer.ln_f.bias", {h});
+      if (!a.tieWordEmbeddings) add(none, "lm_head.weight", {V, h});
       break;
     }
     case Family::Llama: {
-      add("model.embed_tokens.weight", {V, h});
+      add(none, "model.embed_tokens.weight", {V, h});
       const std::int64_t ei = ExpertIntermediateSize(a);
       for (std::int64_t i = 0; i < a.numLayers; ++i) {
-        const std::string b = "model.layers." + std::to_string(i) + ".";
+        const std::string b = named ? "model.layers." + std::to_string(i) + "." : none;
         const int L = static_cast<int>(i);
-        add(b + "input_layernorm.weight", {h}, L);
-        add(b + "self_attn.q_proj.weight", {heads * d, h}, L);
-        if (a.attentionBias) add(b + "self_attn.q_proj.bias", {heads * d}, L);
-        add(b + "self_attn.k_proj.weight", {kv * d, h}, L);
-        if (a.attentionBias) add(b + "self_attn.k_proj.bias", {kv * d}, L);
-        add(b + "self_attn.v_proj.weight", {kv * d, h}, L);
-        if (a.attentionBias) add(b + "self_attn.v_proj.bias", {kv * d}, L);
-        add(b + "self_attn.o_proj.weight", {h, heads * d}, L);
-        add(b + "post_attention_layernorm.weight", {h}, L);
+        add(b, "input_layernorm.weight", {h}, L);
+        add(b, "self_attn.q_proj.weight", {heads * d, h}, L);
+        if (a.attentionBias) add(b, "self_attn.q_proj.bias", {heads * d}, L);
+        add(b, "self_attn.k_proj.weight", {kv * d, h}, L);
+        if (a.attentionBias) add(b, "self_attn.k_proj.bias", {kv * d}, L);
+        add(b, "self_attn.v_proj.weight", {kv * d, h}, L);
+        if (a.attentionBias) add(b, "self_attn.v_proj.bias", {kv * d}, L);
+        add(b, "self_attn.o_proj.weight", {h, heads * d}, L);
+        add(b, "post_attention_layernorm.weight", {h}, L);
         if (a.numExperts == 0) {
-          add(b + "mlp.gate_proj.weight", {inter, h}, L);
-          add(b + "mlp.up_proj.weight", {inter, h}, L);
-          add(b + "mlp.down_proj.weight", {h, inter}, L);
+          add(b, "mlp.gate_proj.weight", {inter, h}, L);
+          add(b, "mlp.up_proj.weight", {inter, h}, L);
+          add(b, "mlp.down_proj.weight", {h, inter}, L);
           continue;
         }
-        add(b + "block_sparse_moe.gate.weight", {a.numExperts, h}, L);
+        add(b, "block_sparse_moe.gate.weight", {a.numExperts, h}, L);
         for (std::int64_t e = 0; e < a.numExperts; ++e) {
-          const std::string x = b + "block_sparse_moe.experts." + std::to_string(e) + ".";
-          add(x + "w1.weight", {ei, h}, L);
-          add(x + "w2.weight", {h, ei}, L);
-          add(x + "w3.weight", {ei, h}, L);
+          const std::string x = named ? b + "block_sparse_moe.experts." + std::to_string(e) + "." : none;
+          add(x, "w1.weight", {ei, h}, L);
+          add(x, "w2.weight", {h, ei}, L);
+          add(x, "w3.weight", {ei, h}, L);
         }
         if (a.sharedExpertIntermediateSize > 0) {
           const std::int64_t si = a.sharedExpertIntermediateSize;
-          add(b + "mlp.shared_expert.gate_proj.weight", {si, h}, L);
-          add(b + "mlp.shared_expert.up_proj.weight", {si, h}, L);
-          add(b + "mlp.shared_expert.down_proj.weight", {h, si}, L);
-          if (a.sharedExpertGate) add(b + "mlp.shared_expert_gate.weight", {1, h}, L);
+          add(b, "mlp.shared_expert.gate_proj.weight", {si, h}, L);
+          add(b, "mlp.shared_expert.up_proj.weight", {si, h}, L);
+          add(b, "mlp.shared_expert.down_proj.weight", {h, si}, L);
+          if (a.sharedExpertGate) add(b, "mlp.shared_expert_gate.weight", {1, h}, L);
         }
       }
-      add("model.norm.weight", {h});
-      if (!a.tieWordEmbeddings) add("lm_head.weight", {V, h});
+      add(none, "model.norm.weight", {h});
+      if (!a.tieWordEmbeddings) add(none, "lm_head.weight", {V, h});
       break;
     }
     case Family::BERT: {
-      add("bert.embeddings.word_embeddings.weight", {V, h});
-      add("bert.embeddings.position_embeddings.weight", {a.maxPositionEmbeddings, h});
-      add("bert.embeddings.token_type_embeddings.weight", {a.typeVocabSize, h});
-      add("bert.embeddings.LayerNorm.weight", {h});
-      add("bert.embeddings.LayerNorm.bias", {h});
+      add(none, "bert.embeddings.word_embeddings.weight", {V, h});
+      add(none, "bert.embeddings.position_embeddings.weight", {a.maxPositionEmbeddings, h});
+      add(none, "bert.embeddings.token_type_embeddings.weight", {a.typeVocabSize, h});
+      add(none, "bert.embeddings.LayerNorm.weight", {h});
+      add(none, "bert.embeddings.LayerNorm.bias", {h});
       for (std::int64_t i = 0; i < a.numLayers; ++i) {
-        const std::string b = "bert.encoder.layer." + std::to_string(i) + ".";
+        const std::string b = named ? "bert.encoder.layer." + std::to_string(i) + "." : none;
         const int L = static_cast<int>(i);
         for (const char* m : {"query", "key", "value"}) {
-          add(b + "attention.self." + m + ".weight", {h, h}, L);
-          add(b + "attention.self." + m + ".bias", {h}, L);
+          const bool q = m[0] == 'q', k = m[0] == 'k';
+          add(b, q ? "attention.self.query.weight" : k ? "attention.self.key.weight" : "attention.self.value.weight", {h, h}, L);
+          add(b, q ? "attention.self.query.bias" : k ? "attention.self.key.bias" : "attention.self.value.bias", {h}, L);
         }
-        add(b + "attention.output.dense.weight", {h, h}, L);
-        add(b + "attention.output.dense.bias", {h}, L);
-        add(b + "attention.output.LayerNorm.weight", {h}, L);
-        add(b + "attention.output.LayerNorm.bias", {h}, L);
-        add(b + "intermediate.dense.weight", {inter, h}, L);
-        add(b + "intermediate.dense.bias", {inter}, L);
-        add(b + "output.dense.weight", {h, inter}, L);
-        add(b + "output.dense.bias", {h}, L);
-        add(b + "output.LayerNorm.weight", {h}, L);
-        add(b + "output.LayerNorm.bias", {h}, L);
+        add(b, "attention.output.dense.weight", {h, h}, L);
+        add(b, "attention.output.dense.bias", {h}, L);
+        add(b, "attention.output.LayerNorm.weight", {h}, L);
+        add(b, "attention.output.LayerNorm.bias", {h}, L);
+        add(b, "intermediate.dense.weight", {inter, h}, L);
+        add(b, "intermediate.dense.bias", {inter}, L);
+        add(b, "output.dense.weight", {h, inter}, L);
+        add(b, "output.dense.bias", {h}, L);
+        add(b, "output.LayerNorm.weight", {h}, L);
+        add(b, "output.LayerNorm.bias", {h}, L);
       }
       if (a.encoderHead == EncoderHead::Classification) {
-        add("bert.pooler.dense.weight", {h, h});
-        add("bert.pooler.dense.bias", {h});
-        add("classifier.weight", {a.numLabels, h});
-        add("classifier.bias", {a.numLabels});
+        add(none, "bert.pooler.dense.weight", {h, h});
+        add(none, "bert.pooler.dense.bias", {h});
+        add(none, "classifier.weight", {a.numLabels, h});
+        add(none, "classifier.bias", {a.numLabels});
       } else {
-        add("cls.predictions.transform.dense.weight", {h, h});
-        add("cls.predictions.transform.dense.bias", {h});
-        add("cls.predictions.transform.LayerNorm.weight", {h});
-        add("cls.predictions.transform.LayerNorm.bias", {h});
-        add("cls.predictions.bias", {V});  // the decoder's weight is the word embedding
+        add(none, "cls.predictions.transform.dense.weight", {h, h});
+        add(none, "cls.predictions.transform.dense.bias", {h});
+        add(none, "cls.predictions.transform.LayerNorm.weight", {h});
+        add(none, "cls.predictions.transform.LayerNorm.bias", {h});
+        add(none, "cls.predictions.bias", {V});  // the decoder's weight is the word embedding
       }
       break;
     }
@@ -148,11 +156,31 @@ std::int64_t Inventory::IndexOf(const std::string& name) const {
   return -1;
 }
 
+double CountParameters(const Setup& setup) {
+  if (setup.model.kind != ModelKind::Transformer) {
+    double n = 0;
+    for (const Tensor& t : BuildInventory(setup).parameters) n += static_cast<double>(t.Elements());
+    return n;
+  }
+  double n = 0;
+  ForEachTransformerTensor(setup.model.architecture, false,
+                           [&](const std::string&, const char*, std::initializer_list<std::int64_t> shape, int) {
+                             double elements = 1;
+                             for (std::int64_t d : shape) elements *= static_cast<double>(d);
+                             n += elements;
+                           });
+  return n;
+}
+
 Inventory BuildInventory(const Setup& setup) {
   Inventory inv;
   const ModelDef& model = setup.model;
   if (model.kind == ModelKind::Transformer) {
-    AddTransformer(model.architecture, inv);
+    ForEachTransformerTensor(model.architecture, true,
+                             [&](const std::string& prefix, const char* name, std::initializer_list<std::int64_t> shape,
+                                 int block) {
+                               inv.parameters.push_back({prefix + name, std::vector<std::int64_t>(shape), true, block});
+                             });
     return inv;
   }
   if (model.kind == ModelKind::ParameterCount) {

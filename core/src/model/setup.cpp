@@ -201,8 +201,7 @@ void ValidateArchitecture(const Setup& setup, std::vector<FieldError>& errors) {
     return;
   }
   if (errors.size() != before) return;
-  double parameters = 0;
-  for (const Tensor& t : BuildInventory(setup).parameters) parameters += double(t.Elements());
+  const double parameters = CountParameters(setup);
   if (parameters > double(Limits::maxParameterCount)) {
     errors.push_back({ErrorCode::TooLarge, "model.architecture",
                       "The architecture holds about " + FormatScientific(parameters) +
@@ -221,8 +220,7 @@ double RoughUpperBoundBytes(const Setup& setup) {
   }
   if (setup.model.kind == ModelKind::Transformer) {
     const ArchitectureDef& a = setup.model.architecture;
-    double parameters = 0;
-    for (const Tensor& t : BuildInventory(setup).parameters) parameters += double(t.Elements());
+    const double parameters = CountParameters(setup);
     const double k = a.numExperts > 0 ? double(a.expertsPerToken) : 1.0;
     const double perTokenPerLayer =
         64.0 * double(a.hiddenSize) + 16.0 * k * double(ExpertIntermediateSize(a)) +

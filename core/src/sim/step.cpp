@@ -56,12 +56,9 @@ void TraceBuilder::Release(TensorHandle handle, Text label) {
   if (handle < 0) return;
   int& holders = holders_[static_cast<std::size_t>(handle)];
   if (holders == 0 || --holders > 0) return;
-  Event e = trace_.events[allocEvent_[static_cast<std::size_t>(handle)]];
-  e.kind = EventKind::Free;
-  e.phase = phase_;
-  e.step = static_cast<std::uint8_t>(step_);
-  e.label = label;
-  trace_.events.push_back(e);
+  const Event& alloc = trace_.events[allocEvent_[static_cast<std::size_t>(handle)]];
+  trace_.events.push_back({alloc.bytes, alloc.tensorId, alloc.layer, EventKind::Free, alloc.category, phase_,
+                           static_cast<std::uint8_t>(step_), label, alloc.tensor, alloc.formula});
 }
 
 std::vector<Text> ParameterNames(TextStore& text, const Inventory& inventory) {

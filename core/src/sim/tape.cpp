@@ -32,14 +32,18 @@ TensorHandle& Tape::GradOf(ValueId v) {
   return grads_[static_cast<std::size_t>(v)];
 }
 
-Text Tape::ScopedLabel(TextPart what, TextPart suffix) {
-  if (scope_.empty()) return T({what, suffix});
-  return T({scope_, ": ", what, suffix});
+void Tape::SetScopeText(Text scope) {
+  scope_ = scope;
+  scopeColon_ = scope.empty() ? Text{} : T({scope, ": "});
+  scopeDot_ = scope.empty() ? Text{} : T({scope, "."});
+  scopeSpace_ = scope.empty() ? Text{} : T({scope, " "});
 }
+
+Text Tape::ScopedLabel(TextPart what, TextPart suffix) { return T({scopeColon_, what, suffix}); }
 
 TensorHandle Tape::AllocStorage(const Shape& shape, DType type, Category category, TextPart tensor,
                                 TextPart what, TextPart suffix) {
-  const Text tensorName = scope_.empty() ? T({tensor}) : T({scope_, ".", tensor});
+  const Text tensorName = T({scopeDot_, tensor});
   return b_.Alloc(category, shape.Elements() * BytesPerElement(type), tensorName, ScopedLabel(what, suffix),
                   text().Shape(shape, type), layer_);
 }
@@ -119,7 +123,7 @@ ValueId Tape::Apply(const OpSpec& spec) {
     return id;
   }
   Node& node = nodes_.emplace_back();
-  node.label = scope_.empty() ? T({out.name, " backward"}) : T({scope_, " ", out.name, " backward"});
+  node.label = T({scopeSpace_, out.name, " backward"});
   node.layer = layer_;
   node.inputs = spec.inputs;
   node.outputs.push_back(id);
@@ -238,7 +242,7 @@ Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block) 
 void Tape::Backward(ValueId loss, GradientSink& sink) {
   sink_ = &sink;
   const Text saved = scope_;
-  scope_ = T({"loss.backward()"});
+  SetScopeText(T({"loss.backward()"}));
   layer_ = -1;
   const DType type = values_[static_cast<std::size_t>(loss)].type;
   const TensorHandle seed = b_.Alloc(Category::ActivationGradients, BytesPerElement(type), T({"grad of loss"}),
@@ -253,7 +257,7 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
     b_.Release(grad, finished);
     grad = kNoTensor;
   }
-  scope_ = saved;
+  SetScopeText(saved);
 }
 
 void Tape::RunBackward(int fromNode, int toNode) {
@@ -331,7 +335,13 @@ void Tape::Execute(int index) {
     for (TensorHandle t : temps) ReleaseWith(t, [&] { return T({label, ": temporary freed"}); });
   }
   Node& done = nodes_[static_cast<std::size_t>(index)];
-  for (TensorHandle s : done.saved) ReleaseWith(s, [&] { return T({label, ": saved tensor freed"}); });
+  Text savedFreed;  // one label for every saved tensor this node frees, made on the first
+  for (TensorHandle s : done.saved) {
+    ReleaseWith(s, [&] {
+      if (savedFreed.empty()) savedFreed = T({label, ": saved tensor freed"});
+      return savedFreed;
+    });
+  }
   done.saved.clear();
   for (ValueId o : done.outputs) {
     TensorHandle& g = GradOf(o);
@@ -360,7 +370,7 @@ void Tape::RunCheckpoint(int index) {
       detached.push_back(NewValue(d));
     }
     const Text scope = scope_;
-    scope_ = T({label, " recompute"});
+    SetScopeText(T({label, " recompute"}));
     const int start = static_cast<int>(nodes_.size());
     // The recompute's own autocast cache (a fresh one, as the block runs in a new context).
     ++cacheDepth_;
@@ -384,7 +394,7 @@ void Tape::RunCheckpoint(int index) {
       Drop(o);
     }
     nodes_.resize(static_cast<std::size_t>(start));
-    scope_ = scope;
+    SetScopeText(scope);
     // The detached leaves' gradients are the checkpoint's input gradients.
     for (int i = 0; i < detached.size(); ++i) {
       TensorHandle& slot = GradOf(detached[i]);

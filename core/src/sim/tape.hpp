@@ -84,7 +84,10 @@ class Tape {
   Text T(std::initializer_list<TextPart> parts) { return b_.text().Make(parts); }
 
   // --- where events happen (labels and the timeline's layer) ---
-  void SetScope(Text scope, int layer) { scope_ = scope; layer_ = layer; }
+  void SetScope(Text scope, int layer) {
+    SetScopeText(scope);
+    layer_ = layer;
+  }
   Text scope() const { return scope_; }
   int layer() const { return layer_; }
   bool recording() const { return recording_; }
@@ -192,7 +195,10 @@ class Tape {
   DType compute_;
   bool autocast_;
   bool recording_ = true;
-  Text scope_;
+  // The scope and its three joins, made once per scope rather than once per event: "scope: ",
+  // "scope." and "scope " (each empty when the scope is).
+  void SetScopeText(Text scope);
+  Text scope_, scopeColon_, scopeDot_, scopeSpace_;
   int layer_ = -1;
   std::size_t parameterCount_;
   std::vector<Value> values_;
