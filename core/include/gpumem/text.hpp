@@ -83,7 +83,7 @@ class TextStore {
   // words nobody reads: the solver's and the page's views' many estimates).
   void SetEnabled(bool enabled) { enabled_ = enabled; }
   bool enabled() const { return enabled_; }
-  Text Make(std::initializer_list<TextPart> parts);
+  Text Make(std::initializer_list<TextPart> parts) { return Add(parts.begin(), parts.size()); }
   // "[2, 128, 768] = 196,608 × 2 B (bf16)" (ShapeFormula of format.hpp).
   Text Shape(const gpumem::Shape& shape, DType type);
   // "2 × 128 × 768 × 2 B (bf16)" (SizeFormula of format.hpp).
@@ -96,7 +96,26 @@ class TextStore {
   void RenderTo(Text text, std::string& out) const;
 
  private:
-  Text Add(const TextPart* parts, std::size_t count);
+  // Inline: Make is the hottest call of a simulation, and its callers pass a handful of parts.
+  Text Add(const TextPart* parts, std::size_t count) {
+    if (!enabled_) return {};
+    if (size_ + count > capacity_) Grow(size_ + count);
+    Text t{static_cast<std::uint32_t>(size_), 0};
+    TextPart* out = parts_ + size_;
+    for (std::size_t i = 0; i < count; ++i) {
+      const TextPart& p = parts[i];
+      if (p.kind == TextPart::kRef) {
+        if (p.value == 0) continue;
+        // A reference to a single part is that part, copied: one indirection less to render.
+        *out++ = p.value == 1 ? parts_[p.n] : p;
+      } else if (p.kind != TextPart::kStr || p.n != 0) {
+        *out++ = p;
+      }
+    }
+    t.count = static_cast<std::uint32_t>(out - (parts_ + size_));
+    size_ += t.count;
+    return t;
+  }
   void Grow(std::size_t needed);
   // A plain growable array: TextPart is trivially copyable, and Make is the hottest call of a
   // simulation (std::vector's per-element push_back cost a quarter of an estimate).

@@ -52,6 +52,10 @@ struct Trace {
   std::vector<Event> events;
   std::vector<std::string> notes;  // assumptions a person should know about
   TextStore text;                  // the words of every event
+  // Per tensor id: the index of its Alloc event and of its Free event (kNeverFreed while held
+  // to the end), kept by the builder so replay needs no search.
+  static constexpr std::uint32_t kNeverFreed = 0xffffffffu;
+  std::vector<std::uint32_t> allocAt, freeAt;
 
   std::string Label(const Event& e) const { return text.Render(e.label); }
   std::string TensorName(const Event& e) const { return text.Render(e.tensor); }

@@ -13,76 +13,75 @@
 namespace gpumem {
 namespace {
 
-constexpr std::uint32_t kNever = std::numeric_limits<std::uint32_t>::max();
 
 std::int64_t Signed(const Event& e) { return e.kind == EventKind::Alloc ? e.bytes : -e.bytes; }
 
-// When each tensor (by id, ids being handed out in order) is allocated and freed.
-struct Lifetimes {
-  std::vector<std::uint32_t> alloc, free;
-  explicit Lifetimes(const Trace& trace) {
-    std::size_t tensors = 0;
-    for (const Event& e : trace.events) {
-      if (e.kind == EventKind::Alloc) tensors = std::max(tensors, static_cast<std::size_t>(e.tensorId) + 1);
-    }
-    alloc.assign(tensors, kNever);
-    free.assign(tensors, kNever);
-    for (std::size_t i = 0; i < trace.events.size(); ++i) {
-      const Event& e = trace.events[i];
-      const auto id = static_cast<std::size_t>(e.tensorId);
-      if (id >= tensors) continue;
-      (e.kind == EventKind::Alloc ? alloc : free)[id] = static_cast<std::uint32_t>(i);
-    }
+// One moment to describe (the peak, each phase's peak, the end of forward): per category the
+// bytes live, how many tensors, and the four largest (ties in tensor order, as a stable sort
+// by size would leave them).
+struct Moment {
+  std::size_t at = 0;
+  Phase phase = Phase::Init;
+  struct Row {
+    std::int64_t bytes = 0;
+    std::int64_t tensors = 0;
+    const Event* largest[4] = {};
+  };
+  std::array<Row, kCategoryCount> rows;
+
+  void Add(const Event* e) {
+    Row& r = rows[static_cast<int>(e->category)];
+    r.bytes += e->bytes;
+    const int held = static_cast<int>(std::min<std::int64_t>(r.tensors, 4));
+    ++r.tensors;
+    // Tensors arrive in id order: a later one only displaces strictly smaller ones.
+    int k = held;
+    while (k > 0 && r.largest[k - 1]->bytes < e->bytes) --k;
+    if (k >= 4) return;
+    for (int j = std::min(held, 3); j > k; --j) r.largest[j] = r.largest[j - 1];
+    r.largest[k] = e;
   }
 };
 
-// What is live after event `last` (inclusive), by category, each with the sum of its largest
-// tensors' formulas. `phase` describes the moment.
-Snapshot TakeSnapshot(const Trace& trace, const Lifetimes& life, std::size_t last, Phase phase) {
-  std::array<std::vector<const Event*>, kCategoryCount> byCategory;
-  const auto at = static_cast<std::uint32_t>(last);
-  for (std::size_t id = 0; id < life.alloc.size(); ++id) {  // in tensor order
-    if (life.alloc[id] > at || (life.free[id] != kNever && life.free[id] <= at)) continue;
-    const Event& e = trace.events[life.alloc[id]];
-    byCategory[static_cast<int>(e.category)].push_back(&e);
+// Fills every moment in one pass over the tensors.
+void Describe(const Trace& trace, std::vector<Moment*>& moments) {
+  for (std::size_t id = 0; id < trace.allocAt.size(); ++id) {
+    const std::uint32_t from = trace.allocAt[id], to = trace.freeAt[id];
+    const Event* e = &trace.events[from];
+    for (Moment* m : moments) {
+      if (from <= m->at && to > m->at) m->Add(e);  // kNeverFreed is beyond every event
+    }
   }
+}
+
+Snapshot ToSnapshot(const Trace& trace, const Moment& m) {
   Snapshot s;
-  s.phase = phase;
-  s.eventIndex = last;
-  if (last < trace.events.size()) {
-    s.step = trace.events[last].step;
-    if (trace.text.enabled()) s.label = trace.Label(trace.events[last]);
+  s.phase = m.phase;
+  s.eventIndex = m.at;
+  if (m.at < trace.events.size()) {
+    s.step = trace.events[m.at].step;
+    if (trace.text.enabled()) s.label = trace.Label(trace.events[m.at]);
   }
   for (int c = 0; c < kCategoryCount; ++c) {
-    auto& tensors = byCategory[c];
-    if (tensors.empty()) continue;
+    const Moment::Row& r = m.rows[c];
+    if (r.tensors == 0) continue;
     CategoryBytes row;
     row.category = static_cast<Category>(c);
-    for (const Event* e : tensors) row.bytes += e->bytes;
-    if (!trace.text.enabled()) {
-      s.totalBytes += row.bytes;
-      s.byCategory.push_back(std::move(row));
-      continue;
-    }
-    // The largest four, ties in tensor order (a stable sort by size, largest first).
-    constexpr std::size_t kShown = 4;
-    const std::size_t shown = std::min(kShown, tensors.size());
-    std::partial_sort(tensors.begin(), tensors.begin() + static_cast<std::ptrdiff_t>(shown), tensors.end(),
-                      [](const Event* a, const Event* b) {
-                        return a->bytes != b->bytes ? a->bytes > b->bytes : a->tensorId < b->tensorId;
-                      });
-    std::int64_t rest = row.bytes;
-    for (std::size_t k = 0; k < shown; ++k) {
-      if (k) row.formula += " + ";
-      trace.text.RenderTo(tensors[k]->tensor, row.formula);
-      row.formula += " (";
-      trace.text.RenderTo(tensors[k]->formula, row.formula);
-      row.formula += ")";
-      rest -= tensors[k]->bytes;
-    }
-    if (tensors.size() > kShown) {
-      row.formula += " + " + FormatCount(static_cast<std::int64_t>(tensors.size() - kShown)) + " more tensors (" +
-                     FormatCount(rest) + " B)";
+    row.bytes = r.bytes;
+    if (trace.text.enabled()) {
+      std::int64_t rest = r.bytes;
+      const int shown = static_cast<int>(std::min<std::int64_t>(r.tensors, 4));
+      for (int k = 0; k < shown; ++k) {
+        if (k) row.formula += " + ";
+        trace.text.RenderTo(r.largest[k]->tensor, row.formula);
+        row.formula += " (";
+        trace.text.RenderTo(r.largest[k]->formula, row.formula);
+        row.formula += ")";
+        rest -= r.largest[k]->bytes;
+      }
+      if (r.tensors > 4) {
+        row.formula += " + " + FormatCount(r.tensors - 4) + " more tensors (" + FormatCount(rest) + " B)";
+      }
     }
     s.totalBytes += row.bytes;
     s.byCategory.push_back(std::move(row));
@@ -186,18 +185,37 @@ Estimate Replay(const Trace& trace, const EstimateOptions& options) {
     if (e.step == 1 && e.phase == Phase::Forward) lastForward = i;
   }
   if (points) timeline.Flush();
-  const Lifetimes life(trace);
-  if (n > 0) est.peak = TakeSnapshot(trace, life, peakIndex, trace.events[peakIndex].phase);
+  // The moments to describe: the peak, each phase's peak, the end of step 1's forward.
+  Moment peak, phases[kPhases], forwardEnd;
+  std::vector<Moment*> moments;
+  if (n > 0) {
+    peak.at = peakIndex;
+    peak.phase = trace.events[peakIndex].phase;
+    moments.push_back(&peak);
+  }
+  for (int p = 0; p < kPhases; ++p) {
+    phases[p].phase = static_cast<Phase>(p);
+    if (phaseMax[p] < 0) continue;
+    phases[p].at = phaseIndex[p];
+    moments.push_back(&phases[p]);
+  }
+  if (lastForward < n) {
+    forwardEnd.at = lastForward;
+    forwardEnd.phase = Phase::Forward;
+    moments.push_back(&forwardEnd);
+  }
+  Describe(trace, moments);
+  if (n > 0) est.peak = ToSnapshot(trace, peak);
   for (int p = 0; p < kPhases; ++p) {
     if (phaseMax[p] < 0) {
       Snapshot empty;
       empty.phase = static_cast<Phase>(p);
       est.phasePeaks.push_back(empty);
     } else {
-      est.phasePeaks.push_back(TakeSnapshot(trace, life, phaseIndex[p], static_cast<Phase>(p)));
+      est.phasePeaks.push_back(ToSnapshot(trace, phases[p]));
     }
   }
-  if (lastForward < n) est.forwardEnd = TakeSnapshot(trace, life, lastForward, Phase::Forward);
+  if (lastForward < n) est.forwardEnd = ToSnapshot(trace, forwardEnd);
   est.notes = trace.notes;
   return est;
 }

@@ -26,6 +26,7 @@ Parameters::Parameters(const Inventory& inventory, const std::vector<Text>& name
     std::size_t slot = HashName(inventory.parameters[i].name) & (size - 1);
     while (slots_[slot] >= 0) slot = (slot + 1) & (size - 1);
     slots_[slot] = static_cast<std::int32_t>(i);
+    anyBias_ = anyBias_ || inventory.parameters[i].name.ends_with(".bias");
   }
 }
 
@@ -46,6 +47,7 @@ ValueId Parameters::Leaf(Tape& t, std::size_t index) {
 }
 
 ValueId Parameters::Find(Tape& t, const Module& module, std::string_view tensor) {
+  if (!anyBias_ && tensor == "bias") return kNoValue;
   char full[Module::kMaxPath + 16];
   if (module.length + 1 + tensor.size() > sizeof full) return kNoValue;
   std::memcpy(full, module.path, module.length);

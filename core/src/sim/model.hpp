@@ -39,6 +39,7 @@ class Parameters {
   const std::vector<Text>& names_;
   DType weights_;
   std::vector<std::int32_t> slots_;  // inventory index per slot, -1 empty; size a power of two
+  bool anyBias_ = false;             // whether any name ends in ".bias" (most Llamas have none)
   std::vector<ValueId> values_;
 };
 

@@ -47,7 +47,8 @@ TensorHandle TraceBuilder::Alloc(Category category, std::int64_t bytes, Text ten
   e.tensor = tensor;
   e.formula = formula;
   holders_.push_back(1);
-  allocEvent_.push_back(static_cast<std::uint32_t>(trace_.events.size()));
+  trace_.allocAt.push_back(static_cast<std::uint32_t>(trace_.events.size()));
+  trace_.freeAt.push_back(Trace::kNeverFreed);
   trace_.events.push_back(e);
   return e.tensorId;
 }
@@ -56,7 +57,8 @@ void TraceBuilder::Release(TensorHandle handle, Text label) {
   if (handle < 0) return;
   int& holders = holders_[static_cast<std::size_t>(handle)];
   if (holders == 0 || --holders > 0) return;
-  const Event& alloc = trace_.events[allocEvent_[static_cast<std::size_t>(handle)]];
+  const Event& alloc = trace_.events[trace_.allocAt[static_cast<std::size_t>(handle)]];
+  trace_.freeAt[static_cast<std::size_t>(handle)] = static_cast<std::uint32_t>(trace_.events.size());
   trace_.events.push_back({alloc.bytes, alloc.tensorId, alloc.layer, EventKind::Free, alloc.category, phase_,
                            static_cast<std::uint8_t>(step_), label, alloc.tensor, alloc.formula});
 }

@@ -16,8 +16,8 @@ DType Promote(DType a, DType b) {
 
 Tape::Tape(TraceBuilder& builder, DType computeType, bool autocast, std::size_t parameterCount)
     : b_(builder), compute_(computeType), autocast_(autocast), parameterCount_(parameterCount) {
-  values_.reserve(4096);
-  nodes_.reserve(2048);
+  values_.reserve(1024);
+  nodes_.reserve(512);
   caches_.resize(1);
   if (autocast_) caches_[0].byParameter.assign(parameterCount_, kNoValue);
 }

@@ -80,6 +80,11 @@ class Tape {
   Tape(TraceBuilder& builder, DType computeType, bool autocast, std::size_t parameterCount);
 
   TextStore& text() { return b_.text(); }
+  // Room for this many values and nodes (a forward of a known size grows no vector).
+  void Reserve(std::size_t values, std::size_t nodes) {
+    values_.reserve(values);
+    nodes_.reserve(nodes);
+  }
   // A Text of parts, for op and value names built from pieces.
   Text T(std::initializer_list<TextPart> parts) { return b_.text().Make(parts); }
 

@@ -93,37 +93,18 @@ void TextStore::Grow(std::size_t needed) {
   capacity_ = capacity;
 }
 
-Text TextStore::Add(const TextPart* parts, std::size_t count) {
-  if (!enabled_) return {};
-  if (size_ + count > capacity_) Grow(size_ + count);
-  Text t{static_cast<std::uint32_t>(size_), 0};
-  TextPart* out = parts_ + size_;
-  for (std::size_t i = 0; i < count; ++i) {
-    const TextPart& p = parts[i];
-    if (p.kind == TextPart::kRef) {
-      if (p.value == 0) continue;
-      // A reference to a single part is that part, copied: one indirection less to render.
-      *out++ = p.value == 1 ? parts_[p.n] : p;
-    } else if (p.kind != TextPart::kStr || p.n != 0) {
-      *out++ = p;
-    }
-  }
-  t.count = static_cast<std::uint32_t>(out - (parts_ + size_));
-  size_ += t.count;
-  return t;
-}
-
-Text TextStore::Make(std::initializer_list<TextPart> parts) { return Add(parts.begin(), parts.size()); }
 
 Text TextStore::Shape(const gpumem::Shape& shape, DType type) {
   if (!enabled_) return {};
-  TextPart p = TextPart::Int(0);
+  if (size_ + 1 > capacity_) Grow(size_ + 1);
+  TextPart& p = parts_[size_];
   p.kind = TextPart::kShape;
   p.type = type;
   p.rank = static_cast<std::uint16_t>(shape.rank);
   p.n = static_cast<std::uint32_t>(dims_.size());
+  p.value = 0;
   dims_.insert(dims_.end(), shape.dims, shape.dims + shape.rank);
-  return Add(&p, 1);  // NOLINT
+  return Text{static_cast<std::uint32_t>(size_++), 1};
 }
 
 Text TextStore::Size(std::initializer_list<std::int64_t> dims, DType type) {

@@ -59,9 +59,9 @@ class TraceBuilder {
   Trace& trace_;
   Phase phase_ = Phase::Init;
   int step_ = 0;
-  // By tensor id (ids are handed out in order): holders left, and the Alloc event's index.
+  // By tensor id (ids are handed out in order): holders left. The events' indices are the
+  // trace's allocAt / freeAt.
   std::vector<int> holders_;
-  std::vector<std::uint32_t> allocEvent_;
 };
 
 // Every parameter's name as a Text of the trace, in inventory order (made once per trace).

@@ -4,6 +4,7 @@
 // runs under the Trainer: the model returns logits and loss, and compute_loss keeps only the
 // loss, so the logits are dropped before backward. The simulation follows the CUDA kernels;
 // docs/validation.md lists where CPU PyTorch keeps something else.
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,6 +26,11 @@ class TransformerPass final : public ModelPass {
 
   void Forward(TraceBuilder& b) override {
     tape_.emplace(b, regime_.compute, regime_.autocast, parameterCount_);
+    // About 70 values per block and 25 per expert, two thirds as many nodes.
+    const auto blocks = static_cast<std::size_t>(a_.numLayers);
+    const auto experts = static_cast<std::size_t>(std::max<std::int64_t>(0, a_.numExperts));
+    const std::size_t values = std::min<std::size_t>(blocks * (80 + 30 * experts) + 256, std::size_t{1} << 20);
+    tape_->Reserve(values, values * 2 / 3);
     parameters_.Reset();
     model_.emplace(Model{*tape_, a_, t_, parameters_, b_, s_});
     Tape& t = *tape_;
