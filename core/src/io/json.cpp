@@ -583,7 +583,7 @@ std::vector<FieldError> ParseAndValidateInto(std::string_view text, Setup& setup
   ErrorList errors;
   ParseInto(text, setup, errors, given);
   if (!errors.empty() && errors.Kept().front().code == ErrorCode::MalformedJson) return errors.Report();
-  if (errors.Full()) {
+  if (errors.size() > kMaxReportedErrors) {
     // Too many to list already: the values are checked once the text reads cleanly.
     return errors.Report("These are errors in the text; the values are checked once it reads cleanly.");
   }
