@@ -1,11 +1,12 @@
 // gpumem — command-line front end. Reads a setup (schema: docs/schema.md) from a file or
 // stdin and prints the Estimate as a table, or as JSON with --json.
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <iostream>
-#include <sstream>
 #include <string>
+#include <system_error>
 
 #include "gpumem/estimate.hpp"
 #include "gpumem/format.hpp"
@@ -20,7 +21,7 @@ using gpumem::FormatCount;
 using gpumem::HumanBytes;
 
 constexpr const char* kUsage =
-    "usage: gpumem [--json] [--timeline] [SETUP.json | - | --preset ID]\n"
+    "usage: gpumem [--json] [--timeline] [--solve] [SETUP.json | - | --preset ID]\n"
     "       gpumem --defaults | --example mlp | --options | --presets\n"
     "\n"
     "Estimates the GPU memory of one training step. SETUP.json follows docs/schema.md; fields\n"
@@ -32,7 +33,63 @@ constexpr const char* kUsage =
     "  --solve      also find the largest batch and sequence that fit, and what would make it fit\n"
     "  --import-config config.json       print the setup a Hugging Face config.json describes\n"
     "  --import-safetensors FILE         count the tensors of a safetensors header or index JSON\n"
-    "Exit status: 0 estimated, 1 the setup has errors, 2 usage or unreadable file.\n";
+    "Inputs are read up to 16 MiB. --json --solve prints one document {\"ok\",\"estimate\",\"solve\"}.\n"
+    "Exit status: 0 estimated, 1 the setup (or imported file) has errors, 2 usage or a path\n"
+    "that cannot be read (missing, a directory).\n";
+
+// A whole file or stdin, read in chunks and refused as soon as it passes the core's 16 MiB
+// limit (`gpumem --json /dev/zero` stops at 16 MiB instead of growing without end).
+enum class ReadStatus { Ok, TooLarge, Unreadable, Directory };
+
+ReadStatus ReadCapped(const char* path, std::string& text) {
+  constexpr std::size_t kLimit = 16u << 20;  // the core's kMaxJsonTextBytes
+  std::error_code ec;
+  if (path && std::filesystem::is_directory(path, ec)) return ReadStatus::Directory;
+  std::FILE* file = path ? std::fopen(path, "rb") : stdin;
+  if (!file) return ReadStatus::Unreadable;
+  char buffer[1 << 16];
+  ReadStatus status = ReadStatus::Ok;
+  while (true) {
+    const std::size_t n = std::fread(buffer, 1, sizeof buffer, file);
+    if (n == 0) break;
+    if (text.size() + n > kLimit) {
+      status = ReadStatus::TooLarge;
+      break;
+    }
+    text.append(buffer, n);
+  }
+  if (status == ReadStatus::Ok && std::ferror(file)) status = ReadStatus::Unreadable;
+  if (path) std::fclose(file);
+  return status;
+}
+
+// Reads the input or says why not. Returns the exit status to use on failure, 0 on success:
+// 2 for a path that cannot be read (usage), 1 for an input over the limit (a bad setup, with the
+// same error envelope as any other under --json).
+int ReadInput(const char* path, bool json, const char* what, std::string& text) {
+  const char* name = path ? path : "stdin";
+  switch (ReadCapped(path, text)) {
+    case ReadStatus::Ok: return 0;
+    case ReadStatus::Directory:
+      std::cerr << "gpumem: " << name << " is a directory; give the " << what << " file\n";
+      return 2;
+    case ReadStatus::Unreadable:
+      std::cerr << "gpumem: cannot read " << name << ": " << std::strerror(errno) << "\n";
+      return 2;
+    case ReadStatus::TooLarge: {
+      const std::string message = std::string("The ") + what + " is larger than 16 MiB (read stopped there).";
+      if (json) {
+        gpumem::EstimateResult refused;
+        refused.errors.push_back({gpumem::ErrorCode::MalformedJson, "", message});
+        std::cout << gpumem::EstimateResultToJson(refused, 2) << "\n";
+      } else {
+        std::cerr << "error: " << name << ": " << message << " [malformedJson]\n";
+      }
+      return 1;
+    }
+  }
+  return 2;
+}
 
 void PrintRows(const std::vector<gpumem::CategoryBytes>& rows) {
   for (const auto& r : rows) {
@@ -137,28 +194,23 @@ void PrintSolve(const gpumem::SolveResult& r) {
 int main(int argc, char** argv) {
   bool json = false, timeline = false, solve = false;
   const char* path = nullptr;
+  const char* importConfig = nullptr;
+  const char* importSafetensors = nullptr;
   std::string presetSetup;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--json") json = true;
     else if (arg == "--timeline") timeline = true;
     else if (arg == "--solve") solve = true;
-    else if ((arg == "--import-config" || arg == "--import-safetensors") && i + 1 < argc) {
-      std::ifstream file(argv[i + 1], std::ios::binary);
-      if (!file) { std::cerr << "gpumem: cannot read " << argv[i + 1] << "\n"; return 2; }
-      std::stringstream content;
-      content << file.rdbuf();
-      const std::string out = arg == "--import-config" ? gpumem::ImportConfigJson(content.str(), 2)
-                                                       : gpumem::ImportSafetensorsJson(content.str(), {}, 2);
-      std::cout << out << "\n";
-      return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
-    }
+    else if (arg == "--import-config" && i + 1 < argc) importConfig = argv[++i];
+    else if (arg == "--import-safetensors" && i + 1 < argc) importSafetensors = argv[++i];
     else if (arg == "--defaults") { std::cout << gpumem::SetupToJson(gpumem::DefaultSetup(), 2) << "\n"; return 0; }
     else if (arg == "--options") { std::cout << gpumem::OptionsJson(2) << "\n"; return 0; }
     else if (arg == "--presets") {
       for (const auto& p : gpumem::Presets()) {
-        std::printf("  %-20s %-44s %20s parameters (%s)\n", p.id, p.label,
-                    FormatCount(p.publishedParameters).c_str(), p.source);
+        std::printf("  %-20s %-44s %20s parameters, %6s tokens by default (%s)\n", p.id, p.label,
+                    FormatCount(p.publishedParameters).c_str(), FormatCount(p.defaultSequenceLength).c_str(),
+                    p.source);
       }
       return 0;
     } else if (arg == "--preset" && i + 1 < argc) {
@@ -173,35 +225,46 @@ int main(int argc, char** argv) {
       return 0;
     } else if (arg == "-h" || arg == "--help") { std::cout << kUsage; return 0; }
     else if (arg == "-" || (!arg.empty() && arg[0] != '-')) {
-      if (path) { std::cerr << kUsage; return 2; }
+      if (path) { std::cerr << "gpumem: more than one setup given\n" << kUsage; return 2; }
       path = argv[i];
-    } else { std::cerr << "gpumem: unknown option " << arg << "\n" << kUsage; return 2; }
+    } else { std::cerr << "gpumem: unknown option or missing argument: " << arg << "\n" << kUsage; return 2; }
   }
 
-  std::stringstream text;
+  if (importConfig || importSafetensors) {
+    if (path || !presetSetup.empty() || (importConfig && importSafetensors)) {
+      std::cerr << "gpumem: an import takes one file and no setup\n" << kUsage;
+      return 2;
+    }
+    std::string content;
+    const bool config = importConfig != nullptr;
+    if (const int status = ReadInput(config ? importConfig : importSafetensors, true,
+                                     config ? "config" : "safetensors header", content)) {
+      return status;
+    }
+    const std::string out = config ? gpumem::ImportConfigJson(content, 2) : gpumem::ImportSafetensorsJson(content, {}, 2);
+    std::cout << out << "\n";
+    return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
+  }
+
+  std::string text;
   if (!presetSetup.empty()) {
-    if (path) { std::cerr << kUsage; return 2; }
-    text << presetSetup;
-  } else if (path && std::strcmp(path, "-") != 0) {
-    std::ifstream file(path, std::ios::binary);
-    if (!file) { std::cerr << "gpumem: cannot read " << path << "\n"; return 2; }
-    text << file.rdbuf();
-  } else {
-    text << std::cin.rdbuf();
+    if (path) { std::cerr << "gpumem: --preset and a setup file are exclusive\n" << kUsage; return 2; }
+    text = presetSetup;
+  } else if (const int status = ReadInput(path && std::strcmp(path, "-") != 0 ? path : nullptr, json, "setup", text)) {
+    return status;
   }
 
+  if (json) {
+    // One document: the estimate, and with --solve the solver's answer beside it.
+    const std::string out = solve ? gpumem::EstimateAndSolveJson(text, 2) : gpumem::EstimateJson(text, 2);
+    std::cout << out << "\n";
+    return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
+  }
   gpumem::Setup setup;
   gpumem::EstimateResult result;
-  result.errors = gpumem::ParseAndValidate(text.str(), setup);
-  // The table's --timeline lists every event; the JSON thins long timelines as the page does.
-  const gpumem::EstimateOptions options{.timeline = gpumem::EstimateOptions::Timeline::Labelled,
-                                        .timelineLimit = json ? std::size_t{2000} : std::size_t{0}};
-  if (result.ok()) result = gpumem::EstimateMemory(setup, options);
-  if (json) {
-    std::cout << gpumem::EstimateResultToJson(result, 2) << "\n";
-    if (solve && result.ok()) std::cout << gpumem::SolveJson(text.str(), 2) << "\n";
-    return result.ok() ? 0 : 1;
-  }
+  result.errors = gpumem::ParseAndValidate(text, setup);
+  // The table's --timeline lists every event, labelled.
+  if (result.ok()) result = gpumem::EstimateMemory(setup, {.timeline = gpumem::EstimateOptions::Timeline::Labelled});
   if (!result.ok()) {
     for (const auto& e : result.errors) {
       std::cerr << "error: " << (e.field.empty() ? "setup" : e.field) << ": " << e.message << " ["
@@ -210,6 +273,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   PrintTable(setup, result.estimate, timeline);
-  if (solve) PrintSolve(gpumem::Solve(setup));
+  if (solve) PrintSolve(gpumem::Solve(setup, result.estimate));
   return 0;
 }

@@ -34,7 +34,14 @@ struct Inventory {
 Inventory BuildInventory(const Setup& setup);
 
 // Σ elements of what BuildInventory would list, without making names (for validation, which
-// bounds sizes before anything is built). In double, so absurd architectures cannot overflow.
-double CountParameters(const Setup& setup);
+// bounds sizes before anything is built), split by where they are. In double, so absurd
+// architectures cannot overflow.
+struct ParameterCounts {
+  double total = 0;
+  double outside = 0;  // embeddings, final norm, head
+  double blocks = 0;   // in transformer blocks / layers
+  double experts = 0;  // of which in routed experts
+};
+ParameterCounts CountParameters(const Setup& setup);
 
 }  // namespace gpumem

@@ -20,8 +20,11 @@ struct SetupParseResult {
   bool ok() const { return errors.empty(); }
 };
 
-// Reads a setup. Absent fields keep DefaultSetup()'s values, so a partial document works;
-// unknown fields are errors (usually typos). Never throws, never aborts, on any input.
+// Reads a setup. Absent fields keep DefaultSetup()'s values, so a partial document works —
+// except that a transformer with no training.sequenceLength takes its preset's
+// defaultSequenceLength, and a GPT-2 or BERT architecture at most its position table. Unknown
+// fields are errors (usually typos). Never throws, never aborts, on any input; linear in the
+// text; at most kMaxReportedErrors errors listed, then "…and N more".
 SetupParseResult ParseSetupJson(std::string_view text);
 
 std::string SetupToJson(const Setup& setup, int indent = -1);
@@ -64,9 +67,14 @@ std::string ImportConfigJson(std::string_view configText, int indent = -1);
 std::string ImportSafetensorsJson(std::string_view text, std::string_view setupText = {}, int indent = -1);
 
 // The solvers on a setup: {"ok":true,"solve":{"currentPeakBytes","capacityBytes",
-//  "maxBatchSize":{value,peakBytes,limit}|null,"maxSequenceLength":{…}|null,
-//  "suggestions":[{id,label,tradeoff,change:{training:{…}},peakBytes,savedBytes,fits}]}}.
+//  "maxBatchSize":{value,peakBytes,limit,limitReason}|null,"maxSequenceLength":{…}|null,
+//  "suggestions":[{id,label,tradeoff,change:{training:{…}},peakBytes,savedBytes,fits}],
+//  "estimatesRun"}}.
 std::string SolveJson(std::string_view setupText, int indent = -1);
+
+// Both in one document (the CLI's --json --solve): {"ok":true,"estimate":{…},"solve":{…}} or
+// {"ok":false,"errors":[…]}. The solver reuses the estimate of the setup itself.
+std::string EstimateAndSolveJson(std::string_view setupText, int indent = -1);
 
 // The estimator's version, "MAJOR.MINOR.PATCH" (CMake's PROJECT_VERSION).
 const char* Version();

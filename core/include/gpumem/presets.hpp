@@ -22,6 +22,11 @@ struct Preset {
   std::int64_t publishedParameters = 0;
   const char* countedAs;  // which tensors the published count covers
   const char* note = "";  // how the simulation approximates the model, when it does
+  // Tokens per sample when a setup names the preset and gives no sequenceLength: the length
+  // the model was published for (GPT-2's 1024 and BERT's 512 positions, Llama 2's 4096,
+  // TinyLlama's 2048), capped at 4096 for models with longer contexts (Llama 3's 8192,
+  // Mistral's and Qwen's 32k+), a typical fine-tuning length whose estimate stays quick.
+  std::int64_t defaultSequenceLength = 1024;
 };
 
 std::span<const Preset> Presets();

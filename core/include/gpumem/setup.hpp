@@ -227,8 +227,34 @@ struct Limits {
 };
 
 // Every problem with a setup, each naming its field by JSON path ("training.batchSize",
-// "model.layers[2].inFeatures"). Empty when the setup can be estimated.
+// "model.layers[2].inFeatures"). Empty when the setup can be estimated. At most
+// kMaxReportedErrors are listed, then one "…and N more" (error.hpp). Linear in the setup's size.
 std::vector<FieldError> Validate(const Setup& setup);
+// The same into a list the caller owns (with its own filter; ParseAndValidate uses it).
+void Validate(const Setup& setup, ErrorList& errors);
+
+// An upper bound of the bytes the simulation of a setup can reach, in three terms, so that
+// absurd combinations are refused before any 64-bit arithmetic can overflow, and so that the
+// solvers know how far batch and sequence may go. The terms follow what the simulation keeps:
+// eager attention materialises b·heads·s² scores per block, SDPA none; checkpointing keeps one
+// block's activations plus each checkpointed block's input. Generous (8 bytes per value and
+// more values than any op keeps), never tight: a setup far below it may still not fit a GPU.
+struct SizeBound {
+  double modelStateBytes = 0;         // independent of batch and sequence
+  double bytesPerToken = 0;           // × batchSize × sequenceLength
+  double bytesPerTokenPosition = 0;   // × batchSize × sequenceLength² (eager attention scores)
+  // What dominates the model-state term, as the field a person would change
+  // ("model.architecture.numLayers", "model.parameterCount", "model.layers").
+  std::string modelStateField;
+
+  double Total(double batchSize, double sequenceLength) const {
+    const double tokens = batchSize * sequenceLength;
+    return modelStateBytes + tokens * bytesPerToken + tokens * sequenceLength * bytesPerTokenPosition;
+  }
+};
+// Terms for the setup's model, attention and checkpointing (its batch and sequence are not
+// used). Only meaningful for a setup whose model passes validation.
+SizeBound EstimateSizeBound(const Setup& setup);
 
 // Feature width flowing out of layer `index` (and into layer index+1), or 0 when unknown
 // (a leading activation with no width yet). Used by validation and by the trace.

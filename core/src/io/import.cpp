@@ -104,11 +104,18 @@ class ConfigReader {
     else out_.errors.push_back({ErrorCode::InvalidField, field, "Activation \"" + name.substr(0, 40) + "\" is not simulated (gelu, gelu_new, gelu_pytorch_tanh, silu)."});
   }
 
+  // The fields not read, listed up to kMaxReportedErrors (a config with a million keys names
+  // a hundred and counts the rest in a note).
   void ListIgnored() {
+    std::size_t unlisted = 0;
     for (auto it = doc_.begin(); it != doc_.end(); ++it) {
-      if (std::find(used_.begin(), used_.end(), it.key()) == used_.end()) {
-        out_.ignoredFields.push_back(it.key().size() > 100 ? it.key().substr(0, 100) + "..." : it.key());
-      }
+      if (std::find(used_.begin(), used_.end(), it.key()) != used_.end()) continue;
+      if (out_.ignoredFields.size() >= kMaxReportedErrors) { ++unlisted; continue; }
+      out_.ignoredFields.push_back(it.key().size() > 100 ? it.key().substr(0, 100) + "..." : it.key());
+    }
+    if (unlisted > 0) {
+      out_.notes.push_back("…and " + FormatCount(static_cast<std::int64_t>(unlisted)) +
+                           " more fields ignored, not listed.");
     }
   }
 
@@ -314,12 +321,14 @@ SafetensorsImport ImportSafetensors(std::string_view text) {
   std::int64_t total = 0;
   struct Matrix { std::int64_t elements; MatrixShape shape; std::string name; };
   std::vector<Matrix> matrices;
+  // Every bad tensor counted, the first kMaxReportedErrors listed.
+  ErrorList errors;
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     const std::string field = "header." + (it.key().size() > 100 ? it.key().substr(0, 100) + "..." : it.key());
     const json& t = it.value();
     if (!t.is_object() || !t.contains("dtype") || !t.contains("shape") || !t["dtype"].is_string() || !t["shape"].is_array()) {
-      out.errors.push_back({ErrorCode::InvalidField, field, "Each tensor needs a dtype and a shape."});
+      errors.push_back({ErrorCode::InvalidField, field, "Each tensor needs a dtype and a shape."});
       continue;
     }
     static const std::map<std::string, int> kBytes = {
@@ -328,7 +337,7 @@ SafetensorsImport ImportSafetensors(std::string_view text) {
     const std::string& dtype = t["dtype"].get_ref<const std::string&>();
     auto bytes = kBytes.find(dtype);
     if (bytes == kBytes.end()) {
-      out.errors.push_back({ErrorCode::InvalidField, field + ".dtype", "Unknown dtype \"" + dtype.substr(0, 20) + "\"."});
+      errors.push_back({ErrorCode::InvalidField, field + ".dtype", "Unknown dtype \"" + dtype.substr(0, 20) + "\"."});
       continue;
     }
     std::int64_t elements = 1;
@@ -341,14 +350,14 @@ SafetensorsImport ImportSafetensors(std::string_view text) {
       elements *= dims.back();
     }
     if (!valid) {
-      out.errors.push_back({ErrorCode::InvalidField, field + ".shape", "The shape must be whole numbers of a sane size."});
+      errors.push_back({ErrorCode::InvalidField, field + ".shape", "The shape must be whole numbers of a sane size."});
       continue;
     }
     if (auto off = t.find("data_offsets"); off != t.end() && off->is_array() && off->size() == 2 &&
                                             (*off)[0].is_number_unsigned() && (*off)[1].is_number_unsigned()) {
       const auto begin = (*off)[0].get<std::uint64_t>(), end = (*off)[1].get<std::uint64_t>();
       if (end < begin || end - begin != static_cast<std::uint64_t>(elements * bytes->second)) {
-        out.errors.push_back({ErrorCode::InvalidField, field + ".data_offsets",
+        errors.push_back({ErrorCode::InvalidField, field + ".data_offsets",
                               "The byte range does not match shape × dtype size."});
         continue;
       }
@@ -360,10 +369,12 @@ SafetensorsImport ImportSafetensors(std::string_view text) {
     out.numLayers = std::max(out.numLayers, layerOf(it.key()) + 1);
     if (dims.size() == 2) matrices.push_back({elements, {dims[0], dims[1]}, it.key()});
     if (total > (std::int64_t{1} << 52)) {
-      out.errors.push_back({ErrorCode::TooLarge, "header", "The header lists more than 2^52 parameters."});
+      errors.push_back({ErrorCode::TooLarge, "header", "The header lists more than 2^52 parameters."});
+      out.errors = errors.Report();
       return out;
     }
   }
+  out.errors = errors.Report();
   if (!out.errors.empty()) return out;
   if (out.tensorCount == 0) {
     out.errors.push_back({ErrorCode::InvalidField, "header", "The header lists no tensors."});

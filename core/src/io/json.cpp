@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <cmath>
 #include <string>
+#include <unordered_set>
 
 #include <nlohmann/json.hpp>
 
+#include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 #include "io/estimate_json.hpp"
 #include "io/json_text.hpp"
@@ -48,13 +50,30 @@ std::string Echo(const json& v) {
   return text.size() > 60 ? text.substr(0, 57) + "..." : text;
 }
 
+// What the text itself set, so that errors about values it did not set can say where those
+// values came from (a preset, a family's defaults, the default setup).
+struct Given {
+  std::string presetId;                        // model.preset, when it named a known preset
+  bool familyReset = false;  // model.architecture.family named another family: its defaults apply
+  std::vector<std::string> architectureKeys;   // keys present in model.architecture
+  std::vector<std::string> trainingKeys;       // keys present in training
+
+  bool Architecture(std::string_view key) const {
+    return std::find(architectureKeys.begin(), architectureKeys.end(), key) != architectureKeys.end();
+  }
+  bool Training(std::string_view key) const {
+    return std::find(trainingKeys.begin(), trainingKeys.end(), key) != trainingKeys.end();
+  }
+};
+
 class Reader {
  public:
-  explicit Reader(std::vector<FieldError>& errors) : errors_(errors) {}
+  explicit Reader(ErrorList& errors) : errors_(errors) {}
 
   void Fail(ErrorCode code, const std::string& field, const std::string& message) {
     errors_.push_back({code, field, message});
   }
+  bool Full() const { return errors_.Full(); }
 
   // True when `v` is an object; otherwise records an error.
   bool ExpectObject(const json& v, const std::string& path) {
@@ -68,7 +87,9 @@ class Reader {
     for (auto it = object.begin(); it != object.end(); ++it) {
       bool ok = false;
       for (const char* k : known) ok = ok || it.key() == k;
-      if (!ok) {
+      if (!ok && errors_.Full()) {
+        errors_.CountOne();  // past the cap: count it, build no message
+      } else if (!ok) {
         // A hostile document may use megabyte-long keys; echo at most 100 characters.
         const std::string key = it.key().size() > 100 ? it.key().substr(0, 100) + "..." : it.key();
         Fail(ErrorCode::UnknownField, Join(path, key),
@@ -141,7 +162,7 @@ class Reader {
   }
 
  private:
-  std::vector<FieldError>& errors_;
+  ErrorList& errors_;
 };
 
 void ReadLayer(Reader& r, const json& v, const std::string& path, LayerDef& layer) {
@@ -179,9 +200,13 @@ void ReadLayer(Reader& r, const json& v, const std::string& path, LayerDef& laye
 }
 
 // Fields override the family's defaults; naming another family starts from its defaults.
-void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a) {
+void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given) {
   const std::string path = "model.architecture";
   if (!r.ExpectObject(v, path)) return;
+  for (const ArchitectureField& f : ArchitectureFields()) {
+    if (v.contains(f.key)) given.architectureKeys.push_back(f.key);
+  }
+
   r.RejectUnknown(v, {"family", "vocabSize", "hiddenSize", "numLayers", "numHeads", "numKeyValueHeads",
                       "headDim", "intermediateSize", "maxPositionEmbeddings", "typeVocabSize",
                       "tieWordEmbeddings", "attentionBias", "hiddenAct", "numExperts", "expertsPerToken",
@@ -189,7 +214,10 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a) {
                       "hiddenDropout", "attentionDropout", "encoderHead", "numLabels"},
                   path);
   Family family = a.family;
-  if (r.Enum(v, "family", path, family) && family != a.family) a = DefaultArchitecture(family);
+  if (r.Enum(v, "family", path, family) && family != a.family) {
+    a = DefaultArchitecture(family);
+    given.familyReset = true;
+  }
   r.Int(v, "vocabSize", path, a.vocabSize);
   r.Int(v, "hiddenSize", path, a.hiddenSize);
   r.Int(v, "numLayers", path, a.numLayers);
@@ -213,7 +241,7 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a) {
   r.Int(v, "numLabels", path, a.numLabels);
 }
 
-void ReadModel(Reader& r, const json& v, ModelDef& model) {
+void ReadModel(Reader& r, const json& v, ModelDef& model, Given& given) {
   const std::string path = "model";
   if (!r.ExpectObject(v, path)) return;
   r.RejectUnknown(v, {"kind", "parameterCount", "largestMatrices", "layers", "loss", "preset", "architecture"}, path);
@@ -226,10 +254,11 @@ void ReadModel(Reader& r, const json& v, ModelDef& model) {
       r.Fail(ErrorCode::InvalidField, "model.preset", "Unknown preset " + Echo(*it) + "; known: " + ids + ".");
     } else {
       model.architecture = preset->architecture;
+      given.presetId = preset->id;
       if (!v.contains("kind")) model.kind = ModelKind::Transformer;
     }
   }
-  if (auto it = v.find("architecture"); it != v.end()) ReadArchitecture(r, *it, model.architecture);
+  if (auto it = v.find("architecture"); it != v.end()) ReadArchitecture(r, *it, model.architecture, given);
   r.Int(v, "parameterCount", path, model.parameterCount);
   r.Enum(v, "loss", path, model.loss);
   if (auto it = v.find("largestMatrices"); it != v.end()) {
@@ -270,9 +299,13 @@ void ReadModel(Reader& r, const json& v, ModelDef& model) {
   }
 }
 
-void ReadTraining(Reader& r, const json& v, TrainingDef& t) {
+void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
   const std::string path = "training";
   if (!r.ExpectObject(v, path)) return;
+  static constexpr const char* kKeys[] = {"batchSize", "sequenceLength", "precision", "optimizer",
+                                          "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
+                                          "attention", "checkpointing", "checkpointInterval"};
+  for (const char* key : kKeys) if (v.contains(key)) given.trainingKeys.push_back(key);
   r.RejectUnknown(v, {"batchSize", "sequenceLength", "precision", "optimizer",
                       "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
                       "attention", "checkpointing", "checkpointInterval"}, path);
@@ -362,32 +395,35 @@ std::string Dump(const ojson& j, int indent) {
 
 }  // namespace
 
-SetupParseResult ParseSetupJson(std::string_view text) {
-  SetupParseResult result;
-  result.setup = DefaultSetup();
-  Reader r(result.errors);
+namespace {
+
+// Reads a setup into `setup` (which starts as DefaultSetup()), errors into `errors`, and what
+// the text gave into `given`. Linear in the text.
+void ParseInto(std::string_view text, Setup& setup, ErrorList& errors, Given& given) {
+  setup = DefaultSetup();
+  Reader r(errors);
   if (text.size() > kMaxTextBytes) {
     r.Fail(ErrorCode::MalformedJson, "", "The setup is larger than 16 MiB.");
-    return result;
+    return;
   }
   if (!NestingWithin(text, kMaxDepth)) {
     r.Fail(ErrorCode::MalformedJson, "", "The setup is nested more than 64 levels deep.");
-    return result;
+    return;
   }
   const json doc = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
     r.Fail(ErrorCode::MalformedJson, "", "The setup is not valid JSON.");
-    return result;
+    return;
   }
-  if (!r.ExpectObject(doc, "")) return result;
+  if (!r.ExpectObject(doc, "")) return;
   r.RejectUnknown(doc, {"schemaVersion", "model", "training", "gpu"}, "");
   if (auto it = doc.find("schemaVersion"); it != doc.end()) {
     if (!it->is_number_integer() || it->get<std::int64_t>() != kSchemaVersion) {
       r.Fail(ErrorCode::InvalidField, "schemaVersion", "Only schema version 1 is understood.");
     }
   }
-  if (auto it = doc.find("model"); it != doc.end()) ReadModel(r, *it, result.setup.model);
-  if (auto it = doc.find("training"); it != doc.end()) ReadTraining(r, *it, result.setup.training);
+  if (auto it = doc.find("model"); it != doc.end()) ReadModel(r, *it, setup.model, given);
+  if (auto it = doc.find("training"); it != doc.end()) ReadTraining(r, *it, setup.training, given);
   if (auto it = doc.find("gpu"); it != doc.end()) {
     if (r.ExpectObject(*it, "gpu")) {
       r.RejectUnknown(*it, {"memoryGiB", "id"}, "gpu");
@@ -397,13 +433,106 @@ SetupParseResult ParseSetupJson(std::string_view text) {
         if (gpu == nullptr) {
           r.Fail(ErrorCode::InvalidField, "gpu.id", "Unknown GPU " + Echo(*id) + " (see the gpus list in the options).");
         } else {
-          result.setup.gpu.id = gpu->id;
-          result.setup.gpu.memoryGiB = gpu->memoryGiB;
+          setup.gpu.id = gpu->id;
+          setup.gpu.memoryGiB = gpu->memoryGiB;
         }
       }
-      r.Number(*it, "memoryGiB", "gpu", result.setup.gpu.memoryGiB);
+      r.Number(*it, "memoryGiB", "gpu", setup.gpu.memoryGiB);
     }
   }
+  // No sequence given: a preset's own working length (its published context, capped; see
+  // presets.hpp), and for GPT-2 / BERT never longer than the position table, so that
+  // {"model":{"preset":"bert-base-uncased"}} estimates as it stands.
+  if (!given.Training("sequenceLength") && setup.model.kind == ModelKind::Transformer) {
+    const ArchitectureDef& a = setup.model.architecture;
+    if (const Preset* preset = FindPreset(given.presetId)) setup.training.sequenceLength = preset->defaultSequenceLength;
+    if (a.family != Family::Llama && a.maxPositionEmbeddings >= 1) {
+      setup.training.sequenceLength = std::min(setup.training.sequenceLength, a.maxPositionEmbeddings);
+    }
+  }
+}
+
+// Where a value the text did not set comes from, for messages.
+std::string SourceOf(const Given& given, const Setup& setup) {
+  if (!given.presetId.empty() && !given.familyReset) return "preset " + given.presetId;
+  return std::string("the ") + IdOf(setup.model.architecture.family) + " family's defaults";
+}
+
+// Validation errors speak of what the person typed. A relation between two architecture fields
+// (messages quote values as "key (value)") where the text set only one is restated in terms of
+// the one it set; a quoted value it did not set says where it came from.
+void Attribute(FieldError& e, const Given& given, const Setup& setup) {
+  const std::string arch = "model.architecture.";
+  const ArchitectureDef& a = setup.model.architecture;
+  if (e.field == arch + "numKeyValueHeads" && !given.Architecture("numKeyValueHeads") &&
+      given.Architecture("numHeads")) {
+    e.field = arch + "numHeads";
+    e.message = "numHeads (" + FormatCount(a.numHeads) + ") must be a multiple of the key/value heads: "
+                "numKeyValueHeads is " + FormatCount(KeyValueHeads(a)) + " here, from " + SourceOf(given, setup) +
+                " (this setup does not set it). Set numKeyValueHeads to a divisor of " + FormatCount(a.numHeads) +
+                ", or 0 for one per query head.";
+    return;
+  }
+  if (e.code == ErrorCode::TooLarge) return;
+  std::string notes;
+  for (const ArchitectureField& f : ArchitectureFields()) {
+    if (given.Architecture(f.key) || e.message.find(std::string(f.key) + " (") == std::string::npos) continue;
+    notes += (notes.empty() ? "" : ", ") + std::string(f.key);
+  }
+  if (!notes.empty()) {
+    notes += std::string(notes.find(',') == std::string::npos ? " comes" : " come") + " from " + SourceOf(given, setup) +
+             "; this setup does not set " + (notes.find(',') == std::string::npos ? "it" : "them");
+  }
+  if (e.field.starts_with("training.") && !given.Training(e.field.substr(9))) {
+    notes += (notes.empty() ? "" : "; ") + e.field.substr(9) + " is the default here; this setup does not set it";
+  }
+  if (notes.empty()) return;
+  if (e.message.ends_with(".")) e.message.pop_back();
+  e.message += " (" + notes + ").";
+}
+
+// Parse errors, then — when they all fit in the report — validation errors, skipping a field
+// already named (and everything inside it: a layer whose type is unknown is not then told that
+// its features are missing). Linear: the named fields are looked up in a hash set, each
+// validation error by its own path and its parents'.
+std::vector<FieldError> ParseAndValidateInto(std::string_view text, Setup& setup, Given& given) {
+  ErrorList errors;
+  ParseInto(text, setup, errors, given);
+  if (!errors.empty() && errors.Kept().front().code == ErrorCode::MalformedJson) return errors.Report();
+  if (errors.size() > kMaxReportedErrors) {
+    // Too many to list already: the values are checked once the text reads cleanly.
+    return errors.Report("These are errors in the text; the values are checked once it reads cleanly.");
+  }
+  std::unordered_set<std::string> named;
+  for (const FieldError& p : errors.Kept()) {
+    std::string field = p.field;
+    if (field.ends_with(".type")) field.resize(field.size() - 5);
+    named.insert(std::move(field));
+  }
+  errors.SetFilter([&named](const FieldError& e) {
+    if (named.count(e.field)) return true;
+    for (std::size_t i = e.field.size(); i-- > 0;) {
+      if ((e.field[i] == '.' || e.field[i] == '[') && named.count(e.field.substr(0, i))) return true;
+    }
+    return false;
+  });
+  const std::size_t parseErrors = errors.size();
+  Validate(setup, errors);
+  std::vector<FieldError> out = errors.Report();
+  for (std::size_t i = parseErrors; i < out.size(); ++i) {
+    if (out[i].code != ErrorCode::TooManyErrors) Attribute(out[i], given, setup);
+  }
+  return out;
+}
+
+}  // namespace
+
+SetupParseResult ParseSetupJson(std::string_view text) {
+  SetupParseResult result;
+  ErrorList errors;
+  Given given;
+  ParseInto(text, result.setup, errors, given);
+  result.errors = errors.Report();
   return result;
 }
 
@@ -418,27 +547,8 @@ std::string ErrorsToJson(const std::vector<FieldError>& errors, int indent) {
 }
 
 std::vector<FieldError> ParseAndValidate(std::string_view text, Setup& setup) {
-  SetupParseResult parsed = ParseSetupJson(text);
-  setup = parsed.setup;
-  std::vector<FieldError> errors = parsed.errors;
-  if (!errors.empty() && errors.front().code == ErrorCode::MalformedJson) return errors;
-  // Fields that failed to parse kept their defaults; report every other problem too, so a
-  // person fixes them all in one pass. A field already named is not named twice.
-  // A field that failed to parse also silences range errors inside it: a layer whose type
-  // is unknown is not then told that its features are missing.
-  auto within = [](const std::string& field, std::string parent) {
-    const std::string type = ".type";
-    if (parent.size() > type.size() && parent.ends_with(type)) parent.resize(parent.size() - type.size());
-    if (field == parent) return true;
-    return field.size() > parent.size() && field.starts_with(parent) &&
-           (field[parent.size()] == '.' || field[parent.size()] == '[');
-  };
-  for (FieldError& e : Validate(setup)) {
-    bool named = false;
-    for (const FieldError& p : parsed.errors) named = named || within(e.field, p.field);
-    if (!named) errors.push_back(std::move(e));
-  }
-  return errors;
+  Given given;
+  return ParseAndValidateInto(text, setup, given);
 }
 
 std::string EstimateResultToJson(const EstimateResult& result, int indent) {
@@ -527,12 +637,9 @@ std::string ImportSafetensorsJson(std::string_view text, std::string_view setupT
   return Dump(out, indent);
 }
 
-std::string SolveJson(std::string_view setupText, int indent) {
-  Setup setup;
-  const std::vector<FieldError> errors = ParseAndValidate(setupText, setup);
-  if (!errors.empty()) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
-  const SolveResult r = Solve(setup);
-  if (!r.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(r.errors)}}, indent);
+namespace {
+
+ojson SolveObject(const SolveResult& r) {
   auto limit = [](const SolvedLimit& l) {
     return l.found ? ojson{{"value", l.value}, {"peakBytes", l.peakBytes}, {"limit", l.limit}, {"limitReason", l.limitReason}}
                    : ojson(nullptr);
@@ -549,11 +656,36 @@ std::string SolveJson(std::string_view setupText, int indent) {
     suggestions.push_back({{"id", s.id}, {"label", s.label}, {"tradeoff", s.tradeoff}, {"change", change},
                            {"peakBytes", s.peakBytes}, {"savedBytes", s.savedBytes}, {"fits", s.fits}});
   }
-  return Dump({{"ok", true},
-               {"solve", {{"currentPeakBytes", r.currentPeakBytes}, {"capacityBytes", r.capacityBytes},
-                          {"maxBatchSize", limit(r.maxBatchSize)}, {"maxSequenceLength", limit(r.maxSequenceLength)},
-                          {"suggestions", suggestions}}}},
-              indent);
+  return {{"currentPeakBytes", r.currentPeakBytes}, {"capacityBytes", r.capacityBytes},
+          {"maxBatchSize", limit(r.maxBatchSize)}, {"maxSequenceLength", limit(r.maxSequenceLength)},
+          {"suggestions", suggestions}, {"estimatesRun", r.estimatesRun}};
+}
+
+}  // namespace
+
+std::string SolveJson(std::string_view setupText, int indent) {
+  Setup setup;
+  const std::vector<FieldError> errors = ParseAndValidate(setupText, setup);
+  if (!errors.empty()) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  const SolveResult r = Solve(setup);
+  if (!r.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(r.errors)}}, indent);
+  return Dump({{"ok", true}, {"solve", SolveObject(r)}}, indent);
+}
+
+std::string EstimateAndSolveJson(std::string_view setupText, int indent) {
+  Setup setup;
+  EstimateResult estimated;
+  estimated.errors = ParseAndValidate(setupText, setup);
+  if (estimated.ok()) {
+    estimated = EstimateMemory(setup, {.timeline = EstimateOptions::Timeline::Labelled, .timelineLimit = kTimelineLimit});
+  }
+  if (!estimated.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(estimated.errors)}}, indent);
+  const SolveResult r = Solve(setup, estimated.estimate);
+  if (!r.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(r.errors)}}, indent);
+  // The estimate's own writer, read back so the two parts print alike (a CLI path: its cost is
+  // no concern).
+  const ojson estimate = ojson::parse(EstimateOnlyJson(estimated.estimate, -1), nullptr, false);
+  return Dump({{"ok", true}, {"estimate", estimate}, {"solve", SolveObject(r)}}, indent);
 }
 
 const char* Version() { return GPUMEM_VERSION; }
@@ -568,7 +700,7 @@ std::string OptionsJson(int indent) {
   for (const Preset& p : Presets()) {
     presets.push_back({{"id", p.id}, {"label", p.label}, {"source", p.source},
                        {"publishedParameters", p.publishedParameters}, {"countedAs", p.countedAs},
-                       {"note", p.note},
+                       {"note", p.note}, {"defaultSequenceLength", p.defaultSequenceLength},
                        {"architecture", ArchitectureJson(p.architecture)}});
   }
   ojson gpus = ojson::array();

@@ -36,7 +36,7 @@ namespace {
 template <class Add>
 void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) {
   auto add = [&](const std::string& prefix, const char* name, std::initializer_list<std::int64_t> shape,
-                 int block = -1) { add0(prefix, name, shape, block); };
+                 int block = -1, bool expert = false) { add0(prefix, name, shape, block, expert); };
   const std::string none;
   const std::int64_t h = a.hiddenSize, V = a.vocabSize, inter = IntermediateSize(a);
   const std::int64_t d = HeadDim(a), heads = a.numHeads, kv = KeyValueHeads(a);
@@ -89,9 +89,9 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
         add(b, "block_sparse_moe.gate.weight", {a.numExperts, h}, L);
         for (std::int64_t e = 0; e < a.numExperts; ++e) {
           const std::string x = named ? b + "block_sparse_moe.experts." + std::to_string(e) + "." : none;
-          add(x, "w1.weight", {ei, h}, L);
-          add(x, "w2.weight", {h, ei}, L);
-          add(x, "w3.weight", {ei, h}, L);
+          add(x, "w1.weight", {ei, h}, L, true);
+          add(x, "w2.weight", {h, ei}, L, true);
+          add(x, "w3.weight", {ei, h}, L, true);
         }
         if (a.sharedExpertIntermediateSize > 0) {
           const std::int64_t si = a.sharedExpertIntermediateSize;
@@ -156,18 +156,23 @@ std::int64_t Inventory::IndexOf(const std::string& name) const {
   return -1;
 }
 
-double CountParameters(const Setup& setup) {
+ParameterCounts CountParameters(const Setup& setup) {
+  ParameterCounts n;
+  auto count = [&n](double elements, int block, bool expert) {
+    n.total += elements;
+    (block < 0 ? n.outside : n.blocks) += elements;
+    if (expert) n.experts += elements;
+  };
   if (setup.model.kind != ModelKind::Transformer) {
-    double n = 0;
-    for (const Tensor& t : BuildInventory(setup).parameters) n += static_cast<double>(t.Elements());
+    for (const Tensor& t : BuildInventory(setup).parameters) count(double(t.Elements()), t.layer, false);
     return n;
   }
-  double n = 0;
   ForEachTransformerTensor(setup.model.architecture, false,
-                           [&](const std::string&, const char*, std::initializer_list<std::int64_t> shape, int) {
+                           [&](const std::string&, const char*, std::initializer_list<std::int64_t> shape, int block,
+                               bool expert) {
                              double elements = 1;
                              for (std::int64_t d : shape) elements *= static_cast<double>(d);
-                             n += elements;
+                             count(elements, block, expert);
                            });
   return n;
 }
@@ -178,7 +183,7 @@ Inventory BuildInventory(const Setup& setup) {
   if (model.kind == ModelKind::Transformer) {
     ForEachTransformerTensor(model.architecture, true,
                              [&](const std::string& prefix, const char* name, std::initializer_list<std::int64_t> shape,
-                                 int block) {
+                                 int block, bool) {
                                inv.parameters.push_back({prefix + name, std::vector<std::int64_t>(shape), true, block});
                              });
     return inv;

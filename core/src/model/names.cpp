@@ -122,6 +122,7 @@ const char* ErrorCodeId(ErrorCode code) {
     case ErrorCode::UnknownField: return "unknownField";
     case ErrorCode::MalformedJson: return "malformedJson";
     case ErrorCode::TooLarge: return "tooLarge";
+    case ErrorCode::TooManyErrors: return "tooManyErrors";
   }
   return "";
 }

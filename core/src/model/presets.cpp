@@ -12,10 +12,13 @@ namespace {
 
 std::vector<Preset> MakePresets() {
   std::vector<Preset> out;
+  // The default sequence: the position table for GPT-2 and BERT (1024 and 512), else 4096
+  // (Llama 2's context; the cap for longer ones) unless set after adding (TinyLlama: 2048).
   auto add = [&](const char* id, const char* label, const char* source, ArchitectureDef a,
                  std::int64_t published, const char* countedAs = "all parameters (tied head counted once)",
                  const char* note = "") {
-    out.push_back({id, label, source, a, published, countedAs, note});
+    const std::int64_t sequence = a.family == Family::Llama ? 4096 : a.maxPositionEmbeddings;
+    out.push_back({id, label, source, a, published, countedAs, note, sequence});
   };
   // The Llama family's shapes in one call: vocabulary, hidden, layers, heads, key/value heads,
   // MLP width.
@@ -70,6 +73,7 @@ std::vector<Preset> MakePresets() {
   add("llama-2-70b", "Llama 2 70B", "meta-llama/Llama-2-70b-hf", llama(32000, 8192, 80, 64, 8, 28672), 68'976'648'192);
   add("tinyllama-1.1b", "TinyLlama 1.1B", "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
       llama(32000, 2048, 22, 32, 4, 5632), 1'100'048'384);
+  out.back().defaultSequenceLength = 2048;  // max_position_embeddings 2048 (trained at 2048)
   add("mistral-7b-v0.1", "Mistral 7B v0.1", "mistralai/Mistral-7B-v0.1", llama(32000, 4096, 32, 32, 8, 14336),
       7'241'732'096);
   add("llama-3-8b", "Llama 3 8B", "meta-llama/Meta-Llama-3-8B", llama(128256, 4096, 32, 32, 8, 14336), 8'030'261'248);

@@ -1,7 +1,9 @@
 // Defaults (typed once, here) and validation of a Setup.
 #include "gpumem/setup.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 
 #include "gpumem/format.hpp"
@@ -20,7 +22,7 @@ std::vector<LayerDef> MlpLayers() {
 std::string LayerPath(std::size_t i) { return "model.layers[" + std::to_string(i) + "]"; }
 
 // Appends an error when `value` is outside [1, max].
-void CheckCount(std::vector<FieldError>& errors, const std::string& field, std::int64_t value,
+void CheckCount(ErrorList& errors, const std::string& field, std::int64_t value,
                 std::int64_t max, const char* what) {
   if (value < 1) {
     errors.push_back({ErrorCode::InvalidField, field,
@@ -32,7 +34,7 @@ void CheckCount(std::vector<FieldError>& errors, const std::string& field, std::
   }
 }
 
-void ValidateLayers(const ModelDef& model, std::vector<FieldError>& errors) {
+void ValidateLayers(const ModelDef& model, ErrorList& errors) {
   const auto& layers = model.layers;
   if (layers.empty()) {
     errors.push_back({ErrorCode::InvalidField, "model.layers",
@@ -101,7 +103,7 @@ void ValidateLayers(const ModelDef& model, std::vector<FieldError>& errors) {
 }
 
 // Appends an error when `value` is outside [min, max] (min may be 0 for "derive it").
-void CheckRange(std::vector<FieldError>& errors, const std::string& field, std::int64_t value,
+void CheckRange(ErrorList& errors, const std::string& field, std::int64_t value,
                 std::int64_t min, std::int64_t max, const char* what) {
   if (value < min || value > max) {
     errors.push_back({ErrorCode::InvalidField, field,
@@ -110,7 +112,7 @@ void CheckRange(std::vector<FieldError>& errors, const std::string& field, std::
   }
 }
 
-void CheckProbability(std::vector<FieldError>& errors, const std::string& field, double p) {
+void CheckProbability(ErrorList& errors, const std::string& field, double p) {
   if (!std::isfinite(p) || p < 0.0 || p >= 1.0) {
     errors.push_back({ErrorCode::InvalidField, field, "A dropout probability must be in [0, 1)."});
   }
@@ -122,7 +124,17 @@ constexpr std::int64_t kMaxVocab = 100'000'000;
 constexpr std::int64_t kMaxIntermediate = 10'000'000;
 constexpr std::int64_t kMaxTensors = 2'000'000;
 
-void ValidateArchitecture(const Setup& setup, std::vector<FieldError>& errors) {
+// The parameters of a transformer's inventory, split by what a person would change to shrink
+// them: the blocks (numLayers), the experts inside them (numExperts), or the embeddings and head
+// (vocabSize).
+using ParameterSplit = ParameterCounts;
+
+// The parameters by where they sit, without listing the inventory's names.
+ParameterSplit SplitParameters(const Setup& setup) { return CountParameters(setup); }
+
+// Validates the architecture; `parameters` receives its split when the sizes are sane enough
+// to list the inventory.
+void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<ParameterSplit>& parameters) {
   const ArchitectureDef& a = setup.model.architecture;
   const std::string p = "model.architecture.";
   const std::size_t before = errors.size();
@@ -178,7 +190,8 @@ void ValidateArchitecture(const Setup& setup, std::vector<FieldError>& errors) {
   if (kv > a.numHeads || a.numHeads % kv != 0) {
     errors.push_back({ErrorCode::InvalidField, p + "numKeyValueHeads",
                       "numKeyValueHeads (" + FormatCount(kv) + ") must divide numHeads (" +
-                          FormatCount(a.numHeads) + ")."});
+                          FormatCount(a.numHeads) + "): each key/value head serves a whole group of "
+                          "query heads."});
   }
   if (a.family == Family::Llama && a.headDim == 0 && a.hiddenSize % a.numHeads == 0 &&
       HeadDim(a) % 2 != 0) {
@@ -190,7 +203,7 @@ void ValidateArchitecture(const Setup& setup, std::vector<FieldError>& errors) {
   if (a.family != Family::Llama && setup.training.sequenceLength > a.maxPositionEmbeddings) {
     errors.push_back({ErrorCode::InvalidField, "training.sequenceLength",
                       "The sequence (" + FormatCount(setup.training.sequenceLength) +
-                          " tokens) is longer than the position table (maxPositionEmbeddings " +
+                          " tokens) is longer than the position table: maxPositionEmbeddings (" +
                           FormatCount(a.maxPositionEmbeddings) + ")."});
   }
   const double tensors = double(a.numLayers) * double(3 * a.numExperts + 20);
@@ -201,42 +214,108 @@ void ValidateArchitecture(const Setup& setup, std::vector<FieldError>& errors) {
     return;
   }
   if (errors.size() != before) return;
-  const double parameters = CountParameters(setup);
-  if (parameters > double(Limits::maxParameterCount)) {
+  parameters = SplitParameters(setup);
+  if (parameters->total > double(Limits::maxParameterCount)) {
     errors.push_back({ErrorCode::TooLarge, "model.architecture",
-                      "The architecture holds about " + FormatScientific(parameters) +
+                      "The architecture holds about " + FormatScientific(parameters->total) +
                           " parameters, more than the supported 1e14."});
   }
 }
 
-// A generous upper bound of the bytes the simulation can reach, in double, so that absurd
-// combinations are refused before any 64-bit arithmetic can overflow.
-double RoughUpperBoundBytes(const Setup& setup) {
-  const double tokens = static_cast<double>(setup.training.batchSize) *
-                        static_cast<double>(setup.training.sequenceLength);
+// The terms of SizeBound (setup.hpp) for a model whose parameters are already split.
+SizeBound SizeBoundOf(const Setup& setup, const std::optional<ParameterSplit>& split) {
+  SizeBound bound;
+  constexpr double kBytesPerValue = 8.0;  // every value counted as 8 bytes: fp32 and its copy
   if (setup.model.kind == ModelKind::ParameterCount) {
     const double n = static_cast<double>(setup.model.parameterCount);
-    return 32.0 * n + 8.0 * tokens * HeuristicActivationValuesPerToken(setup.model.parameterCount);
+    bound.modelStateBytes = 32.0 * n;
+    bound.bytesPerToken = kBytesPerValue * HeuristicActivationValuesPerToken(setup.model.parameterCount);
+    bound.modelStateField = "model.parameterCount";
+    return bound;
   }
   if (setup.model.kind == ModelKind::Transformer) {
     const ArchitectureDef& a = setup.model.architecture;
-    const double parameters = CountParameters(setup);
-    const double k = a.numExperts > 0 ? double(a.expertsPerToken) : 1.0;
-    const double perTokenPerLayer =
-        64.0 * double(a.hiddenSize) + 16.0 * k * double(ExpertIntermediateSize(a)) +
-        16.0 * double(IntermediateSize(a)) + 16.0 * double(a.sharedExpertIntermediateSize) +
-        16.0 * double(a.numHeads) * (double(setup.training.sequenceLength) + double(HeadDim(a))) +
-        8.0 * double(a.numExperts);
-    return 40.0 * parameters +
-           8.0 * tokens * (double(a.numLayers) * perTokenPerLayer + 32.0 * double(a.vocabSize) + 64.0);
+    const TrainingDef& t = setup.training;
+    const ParameterSplit p = split ? *split : SplitParameters(setup);
+    bound.modelStateBytes = 40.0 * p.total;
+    bound.modelStateField = p.outside > p.blocks ? "model.architecture.vocabSize"
+                            : p.experts > p.blocks / 2 ? "model.architecture.numExperts"
+                                                       : "model.architecture.numLayers";
+    // Values one block keeps per token, generously: hidden-sized tensors (norms, residuals,
+    // projections' inputs and outputs), the MLP's or the routed experts' widths, q/k/v and
+    // the attention output (heads · headDim, k and v repeated for grouped-query attention),
+    // the router's logits.
+    const double experts = a.numExperts > 0 ? double(a.expertsPerToken) : 1.0;
+    const double blockValues = 64.0 * double(a.hiddenSize) + 16.0 * experts * double(ExpertIntermediateSize(a)) +
+                               16.0 * double(IntermediateSize(a)) + 16.0 * double(a.sharedExpertIntermediateSize) +
+                               16.0 * double(a.numHeads) * double(HeadDim(a)) + 8.0 * double(a.numExperts);
+    // Eager attention keeps scores, their fp32 softmax, probabilities and a dropout mask of
+    // b·heads·s² per block (16 values per score is generous); SDPA keeps none (its log-sum-exp
+    // is b·heads·s, inside blockValues). The causal mask (b·s²) is smaller than one block's.
+    const double scoreValues = t.attention == AttentionImplementation::Eager ? 16.0 * double(a.numHeads) : 0.0;
+    // A checkpointed block keeps only its input (hidden-sized; 4 values is generous) until
+    // backward recomputes it; one block at a time is then live in full.
+    const double inputValues = 4.0 * double(a.hiddenSize);
+    const double L = double(a.numLayers);
+    double fullBlocks = L, scoreBlocks = L, inputBlocks = 0;
+    switch (t.checkpointing) {
+      case Checkpointing::None: break;
+      case Checkpointing::Selective: scoreBlocks = 1; break;  // the attention core is recomputed
+      case Checkpointing::EveryBlock: fullBlocks = 1; scoreBlocks = 1; inputBlocks = L; break;
+      case Checkpointing::EveryKthBlock: {
+        const double k = double(std::max<std::int64_t>(1, t.checkpointInterval));
+        inputBlocks = std::ceil(L / k);  // blocks 0, k, 2k, …
+        fullBlocks = std::min(L, L - inputBlocks + 1);
+        scoreBlocks = fullBlocks;
+        break;
+      }
+    }
+    // Outside the blocks: embeddings, the logits with their fp32 copies and log-softmax.
+    const double outsideValues = 32.0 * double(a.vocabSize) + 64.0;
+    bound.bytesPerToken = kBytesPerValue * (fullBlocks * blockValues + inputBlocks * inputValues + outsideValues);
+    bound.bytesPerTokenPosition = kBytesPerValue * scoreBlocks * scoreValues;
+    return bound;
   }
+  // A layer list: every layer's output and input widths, linear in the layers (one pass).
   double params = 0, widths = 0;
-  for (std::size_t i = 0; i < setup.model.layers.size(); ++i) {
-    const LayerDef& l = setup.model.layers[i];
+  std::int64_t width = 0;
+  for (const LayerDef& l : setup.model.layers) {
     params += LayerParameterCount(l);
-    widths += double(OutputWidth(setup.model.layers, i)) + (l.kind == LayerKind::Linear ? double(l.inFeatures) : 0.0);
+    if (l.kind == LayerKind::Linear) width = l.outFeatures;
+    if (l.kind == LayerKind::Embedding) width = l.embeddingDim;
+    widths += double(width) + (l.kind == LayerKind::Linear ? double(l.inFeatures) : 0.0);
   }
-  return 32.0 * params + 32.0 * tokens * (widths + 2.0);
+  bound.modelStateBytes = 32.0 * params;
+  bound.bytesPerToken = 32.0 * (widths + 2.0);
+  bound.modelStateField = "model.layers";
+  return bound;
+}
+
+// The field that drives a bound's excess, and what to say about it.
+FieldError TooLargeError(const Setup& setup, const SizeBound& bound) {
+  const TrainingDef& t = setup.training;
+  const double b = double(t.batchSize), s = double(t.sequenceLength);
+  const double states = bound.modelStateBytes, tokens = b * s * bound.bytesPerToken,
+               scores = b * s * s * bound.bytesPerTokenPosition;
+  const double total = states + tokens + scores;
+  const std::string head = "This setup would need on the order of " + FormatScientific(total) +
+                           " bytes, beyond what the estimator represents (2^53 ≈ 9.0e15): ";
+  if (scores >= states && scores >= tokens) {
+    return {ErrorCode::TooLarge, "training.sequenceLength",
+            head + "eager attention keeps batch × heads × sequence² scores in every block (" +
+                FormatScientific(scores) + " bytes). Use a shorter sequence, sdpa attention, or "
+                "checkpointing."};
+  }
+  if (tokens >= states) {
+    const bool batch = t.batchSize > 1;
+    return {ErrorCode::TooLarge, batch ? "training.batchSize" : "training.sequenceLength",
+            head + "activations grow with batch × sequence (" + FormatCount(t.batchSize) + " × " +
+                FormatCount(t.sequenceLength) + " tokens: " + FormatScientific(tokens) + " bytes). Use a " +
+                (batch ? "smaller batch" : "shorter sequence") + " or checkpointing."};
+  }
+  return {ErrorCode::TooLarge, bound.modelStateField,
+          head + "the model states alone (weights, gradients, optimizer states) are " +
+              FormatScientific(states) + " bytes. Use a smaller model."};
 }
 
 }  // namespace
@@ -387,8 +466,16 @@ std::int64_t OutputWidth(const std::vector<LayerDef>& layers, std::size_t index)
 }
 
 std::vector<FieldError> Validate(const Setup& setup) {
-  std::vector<FieldError> errors;
+  ErrorList errors;
+  Validate(setup, errors);
+  return errors.Report();
+}
+
+SizeBound EstimateSizeBound(const Setup& setup) { return SizeBoundOf(setup, std::nullopt); }
+
+void Validate(const Setup& setup, ErrorList& errors) {
   const TrainingDef& t = setup.training;
+  std::optional<ParameterSplit> parameters;
   const ModelDef& m = setup.model;
 
   if (m.kind == ModelKind::ParameterCount) {
@@ -419,7 +506,7 @@ std::vector<FieldError> Validate(const Setup& setup) {
                         "layer list choose fp32, bf16, bf16Mixed or fp16Mixed."});
     }
   } else {
-    ValidateArchitecture(setup, errors);
+    ValidateArchitecture(setup, errors, parameters);
     if (t.checkpointing == Checkpointing::EveryKthBlock) {
       CheckCount(errors, "training.checkpointInterval", t.checkpointInterval, Limits::maxLayers,
                  "The checkpoint interval");
@@ -447,15 +534,28 @@ std::vector<FieldError> Validate(const Setup& setup) {
   }
 
   if (errors.empty()) {
-    const double bound = RoughUpperBoundBytes(setup);
-    if (!(bound < Limits::maxEstimateBytes)) {
-      errors.push_back({ErrorCode::TooLarge, "training.batchSize",
-                        "This setup would need on the order of " + FormatScientific(bound) +
-                            " bytes, beyond what the estimator represents (2^53 ≈ 9e15); reduce the "
-                            "batch size, sequence length or model."});
+    const SizeBound bound = SizeBoundOf(setup, parameters);
+    if (!(bound.Total(double(t.batchSize), double(t.sequenceLength)) < Limits::maxEstimateBytes)) {
+      errors.push_back(TooLargeError(setup, bound));
     }
   }
-  return errors;
+}
+
+std::vector<FieldError> ErrorList::Report(const std::string& note) const {
+  std::vector<FieldError> out = kept_;
+  if (total_ > kept_.size()) {
+    out.push_back({ErrorCode::TooManyErrors, "",
+                   "…and " + FormatCount(static_cast<std::int64_t>(total_ - kept_.size())) +
+                       " more errors, not listed (the first " + FormatCount(static_cast<std::int64_t>(kept_.size())) +
+                       " are above)." + (note.empty() ? "" : " " + note)});
+  }
+  return out;
+}
+
+std::vector<FieldError> CapErrors(std::vector<FieldError> errors) {
+  ErrorList list;
+  for (FieldError& e : errors) list.push_back(std::move(e));
+  return list.Report();
 }
 
 }  // namespace gpumem

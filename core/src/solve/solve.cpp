@@ -1,10 +1,12 @@
-// The solvers: bisection on the simulated peak, and single changes (then a greedy combination)
-// evaluated by the same simulation.
+// The solvers: the largest batch and sequence that fit (extrapolation from two simulations,
+// then interpolation inside the bracket), and single changes (then a short greedy combination),
+// each evaluated by the same simulation. Every simulation is counted (SolveResult.estimatesRun).
 #include "gpumem/solve.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 
 #include "gpumem/estimate.hpp"
@@ -14,76 +16,196 @@
 namespace gpumem {
 namespace {
 
-std::optional<std::int64_t> PeakOf(const Setup& setup) {
-  if (!Validate(setup).empty()) return std::nullopt;
-  return EstimateMemory(setup, {.timeline = EstimateOptions::Timeline::None, .explain = false}).estimate.peak.totalBytes;
-}
+constexpr EstimateOptions kPeaksOnly{.timeline = EstimateOptions::Timeline::None, .explain = false};
 
-// The largest v in [1, limit] with fits(v), given that the peak grows with v.
-SolvedLimit LargestFitting(std::int64_t limit, const std::function<std::optional<std::int64_t>(std::int64_t)>& peak,
-                           std::int64_t capacity) {
-  SolvedLimit out;
-  out.limit = limit;
-  auto fits = [&](std::int64_t v, std::int64_t& bytes) {
-    const auto p = peak(v);
-    if (!p || *p > capacity) return false;
-    bytes = *p;
-    return true;
-  };
-  std::int64_t bytes = 0;
-  if (limit < 1 || !fits(1, bytes)) return out;
-  out.found = true;
-  std::int64_t lo = 1, loBytes = bytes, hi = 2;
-  while (hi <= limit && fits(hi, bytes)) {
-    lo = hi;
-    loBytes = bytes;
-    hi = hi > limit / 2 ? limit + 1 : hi * 2;
-  }
-  if (hi > limit) hi = limit + 1;
-  while (hi - lo > 1) {  // lo fits, hi does not (or is past the limit)
-    const std::int64_t mid = lo + (hi - lo) / 2;
-    if (fits(mid, bytes)) { lo = mid; loBytes = bytes; }
-    else hi = mid;
-  }
-  out.value = lo;
-  out.peakBytes = loBytes;
+// The peak of each phase (Phase order) of one simulation; nullopt when the setup is refused.
+using PhasePeaks = std::vector<std::int64_t>;
+using PeakFn = std::function<std::optional<PhasePeaks>(std::int64_t)>;
+
+PhasePeaks PhasePeaksOf(const Estimate& e) {
+  PhasePeaks out;
+  for (const Snapshot& s : e.phasePeaks) out.push_back(s.totalBytes);
+  if (out.empty()) out.push_back(e.peak.totalBytes);
   return out;
 }
 
-std::int64_t SequenceLimit(const Setup& setup) {
-  const ArchitectureDef& a = setup.model.architecture;
-  if (setup.model.kind == ModelKind::Transformer && a.family != Family::Llama) return a.maxPositionEmbeddings;
-  return std::min(Limits::maxSequenceLength, Limits::maxTokens / std::max<std::int64_t>(1, setup.training.batchSize));
+std::int64_t Overall(const PhasePeaks& p) { return *std::max_element(p.begin(), p.end()); }
+
+// Where the line through two points of each phase's peak crosses `capacity`, the earliest
+// phase first (the overall peak is the largest phase peak, and each phase's peak is close to
+// affine where the overall one bends: the optimizer step stays put while the backward grows).
+// +inf when no phase grows.
+double Crossing(std::int64_t va, const PhasePeaks& pa, std::int64_t vb, const PhasePeaks& pb, double capacity) {
+  double x = std::numeric_limits<double>::infinity();
+  for (std::size_t k = 0; k < pa.size() && k < pb.size(); ++k) {
+    const double slope = (double(pb[k]) - double(pa[k])) / (double(vb) - double(va));
+    if (slope > 0) x = std::min(x, double(vb) + (capacity - double(pb[k])) / slope);
+  }
+  return x;
 }
+
+// The largest v in [1, limit] whose peak fits `capacity`, given that the peak grows with v.
+// `known` is one value whose peaks are already known (the setup's own), reused as a first point.
+//
+// Why not doubling and bisection (50–90 simulations a solve): each phase's peak is close to
+// affine in batch (and in sequence, unless eager attention adds its s² scores), so the secant
+// through the two latest points lands next to the answer, and the next guess (clamped inside
+// the bracket) is its neighbour that settles it. A bisection step whenever the bracket fails
+// to halve three times in a row keeps the worst case logarithmic.
+SolvedLimit LargestFitting(std::int64_t limit, std::int64_t known, const PhasePeaks& knownPeaks, const PeakFn& peak,
+                           std::int64_t capacity) {
+  SolvedLimit out;
+  out.limit = limit;
+  if (limit < 1) return out;
+  const double cap = static_cast<double>(capacity);
+  // lo fits (0: none known); hi does not (limit + 1: none known yet).
+  std::int64_t lo = 0, hi = limit + 1, loPeak = 0;
+  struct Point { std::int64_t v; PhasePeaks peaks; };
+  std::vector<Point> latest;  // the two latest valid points, newest last
+  auto record = [&](std::int64_t v, const std::optional<PhasePeaks>& p) {
+    if (p) {
+      latest.push_back({v, *p});
+      if (latest.size() > 2) latest.erase(latest.begin());
+    }
+    if (p && Overall(*p) <= capacity) {
+      if (v > lo) { lo = v; loPeak = Overall(*p); }
+    } else if (v < hi) {
+      hi = v;
+    }
+  };
+  if (known >= 1 && known <= limit) record(known, knownPeaks);
+  if (lo == 0) {
+    if (hi == 1) return out;
+    record(1, peak(1));
+    if (lo == 0) return out;
+  }
+  int stalls = 0;
+  while (hi - lo > 1) {
+    const std::int64_t width = hi - lo;
+    const bool bounded = hi <= limit;
+    double x = latest.size() == 2 ? Crossing(latest[0].v, latest[0].peaks, latest[1].v, latest[1].peaks, cap)
+                                  : std::numeric_limits<double>::quiet_NaN();
+    std::int64_t v;
+    if (bounded && stalls >= 3) {
+      v = lo + width / 2;
+      stalls = 0;
+    } else if (!std::isnan(x)) {
+      v = x >= double(hi - 1) ? hi - 1 : x <= double(lo + 1) ? lo + 1 : static_cast<std::int64_t>(std::floor(x));
+    } else {
+      v = bounded ? lo + width / 2 : std::min(limit, 2 * lo);
+    }
+    record(v, peak(v));
+    if (bounded) stalls = (hi - lo) * 2 > width ? stalls + 1 : 0;
+  }
+  out.found = true;
+  out.value = lo;
+  out.peakBytes = loPeak;
+  return out;
+}
+
+// The largest v in [1, hardLimit] whose size bound stays representable (bound(v) < 2^53).
+std::int64_t BoundLimit(std::int64_t hardLimit, const std::function<double(double)>& bound) {
+  if (hardLimit < 1 || bound(double(hardLimit)) < Limits::maxEstimateBytes) return hardLimit;
+  std::int64_t lo = 0, hi = hardLimit;  // bound(lo) fits (or lo = 0), bound(hi) does not
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    (bound(double(mid)) < Limits::maxEstimateBytes ? lo : hi) = mid;
+  }
+  return lo;
+}
+
+const char* kBoundReason =
+    "the estimator's size bound: beyond it, this setup's upper bound of memory passes 2^53 bytes "
+    "(≈ 9.0e15), the largest the estimator represents";
 
 }  // namespace
 
 SolveResult Solve(const Setup& setup) {
+  // Only peaks are compared: no timeline, no words (a third of the work).
+  EstimateResult current = EstimateMemory(setup, kPeaksOnly);
+  if (!current.ok()) {
+    SolveResult out;
+    out.errors = std::move(current.errors);
+    out.estimatesRun = 0;
+    return out;
+  }
+  SolveResult out = Solve(setup, current.estimate);
+  ++out.estimatesRun;
+  return out;
+}
+
+SolveResult Solve(const Setup& setup, const Estimate& current) {
   SolveResult out;
   out.errors = Validate(setup);
   if (!out.ok()) return out;
-  const Estimate current = EstimateMemory(setup, {.timeline = EstimateOptions::Timeline::None, .explain = false}).estimate;
   out.currentPeakBytes = current.peak.totalBytes;
   out.capacityBytes = current.gpuCapacityBytes;
   const std::int64_t capacity = out.capacityBytes;
-
-  out.maxBatchSize = LargestFitting(
-      std::min(Limits::maxBatchSize, Limits::maxTokens / setup.training.sequenceLength),
-      [&](std::int64_t b) { Setup s = setup; s.training.batchSize = b; return PeakOf(s); }, capacity);
-  out.maxBatchSize.limitReason = "the estimator's limits (batch ≤ 1e6, batch × sequence ≤ 1e10 tokens)";
-  out.maxSequenceLength = LargestFitting(
-      SequenceLimit(setup), [&](std::int64_t n) { Setup s = setup; s.training.sequenceLength = n; return PeakOf(s); },
-      capacity);
-  const bool positionTable = setup.model.kind == ModelKind::Transformer && setup.model.architecture.family != Family::Llama;
-  out.maxSequenceLength.limitReason = positionTable
-      ? "the learned position table (maxPositionEmbeddings)"
-      : "the estimator's limits (sequence ≤ 1e8, batch × sequence ≤ 1e10 tokens)";
-
-  // Single changes.
+  auto phasePeaksOf = [&](const Setup& s) -> std::optional<PhasePeaks> {
+    ++out.estimatesRun;
+    const EstimateResult r = EstimateMemory(s, kPeaksOnly);  // validates first
+    if (!r.ok()) return std::nullopt;
+    return PhasePeaksOf(r.estimate);
+  };
+  auto peakOf = [&](const Setup& s) -> std::optional<std::int64_t> {
+    const auto p = phasePeaksOf(s);
+    return p ? std::optional(Overall(*p)) : std::nullopt;
+  };
+  const PhasePeaks currentPeaks = PhasePeaksOf(current);
   const TrainingDef& t = setup.training;
   const bool transformer = setup.model.kind == ModelKind::Transformer;
+  const SizeBound bound = EstimateSizeBound(setup);
+
+  // Largest micro-batch: the estimator's limits, then the size bound.
+  {
+    const std::int64_t hard = std::min(Limits::maxBatchSize, Limits::maxTokens / t.sequenceLength);
+    const std::int64_t limit = BoundLimit(hard, [&](double b) { return bound.Total(b, double(t.sequenceLength)); });
+    out.maxBatchSize = LargestFitting(limit, t.batchSize, currentPeaks, [&](std::int64_t b) {
+      Setup s = setup;
+      s.training.batchSize = b;
+      return phasePeaksOf(s);
+    }, capacity);
+    out.maxBatchSize.limitReason = limit < hard ? kBoundReason
+                                                : "the estimator's limits (batch ≤ 1e6, batch × sequence ≤ 1e10 tokens)";
+  }
+  // Longest sequence: the position table (GPT-2, BERT), the estimator's limits, the size bound.
+  {
+    const ArchitectureDef& a = setup.model.architecture;
+    const bool positionTable = transformer && a.family != Family::Llama;
+    const std::int64_t estimatorLimit = std::min(Limits::maxSequenceLength, Limits::maxTokens / t.batchSize);
+    const std::int64_t hard = positionTable ? std::min(estimatorLimit, a.maxPositionEmbeddings) : estimatorLimit;
+    const std::int64_t limit = BoundLimit(hard, [&](double n) { return bound.Total(double(t.batchSize), n); });
+    out.maxSequenceLength = LargestFitting(limit, t.sequenceLength, currentPeaks, [&](std::int64_t n) {
+      Setup s = setup;
+      s.training.sequenceLength = n;
+      return phasePeaksOf(s);
+    }, capacity);
+    out.maxSequenceLength.limitReason =
+        limit < hard ? kBoundReason
+        : positionTable && a.maxPositionEmbeddings <= estimatorLimit
+            ? "the learned position table (maxPositionEmbeddings " + FormatCount(a.maxPositionEmbeddings) + ")"
+            : "the estimator's limits (sequence ≤ 1e8, batch × sequence ≤ 1e10 tokens)";
+  }
+
+  // Single changes. A change that cannot lower the current peak is skipped unsimulated: when a
+  // change alters only the events of some categories and the peak holds none of them, the other
+  // categories' events are unchanged, so the same moment recurs with the same bytes and the new
+  // peak is at least the current one. Attention, checkpointing and the micro-batch alter only
+  // activations, their gradients, autocast's weight copies (and the batch itself); a fused
+  // optimizer only the optimizer step's temporaries.
+  auto heldAtPeak = [&](std::initializer_list<Category> categories) {
+    std::int64_t bytes = 0;
+    for (const CategoryBytes& row : current.peak.byCategory) {
+      if (std::find(categories.begin(), categories.end(), row.category) != categories.end()) bytes += row.bytes;
+    }
+    return bytes > 0;
+  };
+  const bool activationsMatter =
+      heldAtPeak({Category::Activations, Category::ActivationGradients, Category::WeightCopies});
+  const bool batchMatters = activationsMatter || heldAtPeak({Category::InputBatch});
+  const bool temporariesMatter = heldAtPeak({Category::OptimizerIntermediates});
   auto add = [&](std::string id, std::string label, std::string tradeoff, std::vector<std::string> fields,
-                 const std::function<void(Setup&)>& change) {
+                 const std::function<void(Setup&)>& change, std::optional<std::int64_t> knownPeak = std::nullopt) {
     FitSuggestion s;
     s.id = std::move(id);
     s.label = std::move(label);
@@ -91,24 +213,25 @@ SolveResult Solve(const Setup& setup) {
     s.changedFields = std::move(fields);
     s.setup = setup;
     change(s.setup);
-    const auto peak = PeakOf(s.setup);
+    const auto peak = knownPeak ? knownPeak : peakOf(s.setup);
     if (!peak) return;
     s.peakBytes = *peak;
     s.savedBytes = out.currentPeakBytes - *peak;
     s.fits = *peak <= capacity;
     if (s.savedBytes > 0) out.suggestions.push_back(std::move(s));
   };
-  if (transformer && t.checkpointing != Checkpointing::EveryBlock) {
+  if (transformer && activationsMatter && t.checkpointing != Checkpointing::EveryBlock) {
     add("checkpointing-everyBlock", "Checkpoint every block",
         "each block's forward runs again during backward: about a third more compute",
         {"training.checkpointing"}, [](Setup& s) { s.training.checkpointing = Checkpointing::EveryBlock; });
   }
-  if (transformer && t.checkpointing == Checkpointing::None && t.attention == AttentionImplementation::Eager) {
+  if (transformer && activationsMatter && t.checkpointing == Checkpointing::None &&
+      t.attention == AttentionImplementation::Eager) {
     add("checkpointing-selective", "Recompute the attention core (selective checkpointing)",
         "the scores and softmax are recomputed in backward: a few percent more compute",
         {"training.checkpointing"}, [](Setup& s) { s.training.checkpointing = Checkpointing::Selective; });
   }
-  if (transformer && t.attention == AttentionImplementation::Eager) {
+  if (transformer && activationsMatter && t.attention == AttentionImplementation::Eager) {
     add("attention-sdpa", "Use fused attention (SDPA / FlashAttention)",
         "same result; needs a GPU and dtype the fused kernels support",
         {"training.attention"}, [](Setup& s) { s.training.attention = AttentionImplementation::SDPA; });
@@ -135,7 +258,8 @@ SolveResult Solve(const Setup& setup) {
     add("optimizer-sgdMomentum", "Use SGD with momentum", "one state per parameter instead of two; usually needs retuning",
         {"training.optimizer"}, [](Setup& s) { s.training.optimizer = OptimizerKind::SGDMomentum; });
   }
-  if (t.optimizerImplementation != OptimizerImplementation::Fused && t.optimizer != OptimizerKind::Adafactor) {
+  if (temporariesMatter && t.optimizerImplementation != OptimizerImplementation::Fused &&
+      t.optimizer != OptimizerKind::Adafactor) {
     add("optimizer-fused", "Use the fused optimizer (fused=True)", "same update, one kernel: no parameter-sized temporaries",
         {"training.optimizerImplementation"},
         [](Setup& s) { s.training.optimizerImplementation = OptimizerImplementation::Fused; });
@@ -144,30 +268,38 @@ SolveResult Solve(const Setup& setup) {
     add("zero-grad-set-to-none", "zero_grad(set_to_none=True)", "none: gradients are freed instead of zeroed",
         {"training.zeroGradSetToNone"}, [](Setup& s) { s.training.zeroGradSetToNone = true; });
   }
-  if (t.batchSize > 1) {
+  if (t.batchSize > 1 && batchMatters) {
     const std::int64_t micro = out.maxBatchSize.found ? std::max<std::int64_t>(1, std::min(out.maxBatchSize.value, t.batchSize / 2))
                                                       : 1;
     const std::int64_t steps = (t.batchSize + micro - 1) / micro;
+    // The batch search already simulated the largest batch that fits.
+    std::optional<std::int64_t> known;
+    if (out.maxBatchSize.found && micro == out.maxBatchSize.value) known.emplace(out.maxBatchSize.peakBytes);
     add("batch-" + std::to_string(micro) + "-accumulate-" + std::to_string(steps),
         "Micro-batch " + FormatCount(micro) + " with " + FormatCount(steps) + " gradient-accumulation steps",
         "same effective batch (" + FormatCount(micro * steps) + "), " + FormatCount(steps) + " forward/backward passes per step",
-        {"training.batchSize"}, [micro](Setup& s) { s.training.batchSize = micro; });
+        {"training.batchSize"}, [micro](Setup& s) { s.training.batchSize = micro; }, known);
   }
   std::stable_sort(out.suggestions.begin(), out.suggestions.end(),
                    [](const FitSuggestion& a, const FitSuggestion& b) { return a.savedBytes > b.savedBytes; });
 
   // No single change fits: combine the largest savers, one change per field, until it fits.
+  // The first is already simulated alone; at most kCombinationSteps more are simulated (the
+  // largest savers come first, and each later one saves less, so a long tail rarely helps).
+  constexpr int kCombinationSteps = 4;
   const bool anyFits = std::any_of(out.suggestions.begin(), out.suggestions.end(), [](const FitSuggestion& s) { return s.fits; });
   if (!anyFits && out.currentPeakBytes > capacity && out.suggestions.size() > 1) {
     FitSuggestion combo;
     combo.setup = setup;
     std::vector<std::string> labels;
+    int steps = 0;
     for (const FitSuggestion& s : out.suggestions) {
       bool clash = false;
       for (const std::string& f : s.changedFields) {
         clash = clash || std::find(combo.changedFields.begin(), combo.changedFields.end(), f) != combo.changedFields.end();
       }
       if (clash) continue;
+      if (!labels.empty() && steps++ == kCombinationSteps) break;
       Setup next = combo.setup;
       for (const std::string& f : s.changedFields) {
         if (f == "training.checkpointing") next.training.checkpointing = s.setup.training.checkpointing;
@@ -178,7 +310,7 @@ SolveResult Solve(const Setup& setup) {
         if (f == "training.zeroGradSetToNone") next.training.zeroGradSetToNone = s.setup.training.zeroGradSetToNone;
         if (f == "training.batchSize") next.training.batchSize = s.setup.training.batchSize;
       }
-      const auto peak = PeakOf(next);
+      const auto peak = labels.empty() ? std::optional(s.peakBytes) : peakOf(next);
       if (!peak) continue;
       combo.setup = next;
       combo.changedFields.insert(combo.changedFields.end(), s.changedFields.begin(), s.changedFields.end());
