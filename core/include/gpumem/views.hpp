@@ -23,7 +23,7 @@ namespace gpumem {
 struct ViewOptions {
   Setup setup;             // the setup the views are about (validated first)
   int axisValues = 8;      // heat map: powers of two per axis, 2–12 (the current value is added)
-  int curvePoints = 12;    // curves: points per curve, 2–32 (the current value is added)
+  int curvePoints = 16;    // curves: points per curve, 2–32 (powers of two and 3·2^k; the current value is added)
 };
 
 // The peak of one estimate and what dominates it (Estimate::peakDominant).
