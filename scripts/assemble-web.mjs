@@ -120,7 +120,7 @@ const html = readFileSync(join(paths.web, 'index.html'), 'utf8');
 const glue = readFileSync(paths.glue, 'utf8');
 const available = new Set();
 // In dependency order: a file may import only what an earlier one exports.
-const moduleFiles = [paths.wrapper, ...['charts.js', 'setup-params.js', 'exports.js', 'app.js'].map((f) => join(paths.web, f))];
+const moduleFiles = [paths.wrapper, ...['charts.js', 'setup-params.js', 'exports.js', 'engine.js', 'views.js', 'app.js'].map((f) => join(paths.web, f))];
 const bundle = moduleFiles.map((f) => moduleToIife(f, readFileSync(f, 'utf8'), available)).join('\n');
 
 let page = html;
@@ -129,7 +129,10 @@ const swap = (pattern, replacement) => {
   page = page.replace(pattern, () => replacement);
   if (page === before) fail(`index.html does not contain ${pattern}`);
 };
-swap(/<script src="gpumem_core\.cjs"><\/script>/, `<script>\n${escapeScript(glue)}\n</script>`);
+// The glue's element has an id so web/engine.js can start a blob: Web Worker from the same text
+// (and worker.js, which the browser does not run as text/plain, after it): one copy of the wasm.
+swap(/<script src="gpumem_core\.cjs"><\/script>/, `<script id="gpumem-core-source">\n${escapeScript(glue)}\n</script>\n`
+  + `<script type="text/plain" id="gpumem-worker-source">\n${escapeScript(readFileSync(join(paths.web, 'worker.js'), 'utf8'))}\n</script>`);
 swap(/<script type="module" src="app\.js"><\/script>/, `<script type="module">\n${escapeScript(bundle)}\n</script>`);
 // A separate stylesheet, if the page links one, is inlined too.
 page = page.replace(/<link rel="stylesheet" href="([^"]+)">/g, (_, href) => {

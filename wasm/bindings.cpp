@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gpumem/json.hpp"
+#include "gpumem/views.hpp"
 
 namespace {
 
@@ -25,6 +26,9 @@ std::string ImportSafetensorsJs(const std::string& text, const std::string& setu
   return gpumem::ImportSafetensorsJson(text, setup);
 }
 std::string SolveJs(const std::string& setup) { return gpumem::SolveJson(setup); }
+std::string HeatMapJs(const std::string& request) { return gpumem::HeatMapJson(request); }
+std::string GpuMatrixJs(const std::string& request) { return gpumem::GpuMatrixJson(request); }
+std::string CurvesJs(const std::string& request) { return gpumem::CurvesJson(request); }
 
 }  // namespace
 
@@ -36,4 +40,7 @@ EMSCRIPTEN_BINDINGS(gpumem) {
   emscripten::function("importConfigJson", &ImportConfigJs);
   emscripten::function("importSafetensorsJson", &ImportSafetensorsJs);
   emscripten::function("solveJson", &SolveJs);
+  emscripten::function("heatMapJson", &HeatMapJs);
+  emscripten::function("gpuMatrixJson", &GpuMatrixJs);
+  emscripten::function("curvesJson", &CurvesJs);
 }

@@ -87,6 +87,25 @@ function wrapModule(core) {
       if (!envelope.ok) throw new GpumemError(envelope.errors);
       return envelope.solve;
     },
+    // Views of the design space around a setup (docs/schema.md, "Views"): the heat map of the
+    // peak over batch × sequence, the GPU × settings matrix, the peak-vs-batch/sequence curves.
+    // `options`: { axisValues, curvePoints }; absent ones take the core's defaults.
+    heatMap(setup, options) {
+      return viewCall(() => core.heatMapJson(viewRequest(setup, options)), 'heatMap');
+    },
+    gpuMatrix(setup, options) {
+      return viewCall(() => core.gpuMatrixJson(viewRequest(setup, options)), 'gpuMatrix');
+    },
+    curves(setup, options) {
+      return viewCall(() => core.curvesJson(viewRequest(setup, options)), 'curves');
+    },
+    // One call as envelope text, for text built by requestText(): what a Web Worker runs, and
+    // the page's fallback when no worker can start.
+    envelope(kind, text) {
+      const call = CALLS[kind];
+      if (!call) throw new GpumemError([{ code: 'internal', field: '', message: `Unknown call ${kind}.` }]);
+      return callCore(() => core[call](String(text)));
+    },
     validate(setup) {
       try {
         const text = setupText(setup);
@@ -98,6 +117,36 @@ function wrapModule(core) {
       }
     },
   };
+}
+
+// An envelope's text (from the core, or from a worker that ran the core) → its result object,
+// or a GpumemError with the core's errors.
+export function resultOfEnvelope(text, key) {
+  const envelope = parseEnvelope(text);
+  if (!envelope.ok) throw new GpumemError(envelope.errors);
+  return envelope[key];
+}
+
+// The core's long calls by kind, and the bound function each one uses (wasm/bindings.cpp).
+export const CALLS = Object.freeze({ solve: 'solveJson', heatMap: 'heatMapJson', gpuMatrix: 'gpuMatrixJson', curves: 'curvesJson' });
+
+// The text argument of one long call: the setup for solve, a views request for the others.
+export function requestText(kind, setup, options) {
+  return kind === 'solve' ? setupText(setup) : viewRequest(setup, options);
+}
+
+function viewCall(call, key) {
+  return resultOfEnvelope(callCore(call), key);
+}
+
+// One request object: {"setup":{…},"axisValues":n,"curvePoints":n}. A setup given as text (an
+// imported file) is embedded as it is, so the core reports its parse errors as for an estimate.
+function viewRequest(setup, options = {}) {
+  const parts = [`"setup":${setup === undefined ? '{}' : setupText(setup)}`];
+  for (const key of ['axisValues', 'curvePoints']) {
+    if (options[key] !== undefined) parts.push(`${JSON.stringify(key)}:${JSON.stringify(options[key])}`);
+  }
+  return `{${parts.join(',')}}`;
 }
 
 // A setup may arrive as an object (the page's state) or as text (an imported file, the URL).

@@ -9,6 +9,8 @@ import { loadGpumem, GpumemError } from './gpumem.js';
 import { capacityBar, comparisonBars, timelineChart, formatBytes, formatBytesOther, bytesTitle, formatExactBytes, formatInteger, setByteUnits } from './charts.js';
 import { setupFromParams, decodeSetupParam, encodeSetupParam, fromBase64Url } from './setup-params.js';
 import { downloadBlob, csvText, standaloneSvg, svgToPngBlob } from './exports.js';
+import { createEngine } from './engine.js';
+import { renderHeatMap, renderGpuMatrix, renderCurves } from './views.js';
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const $$ = (selector, root = document) => [...root.querySelectorAll(selector)];
@@ -42,6 +44,10 @@ const TYPING_DELAY_MS = 150;
 const SLOW_UPDATE_MS = 150;
 const MAX_TYPING_DELAY_MS = 600;
 const LARGEST_EVENTS = 8;
+// The views wait this long after an estimate before asking the worker, so a burst of changes
+// (a select scrolled with the keyboard) runs them once.
+const VIEWS_DELAY_MS = 120;
+const VIEW_KINDS = ['heatMap', 'curves', 'gpuMatrix'];
 
 const state = {
   api: null,
@@ -65,6 +71,11 @@ const state = {
   explainAll: false,  // every formula expanded
   embed: false,       // ?embed=1: compact layout without the editor
   solvedFor: '',      // the setup (JSON) the solve panel's results belong to
+  engine: null,       // web/engine.js: the core's long calls in Web Workers
+  views: {},          // {heatMap, curves, gpuMatrix}: the last results of each view
+  viewsFor: '',       // the setup (JSON) the views were asked for
+  viewsTimer: 0,
+  solving: false,
 };
 
 // ---------- number input ----------
@@ -729,12 +740,14 @@ function update() {
   render(estimate);
   renderSafetensors();
   setResultsState('ok');
+  scheduleViews(setup);
   if (state.embed) showParamProblems(state.paramProblems ?? []);
   recordTiming(started, estimated);
 }
 
 function failed(errors) {
   showErrors(errors);
+  cancelViews();
   setResultsState(state.lastGood ? 'stale' : 'empty');
   if (state.embed) showParamProblems([...(state.paramProblems ?? []), ...errors]);
 }
@@ -1309,6 +1322,7 @@ function setUnits(units, { rerender = true } = {}) {
   if (state.lastGood) render(state.lastGood);
   renderSafetensors();
   renderSolve();
+  renderViews();
   writeHash();
 }
 
@@ -1877,24 +1891,95 @@ function runSolve() {
   }
   const button = $('#solve-run');
   button.disabled = true;
+  state.solving = true;
   $('#solve').setAttribute('aria-busy', 'true');
   status.textContent = 'Solving…';
-  // Two frames, so the busy state is painted before the (synchronous) search runs.
-  requestAnimationFrame(() => requestAnimationFrame(() => {
-    const started = performance.now();
-    try {
-      const result = state.api.solve(setup);
-      state.solve = { result, setup, ms: performance.now() - started };
-      state.solvedFor = JSON.stringify(setup);
-      renderSolve();
-      status.textContent = `Solved in ${Math.round(state.solve.ms)} ms.`;
-    } catch (exception) {
-      status.textContent = `The search failed: ${errorsOf(exception).map(errorText).join('; ')}`;
-    } finally {
-      button.disabled = false;
-      $('#solve').removeAttribute('aria-busy');
+  // In a worker: the page keeps answering input while the search runs; a result for a setup
+  // that has changed since is shown as stale (markSolveStale), as before.
+  state.engine.run('solve', [{ kind: 'solve', setup }], (outcome) => {
+    button.disabled = false;
+    state.solving = false;
+    $('#solve').removeAttribute('aria-busy');
+    if (outcome.errors) {
+      status.textContent = `The search failed: ${outcome.errors.map(errorText).join('; ')}`;
+      return;
     }
-  }));
+    state.solve = { result: outcome.result, setup, ms: outcome.roundTripMs };
+    state.solvedFor = JSON.stringify(setup);
+    $('#solve').dataset.solveMs = outcome.roundTripMs.toFixed(1);
+    $('#solve').dataset.inWorker = String(outcome.inWorker);
+    renderSolve();
+    const stale = state.solvedFor !== JSON.stringify(readForm().setup);
+    status.textContent = stale
+      ? 'The setup changed while solving; these results are for the earlier setup. Press Solve again for the current one.'
+      : `Solved in ${Math.round(outcome.roundTripMs)} ms${outcome.inWorker ? ' (in a background worker)' : ''}.`;
+  });
+}
+
+// ---------- views ----------
+
+// After each good estimate: the views of the same setup, from the worker, each drawn as it
+// arrives. A newer setup replaces the request; results of replaced requests are dropped.
+function scheduleViews(setup) {
+  if (state.embed || !state.engine) return;
+  const key = JSON.stringify(setup);
+  if (key === state.viewsFor && !state.viewsTimer) return;
+  clearTimeout(state.viewsTimer);
+  $('#views').dataset.stale = 'true';
+  $('#views').setAttribute('aria-busy', 'true');
+  state.viewsTimer = setTimeout(() => {
+    state.viewsTimer = 0;
+    state.viewsFor = key;
+    const requestedAt = performance.now();
+    const timings = [];
+    state.engine.run('views', VIEW_KINDS.map((kind) => ({ kind, setup })), (outcome) => {
+      const box = $('#views');
+      if (outcome.errors) {
+        $('#views-status').textContent = `The views failed: ${outcome.errors.map(errorText).join('; ')}`;
+      } else {
+        state.views[outcome.kind] = outcome.result;
+        renderView(outcome.kind);
+      }
+      box.dataset[`${outcome.kind}Ms`] = outcome.roundTripMs.toFixed(1);
+      box.dataset[`${outcome.kind}CoreMs`] = outcome.coreMs.toFixed(1);
+      timings.push(`${viewName(outcome.kind)} ${Math.round(outcome.coreMs)} ms`);
+      if (outcome.kind === VIEW_KINDS[VIEW_KINDS.length - 1]) {
+        box.dataset.stale = 'false';
+        box.removeAttribute('aria-busy');
+        box.dataset.viewsMs = (performance.now() - requestedAt).toFixed(1);
+        box.dataset.inWorker = String(outcome.inWorker);
+        $('#views-status').textContent = `(${timings.join(', ')}${outcome.inWorker ? ', in a background worker' : ', on the page'}.)`;
+      }
+    });
+  }, VIEWS_DELAY_MS);
+}
+
+function cancelViews() {
+  clearTimeout(state.viewsTimer);
+  state.viewsTimer = 0;
+  state.viewsFor = '';
+  state.engine?.cancel('views');
+  const box = $('#views');
+  if (box) {
+    box.dataset.stale = 'true';
+    box.removeAttribute('aria-busy');
+  }
+}
+
+function viewName(kind) {
+  return { heatMap: 'heat map', curves: 'curves', gpuMatrix: 'GPU matrix' }[kind] ?? kind;
+}
+
+function renderView(kind) {
+  const result = state.views[kind];
+  if (!result) return;
+  if (kind === 'heatMap') renderHeatMap($('#heatmap'), result, { readout: $('#heatmap-readout'), onApply: applyPartial });
+  else if (kind === 'curves') renderCurves($('#curves'), result);
+  else if (kind === 'gpuMatrix') renderGpuMatrix($('#gpu-matrix'), result, { currentGpuId: state.gpuId, onApply: applyPartial });
+}
+
+function renderViews() {
+  for (const kind of VIEW_KINDS) renderView(kind);
 }
 
 function solveApplyButton(text, label, onClick) {
@@ -2013,6 +2098,7 @@ function buildControls(options) {
   buildGpuSelect();
   $('#import-model').hidden = !canImport();
   $('#solve').hidden = !canSolve();
+  $('#views').hidden = typeof state.api.heatMap !== 'function';
 }
 
 function wireEvents() {
@@ -2102,7 +2188,10 @@ async function start() {
     console.error(exception);
     return;
   }
-  state.embed = new URLSearchParams(location.search).get('embed') === '1';
+  const params = new URLSearchParams(location.search);
+  state.embed = params.get('embed') === '1';
+  // ?worker=0 runs the long calls on the page's thread (the fallback when no worker can start).
+  if (!state.embed) state.engine = createEngine(state.api, { useWorker: typeof Worker === 'function' && params.get('worker') !== '0' });
   document.body.classList.toggle('embed', state.embed);
   buildControls(state.options);
   wireEvents();

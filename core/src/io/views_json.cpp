@@ -1,0 +1,186 @@
+// The views as JSON (docs/schema.md, "Views"): one request object in, an {"ok":…} envelope out.
+// Like the other entry points, nothing here throws: nlohmann is used in its non-throwing forms
+// (parse with allow_exceptions = false, type checks before every read), since the wasm build
+// has no exceptions and any throw would abort.
+#include <nlohmann/json.hpp>
+
+#include <string>
+
+#include "gpumem/json.hpp"
+#include "gpumem/names.hpp"
+#include "gpumem/views.hpp"
+#include "io/json_text.hpp"
+
+namespace gpumem {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+std::string Dump(const ojson& j, int indent) {
+  return j.dump(indent, ' ', false, ojson::error_handler_t::replace);
+}
+
+ojson ErrorJson(const FieldError& e) {
+  return {{"code", ErrorCodeId(e.code)}, {"field", e.field}, {"message", e.message}};
+}
+
+std::string ErrorsEnvelope(const std::vector<FieldError>& errors, int indent) {
+  ojson list = ojson::array();
+  for (const FieldError& e : errors) list.push_back(ErrorJson(e));
+  return Dump({{"ok", false}, {"errors", list}}, indent);
+}
+
+// Reads {"setup":{…},"axisValues":n,"curvePoints":n}. Setup errors keep the setup's own paths
+// ("training.batchSize"), so the page points at the same controls as for an estimate.
+std::vector<FieldError> ParseRequest(std::string_view text, ViewOptions& options) {
+  std::vector<FieldError> errors;
+  options = ViewOptions{};
+  options.setup = DefaultSetup();
+  if (text.size() > kMaxJsonTextBytes || !NestingWithin(text, kMaxJsonDepth)) {
+    return {{ErrorCode::TooLarge, "", "The request is too large or too deeply nested."}};
+  }
+  const nlohmann::json doc = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
+  if (doc.is_discarded()) return {{ErrorCode::MalformedJson, "", "The request is not valid JSON."}};
+  if (!doc.is_object()) return {{ErrorCode::InvalidField, "", "The request must be a JSON object."}};
+  for (const auto& [key, value] : doc.items()) {
+    if (key == "setup") {
+      if (!value.is_object()) {
+        errors.push_back({ErrorCode::InvalidField, "setup", "The setup must be a JSON object."});
+        continue;
+      }
+      const std::string setupText = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+      std::vector<FieldError> setupErrors = ParseAndValidate(setupText, options.setup);
+      errors.insert(errors.end(), setupErrors.begin(), setupErrors.end());
+    } else if (key == "axisValues" || key == "curvePoints") {
+      int& target = key == "axisValues" ? options.axisValues : options.curvePoints;
+      if (!value.is_number_integer()) {
+        errors.push_back({ErrorCode::InvalidField, key, "'" + key + "' must be a whole number."});
+      } else {
+        const auto v = value.get<std::int64_t>();
+        target = v < -1000 ? -1000 : v > 1000 ? 1000 : static_cast<int>(v);  // ranges checked later
+      }
+    } else {
+      errors.push_back({ErrorCode::UnknownField, key,
+                        "Unknown field '" + key + "' (a views request has setup, axisValues, curvePoints)."});
+    }
+  }
+  return errors;
+}
+
+ojson PointJson(const PeakPoint& p) {
+  if (!p.ok) return {{"peakBytes", nullptr}, {"fits", false}, {"error", ErrorJson(p.error)}};
+  return {{"peakBytes", p.peakBytes},
+          {"fits", p.fits},
+          {"dominant", {{"category", IdOf(p.dominant)}, {"label", LabelOf(p.dominant)},
+                        {"bytes", p.dominantBytes}, {"sharePercent", p.dominantSharePercent}}}};
+}
+
+ojson LimitJson(const AxisLimit& l) { return {{"value", l.value}, {"reason", l.reason}}; }
+
+// A candidate's changes as a partial setup (only the fields it touches), read back from its
+// setup's JSON so the ids are the schema's.
+ojson ChangeJson(const SettingsCandidate& c) {
+  const nlohmann::json full = nlohmann::json::parse(SetupToJson(c.setup), nullptr, false);
+  ojson change = ojson::object();
+  if (full.is_discarded()) return change;
+  for (const std::string& f : c.changedFields) {
+    const std::string key = f.substr(f.find('.') + 1);
+    change["training"][key] = full["training"][key];
+  }
+  return change;
+}
+
+ojson CurveJson(const Curve& c) {
+  ojson points = ojson::array();
+  for (std::size_t i = 0; i < c.values.size(); ++i) {
+    ojson p = PointJson(c.points[i]);
+    p["value"] = c.values[i];
+    points.push_back(p);
+  }
+  return {{"field", c.field},
+          {"points", points},
+          {"limit", LimitJson(c.limit)},
+          {"largestFitting", c.largestFound ? ojson{{"value", c.largestFitting}, {"peakBytes", c.largestFittingPeakBytes},
+                                                    {"beyondRange", c.largestAtEnd}}
+                                            : ojson(nullptr)}};
+}
+
+}  // namespace
+
+std::string HeatMapJson(std::string_view requestText, int indent) {
+  ViewOptions options;
+  std::vector<FieldError> errors = ParseRequest(requestText, options);
+  if (!errors.empty()) return ErrorsEnvelope(errors, indent);
+  const HeatMap h = ComputeHeatMap(options);
+  if (!h.ok()) return ErrorsEnvelope(h.errors, indent);
+  ojson cells = ojson::array();
+  for (const auto& row : h.cells) {
+    ojson r = ojson::array();
+    for (const PeakPoint& p : row) r.push_back(PointJson(p));
+    cells.push_back(r);
+  }
+  return Dump({{"ok", true},
+               {"heatMap", {{"capacityBytes", h.capacityBytes},
+                            {"batchSizes", h.batchSizes},
+                            {"sequenceLengths", h.sequenceLengths},
+                            {"current", {{"batchSize", h.currentBatchSize}, {"sequenceLength", h.currentSequenceLength}}},
+                            {"batchLimit", LimitJson(h.batchLimit)},
+                            {"sequenceLimit", LimitJson(h.sequenceLimit)},
+                            {"cells", cells},
+                            {"estimates", h.estimates}}}},
+              indent);
+}
+
+std::string GpuMatrixJson(std::string_view requestText, int indent) {
+  ViewOptions options;
+  std::vector<FieldError> errors = ParseRequest(requestText, options);
+  if (!errors.empty()) return ErrorsEnvelope(errors, indent);
+  const GpuMatrix m = ComputeGpuMatrix(options);
+  if (!m.ok()) return ErrorsEnvelope(m.errors, indent);
+  ojson candidates = ojson::array();
+  for (const SettingsCandidate& c : m.candidates) {
+    ojson point = PointJson(c.peak);
+    candidates.push_back({{"id", c.id},
+                          {"labels", c.labels},
+                          {"tier", ChangeTierId(c.tier)},
+                          {"tierLabel", ChangeTierLabel(c.tier)},
+                          {"change", ChangeJson(c)},
+                          {"peakBytes", point["peakBytes"]},
+                          {"dominant", point["dominant"]}});
+  }
+  ojson gpus = ojson::array();
+  for (const GpuFit& g : m.gpus) {
+    gpus.push_back({{"id", g.id},
+                    {"label", g.label},
+                    {"memoryGiB", g.memoryGiB},
+                    {"capacityBytes", g.capacityBytes},
+                    {"fits", g.fits},
+                    {"choice", g.choice >= 0 ? ojson(g.choice) : ojson(nullptr)},
+                    {"headroomBytes", g.fits ? ojson(g.headroomBytes) : ojson(nullptr)},
+                    {"smallestPeakCandidate", g.smallestPeakCandidate >= 0 ? ojson(g.smallestPeakCandidate) : ojson(nullptr)}});
+  }
+  return Dump({{"ok", true},
+               {"gpuMatrix", {{"currentPeakBytes", m.currentPeakBytes},
+                              {"candidates", candidates},
+                              {"gpus", gpus},
+                              {"estimates", m.estimates}}}},
+              indent);
+}
+
+std::string CurvesJson(std::string_view requestText, int indent) {
+  ViewOptions options;
+  std::vector<FieldError> errors = ParseRequest(requestText, options);
+  if (!errors.empty()) return ErrorsEnvelope(errors, indent);
+  const Curves c = ComputeCurves(options);
+  if (!c.ok()) return ErrorsEnvelope(c.errors, indent);
+  return Dump({{"ok", true},
+               {"curves", {{"capacityBytes", c.capacityBytes},
+                           {"current", {{"batchSize", c.currentBatchSize}, {"sequenceLength", c.currentSequenceLength},
+                                        {"peakBytes", c.currentPeakBytes}}},
+                           {"batch", CurveJson(c.batch)},
+                           {"sequence", CurveJson(c.sequence)},
+                           {"estimates", c.estimates}}}},
+              indent);
+}
+
+}  // namespace gpumem

@@ -1,0 +1,163 @@
+// Runs the core's long calls (the views, the solver) in Web Workers so the page never freezes:
+// typing stays responsive, results arrive asynchronously, and stale work is dropped. Each lane
+// (one worker) runs one call at a time; submitting new work replaces whatever still waits in
+// that lane, and a result of replaced work is dropped. When no worker can start (an old
+// browser, a policy without worker-src blob:, ?worker=0), the same lanes run the calls on the
+// page's thread, one per task, through the wasm module the page already has.
+//
+// Worker source: in the single-file page the glue's <script id="gpumem-core-source"> and
+// worker.js's <script type="text/plain" id="gpumem-worker-source"> are joined into one blob:
+// (scripts/assemble-web.mjs); served, worker.js loads gpumem_core.cjs beside it.
+
+import { requestText, resultOfEnvelope, GpumemError } from './gpumem.js';
+
+// A worker that has not said 'ready' by then is given up for the page's thread.
+const WORKER_START_TIMEOUT_MS = 20000;
+
+let blobUrl = null;
+
+function makeWorker() {
+  const glue = document.getElementById('gpumem-core-source');
+  const source = document.getElementById('gpumem-worker-source');
+  if (glue && source) {
+    if (!blobUrl) {
+      blobUrl = URL.createObjectURL(new Blob([glue.textContent, '\n;\n', source.textContent], { type: 'text/javascript' }));
+    }
+    return new Worker(blobUrl, { name: 'gpumem' });
+  }
+  return new Worker('worker.js', { name: 'gpumem' });
+}
+
+class Lane {
+  constructor(name, api, useWorker) {
+    this.name = name;
+    this.api = api;
+    this.mode = 'sync';     // 'starting' | 'worker' | 'sync'
+    this.worker = null;
+    this.queue = [];        // jobs not yet started, all of the latest submission
+    this.current = null;    // the job in flight
+    this.generation = 0;    // bumped by every submit(); older results are dropped
+    this.nextId = 1;
+    this.fallbackReason = useWorker ? '' : 'workers disabled (?worker=0)';
+    if (useWorker) this.startWorker();
+  }
+
+  startWorker() {
+    try {
+      this.worker = makeWorker();
+    } catch (error) {
+      this.fallBack(`the worker could not start: ${error?.message ?? error}`);
+      return;
+    }
+    this.mode = 'starting';
+    this.startTimer = setTimeout(() => this.fallBack('the worker did not start in time'), WORKER_START_TIMEOUT_MS);
+    this.worker.onmessage = (event) => this.onMessage(event.data);
+    this.worker.onerror = (event) => {
+      event.preventDefault?.();
+      this.fallBack(`the worker failed: ${event.message ?? 'unknown error'}`);
+    };
+  }
+
+  fallBack(reason) {
+    clearTimeout(this.startTimer);
+    if (this.mode === 'sync') return;
+    this.worker?.terminate();
+    this.worker = null;
+    this.mode = 'sync';
+    this.fallbackReason = reason;
+    // A call that was in flight in the worker runs again here.
+    if (this.current) {
+      const job = this.current;
+      this.current = null;
+      this.queue.unshift(job);
+    }
+    this.pump();
+  }
+
+  onMessage(message) {
+    if (!message) return;
+    if (message.type === 'ready') {
+      clearTimeout(this.startTimer);
+      this.mode = 'worker';
+      this.pump();
+    } else if (message.type === 'failed') {
+      this.fallBack(`the worker's module failed: ${message.message}`);
+    } else if (message.type === 'result' && this.current && message.id === this.current.id) {
+      this.finish(message.envelope, message.ms);
+    }
+  }
+
+  submit(jobs, onResult) {
+    this.generation += 1;
+    const generation = this.generation;
+    this.queue = jobs.map((job) => ({ ...job, generation, onResult }));
+    this.pump();
+  }
+
+  // Drops every waiting job and any result still to come.
+  cancel() {
+    this.generation += 1;
+    this.queue = [];
+  }
+
+  pump() {
+    if (this.current || !this.queue.length || this.mode === 'starting') return;
+    const job = this.queue.shift();
+    job.id = this.nextId++;
+    job.sentAt = performance.now();
+    this.current = job;
+    if (this.mode === 'worker') {
+      this.worker.postMessage({ id: job.id, kind: job.kind, text: job.text });
+      return;
+    }
+    // The page's thread: one call per task, so input events run between calls.
+    setTimeout(() => {
+      if (this.current !== job) return;
+      const started = performance.now();
+      let envelope;
+      try {
+        envelope = this.api.envelope(job.kind, job.text);
+      } catch (error) {
+        const errors = error instanceof GpumemError ? error.errors : [{ code: 'internal', field: '', message: String(error) }];
+        envelope = JSON.stringify({ ok: false, errors });
+      }
+      this.finish(envelope, performance.now() - started);
+    }, 0);
+  }
+
+  finish(envelope, coreMs) {
+    const job = this.current;
+    this.current = null;
+    if (job.generation === this.generation) {
+      const outcome = { kind: job.kind, coreMs, roundTripMs: performance.now() - job.sentAt, inWorker: this.mode === 'worker' };
+      try {
+        outcome.result = resultOfEnvelope(envelope, job.kind === 'solve' ? 'solve' : job.kind);
+      } catch (error) {
+        outcome.errors = error instanceof GpumemError ? error.errors : [{ code: 'internal', field: '', message: String(error) }];
+      }
+      job.onResult(outcome);
+    }
+    this.pump();
+  }
+}
+
+// api: the page's loaded gpumem API (for the fallback). Lanes: 'views' and 'solve', so a long
+// solve never delays the views.
+export function createEngine(api, { useWorker = typeof Worker === 'function' } = {}) {
+  const lanes = { views: new Lane('views', api, useWorker), solve: new Lane('solve', api, useWorker) };
+  return {
+    // Runs calls one after another in a lane: [{kind, setup, options}] → onResult(outcome) for
+    // each, in order, unless a later run() on the same lane replaced them.
+    run(laneName, calls, onResult) {
+      const jobs = calls.map(({ kind, setup, options }) => ({ kind, text: requestText(kind, setup, options) }));
+      lanes[laneName].submit(jobs, onResult);
+    },
+    cancel(laneName) {
+      lanes[laneName].cancel();
+    },
+    // 'starting', 'worker' or 'sync' per lane, and why a lane runs on the page's thread.
+    status() {
+      return Object.fromEntries(Object.entries(lanes).map(([name, lane]) => [name, { mode: lane.mode, fallbackReason: lane.fallbackReason }]));
+    },
+  };
+}

@@ -1,0 +1,47 @@
+// gpumem's Web Worker: runs the core's long calls (the views, the solver) away from the page's
+// thread, so typing never waits for them. A classic worker script, not a module: served, it
+// loads the wasm glue with importScripts; in the single-file page, scripts/assemble-web.mjs
+// and web/engine.js build it as a blob: whose text starts with the glue itself (the wasm is a
+// data: URI inside the glue), so no file and no network is needed.
+//
+// Protocol: the page posts {id, kind, text} (kind: solve | heatMap | gpuMatrix | curves; text:
+// the request web/engine.js built with requestText()); the worker answers {type: 'result', id,
+// kind, envelope, ms} with the core's envelope text as it is, or {type: 'ready'} once, or
+// {type: 'failed', message} when the module cannot start. The core never throws for bad input.
+/* global GpumemCore, importScripts */
+'use strict';
+
+// The same table as wasm/gpumem.js's CALLS (kind → bound function of wasm/bindings.cpp).
+const WORKER_CALLS = { solve: 'solveJson', heatMap: 'heatMapJson', gpuMatrix: 'gpuMatrixJson', curves: 'curvesJson' };
+
+if (typeof GpumemCore !== 'function') importScripts('gpumem_core.cjs');
+
+let workerCore = null;
+const workerReady = GpumemCore().then(
+  (module) => {
+    workerCore = module;
+    postMessage({ type: 'ready' });
+  },
+  (error) => postMessage({ type: 'failed', message: String(error?.message ?? error) }),
+);
+
+function internalEnvelope(message) {
+  return JSON.stringify({ ok: false, errors: [{ code: 'internal', field: '', message }] });
+}
+
+self.onmessage = async (event) => {
+  const { id, kind, text } = event.data ?? {};
+  await workerReady;
+  const started = performance.now();
+  let envelope;
+  if (!workerCore) envelope = internalEnvelope('The estimator did not start in the worker.');
+  else if (!WORKER_CALLS[kind]) envelope = internalEnvelope(`Unknown call ${kind}.`);
+  else {
+    try {
+      envelope = workerCore[WORKER_CALLS[kind]](String(text));
+    } catch (error) {
+      envelope = internalEnvelope(`The estimator failed: ${error?.message ?? error}`);
+    }
+  }
+  postMessage({ type: 'result', id, kind, envelope, ms: performance.now() - started });
+};
