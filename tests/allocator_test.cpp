@@ -148,6 +148,11 @@ TEST_CASE("a large-pool remainder of at most 1 MiB is not split off", "[allocato
   const AllocatorResult r = Run({Alloc(1, 20447232)}, 1024 * MiB);
   CHECK(r.peakAllocatedBytes == 20 * MiB);
   CHECK(r.peakRequestedBytes == 20447232);
+  // 19 MiB: a 20 MiB segment (2 MiB rounding) with exactly 1 MiB left — not above kSmallSize,
+  // so not split either: 20 MiB allocated.
+  CHECK(Run({Alloc(1, 19 * MiB)}, 1024 * MiB).peakAllocatedBytes == 20 * MiB);
+  // 18 MiB: 2 MiB left → split: 18 MiB allocated of the 20 MiB segment.
+  CHECK(Run({Alloc(1, 18 * MiB)}, 1024 * MiB).peakAllocatedBytes == 18 * MiB);
 }
 
 TEST_CASE("a freed 20 MiB segment reused by a smaller request with and without max_split_size", "[allocator]") {
