@@ -1,0 +1,200 @@
+// gpumem — the device stage: the same alloc/free events through a model of PyTorch's CUDA
+// caching allocator (c10/cuda/CUDACachingAllocator.cpp, PyTorch 2.x), and what the process
+// holds on the GPU besides tensors (CUDA context, cuBLAS workspaces, communication buffers).
+//
+// Why: the estimate of the replay is the peak of live tensor bytes. What decides an OOM and
+// what nvidia-smi shows is the allocator's *reserved* memory (segments obtained by cudaMalloc,
+// rounded, split and cached) plus the context. docs/device.md explains every rule with its
+// source; the function names quoted in comments are PyTorch's.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpumem/error.hpp"
+
+namespace gpumem {
+
+// ---------------------------------------------------------------------------------------------
+// Allocator options: PYTORCH_CUDA_ALLOC_CONF, with PyTorch's defaults (c10/core/AllocatorConfig
+// .cpp, AllocatorConfig::AllocatorConfig and parseArgs). Start from DefaultAllocatorOptions().
+
+// roundup_power2_divisions holds one division count per power-of-two size interval, 16 of
+// them: interval i covers requests of [2^i, 2^(i+1)) MiB; interval 0 also takes everything
+// under 2 MiB and interval 15 everything from 32 GiB up (AllocatorConfig::
+// roundup_power2_divisions(size): index = floor(log2(size)) − 20, clamped to [0, 15]).
+constexpr int kRoundupPower2Intervals = 16;
+
+struct AllocatorOptions {
+  bool expandableSegments = false;        // expandable_segments:True
+  std::int64_t maxSplitSizeMiB = 0;       // max_split_size_mb; 0 = unlimited (PyTorch: SIZE_MAX); else ≥ 20
+  std::int64_t maxNonSplitRoundingMiB = 20;  // max_non_split_rounding_mb; default kLargeBuffer = 20 MiB; ≥ 20
+  // Divisions per interval (see above); 0 or 1 = plain 512-byte rounding; else a power of two.
+  std::array<std::int32_t, kRoundupPower2Intervals> roundupPower2Divisions{};
+  double garbageCollectionThreshold = 0;  // garbage_collection_threshold, fraction in (0, 1); 0 = off
+  // torch.cuda.set_per_process_memory_fraction(f): a cap of f × capacity on reserved bytes.
+  // 0 = not set. PyTorch runs the garbage collection only when a fraction is set
+  // (DeviceCachingAllocator::malloc: `set_fraction && garbage_collection_threshold() > 0`).
+  double perProcessMemoryFraction = 0;
+};
+
+AllocatorOptions DefaultAllocatorOptions();
+std::vector<FieldError> ValidateAllocatorOptions(const AllocatorOptions& options);
+
+// Reads a PYTORCH_CUDA_ALLOC_CONF string ("expandable_segments:True,max_split_size_mb:128",
+// "roundup_power2_divisions:[256:1,512:2,>:4]") as AllocatorConfig::parseArgs does. Options the
+// model has no use for (release_lock_on_cudamalloc, pinned_*) are accepted and ignored;
+// backend:cudaMallocAsync is refused (a different allocator, not modelled).
+struct AllocatorConfParse {
+  AllocatorOptions options;
+  std::vector<FieldError> errors;  // empty when the text was read
+};
+AllocatorConfParse ParseAllocatorConf(std::string_view text);
+
+// The size a request becomes (DeviceCachingAllocator::round_size), bytes.
+std::int64_t RoundAllocationSize(std::int64_t requestedBytes, const AllocatorOptions& options);
+// The cudaMalloc size for a rounded request that found no cached block
+// (DeviceCachingAllocator::get_allocation_size), bytes.
+std::int64_t SegmentAllocationSize(std::int64_t roundedBytes);
+
+// ---------------------------------------------------------------------------------------------
+// The simulation.
+
+enum class AllocatorEventKind : std::uint8_t { Alloc, Free };
+
+struct AllocatorEvent {
+  AllocatorEventKind kind = AllocatorEventKind::Alloc;
+  int tensorId = 0;        // pairs an Alloc with its Free
+  std::int64_t bytes = 0;  // requested bytes (for a Free: ignored; the Alloc's size is used)
+};
+
+// What to keep besides the peaks. Solvers that only need the peak switch both off.
+struct AllocatorRecording {
+  bool timeline = true;        // reserved and allocated bytes after every event
+  bool segmentsAtPeak = true;  // the memory_viz picture at the reserved peak (a second pass)
+};
+
+struct AllocatorBlockInfo {
+  std::int64_t bytes = 0;           // block size, bytes
+  std::int64_t requestedBytes = 0;  // the tensor's requested bytes; 0 for a free block
+  bool allocated = false;
+  int tensorId = -1;  // -1 for a free block
+};
+
+struct AllocatorSegmentInfo {
+  std::uint64_t address = 0;  // a simulated virtual address (orders segments; not PyTorch's)
+  std::int64_t totalBytes = 0;
+  std::int64_t allocatedBytes = 0;
+  bool smallPool = false;   // segment of the small pool (requests ≤ 1 MiB)
+  bool expandable = false;  // a mapped range of an expandable segment
+  std::vector<AllocatorBlockInfo> blocks;  // address order
+};
+
+// The first allocation that failed even after releasing every cached segment it could.
+struct AllocatorOom {
+  bool happened = false;
+  int eventIndex = -1;
+  int tensorId = -1;
+  std::int64_t requestedBytes = 0;   // as asked
+  std::int64_t roundedBytes = 0;     // after round_size
+  std::int64_t allocationBytes = 0;  // get_allocation_size: what PyTorch's message says it "tried to allocate"
+  std::int64_t limitBytes = 0;       // capacity, or the memory fraction's cap when set
+  std::int64_t reservedBytes = 0;    // at the failure (after releasing cached segments)
+  std::int64_t allocatedBytes = 0;
+  std::int64_t unreservedBytes = 0;  // limit − reserved: what cudaMalloc could still hand out
+  std::int64_t cachedFreeBytes = 0;  // reserved − allocated: free blocks inside segments
+  std::int64_t cachedFreeBlocks = 0;
+  std::int64_t largestCachedFreeBlockBytes = 0;
+  std::int64_t freeBytes = 0;         // unreserved + cached free
+  std::int64_t freeFragments = 0;     // cached free blocks, plus the unreserved rest when > 0
+  std::int64_t largestFreeBlockBytes = 0;  // max(largest cached free block, unreserved)
+  std::vector<AllocatorSegmentInfo> segments;  // the picture at the failure
+};
+
+struct AllocatorResult {
+  int eventsSimulated = 0;  // all events, or those before the OOM
+  std::int64_t peakAllocatedBytes = 0;  // torch.cuda.max_memory_allocated (rounded block sizes)
+  int peakAllocatedEvent = -1;
+  std::int64_t peakReservedBytes = 0;   // torch.cuda.max_memory_reserved
+  int peakReservedEvent = -1;
+  std::int64_t peakRequestedBytes = 0;  // peak of the unrounded requests (the replay's peak)
+  // Fragmentation at the reserved peak (state after peakReservedEvent):
+  std::int64_t allocatedAtPeakReservedBytes = 0;
+  std::int64_t unallocatedAtPeakReservedBytes = 0;  // reserved − allocated
+  std::int64_t inactiveSplitAtPeakReservedBytes = 0;  // stats inactive_split_bytes (not expandable)
+  std::int64_t numAllocRetries = 0;  // stats num_alloc_retries
+  std::int64_t numDeviceAllocs = 0;  // cudaMalloc calls and expandable map calls
+  std::int64_t numDeviceFrees = 0;   // cudaFree calls and unmap calls
+  std::int64_t finalReservedBytes = 0;
+  std::int64_t finalAllocatedBytes = 0;
+  int unmatchedFrees = 0;    // Free of a tensor that is not live: ignored
+  int duplicateAllocs = 0;   // Alloc of a tensor already live: ignored
+  int invalidEvents = 0;     // negative sizes: ignored
+  std::vector<std::int64_t> reservedBytesAfterEvent;   // when recording.timeline
+  std::vector<std::int64_t> allocatedBytesAfterEvent;  // when recording.timeline
+  std::vector<AllocatorSegmentInfo> segmentsAtPeakReserved;  // when recording.segmentsAtPeak
+  AllocatorOom oom;
+};
+
+// Replays events through the caching allocator of one device, one stream, at capacityBytes
+// (the memory cudaMalloc can hand out: the GPU's memory less the context and anything outside
+// PyTorch). Stops at the first allocation that cannot be satisfied. O(log n) per event.
+AllocatorResult SimulateCachingAllocator(std::span<const AllocatorEvent> events,
+                                         const AllocatorOptions& options,
+                                         std::int64_t capacityBytes,
+                                         const AllocatorRecording& recording = {});
+
+// ---------------------------------------------------------------------------------------------
+// Device overheads: what the process holds besides the tensors of the step.
+
+struct RuntimeOptions {
+  int pytorchMajor = 2;
+  int pytorchMinor = 5;
+  int cudaMajor = 12;
+  int cudaMinor = 4;
+  bool lazyModuleLoading = true;   // CUDA_MODULE_LOADING=LAZY (PyTorch's default since 1.13)
+  double cudaContextMiB = -1;      // an override of the context estimate; < 0 = estimate
+  std::string cublasWorkspaceConfig;  // CUBLAS_WORKSPACE_CONFIG (":4096:8"); empty = default
+  std::int64_t cublasLtWorkspaceKiB = -1;  // CUBLASLT_WORKSPACE_SIZE, KiB; < 0 = default 1024
+  bool cublasLtUnifiedWorkspace = false;   // TORCH_CUBLASLT_UNIFIED_WORKSPACE=1
+  // cuBLAS handles that run matmuls: workspaces are cached per (handle, stream); forward runs
+  // on the Python thread and backward on autograd's device thread, each with its own handle.
+  int cublasHandles = 2;
+  int worldSize = 1;                 // GPUs in the job
+  double ncclBuffersMiB = -1;        // an override of the NCCL buffers; < 0 = estimate
+};
+
+RuntimeOptions DefaultRuntimeOptions();
+
+struct ComputeCapability {
+  int major = 0;  // 9 for Hopper, 8 for Ampere/Ada, 0 when not an NVIDIA GPU or unknown
+  int minor = 0;
+  const char* architecture = "";  // "Hopper", "gfx942"
+};
+// Keyed by the ids of Gpus(); unknown ids give {0, 0, ""}.
+ComputeCapability GpuComputeCapability(std::string_view gpuId);
+
+struct OverheadPart {
+  std::int64_t bytes = 0;
+  std::string formula;  // "2 handles × (4096 KiB × 2 + 16 KiB × 8)"
+  std::string source;   // where the default comes from
+};
+
+struct DeviceOverheadsResult {
+  ComputeCapability computeCapability;
+  OverheadPart context;        // outside the caching allocator: add to reserved for nvidia-smi
+  OverheadPart workspace;      // cuBLAS / cuBLASLt workspaces: allocated *through* the allocator
+  OverheadPart communication;  // NCCL buffers: outside the allocator
+  // The workspace as allocations to put in front of the step's events (each one a tensor the
+  // allocator sees): sizes in bytes.
+  std::vector<std::int64_t> workspaceAllocations;
+  std::vector<FieldError> errors;  // a bad CUBLAS_WORKSPACE_CONFIG, an out-of-range option
+};
+
+DeviceOverheadsResult DeviceOverheads(std::string_view gpuId, const RuntimeOptions& options);
+
+}  // namespace gpumem
