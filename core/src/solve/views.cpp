@@ -130,7 +130,8 @@ void AddField(SettingsCandidate& c, const char* field) {
 }
 
 void AddChange(SettingsCandidate& c, const char* id, const char* label, const char* field) {
-  c.id += (c.id.empty() ? "" : "+") + std::string(id);
+  if (!c.id.empty()) c.id += '+';
+  c.id += id;
   c.labels.push_back(label);
   AddField(c, field);
 }
