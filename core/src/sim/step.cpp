@@ -24,7 +24,7 @@ std::size_t EventCapacityHint(const Setup& setup) {
   if (m.kind == ModelKind::Transformer) {
     const auto experts = static_cast<std::size_t>(std::max<std::int64_t>(0, m.architecture.numExperts));
     const auto blocks = static_cast<std::size_t>(std::max<std::int64_t>(0, m.architecture.numLayers));
-    return std::min<std::size_t>(blocks * (400 + 60 * experts) + 4096, std::size_t{1} << 20);
+    return std::min<std::size_t>(blocks * (400 + 60 * experts) + 4096, std::size_t{1} << 21);
   }
   if (m.kind == ModelKind::LayerList) return std::min<std::size_t>(m.layers.size() * 24 + 256, std::size_t{1} << 20);
   return 256;
@@ -61,6 +61,48 @@ void TraceBuilder::Release(TensorHandle handle, Text label) {
   trace_.freeAt[static_cast<std::size_t>(handle)] = static_cast<std::uint32_t>(trace_.events.size());
   trace_.events.push_back({alloc.bytes, alloc.tensorId, alloc.layer, EventKind::Free, alloc.category, phase_,
                            static_cast<std::uint8_t>(step_), label, alloc.tensor, alloc.formula});
+}
+
+bool TraceBuilder::Repeat(std::size_t from, std::size_t to, int step, Category skip) {
+  std::vector<Event>& events = trace_.events;
+  const std::size_t mark = events.size(), firstNew = holders_.size();
+  // Tensor ids are handed out in order, so those the range allocates form one interval.
+  int idFrom = -1, idTo = -1;
+  for (std::size_t i = from; i < to; ++i) {
+    if (events[i].kind != EventKind::Alloc) continue;
+    if (idFrom < 0) idFrom = events[i].tensorId;
+    idTo = events[i].tensorId + 1;
+  }
+  std::vector<int> renamed(idFrom < 0 ? 0 : static_cast<std::size_t>(idTo - idFrom), -1);
+  events.reserve(mark + (to - from));
+  for (std::size_t i = from; i < to; ++i) {
+    Event e = events[i];
+    if (e.kind == EventKind::Alloc) {
+      if (e.category == skip) continue;
+      const int id = static_cast<int>(holders_.size());
+      renamed[static_cast<std::size_t>(e.tensorId - idFrom)] = id;
+      holders_.push_back(holders_[static_cast<std::size_t>(e.tensorId)]);  // as held at the range's end
+      trace_.allocAt.push_back(static_cast<std::uint32_t>(events.size()));
+      trace_.freeAt.push_back(Trace::kNeverFreed);
+      e.tensorId = id;
+    } else {
+      const int old = e.tensorId;
+      const int id = old >= idFrom && old < idTo ? renamed[static_cast<std::size_t>(old - idFrom)] : -1;
+      if (id < 0) {  // freed here, allocated before: this range is no step that repeats
+        events.resize(mark);
+        holders_.resize(firstNew);
+        trace_.allocAt.resize(firstNew);
+        trace_.freeAt.resize(firstNew);
+        return false;
+      }
+      e.tensorId = id;
+      trace_.freeAt[static_cast<std::size_t>(id)] = static_cast<std::uint32_t>(events.size());
+    }
+    e.step = static_cast<std::uint8_t>(step);
+    events.push_back(e);
+  }
+  step_ = step;
+  return true;
 }
 
 std::vector<Text> ParameterNames(TextStore& text, const Inventory& inventory) {
@@ -153,7 +195,7 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   GradientSink gradients(b, inventory, names, regime);
   OptimizerPass optimizer(setup, inventory, names, regime);
 
-  for (int step = 1; step <= 2; ++step) {
+  auto runStep = [&](int step) {
     b.SetPhase(Phase::Forward, step);
     pass->Forward(b);
     b.SetPhase(Phase::Backward, step);
@@ -162,7 +204,14 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
     optimizer.Step(b);
     if (setup.training.zeroGradSetToNone) gradients.ReleaseAll(text.Make({"zero_grad(set_to_none=True)"}));
     pass->EndStep(b);
-  }
+  };
+  const std::size_t stepStart = b.size();
+  runStep(1);
+  // Step 2 is step 1 again but for the optimizer states, which step 1 created and step 2
+  // finds: with zero_grad(set_to_none=True) nothing else outlives a step, so each event
+  // repeats (a new tensor for each tensor, the same words). Only peaks differ, as the states
+  // are live throughout step 2. Where that does not hold, step 2 is simulated.
+  if (!setup.training.zeroGradSetToNone || !b.Repeat(stepStart, b.size(), 2, Category::OptimizerStates)) runStep(2);
 
   if (regime.masterWeights) {
     trace.notes.push_back(std::string(LabelOf(setup.training.precision)) +

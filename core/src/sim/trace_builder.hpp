@@ -50,6 +50,11 @@ class TraceBuilder {
     if (Holders(handle) == 1) Release(handle, text().Own(std::move(label)));
     else Release(handle, Text{});
   }
+  // Appends events [from, to) again as step `step`, each tensor they allocate becoming a new
+  // one (allocations of `skip` are left out), and returns true. Returns false, appending
+  // nothing, when the range frees a tensor it did not allocate (then it does not repeat).
+  bool Repeat(std::size_t from, std::size_t to, int step, Category skip);
+  std::size_t size() const { return trace_.events.size(); }
   // How many holders a live tensor has (0 when freed or kNoTensor).
   int Holders(TensorHandle handle) const {
     return handle < 0 ? 0 : holders_[static_cast<std::size_t>(handle)];
