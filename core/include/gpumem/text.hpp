@@ -71,7 +71,7 @@ struct TextPart {
 
 class TextStore {
  public:
-  TextStore() = default;
+  TextStore();
   TextStore(const TextStore&) = delete;
   TextStore& operator=(const TextStore&) = delete;
   TextStore(TextStore&& o) noexcept;

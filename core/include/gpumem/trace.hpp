@@ -49,6 +49,13 @@ struct Event {
 };
 
 struct Trace {
+  Trace();
+  ~Trace();
+  Trace(Trace&&) noexcept = default;
+  Trace& operator=(Trace&&) noexcept = default;
+  Trace(const Trace&) = delete;
+  Trace& operator=(const Trace&) = delete;
+
   std::vector<Event> events;
   std::vector<std::string> notes;  // assumptions a person should know about
   TextStore text;                  // the words of every event

@@ -43,13 +43,37 @@ struct Moment {
   }
 };
 
-// Fills every moment in one pass over the tensors.
+// Fills every moment: one sweep over the events keeps the live tensors in a list in tensor
+// order (appended on allocation, unlinked on free), and each moment reads the list as it
+// stands (a few thousand tensors, where a pass over every tensor for every moment read tens
+// of thousands).
 void Describe(const Trace& trace, std::vector<Moment*>& moments) {
-  for (std::size_t id = 0; id < trace.allocAt.size(); ++id) {
-    const std::uint32_t from = trace.allocAt[id], to = trace.freeAt[id];
-    const Event* e = &trace.events[from];
-    for (Moment* m : moments) {
-      if (from <= m->at && to > m->at) m->Add(e);  // kNeverFreed is beyond every event
+  if (moments.empty()) return;
+  std::sort(moments.begin(), moments.end(), [](const Moment* a, const Moment* b) { return a->at < b->at; });
+  const std::size_t tensors = trace.allocAt.size();
+  constexpr int kNone = -1;
+  std::vector<int> next(tensors, kNone), prev(tensors, kNone);
+  int head = kNone, tail = kNone;
+  std::size_t m = 0;
+  for (std::size_t i = 0; i < trace.events.size() && m < moments.size(); ++i) {
+    const Event& e = trace.events[i];
+    const int id = e.tensorId;
+    if (e.kind == EventKind::Alloc) {
+      prev[static_cast<std::size_t>(id)] = tail;
+      if (tail != kNone) next[static_cast<std::size_t>(tail)] = id;
+      else head = id;
+      tail = id;
+    } else {
+      const int p = prev[static_cast<std::size_t>(id)], n = next[static_cast<std::size_t>(id)];
+      if (p != kNone) next[static_cast<std::size_t>(p)] = n;
+      else head = n;
+      if (n != kNone) prev[static_cast<std::size_t>(n)] = p;
+      else tail = p;
+    }
+    for (; m < moments.size() && moments[m]->at == i; ++m) {
+      for (int t = head; t != kNone; t = next[static_cast<std::size_t>(t)]) {
+        moments[m]->Add(&trace.events[trace.allocAt[static_cast<std::size_t>(t)]]);
+      }
     }
   }
 }

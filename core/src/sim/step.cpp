@@ -6,6 +6,7 @@
 
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
+#include "gpumem/recycle.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -24,7 +25,7 @@ std::size_t EventCapacityHint(const Setup& setup) {
   if (m.kind == ModelKind::Transformer) {
     const auto experts = static_cast<std::size_t>(std::max<std::int64_t>(0, m.architecture.numExperts));
     const auto blocks = static_cast<std::size_t>(std::max<std::int64_t>(0, m.architecture.numLayers));
-    return std::min<std::size_t>(blocks * (400 + 60 * experts) + 4096, std::size_t{1} << 21);
+    return std::min<std::size_t>(blocks * (700 + 130 * experts) + 4096, std::size_t{1} << 21);
   }
   if (m.kind == ModelKind::LayerList) return std::min<std::size_t>(m.layers.size() * 24 + 256, std::size_t{1} << 20);
   return 256;
@@ -32,6 +33,22 @@ std::size_t EventCapacityHint(const Setup& setup) {
 }  // namespace
 std::unique_ptr<ModelPass> MakeQuickPass(const Setup& setup, const Inventory& inventory,
                                          const Regime& regime, std::vector<std::string>& notes);
+
+namespace {
+struct AllocAtTag {};
+struct FreeAtTag {};
+}  // namespace
+
+Trace::Trace()
+    : events(Recycled<Event>::Take()),
+      allocAt(Recycled<std::uint32_t, AllocAtTag>::Take()),
+      freeAt(Recycled<std::uint32_t, FreeAtTag>::Take()) {}
+
+Trace::~Trace() {
+  Recycled<Event>::Give(std::move(events));
+  Recycled<std::uint32_t, AllocAtTag>::Give(std::move(allocAt));
+  Recycled<std::uint32_t, FreeAtTag>::Give(std::move(freeAt));
+}
 
 TensorHandle TraceBuilder::Alloc(Category category, std::int64_t bytes, Text tensor, Text label,
                                  Text formula, int layer) {
@@ -66,40 +83,49 @@ void TraceBuilder::Release(TensorHandle handle, Text label) {
 bool TraceBuilder::Repeat(std::size_t from, std::size_t to, int step, Category skip) {
   std::vector<Event>& events = trace_.events;
   const std::size_t mark = events.size(), firstNew = holders_.size();
-  // Tensor ids are handed out in order, so those the range allocates form one interval.
+  // Tensor ids are handed out in order, so those the range allocates form one interval; count
+  // what is kept so every vector is sized once.
   int idFrom = -1, idTo = -1;
+  std::size_t kept = 0, allocs = 0;
   for (std::size_t i = from; i < to; ++i) {
-    if (events[i].kind != EventKind::Alloc) continue;
-    if (idFrom < 0) idFrom = events[i].tensorId;
-    idTo = events[i].tensorId + 1;
+    const Event& e = events[i];
+    if (e.kind == EventKind::Alloc) {
+      if (idFrom < 0) idFrom = e.tensorId;
+      idTo = e.tensorId + 1;
+      if (e.category == skip) continue;
+      ++allocs;
+    }
+    ++kept;
   }
   std::vector<int> renamed(idFrom < 0 ? 0 : static_cast<std::size_t>(idTo - idFrom), -1);
-  events.reserve(mark + (to - from));
+  events.resize(mark + kept);
+  holders_.resize(firstNew + allocs);
+  trace_.allocAt.resize(firstNew + allocs);
+  trace_.freeAt.resize(firstNew + allocs, Trace::kNeverFreed);
+  std::size_t out = mark, id = firstNew;
   for (std::size_t i = from; i < to; ++i) {
     Event e = events[i];
     if (e.kind == EventKind::Alloc) {
       if (e.category == skip) continue;
-      const int id = static_cast<int>(holders_.size());
-      renamed[static_cast<std::size_t>(e.tensorId - idFrom)] = id;
-      holders_.push_back(holders_[static_cast<std::size_t>(e.tensorId)]);  // as held at the range's end
-      trace_.allocAt.push_back(static_cast<std::uint32_t>(events.size()));
-      trace_.freeAt.push_back(Trace::kNeverFreed);
-      e.tensorId = id;
+      renamed[static_cast<std::size_t>(e.tensorId - idFrom)] = static_cast<int>(id);
+      holders_[id] = holders_[static_cast<std::size_t>(e.tensorId)];  // as held at the range's end
+      trace_.allocAt[id] = static_cast<std::uint32_t>(out);
+      e.tensorId = static_cast<int>(id++);
     } else {
       const int old = e.tensorId;
-      const int id = old >= idFrom && old < idTo ? renamed[static_cast<std::size_t>(old - idFrom)] : -1;
-      if (id < 0) {  // freed here, allocated before: this range is no step that repeats
+      const int renamedId = old >= idFrom && old < idTo ? renamed[static_cast<std::size_t>(old - idFrom)] : -1;
+      if (renamedId < 0) {  // freed here, allocated before: this range is no step that repeats
         events.resize(mark);
         holders_.resize(firstNew);
         trace_.allocAt.resize(firstNew);
         trace_.freeAt.resize(firstNew);
         return false;
       }
-      e.tensorId = id;
-      trace_.freeAt[static_cast<std::size_t>(id)] = static_cast<std::uint32_t>(events.size());
+      e.tensorId = renamedId;
+      trace_.freeAt[static_cast<std::size_t>(renamedId)] = static_cast<std::uint32_t>(out);
     }
     e.step = static_cast<std::uint8_t>(step);
-    events.push_back(e);
+    events[out++] = e;
   }
   step_ = step;
   return true;
@@ -168,7 +194,7 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   const Regime regime = RegimeOf(setup.training.precision);
 
   trace.events.reserve(EventCapacityHint(setup));
-  if (explain) trace.text.Reserve(EventCapacityHint(setup) * 12);
+  if (explain) trace.text.Reserve(EventCapacityHint(setup) * 8);
   TextStore& text = trace.text;
   const std::vector<Text> names = ParameterNames(text, inventory);
 

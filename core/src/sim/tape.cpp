@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "gpumem/names.hpp"
+#include "gpumem/recycle.hpp"
 
 namespace gpumem {
 
@@ -15,11 +16,16 @@ DType Promote(DType a, DType b) {
 }
 
 Tape::Tape(TraceBuilder& builder, DType computeType, bool autocast, std::size_t parameterCount)
-    : b_(builder), compute_(computeType), autocast_(autocast), parameterCount_(parameterCount) {
-  values_.reserve(1024);
-  nodes_.reserve(512);
+    : b_(builder), compute_(computeType), autocast_(autocast), parameterCount_(parameterCount),
+      values_(Recycled<Value>::Take()), nodes_(Recycled<Node>::Take()), grads_(Recycled<TensorHandle>::Take()) {
   caches_.resize(1);
   if (autocast_) caches_[0].byParameter.assign(parameterCount_, kNoValue);
+}
+
+Tape::~Tape() {
+  Recycled<Value>::Give(std::move(values_));
+  Recycled<Node>::Give(std::move(nodes_));
+  Recycled<TensorHandle>::Give(std::move(grads_));
 }
 
 ValueId Tape::NewValue(const Value& v) {

@@ -78,6 +78,9 @@ struct BackwardTemp {
 class Tape {
  public:
   Tape(TraceBuilder& builder, DType computeType, bool autocast, std::size_t parameterCount);
+  ~Tape();
+  Tape(const Tape&) = delete;
+  Tape& operator=(const Tape&) = delete;
 
   TextStore& text() { return b_.text(); }
   // Room for this many values and nodes (a forward of a known size grows no vector).

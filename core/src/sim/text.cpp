@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "gpumem/format.hpp"
+#include "gpumem/recycle.hpp"
 
 namespace gpumem {
 
@@ -78,7 +79,35 @@ TextStore& TextStore::operator=(TextStore&& o) noexcept {
   return *this;
 }
 
-TextStore::~TextStore() { std::free(parts_); }
+namespace {
+// The parts buffer of the last store on this thread, kept for the next (see recycle.hpp).
+struct SpareParts {
+  TextPart* parts = nullptr;
+  std::size_t capacity = 0;
+  ~SpareParts() { std::free(parts); }
+};
+SpareParts& Spare() {
+  thread_local SpareParts spare;
+  return spare;
+}
+}  // namespace
+
+TextStore::TextStore() : dims_(Recycled<std::int64_t>::Take()) {
+  SpareParts& spare = Spare();
+  parts_ = std::exchange(spare.parts, nullptr);
+  capacity_ = std::exchange(spare.capacity, 0);
+}
+
+TextStore::~TextStore() {
+  SpareParts& spare = Spare();
+  if (capacity_ > spare.capacity) {
+    std::free(spare.parts);
+    spare.parts = std::exchange(parts_, nullptr);
+    spare.capacity = capacity_;
+  }
+  std::free(parts_);
+  Recycled<std::int64_t>::Give(std::move(dims_));
+}
 
 void TextStore::Reserve(std::size_t parts) {
   if (parts > capacity_) Grow(parts);
