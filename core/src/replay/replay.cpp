@@ -55,7 +55,9 @@ void Describe(const Trace& trace, std::vector<Moment*>& moments) {
   std::vector<int> next(tensors, kNone), prev(tensors, kNone);
   int head = kNone, tail = kNone;
   std::size_t m = 0;
-  for (std::size_t i = 0; i < trace.events.size() && m < moments.size(); ++i) {
+  std::size_t nextAt = moments.front()->at;
+  const std::size_t last = std::min(moments.back()->at + 1, trace.events.size());
+  for (std::size_t i = 0; i < last; ++i) {
     const Event& e = trace.events[i];
     const int id = e.tensorId;
     if (e.kind == EventKind::Alloc) {
@@ -70,11 +72,13 @@ void Describe(const Trace& trace, std::vector<Moment*>& moments) {
       if (n != kNone) prev[static_cast<std::size_t>(n)] = p;
       else tail = p;
     }
+    if (i != nextAt) continue;
     for (; m < moments.size() && moments[m]->at == i; ++m) {
       for (int t = head; t != kNone; t = next[static_cast<std::size_t>(t)]) {
         moments[m]->Add(&trace.events[trace.allocAt[static_cast<std::size_t>(t)]]);
       }
     }
+    if (m < moments.size()) nextAt = moments[m]->at;
   }
 }
 
