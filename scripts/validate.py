@@ -559,11 +559,13 @@ def checkpoint_section(rows):
         "- **A mixture of experts whose peak is at layer 0's backward** (moe8-v256-sgd-every: 8 experts,",
         "  a 256-token vocabulary and SGD, so gradients dominate and the peak is at layer 0's attention",
         "  softmax backward, as in Mixtral-8x7B's case). By then checkpointing has nothing left to save:",
-        "  layer 0's activations are all live again (recomputed), and the estimator adds the",
-        "  checkpoint's own input and an input gradient summed out of place (the outer backward still",
-        "  holds the incoming gradient) — 2 + 1 fp32 b·s·h tensors, +196,608 B here. PyTorch measures",
-        "  the same bytes. Where the peak falls earlier in layer 0's backward (moe8-v256-b2s64-sgd-every,",
-        "  expert 0's backward) only the activations differ, again the same in both.",
+        "  layer 0's activations are all live again (recomputed). At that peak the estimator has",
+        "  activations +131,072 B (2 fp32 b·s·h, the checkpoint's kept input among them) and",
+        "  activation gradients +65,536 B (1 fp32 b·s·h: the recompute's input gradient, summed out of",
+        "  place because the outer backward still holds the incoming gradient), as for Mixtral (+1.25 and",
+        "  +1 b·s·h). PyTorch's peak rises by the same bytes (its tracker has no categories). Where the",
+        "  peak falls earlier in layer 0's backward (moe8-v256-b2s64-sgd-every, expert 0's backward)",
+        "  only the activations differ (+1.5 b·s·h), again the same in both.",
         "",
     ]
     return lines
