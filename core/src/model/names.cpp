@@ -31,11 +31,18 @@ constexpr Named<AttentionImplementation> kAttentions[] = {
     {AttentionImplementation::Eager, "eager", "eager (scores materialised)"},
     {AttentionImplementation::SDPA, "sdpa", "fused SDPA / flash"},
 };
+// Checkpointing can RAISE the peak, and PyTorch does the same (docs/validation.md, "Checkpointing
+// can raise the peak"; tests/property_test.cpp kKnownViolations): the labels say so where the
+// option is offered. Selective with SDPA under autocast keeps the core's inputs q, k in fp32
+// (RoPE promotes them) where the kernel alone keeps bf16 copies (llama-ampbf16-sdpa-selective);
+// a peak at layer 0's backward sees that block recomputed plus its checkpoint input and an
+// out-of-place input gradient (moe8-v256-sgd-every).
 constexpr Named<Checkpointing> kCheckpointings[] = {
     {Checkpointing::None, "none", "none"},
-    {Checkpointing::EveryBlock, "everyBlock", "every block"},
-    {Checkpointing::EveryKthBlock, "everyKthBlock", "every k-th block"},
-    {Checkpointing::Selective, "selective", "selective (attention core)"},
+    {Checkpointing::EveryBlock, "everyBlock", "every block (a peak at layer 0's backward can rise)"},
+    {Checkpointing::EveryKthBlock, "everyKthBlock", "every k-th block (a peak at layer 0's backward can rise)"},
+    {Checkpointing::Selective, "selective",
+     "selective (attention core; with SDPA under autocast it keeps q, k in fp32 and can cost more)"},
 };
 constexpr Named<LayerKind> kLayerKinds[] = {
     {LayerKind::Embedding, "embedding", "Embedding"}, {LayerKind::Linear, "linear", "Linear"},
