@@ -136,7 +136,10 @@ ValueId Tape::Apply(const OpSpec& spec) {
   for (ValueId s : spec.saves) node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(s)].storage));
   if (spec.savesOutput) node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(id)].storage));
   for (TensorHandle h : made) node.saved.push_back(h);
-  node.temps = spec.backwardTemps;
+  if (!spec.backwardTemps.empty()) {
+    node.temps = static_cast<int>(temps_.size());
+    temps_.push_back(spec.backwardTemps);
+  }
   values_[static_cast<std::size_t>(id)].producer = static_cast<int>(nodes_.size() - 1);
   return id;
 }
@@ -314,7 +317,8 @@ void Tape::Execute(int index) {
   layer_ = node.layer;
   if (any) {
     SmallVec<TensorHandle, 2> temps;
-    for (const BackwardTemp& t : node.temps) {
+    static const SmallVec<BackwardTemp, 2> kNone{};
+    for (const BackwardTemp& t : node.temps >= 0 ? temps_[static_cast<std::size_t>(node.temps)] : kNone) {
       const TextPart name = TextPart::View(t.name);
       temps.push_back(b_.Alloc(Category::ActivationGradients, t.shape.Elements() * BytesPerElement(t.type),
                                T({name}), T({label, ": ", name}), text().Shape(t.shape, t.type), layer_));

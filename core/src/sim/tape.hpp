@@ -166,7 +166,7 @@ class Tape {
     SmallVec<In, 4> inputs;
     SmallVec<ValueId, 4> outputs;
     SmallVec<TensorHandle, 5> saved;
-    SmallVec<BackwardTemp, 2> temps;
+    int temps = -1;           // index into temps_ (backward temporaries are rare: SDPA's)
     int block = -1;           // index into blocks_ for checkpoint nodes
     Values blockInputs;       // checkpoint: all inputs, in order
     bool done = false;
@@ -212,6 +212,7 @@ class Tape {
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::vector<Block> blocks_;
+  std::vector<SmallVec<BackwardTemp, 2>> temps_;
   std::vector<TensorHandle> grads_;  // gradient buffer of each value, during backward
   std::vector<CastCache> caches_;    // [0] the forward's; deeper ones for recomputes
   int cacheDepth_ = 0;
