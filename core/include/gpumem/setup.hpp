@@ -274,7 +274,7 @@ EventBudget PredictEvents(const Setup& setup);
 // The largest prediction Validate accepts. Measured in wasm (node scripts/bench.mjs): see
 // docs/budget.md for events/s, bytes/event and why this keeps an estimate near one second and
 // well under 256 MB of wasm memory on a 2-core machine.
-inline constexpr double kMaxPredictedEvents = 2'000'000.0;
+inline constexpr double kMaxPredictedEvents = 500'000.0;
 
 // Feature width flowing out of layer `index` (and into layer index+1), or 0 when unknown
 // (a leading activation with no width yet). Used by validation and by the trace.
