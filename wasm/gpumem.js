@@ -33,7 +33,7 @@ export async function loadGpumem({ factory } = {}) {
   }
   let promise = loaded.get(make);
   if (!promise) {
-    promise = Promise.resolve(make()).then(wrapModule);
+    promise = Promise.resolve(make()).then((core) => wrapModule(core, make));
     // A failed load must not stay cached, or a retry could never succeed.
     promise.catch(() => loaded.delete(make));
     loaded.set(make, promise);
@@ -41,11 +41,35 @@ export async function loadGpumem({ factory } = {}) {
   return promise;
 }
 
-function wrapModule(core) {
+// The module's memory ceiling (-sMAXIMUM_MEMORY in wasm/CMakeLists.txt), bytes.
+export const MAXIMUM_MEMORY_BYTES = 2 ** 30;
+
+function wrapModule(firstCore, make) {
+  let core = firstCore;
   let options = null;
+  // After an abort (out of memory at the ceiling, or a defect) an Emscripten module is unusable:
+  // a fresh instance replaces it. Until it is ready, calls answer "restarting"; ready() waits.
+  let reloading = Promise.resolve();
+
+  // Runs one call on the core, turning a throw into a GpumemError and a reload.
+  function callCore(call, requestText) {
+    if (!core) throw new GpumemError([{ code: 'internal', field: '', message: 'The estimator is restarting after a failure; try again in a moment.' }]);
+    const current = core;
+    try {
+      return call(current);
+    } catch (error) {
+      const heapBytes = current.HEAP8?.length ?? 0;
+      core = null;
+      reloading = Promise.resolve(make()).then((fresh) => { core = fresh; }, () => {});
+      throw new GpumemError([abortError(error, heapBytes, requestText, options?.presets)], { cause: error });
+    }
+  }
+  function viewCall(call, key, text) {
+    return resultOfEnvelope(callCore(call, text), key);
+  }
 
   function getOptions() {
-    if (!options) options = deepFreeze(parseEnvelope(callCore(() => core.optionsJson())));
+    if (!options) options = deepFreeze(parseEnvelope(callCore((c) => c.optionsJson())));
     return options;
   }
 
@@ -60,13 +84,13 @@ function wrapModule(core) {
     estimate(setup, { timeline = 'none' } = {}) {
       const text = setupText(setup);
       const mode = ['none', 'points', 'labelled'].includes(timeline) ? timeline : 'none';
-      const envelope = parseEnvelope(callCore(() => core.estimateJson(text, mode)));
+      const envelope = parseEnvelope(callCore((c) => c.estimateJson(text, mode), text));
       if (!envelope.ok) throw new GpumemError(envelope.errors);
       return envelope.estimate;
     },
     // A Hugging Face config.json (text) → { setup, modelType, ignoredFields, notes }.
     importConfig(text) {
-      const envelope = parseEnvelope(callCore(() => core.importConfigJson(String(text))));
+      const envelope = parseEnvelope(callCore((c) => c.importConfigJson(String(text))));
       if (!envelope.ok) throw new GpumemError(envelope.errors);
       const { ok, ...result } = envelope;
       return result;
@@ -75,7 +99,7 @@ function wrapModule(core) {
     // with a transformer setup, also its count against the architecture's.
     importSafetensors(text, setup) {
       const compareWith = setup === undefined ? '' : setupText(setup);
-      const envelope = parseEnvelope(callCore(() => core.importSafetensorsJson(String(text), compareWith)));
+      const envelope = parseEnvelope(callCore((c) => c.importSafetensorsJson(String(text), compareWith), compareWith));
       if (!envelope.ok) throw new GpumemError(envelope.errors);
       const { ok, ...result } = envelope;
       return result;
@@ -83,7 +107,7 @@ function wrapModule(core) {
     // The largest micro-batch and sequence that fit, and the changes that would make it fit.
     solve(setup) {
       const text = setupText(setup);
-      const envelope = parseEnvelope(callCore(() => core.solveJson(text)));
+      const envelope = parseEnvelope(callCore((c) => c.solveJson(text), text));
       if (!envelope.ok) throw new GpumemError(envelope.errors);
       return envelope.solve;
     },
@@ -91,25 +115,32 @@ function wrapModule(core) {
     // peak over batch × sequence, the GPU × settings matrix, the peak-vs-batch/sequence curves.
     // `options`: { axisValues, curvePoints }; absent ones take the core's defaults.
     heatMap(setup, options) {
-      return viewCall(() => core.heatMapJson(viewRequest(setup, options)), 'heatMap');
+      const request = viewRequest(setup, options);
+      return viewCall((c) => c.heatMapJson(request), 'heatMap', request);
     },
     gpuMatrix(setup, options) {
-      return viewCall(() => core.gpuMatrixJson(viewRequest(setup, options)), 'gpuMatrix');
+      const request = viewRequest(setup, options);
+      return viewCall((c) => c.gpuMatrixJson(request), 'gpuMatrix', request);
     },
     curves(setup, options) {
-      return viewCall(() => core.curvesJson(viewRequest(setup, options)), 'curves');
+      const request = viewRequest(setup, options);
+      return viewCall((c) => c.curvesJson(request), 'curves', request);
     },
     // One call as envelope text, for text built by requestText(): what a Web Worker runs, and
     // the page's fallback when no worker can start.
     envelope(kind, text) {
       const call = CALLS[kind];
       if (!call) throw new GpumemError([{ code: 'internal', field: '', message: `Unknown call ${kind}.` }]);
-      return callCore(() => core[call](String(text)));
+      return callCore((c) => c[call](String(text)), String(text));
+    },
+    // Resolves when the module is usable again after a failure (at once otherwise).
+    ready() {
+      return reloading;
     },
     validate(setup) {
       try {
         const text = setupText(setup);
-        const envelope = parseEnvelope(callCore(() => core.validateJson(text)));
+        const envelope = parseEnvelope(callCore((c) => c.validateJson(text), text));
         return envelope.ok ? { ok: true, setup: envelope.setup } : { ok: false, errors: envelope.errors };
       } catch (error) {
         if (error instanceof GpumemError) return { ok: false, errors: error.errors };
@@ -133,10 +164,6 @@ export const CALLS = Object.freeze({ solve: 'solveJson', heatMap: 'heatMapJson',
 // The text argument of one long call: the setup for solve, a views request for the others.
 export function requestText(kind, setup, options) {
   return kind === 'solve' ? setupText(setup) : viewRequest(setup, options);
-}
-
-function viewCall(call, key) {
-  return resultOfEnvelope(callCore(call), key);
 }
 
 // One request object: {"setup":{…},"axisValues":n,"curvePoints":n}. A setup given as text (an
@@ -165,14 +192,37 @@ function setupText(setup) {
   return text === undefined ? 'null' : text;
 }
 
-// The core never throws for bad input; anything thrown here is a defect (an abort, a missing
-// binding), surfaced as an Error rather than the bare number wasm can throw.
-function callCore(call) {
+// The core never throws for bad input; anything thrown by it is an abort: running out of
+// memory at the module's ceiling (validation's work budget should make that unreachable), or a
+// defect. At the ceiling the error is tooLarge on the field most likely to have grown the work,
+// from the request's own text (a guess, said as one: the dead module cannot be asked).
+function abortError(error, heapBytes, requestText, presets) {
+  if (heapBytes < 0.9 * MAXIMUM_MEMORY_BYTES) return internalError(error);
+  return {
+    code: 'tooLarge',
+    field: likelyField(requestText, presets),
+    message: `The estimator ran out of memory (its ceiling is ${MAXIMUM_MEMORY_BYTES / 2 ** 30} GiB) and was restarted. ` +
+      'This setup is probably too large to simulate here: use fewer layers, experts or list entries.',
+  };
+}
+
+// The field that most likely drove an estimate's work, as PredictEvents (setup.hpp) names it.
+function likelyField(text, presets = []) {
+  let doc;
   try {
-    return call();
-  } catch (error) {
-    throw new GpumemError([internalError(error)], { cause: error });
+    doc = JSON.parse(text ?? '');
+  } catch {
+    return '';
   }
+  const model = doc?.setup?.model ?? doc?.model;
+  if (!model || typeof model !== 'object') return '';
+  if (model.kind === 'layers' || Array.isArray(model.layers)) return 'model.layers';
+  if (model.kind === 'parameterCount' || (model.parameterCount !== undefined && !model.architecture && !model.preset)) {
+    return 'model.largestMatrices';
+  }
+  const preset = presets.find((p) => p.id === model.preset);
+  const experts = model.architecture?.numExperts ?? preset?.architecture?.numExperts ?? 0;
+  return experts > 0 ? 'model.architecture.numExperts' : 'model.architecture.numLayers';
 }
 
 function parseEnvelope(text) {

@@ -374,8 +374,14 @@ function showArchFields() {
 
 function onPresetChange() {
   const preset = presetById($('#preset').value);
-  if (preset) fillArchitecture(preset.architecture, preset.id);
-  else showPresetHint();  // "custom": the values stay as they are
+  if (preset) {
+    fillArchitecture(preset.architecture, preset.id);
+    // The core's length for this preset (its published context, capped for long-context
+    // models: options().presets[].defaultSequenceLength), not whatever the field held.
+    if (preset.defaultSequenceLength) $('#sequenceLength').value = displayNumber(preset.defaultSequenceLength);
+  } else {
+    showPresetHint();  // "custom": the values stay as they are
+  }
 }
 
 function onFamilyChange() {

@@ -256,6 +256,26 @@ struct SizeBound {
 // used). Only meaningful for a setup whose model passes validation.
 SizeBound EstimateSizeBound(const Setup& setup);
 
+// The work budget (issue 14): how many trace events the simulation of a setup will make,
+// predicted from its shape before any work starts, so that a setup the page cannot simulate in
+// about a second and 256 MB of wasm memory is refused with a tooLarge error naming the field
+// that drives it, instead of freezing or crashing the page. An upper bound (never below
+// Estimate::eventCount) and within 2× of it for every preset and checkpointing mode: both
+// checked by tests/budget_test.cpp. Counts come from measured events per block (forward,
+// backward, checkpoint recomputes, the optimizer's per-tensor work), see docs/budget.md.
+struct EventBudget {
+  double predictedEvents = 0;  // events of one estimate (both simulated steps)
+  // The field a person would change to shrink it: "model.architecture.numLayers",
+  // "model.architecture.numExperts", "model.layers", "model.largestMatrices".
+  std::string field;
+};
+// Only meaningful for a setup whose sizes pass validation's range checks.
+EventBudget PredictEvents(const Setup& setup);
+// The largest prediction Validate accepts. Measured in wasm (node scripts/bench.mjs): see
+// docs/budget.md for events/s, bytes/event and why this keeps an estimate near one second and
+// well under 256 MB of wasm memory on a 2-core machine.
+inline constexpr double kMaxPredictedEvents = 500'000.0;
+
 // Feature width flowing out of layer `index` (and into layer index+1), or 0 when unknown
 // (a leading activation with no width yet). Used by validation and by the trace.
 std::int64_t OutputWidth(const std::vector<LayerDef>& layers, std::size_t index);

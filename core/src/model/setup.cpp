@@ -291,6 +291,88 @@ SizeBound SizeBoundOf(const Setup& setup, const std::optional<ParameterSplit>& s
   return bound;
 }
 
+// Events per unit of a setup's shape, measured with the native build over every preset at
+// 1-3 blocks × precision × optimizer × implementation × attention × checkpointing (the
+// largest slope seen, rounded up; docs/budget.md). Both simulated steps are included.
+namespace events {
+// A transformer block without checkpointing, the most any precision or attention makes.
+constexpr double kGpt2Block = 440, kBertBlock = 460, kLlamaBlock = 520;
+constexpr double kAttentionBias = 70;   // Qwen2's q/k/v biases
+constexpr double kExpert = 150;         // one routed expert's ops (gate, up, down, act, index)
+constexpr double kSharedExpert = 160;   // Qwen2-MoE's shared expert and its gate
+// Recomputing blocks during backward: the whole block (every/every-kth) or its attention core.
+constexpr double kRecomputeFactor = 1.45, kSelectiveFactor = 1.1;
+constexpr double kAdafactorPerTensor = 24;  // factored second moments: row, column, update
+constexpr double kPerParameterPerTensor = 8;  // a Python loop's temporaries, one tensor at a time
+constexpr double kTransformerConstant = 500;  // embeddings, head, loss, step bookkeeping
+// Layer lists: a linear (or embedding) layer with its parameters; any other layer.
+constexpr double kParameterLayer = 70, kOtherLayer = 12, kLayerListConstant = 100;
+// Quick mode: a fixed handful, plus Adafactor's work per listed matrix.
+constexpr double kQuickConstant = 40, kQuickMatrix = 30;
+}  // namespace events
+
+EventBudget PredictEventsOf(const Setup& setup) {
+  EventBudget budget;
+  const ModelDef& m = setup.model;
+  if (m.kind == ModelKind::ParameterCount) {
+    budget.predictedEvents = events::kQuickConstant + events::kQuickMatrix * double(m.largestMatrices.size());
+    budget.field = "model.largestMatrices";
+    return budget;
+  }
+  if (m.kind == ModelKind::LayerList) {
+    double n = events::kLayerListConstant;
+    for (const LayerDef& l : m.layers) {
+      n += (l.kind == LayerKind::Linear || l.kind == LayerKind::Embedding) ? events::kParameterLayer
+                                                                           : events::kOtherLayer;
+    }
+    budget.predictedEvents = n;
+    budget.field = "model.layers";
+    return budget;
+  }
+  const ArchitectureDef& a = m.architecture;
+  const TrainingDef& t = setup.training;
+  const double experts = a.numExperts > 0 ? double(a.numExperts) : 0.0;
+  double block = 0, tensors = 0;  // events and parameter tensors per block
+  switch (a.family) {
+    case Family::GPT2: block = events::kGpt2Block; tensors = 12; break;
+    case Family::BERT: block = events::kBertBlock; tensors = 16; break;
+    case Family::Llama:
+      block = events::kLlamaBlock + (a.attentionBias ? events::kAttentionBias : 0.0) +
+              events::kExpert * experts +
+              (a.sharedExpertIntermediateSize > 0 ? events::kSharedExpert : 0.0);
+      tensors = 9 + (a.attentionBias ? 3 : 0) + (experts > 0 ? 1 + 3 * experts : 0) +
+                (a.sharedExpertIntermediateSize > 0 ? 4 : 0);
+      break;
+  }
+  switch (t.checkpointing) {
+    case Checkpointing::None: break;
+    case Checkpointing::Selective: block *= events::kSelectiveFactor; break;
+    case Checkpointing::EveryBlock:
+    case Checkpointing::EveryKthBlock: block *= events::kRecomputeFactor; break;
+  }
+  if (t.optimizer == OptimizerKind::Adafactor) {
+    block += events::kAdafactorPerTensor * tensors;
+  } else if (t.optimizerImplementation == OptimizerImplementation::PerParameter) {
+    block += events::kPerParameterPerTensor * tensors;
+  }
+  budget.predictedEvents = events::kTransformerConstant + double(a.numLayers) * block;
+  // The experts drive it when they make most of a block's events.
+  budget.field = events::kExpert * experts > block / 2 ? "model.architecture.numExperts"
+                                                       : "model.architecture.numLayers";
+  return budget;
+}
+
+FieldError TooManyEventsError(const EventBudget& budget) {
+  const char* change = budget.field == "model.layers"             ? "Use fewer layers."
+                       : budget.field == "model.largestMatrices"  ? "List fewer matrices."
+                       : budget.field == "model.architecture.numExperts" ? "Use fewer experts or layers."
+                                                                  : "Use fewer layers.";
+  return {ErrorCode::TooLarge, budget.field,
+          "This setup would simulate about " + FormatScientific(budget.predictedEvents) +
+              " memory events, more than the " + FormatScientific(kMaxPredictedEvents) +
+              " an estimate may take (about a second and 256 MB in the page). " + change};
+}
+
 // The field that drives a bound's excess, and what to say about it.
 FieldError TooLargeError(const Setup& setup, const SizeBound& bound) {
   const TrainingDef& t = setup.training;
@@ -473,6 +555,8 @@ std::vector<FieldError> Validate(const Setup& setup) {
 
 SizeBound EstimateSizeBound(const Setup& setup) { return SizeBoundOf(setup, std::nullopt); }
 
+EventBudget PredictEvents(const Setup& setup) { return PredictEventsOf(setup); }
+
 void Validate(const Setup& setup, ErrorList& errors) {
   const TrainingDef& t = setup.training;
   std::optional<ParameterSplit> parameters;
@@ -534,6 +618,12 @@ void Validate(const Setup& setup, ErrorList& errors) {
   }
 
   if (errors.empty()) {
+    // The work budget first: it is cheap and bounds time and memory before any simulation.
+    const EventBudget budget = PredictEventsOf(setup);
+    if (budget.predictedEvents > kMaxPredictedEvents) {
+      errors.push_back(TooManyEventsError(budget));
+      return;
+    }
     const SizeBound bound = SizeBoundOf(setup, parameters);
     if (!(bound.Total(double(t.batchSize), double(t.sequenceLength)) < Limits::maxEstimateBytes)) {
       errors.push_back(TooLargeError(setup, bound));

@@ -27,6 +27,15 @@ class LayerListPass final : public ModelPass {
       : layers_(setup.model.layers), loss_(setup.model.loss), regime_(regime),
         batch_(setup.training.batchSize), sequence_(setup.training.sequenceLength),
         saved_(setup.model.layers.size(), kNoTensor) {
+    // Each layer's output width, in one pass: OutputWidth(layers, i) walks layers 0..i, so
+    // calling it per layer made long lists quadratic (issue 14).
+    widths_.resize(layers_.size());
+    std::int64_t width = 0;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      if (layers_[i].kind == LayerKind::Linear) width = layers_[i].outFeatures;
+      if (layers_[i].kind == LayerKind::Embedding) width = layers_[i].embeddingDim;
+      widths_[i] = width;
+    }
     // Map each layer to its parameters' inventory indices (weight first, then bias).
     parameterIndices_.resize(layers_.size());
     for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
@@ -47,7 +56,7 @@ class LayerListPass final : public ModelPass {
                        "input features", "batch: input features",
                        SizeFormula({batch_, sequence_, first.inFeatures}, act));
     }
-    const std::int64_t outWidth = OutputWidth(layers_, layers_.size() - 1);
+    const std::int64_t outWidth = widths_.back();
     if (loss_ == LossKind::CrossEntropy) {
       labels_ = b.Alloc(Category::InputBatch, tokens * 8, "labels", "batch: class labels",
                         SizeFormula({batch_, sequence_}, DType::Int64));
@@ -62,7 +71,7 @@ class LayerListPass final : public ModelPass {
       const std::string name = "layers[" + std::to_string(i) + "]";
       const std::string op = name + " " + LabelOf(layer.kind) + " forward";
       const int index = static_cast<int>(i);
-      const std::int64_t width = OutputWidth(layers_, i);
+      const std::int64_t width = widths_[i];
       auto output = [&](const char* what = "output") {
         return b.Alloc(Category::Activations, tokens * width * BytesPerElement(act),
                        name + "." + what, op + ": " + what, SizeFormula({batch_, sequence_, width}, act),
@@ -129,7 +138,7 @@ class LayerListPass final : public ModelPass {
   void Backward(TraceBuilder& b, GradientSink& gradients) override {
     const DType act = regime_.activations;
     const std::int64_t tokens = batch_ * sequence_;
-    const std::int64_t classes = OutputWidth(layers_, layers_.size() - 1);
+    const std::int64_t classes = widths_.back();
     TensorHandle gradOut = kNoTensor;
     if (loss_ == LossKind::CrossEntropy) {
       const DType lossType = regime_.lossInFp32 ? DType::FP32 : act;
@@ -167,7 +176,7 @@ class LayerListPass final : public ModelPass {
       if (layer.kind == LayerKind::Dropout && layer.dropoutProbability == 0.0) continue;
       // The gradient flowing into this layer's input; layer 0's input is data (no gradient).
       const std::int64_t inWidth = layer.kind == LayerKind::Linear ? layer.inFeatures
-                                   : i > 0 ? OutputWidth(layers_, i - 1) : 0;
+                                   : i > 0 ? widths_[i - 1] : 0;
       TensorHandle gradIn = kNoTensor;
       if (i > 0 && layer.kind != LayerKind::Embedding) {
         gradIn = b.Alloc(Category::ActivationGradients, tokens * inWidth * BytesPerElement(act),
@@ -198,6 +207,7 @@ class LayerListPass final : public ModelPass {
   Regime regime_;
   std::int64_t batch_, sequence_;
   std::vector<TensorHandle> saved_;
+  std::vector<std::int64_t> widths_;  // widths_[i] == OutputWidth(layers_, i), features
   std::vector<std::vector<std::size_t>> parameterIndices_;
   TensorHandle input_ = kNoTensor, labels_ = kNoTensor, logSoftmax_ = kNoTensor;
   TensorHandle savedTarget_ = kNoTensor, savedInput_ = kNoTensor, loss_value_ = kNoTensor;
