@@ -1899,13 +1899,28 @@ function runSolve() {
   button.disabled = true;
   state.solving = true;
   $('#solve').setAttribute('aria-busy', 'true');
-  status.textContent = 'Solving…';
-  // In a worker: the page keeps answering input while the search runs; a result for a setup
-  // that has changed since is shown as stale (markSolveStale), as before.
-  state.engine.run('solve', [{ kind: 'solve', setup }], (outcome) => {
+  // Progress: the search's elapsed time, and a Cancel that ends it (the worker restarts).
+  const started = performance.now();
+  const progress = $('#solve-progress');
+  progress.hidden = false;
+  $('#solve-cancel').disabled = false;
+  const tick = () => { status.textContent = `Solving… ${((performance.now() - started) / 1000).toFixed(1)} s`; };
+  tick();
+  clearInterval(state.solveTicker);
+  state.solveTicker = setInterval(tick, 200);
+  const done = () => {
+    clearInterval(state.solveTicker);
+    progress.hidden = true;
+    $('#solve-cancel').disabled = true;
     button.disabled = false;
     state.solving = false;
     $('#solve').removeAttribute('aria-busy');
+  };
+  state.solveDone = done;
+  // In a worker: the page keeps answering input while the search runs; a result for a setup
+  // that has changed since is shown as stale (markSolveStale), as before.
+  state.engine.run('solve', [{ kind: 'solve', setup }], (outcome) => {
+    done();
     if (outcome.errors) {
       status.textContent = `The search failed: ${outcome.errors.map(errorText).join('; ')}`;
       return;
@@ -2163,6 +2178,13 @@ function wireEvents() {
   });
   wireDropTarget();
   $('#solve-run').addEventListener('click', runSolve);
+  $('#solve-cancel').addEventListener('click', () => {
+    if (!state.solving) return;
+    state.engine.stop('solve');
+    state.solveDone?.();
+    $('#solve-status').textContent = 'Cancelled: the search was stopped.';
+    $('#solve-run').focus();
+  });
   $('#reset').addEventListener('click', () => {
     $('#example').value = '';
     applySetup(state.options.defaultSetup);

@@ -100,6 +100,22 @@ class Lane {
     this.queue = [];
   }
 
+  // Cancels, and stops the call in flight too: its worker is ended and a fresh one started (a
+  // call on the page's thread cannot be interrupted; its result is dropped). True when a call
+  // was in flight.
+  stop() {
+    const busy = this.current !== null;
+    this.cancel();
+    if (busy && this.worker && this.mode !== 'sync') {
+      clearTimeout(this.startTimer);
+      this.worker.terminate();
+      this.worker = null;
+      this.current = null;
+      this.startWorker();
+    }
+    return busy;
+  }
+
   pump() {
     if (this.current || !this.queue.length || this.mode === 'starting') return;
     const job = this.queue.shift();
@@ -154,6 +170,10 @@ export function createEngine(api, { useWorker = typeof Worker === 'function' } =
     },
     cancel(laneName) {
       lanes[laneName].cancel();
+    },
+    // Ends the lane's call in flight (restarting its worker) and drops what waits.
+    stop(laneName) {
+      return lanes[laneName].stop();
     },
     // 'starting', 'worker' or 'sync' per lane, and why a lane runs on the page's thread.
     status() {

@@ -1,0 +1,104 @@
+// Every input answered or refused in bounded time in the page (the single-file page from
+// file://, as page.test.js opens it): setups at the estimator's limits are answered, and setups
+// past them refused with the field named, each within 2 s of the page being ready; the solver's
+// Cancel ends a search in flight and the page keeps working.
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { chromium } from 'playwright-core';
+
+const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
+const pagePath = resolve(process.env.GPUMEM_PAGE ?? join(root, 'dist/gpumem.html'));
+const pageUrl = pathToFileURL(pagePath).href;
+const CHROMIUM_ARGS = [
+  '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+  '--disable-background-networking', '--disable-component-update', '--disable-sync',
+  '--disable-dev-shm-usage',
+];
+const LIMIT_MS = 2000;
+
+let browser;
+
+before(async () => {
+  assert.ok(existsSync(pagePath), `${pagePath} is missing: run node scripts/assemble-web.mjs first`);
+  browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? '/usr/bin/chromium', args: CHROMIUM_ARGS });
+});
+
+after(async () => {
+  await browser?.close();
+});
+
+function urlFor(setup) {
+  return `${pageUrl}#s=${Buffer.from(JSON.stringify(setup)).toString('base64url')}`;
+}
+
+// Opens the page on a setup and returns how long the result took once the page was ready
+// (the estimate runs as the page starts), with the result's state and the errors shown.
+async function settle(setup) {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const page = await context.newPage();
+  const pageErrors = [];
+  page.on('pageerror', (error) => pageErrors.push(error.message));
+  await page.goto(urlFor(setup));
+  await page.waitForSelector('body[data-ready=true]', { timeout: 20000 });
+  const ms = await page.evaluate(() => new Promise((done) => {
+    const t0 = performance.now();
+    const check = () => {
+      const results = document.querySelector('#results');
+      const state = results.dataset.state;
+      if ((state === 'ok' || state === 'error') && results.getAttribute('aria-busy') !== 'true') done(performance.now() - t0);
+      else setTimeout(check, 5);
+    };
+    check();
+  }));
+  const state = await page.$eval('#results', (el) => el.dataset.state);
+  const errors = await page.$eval('#errors', (el) => (el.hidden ? '' : el.textContent));
+  assert.deepEqual(pageErrors, [], 'no uncaught exceptions');
+  return { page, context, ms, state, errors };
+}
+
+const llama = (architecture, training = {}) => ({
+  model: { kind: 'transformer', architecture: { family: 'llama', ...architecture } },
+  training: { batchSize: 1, sequenceLength: 128, attention: 'sdpa', ...training },
+});
+
+test('setups at the limits are answered and past them refused, each within 2 s in the page', async () => {
+  const cases = [
+    ['deep model past the work budget', llama({ vocabSize: 1000, hiddenSize: 64, numLayers: 100000, numHeads: 4, intermediateSize: 128 }), 'error', /layers|numLayers/i],
+    ['deep model inside the budget', llama({ vocabSize: 1000, hiddenSize: 64, numLayers: 300, numHeads: 4, intermediateSize: 128 },
+      { checkpointing: 'everyBlock' }), 'ok'],
+    ['many experts past the budget', llama({ vocabSize: 1000, hiddenSize: 64, numLayers: 6, numHeads: 4, intermediateSize: 128,
+      numExperts: 100000, expertsPerToken: 2 }), 'error', /experts/i],
+    ['long context with fused attention and checkpointing', { model: { preset: 'llama-3-8b' },
+      training: { batchSize: 1, sequenceLength: 262144, attention: 'sdpa', checkpointing: 'everyBlock', precision: 'bf16Mixed' } }, 'ok'],
+    ['the largest mixture-of-experts preset', { model: { preset: 'qwen1.5-moe-a2.7b' }, training: { batchSize: 1, sequenceLength: 4096, attention: 'sdpa' } }, 'ok'],
+    ['bad values everywhere', { training: { batchSize: -1, sequenceLength: 'x', precision: 'fp8' }, gpu: { memoryGiB: 0 } }, 'error', /batch/i],
+  ];
+  for (const [name, setup, expected, named] of cases) {
+    const { context, ms, state, errors } = await settle(setup);
+    console.log(`# ${name}: ${state} in ${ms.toFixed(0)} ms`);
+    assert.equal(state, expected, `${name}: ${errors}`);
+    if (named) assert.match(errors, named, `${name}: the error names its field`);
+    assert.ok(ms < LIMIT_MS, `${name}: answered in ${ms.toFixed(0)} ms (limit ${LIMIT_MS} ms)`);
+    await context.close();
+  }
+});
+
+test('Cancel ends a search in flight; the page solves again afterwards', async () => {
+  const { page, context } = await settle({ model: { preset: 'qwen1.5-moe-a2.7b' }, training: { batchSize: 1, sequenceLength: 4096, attention: 'eager' } });
+  await page.click('#solve-run');
+  await page.waitForFunction(() => document.querySelector('#solve').getAttribute('aria-busy') === 'true');
+  assert.equal(await page.$eval('#solve-cancel', (el) => el.disabled), false, 'Cancel is offered while solving');
+  assert.equal(await page.$eval('#solve-progress', (el) => el.hidden), false, 'progress is shown');
+  await page.click('#solve-cancel');
+  assert.match(await page.textContent('#solve-status'), /Cancelled/);
+  assert.equal(await page.$eval('#solve-run', (el) => el.disabled), false);
+  assert.equal(await page.$eval('#solve-progress', (el) => el.hidden), true);
+  // A fresh worker answers the next search.
+  await page.click('#solve-run');
+  await page.waitForFunction(() => /Solved in/.test(document.querySelector('#solve-status').textContent), null, { timeout: 60000 });
+  await context.close();
+});
