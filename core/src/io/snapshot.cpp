@@ -30,6 +30,11 @@ namespace gpumem {
 
 namespace {
 
+// Bounds that keep every sum far from int64 overflow: a size of at most 1 TiB (no GPU holds
+// more) times at most 2^22 trace entries per device is at most 2^62 bytes.
+constexpr std::int64_t kMaxSizeBytes = std::int64_t{1} << 40;
+constexpr std::size_t kMaxTraceEntries = std::size_t{1} << 22;
+
 using pickle::Document;
 using pickle::Kind;
 using pickle::Node;
@@ -73,6 +78,8 @@ class SnapshotReader {
         const Node& list = doc_.at(traces->items[d]);
         const std::string where = "snapshot.device_traces[" + std::to_string(d) + "]";
         if (list.kind != Kind::List) return Fail(where, "must be a list of trace entries");
+        if (list.items.size() > kMaxTraceEntries)
+          return Fail(where, "more than " + std::to_string(kMaxTraceEntries) + " trace entries on one device");
         DeviceState& device = devices[static_cast<int>(d)];
         if (!list.items.empty()) device.seen = true;
         device.trace.reserve(list.items.size());
@@ -125,7 +132,7 @@ class SnapshotReader {
     DeviceState& state = devices[static_cast<int>(device)];
     state.seen = true;
     SegmentSummary& s = state.segments;
-    if (total > (std::int64_t{1} << 50) || s.reservedBytes > (std::int64_t{1} << 56))
+    if (total > kMaxSizeBytes || s.reservedBytes > (std::int64_t{1} << 56))
       return Fail(where + ".total_size", "is beyond any GPU");
     ++s.count;
     s.reservedBytes += total;
@@ -134,6 +141,7 @@ class SnapshotReader {
     if (!blocks) {  // a snapshot without blocks: the segment's own totals
       std::int64_t allocated = 0, active = 0;
       if (!Int(seg, "allocated_size", where, allocated) || !Int(seg, "active_size", where, active, false)) return false;
+      if (allocated > total || active > total) return Fail(where + ".allocated_size", "is more than the segment's total_size");
       s.allocatedBytes += allocated;
       s.activeBytes += std::max(active, allocated);
       return true;
@@ -149,8 +157,8 @@ class SnapshotReader {
       if (!Int(b, "size", at, size)) return false;
       const std::string* state = Text(b, "state");
       if (!state) return Fail(at + ".state", "missing or not a str");
+      if (size > total - inSegment) return Fail(at + ".size", "the blocks add up to more than the segment's total_size");
       inSegment += size;
-      if (inSegment > total) return Fail(at + ".size", "the blocks add up to more than the segment's total_size");
       ++s.blockCount;
       // States of memory_snapshot.cpp; "active_awaiting_free" is the name in memory.py's docs.
       if (*state == "active_allocated") {
@@ -182,7 +190,7 @@ class SnapshotReader {
       if (*action == name) out.action = a;
     if (out.action != A::Snapshot && out.action != A::Oom && out.action != A::Other) {
       if (!Int(e, "size", where, out.size)) return false;
-      if (out.size > (std::int64_t{1} << 50)) return Fail(where + ".size", "is beyond any GPU");
+      if (out.size > kMaxSizeBytes) return Fail(where + ".size", "is beyond any GPU");
     }
     if (!Int(e, "time_us", where, out.timeMicros, false, true)) return false;
     return true;
@@ -236,21 +244,25 @@ MeasuredMemory Measure(int device, const DeviceState& state, std::size_t timelin
       default: break;
     }
   };
-  std::int64_t netAllocated = 0, netReserved = 0;
+  // Net change over the window, and the lowest running change (a valid trace never takes the
+  // totals below zero, so the start is at least minus that).
+  std::int64_t netAllocated = 0, netReserved = 0, lowestAllocated = 0, lowestReserved = 0;
   for (const Entry& e : state.trace) {
     std::int64_t a = 0, r = 0;
     deltas(e, a, r);
     netAllocated += a;
     netReserved += r;
+    lowestAllocated = std::min(lowestAllocated, netAllocated);
+    lowestReserved = std::min(lowestReserved, netReserved);
     if (e.action == Entry::Action::Oom) ++m.oomCount;
   }
   m.startAllocatedBytes = s.allocatedBytes - netAllocated;
   m.startReservedBytes = s.reservedBytes - netReserved;
-  if (m.startAllocatedBytes < 0 || m.startReservedBytes < 0) {
+  if (m.startAllocatedBytes < -lowestAllocated || m.startReservedBytes < -lowestReserved) {
     m.notes.push_back("The trace frees more than the segments and the recorded allocations account for (a trace "
-                      "from another moment than the segments?); the timeline starts at zero.");
-    m.startAllocatedBytes = std::max<std::int64_t>(m.startAllocatedBytes, 0);
-    m.startReservedBytes = std::max<std::int64_t>(m.startReservedBytes, 0);
+                      "from another moment than the segments?); the timeline is raised so that it never goes below zero.");
+    m.startAllocatedBytes = std::max(m.startAllocatedBytes, -lowestAllocated);
+    m.startReservedBytes = std::max(m.startReservedBytes, -lowestReserved);
   }
   if (state.trace.empty()) {
     m.notes.push_back("The snapshot has no trace entries (record with torch.cuda.memory._record_memory_history() "
@@ -347,7 +359,10 @@ MeasuredResult ReadMemorySnapshot(std::string_view pickleBytes, std::size_t time
     }
   }
   result.measured.deviceCount = seen;
-  if (!found) result.measured.notes.push_back("The snapshot has no segments and no trace entries: nothing was allocated.");
+  if (!found) {
+    result.measured.timeline.push_back(MeasuredPoint{});
+    result.measured.notes.push_back("The snapshot has no segments and no trace entries: nothing was allocated.");
+  }
   return result;
 }
 
