@@ -168,6 +168,15 @@ TEST_CASE("snapshot: deep nesting huge counts and memo bombs stay bounded", "[sn
   CHECK_THAT(FirstError(std::string("\x80\x04\x8b\xff\xff\xff\x7f", 7)), Catch::Contains("truncated"));
   CHECK_THAT(FirstError(std::string("\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xff", 11)), Catch::Contains("FRAME"));
   CHECK_THAT(FirstError(ReadBytes("hostile_memo_bomb.pickle")), Catch::Contains("repeats shared values"));
+  // One valid segment with 100,000 filler keys, listed 300,000 times by memo reference: each
+  // visit scans its keys, so an unbounded walk would take ~10^11 steps; the budget counts keys.
+  std::string wide = std::string("\x80\x02}X\x08\x00\x00\x00" "segments](}q\x01(", 22) +
+                     std::string("X\x0a\x00\x00\x00" "total_sizeK\x00X\x0e\x00\x00\x00" "allocated_sizeK\x00", 38);
+  for (int i = 0; i < 100000; ++i) wide += "K\x01K\x01";
+  wide += "u";
+  for (int i = 0; i < 300000; ++i) wide += "h\x01";
+  wide += "es.";
+  CHECK_THAT(FirstError(wide), Catch::Contains("repeats shared values"));
   const std::string tooLarge(gpumem::pickle::kMaxPickleBytes + 1, 'N');
   CHECK_THAT(FirstError(tooLarge), Catch::Contains("read up to 256 MiB"));
 }

@@ -57,7 +57,9 @@ class SnapshotReader {
   explicit SnapshotReader(const Document& doc) : doc_(doc) {
     // Memo references let a list repeat one large value many times for a few bytes each; a
     // walk that follows them is bounded by this budget (PyTorch never repeats a segment).
-    budget_ = doc.nodes.size() * 4 + 1024;
+    budget_ = doc.nodes.size() * 16 + 1024;
+    const Node& root = doc.at(doc.root);
+    if (root.kind == Kind::Dict) budget_ += root.items.size();
   }
 
   bool Read(std::map<int, DeviceState>& devices) {
@@ -69,7 +71,7 @@ class SnapshotReader {
     if (!segments) return Fail("snapshot.segments", "missing: this is not a torch.cuda.memory._dump_snapshot() file");
     if (segments->kind != Kind::List) return Fail("snapshot.segments", "must be a list");
     for (std::size_t i = 0; i < segments->items.size(); ++i) {
-      if (!Spend()) return false;
+      if (!Spend(doc_.at(segments->items[i]))) return false;
       if (!ReadSegment(doc_.at(segments->items[i]), "snapshot.segments[" + std::to_string(i) + "]", devices)) return false;
     }
     if (traces) {  // absent when history was never recorded in some versions: the state alone
@@ -84,7 +86,7 @@ class SnapshotReader {
         if (!list.items.empty()) device.seen = true;
         device.trace.reserve(list.items.size());
         for (std::size_t i = 0; i < list.items.size(); ++i) {
-          if (!Spend()) return false;
+          if (!Spend(doc_.at(list.items[i]))) return false;
           Entry e;
           if (!ReadEntry(doc_.at(list.items[i]), where + "[" + std::to_string(i) + "]", e)) return false;
           device.trace.push_back(e);
@@ -101,11 +103,14 @@ class SnapshotReader {
     errors.push_back({ErrorCode::InvalidField, std::move(field), std::move(message)});
     return false;
   }
-  bool Spend() {
-    if (budget_ == 0) {
+  // Charges one visit of a value: 1 plus its dict keys (each key lookup scans them), so the
+  // whole walk, lookups included, stays linear in the document.
+  bool Spend(const Node& visited) {
+    const std::size_t cost = 1 + (visited.kind == Kind::Dict ? visited.items.size() : 0);
+    if (budget_ < cost) {
       return Fail("snapshot", "the pickle repeats shared values far more than a PyTorch snapshot does; refused");
     }
-    --budget_;
+    budget_ -= cost;
     return true;
   }
   // A non-negative integer field; `required` false accepts absence (value left unchanged).
@@ -149,7 +154,7 @@ class SnapshotReader {
     if (blocks->kind != Kind::List) return Fail(where + ".blocks", "must be a list");
     std::int64_t inSegment = 0;
     for (std::size_t i = 0; i < blocks->items.size(); ++i) {
-      if (!Spend()) return false;
+      if (!Spend(doc_.at(blocks->items[i]))) return false;
       const Node& b = doc_.at(blocks->items[i]);
       const std::string at = where + ".blocks[" + std::to_string(i) + "]";
       if (b.kind != Kind::Dict) return Fail(at, "must be a dict");
