@@ -41,6 +41,12 @@ std::string FirstError(std::string_view bytes) {
   return r.errors.front().field + ": " + r.errors.front().message;
 }
 
+// A string literal's bytes without its terminating NUL (pickles hold NULs, so no strlen).
+template <std::size_t N>
+std::string Bytes(const char (&literal)[N]) {
+  return std::string(literal, N - 1);
+}
+
 std::int64_t MaxAllocated(const MeasuredMemory& m) {
   std::int64_t peak = 0;
   for (const auto& p : m.timeline) peak = std::max(peak, p.allocatedBytes);
@@ -137,12 +143,12 @@ TEST_CASE("snapshot: pickles that would run code are refused by opcode name", "[
   CHECK_THAT(FirstError(ReadBytes("hostile_reduce.pickle")), Catch::Contains("STACK_GLOBAL") &&
                                                                   Catch::Contains("nothing was executed"));
   // Protocol 2's os.system call, written by hand: GLOBAL comes first and stops the read.
-  CHECK_THAT(FirstError(std::string("\x80\x02" "cos\nsystem\n(X\x04\x00\x00\x00" "echotR.", 27)),
+  CHECK_THAT(FirstError(Bytes("\x80\x02" "cos\nsystem\n(X\x04\x00\x00\x00" "echotR.")),
              Catch::Contains("GLOBAL (0x63)"));
-  CHECK_THAT(FirstError(std::string("\x80\x02N)R.", 6)), Catch::Contains("REDUCE"));
-  CHECK_THAT(FirstError(std::string("\x80\x02N}b.", 6)), Catch::Contains("BUILD"));
-  CHECK_THAT(FirstError(std::string("\x80\x02N)\x81.", 6)), Catch::Contains("NEWOBJ"));
-  CHECK_THAT(FirstError(std::string("\x80\x02X\x01\x00\x00\x00xQ.", 10)), Catch::Contains("BINPERSID"));
+  CHECK_THAT(FirstError(Bytes("\x80\x02N)R.")), Catch::Contains("REDUCE"));
+  CHECK_THAT(FirstError(Bytes("\x80\x02N}b.")), Catch::Contains("BUILD"));
+  CHECK_THAT(FirstError(Bytes("\x80\x02N)\x81.")), Catch::Contains("NEWOBJ"));
+  CHECK_THAT(FirstError(Bytes("\x80\x02X\x01\x00\x00\x00xQ.")), Catch::Contains("BINPERSID"));
 }
 
 TEST_CASE("snapshot: every truncation of a snapshot is an error", "[snapshot]") {
@@ -163,15 +169,15 @@ TEST_CASE("snapshot: deep nesting huge counts and memo bombs stay bounded", "[sn
   std::string chain = "\x80\x04" + std::string(1000000, ']') + std::string(999999, 'a') + ".";
   CHECK_THAT(FirstError(chain), Catch::Contains("holds a list, not the dict"));
   // Lengths far beyond the file: BINUNICODE 4 GiB, BINUNICODE8 2^63, LONG4, FRAME.
-  CHECK_THAT(FirstError(std::string("\x80\x04X\xff\xff\xff\xff", 7)), Catch::Contains("truncated"));
-  CHECK_THAT(FirstError(std::string("\x80\x04\x8d\x00\x00\x00\x00\x00\x00\x00\x80", 11)), Catch::Contains("truncated"));
-  CHECK_THAT(FirstError(std::string("\x80\x04\x8b\xff\xff\xff\x7f", 7)), Catch::Contains("truncated"));
-  CHECK_THAT(FirstError(std::string("\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xff", 11)), Catch::Contains("FRAME"));
+  CHECK_THAT(FirstError(Bytes("\x80\x04X\xff\xff\xff\xff")), Catch::Contains("truncated"));
+  CHECK_THAT(FirstError(Bytes("\x80\x04\x8d\x00\x00\x00\x00\x00\x00\x00\x80")), Catch::Contains("truncated"));
+  CHECK_THAT(FirstError(Bytes("\x80\x04\x8b\xff\xff\xff\x7f")), Catch::Contains("truncated"));
+  CHECK_THAT(FirstError(Bytes("\x80\x04\x95\xff\xff\xff\xff\xff\xff\xff\xff")), Catch::Contains("FRAME"));
   CHECK_THAT(FirstError(ReadBytes("hostile_memo_bomb.pickle")), Catch::Contains("repeats shared values"));
   // One valid segment with 100,000 filler keys, listed 300,000 times by memo reference: each
   // visit scans its keys, so an unbounded walk would take ~10^11 steps; the budget counts keys.
-  std::string wide = std::string("\x80\x02}X\x08\x00\x00\x00" "segments](}q\x01(", 22) +
-                     std::string("X\x0a\x00\x00\x00" "total_sizeK\x00X\x0e\x00\x00\x00" "allocated_sizeK\x00", 38);
+  std::string wide = Bytes("\x80\x02}X\x08\x00\x00\x00" "segments](}q\x01(") +
+                     Bytes("X\x0a\x00\x00\x00" "total_sizeK\x00X\x0e\x00\x00\x00" "allocated_sizeK\x00");
   for (int i = 0; i < 100000; ++i) wide += "K\x01K\x01";
   wide += "u";
   for (int i = 0; i < 300000; ++i) wide += "h\x01";
@@ -182,16 +188,16 @@ TEST_CASE("snapshot: deep nesting huge counts and memo bombs stay bounded", "[sn
 }
 
 TEST_CASE("snapshot: other malformed pickles name what is wrong", "[snapshot]") {
-  CHECK_THAT(FirstError(std::string("\x80\x06N.", 4)), Catch::Contains("protocol 6"));
+  CHECK_THAT(FirstError(Bytes("\x80\x06N.")), Catch::Contains("protocol 6"));
   CHECK_THAT(FirstError("(dp0\n."), Catch::Contains("PUT"));
-  CHECK_THAT(FirstError(std::string("\x80\x02\xff", 3)), Catch::Contains("unknown opcode 0xff"));
-  CHECK_THAT(FirstError(std::string("\x80\x02h\x05.", 5)), Catch::Contains("memo entry 5"));
-  CHECK_THAT(FirstError(std::string("\x80\x02NN.", 5)), Catch::Contains("2 values on the stack"));
-  CHECK_THAT(FirstError(std::string("\x80\x02" "a.", 4)), Catch::Contains("stack is empty"));
-  CHECK_THAT(FirstError(std::string("\x80\x02Na.", 5)), Catch::Contains("APPEND has no container"));
+  CHECK_THAT(FirstError(Bytes("\x80\x02\xff")), Catch::Contains("unknown opcode 0xff"));
+  CHECK_THAT(FirstError(Bytes("\x80\x02h\x05.")), Catch::Contains("memo entry 5"));
+  CHECK_THAT(FirstError(Bytes("\x80\x02NN.")), Catch::Contains("2 values on the stack"));
+  CHECK_THAT(FirstError(Bytes("\x80\x02" "a.")), Catch::Contains("stack is empty"));
+  CHECK_THAT(FirstError(Bytes("\x80\x02Na.")), Catch::Contains("APPEND has no container"));
   // A dict that is not a snapshot, and a segment with a wrong type, by their paths.
-  CHECK_THAT(FirstError(std::string("\x80\x02}X\x01\x00\x00\x00" "aK\x01s.", 14)), Catch::Contains("snapshot.segments: missing"));
-  const std::string badSegment("\x80\x02}X\x08\x00\x00\x00segments]}X\x0a\x00\x00\x00total_sizeX\x01\x00\x00\x00xsas.", 47);
+  CHECK_THAT(FirstError(Bytes("\x80\x02}X\x01\x00\x00\x00" "aK\x01s.")), Catch::Contains("snapshot.segments: missing"));
+  const std::string badSegment = Bytes("\x80\x02}X\x08\x00\x00\x00" "segments]}X\x0a\x00\x00\x00" "total_sizeX\x01\x00\x00\x00" "xsas.");
   CHECK_THAT(FirstError(badSegment), Catch::Contains("snapshot.segments[0].total_size: must be an int, not a str"));
 }
 
@@ -245,7 +251,7 @@ TEST_CASE("snapshot: CompareSnapshotJson puts the estimate beside the measuremen
   CHECK(both["comparison"]["estimateMinusPeakReservedBytes"] == peak - 22 * MiB);
 
   // Errors of both inputs in one envelope: the snapshot's, then the setup's.
-  const auto bad = nlohmann::json::parse(gpumem::CompareSnapshotJson(std::string("\x80\x02N)R.", 6),
+  const auto bad = nlohmann::json::parse(gpumem::CompareSnapshotJson(Bytes("\x80\x02N)R."),
                                                                      R"({"training":{"batchSize":0}})"));
   REQUIRE(bad["ok"] == false);
   REQUIRE(bad["errors"].size() == 2);
