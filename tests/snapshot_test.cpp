@@ -184,7 +184,7 @@ TEST_CASE("snapshot: deep nesting huge counts and memo bombs stay bounded", "[sn
   wide += "es.";
   CHECK_THAT(FirstError(wide), Catch::Contains("repeats shared values"));
   const std::string tooLarge(gpumem::pickle::kMaxPickleBytes + 1, 'N');
-  CHECK_THAT(FirstError(tooLarge), Catch::Contains("read up to 256 MiB"));
+  CHECK_THAT(FirstError(tooLarge), Catch::Contains("read up to 64 MiB"));
 }
 
 TEST_CASE("snapshot: other malformed pickles name what is wrong", "[snapshot]") {

@@ -126,7 +126,7 @@ class Reader {
     if (!Need(length)) return;
     Node* n = NewNode(kind);
     if (!n) return;
-    if (kind == Kind::String) n->text.assign(in_.substr(pos_, length));
+    if (kind == Kind::String) n->text = in_.substr(pos_, length);
     else n->byteSize = length;
     pos_ += length;
     stack_.push_back(static_cast<std::uint32_t>(doc_.nodes.size() - 1));

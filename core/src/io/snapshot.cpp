@@ -124,7 +124,7 @@ class SnapshotReader {
     out = v->integer;
     return true;
   }
-  const std::string* Text(const Node& dict, const char* key) {
+  const std::string_view* Text(const Node& dict, const char* key) {
     const Node* v = doc_.Get(dict, key);
     return v && v->kind == Kind::String ? &v->text : nullptr;
   }
@@ -141,7 +141,7 @@ class SnapshotReader {
       return Fail(where + ".total_size", "is beyond any GPU");
     ++s.count;
     s.reservedBytes += total;
-    if (const std::string* type = Text(seg, "segment_type"); type && *type == "large") ++s.largeCount;
+    if (const std::string_view* type = Text(seg, "segment_type"); type && *type == "large") ++s.largeCount;
     const Node* blocks = doc_.Get(seg, "blocks");
     if (!blocks) {  // a snapshot without blocks: the segment's own totals
       std::int64_t allocated = 0, active = 0;
@@ -160,7 +160,7 @@ class SnapshotReader {
       if (b.kind != Kind::Dict) return Fail(at, "must be a dict");
       std::int64_t size = 0;
       if (!Int(b, "size", at, size)) return false;
-      const std::string* state = Text(b, "state");
+      const std::string_view* state = Text(b, "state");
       if (!state) return Fail(at + ".state", "missing or not a str");
       if (size > total - inSegment) return Fail(at + ".size", "the blocks add up to more than the segment's total_size");
       inSegment += size;
@@ -184,7 +184,7 @@ class SnapshotReader {
 
   bool ReadEntry(const Node& e, const std::string& where, Entry& out) {
     if (e.kind != Kind::Dict) return Fail(where, "must be a dict");
-    const std::string* action = Text(e, "action");
+    const std::string_view* action = Text(e, "action");
     if (!action) return Fail(where + ".action", "missing or not a str");
     using A = Entry::Action;
     static const std::pair<const char*, A> kActions[] = {
