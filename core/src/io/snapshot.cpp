@@ -3,9 +3,11 @@
 // pickled again by torch/cuda/memory.py's _dump_snapshot with Python's pickle.dump.
 //
 // The trace is a window (a ring buffer of max_entries) that ends at the snapshot, so the
-// segments give the state at its end and the state at its start is reconstructed backwards,
-// as PyTorch's own viewer (torch/utils/viz/MemoryViz.js) does: start = end − Σ(changes).
-// Changes per action, matching the allocator's statistics (c10/cuda/CUDACachingAllocator.cpp):
+// segments give the state at its end and the state at its start is reconstructed backwards:
+// start = end − Σ(changes).
+// Changes per action, meant to match the allocator's statistics (c10/cuda/CUDACachingAllocator.cpp;
+// the free_requested rule is from memory of its free(), not re-read for this change: to verify
+// against a real CUDA snapshot and torch.cuda.max_memory_allocated()):
 //   alloc          +size allocated  (allocated_bytes grows in malloc)
 //   free_requested −size allocated  (free() lowers allocated_bytes at once; the block stays
 //                                    "active" until other streams' uses finish)
