@@ -13,6 +13,8 @@
 #include "gpumem/json.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/presets.hpp"
+#include "gpumem/snapshot.hpp"
+#include "gpumem/pickle.hpp"
 #include "gpumem/solve.hpp"
 
 namespace {
@@ -33,6 +35,8 @@ constexpr const char* kUsage =
     "  --solve      also find the largest batch and sequence that fit, and what would make it fit\n"
     "  --import-config config.json       print the setup a Hugging Face config.json describes\n"
     "  --import-safetensors FILE         count the tensors of a safetensors header or index JSON\n"
+    "  --compare-snapshot FILE.pickle    a torch.cuda.memory._dump_snapshot() file measured: peak\n"
+    "                                    allocated and reserved, beside the setup's estimate if given\n"
     "Inputs are read up to 16 MiB. --json --solve prints one document {\"ok\",\"estimate\",\"solve\"}.\n"
     "Exit status: 0 estimated, 1 the setup (or imported file) has errors, 2 usage or a path\n"
     "that cannot be read (missing, a directory).\n";
@@ -41,8 +45,7 @@ constexpr const char* kUsage =
 // limit (`gpumem --json /dev/zero` stops at 16 MiB instead of growing without end).
 enum class ReadStatus { Ok, TooLarge, Unreadable, Directory };
 
-ReadStatus ReadCapped(const char* path, std::string& text) {
-  constexpr std::size_t kLimit = 16u << 20;  // the core's kMaxJsonTextBytes
+ReadStatus ReadCapped(const char* path, std::string& text, std::size_t kLimit = 16u << 20 /* kMaxJsonTextBytes */) {
   std::error_code ec;
   if (path && std::filesystem::is_directory(path, ec)) return ReadStatus::Directory;
   std::FILE* file = path ? std::fopen(path, "rb") : stdin;
@@ -189,6 +192,59 @@ void PrintSolve(const gpumem::SolveResult& r) {
   }
 }
 
+// --compare-snapshot: the measured peaks of a PyTorch snapshot, and the estimate beside them.
+int CompareSnapshot(const char* snapshotPath, const std::string& setupText, bool json) {
+  using namespace gpumem;
+  std::string bytes;
+  switch (ReadCapped(snapshotPath, bytes, pickle::kMaxPickleBytes)) {
+    case ReadStatus::Ok: break;
+    case ReadStatus::TooLarge:
+      std::cerr << "error: " << snapshotPath << ": larger than " << (pickle::kMaxPickleBytes >> 20) << " MiB\n";
+      return 1;
+    case ReadStatus::Directory:
+      std::cerr << "gpumem: " << snapshotPath << " is a directory; give the snapshot file\n";
+      return 2;
+    case ReadStatus::Unreadable:
+      std::cerr << "gpumem: cannot read " << snapshotPath << ": " << std::strerror(errno) << "\n";
+      return 2;
+  }
+  if (json) {
+    const std::string out = CompareSnapshotJson(bytes, setupText, 2);
+    std::cout << out << "\n";
+    return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
+  }
+  const MeasuredResult measured = ReadMemorySnapshot(bytes);
+  EstimateResult estimate;
+  if (!setupText.empty()) estimate = EstimateFromJson(setupText, {.timeline = EstimateOptions::Timeline::None, .explain = false});
+  if (!measured.ok() || !estimate.ok()) {
+    std::vector<FieldError> errors = measured.errors;
+    errors.insert(errors.end(), estimate.errors.begin(), estimate.errors.end());
+    for (const auto& e : errors) std::cerr << "error: " << e.field << ": " << e.message << "\n";
+    return 1;
+  }
+  const MeasuredMemory& m = measured.measured;
+  std::printf("Snapshot %s: device %d of %zu, %s trace entries\n", snapshotPath, m.device, m.deviceCount,
+              FormatCount(static_cast<std::int64_t>(m.traceEntries)).c_str());
+  auto row = [](const char* what, std::int64_t bytes) {
+    std::printf("  %-34s %12s %22s B\n", what, HumanBytes(bytes).c_str(), FormatCount(bytes).c_str());
+  };
+  row("Measured peak allocated", m.peakAllocatedBytes);
+  row("Measured peak reserved", m.peakReservedBytes);
+  if (!setupText.empty()) {
+    const std::int64_t peak = estimate.estimate.peak.totalBytes;
+    row("Estimated peak", peak);
+    row("Estimate minus measured allocated", peak - m.peakAllocatedBytes);
+    row("Estimate minus measured reserved", peak - m.peakReservedBytes);
+  }
+  const SegmentSummary& s = m.segments;
+  std::printf("At the snapshot: %zu segments, %s reserved, %s allocated, %s cached in %zu free blocks "
+              "(largest %s, fragmentation %.2f)\n", s.count, HumanBytes(s.reservedBytes).c_str(),
+              HumanBytes(s.allocatedBytes).c_str(), HumanBytes(s.inactiveBytes).c_str(), s.inactiveBlockCount,
+              HumanBytes(s.largestInactiveBlockBytes).c_str(), s.fragmentation);
+  for (const auto& n : m.notes) std::printf("  - %s\n", n.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -196,6 +252,7 @@ int main(int argc, char** argv) {
   const char* path = nullptr;
   const char* importConfig = nullptr;
   const char* importSafetensors = nullptr;
+  const char* compareSnapshot = nullptr;
   std::string presetSetup;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -204,6 +261,7 @@ int main(int argc, char** argv) {
     else if (arg == "--solve") solve = true;
     else if (arg == "--import-config" && i + 1 < argc) importConfig = argv[++i];
     else if (arg == "--import-safetensors" && i + 1 < argc) importSafetensors = argv[++i];
+    else if (arg == "--compare-snapshot" && i + 1 < argc) compareSnapshot = argv[++i];
     else if (arg == "--defaults") { std::cout << gpumem::SetupToJson(gpumem::DefaultSetup(), 2) << "\n"; return 0; }
     else if (arg == "--options") { std::cout << gpumem::OptionsJson(2) << "\n"; return 0; }
     else if (arg == "--presets") {
@@ -247,6 +305,13 @@ int main(int argc, char** argv) {
   }
 
   std::string text;
+  if (compareSnapshot) {  // the setup is optional here: a file, a preset, or none
+    if (!presetSetup.empty()) text = presetSetup;
+    else if (path) {
+      if (const int status = ReadInput(std::strcmp(path, "-") != 0 ? path : nullptr, json, "setup", text)) return status;
+    }
+    return CompareSnapshot(compareSnapshot, text, json);
+  }
   if (!presetSetup.empty()) {
     if (path) { std::cerr << "gpumem: --preset and a setup file are exclusive\n" << kUsage; return 2; }
     text = presetSetup;

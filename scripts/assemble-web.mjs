@@ -120,7 +120,7 @@ const html = readFileSync(join(paths.web, 'index.html'), 'utf8');
 const glue = readFileSync(paths.glue, 'utf8');
 const available = new Set();
 // In dependency order: a file may import only what an earlier one exports.
-const moduleFiles = [paths.wrapper, ...['charts.js', 'setup-params.js', 'exports.js', 'engine.js', 'views.js', 'app.js'].map((f) => join(paths.web, f))];
+const moduleFiles = [paths.wrapper, ...['charts.js', 'setup-params.js', 'exports.js', 'engine.js', 'views.js', 'snapshot.js', 'app.js'].map((f) => join(paths.web, f))];
 const bundle = moduleFiles.map((f) => moduleToIife(f, readFileSync(f, 'utf8'), available)).join('\n');
 
 let page = html;

@@ -64,7 +64,7 @@ FUZZ_APT_PACKAGES=(clang libclang-rt-14-dev)
 # Seconds each fuzz target runs in scripts/test.
 GPUMEM_FUZZ_SECONDS="${GPUMEM_FUZZ_SECONDS:-60}"
 FUZZ_TARGETS=(fuzz_estimate_json fuzz_import_config_json fuzz_import_safetensors_json
-              fuzz_import_safetensors_with_setup_json fuzz_solve_json)
+              fuzz_import_safetensors_with_setup_json fuzz_solve_json fuzz_snapshot)
 
 ensure_fuzz_packages() {
   local missing=()
@@ -107,11 +107,13 @@ run_fuzz_target() {
   local work="$ROOT/build/asan/fuzz-run/$target"
   local max_len=4096
   [ "$target" = fuzz_solve_json ] && max_len=1024
+  local dict="$ROOT/tests/fuzz/gpumem.dict"
+  [ "$target" = fuzz_snapshot ] && dict="$ROOT/tests/fuzz/snapshot.dict"  # pickle opcodes and keys
   rm -rf "$work" && mkdir -p "$work/corpus" || return 1
   cp "$ROOT/tests/fuzz/corpus/$target/"* "$work/corpus/" || return 1
   local status=0
   "$ROOT/build/asan/tests/fuzz/$target" -max_total_time="$GPUMEM_FUZZ_SECONDS" -timeout=10 -rss_limit_mb=2048 \
-    -max_len="$max_len" -dict="$ROOT/tests/fuzz/gpumem.dict" -artifact_prefix="$work/" -print_final_stats=1 \
+    -max_len="$max_len" -dict="$dict" -artifact_prefix="$work/" -print_final_stats=1 \
     "$work/corpus" >"$work/log" 2>&1 || status=$?
   local executions
   executions="$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/log")"

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "gpumem/json.hpp"
+#include "gpumem/snapshot.hpp"
 #include "gpumem/views.hpp"
 
 namespace {
@@ -29,6 +30,11 @@ std::string SolveJs(const std::string& setup) { return gpumem::SolveJson(setup);
 std::string HeatMapJs(const std::string& request) { return gpumem::HeatMapJson(request); }
 std::string GpuMatrixJs(const std::string& request) { return gpumem::GpuMatrixJson(request); }
 std::string CurvesJs(const std::string& request) { return gpumem::CurvesJson(request); }
+// The snapshot's bytes arrive as a JS Uint8Array, which embind copies into std::string byte for
+// byte (a JS string would be UTF-8 encoded and corrupt the pickle). An empty setup: measure only.
+std::string CompareSnapshotJs(const std::string& snapshotBytes, const std::string& setup) {
+  return gpumem::CompareSnapshotJson(snapshotBytes, setup);
+}
 
 }  // namespace
 
@@ -43,4 +49,5 @@ EMSCRIPTEN_BINDINGS(gpumem) {
   emscripten::function("heatMapJson", &HeatMapJs);
   emscripten::function("gpuMatrixJson", &GpuMatrixJs);
   emscripten::function("curvesJson", &CurvesJs);
+  emscripten::function("compareSnapshotJson", &CompareSnapshotJs);
 }

@@ -111,6 +111,21 @@ function wrapModule(firstCore, make) {
       if (!envelope.ok) throw new GpumemError(envelope.errors);
       return envelope.solve;
     },
+    // A PyTorch memory snapshot (the bytes of a torch.cuda.memory._dump_snapshot() pickle, as a
+    // Uint8Array or ArrayBuffer) measured: { measured: {peakAllocatedBytes, peakReservedBytes,
+    // timeline, segments, notes, …}, estimate: {peakBytes, timeline} | null, comparison | null }.
+    // Without a setup, only the measurement. The pickle is read as data; nothing in it runs.
+    compareSnapshot(bytes, setup) {
+      const data = bytes instanceof ArrayBuffer ? new Uint8Array(bytes) : bytes;
+      if (!(data instanceof Uint8Array)) {
+        throw new GpumemError([{ code: 'invalidField', field: 'snapshot', message: 'The snapshot must be given as bytes (a Uint8Array or ArrayBuffer).' }]);
+      }
+      const compareWith = setup === undefined ? '' : setupText(setup);
+      const envelope = parseEnvelope(callCore(() => core.compareSnapshotJson(data, compareWith)));
+      if (!envelope.ok) throw new GpumemError(envelope.errors);
+      const { ok, ...result } = envelope;
+      return result;
+    },
     // Views of the design space around a setup (docs/schema.md, "Views"): the heat map of the
     // peak over batch × sequence, the GPU × settings matrix, the peak-vs-batch/sequence curves.
     // `options`: { axisValues, curvePoints }; absent ones take the core's defaults.

@@ -11,6 +11,7 @@ import { setupFromParams, decodeSetupParam, encodeSetupParam, fromBase64Url } fr
 import { downloadBlob, csvText, standaloneSvg, svgToPngBlob } from './exports.js';
 import { createEngine } from './engine.js';
 import { renderHeatMap, renderGpuMatrix, renderCurves } from './views.js';
+import { wireSnapshot } from './snapshot.js';
 
 const $ = (selector, root = document) => root.querySelector(selector);
 const $$ = (selector, root = document) => [...root.querySelectorAll(selector)];
@@ -745,6 +746,7 @@ function update() {
   state.lastContext = { kind: setup.model.kind, presetId: setup.model.preset ?? '', family: setup.model.architecture?.family };
   render(estimate);
   renderSafetensors();
+  state.snapshot?.refresh();  // a dropped PyTorch snapshot, compared with this estimate
   setResultsState('ok');
   scheduleViews(setup);
   if (state.embed) showParamProblems(state.paramProblems ?? []);
@@ -2177,6 +2179,7 @@ function wireEvents() {
     e.target.value = '';
   });
   wireDropTarget();
+  state.snapshot = wireSnapshot({ api: state.api, getSetup: () => state.lastGoodSetup });
   $('#solve-run').addEventListener('click', runSolve);
   $('#solve-cancel').addEventListener('click', () => {
     if (!state.solving) return;
