@@ -237,9 +237,6 @@ struct DeviceEstimate {
   // Formulas of the figures (empty without EstimateOptions::explain).
   std::string peakAllocatedFormula, peakReservedFormula, fragmentationFormula, contextFormula,
       workspaceFormula, communicationFormula, peakDeviceFormula, headroomFormula;
-  // When it does not fit and words were asked for: the least GPU memory (to 2 MiB) at which
-  // the allocator simulation succeeds, context included; 0 otherwise.
-  std::int64_t requiredCapacityBytes = 0;
   std::int64_t numAllocRetries = 0;     // cudaMalloc failures the cache release recovered from
   DeviceOom oom;
 };

@@ -145,18 +145,6 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
     // The figures without a limit: the allocator then never frees its cache, so this is what
     // the step reserves on a GPU large enough, not the least it could get by with.
     run = SimulateCachingAllocator(events, options, std::int64_t{1} << 62, recording);
-    // The least GPU memory it fits in (to 2 MiB), by bisection over the allocator alone —
-    // only when words are asked for (the solver and views decide on `fits`).
-    if (explain) {
-      const AllocatorRecording peaksOnly{.timeline = false, .segmentsAtPeak = false};
-      const std::int64_t outside = d.contextBytes + d.communicationBytes;
-      std::int64_t lo = std::max(limit, run.peakAllocatedBytes - 1), hi = run.peakReservedBytes;  // lo fails, hi fits
-      while (hi - lo > (std::int64_t{2} << 20)) {
-        const std::int64_t mid = lo + (hi - lo) / 2;
-        (SimulateCachingAllocator(events, options, mid, peaksOnly).oom.happened ? lo : hi) = mid;
-      }
-      d.requiredCapacityBytes = hi + outside;
-    }
   }
   d.peakAllocatedBytes = run.peakAllocatedBytes;
   d.peakReservedBytes = run.peakReservedBytes;
@@ -176,10 +164,8 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
 
   const std::string device = HumanBytes(d.peakDeviceBytes), capacity = HumanBytes(capacityBytes);
   if (!d.fits) {
-    d.why = "at " + capacity + " " + d.oom.explanation + "." +
-            (d.requiredCapacityBytes > 0 ? " It would fit in " + HumanBytes(d.requiredCapacityBytes) + " (reserving " + device +
-                                               " where nothing forces the cache to be freed)."
-                                         : " With no limit the allocator reserves " + device + ".");
+    d.why = "at " + capacity + " " + d.oom.explanation + ". With no limit the step reserves " +
+            HumanBytes(d.peakReservedBytes) + ", " + device + " with the context.";
   } else if (d.tight) {
     d.why = "only " + HumanBytes(d.headroomBytes) + " left of " + capacity +
             " (under 5 % or 1 GiB): another process, a longer sample or a different kernel choice can tip it over.";

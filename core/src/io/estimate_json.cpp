@@ -71,7 +71,6 @@ void WriteDevice(JsonWriter& w, const DeviceEstimate& d) {
       .Key("verdict").String(d.verdict)
       .Key("why").String(d.why)
       .Key("headroomBytes").Int(d.headroomBytes)
-      .Key("requiredCapacityBytes").Int(d.requiredCapacityBytes)
       .Key("numAllocRetries").Int(d.numAllocRetries)
       .Key("fragmentationExplanation").String(d.fragmentationExplanation)
       .Key("formulas").BeginObject()
