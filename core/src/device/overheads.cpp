@@ -4,6 +4,7 @@
 #include <bit>
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "device/caching_allocator.hpp"
@@ -107,9 +108,12 @@ AllocatorConfParse ParseAllocatorConf(std::string_view text) {
         (key == "max_split_size_mb" ? out.options.maxSplitSizeMiB : out.options.maxNonSplitRoundingMiB) = v;
       }
     } else if (key == "garbage_collection_threshold") {
-      double d = 0;
-      const auto r = std::from_chars(value.data(), value.data() + value.size(), d);
-      if (r.ec != std::errc() || r.ptr != value.data() + value.size() || !(d > 0 && d < 1)) {
+      // strtod, not from_chars: Emscripten 3.1.6's libc++ has no floating-point from_chars
+      // (the wasm build failed on it). The program never calls setlocale, so "." is the point.
+      const std::string text(value);
+      char* end = nullptr;
+      const double d = text.empty() ? 0 : std::strtod(text.c_str(), &end);
+      if (text.empty() || end != text.c_str() + text.size() || !(d > 0 && d < 1)) {
         fail("garbage_collection_threshold must be a number in (0, 1).");
       } else {
         out.options.garbageCollectionThreshold = d;
