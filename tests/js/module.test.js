@@ -36,7 +36,7 @@ test('as a classic script in a browser-like global, it defines GpumemCore and wo
   const core = await sandbox.GpumemCore();
   const options = JSON.parse(core.optionsJson());
   assert.equal(options.version, core.version());
-  const envelope = JSON.parse(core.estimateJson('{"model":{"kind":"parameterCount","parameterCount":1500000000},"training":{"precision":"fp16Mixed","optimizer":"adam"}}'));
+  const envelope = JSON.parse(core.estimateJson('{"model":{"kind":"parameterCount","parameterCount":1500000000},"training":{"precision":"fp16Mixed","optimizer":"adam"}}', 'none'));
   assert.equal(envelope.ok, true);
   assert.equal(envelope.estimate.modelStates.totalBytes, 24e9);
 });
@@ -78,13 +78,13 @@ test('memory stays flat over many calls, good and bad', async () => {
   const layers = [{ type: 'linear', inFeatures: 64, outFeatures: 64, bias: true }];
   for (let i = 0; i < 20; i++) layers.push({ type: 'relu' }, { type: 'linear', inFeatures: 64, outFeatures: 64, bias: true });
   const deep = JSON.stringify({ model: { kind: 'layers', layers, loss: 'mse' }, training: { sequenceLength: 1 } });
-  const big = JSON.parse(core.estimateJson(deep));
+  const big = JSON.parse(core.estimateJson(deep, 'labelled'));
   assert.equal(big.ok, true);
   assert.ok(JSON.stringify(big).length > 100000);
   const inputs = [deep, '{"training":{"batchSize":-1}}', '{"traning":{}}', '['.repeat(1 << 20)];
   const round = () => {
     for (const text of inputs) {
-      core.estimateJson(text);
+      core.estimateJson(text, 'labelled');
       core.validateJson(text);
     }
     core.optionsJson();
