@@ -272,7 +272,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   // The allocator's cache at its peak: expandable segments grow in place, so the free blocks
   // stranded inside fixed-size segments mostly go (simulated, not assumed).
   if (!setup.runtime.allocator.expandableSegments && current.device.fragmentationBytes > 0) {
-    add("allocator-expandableSegments", "Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    add("allocator-expandableSegments", "Let the allocator grow segments in place (PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True)",
         "free: the same computation; segments grow in place instead of new cudaMalloc calls (PyTorch ≥ 2.1, Linux)",
         {"runtime.allocator.expandableSegments"}, [](Setup& s) { s.runtime.allocator.expandableSegments = true; });
   }
