@@ -125,9 +125,19 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
   std::printf("\nPeak: %s (%s B) — %s, step %d: %s\n", HumanBytes(e.peak.totalBytes).c_str(),
               FormatCount(e.peak.totalBytes).c_str(), LabelOf(e.peak.phase), e.peak.step, e.peak.label.c_str());
   if (!e.peakExplanation.empty()) std::printf("Why:  %s\n", e.peakExplanation.c_str());
+  // The verdict is the device figure's (allocator segments + context), not the allocated peak.
+  const DeviceEstimate& d = e.device;
   std::printf("GPU:  %s — %s, %s %s\n", HumanBytes(e.gpuCapacityBytes).c_str(),
-              e.fits ? "fits" : "DOES NOT FIT", e.fits ? "headroom" : "short by",
+              !e.fits ? "DOES NOT FIT" : d.tight ? "tight" : "fits", e.fits ? "headroom" : "short by",
               HumanBytes(e.headroomBytes < 0 ? -e.headroomBytes : e.headroomBytes).c_str());
+  std::printf("      %s\n", d.why.c_str());
+  std::printf("Device (what nvidia-smi shows at the peak):\n");
+  std::printf("  %-26s %12s  %s\n", "Allocated (allocator)", HumanBytes(d.peakAllocatedBytes).c_str(), d.peakAllocatedFormula.c_str());
+  std::printf("  %-26s %12s  %s\n", "Reserved (segments)", HumanBytes(d.peakReservedBytes).c_str(), d.peakReservedFormula.c_str());
+  std::printf("  %-26s %12s  %s\n", "  of it cached, free", HumanBytes(d.fragmentationBytes).c_str(), d.fragmentationFormula.c_str());
+  std::printf("  %-26s %12s  %s\n", "  of it cuBLAS workspaces", HumanBytes(d.workspaceBytes).c_str(), d.workspaceFormula.c_str());
+  std::printf("  %-26s %12s  %s\n", "CUDA context", HumanBytes(d.contextBytes).c_str(), d.contextFormula.c_str());
+  std::printf("  %-26s %12s  %s\n", "Device total", HumanBytes(d.peakDeviceBytes).c_str(), d.peakDeviceFormula.c_str());
   std::printf("\nModel states (persistent):\n");
   PrintRows(e.modelStates.rows);
   std::printf("  %-26s %12s  %20s B\n", "Total", HumanBytes(e.modelStates.totalBytes).c_str(),

@@ -264,8 +264,16 @@ TEST_CASE("the solver runs few estimates and finds exact limits", "[bounds]") {
   tight.training.batchSize = 64;
   tight.training.precision = Precision::FP32;
   tight.gpu.memoryGiB = 8;
-  const Case cases[] = {{"gpt2 fits", gpt2, 12}, {"gpt2 does not fit", tight, 17},
-                        {"mlp", ExampleMlpSetup(), 13}, {"quick", DefaultSetup(), 11}};
+  // The MLP's 7.3 GiB of model states leave no room for the 426 MiB CUDA context on its 8 GiB
+  // GPU (the device figure decides fits): solved on 10 GiB. "Does not fit" simulates one more
+  // change: expandable segments.
+  Setup mlp = ExampleMlpSetup();
+  mlp.gpu.memoryGiB = 10;
+  const Case cases[] = {{"gpt2 fits", gpt2, 12}, {"gpt2 does not fit", tight, 18},
+                        {"mlp", mlp, 22}, {"quick", DefaultSetup(), 24}};
+  // mlp and quick were 13 and 11 on allocated peaks: the allocator's segment steps make the
+  // device peak less affine in batch and sequence, so the secant needs more simulations
+  // (worth a follow-up: extrapolate on allocated peaks, decide on the device figure).
   for (const Case& c : cases) {
     INFO(c.name);
     const SolveResult r = Solve(c.setup);
@@ -278,9 +286,9 @@ TEST_CASE("the solver runs few estimates and finds exact limits", "[bounds]") {
       Setup at = c.setup, above = c.setup;
       set(at, limit->value);
       set(above, limit->value + 1);
-      CHECK(MustEstimate(at).peak.totalBytes == limit->peakBytes);
+      CHECK(MustEstimate(at).device.peakDeviceBytes == limit->peakBytes);
       CHECK(limit->peakBytes <= r.capacityBytes);
-      if (limit->value < limit->limit) CHECK(MustEstimate(above).peak.totalBytes > r.capacityBytes);
+      if (limit->value < limit->limit) CHECK(MustEstimate(above).device.peakDeviceBytes > r.capacityBytes);
     }
   }
 }

@@ -39,7 +39,7 @@ void CheckPointMatches(const PeakPoint& p, const Setup& s) {
   const EstimateResult r = EstimateMemory(s);
   REQUIRE(r.ok() == p.ok);
   if (!p.ok) return;
-  CHECK(p.peakBytes == r.estimate.peak.totalBytes);
+  CHECK(p.peakBytes == r.estimate.device.peakDeviceBytes);
   CHECK(p.fits == r.estimate.fits);
   CHECK(p.dominant == r.estimate.peakDominant.category);
   CHECK(p.dominantBytes == r.estimate.peakDominant.bytes);
@@ -89,7 +89,7 @@ TEST_CASE("every heat map cell is the peak of the same setup", "[views]") {
       CheckPointMatches(h.cells[i][j], c);
       someFit = someFit || h.cells[i][j].fits;
       someMiss = someMiss || !h.cells[i][j].fits;
-      if (h.batchSizes[i] == 4 && h.sequenceLengths[j] == 512) CHECK(h.cells[i][j].peakBytes == MustEstimate(s).peak.totalBytes);
+      if (h.batchSizes[i] == 4 && h.sequenceLengths[j] == 512) CHECK(h.cells[i][j].peakBytes == MustEstimate(s).device.peakDeviceBytes);
     }
   }
   // 24 GiB for GPT-2 in autocast: small grids fit, batch 16 × 1024 does not — a boundary to draw.
@@ -119,7 +119,7 @@ TEST_CASE("the GPU matrix picks the cheapest fitting candidate for every GPU", "
   REQUIRE(m.gpus.size() == Gpus().size());
   REQUIRE(!m.candidates.empty());
   CHECK(m.candidates.front().tier == ChangeTier::AsIs);
-  CHECK(m.currentPeakBytes == MustEstimate(s).peak.totalBytes);
+  CHECK(m.currentPeakBytes == MustEstimate(s).device.peakDeviceBytes);
   for (std::size_t i = 1; i < m.candidates.size(); ++i) {
     CHECK(static_cast<int>(m.candidates[i - 1].tier) <= static_cast<int>(m.candidates[i].tier));
   }
@@ -171,7 +171,7 @@ TEST_CASE("curves are peaks of the same setups and find the largest fitting valu
   const Curves c = ComputeCurves(Options(s, 8, 12));
   REQUIRE(c.ok());
   CHECK(c.capacityBytes == MustEstimate(s).gpuCapacityBytes);
-  CHECK(c.currentPeakBytes == MustEstimate(s).peak.totalBytes);
+  CHECK(c.currentPeakBytes == MustEstimate(s).device.peakDeviceBytes);
   CHECK(Contains(c.batch.values, 8));
   CHECK(Contains(c.sequence.values, 512));
   CHECK(c.sequence.values.back() == 1024);
@@ -191,7 +191,7 @@ TEST_CASE("curves are peaks of the same setups and find the largest fitting valu
   Setup at = s, above = s;
   at.training.batchSize = c.batch.largestFitting;
   above.training.batchSize = c.batch.largestFitting + 1;
-  CHECK(MustEstimate(at).peak.totalBytes == c.batch.largestFittingPeakBytes);
+  CHECK(MustEstimate(at).device.peakDeviceBytes == c.batch.largestFittingPeakBytes);
   CHECK(MustEstimate(at).fits);
   CHECK_FALSE(MustEstimate(above).fits);
 }
@@ -212,7 +212,7 @@ TEST_CASE("views JSON: envelopes with the core's numbers and errors as values", 
   for (std::size_t i = 0; i < batches.size(); ++i) {
     for (std::size_t j = 0; j < seqs.size(); ++j) {
       if (batches[i] == 2 && seqs[j] == 256) {
-        CHECK(h["cells"][i][j]["peakBytes"] == current.peak.totalBytes);
+        CHECK(h["cells"][i][j]["peakBytes"] == current.device.peakDeviceBytes);
         CHECK(h["cells"][i][j]["dominant"]["category"] == IdOf(current.peakDominant.category));
       }
     }
@@ -221,12 +221,12 @@ TEST_CASE("views JSON: envelopes with the core's numbers and errors as values", 
   const auto matrix = nlohmann::json::parse(GpuMatrixJson(request));
   REQUIRE(matrix["ok"] == true);
   CHECK(matrix["gpuMatrix"]["gpus"].size() == Gpus().size());
-  CHECK(matrix["gpuMatrix"]["currentPeakBytes"] == current.peak.totalBytes);
+  CHECK(matrix["gpuMatrix"]["currentPeakBytes"] == current.device.peakDeviceBytes);
   CHECK(matrix["gpuMatrix"]["candidates"][0]["id"] == "asIs");
 
   const auto curves = nlohmann::json::parse(CurvesJson(request));
   REQUIRE(curves["ok"] == true);
-  CHECK(curves["curves"]["current"]["peakBytes"] == current.peak.totalBytes);
+  CHECK(curves["curves"]["current"]["peakBytes"] == current.device.peakDeviceBytes);
   CHECK(curves["curves"]["batch"]["field"] == "training.batchSize");
 
   // Errors: the setup's own paths, the options' names, unknown fields, bad JSON.

@@ -244,6 +244,9 @@ function readForm() {
     // same without the list.
     gpu: state.gpuId ? { id: state.gpuId, memoryGiB: numberValue($('#memoryGiB')) } : { memoryGiB: numberValue($('#memoryGiB')) },
   };
+  // The runtime (allocator options, context, cuBLAS workspace) has no controls yet: it is kept
+  // as the last applied setup gave it (a link, an import, "Make it fit": expandable segments).
+  if (state.runtime) setup.runtime = state.runtime;
   return { setup, errors };
 }
 
@@ -930,12 +933,17 @@ function render(est) {
   $('#peak-where').dataset.phase = peak.phase;
   $('#heuristic-note').hidden = !heuristic;
 
+  // The verdict is the core's device figure: the step through PyTorch's caching allocator at
+  // the GPU's capacity, plus the CUDA context (est.device; docs/schema.md).
+  const device = est.device;
   const verdict = $('#verdict');
   verdict.dataset.fits = String(Boolean(gpu.fits));
+  verdict.dataset.verdict = device.verdict;
   verdict.dataset.headroomBytes = String(gpu.headroomBytes);
+  verdict.dataset.deviceBytes = String(device.peakDeviceBytes);
   const headline = document.createElement('span');
   headline.className = 'big';
-  headline.textContent = gpu.fits ? 'Fits' : 'Does not fit';
+  headline.textContent = device.verdict === 'tight' ? 'Fits, tight' : gpu.fits ? 'Fits' : 'Does not fit';
   const sub = document.createElement('span');
   sub.className = 'sub';
   sub.id = 'verdict-amount';
@@ -946,7 +954,29 @@ function render(est) {
   const name = document.createElement('span');
   name.className = 'gpu-name';
   name.textContent = gpuCaption(state.lastGoodSetup?.gpu?.id, est);
-  verdict.replaceChildren(headline, sub, name);
+  const why = document.createElement('span');
+  why.className = 'sub verdict-why';
+  why.id = 'verdict-why';
+  // The one-line why, worded here from the core's figures so that the page's units apply.
+  const oom = device.oom;
+  why.textContent = oom
+    ? `At ${formatBytes(device.capacityBytes)}, a ${formatBytes(oom.requestedBytes)} request found no free block of that size: `
+      + `${formatBytes(oom.freeBytes)} was free in ${formatInteger(oom.freeFragments)} fragments, the largest ${formatBytes(oom.largestFreeBlockBytes)}.`
+    : device.tight
+      ? `Tight: only ${formatBytes(device.headroomBytes)} left, under 5 % of the GPU or ${formatBytes(2 ** 30)}; another process or a longer sample can tip it over.`
+      : `${formatBytes(device.peakDeviceBytes)} on the device, ${formatBytes(device.headroomBytes)} to spare.`;
+  why.title = device.why;
+  // Allocated / allocator cache / context / workspaces: the parts of what nvidia-smi shows.
+  const parts = document.createElement('span');
+  parts.className = 'sub verdict-device';
+  parts.id = 'verdict-device';
+  const cache = device.peakReservedBytes - device.peakAllocatedBytes;
+  parts.textContent = `On the device: ${formatBytes(device.peakAllocatedBytes - device.workspaceBytes)} allocated + `
+    + `${formatBytes(cache)} allocator cache + ${formatBytes(device.workspaceBytes)} cuBLAS workspaces + `
+    + `${formatBytes(device.contextBytes)} CUDA context = ${formatBytes(device.peakDeviceBytes)}. `
+    + `The allocator cache is memory PyTorch keeps in its segments after tensors are freed, reusable only by requests that fit in its holes.`;
+  parts.title = `${device.fragmentationExplanation}\n${device.formulas.peakDeviceBytes}\n${device.formulas.contextBytes}\n${device.formulas.workspaceBytes}`;
+  verdict.replaceChildren(headline, sub, name, why, parts);
 
   // Breakdown at the peak.
   const segments = peak.byCategory.map((row) => ({ label: categoryLabel(row), bytes: row.bytes, colorIndex: categoryIndex(row.category) }));
@@ -1158,6 +1188,7 @@ function applySetup(partial) {
     problems = errorsOf(exception);
   }
   fillForm(setup, isPlainObject(partial?.model) ? partial.model.preset : undefined);
+  state.runtime = isPlainObject(setup.runtime) ? setup.runtime : undefined;
   update();
   return problems;
 }

@@ -282,9 +282,14 @@ test('the verdict flips to "does not fit" when the GPU memory is set below the p
   await waitForAttr(page, '#verdict', 'data-fits', 'false');
   assert.match(await page.textContent('#verdict'), /does not fit/i);
   assert.match(await page.textContent('#verdict'), /short/i);
-  assert.equal(Number(await page.$eval('#verdict', (el) => el.dataset.headroomBytes)), below * 2 ** 30 - peak);
+  // Headroom is the device figure's: capacity − (allocator reserved + CUDA context).
+  const device = Number(await page.$eval('#verdict', (el) => el.dataset.deviceBytes));
+  assert.ok(device > peak, 'the device figure is above the allocated peak');
+  assert.equal(Number(await page.$eval('#verdict', (el) => el.dataset.headroomBytes)), below * 2 ** 30 - device);
+  assert.match(await page.textContent('#verdict-why'), /found no free block/);
+  assert.match(await page.textContent('#verdict-device'), /CUDA context/);
 
-  await page.fill('#memoryGiB', String(Math.ceil(peak / 2 ** 30) + 1));
+  await page.fill('#memoryGiB', String(Math.ceil(device / 2 ** 30) + 1));
   await waitForAttr(page, '#verdict', 'data-fits', 'true');
   assert.match(await page.textContent('#verdict'), /fits/i);
   assert.match(await page.textContent('#verdict'), /headroom/i);
@@ -754,7 +759,9 @@ test('GPU list: choosing a GPU sets its memory, flips the verdict, and the link 
   assert.match(verdict, /Does not fit/);
   assert.match(verdict, /short of 24\.00 GiB/);
   assert.match(verdict, /RTX 4090/);
-  assert.equal(Number(await page.$eval('#verdict', (el) => el.dataset.headroomBytes)), 24 * 2 ** 30 - peak, 'short by capacity − peak');
+  const device = Number(await page.$eval('#verdict', (el) => el.dataset.deviceBytes));
+  assert.ok(device > peak);
+  assert.equal(Number(await page.$eval('#verdict', (el) => el.dataset.headroomBytes)), 24 * 2 ** 30 - device, 'short by capacity − device peak');
   await settled(page);
   assert.deepEqual(setupFromUrl(page.url()).gpu, { id: 'nvidia-rtx-4090', memoryGiB: 24 });
 
@@ -1199,7 +1206,8 @@ test('solve: the largest batch and sequence that fit, and what would make it fit
   await page.click('#solve-batch button');
   await page.waitForFunction((v) => document.querySelector('#batchSize').value === String(v), expected.maxBatchSize.value, WAIT);
   await settled(page);
-  assert.equal(await peakBytes(page), expected.maxBatchSize.peakBytes);
+  // The solver's peaks are the device figure (what fits is decided on).
+  assert.equal(Number(await page.getAttribute('#verdict', 'data-device-bytes')), expected.maxBatchSize.peakBytes);
   assert.equal(await page.getAttribute('#verdict', 'data-fits'), 'true');
   assert.equal(await page.getAttribute('#solve-results', 'data-stale'), 'true', 'the results say they belong to the previous setup');
 
@@ -1216,7 +1224,7 @@ test('solve: the largest batch and sequence that fit, and what would make it fit
   await page.click(`#solve-suggestions li[data-id="${fitting.id}"] button`);
   await waitForAttr(page, '#verdict', 'data-fits', 'true');
   await settled(page);
-  assert.equal(await peakBytes(page), fitting.peakBytes, 'the peak the solver promised');
+  assert.equal(Number(await page.getAttribute('#verdict', 'data-device-bytes')), fitting.peakBytes, 'the device peak the solver promised');
   const applied = setupFromUrl(page.url());
   for (const [k, v] of Object.entries(fitting.change.training ?? {})) assert.equal(applied.training[k], v, `training.${k}`);
   await page.screenshot({ path: join(screenshotDir, 'page-solve.png'), fullPage: false });

@@ -250,8 +250,17 @@ test('estimate shape: peak, phase peaks, timeline, all numbers finite', () => {
     for (const n of [states.totalBytes, e.peak.totalBytes, e.gpu.capacityBytes]) {
       assert.ok(Number.isSafeInteger(n), `${n} is a whole number of bytes`);
     }
-    assert.equal(e.gpu.fits, e.peak.totalBytes <= e.gpu.capacityBytes);
-    assert.equal(e.gpu.headroomBytes, e.gpu.capacityBytes - e.peak.totalBytes);
+    // Fits is the device figure's (the caching allocator at capacity − context).
+    const d = e.device;
+    assert.equal(e.gpu.fits, d.fits);
+    assert.equal(e.gpu.headroomBytes, d.headroomBytes);
+    assert.equal(d.headroomBytes, d.capacityBytes - d.peakDeviceBytes);
+    assert.equal(d.peakDeviceBytes, d.peakReservedBytes + d.contextBytes + d.communicationBytes);
+    assert.equal(d.fits, d.peakDeviceBytes <= d.capacityBytes);
+    assert.ok(d.peakReservedBytes >= d.peakAllocatedBytes && d.peakAllocatedBytes >= e.peak.totalBytes);
+    assert.ok(['fits', 'tight', 'doesNotFit'].includes(d.verdict) && d.why.length > 0);
+    assert.equal(d.oom === null, d.fits);
+    for (const p of e.timeline) assert.ok(p.reservedBytes >= p.totalBytes);
   }
 });
 
@@ -432,4 +441,29 @@ test('GpumemError carries every error and names the first field', () => {
   assert.equal(error.field, 'training.batchSize');
   assert.equal(error.errors.length, 2);
   assert.match(error.message, /training\.batchSize/);
+});
+
+test('device: Llama 3.2 1B on an RTX 4090 fits on allocated bytes but not on the device', () => {
+  // The known case: the allocated peak leaves tens of MiB (the page used to say "Fits"); the
+  // caching allocator's segments and the 426 MiB CUDA context do not fit in 24 GiB.
+  const setup = {
+    model: { preset: 'llama-3.2-1b' },
+    training: { batchSize: 1, sequenceLength: 5860, precision: 'ampBf16', attention: 'sdpa', checkpointing: 'everyBlock' },
+    gpu: { id: 'nvidia-rtx-4090' },
+  };
+  const e = gpumem.estimate(setup);
+  const d = e.device;
+  assert.ok(e.gpu.capacityBytes - e.peak.totalBytes > 0 && e.gpu.capacityBytes - e.peak.totalBytes < 100 * 2 ** 20);
+  assert.equal(e.gpu.fits, false);
+  assert.equal(d.verdict, 'doesNotFit');
+  assert.equal(d.contextBytes, 426 * 2 ** 20);
+  assert.equal(d.workspaceBytes, 19136512);  // 2 handles × (8,519,680 + 1,048,576) before Hopper
+  assert.ok(d.oom && d.oom.requestedBytes > 0 && d.oom.largestFreeBlockBytes < d.oom.requestedBytes);
+  assert.match(d.why, /found no free block/);
+  // The runtime field reaches the core, and its defaults come from it.
+  assert.deepEqual(gpumem.options().defaultSetup.runtime.allocator.expandableSegments, false);
+  const expandable = gpumem.estimate({ ...setup, runtime: { allocator: { expandableSegments: true } } }).device;
+  assert.ok(expandable.fragmentationBytes < d.fragmentationBytes);
+  assert.throws(() => gpumem.estimate({ ...setup, runtime: { allocator: { maxSplitSizeMiB: 5 } } }),
+    (err) => err instanceof GpumemError && err.errors.some((x) => x.field === 'runtime.allocator.maxSplitSizeMiB'));
 });

@@ -120,7 +120,7 @@ test('solve: the largest batch fits and one more does not; each suggestion\'s ch
   const largest = result.maxBatchSize;
   assert.ok(largest && largest.value >= 1, JSON.stringify(largest));
   const at = gpumem.estimate(merge(setup, { training: { batchSize: largest.value } }));
-  assert.equal(at.peak.totalBytes, largest.peakBytes);
+  assert.equal(at.device.peakDeviceBytes, largest.peakBytes);
   assert.equal(at.gpu.fits, true);
   assert.equal(gpumem.estimate(merge(setup, { training: { batchSize: largest.value + 1 } })).gpu.fits, false);
   const sequence = result.maxSequenceLength;
@@ -129,7 +129,7 @@ test('solve: the largest batch fits and one more does not; each suggestion\'s ch
   for (const s of result.suggestions) {
     assert.ok(s.id && s.label && s.change && typeof s.fits === 'boolean', JSON.stringify(s));
     const applied = gpumem.estimate(merge(setup, s.change));
-    assert.equal(applied.peak.totalBytes, s.peakBytes, `${s.id}: applying its change gives its peak`);
+    assert.equal(applied.device.peakDeviceBytes, s.peakBytes, `${s.id}: applying its change gives its peak`);
     assert.equal(applied.gpu.fits, s.fits, `${s.id}: fits as stated`);
   }
   const saved = result.suggestions.filter((s) => !/\+/.test(s.id)).map((s) => s.savedBytes);

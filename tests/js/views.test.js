@@ -19,7 +19,7 @@ test('heat map cells are estimates of the same setups', () => {
   for (const [i, batchSize] of heat.batchSizes.entries()) {
     for (const [j, sequenceLength] of heat.sequenceLengths.entries()) {
       const estimate = api.estimate({ ...setup, training: { ...setup.training, batchSize, sequenceLength } });
-      assert.equal(heat.cells[i][j].peakBytes, estimate.peak.totalBytes);
+      assert.equal(heat.cells[i][j].peakBytes, estimate.device.peakDeviceBytes);
       assert.equal(heat.cells[i][j].fits, estimate.gpu.fits);
     }
   }
@@ -43,7 +43,7 @@ test('curves carry the capacity and the largest value that fits', () => {
   assert.equal(curves.capacityBytes, api.estimate(setup).gpu.capacityBytes);
   const lf = curves.batch.largestFitting;
   assert.ok(lf);
-  assert.equal(api.estimate({ ...setup, training: { ...setup.training, batchSize: lf.value } }).peak.totalBytes, lf.peakBytes);
+  assert.equal(api.estimate({ ...setup, training: { ...setup.training, batchSize: lf.value } }).device.peakDeviceBytes, lf.peakBytes);
   if (!lf.beyondRange) assert.equal(api.estimate({ ...setup, training: { ...setup.training, batchSize: lf.value + 1 } }).gpu.fits, false);
 });
 

@@ -197,4 +197,48 @@ struct DeviceOverheadsResult {
 
 DeviceOverheadsResult DeviceOverheads(std::string_view gpuId, const RuntimeOptions& options);
 
+// ---------------------------------------------------------------------------------------------
+// The device figure of an estimate: the step's events (with the cuBLAS workspaces where PyTorch
+// allocates them) through the caching allocator at the GPU's capacity less the context.
+// core/src/device/device_stage.cpp; EstimateMemory fills Estimate::device.
+
+// The allocation that failed at capacity.
+struct DeviceOom {
+  bool happened = false;
+  std::size_t eventIndex = 0;          // index into the trace (a workspace: the event it precedes)
+  std::string label;                   // the event's label, or the workspace's
+  std::int64_t requestedBytes = 0;     // as asked
+  std::int64_t freeBytes = 0;          // limit − reserved + cached free blocks, at the failure
+  std::int64_t largestFreeBlockBytes = 0;
+  std::int64_t freeFragments = 0;      // cached free blocks (+ the unreserved rest when > 0)
+  std::string explanation;             // "a 1.5 GiB request found no free block of that size; …"
+};
+
+struct DeviceEstimate {
+  // torch.cuda.max_memory_allocated: block sizes (rounded to 512 B, workspaces included).
+  std::int64_t peakAllocatedBytes = 0;
+  // torch.cuda.max_memory_reserved: segments obtained by cudaMalloc.
+  std::int64_t peakReservedBytes = 0;
+  std::int64_t fragmentationBytes = 0;  // reserved − allocated at the reserved peak
+  std::int64_t contextBytes = 0;        // CUDA context and kernel images (outside the allocator)
+  std::int64_t workspaceBytes = 0;      // cuBLAS/cuBLASLt workspaces (inside reserved)
+  std::int64_t communicationBytes = 0;  // NCCL buffers (outside the allocator)
+  std::int64_t peakDeviceBytes = 0;     // reserved + context + communication: what nvidia-smi shows
+  std::int64_t capacityBytes = 0;       // the GPU's memory
+  // Decided by the allocator simulation at capacity − context − communication, not by a
+  // subtraction: fits ⇔ no allocation failed. When it does not fit, the figures above come
+  // from a second simulation without a limit (what the step would need).
+  bool fits = false;
+  bool tight = false;                   // fits, with headroom under max(5 % of capacity, 1 GiB)
+  std::int64_t headroomBytes = 0;       // capacity − peakDeviceBytes
+  std::string verdict;                  // "fits", "tight" or "doesNotFit"
+  std::string why;                      // one line for the verdict
+  std::string fragmentationExplanation; // one sentence on the allocator cache
+  // Formulas of the figures (empty without EstimateOptions::explain).
+  std::string peakAllocatedFormula, peakReservedFormula, fragmentationFormula, contextFormula,
+      workspaceFormula, communicationFormula, peakDeviceFormula, headroomFormula;
+  std::int64_t numAllocRetries = 0;     // cudaMalloc failures the cache release recovered from
+  DeviceOom oom;
+};
+
 }  // namespace gpumem

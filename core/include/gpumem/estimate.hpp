@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
 #include "gpumem/setup.hpp"
 #include "gpumem/trace.hpp"
@@ -38,6 +39,8 @@ struct TimelinePoint {
   Category category = Category::Activations;
   std::int64_t deltaBytes = 0;  // + allocation, − free
   std::int64_t totalBytes = 0;  // after the event
+  // The caching allocator's reserved bytes after the event (Estimate::device's simulation).
+  std::int64_t reservedBytes = 0;
 };
 
 // What an estimate carries besides the figures. Labels are rendered per event, so a caller
@@ -96,8 +99,11 @@ struct Estimate {
   std::vector<TimelinePoint> timeline;  // per EstimateOptions::timeline
   std::size_t eventCount = 0;           // events simulated (the timeline's length when present)
   std::int64_t gpuCapacityBytes = 0;
+  // The device figure (allocator, context, workspaces); `fits` and `headroomBytes` are its
+  // own (device.fits, capacity − peakDeviceBytes). The allocated-only peak is peak.totalBytes.
+  DeviceEstimate device;
   bool fits = false;
-  std::int64_t headroomBytes = 0;    // capacity − peak; negative when it does not fit
+  std::int64_t headroomBytes = 0;    // capacity − device.peakDeviceBytes; negative when it does not fit
   bool activationsFromHeuristic = false;  // quick mode: activations are the per-token heuristic
   std::vector<std::string> notes;
 };

@@ -196,10 +196,30 @@ struct GpuDef {
   std::string id;           // a GPU of Gpus() ("nvidia-h100-sxm"), or empty for a custom size
 };
 
+// PYTORCH_CUDA_ALLOC_CONF as the caching allocator reads it (c10/core/AllocatorConfig.cpp);
+// the defaults are PyTorch's (docs/device.md).
+struct AllocatorDef {
+  bool expandableSegments = false;         // expandable_segments:True
+  std::int64_t maxSplitSizeMiB = 0;        // max_split_size_mb, MiB; 0 = unlimited, else ≥ 20
+  std::int64_t roundupPower2Divisions = 0; // roundup_power2_divisions (every size); 0 = off, else a power of two
+  double garbageCollectionThreshold = 0;   // garbage_collection_threshold, fraction in [0, 1); 0 = off
+};
+
+// What the process holds on the GPU besides the step's tensors, and how its allocator behaves.
+struct RuntimeDef {
+  AllocatorDef allocator;
+  // CUDA context and kernel images, MiB; 0 = the default by CUDA version and lazy loading
+  // (426 MiB with CUDA ≥ 11.7 and CUDA_MODULE_LOADING=LAZY, PyTorch's default; docs/device.md).
+  double cudaContextMiB = 0;
+  // CUBLAS_WORKSPACE_CONFIG (":4096:8"); empty = PyTorch's default for the GPU.
+  std::string cublasWorkspaceConfig;
+};
+
 struct Setup {
   ModelDef model;
   TrainingDef training;
   GpuDef gpu;
+  RuntimeDef runtime;
 };
 
 // The one source of defaults: GPT-2 XL-sized quick mode (1.5e9 parameters), fp16 mixed

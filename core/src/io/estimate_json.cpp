@@ -34,7 +34,7 @@ void WriteSnapshot(JsonWriter& w, const Snapshot& s) {
   w.EndObject();
 }
 
-// [{index, phase, step, layer, label?, category, deltaBytes, totalBytes}…], compact always:
+// [{index, phase, step, layer, label?, category, deltaBytes, totalBytes, reservedBytes}…], compact always:
 // two thousand points, one per line, would only make the CLI's output longer.
 void WriteTimeline(JsonWriter& w, const std::vector<TimelinePoint>& timeline) {
   JsonWriter points;
@@ -49,10 +49,55 @@ void WriteTimeline(JsonWriter& w, const std::vector<TimelinePoint>& timeline) {
     points.Key("category").String(IdOf(p.category))
         .Key("deltaBytes").Int(p.deltaBytes)
         .Key("totalBytes").Int(p.totalBytes)
+        .Key("reservedBytes").Int(p.reservedBytes)
         .EndObject();
   }
   points.EndArray();
   w.Raw(points.text());
+}
+
+void WriteDevice(JsonWriter& w, const DeviceEstimate& d) {
+  w.BeginObject()
+      .Key("peakAllocatedBytes").Int(d.peakAllocatedBytes)
+      .Key("peakReservedBytes").Int(d.peakReservedBytes)
+      .Key("fragmentationBytes").Int(d.fragmentationBytes)
+      .Key("contextBytes").Int(d.contextBytes)
+      .Key("workspaceBytes").Int(d.workspaceBytes)
+      .Key("communicationBytes").Int(d.communicationBytes)
+      .Key("peakDeviceBytes").Int(d.peakDeviceBytes)
+      .Key("capacityBytes").Int(d.capacityBytes)
+      .Key("fits").Bool(d.fits)
+      .Key("tight").Bool(d.tight)
+      .Key("verdict").String(d.verdict)
+      .Key("why").String(d.why)
+      .Key("headroomBytes").Int(d.headroomBytes)
+      .Key("numAllocRetries").Int(d.numAllocRetries)
+      .Key("fragmentationExplanation").String(d.fragmentationExplanation)
+      .Key("formulas").BeginObject()
+      .Key("peakAllocatedBytes").String(d.peakAllocatedFormula)
+      .Key("peakReservedBytes").String(d.peakReservedFormula)
+      .Key("fragmentationBytes").String(d.fragmentationFormula)
+      .Key("contextBytes").String(d.contextFormula)
+      .Key("workspaceBytes").String(d.workspaceFormula)
+      .Key("communicationBytes").String(d.communicationFormula)
+      .Key("peakDeviceBytes").String(d.peakDeviceFormula)
+      .Key("headroomBytes").String(d.headroomFormula)
+      .EndObject()
+      .Key("oom");
+  if (!d.oom.happened) {
+    w.Null();
+  } else {
+    w.BeginObject()
+        .Key("eventIndex").Int(static_cast<std::int64_t>(d.oom.eventIndex))
+        .Key("label").String(d.oom.label)
+        .Key("requestedBytes").Int(d.oom.requestedBytes)
+        .Key("freeBytes").Int(d.oom.freeBytes)
+        .Key("largestFreeBlockBytes").Int(d.oom.largestFreeBlockBytes)
+        .Key("freeFragments").Int(d.oom.freeFragments)
+        .Key("explanation").String(d.oom.explanation)
+        .EndObject();
+  }
+  w.EndObject();
 }
 
 }  // namespace
@@ -103,7 +148,9 @@ void WriteEstimate(JsonWriter& w, const Estimate& e) {
       .Key("fits").Bool(e.fits)
       .Key("headroomBytes").Int(e.headroomBytes)
       .EndObject()
-      .Key("notes").Strings(e.notes)
+      .Key("device");
+  WriteDevice(w, e.device);
+  w.Key("notes").Strings(e.notes)
       .EndObject();
 }
 

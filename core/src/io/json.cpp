@@ -321,6 +321,28 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
   r.Bool(v, "zeroGradSetToNone", path, t.zeroGradSetToNone);
 }
 
+void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
+  const std::string path = "runtime";
+  if (!r.ExpectObject(v, path)) return;
+  r.RejectUnknown(v, {"allocator", "cudaContextMiB", "cublasWorkspaceConfig"}, path);
+  if (auto it = v.find("allocator"); it != v.end() && r.ExpectObject(*it, "runtime.allocator")) {
+    const std::string a = "runtime.allocator";
+    r.RejectUnknown(*it, {"expandableSegments", "maxSplitSizeMiB", "roundupPower2Divisions", "garbageCollectionThreshold"}, a);
+    r.Bool(*it, "expandableSegments", a, runtime.allocator.expandableSegments);
+    r.Int(*it, "maxSplitSizeMiB", a, runtime.allocator.maxSplitSizeMiB);
+    r.Int(*it, "roundupPower2Divisions", a, runtime.allocator.roundupPower2Divisions);
+    r.Number(*it, "garbageCollectionThreshold", a, runtime.allocator.garbageCollectionThreshold);
+  }
+  r.Number(v, "cudaContextMiB", path, runtime.cudaContextMiB);
+  if (auto it = v.find("cublasWorkspaceConfig"); it != v.end()) {
+    if (!it->is_string()) {
+      r.Fail(ErrorCode::InvalidField, "runtime.cublasWorkspaceConfig", "Must be a string such as \":4096:8\", got " + KindOf(*it) + ".");
+    } else {
+      runtime.cublasWorkspaceConfig = it->get<std::string>();
+    }
+  }
+}
+
 ojson LayerToJson(const LayerDef& l) {
   ojson j = {{"type", IdOf(l.kind)}};
   if (l.kind == LayerKind::Linear) {
@@ -370,6 +392,12 @@ ojson SetupJson(const Setup& s) {
                     {"checkpointInterval", s.training.checkpointInterval}}},
       {"gpu", s.gpu.id.empty() ? ojson{{"memoryGiB", s.gpu.memoryGiB}}
                                : ojson{{"memoryGiB", s.gpu.memoryGiB}, {"id", s.gpu.id}}},
+      {"runtime", {{"allocator", {{"expandableSegments", s.runtime.allocator.expandableSegments},
+                                  {"maxSplitSizeMiB", s.runtime.allocator.maxSplitSizeMiB},
+                                  {"roundupPower2Divisions", s.runtime.allocator.roundupPower2Divisions},
+                                  {"garbageCollectionThreshold", s.runtime.allocator.garbageCollectionThreshold}}},
+                   {"cudaContextMiB", s.runtime.cudaContextMiB},
+                   {"cublasWorkspaceConfig", s.runtime.cublasWorkspaceConfig}}},
   };
 }
 
@@ -416,7 +444,7 @@ void ParseInto(std::string_view text, Setup& setup, ErrorList& errors, Given& gi
     return;
   }
   if (!r.ExpectObject(doc, "")) return;
-  r.RejectUnknown(doc, {"schemaVersion", "model", "training", "gpu"}, "");
+  r.RejectUnknown(doc, {"schemaVersion", "model", "training", "gpu", "runtime"}, "");
   if (auto it = doc.find("schemaVersion"); it != doc.end()) {
     if (!it->is_number_integer() || it->get<std::int64_t>() != kSchemaVersion) {
       r.Fail(ErrorCode::InvalidField, "schemaVersion", "Only schema version 1 is understood.");
@@ -424,6 +452,7 @@ void ParseInto(std::string_view text, Setup& setup, ErrorList& errors, Given& gi
   }
   if (auto it = doc.find("model"); it != doc.end()) ReadModel(r, *it, setup.model, given);
   if (auto it = doc.find("training"); it != doc.end()) ReadTraining(r, *it, setup.training, given);
+  if (auto it = doc.find("runtime"); it != doc.end()) ReadRuntime(r, *it, setup.runtime);
   if (auto it = doc.find("gpu"); it != doc.end()) {
     if (r.ExpectObject(*it, "gpu")) {
       r.RejectUnknown(*it, {"memoryGiB", "id"}, "gpu");
@@ -650,6 +679,11 @@ ojson SolveObject(const SolveResult& r) {
     const ojson full = SetupJson(s.setup);
     ojson change = ojson::object();
     for (const std::string& f : s.changedFields) {
+      if (f.rfind("runtime.allocator.", 0) == 0) {
+        const std::string key = f.substr(std::string("runtime.allocator.").size());
+        change["runtime"]["allocator"][key] = full["runtime"]["allocator"][key];
+        continue;
+      }
       const std::string key = f.substr(f.find('.') + 1);
       change["training"][key] = full["training"][key];
     }

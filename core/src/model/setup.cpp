@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "device/device_stage.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/heuristics.hpp"
 #include "gpumem/inventory.hpp"
@@ -615,6 +616,11 @@ void Validate(const Setup& setup, ErrorList& errors) {
       setup.gpu.memoryGiB > Limits::maxGpuMemoryGiB) {
     errors.push_back({ErrorCode::InvalidField, "gpu.memoryGiB",
                       "GPU memory must be a positive number of GiB, at most 1e6."});
+  }
+  {
+    std::vector<FieldError> runtime;
+    ValidateRuntime(setup, runtime);
+    for (FieldError& e : runtime) errors.push_back(std::move(e));
   }
 
   if (errors.empty()) {

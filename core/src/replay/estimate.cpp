@@ -11,6 +11,7 @@
 #include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/presets.hpp"
+#include "device/device_stage.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -175,15 +176,21 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
 
   est.activationsFromHeuristic = setup.model.kind == ModelKind::ParameterCount;
   est.gpuCapacityBytes = std::llround(setup.gpu.memoryGiB * 1073741824.0);
-  est.headroomBytes = est.gpuCapacityBytes - est.peak.totalBytes;
-  est.fits = est.headroomBytes >= 0;
+  // The device stage: the same events through the caching allocator at the GPU's capacity.
+  // "Fits" is its verdict from here on; peak.totalBytes stays the allocated-only figure.
+  std::vector<std::int64_t> reserved;
+  const bool timeline = options.timeline != EstimateOptions::Timeline::None;
+  est.device = ComputeDeviceEstimate(setup, trace, est.gpuCapacityBytes, options.explain, timeline ? &reserved : nullptr);
+  for (TimelinePoint& p : est.timeline) p.reservedBytes = p.index < reserved.size() ? reserved[p.index] : 0;
+  est.headroomBytes = est.device.headroomBytes;
+  est.fits = est.device.fits;
   if (setup.training.optimizer == OptimizerKind::Adafactor &&
       setup.training.optimizerImplementation == OptimizerImplementation::ForEach) {
     est.notes.push_back("Adafactor is simulated as HF transformers runs it: one parameter at a time.");
   }
   est.notes.push_back(
-      "Not included: the CUDA context (about 0.3–1 GiB per process), allocator fragmentation "
-      "and communication buffers.");
+      "Fits is decided on the device figure: the step's tensors through a model of PyTorch's caching allocator "
+      "(one stream), plus the CUDA context and cuBLAS workspaces; other processes on the GPU are not counted.");
   result.estimate = std::move(est);
   return result;
 }

@@ -22,10 +22,15 @@ constexpr EstimateOptions kPeaksOnly{.timeline = EstimateOptions::Timeline::None
 using PhasePeaks = std::vector<std::int64_t>;
 using PeakFn = std::function<std::optional<PhasePeaks>(std::int64_t)>;
 
+// Each phase's allocated peak shifted by what the device adds at the overall peak (allocator
+// cache, context, workspaces), so that the largest is the device peak the fit is decided on
+// (Estimate::device: fits ⇔ peakDeviceBytes ≤ capacity, as the allocator simulation at capacity
+// fails exactly when the step needs more) and the secant still follows each phase's growth.
 PhasePeaks PhasePeaksOf(const Estimate& e) {
   PhasePeaks out;
-  for (const Snapshot& s : e.phasePeaks) out.push_back(s.totalBytes);
-  if (out.empty()) out.push_back(e.peak.totalBytes);
+  const std::int64_t deviceOverhead = e.device.peakDeviceBytes - e.peak.totalBytes;
+  for (const Snapshot& s : e.phasePeaks) out.push_back(s.totalBytes + deviceOverhead);
+  if (out.empty()) out.push_back(e.peak.totalBytes + deviceOverhead);
   return out;
 }
 
@@ -138,7 +143,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   SolveResult out;
   out.errors = Validate(setup);
   if (!out.ok()) return out;
-  out.currentPeakBytes = current.peak.totalBytes;
+  out.currentPeakBytes = current.device.peakDeviceBytes;  // the device figure fits is decided on
   out.capacityBytes = current.gpuCapacityBytes;
   const std::int64_t capacity = out.capacityBytes;
   auto phasePeaksOf = [&](const Setup& s) -> std::optional<PhasePeaks> {
@@ -264,6 +269,13 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         {"training.optimizerImplementation"},
         [](Setup& s) { s.training.optimizerImplementation = OptimizerImplementation::Fused; });
   }
+  // The allocator's cache at its peak: expandable segments grow in place, so the free blocks
+  // stranded inside fixed-size segments mostly go (simulated, not assumed).
+  if (!setup.runtime.allocator.expandableSegments && current.device.fragmentationBytes > 0) {
+    add("allocator-expandableSegments", "Let the allocator grow segments in place (PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True)",
+        "free: the same computation; segments grow in place instead of new cudaMalloc calls (PyTorch ≥ 2.1, Linux)",
+        {"runtime.allocator.expandableSegments"}, [](Setup& s) { s.runtime.allocator.expandableSegments = true; });
+  }
   if (!t.zeroGradSetToNone) {
     add("zero-grad-set-to-none", "zero_grad(set_to_none=True)", "none: gradients are freed instead of zeroed",
         {"training.zeroGradSetToNone"}, [](Setup& s) { s.training.zeroGradSetToNone = true; });
@@ -309,6 +321,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         if (f == "training.optimizerImplementation") next.training.optimizerImplementation = s.setup.training.optimizerImplementation;
         if (f == "training.zeroGradSetToNone") next.training.zeroGradSetToNone = s.setup.training.zeroGradSetToNone;
         if (f == "training.batchSize") next.training.batchSize = s.setup.training.batchSize;
+        if (f == "runtime.allocator.expandableSegments") next.runtime = s.setup.runtime;
       }
       const auto peak = labels.empty() ? std::optional(s.peakBytes) : peakOf(next);
       if (!peak) continue;

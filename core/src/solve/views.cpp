@@ -2,6 +2,8 @@
 // the setup (the same flow as the main estimate), so the page draws and never computes.
 #include "gpumem/views.hpp"
 
+#include "device/device_stage.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <functional>
@@ -28,7 +30,8 @@ PeakPoint PeakOf(const Setup& setup, int& estimates) {
     if (r.ok()) {
       const Estimate& e = r.estimate;
       p.ok = true;
-      p.peakBytes = e.peak.totalBytes;
+      // The device figure (allocator cache, context, workspaces): what fits is decided on.
+      p.peakBytes = e.device.peakDeviceBytes;
       p.fits = e.fits;
       p.dominant = e.peakDominant.category;
       p.dominantBytes = e.peakDominant.bytes;
@@ -335,7 +338,9 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
     f.capacityBytes = CapacityBytes(g.memoryGiB);
     out.gpus.push_back(std::move(f));
   }
-  // The peak does not depend on the GPU (the capacity only decides fits and headroom), so each
+  // The device peak depends on the GPU only through its workspace size (compute capability)
+  // and the cache releases near capacity; the matrix takes the setup's GPU's figure for all
+  // (an approximation within a few MiB, where the estimate itself decides `fits`). So each
   // candidate is estimated once for all GPUs, in cost order, until every GPU has its cheapest.
   std::size_t open = out.gpus.size();
   for (SettingsCandidate& c : order) {
@@ -345,14 +350,35 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
     const int index = static_cast<int>(out.candidates.size());
     c.rank = index;
     if (c.tier == ChangeTier::AsIs) out.currentPeakBytes = c.peak.peakBytes;
+    // The device peak on each GPU: its cuBLAS workspace differs by compute capability, so the
+    // candidate is estimated once per workspace size (two or three sizes among the GPUs), on a
+    // capacity no step reaches (no cache release), and that figure decides each GPU's fit.
+    std::vector<std::pair<std::int64_t, std::int64_t>> peakByWorkspace;  // workspace bytes → device peak
+    const RuntimeOptions runtime = RuntimeOptionsOf(c.setup.runtime);
     for (GpuFit& f : out.gpus) {
       if (f.smallestPeakCandidate < 0 || c.peak.peakBytes < out.candidates[f.smallestPeakCandidate].peak.peakBytes) {
         f.smallestPeakCandidate = index;
       }
-      if (!f.fits && c.peak.peakBytes <= f.capacityBytes) {
+      if (f.fits) continue;
+      const std::int64_t workspace = DeviceOverheads(f.id, runtime).workspace.bytes;
+      auto known = std::find_if(peakByWorkspace.begin(), peakByWorkspace.end(),
+                                [&](const auto& p) { return p.first == workspace; });
+      std::int64_t peak = c.peak.peakBytes;
+      if (workspace != DeviceOverheads(c.setup.gpu.id, runtime).workspace.bytes) {
+        if (known == peakByWorkspace.end()) {
+          Setup on = c.setup;
+          on.gpu.id = f.id;
+          on.gpu.memoryGiB = Limits::maxGpuMemoryGiB;
+          const PeakPoint p = PeakOf(on, out.estimates);
+          peakByWorkspace.emplace_back(workspace, p.ok ? p.peakBytes : c.peak.peakBytes);
+          known = peakByWorkspace.end() - 1;
+        }
+        peak = known->second;
+      }
+      if (peak <= f.capacityBytes) {
         f.fits = true;
         f.choice = index;
-        f.headroomBytes = f.capacityBytes - c.peak.peakBytes;
+        f.headroomBytes = f.capacityBytes - peak;
         --open;
       }
     }

@@ -1,0 +1,27 @@
+// The device stage of an estimate (called by core/src/replay/estimate.cpp).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gpumem/device.hpp"
+#include "gpumem/setup.hpp"
+#include "gpumem/trace.hpp"
+
+namespace gpumem {
+
+// The Setup's runtime as the allocator model and DeviceOverheads read it.
+AllocatorOptions AllocatorOptionsOf(const RuntimeDef& runtime);
+RuntimeOptions RuntimeOptionsOf(const RuntimeDef& runtime);
+
+// Field errors of setup.runtime ("runtime.allocator.maxSplitSizeMiB", …).
+void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors);
+
+// The trace's events, with the cuBLAS workspaces in front of the first forward event and of
+// the first backward event (one handle each), through SimulateCachingAllocator at
+// capacityBytes − context − communication. With `reservedAfterEvent`, it receives the reserved
+// bytes after each trace event (size = trace.events.size()).
+DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std::int64_t capacityBytes,
+                                     bool explain, std::vector<std::int64_t>* reservedAfterEvent);
+
+}  // namespace gpumem
