@@ -63,6 +63,11 @@ async function settle(setup) {
   return { page, context, ms, state, errors };
 }
 
+const layerList = (n, layer) => ({
+  model: { kind: 'layers', loss: 'mse', layers: Array.from({ length: n }, (_, i) => layer(i)) },
+  training: { batchSize: 4, sequenceLength: 1 },
+});
+
 const llama = (architecture, training = {}) => ({
   model: { kind: 'transformer', architecture: { family: 'llama', numKeyValueHeads: 4, ...architecture } },
   training: { batchSize: 1, sequenceLength: 128, attention: 'sdpa', ...training },
@@ -79,6 +84,9 @@ test('setups at the limits are answered and past them refused, each within 2 s i
       training: { batchSize: 1, sequenceLength: 262144, attention: 'sdpa', checkpointing: 'everyBlock', precision: 'bf16Mixed' } }, 'ok'],
     ['the largest mixture-of-experts preset', { model: { preset: 'qwen1.5-moe-a2.7b' }, training: { batchSize: 1, sequenceLength: 4096, attention: 'sdpa' } }, 'ok'],
     ['bad values everywhere', { training: { batchSize: -1, sequenceLength: 'x', precision: 'fp8' }, gpu: { memoryGiB: 0 } }, 'error', /batch/i],
+    ['a long layer list', layerList(500, (i) => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'ok'],
+    ['a long layer list of wrong types (thousands of errors, capped)',
+      layerList(500, () => ({ type: 'linear', inFeatures: 'x', outFeatures: 'y' })), 'error', /more errors|inFeatures/],
   ];
   for (const [name, setup, expected, named] of cases) {
     const { context, ms, state, errors } = await settle(setup);
