@@ -37,11 +37,6 @@ ValueId BertLayer(Model& m, ValueId x, const Context& c, int i) {
 
 namespace {
 
-Module Root(Model& m, const char* path) {
-  const Module none;
-  return m.Child(none, path);
-}
-
 // The pooler (dense + tanh on the first token) and the classifier on its dropout.
 ValueId ClassificationHead(Model& m, ValueId x) {
   Tape& t = m.t;
@@ -49,7 +44,7 @@ ValueId ClassificationHead(Model& m, ValueId x) {
   m.Scope(-1, "pooler");
   const ValueId first = t.Apply({.name = "hidden_states[:, 0]", .inputs = {{x}}, .shape = {m.b, h},
                                  .type = t.TypeOf(x), .viewOf = x});
-  const ValueId dense = blocks::Linear(m, first, Root(m, "bert.pooler.dense"), h, "pooler dense");
+  const ValueId dense = blocks::Linear(m, first, RootModule(m, "bert.pooler.dense"), h, "pooler dense");
   t.Drop(first);
   const ValueId pooled = ops::SavesOutput(t, dense, "pooler tanh", t.TypeOf(dense));
   t.Drop(dense);
@@ -57,7 +52,7 @@ ValueId ClassificationHead(Model& m, ValueId x) {
   m.Scope(-1, "classifier");
   const ValueId dropped = ops::Dropout(t, pooled, m.a.hiddenDropout, "classifier dropout");
   t.Drop(pooled);
-  const ValueId logits = blocks::Linear(m, dropped, Root(m, "classifier"), m.a.numLabels, "logits");
+  const ValueId logits = blocks::Linear(m, dropped, RootModule(m, "classifier"), m.a.numLabels, "logits");
   t.Drop(dropped);
   return logits;
 }
@@ -67,11 +62,11 @@ ValueId ClassificationHead(Model& m, ValueId x) {
 ValueId MaskedLmHead(Model& m, ValueId x) {
   Tape& t = m.t;
   m.Scope(-1, "mlm head");
-  const ValueId dense = blocks::Linear(m, x, Root(m, "cls.predictions.transform.dense"), m.a.hiddenSize, "transform dense");
+  const ValueId dense = blocks::Linear(m, x, RootModule(m, "cls.predictions.transform.dense"), m.a.hiddenSize, "transform dense");
   t.Drop(x);
   const ValueId act = blocks::Activation(m, dense, "transform activation");
   t.Drop(dense);
-  const ValueId normed = blocks::LayerNorm(m, act, Root(m, "cls.predictions.transform.LayerNorm"));
+  const ValueId normed = blocks::LayerNorm(m, act, RootModule(m, "cls.predictions.transform.LayerNorm"));
   t.Drop(act);
   const ValueId weight = m.parameters.ByName(t, "bert.embeddings.word_embeddings.weight");
   const ValueId bias = m.parameters.ByName(t, "cls.predictions.bias");
@@ -101,7 +96,7 @@ ValueId BertForward(Model& m, ValueId ids, ValueId tokenTypes, const RunBlock& b
   const ValueId sum2 = ops::Add(t, sum, pos, "+ positions");
   t.Drop(sum);
   t.Drop(pos);
-  const ValueId normed = blocks::LayerNorm(m, sum2, Root(m, "bert.embeddings.LayerNorm"));
+  const ValueId normed = blocks::LayerNorm(m, sum2, RootModule(m, "bert.embeddings.LayerNorm"));
   t.Drop(sum2);
   ValueId x = ops::Dropout(t, normed, m.a.hiddenDropout, "embedding dropout");
   t.Drop(normed);

@@ -21,8 +21,15 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i);
 ValueId BertForward(Model& m, ValueId ids, ValueId tokenTypes, const RunBlock& block);
 ValueId BertLayer(Model& m, ValueId x, const Context& c, int i);
 
+// The decoders' stack: the 4-D causal mask under eager attention (SDPA's kernels mask by
+// themselves), then every block on the embeddings `x`; returns the last block's output.
+ValueId DecoderBlocks(Model& m, ValueId x, Context& c, const RunBlock& block);
+
 // The decoders' shared tail: the base model returns (its mask and rotary tables go) and the
 // LM head projects onto the vocabulary.
 ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c);
+
+// A module path from the model's root ("transformer.ln_f").
+Module RootModule(Model& m, const char* path);
 
 }  // namespace gpumem::families

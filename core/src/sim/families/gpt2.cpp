@@ -49,6 +49,15 @@ ValueId Gpt2Forward(Model& m, ValueId ids, const RunBlock& block) {
   t.Drop(pos);
   ValueId x = ops::Dropout(t, sum, m.a.hiddenDropout, "embedding dropout");
   t.Drop(sum);
+  x = DecoderBlocks(m, x, c, block);
+  m.Scope(-1, "final norm");
+  const ValueId normed = blocks::LayerNorm(m, x, RootModule(m, "transformer.ln_f"));
+  t.Drop(x);
+  return LmHead(m, normed, "transformer.wte.weight", c);
+}
+
+ValueId DecoderBlocks(Model& m, ValueId x, Context& c, const RunBlock& block) {
+  Tape& t = m.t;
   if (m.training.attention == AttentionImplementation::Eager) {
     m.Scope(-1, "causal mask");
     c.mask = t.Fresh({m.b, 1, m.s, m.s}, t.TypeOf(x), "causal mask (b, 1, s, s)");
@@ -58,12 +67,12 @@ ValueId Gpt2Forward(Model& m, ValueId ids, const RunBlock& block) {
     t.Drop(x);
     x = y;
   }
-  m.Scope(-1, "final norm");
-  Module lnF;
-  lnF = m.Child(lnF, "transformer.ln_f");
-  const ValueId normed = blocks::LayerNorm(m, x, lnF);
-  t.Drop(x);
-  return LmHead(m, normed, "transformer.wte.weight", c);
+  return x;
+}
+
+Module RootModule(Model& m, const char* path) {
+  const Module none;
+  return m.Child(none, path);
 }
 
 ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) {

@@ -52,19 +52,9 @@ ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block) {
   m.Scope(-1, "rotary embedding");
   c.cos = t.Fresh({1, 1, m.s, HeadDim(m.a)}, t.TypeOf(x), "cos");
   c.sin = t.Fresh({1, 1, m.s, HeadDim(m.a)}, t.TypeOf(x), "sin");
-  if (m.training.attention == AttentionImplementation::Eager) {
-    m.Scope(-1, "causal mask");
-    c.mask = t.Fresh({m.b, 1, m.s, m.s}, t.TypeOf(x), "causal mask (b, 1, s, s)");
-  }
-  for (int i = 0; i < static_cast<int>(m.a.numLayers); ++i) {
-    const ValueId y = block(x, c, i);
-    t.Drop(x);
-    x = y;
-  }
+  x = DecoderBlocks(m, x, c, block);
   m.Scope(-1, "final norm");
-  Module norm;
-  norm = m.Child(norm, "model.norm");
-  const ValueId normed = blocks::RmsNorm(m, x, norm);
+  const ValueId normed = blocks::RmsNorm(m, x, RootModule(m, "model.norm"));
   t.Drop(x);
   return LmHead(m, normed, "model.embed_tokens.weight", c);
 }
