@@ -432,9 +432,24 @@ function layerTypeLabel(id) {
   return state.options.layerTypes.find((t) => t.id === id)?.label ?? id;
 }
 
+// A row per layer costs the page about 1.5 ms to build; past this many layers the list is
+// edited as JSON instead (one layer a line), so any list the core accepts stays quick to show.
+const LAYER_ROWS_MAX = 200;
+
 function renderLayers(layers) {
   const list = $('#layer-list');
+  const json = $('#layer-json');
   list.replaceChildren();
+  const asJson = layers.length > LAYER_ROWS_MAX;
+  list.hidden = asJson;
+  json.hidden = !asJson;
+  $('#layer-json-hint').hidden = !asJson;
+  if (asJson) {
+    $('#layer-json-hint').textContent = `${formatInteger(layers.length)} layers: more than the ${LAYER_ROWS_MAX} the row editor shows, so they are listed as JSON, one layer a line.`;
+    json.value = `[\n${layers.map((layer) => JSON.stringify(layer)).join(',\n')}\n]`;
+    return;
+  }
+  json.value = '';
   layers.forEach((layer, i) => list.append(layerRow(layer, i, layers.length)));
 }
 
@@ -510,6 +525,15 @@ function layerRow(layer, i, count) {
 }
 
 function readLayers() {
+  const json = $('#layer-json');
+  if (!json.hidden) {
+    // Text that is no list goes to the core as it is, which names the problem (model.layers).
+    try {
+      return JSON.parse(json.value);
+    } catch {
+      return json.value;
+    }
+  }
   return $$('#layer-list > li').map((li) => {
     const type = $('select[data-role=type]', li).value;
     const layer = { type };
@@ -562,9 +586,10 @@ function onLayerListClick(event) {
 
 function addLayer() {
   const layers = readLayers();
+  if (!Array.isArray(layers)) return;  // the JSON text is not a list: the error says so
   layers.push(templateLayer($('#add-layer-type').value, layers));
   renderLayers(layers);
-  $(`#layer-${layers.length - 1}-type`).focus();
+  ($(`#layer-${layers.length - 1}-type`) ?? $('#layer-json')).focus();
   update();
 }
 
@@ -1291,7 +1316,7 @@ function loadExample(id) {
 // Switching to the layer list with no layers starts from the first layer-list example's model.
 function onKindChange() {
   showKindPanels();
-  if (currentKind() === state.layersKind && $$('#layer-list > li').length === 0) {
+  if (currentKind() === state.layersKind && $$('#layer-list > li').length === 0 && $('#layer-json').hidden) {
     const example = state.examples.find((e) => e.setup?.model?.kind === state.layersKind);
     if (example) {
       renderLayers(example.setup.model.layers ?? []);
@@ -2175,7 +2200,7 @@ function wireEvents() {
     if (target.id === 'memoryGiB') syncGpuSelect();
     // The import box's text is not part of the setup.
     if (target.id === 'config-text' || target.id === 'model-file') return;
-    if (target.type === 'text') scheduleUpdate();
+    if (target.type === 'text' || target.id === 'layer-json') scheduleUpdate();
     else update();
   });
   $('#example').addEventListener('change', (e) => loadExample(e.target.value));

@@ -84,9 +84,10 @@ test('setups at the limits are answered and past them refused, each within 2 s i
       training: { batchSize: 1, sequenceLength: 262144, attention: 'sdpa', checkpointing: 'everyBlock', precision: 'bf16Mixed' } }, 'ok'],
     ['the largest mixture-of-experts preset', { model: { preset: 'qwen1.5-moe-a2.7b' }, training: { batchSize: 1, sequenceLength: 4096, attention: 'sdpa' } }, 'ok'],
     ['bad values everywhere', { training: { batchSize: -1, sequenceLength: 'x', precision: 'fp8' }, gpu: { memoryGiB: 0 } }, 'error', /batch/i],
-    ['a long layer list', layerList(500, (i) => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'ok'],
+    ['a long layer list', layerList(5000, (i) => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'ok'],
+    ['a layer list just past the work budget', layerList(8000, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'error', /layers/],
     ['a long layer list of wrong types (thousands of errors, capped)',
-      layerList(500, () => ({ type: 'linear', inFeatures: 'x', outFeatures: 'y' })), 'error', /more errors|inFeatures/],
+      layerList(5000, () => ({ type: 'linear', inFeatures: 'x', outFeatures: 'y' })), 'error', /more errors|inFeatures/],
   ];
   for (const [name, setup, expected, named] of cases) {
     const { context, ms, state, errors } = await settle(setup);
@@ -96,6 +97,23 @@ test('setups at the limits are answered and past them refused, each within 2 s i
     assert.ok(ms < LIMIT_MS, `${name}: answered in ${ms.toFixed(0)} ms (limit ${LIMIT_MS} ms)`);
     await context.close();
   }
+});
+
+test('a long layer list is edited as JSON, and an edit there is estimated', async () => {
+  const { page, context } = await settle(layerList(1000, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })));
+  assert.equal(await page.$eval('#layer-json', (el) => el.hidden), false, 'the JSON editor is shown');
+  assert.equal(await page.$$eval('#layer-list > li', (rows) => rows.length), 0, 'no rows are built');
+  const before = await page.$eval('#peak-total', (el) => el.textContent).catch(() => null);
+  // Widen the last layer: the estimate follows the text.
+  await page.$eval('#layer-json', (el) => {
+    const layers = JSON.parse(el.value);
+    layers[layers.length - 1].outFeatures = 4096;
+    el.value = JSON.stringify(layers);
+    el.dispatchEvent(new Event('input', { bubbles: true }));
+  });
+  await page.waitForFunction((b) => document.querySelector('#results').dataset.state === 'ok' &&
+    document.querySelector('#peak-total')?.textContent !== b, before, { timeout: 10000 });
+  await context.close();
 });
 
 test('Cancel ends a search in flight; the page solves again afterwards', async () => {
