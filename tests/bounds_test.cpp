@@ -23,13 +23,6 @@ using nlohmann::json;
 
 namespace {
 
-// Seconds `f` takes.
-double Seconds(const std::function<void()>& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // A layer list of `n` copies of `layer` (JSON text).
 std::string LayerList(std::size_t n, const std::string& layer) {
   std::string text = R"({"model":{"kind":"layers","layers":[)";

@@ -23,12 +23,6 @@ using nlohmann::json;
 
 namespace {
 
-double Seconds(const std::function<void()>& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
 // What the page's views and solver ask for: no timeline, no words.
 EstimateOptions Lean() {
   EstimateOptions o;

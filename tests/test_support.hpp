@@ -1,10 +1,20 @@
 // Small builders shared by the test files.
 #pragma once
 
+#include <chrono>
+#include <functional>
+
 #include "gpumem/estimate.hpp"
 #include "gpumem/setup.hpp"
 
 namespace gpumem::test {
+
+// Seconds `f` takes (the time bounds of bounds_test and budget_test).
+inline double Seconds(const std::function<void()>& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 inline LayerDef Linear(std::int64_t in, std::int64_t out, bool bias = true) { return LinearLayer(in, out, bias); }
 inline LayerDef Embedding(std::int64_t rows, std::int64_t dim) { return EmbeddingLayer(rows, dim); }
