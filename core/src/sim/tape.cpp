@@ -63,12 +63,12 @@ ValueId Tape::External(TensorHandle storage, Shape shape, DType type, TextPart n
   return NewValue(v);
 }
 
-ValueId Tape::Parameter(std::size_t index, Shape shape, DType type, Text name) {
+ValueId Tape::Parameter(std::size_t index, Shape shape, DType type, Text name, bool requiresGrad) {
   Value v;
   v.name = name;
   v.shape = shape;
   v.type = type;
-  v.requiresGrad = true;
+  v.requiresGrad = requiresGrad;
   v.parameter = static_cast<int>(index);
   return NewValue(v);
 }
@@ -185,7 +185,7 @@ ValueId Tape::ForMatmul(ValueId v) {
     copy.storage = b_.Alloc(Category::WeightCopies, value.shape.Elements() * BytesPerElement(compute_),
                             copy.name, T({scope_, ": autocast copies ", value.name, " to 16-bit (cached)"}),
                             text().Shape(value.shape, compute_), layer_);
-    const bool grad = recording_;
+    const bool grad = recording_ && value.requiresGrad;  // a frozen weight's copy needs no history
     copy.requiresGrad = grad;
     const ValueId id = NewValue(copy);
     if (grad) {
