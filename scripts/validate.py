@@ -451,7 +451,25 @@ CHECKPOINT_PAIRS = [
     ("moe8-v256-sgd-selective", "moe8-v256-sgd"),
     ("moe8-v256-b2s64-sgd-every", "moe8-v256-b2s64-sgd"),
 ]
-TRANSFORMER_CASES += CHECKPOINT_CASES
+# Fine-tuning (issue 11): frozen parameters, LoRA and DoRA written op for op as PEFT does
+# (scripts/finetune_reference.py). bitsandbytes does not run here: its layouts are byte tests.
+def ftcase(name, architecture, finetune, **kw):
+    n, setup = tcase(name, architecture, **kw)
+    setup["finetune"] = finetune
+    return n, setup
+
+
+FINETUNE_CASES = [
+    ftcase("llama-frozen-first2", arch("llama"), {"freezeEmbeddings": True, "freezeFirstBlocks": 2}),
+    ftcase("llama-train-head-only", arch("llama"), {"trainOnlyModules": ["lm_head"]}),
+    ftcase("llama-lora-qv", arch("llama"), {"lora": True, "r": 8, "loraAlpha": 16}),
+    ftcase("llama-lora-all-dropout", arch("llama"), {"lora": True, "r": 16, "loraAlpha": 32, "loraDropout": 0.1,
+                                                     "targetModules": ["all-linear"]}),
+    ftcase("llama-lora-bf16-ckpt", arch("llama"), {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "down_proj"]},
+           precision="bf16", checkpointing="everyBlock"),
+    ftcase("llama-dora-qv", arch("llama"), {"lora": True, "r": 8, "useDora": True}),
+]
+TRANSFORMER_CASES += CHECKPOINT_CASES + FINETUNE_CASES
 CASES += TRANSFORMER_CASES
 
 

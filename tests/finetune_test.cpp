@@ -4,6 +4,7 @@
 #include <string>
 
 #include "gpumem/finetune.hpp"
+#include "gpumem/import.hpp"
 #include "gpumem/inventory.hpp"
 #include "gpumem/json.hpp"
 #include "gpumem/trace.hpp"
@@ -201,15 +202,18 @@ TEST_CASE("prepare_model_for_kbit_training upcasts the rest to fp32 and checkpoi
         BytesIn(MustEstimate(plain).forwardEnd, Category::Activations) * 2);
 }
 
-TEST_CASE("DoRA keeps the identity A saw and a dense weight per adapted layer", "[finetune]") {
+TEST_CASE("DoRA keeps the recomputed base projection and the LoRA product per adapted layer", "[finetune]") {
   Setup s = TinyLlama(2, Precision::FP32);
   s.finetune.lora = true;
   const std::int64_t lora = BytesIn(MustEstimate(s).forwardEnd, Category::Activations);
   s.finetune.useDora = true;
   const std::int64_t dora = BytesIn(MustEstimate(s).forwardEnd, Category::Activations);
-  // lora_A(x_eye) saves eye(64) in fp32 for A's gradient: 2 layers × 2 targets × 64² × 4 B at
-  // least, plus the recomputed base projection and the products DoRA keeps.
-  CHECK(dora - lora >= 4 * 64 * 64 * 4);
+  // (mag_norm_scale − 1) · F.linear(x, weight) saves F.linear's output and mag_norm_scale ·
+  // lora_result saves lora_result: two fp32 [2, 16, 64] tensors per adapted layer (2 layers ×
+  // q_proj, v_proj), plus [64]-sized norms. The x_eye branch is used detached and keeps nothing.
+  const std::int64_t products = 4 * 2 * (2 * 16 * 64 * 4);
+  CHECK(dora - lora >= products);
+  CHECK(dora - lora < products + 4 * 64 * 64 * 4);  // less than one x_eye per layer more
 }
 
 TEST_CASE("Fine-tuning validation names each field", "[finetune]") {
@@ -261,4 +265,46 @@ TEST_CASE("Fine-tuning JSON round trip and errors", "[finetune]") {
   CHECK(HasErrorOn(errors, "finetune.computeDType"));
   CHECK(HasErrorOn(errors, "finetune.r"));
   CHECK(HasErrorOn(ParseAndValidate(R"({"finetune": {"lroa": true}})", bad), "finetune.lroa"));
+}
+
+TEST_CASE("Import: a PEFT adapter_config.json and a config's quantization_config", "[finetune]") {
+  const AdapterImport a = ImportAdapterConfig(R"({"peft_type": "LORA", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05,
+      "target_modules": ["q_proj", "v_proj"], "use_dora": false, "bias": "none", "task_type": "CAUSAL_LM",
+      "base_model_name_or_path": "meta-llama/Meta-Llama-3-8B", "fan_in_fan_out": false})");
+  REQUIRE(a.ok());
+  CHECK(a.finetune.lora);
+  CHECK(a.finetune.r == 16);
+  CHECK(a.finetune.loraAlpha == 32);
+  CHECK(a.finetune.loraDropout == 0.05);
+  CHECK(a.finetune.targetModules == std::vector<std::string>{"q_proj", "v_proj"});
+  CHECK(a.ignoredFields == std::vector<std::string>{"base_model_name_or_path", "fan_in_fan_out"});
+  CHECK(ImportAdapterConfig(R"({"target_modules": "all-linear"})").finetune.targetModules ==
+        std::vector<std::string>{"all-linear"});
+  CHECK(HasErrorOn(ImportAdapterConfig(R"({"peft_type": "IA3"})").errors, "adapter.peft_type"));
+  CHECK(HasErrorOn(ImportAdapterConfig(R"({"r": "eight"})").errors, "adapter.r"));
+  CHECK(HasErrorOn(ImportAdapterConfig(R"({"target_modules": ".*proj"})").errors, "adapter.target_modules"));
+  CHECK_FALSE(ImportAdapterConfig("[1]").ok());
+
+  const QuantizationImport q = ImportQuantizationConfig(R"({"model_type": "llama", "quantization_config": {
+      "quant_method": "bitsandbytes", "load_in_4bit": true, "bnb_4bit_quant_type": "nf4",
+      "bnb_4bit_use_double_quant": true, "bnb_4bit_compute_dtype": "bfloat16"}})");
+  REQUIRE(q.errors.empty());
+  CHECK(q.found);
+  CHECK(q.finetune.quantization == Quantization::NF4);
+  CHECK(q.finetune.doubleQuant);
+  CHECK(q.finetune.computeDType == DType::BF16);
+  CHECK(ImportQuantizationConfig(R"({"quantization_config": {"load_in_8bit": true}})").finetune.quantization ==
+        Quantization::Int8);
+  CHECK_FALSE(ImportQuantizationConfig(R"({"model_type": "llama"})").found);
+  CHECK(HasErrorOn(ImportQuantizationConfig(R"({"quantization_config": {"load_in_4bit": true, "load_in_8bit": true}})").errors,
+                   "config.quantization_config"));
+  CHECK(HasErrorOn(ImportQuantizationConfig(R"({"quantization_config": {"quant_method": "gptq"}})").errors,
+                   "config.quantization_config.quant_method"));
+  CHECK(HasErrorOn(ImportQuantizationConfig(R"({"quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf3"}})").errors,
+                   "config.quantization_config.bnb_4bit_quant_type"));
+  // Through the JSON API: the finetune fields come with the architecture.
+  const std::string out = ImportConfigJson(R"({"model_type": "llama", "vocab_size": 1000, "hidden_size": 64,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
+      "quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}})");
+  CHECK(out.find(R"("finetune":{"quantization":"nf4")") != std::string::npos);
 }

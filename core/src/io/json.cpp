@@ -680,12 +680,35 @@ std::string ImportConfigJson(std::string_view configText, int indent) {
   std::vector<FieldError> problems;
   for (const FieldError& e : Validate(imported)) if (e.field.starts_with("model.")) problems.push_back(e);
   const ojson count = problems.empty() ? ojson(BuildInventory(imported).ParameterCount()) : ojson(nullptr);
+  ojson setup = {{"model", {{"kind", IdOf(ModelKind::Transformer)}, {"architecture", ArchitectureJson(c.architecture)}}}};
+  std::vector<std::string> notes = c.notes;
+  // A quantized checkpoint's quantization_config: the finetune section's quantization fields.
+  const QuantizationImport q = ImportQuantizationConfig(configText);
+  if (!q.errors.empty()) return Dump({{"ok", false}, {"errors", ErrorsArray(q.errors)}}, indent);
+  if (q.found) {
+    const ojson f = FinetuneJson(q.finetune);
+    setup["finetune"] = {{"quantization", f["quantization"]}, {"doubleQuant", f["doubleQuant"]},
+                         {"computeDType", f["computeDType"]}};
+    notes.insert(notes.end(), q.notes.begin(), q.notes.end());
+    notes.push_back("quantization_config read: bitsandbytes weights cannot be trained, so add LoRA adapters "
+                    "(and prepare_model_for_kbit_training) before estimating.");
+  }
   return Dump({{"ok", true},
                {"modelType", c.modelType},
                {"parameterCount", count},
-               {"setup", {{"model", {{"kind", IdOf(ModelKind::Transformer)}, {"architecture", ArchitectureJson(c.architecture)}}}}},
+               {"setup", setup},
                {"ignoredFields", c.ignoredFields},
-               {"notes", c.notes}},
+               {"notes", notes}},
+              indent);
+}
+
+std::string ImportAdapterConfigJson(std::string_view text, int indent) {
+  const AdapterImport a = ImportAdapterConfig(text);
+  if (!a.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(a.errors)}}, indent);
+  const ojson f = FinetuneJson(a.finetune);
+  ojson finetune = ojson::object();
+  for (const char* key : {"lora", "r", "loraAlpha", "loraDropout", "targetModules", "useDora"}) finetune[key] = f[key];
+  return Dump({{"ok", true}, {"setup", {{"finetune", finetune}}}, {"ignoredFields", a.ignoredFields}, {"notes", a.notes}},
               indent);
 }
 

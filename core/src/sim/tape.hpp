@@ -99,6 +99,13 @@ class Tape {
   Text scope() const { return scope_; }
   int layer() const { return layer_; }
   bool recording() const { return recording_; }
+  // Records no autograd history until set back (returns the previous state): for a branch whose
+  // result is only used detached, so that its graph dies with the Python locals that hold it.
+  bool SetRecording(bool on) {
+    const bool was = recording_;
+    recording_ = on;
+    return was;
+  }
 
   // --- values ---
   // A tensor whose storage is owned elsewhere (the batch); no gradient.

@@ -98,11 +98,15 @@ ValueId DoraDelta(Model& m, ValueId x, const Module& module, const Module& base,
   const ValueId hidden = ops::Linear(t, x, a, kNoValue, r, t.T({n, " lora_A.default"}));
   const ValueId loraResult = ops::Linear(t, hidden, b, kNoValue, out, t.T({n, " lora_B.default"}));
   t.Drop(hidden);
-  // lora_weight = lora_B(lora_A(eye(in))).T: A's backward keeps the identity (A needs a gradient).
+  // lora_weight = lora_B(lora_A(eye(in))).T is only used detached: its graph (which would keep
+  // x_eye and lora_A(x_eye)) is reachable from no loss and dies when forward returns, with the
+  // locals x_eye and lora_weight that hold it. So it is recorded as no history, and its
+  // tensors are held to the end of this forward (validated: scripts/validate llama-dora-*).
+  const bool recording = t.SetRecording(false);
   const ValueId eye = t.Fresh({in, in}, type, t.T({n, " x_eye = eye(in)"}));
   const ValueId eyeA = ops::Linear(t, eye, a, kNoValue, r, t.T({n, " lora_A(x_eye)"}));
   const ValueId product = ops::Linear(t, eyeA, b, kNoValue, out, t.T({n, " lora_B(lora_A(x_eye))"}));
-  t.Drop(eyeA);
+  t.SetRecording(recording);
   // weight = dequantize_module_weight(base_layer).to(x.dtype): a copy unless already that dtype.
   const Tensor* w = m.parameters.TensorOf(base, "weight");
   ValueId weight = m.P(base, "weight");
@@ -140,9 +144,11 @@ ValueId DoraDelta(Model& m, ValueId x, const Module& module, const Module& base,
   const ValueId delta = ops::Add(t, left, rightScaled, t.T({n, " result_dora"}));
   t.Drop(left);
   t.Drop(rightScaled);
-  // The forward's locals go when it returns: x_eye, lora_weight and the dense weight copy (the
-  // copy lives on where F.linear saved it for x's gradient).
+  // The forward's locals go when it returns: x_eye, lora_A(x_eye) (held by lora_B's node),
+  // lora_weight and the dense weight copy (which lives on where F.linear saved it for x's
+  // gradient).
   t.Drop(eye);
+  t.Drop(eyeA);
   t.Drop(product);
   t.Drop(dense);
   return delta;
