@@ -7,6 +7,7 @@
 #include "gpumem/import.hpp"
 #include "gpumem/inventory.hpp"
 #include "gpumem/json.hpp"
+#include "gpumem/presets.hpp"
 #include "gpumem/trace.hpp"
 #include "test_support.hpp"
 
@@ -307,4 +308,53 @@ TEST_CASE("Import: a PEFT adapter_config.json and a config's quantization_config
       "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
       "quantization_config": {"load_in_4bit": true, "bnb_4bit_quant_type": "nf4"}})");
   CHECK(out.find(R"("finetune":{"quantization":"nf4")") != std::string::npos);
+}
+
+TEST_CASE("The work budget bounds fine-tuning setups", "[finetune]") {
+  // Adapters add events per linear: the prediction (setup.cpp PredictEvents with
+  // FinetuneEventsPerBlock) must stay an upper bound for LoRA, DoRA and quantized weights.
+  for (const char* id : {"llama-3-8b", "gpt2", "bert-base-uncased", "mixtral-8x7b"}) {
+    for (int variant = 0; variant < 4; ++variant) {
+      for (Checkpointing c : {Checkpointing::None, Checkpointing::EveryBlock}) {
+        Setup s = DefaultSetup();
+        s.model.kind = ModelKind::Transformer;
+        s.model.architecture = FindPreset(id)->architecture;
+        s.model.architecture.numLayers = 2;
+        s.training.sequenceLength = 32;
+        s.training.precision = Precision::BF16;
+        s.training.checkpointing = c;
+        s.finetune.lora = true;
+        s.finetune.targetModules = {"all-linear"};
+        s.finetune.useDora = variant == 1 || variant == 3;
+        s.finetune.loraDropout = variant >= 2 ? 0.1 : 0.0;
+        if (variant >= 2) s.finetune.quantization = Quantization::NF4;
+        if (variant == 3) s.finetune.prepareForKbitTraining = true;
+        const EstimateResult r = EstimateMemory(s, {.timeline = EstimateOptions::Timeline::None, .timelineLimit = 0, .explain = false});
+        REQUIRE(r.ok());
+        INFO(id << " variant " << variant << " checkpointing " << int(c) << ": " << r.estimate.eventCount);
+        CHECK(PredictEvents(s).predictedEvents >= double(r.estimate.eventCount));
+      }
+    }
+  }
+}
+
+TEST_CASE("all-linear adapts linears only: norms and BERT's decoder bias keep their names", "[finetune]") {
+  for (const char* id : {"gpt2", "bert-base-uncased"}) {
+    Setup s = DefaultSetup();
+    s.model.kind = ModelKind::Transformer;
+    s.model.architecture = FindPreset(id)->architecture;
+    s.model.architecture.numLayers = 1;
+    s.finetune.lora = true;
+    s.finetune.targetModules = {"all-linear"};
+    const Inventory inv = BuildInventory(s);
+    for (const Tensor& p : inv.parameters) {
+      INFO(p.name);
+      if (p.name.find("base_layer") != std::string::npos) {
+        // only weights and biases of linear modules are wrapped
+        CHECK(p.name.find("ln_") == std::string::npos);
+        CHECK(p.name.find("LayerNorm") == std::string::npos);
+      }
+    }
+    CHECK(MustEstimate(s).peak.totalBytes > 0);
+  }
 }

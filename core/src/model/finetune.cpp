@@ -2,6 +2,7 @@
 // storage (finetune.hpp lists the sources).
 #include "gpumem/finetune.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "gpumem/format.hpp"
@@ -193,6 +194,10 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory) {
   const bool sixteenBit = setup.training.precision == Precision::FP16Mixed ||
                           setup.training.precision == Precision::BF16Mixed ||
                           setup.training.precision == Precision::BF16;
+  // The linear modules (a module is adapted, weight and bias, only if it is a linear target).
+  std::vector<std::string_view> linears;
+  for (const Tensor& p : inventory.parameters) if (IsLinearWeight(p)) linears.push_back(ModuleOf(p.name));
+  std::sort(linears.begin(), linears.end());
   std::vector<Tensor> out;
   out.reserve(inventory.parameters.size() * 2);
   for (Tensor p : inventory.parameters) {
@@ -220,7 +225,8 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory) {
       // prepare_model_for_kbit_training: fp16 / bf16 parameters (not Params4bit) → fp32.
       p.storage = Tensor::Storage::FP32;
     }
-    const bool adapted = (linear || p.name.ends_with(".bias")) && IsLoraTarget(f, family, module);
+    const bool adapted = std::binary_search(linears.begin(), linears.end(), std::string_view(module)) &&
+                         (linear || p.name.ends_with(".bias")) && IsLoraTarget(f, family, module);
     if (!adapted) {
       out.push_back(std::move(p));
       continue;
@@ -248,12 +254,13 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory) {
 double FinetuneEventsPerBlock(const Setup& setup) {
   const FinetuneDef& f = setup.finetune;
   if (!FinetuneActive(f)) return 0;
-  // Per linear of a block (at most 7 dense, or 3 per expert): the quantized path adds a
-  // dequantized weight and a cast (4 events in forward, 2 in backward); LoRA about 24 events
-  // with its backward, DoRA about 60; × 2 for recomputation under checkpointing.
+  // Per linear of a block (at most 7 dense, or 3 per expert), counted with its backward and
+  // margin: the quantized path (casts, the dequantized weight, the clone) up to 14 events, LoRA
+  // up to 40, DoRA up to 90; × 2 for recomputation under checkpointing. An upper bound, checked
+  // by tests/finetune_test.cpp ("The work budget bounds fine-tuning setups").
   const double experts = double(std::max<std::int64_t>(0, setup.model.architecture.numExperts));
   const double linears = 8 + 3 * experts;
-  const double perLinear = (f.quantization != Quantization::None ? 8 : 0) + (f.lora ? (f.useDora ? 70 : 28) : 0);
+  const double perLinear = (f.quantization != Quantization::None ? 14 : 0) + (f.lora ? (f.useDora ? 90 : 40) : 0);
   return 2 * linears * perLinear;
 }
 
