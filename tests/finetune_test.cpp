@@ -344,6 +344,7 @@ TEST_CASE("all-linear adapts linears only: norms and BERT's decoder bias keep th
     s.model.kind = ModelKind::Transformer;
     s.model.architecture = FindPreset(id)->architecture;
     s.model.architecture.numLayers = 1;
+    s.training.sequenceLength = 128;
     s.finetune.lora = true;
     s.finetune.targetModules = {"all-linear"};
     const Inventory inv = BuildInventory(s);
