@@ -468,6 +468,9 @@ FINETUNE_CASES = [
     ftcase("llama-lora-bf16-ckpt", arch("llama"), {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "down_proj"]},
            precision="bf16", checkpointing="everyBlock"),
     ftcase("llama-dora-qv", arch("llama"), {"lora": True, "r": 8, "useDora": True}),
+    # autocast casts (and caches) only weights that require grad: the frozen base is cast per use
+    ftcase("llama-lora-ampbf16", arch("llama"), {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "up_proj"]},
+           precision="ampBf16"),
 ]
 TRANSFORMER_CASES += CHECKPOINT_CASES + FINETUNE_CASES
 CASES += TRANSFORMER_CASES

@@ -359,3 +359,16 @@ TEST_CASE("all-linear adapts linears only: norms and BERT's decoder bias keep th
     CHECK(MustEstimate(s).peak.totalBytes > 0);
   }
 }
+
+TEST_CASE("Autocast keeps no weight copy for a frozen prefix", "[finetune]") {
+  // autocast caches casts of leaves that require grad only; a frozen weight's copy is freed
+  // after its op unless saved, and a frozen prefix saves nothing.
+  auto copies = [](int layers, int frozen) {
+    Setup s = TinyLlama(layers, Precision::AmpBF16);
+    s.finetune.freezeEmbeddings = frozen > 0;
+    s.finetune.freezeFirstBlocks = frozen;
+    return BytesIn(MustEstimate(s).forwardEnd, Category::WeightCopies);
+  };
+  CHECK(copies(4, 2) == copies(2, 0));
+  CHECK(copies(4, 2) < copies(4, 0));
+}

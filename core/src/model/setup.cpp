@@ -314,6 +314,12 @@ constexpr double kQuickConstant = 40, kQuickMatrix = 30;
 }  // namespace events
 
 EventBudget PredictEventsOf(const Setup& setup) {
+  // prepare_model_for_kbit_training checkpoints every block whatever training.checkpointing says.
+  if (setup.finetune.prepareForKbitTraining && setup.training.checkpointing != Checkpointing::EveryBlock) {
+    Setup checkpointed = setup;
+    checkpointed.training.checkpointing = Checkpointing::EveryBlock;
+    return PredictEventsOf(checkpointed);
+  }
   EventBudget budget;
   const ModelDef& m = setup.model;
   if (m.kind == ModelKind::ParameterCount) {

@@ -173,7 +173,10 @@ SmallVec<ValueId, 4> Tape::Split(TextPart name, ValueId input, std::initializer_
 ValueId Tape::ForMatmul(ValueId v) {
   const Value& value = values_[static_cast<std::size_t>(v)];
   if (!autocast_ || value.type == compute_ || value.type == DType::Int64) return Keep(v);
-  if (value.parameter >= 0) {
+  // autocast caches the cast of a leaf that requires grad only (autocast_mode.cpp
+  // cached_cast: arg.requires_grad() && arg.is_leaf()); a frozen weight is cast at every use,
+  // its copy freed after the op unless the op saves it.
+  if (value.parameter >= 0 && value.requiresGrad) {
     const auto index = static_cast<std::size_t>(value.parameter);
     CastCache& c = cache();
     if (c.byParameter[index] != kNoValue) return Keep(c.byParameter[index]);
@@ -185,7 +188,7 @@ ValueId Tape::ForMatmul(ValueId v) {
     copy.storage = b_.Alloc(Category::WeightCopies, value.shape.Elements() * BytesPerElement(compute_),
                             copy.name, T({scope_, ": autocast copies ", value.name, " to 16-bit (cached)"}),
                             text().Shape(value.shape, compute_), layer_);
-    const bool grad = recording_ && value.requiresGrad;  // a frozen weight's copy needs no history
+    const bool grad = recording_;
     copy.requiresGrad = grad;
     const ValueId id = NewValue(copy);
     if (grad) {
