@@ -49,6 +49,10 @@ struct Model {
   const TrainingDef& training;
   Parameters& parameters;
   std::int64_t b, s;  // micro-batch and sequence length
+  // The batch's labels, for a head that computes the loss itself (the chunked loss), and that
+  // loss (kNoValue when the driver computes it from the logits).
+  ValueId labels = kNoValue;
+  ValueId loss = kNoValue;
 
   // A child module: "model.layers.3." + "self_attn.q_proj".
   Module Child(const Module& parent, std::string_view name);
