@@ -698,7 +698,8 @@ ojson SolveObject(const SolveResult& r) {
       const std::string key = f.substr(f.find('.') + 1);
       change["training"][key] = full["training"][key];
     }
-    suggestions.push_back({{"id", s.id}, {"label", s.label}, {"tradeoff", s.tradeoff}, {"change", change},
+    suggestions.push_back({{"id", s.id}, {"label", s.label}, {"tradeoff", s.tradeoff},
+                           {"cost", FitCostId(s.cost)}, {"change", change},
                            {"peakBytes", s.peakBytes}, {"savedBytes", s.savedBytes}, {"fits", s.fits}});
   }
   return {{"currentPeakBytes", r.currentPeakBytes}, {"capacityBytes", r.capacityBytes},
