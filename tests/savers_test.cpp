@@ -118,15 +118,18 @@ TEST_CASE("Lion keeps one state and two temporaries per parameter", "[savers]") 
 
 TEST_CASE("the optimizer in backward frees each gradient once applied", "[savers]") {
   // trace_test's tiny MLP (peak 276 B with every gradient live). In backward: mse gradient 16
-  // (200), layers[2] input gradient 24 (224), weight gradient 24 (248, the peak) stepped and
-  // freed (224), bias 8 (232) freed (224), incoming freed (208); ReLU: input gradient 24 (232),
-  // saved output and incoming freed (184); layers[0]: weight 48 (232) freed, bias 12 (196) freed.
+  // (200); layers[2]: input gradient 24 (224), weight gradient 24 (248), bias 8 (256, the
+  // peak), incoming gradient freed (240), then its AccumulateGrad hooks step and free the
+  // weight's and the bias's gradients (208); ReLU: input gradient 24 (232), saved output and
+  // incoming freed (184); layers[0]: weight 48 (232), bias 12 (244), incoming freed (220),
+  // both stepped and freed (172).
   Setup s = LayerSetup({Linear(4, 3), Activation(LayerKind::ReLU), Linear(3, 2)}, LossKind::MSE, 2, 1,
                        Precision::FP32, OptimizerKind::SGD);
   s.training.optimizerInBackward = true;
   const Estimate e = MustEstimate(s);
-  CHECK(e.phasePeaks[2].totalBytes == 248);
-  CHECK(e.peak.totalBytes == 248);
+  CHECK(e.phasePeaks[2].totalBytes == 256);
+  CHECK(e.peak.totalBytes == 256);
+  CHECK(e.modelStates.gradientsBytes == 0);  // no gradient set persists
   // With Adam the states appear in step 1's backward, each as its parameter is stepped.
   s.training.optimizer = OptimizerKind::Adam;
   const Estimate adam = MustEstimate(s);

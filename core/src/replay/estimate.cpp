@@ -125,7 +125,8 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   const std::int64_t trainable = inventory.TrainableCount();
   m.parametersBytes = m.parameterCount * BytesPerElement(regime.weights);
   m.masterWeightsBytes = regime.masterWeights ? trainable * 4 : 0;
-  m.gradientsBytes = trainable * BytesPerElement(regime.gradients);
+  // The optimizer in backward frees each gradient once applied: no gradient set persists.
+  m.gradientsBytes = setup.training.optimizerInBackward ? 0 : trainable * BytesPerElement(regime.gradients);
 
   // Optimizer states from the same per-tensor rule the trace uses, summed by state name.
   std::vector<std::pair<std::string_view, std::int64_t>> valuesByName;
@@ -155,7 +156,10 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   if (regime.masterWeights) {
     m.rows.push_back({Category::MasterWeights, m.masterWeightsBytes, PerParameter(trainable, DType::FP32)});
   }
-  m.rows.push_back({Category::Gradients, m.gradientsBytes, PerParameter(trainable, regime.gradients)});
+  m.rows.push_back({Category::Gradients, m.gradientsBytes,
+                    setup.training.optimizerInBackward
+                        ? "none kept: the optimizer in backward frees each gradient once applied"
+                        : PerParameter(trainable, regime.gradients)});
   std::string states;
   std::int64_t values = 0;
   for (const auto& [name, count] : valuesByName) {

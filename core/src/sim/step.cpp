@@ -182,9 +182,20 @@ void GradientSink::Produce(std::size_t index, Text label) {
   if (!ready_ || ++received_[index] < expected_[index]) return;
   received_[index] = 0;
   expected_[index] = 1;
-  ready_(index);
-  builder_.Release(grads_[index], t.Make({label, ": optimizer in backward frees ", name, ".grad"}));
-  grads_[index] = kNoTensor;
+  pending_.push_back(index);
+  pendingLabels_.push_back(label);
+}
+
+void GradientSink::RunReady() {
+  for (std::size_t k = 0; k < pending_.size(); ++k) {
+    const std::size_t index = pending_[k];
+    ready_(index);
+    builder_.Release(grads_[index], builder_.text().Make({pendingLabels_[k], ": optimizer in backward frees ",
+                                                          names_[index], ".grad"}));
+    grads_[index] = kNoTensor;
+  }
+  pending_.clear();
+  pendingLabels_.clear();
 }
 
 void GradientSink::ReleaseAll(Text label) {
@@ -237,6 +248,7 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
     pass->Forward(b);
     b.SetPhase(Phase::Backward, step);
     pass->Backward(b, gradients);
+    gradients.RunReady();  // what a pass left pending (quick mode's single backward)
     b.SetPhase(Phase::OptimizerStep, step);
     if (!inBackward) optimizer.Step(b);
     if (setup.training.zeroGradSetToNone) gradients.ReleaseAll(text.Make({"zero_grad(set_to_none=True)"}));

@@ -400,6 +400,9 @@ void Tape::Execute(int index) {
       g = kNoTensor;
     }
   }
+  // The parameters' AccumulateGrad nodes run after this node is done (its saved tensors and
+  // incoming gradient gone): their hooks (the optimizer in backward) run now.
+  sink_->RunReady();
 }
 
 void Tape::RunCheckpoint(int index) {

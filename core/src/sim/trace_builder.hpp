@@ -104,6 +104,10 @@ class GradientSink {
   // AccumulateGrad, which the engine runs once all uses have sent their gradients), and its
   // .grad is then freed (the hook's zero_grad()).
   void OnReady(std::function<void(std::size_t)> ready) { ready_ = std::move(ready); }
+  // Runs the hooks of the parameters whose gradients completed since the last call, in order,
+  // freeing each .grad after its hook. Called once the backward op that produced them has
+  // released what it held (PyTorch runs AccumulateGrad as a node of its own, after that op).
+  void RunReady();
   // How many gradients of parameter `index` the coming backward delivers (a tied weight: two).
   void Expect(std::size_t index, int contributions) { expected_[index] = contributions; }
 
@@ -115,6 +119,8 @@ class GradientSink {
   std::vector<TensorHandle> grads_;
   std::function<void(std::size_t)> ready_;
   std::vector<int> expected_, received_;
+  std::vector<std::size_t> pending_;  // complete, hook not yet run
+  std::vector<Text> pendingLabels_;
 };
 
 // One model family's forward and backward over a micro-batch.

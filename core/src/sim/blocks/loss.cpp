@@ -55,23 +55,29 @@ ValueId ChunkedOutputLoss(Model& m, ValueId hidden, ValueId weight, ValueId labe
   Tape& t = m.t;
   const DType i64 = DType::Int64;
   (void)labels;  // the recipe's shifted copy is what the loss reads
-  const ValueId shifted = t.Fresh({m.b, m.s}, i64, "labels shifted (torch.hstack)");
   const SmallVec<ValueId, 8> chunks = t.Chunk("h.chunk", hidden, m.training.lossChunks, 1);
   SmallVec<ValueId, 8> logits;
   for (int i = 0; i < chunks.size(); ++i) {
     logits.push_back(ops::Linear(t, chunks[i], weight, kNoValue, m.a.vocabSize, t.T({"output (chunk ", TextPart::Int(i), ")"})));
     t.Drop(chunks[i]);
   }
+  // The recipe, after the model: labels = torch.hstack((labels[..., 1:], ignore_labels_cache)).
+  const ValueId shifted = t.Fresh({m.b, m.s}, i64, "labels shifted (torch.hstack)");
   // total_elements = (labels != ignore_index).sum(): a bool mask, then an int64 scalar.
   const ValueId mask = t.Fresh({m.b, m.s}, DType::Bool, "labels != ignore_index");
   const ValueId count = t.Fresh({1}, i64, "total_elements");
   t.Drop(mask);
+  // labels = [c.reshape(-1) for c in labels.chunk(n, dim=1)]: copies when b > 1 (a chunk of a
+  // [b, s] tensor along dim 1 is not contiguous), all made before the loop.
+  SmallVec<ValueId, 8> targets;
+  for (int i = 0; i < logits.size(); ++i) {
+    const std::int64_t tokens = t.ShapeOf(logits[i])[0] * t.ShapeOf(logits[i])[1];
+    targets.push_back(m.b > 1 ? t.Fresh({tokens}, i64, "labels chunk (reshape copy)") : t.Keep(shifted));
+  }
   const bool upcast = !m.training.lossInModelDtype || t.autocast();
   ValueId total = kNoValue;
   for (int i = 0; i < logits.size(); ++i) {
-    const std::int64_t tokens = t.ShapeOf(logits[i])[0] * t.ShapeOf(logits[i])[1];
-    // labels.chunk(n, dim=1)[i].reshape(-1): a copy when b > 1 (the chunk is not contiguous).
-    const ValueId target = m.b > 1 ? t.Fresh({tokens}, i64, "labels chunk (reshape copy)") : t.Keep(shifted);
+    const ValueId target = targets[i];
     const ValueId input = upcast ? ops::To(t, logits[i], DType::FP32) : t.Keep(logits[i]);
     const ValueId logProbs = ops::SavesOutput(t, input, "log_softmax", t.TypeOf(input));
     t.Drop(input);

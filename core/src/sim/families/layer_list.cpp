@@ -190,6 +190,7 @@ class LayerListPass final : public ModelPass {
       b.Release(saved_[i], op + ": saved tensor freed");
       saved_[i] = kNoTensor;
       b.Release(gradOut, op + ": incoming gradient consumed");
+      gradients.RunReady();  // the parameters' AccumulateGrad (and its hooks) after the op
       gradOut = gradIn;
     }
   }
