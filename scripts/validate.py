@@ -9,6 +9,7 @@ states and the tensors saved for backward are summed from the live objects.
 Usage: scripts/validate [--cli PATH] [--write docs/validation.md] [--only NAME]
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -63,7 +64,8 @@ def prove_tracker():
 # ---------------------------------------------------------------------------------------------
 # The setup, rebuilt in PyTorch.
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16Mixed": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16Mixed": torch.bfloat16,
+          "ampBf16": torch.float32}  # autocast: fp32 weights and batch
 
 
 def build_model(setup, dtype):
@@ -210,6 +212,7 @@ def measure(setup):
     precision, b, s = t["precision"], t["batchSize"], t["sequenceLength"]
     dtype = DTYPES[precision]
     mixed = precision.endswith("Mixed")
+    amp = precision == "ampBf16"  # CPU autocast: bf16 (its lists agree with CUDA's for these ops)
     ce = setup["model"]["loss"] == "crossEntropy"
     upcast = mixed and not t.get("lossInModelDtype", False)
     in_backward = t.get("optimizerInBackward", False)
@@ -250,7 +253,8 @@ def measure(setup):
                             else tensor.storage().nbytes()
                     return tensor
 
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+                        (torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext()):
                     out = model(x)  # held by the loop until the end of the step
                     if ce:
                         logits = out.reshape(-1, width_out)
@@ -392,6 +396,13 @@ CASES = [
     case("mlp-bf16mixed-ce-noupcast", mlp([256, 512, 4000]), loss="crossEntropy", precision="bf16Mixed",
          optimizer="sgd", batch=16, seq=4, lossInModelDtype=True),
     case("mlp-adam-in-backward", mlp([512, 1024, 256, 512]), optimizerInBackward=True),
+    # Autocast in layer lists (issue 11): fp32 weights, 16-bit copies cached per forward.
+    case("mlp-ampbf16-adam-mse", mlp([512, 1024, 256, 512]), precision="ampBf16"),
+    case("mlp-ampbf16-gelu-ce", mlp([256, 512, 4000], act="gelu"), loss="crossEntropy", precision="ampBf16",
+         batch=16, seq=4),
+    case("embed-ampbf16-ce-sgd", embed(5000, 128, 512), loss="crossEntropy", precision="ampBf16", optimizer="sgd",
+         batch=4, seq=64),
+    case("mlp-ampbf16-in-backward", mlp([512, 1024, 512], dropout=0.1), precision="ampBf16", optimizerInBackward=True),
     case("embed-ce-adamw-in-backward-loop", embed(5000, 128, 512), loss="crossEntropy", optimizer="adamw",
          impl="perParameter", batch=4, seq=64, optimizerInBackward=True),
 ]

@@ -264,3 +264,29 @@ TEST_CASE("make it fit offers the optimizer in backward as free and 8-bit AdamW 
   CHECK(eightBit->savedBytes > inBackward->savedBytes);
   CHECK(inBackward < eightBit);
 }
+
+TEST_CASE("autocast in a layer list casts each linear's arguments", "[savers]") {
+  // Linear(4→3) → ReLU → Linear(3→2), MSE, batch 2, autocast bf16, SGD: 92 B of fp32 parameters.
+  // Forward: fp32 features 32 and targets 16 (140); layers[0]: a bf16 copy of its fp32 input 16
+  // (saved), weight copy 24 and bias copy 6 (cached; the weight not saved, its input needing
+  // no gradient), output 12 (198); ReLU 12 (210), then layers[0]'s output goes (198);
+  // layers[2]: weight copy 12 (saved) and bias copy 4, output 8 (222); mse_loss on an fp32 copy
+  // 16 (238, saved), its squared error 16 (254) and the loss 4 (258, the forward peak); the
+  // cached copies but the saved weight leave with the context (208).
+  // Backward: mse gradient 16, its input copy freed, cast to bf16 8 and the fp32 one freed
+  // (200); layers[2]: input gradient 12, weight and bias gradients in bf16 12 + 4 (228), saved
+  // weight 12 and incoming 8 freed (208), the bias's and weight's fp32 .grad 8 and 24 replace
+  // their bf16 ones (224); ReLU: 12 in, 12 + 12 out (212); layers[0]: bf16 weight and bias
+  // gradients 24 + 6 (242), saved input copy 16 and incoming 12 freed (214), fp32 bias 12
+  // (bf16 freed: 220), fp32 weight 48 (268, the peak) and its bf16 one freed.
+  Setup s = LayerSetup({Linear(4, 3), Activation(LayerKind::ReLU), Linear(3, 2)}, LossKind::MSE, 2, 1,
+                       Precision::AmpBF16, OptimizerKind::SGD);
+  REQUIRE(Validate(s).empty());
+  const Estimate e = MustEstimate(s);
+  CHECK(e.phasePeaks[1].totalBytes == 258);
+  CHECK(e.phasePeaks[2].totalBytes == 268);
+  CHECK(e.peak.totalBytes == 268);
+  CHECK(BytesIn(e.forwardEnd, Category::WeightCopies) == 12);  // layers[2]'s saved weight copy
+  CHECK(e.modelStates.parametersBytes == 92);
+  CHECK(e.modelStates.gradientsBytes == 92);
+}

@@ -613,12 +613,7 @@ void Validate(const Setup& setup, ErrorList& errors) {
       }
     }
   } else if (m.kind == ModelKind::LayerList) {
-    ValidateLayers(m, errors);
-    if (t.precision == Precision::AmpBF16 || t.precision == Precision::AmpFP16) {
-      errors.push_back({ErrorCode::InvalidField, "training.precision",
-                        "Autocast is simulated for transformer architectures and quick mode; for a "
-                        "layer list choose fp32, bf16, bf16Mixed or fp16Mixed."});
-    }
+    ValidateLayers(m, errors);  // autocast included (issue 11: layer_list.cpp follows its op lists)
   } else {
     ValidateArchitecture(setup, errors, parameters);
     if (t.checkpointing == Checkpointing::EveryKthBlock) {
