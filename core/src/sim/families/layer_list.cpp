@@ -161,7 +161,8 @@ class LayerListPass final : public ModelPass {
     const std::int64_t classes = outWidth;
     // The loss upcasts a 16-bit output to fp32 (mixed precision's logits.float(), autocast's
     // fp32 list), unless it runs in the model's dtype.
-    lossUpcast_ = currentType != DType::FP32 && (regime_.lossInFp32 || (autocast && loss_ == LossKind::MSE));
+    // (mse: only autocast's, mixed precision's code computes it in the model's dtype).
+    lossUpcast_ = currentType != DType::FP32 && (loss_ == LossKind::CrossEntropy ? regime_.lossInFp32 : autocast);
     const DType lossType = lossUpcast_ ? DType::FP32 : currentType;
     if (loss_ == LossKind::CrossEntropy) {
       TensorHandle logits = current;
