@@ -290,3 +290,26 @@ TEST_CASE("autocast in a layer list casts each linear's arguments", "[savers]") 
   CHECK(e.modelStates.parametersBytes == 92);
   CHECK(e.modelStates.gradientsBytes == 92);
 }
+
+TEST_CASE("the work budget still bounds the events of the new optimizers and savers", "[savers][budget]") {
+  // PredictEvents must never be below the simulated event count (issue 14's budget).
+  for (const char* preset : {"gpt2", "tinyllama-1.1b"}) {
+    for (OptimizerKind k : {OptimizerKind::AdamW8bit, OptimizerKind::PagedAdamW, OptimizerKind::Lion}) {
+      for (int saver = 0; saver < 3; ++saver) {
+        Setup s = DefaultSetup();
+        s.model.kind = ModelKind::Transformer;
+        s.model.architecture = FindPreset(preset)->architecture;
+        s.training.sequenceLength = 64;
+        s.training.optimizer = k;
+        s.training.optimizerImplementation = OptimizerImplementation::PerParameter;
+        if (saver == 1) s.training.optimizerInBackward = true;
+        if (saver == 2) s.training.lossImplementation = LossImplementation::Chunked;
+        INFO(preset << " optimizer " << static_cast<int>(k) << " saver " << saver);
+        const EstimateResult r = EstimateMemory(s, {.timeline = EstimateOptions::Timeline::None, .explain = false});
+        REQUIRE(r.ok());
+        CHECK(PredictEvents(s).predictedEvents >= double(r.estimate.eventCount));
+        CHECK(PredictEvents(s).predictedEvents <= 2.5 * double(r.estimate.eventCount));
+      }
+    }
+  }
+}
