@@ -99,6 +99,10 @@ def read_config(setup):
         checkpointing=t.get("checkpointing", "none"),
         interval=t.get("checkpointInterval") or 1,
         rms_eps=1e-6, ln_eps={"gpt2": 1e-5, "bert": 1e-12}.get(family, 1e-5),
+        # Memory savers (issue 11): torchtune's chunked output and loss, the loss without the
+        # fp32 upcast.
+        loss_chunks=(t.get("lossChunks") or 8) if t.get("lossImplementation") == "chunked" else 0,
+        loss_upcast=not t.get("lossInModelDtype", False),
     )
     if family in ("gpt2", "bert") and cfg.max_pos <= 0:
         raise ValueError(f"{family}: maxPositionEmbeddings is required")
@@ -459,20 +463,43 @@ class GPT2LMHeadModel(nn.Module):
 
     def forward(self, input_ids, attention_mask, labels):
         hidden_states = self.transformer(input_ids, attention_mask)
-        logits = self.lm_head(hidden_states)          # logits_to_keep=0: all positions (a view slice)
-        loss = causal_lm_loss(logits, labels, self.cfg.vocab)
-        return loss, logits
+        return decoder_head_and_loss(self.cfg, self.lm_head, hidden_states, labels)
 
 
-def causal_lm_loss(logits, labels, vocab_size, ignore_index=-100):
-    """HF ForCausalLMLoss (mean reduction)."""
-    logits = logits.float()                                           # a copy unless already fp32
+def causal_lm_loss(logits, labels, vocab_size, ignore_index=-100, upcast=True):
+    """HF ForCausalLMLoss (mean reduction); upcast=False: the loss in the model's dtype
+    (nanoGPT-style, no logits.float(); CPU autocast still runs it in fp32)."""
+    if upcast:
+        logits = logits.float()                                       # a copy unless already fp32
     labels = F.pad(labels, (0, 1), value=ignore_index)                # (b, s+1)
     shift_labels = labels[..., 1:].contiguous()                       # (b, s)
     del labels
     logits = logits.view(-1, vocab_size)
     shift_labels = shift_labels.view(-1)
     return F.cross_entropy(logits, shift_labels, ignore_index=ignore_index)
+
+
+def decoder_head_and_loss(cfg, lm_head, hidden_states, labels):
+    """The LM head and the loss: HF's (full logits, ForCausalLMLoss) or, with cfg.loss_chunks,
+    torchtune's: TransformerDecoder.chunked_output, then the recipe's label shift and
+    CEWithChunkedOutputLoss.forward (torchtune/modules/loss/ce_chunked_output_loss.py)."""
+    if not cfg.loss_chunks:
+        logits = lm_head(hidden_states)          # logits_to_keep=0: all positions (a view slice)
+        return causal_lm_loss(logits, labels, cfg.vocab, upcast=cfg.loss_upcast), logits
+    logits = [lm_head(chunk) for chunk in hidden_states.chunk(cfg.loss_chunks, dim=1)]
+    del hidden_states
+    # The recipe: labels = torch.hstack((labels[..., 1:], self.ignore_labels_cache[:b])).
+    labels = torch.hstack((labels[..., 1:], torch.full((labels.shape[0], 1), -100, dtype=labels.dtype)))
+    total_elements = (labels != -100).sum()
+    labels = [c.reshape(-1) for c in labels.chunk(cfg.loss_chunks, dim=1)]
+    chunks = [c.reshape(-1, c.size(-1)) for c in logits]
+    total_loss = 0.0
+    for logits_chunk, labels_chunk in zip(chunks, labels):
+        x = logits_chunk.float() if cfg.loss_upcast else logits_chunk
+        total_loss += F.cross_entropy(x, labels_chunk, ignore_index=-100, reduction="sum")
+        del x
+    del logits_chunk, labels_chunk, chunks, labels  # the loop's names would keep the last alive
+    return total_loss / total_elements, logits
 
 
 # ---------------------------------------------------------------------------------------------
@@ -710,9 +737,7 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids, attention_mask, labels):
         hidden_states = self.model(input_ids, attention_mask)
-        logits = self.lm_head(hidden_states)
-        loss = causal_lm_loss(logits, labels, self.cfg.vocab)
-        return loss, logits
+        return decoder_head_and_loss(self.cfg, self.lm_head, hidden_states, labels)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -987,6 +1012,9 @@ def measure_transformer(setup, tracker=fast_allocation_events):
     amp = precision.startswith("amp")
     loss_scale = AMP_FP16_SCALE if precision == "ampFp16" else None
     impl = t.get("optimizerImplementation", "forEach")
+    in_backward = t.get("optimizerInBackward", False)
+    if in_backward and (mixed or loss_scale):
+        raise ValueError("optimizerInBackward is validated without master weights or loss scaling")
     torch.manual_seed(0)
     # Validation machinery, built before the tracker starts so it is not measured.
     route_bias = make_route_bias(cfg, b, s) if cfg.num_experts else None
@@ -1005,6 +1033,8 @@ def measure_transformer(setup, tracker=fast_allocation_events):
                 masters = [p.detach().float() for p in params]
                 groups = [masters] if impl == "forEach" else [[m] for m in masters]
                 optimizers = [make_optimizer(t["optimizer"], impl, g) for g in groups]
+            elif in_backward:
+                optimizers, hooks = validate.optimizer_in_backward(t["optimizer"], impl, params)
             else:
                 optimizers = [make_optimizer(t["optimizer"], impl, params)]
         model_ptrs = {_storage(p)[0] for p in all_params} | {_storage(x)[0] for x in model.buffers()}
@@ -1032,7 +1062,8 @@ def measure_transformer(setup, tracker=fast_allocation_events):
                 else:
                     loss.backward()
             if step == 1:
-                state["gradients"] = sum(p.grad.numel() * p.grad.element_size() for p in params)
+                state["gradients"] = sum(p.grad.numel() * p.grad.element_size() for p in params
+                                         if p.grad is not None)
             with record_function(f"gpumem:optimizerStep:{step}"):
                 if loss_scale:
                     # GradScaler.unscale_, by hand: CPU torch 1.13 has no
@@ -1040,11 +1071,12 @@ def measure_transformer(setup, tracker=fast_allocation_events):
                     # same; the inf/nan check (one found_inf scalar on CUDA) is skipped, since
                     # every CPU way to do it allocates grad-sized temporaries.
                     torch._foreach_mul_([p.grad for p in params], 1.0 / loss_scale)
-                validate.optimizer_step(model, params, masters if mixed else None, optimizers)
+                if not in_backward:
+                    validate.optimizer_step(model, params, masters if mixed else None, optimizers)
                 del loss, batch
         state.update(validate.model_state_bytes(params, masters if mixed else None, optimizers))
         state["parameters"] = sum(p.numel() * p.element_size() for p in all_params)
-        state["keep"] = (model, optimizers)  # nothing is freed inside the profile at the end
+        state["keep"] = (model, optimizers, hooks if in_backward else None)  # nothing is freed inside the profile
 
     memory, ranges = tracker(run)
     del state["keep"]

@@ -9,6 +9,7 @@ states and the tensors saved for backward are summed from the live objects.
 Usage: scripts/validate [--cli PATH] [--write docs/validation.md] [--only NAME]
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -63,7 +64,8 @@ def prove_tracker():
 # ---------------------------------------------------------------------------------------------
 # The setup, rebuilt in PyTorch.
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16Mixed": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16Mixed": torch.bfloat16,
+          "ampBf16": torch.float32}  # autocast: fp32 weights and batch
 
 
 def build_model(setup, dtype):
@@ -138,6 +140,30 @@ def make_optimizer(name, implementation, params):
     raise ValueError(f"optimizer {name} is not in torch {torch.__version__}")
 
 
+def optimizer_in_backward(name, implementation, params):
+    """torchtune's optimizer_in_bwd: one optimizer per parameter, stepped (then zero_grad) as
+    soon as the parameter's gradient is complete. torch ≥ 2.1 hooks it with
+    register_post_accumulate_grad_hook; torch 1.13 lacks it, so the hook goes on the same place
+    by hand: a post-hook of the parameter's AccumulateGrad node (reached through a throwaway
+    expand_as view), which runs right after .grad is set, once per backward even for a tied
+    weight (the engine sums its two gradients before the one AccumulateGrad runs). A tensor hook
+    (p.register_hook) would run before accumulation, with .grad not yet set. Returns the
+    optimizers and the AccumulateGrad nodes, which must be kept alive."""
+    optimizers, nodes = [], []
+    for p in params:
+        opt = make_optimizer(name, implementation, [p])
+        node = p.expand_as(p).grad_fn.next_functions[0][0]
+
+        def post_hook(grad_inputs, grad_outputs, opt=opt):
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        node.register_hook(post_hook)
+        optimizers.append(opt)
+        nodes.append(node)
+    return optimizers, nodes
+
+
 def optimizer_step(model, params, masters, optimizers):
     """optimizer.step() and zero_grad(set_to_none=True). With fp32 `masters` (mixed precision)
     the 16-bit gradients are upcast for the update — all at once with one foreach optimizer,
@@ -186,7 +212,12 @@ def measure(setup):
     precision, b, s = t["precision"], t["batchSize"], t["sequenceLength"]
     dtype = DTYPES[precision]
     mixed = precision.endswith("Mixed")
+    amp = precision == "ampBf16"  # CPU autocast: bf16 (its lists agree with CUDA's for these ops)
     ce = setup["model"]["loss"] == "crossEntropy"
+    upcast = mixed and not t.get("lossInModelDtype", False)
+    in_backward = t.get("optimizerInBackward", False)
+    if in_backward and mixed:
+        raise ValueError("optimizerInBackward is validated without master weights")
     width_out = output_width(layers)
     torch.manual_seed(0)
     state = {}
@@ -199,6 +230,8 @@ def measure(setup):
                 masters = [p.detach().float() for p in params]
                 groups = [masters] if t["optimizerImplementation"] == "forEach" else [[m] for m in masters]
                 optimizers = [make_optimizer(t["optimizer"], t["optimizerImplementation"], g) for g in groups]
+            elif in_backward:
+                optimizers, hooks = optimizer_in_backward(t["optimizer"], t["optimizerImplementation"], params)
             else:
                 optimizers = [make_optimizer(t["optimizer"], t["optimizerImplementation"], params)]
         saved = {}
@@ -220,11 +253,12 @@ def measure(setup):
                             else tensor.storage().nbytes()
                     return tensor
 
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+                        (torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext()):
                     out = model(x)  # held by the loop until the end of the step
                     if ce:
                         logits = out.reshape(-1, width_out)
-                        loss = F.cross_entropy(logits.float() if mixed else logits, y.reshape(-1))
+                        loss = F.cross_entropy(logits.float() if upcast else logits, y.reshape(-1))
                         del logits  # a view of out
                     else:
                         loss = F.mse_loss(out, y)
@@ -236,12 +270,14 @@ def measure(setup):
             with record_function(f"gpumem:backward:{step}"):
                 loss.backward()
             if step == 1:
-                state["gradients"] = sum(p.grad.numel() * p.grad.element_size() for p in params)
+                state["gradients"] = sum(p.grad.numel() * p.grad.element_size() for p in params
+                                         if p.grad is not None)
             with record_function(f"gpumem:optimizerStep:{step}"):
-                optimizer_step(model, params, masters if mixed else None, optimizers)
+                if not in_backward:
+                    optimizer_step(model, params, masters if mixed else None, optimizers)
                 del loss, x, y, out
         state.update(model_state_bytes(params, masters if mixed else None, optimizers))
-        state["keep"] = (model, optimizers)  # nothing is freed inside the profile at the end
+        state["keep"] = (model, optimizers, hooks if in_backward else None)  # nothing is freed inside the profile
 
     memory, ranges = allocation_events(run)
     del state["keep"]
@@ -275,8 +311,11 @@ def loss_bytes(setup):
     if model.get("kind") == "transformer":
         causal = model.get("architecture", {}).get("family", "llama") != "bert" and \
             not model.get("preset", "").startswith("bert")
-        return 4 if causal or precision in ("fp32", "ampBf16", "ampFp16") else 2
+        upcast = not setup["training"].get("lossInModelDtype", False)
+        return 4 if (causal and upcast) or precision in ("fp32", "ampBf16", "ampFp16") else 2
     if model["loss"] == "crossEntropy":
+        if setup["training"].get("lossInModelDtype", False) and precision.endswith("Mixed"):
+            return 2
         return 2 if precision == "bf16" else 4
     return 4 if precision == "fp32" else 2
 
@@ -316,11 +355,11 @@ def mlp(widths, act="relu", bias=True, dropout=None):
     return layers
 
 
-def case(name, layers, loss="mse", batch=32, seq=1, precision="fp32", optimizer="adam", impl="forEach"):
+def case(name, layers, loss="mse", batch=32, seq=1, precision="fp32", optimizer="adam", impl="forEach", **savers):
     return name, {
         "model": {"kind": "layers", "layers": layers, "loss": loss},
         "training": {"batchSize": batch, "sequenceLength": seq, "precision": precision,
-                     "optimizer": optimizer, "optimizerImplementation": impl},
+                     "optimizer": optimizer, "optimizerImplementation": impl, **savers},
         "gpu": {"memoryGiB": 80},
     }
 
@@ -353,6 +392,19 @@ CASES = [
     case("embed-gelu-ce-sgd-long", embed(2000, 64, 256), loss="crossEntropy", optimizer="sgd", batch=2, seq=512),
     case("mlp-dropout-adam", mlp([512, 1024, 512], dropout=0.1)),
     case("mlp-dropout0-adam", mlp([512, 1024, 512], dropout=0.0)),
+    # Memory savers (issue 11): the loss without the fp32 upcast, the optimizer in backward.
+    case("mlp-bf16mixed-ce-noupcast", mlp([256, 512, 4000]), loss="crossEntropy", precision="bf16Mixed",
+         optimizer="sgd", batch=16, seq=4, lossInModelDtype=True),
+    case("mlp-adam-in-backward", mlp([512, 1024, 256, 512]), optimizerInBackward=True),
+    # Autocast in layer lists (issue 11): fp32 weights, 16-bit copies cached per forward.
+    case("mlp-ampbf16-adam-mse", mlp([512, 1024, 256, 512]), precision="ampBf16"),
+    case("mlp-ampbf16-gelu-ce", mlp([256, 512, 4000], act="gelu"), loss="crossEntropy", precision="ampBf16",
+         batch=16, seq=4),
+    case("embed-ampbf16-ce-sgd", embed(5000, 128, 512), loss="crossEntropy", precision="ampBf16", optimizer="sgd",
+         batch=4, seq=64),
+    case("mlp-ampbf16-in-backward", mlp([512, 1024, 512], dropout=0.1), precision="ampBf16", optimizerInBackward=True),
+    case("embed-ce-adamw-in-backward-loop", embed(5000, 128, 512), loss="crossEntropy", optimizer="adamw",
+         impl="perParameter", batch=4, seq=64, optimizerInBackward=True),
 ]
 
 
@@ -377,13 +429,13 @@ def arch(family, **fields):
 
 
 def tcase(name, architecture, batch=4, seq=256, precision="fp32", optimizer="adamw", impl="forEach",
-          attention="eager", checkpointing="none", interval=2):
+          attention="eager", checkpointing="none", interval=2, **savers):
     return name, {
         "model": {"kind": "transformer", "architecture": architecture},
         "training": {"batchSize": batch, "sequenceLength": seq, "precision": precision,
                      "optimizer": optimizer, "optimizerImplementation": impl,
                      "attention": attention, "checkpointing": checkpointing,
-                     "checkpointInterval": interval},
+                     "checkpointInterval": interval, **savers},
         "gpu": {"memoryGiB": 80},
     }
 
@@ -415,6 +467,18 @@ TRANSFORMER_CASES = [
     tcase("bert-mlm-fp32", arch("bert", encoderHead="maskedLm")),
     tcase("bert-mlm-bf16mixed-sdpa", arch("bert", encoderHead="maskedLm"), precision="bf16Mixed", attention="sdpa"),
     tcase("bert-cls-ckpt-ampbf16", arch("bert"), precision="ampBf16", checkpointing="everyBlock"),
+    # Memory savers (issue 11): torchtune's chunked loss, the loss in bf16, the optimizer in
+    # backward (a tied GPT-2 embedding: one step after both of its gradients).
+    tcase("llama-vocab32k-chunked", arch("llama", vocabSize=32000, numLayers=2), batch=2, seq=256,
+          precision="bf16", lossImplementation="chunked", lossChunks=8),
+    tcase("llama-vocab32k-standard-bf16", arch("llama", vocabSize=32000, numLayers=2), batch=2, seq=256,
+          precision="bf16"),
+    tcase("llama-vocab32k-bf16-noupcast", arch("llama", vocabSize=32000, numLayers=2), batch=2, seq=256,
+          precision="bf16", lossInModelDtype=True),
+    tcase("gpt2-chunked-ampbf16", arch("gpt2"), precision="ampBf16", lossImplementation="chunked", lossChunks=4),
+    tcase("gpt2-adamw-in-backward", arch("gpt2"), optimizerInBackward=True),
+    tcase("llama-bf16-in-backward-sdpa-every", arch("llama"), precision="bf16", attention="sdpa",
+          checkpointing="everyBlock", optimizerInBackward=True),
 ]
 
 # Does checkpointing raise the peak in PyTorch too? (issue 14.) Each pair differs only in the

@@ -241,7 +241,7 @@ TEST_CASE("the longest sequence stops at the size bound and says so", "[bounds]"
   CHECK(Validate(at).empty());
   REQUIRE(Validate(above).size() == 1);
   CHECK(Validate(above)[0].field == "training.sequenceLength");
-  CHECK(r.estimatesRun <= 12);
+  CHECK(r.estimatesRun <= 14);  // 12 before the optimizer-in-backward and 8-bit AdamW changes
 }
 
 TEST_CASE("the solver runs few estimates and finds exact limits", "[bounds]") {
@@ -262,8 +262,10 @@ TEST_CASE("the solver runs few estimates and finds exact limits", "[bounds]") {
   // change: expandable segments.
   Setup mlp = ExampleMlpSetup();
   mlp.gpu.memoryGiB = 10;
-  const Case cases[] = {{"gpt2 fits", gpt2, 12}, {"gpt2 does not fit", tight, 18},
-                        {"mlp", mlp, 22}, {"quick", DefaultSetup(), 24}};
+  // Each budget has two more simulations since "Make it fit" learnt the optimizer in backward
+  // and 8-bit AdamW (issue 11).
+  const Case cases[] = {{"gpt2 fits", gpt2, 14}, {"gpt2 does not fit", tight, 20},
+                        {"mlp", mlp, 24}, {"quick", DefaultSetup(), 26}};
   // mlp and quick were 13 and 11 on allocated peaks: the allocator's segment steps make the
   // device peak less affine in batch and sequence, so the secant needs more simulations
   // (worth a follow-up: extrapolate on allocated peaks, decide on the device figure).

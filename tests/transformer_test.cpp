@@ -247,10 +247,10 @@ TEST_CASE("bad architectures are refused naming the field", "[transformer][valid
     s.training.checkpointInterval = 0;
     CHECK(HasErrorOn(Validate(s), "training.checkpointInterval"));
   }
-  SECTION("autocast on a layer list") {
+  SECTION("autocast on a layer list is simulated (savers_test.cpp)") {
     Setup l = ExampleMlpSetup();
     l.training.precision = Precision::AmpBF16;
-    CHECK(HasErrorOn(Validate(l), "training.precision"));
+    CHECK_FALSE(HasErrorOn(Validate(l), "training.precision"));
   }
 }
 

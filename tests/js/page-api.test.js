@@ -132,8 +132,16 @@ test('solve: the largest batch fits and one more does not; each suggestion\'s ch
     assert.equal(applied.device.peakDeviceBytes, s.peakBytes, `${s.id}: applying its change gives its peak`);
     assert.equal(applied.gpu.fits, s.fits, `${s.id}: fits as stated`);
   }
-  const saved = result.suggestions.filter((s) => !/\+/.test(s.id)).map((s) => s.savedBytes);
-  assert.deepEqual(saved, [...saved].sort((a, b) => b - a), 'single changes ranked by memory saved');
+  // Single changes: those that fit first, then by cost (free, compute, changesResults), then
+  // by memory saved.
+  const costRank = { free: 0, compute: 1, changesResults: 2 };
+  const singles = result.suggestions.filter((s) => !/\+/.test(s.id));
+  const key = (s) => [s.fits ? 0 : 1, costRank[s.cost], -s.savedBytes];
+  for (let i = 1; i < singles.length; ++i) {
+    const [a, b] = [key(singles[i - 1]), key(singles[i])];
+    const order = a[0] - b[0] || a[1] - b[1] || a[2] - b[2];
+    assert.ok(order <= 0, `${singles[i - 1].id} before ${singles[i].id}: ranked by fit, cost, then memory saved`);
+  }
 
   // Nothing fits: no batch, and the suggestions say what would.
   const big = merge(gpumem.defaultSetup(), { model: { kind: 'transformer', preset: 'llama-2-7b' }, training: { sequenceLength: 2048 }, gpu: { id: 'nvidia-rtx-4090' } });

@@ -24,6 +24,7 @@ std::span<const Named<Precision>> NamesOf(Precision);
 std::span<const Named<OptimizerKind>> NamesOf(OptimizerKind);
 std::span<const Named<OptimizerImplementation>> NamesOf(OptimizerImplementation);
 std::span<const Named<Phase>> NamesOf(Phase);
+std::span<const Named<LossImplementation>> NamesOf(LossImplementation);
 std::span<const Named<Category>> NamesOf(Category);
 std::span<const Named<Family>> NamesOf(Family);
 std::span<const Named<HiddenAct>> NamesOf(HiddenAct);

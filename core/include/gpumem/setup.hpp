@@ -74,7 +74,34 @@ enum class Precision {
   AmpFP16,    // as AmpBF16 in fp16, with GradScaler's loss scaling
 };
 
-enum class OptimizerKind { SGD, SGDMomentum, Adam, AdamW, Adafactor };
+enum class OptimizerKind {
+  SGD, SGDMomentum, Adam, AdamW, Adafactor,
+  // bitsandbytes (bitsandbytes/optim/optimizer.py, Optimizer2State.init_state): uint8 exp_avg and
+  // exp_avg_sq with an fp32 absmax per block of 256 values, and two shared 256-value fp32
+  // quantization maps; tensors under min_8bit_size = 4,096 elements keep fp32 states. One
+  // fused kernel per parameter (optimizer_update_8bit_blockwise), no temporaries.
+  Adam8bit,        // bnb.optim.Adam8bit
+  AdamW8bit,       // bnb.optim.AdamW8bit (optim="adamw_bnb_8bit" in HF TrainingArguments)
+  // bnb.optim.PagedAdamW / PagedAdamW8bit: the same states, but every state of a tensor with at
+  // least 1e5 elements is allocated by F.get_paged (cudaMallocManaged, get_state_buffer): outside
+  // PyTorch's caching allocator, evicted to host memory by the driver under pressure.
+  PagedAdamW,      // optim="paged_adamw_32bit"
+  PagedAdamW8bit,  // optim="paged_adamw_8bit"
+  // Lion (Chen et al. 2023): one state, exp_avg. perParameter / forEach: lucidrains' lion-pytorch
+  // update_fn (exp_avg.clone() and .add(grad) make two parameter-sized temporaries); fused:
+  // bnb.optim.Lion (32-bit, one kernel per parameter, no temporaries).
+  Lion,
+};
+
+// How the loss of a language model is computed (transformers, decoders).
+enum class LossImplementation {
+  Standard,  // the full logits, then cross-entropy (Hugging Face's ForCausalLMLoss)
+  // torchtune's CEWithChunkedOutputLoss (torchtune/modules/loss/ce_chunked_output_loss.py) with
+  // the decoder's chunked output (TransformerDecoder.chunked_output): the last hidden state is
+  // split into lossChunks chunks along the sequence, the output projection runs per chunk, and
+  // each chunk's logits are upcast to fp32 and reduced in turn.
+  Chunked,
+};
 
 // How the optimizer step is executed; decides its temporaries ("intermediates").
 enum class OptimizerImplementation {
@@ -190,6 +217,17 @@ struct TrainingDef {
   AttentionImplementation attention = AttentionImplementation::Eager;
   Checkpointing checkpointing = Checkpointing::None;
   std::int64_t checkpointInterval = 2;  // k for EveryKthBlock (blocks)
+
+  // --- memory savers (all off by default; docs/savers.md cites each source) ---
+  LossImplementation lossImplementation = LossImplementation::Standard;  // transformers only
+  std::int64_t lossChunks = 8;  // chunks of the chunked loss (torchtune's num_output_chunks), 1–8
+  // The loss in the model's dtype: no fp32 upcast of the logits (nanoGPT-style
+  // F.cross_entropy(logits, targets) in pure bf16). Autocast still runs log_softmax in fp32.
+  bool lossInModelDtype = false;
+  // Optimizer in backward (torchtune optimizer_in_bwd: register_post_accumulate_grad_hook with one
+  // optimizer per parameter): each parameter is stepped and its .grad freed as soon as its
+  // gradient is complete, so the full set of gradients never exists.
+  bool optimizerInBackward = false;
 };
 
 struct GpuDef {

@@ -24,10 +24,19 @@ struct SolvedLimit {
   std::string limitReason;     // what sets `limit`
 };
 
+// What a change costs the person, cheapest first (the order suggestions are ranked in).
+enum class FitCost {
+  Free,            // the same math: fused kernels, chunked loss, the allocator's settings
+  Compute,         // the same result for more compute or transfers: checkpointing, accumulation
+  ChangesResults,  // different numerics or training: precision, optimizer, adapters
+};
+const char* FitCostId(FitCost cost);  // "free", "compute", "changesResults"
+
 struct FitSuggestion {
   std::string id;        // "checkpointing-everyBlock", "batch-4-accumulate-8", …
   std::string label;     // what to change, for people
   std::string tradeoff;  // what it costs
+  FitCost cost = FitCost::Free;  // a combination: its dearest change
   Setup setup;           // the changed setup
   std::vector<std::string> changedFields;  // JSON paths that differ: "training.checkpointing"
   std::int64_t peakBytes = 0;
@@ -41,8 +50,9 @@ struct SolveResult {
   std::int64_t capacityBytes = 0;
   SolvedLimit maxBatchSize;
   SolvedLimit maxSequenceLength;
-  std::vector<FitSuggestion> suggestions;  // by memory saved, largest first; a combination
-                                           // first when no single change fits
+  // Those that fit first, then by cost (FitCost: free before compute before changed results),
+  // then by memory saved, largest first; a combination first when no single change fits.
+  std::vector<FitSuggestion> suggestions;
   int estimatesRun = 0;  // simulations this solve ran (the setup's own included unless given)
   bool ok() const { return errors.empty(); }
 };

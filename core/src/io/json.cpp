@@ -305,11 +305,14 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
   if (!r.ExpectObject(v, path)) return;
   static constexpr const char* kKeys[] = {"batchSize", "sequenceLength", "precision", "optimizer",
                                           "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
-                                          "attention", "checkpointing", "checkpointInterval"};
+                                          "attention", "checkpointing", "checkpointInterval",
+                                          "lossImplementation", "lossChunks", "lossInModelDtype",
+                                          "optimizerInBackward"};
   for (const char* key : kKeys) if (v.contains(key)) given.trainingKeys.push_back(key);
   r.RejectUnknown(v, {"batchSize", "sequenceLength", "precision", "optimizer",
                       "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
-                      "attention", "checkpointing", "checkpointInterval"}, path);
+                      "attention", "checkpointing", "checkpointInterval", "lossImplementation",
+                      "lossChunks", "lossInModelDtype", "optimizerInBackward"}, path);
   r.Enum(v, "attention", path, t.attention);
   r.Enum(v, "checkpointing", path, t.checkpointing);
   r.Int(v, "checkpointInterval", path, t.checkpointInterval);
@@ -320,6 +323,10 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
   r.Enum(v, "optimizerImplementation", path, t.optimizerImplementation);
   r.Bool(v, "adafactorBeta1", path, t.adafactorBeta1);
   r.Bool(v, "zeroGradSetToNone", path, t.zeroGradSetToNone);
+  r.Enum(v, "lossImplementation", path, t.lossImplementation);
+  r.Int(v, "lossChunks", path, t.lossChunks);
+  r.Bool(v, "lossInModelDtype", path, t.lossInModelDtype);
+  r.Bool(v, "optimizerInBackward", path, t.optimizerInBackward);
 }
 
 void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
@@ -448,7 +455,11 @@ ojson SetupJson(const Setup& s) {
                     {"zeroGradSetToNone", s.training.zeroGradSetToNone},
                     {"attention", IdOf(s.training.attention)},
                     {"checkpointing", IdOf(s.training.checkpointing)},
-                    {"checkpointInterval", s.training.checkpointInterval}}},
+                    {"checkpointInterval", s.training.checkpointInterval},
+                    {"lossImplementation", IdOf(s.training.lossImplementation)},
+                    {"lossChunks", s.training.lossChunks},
+                    {"lossInModelDtype", s.training.lossInModelDtype},
+                    {"optimizerInBackward", s.training.optimizerInBackward}}},
       {"gpu", s.gpu.id.empty() ? ojson{{"memoryGiB", s.gpu.memoryGiB}}
                                : ojson{{"memoryGiB", s.gpu.memoryGiB}, {"id", s.gpu.id}}},
       {"runtime", {{"allocator", {{"expandableSegments", s.runtime.allocator.expandableSegments},
@@ -771,7 +782,8 @@ ojson SolveObject(const SolveResult& r) {
       const std::string key = f.substr(f.find('.') + 1);
       change["training"][key] = full["training"][key];
     }
-    suggestions.push_back({{"id", s.id}, {"label", s.label}, {"tradeoff", s.tradeoff}, {"change", change},
+    suggestions.push_back({{"id", s.id}, {"label", s.label}, {"tradeoff", s.tradeoff},
+                           {"cost", FitCostId(s.cost)}, {"change", change},
                            {"peakBytes", s.peakBytes}, {"savedBytes", s.savedBytes}, {"fits", s.fits}});
   }
   return {{"currentPeakBytes", r.currentPeakBytes}, {"capacityBytes", r.capacityBytes},
@@ -839,6 +851,34 @@ ojson FinetuneFieldsJson() {
   }
   return out;
 }
+
+// The memory savers of training (TrainingDef), each with the framework option it is, so the
+// page builds their controls from here and says where each comes from.
+ojson SaverFields() {
+  struct Saver { const char* key; const char* label; const char* kind; const char* options;
+                 const char* framework; const char* hint; };
+  static constexpr Saver kSavers[] = {
+      {"lossImplementation", "Loss", "select", "lossImplementations",
+       "torchtune: loss=CEWithChunkedOutputLoss (model.set_num_output_chunks)",
+       "chunked: logits made and upcast to fp32 one chunk at a time in the forward; transformer decoders only"},
+      {"lossChunks", "Loss chunks", "count", "",
+       "torchtune: CEWithChunkedOutputLoss(num_output_chunks=8)",
+       "chunks along the sequence, 1–8 (torch.chunk: ceil(s / n) tokens each)"},
+      {"lossInModelDtype", "Loss in the model dtype (no fp32 upcast)", "bool", "",
+       "nanoGPT: F.cross_entropy(logits.view(-1, V), targets.view(-1)) without logits.float()",
+       "log_softmax in bf16/fp16; under autocast log_softmax still runs in fp32"},
+      {"optimizerInBackward", "Optimizer step in backward", "bool", "",
+       "torchtune: optimizer_in_bwd=True (register_post_accumulate_grad_hook)",
+       "each parameter stepped and its gradient freed as soon as it is complete; no gradient accumulation"},
+  };
+  ojson out = ojson::array();
+  for (const Saver& f : kSavers) {
+    ojson field = {{"key", f.key}, {"label", f.label}, {"kind", f.kind}, {"framework", f.framework}, {"hint", f.hint}};
+    if (*f.options) field["options"] = f.options;
+    out.push_back(field);
+  }
+  return out;
+}
 }  // namespace
 
 std::string OptionsJson(int indent) {
@@ -896,6 +936,8 @@ std::string OptionsJson(int indent) {
                {"precisions", NameList<Precision>()},
                {"optimizers", NameList<OptimizerKind>()},
                {"optimizerImplementations", NameList<OptimizerImplementation>()},
+               {"lossImplementations", NameList<LossImplementation>()},
+               {"savers", SaverFields()},
                {"phases", NameList<Phase>()},
                {"categories", NameList<Category>()}},
               indent);

@@ -68,6 +68,16 @@ constexpr Named<OptimizerKind> kOptimizers[] = {
     {OptimizerKind::Adam, "adam", "Adam"},
     {OptimizerKind::AdamW, "adamw", "AdamW"},
     {OptimizerKind::Adafactor, "adafactor", "Adafactor"},
+    {OptimizerKind::Adam8bit, "adam8bit", "Adam 8-bit (bitsandbytes Adam8bit)"},
+    {OptimizerKind::AdamW8bit, "adamw8bit", "AdamW 8-bit (bitsandbytes AdamW8bit, adamw_bnb_8bit)"},
+    {OptimizerKind::PagedAdamW, "pagedAdamw", "paged AdamW 32-bit (bitsandbytes PagedAdamW, paged_adamw_32bit)"},
+    {OptimizerKind::PagedAdamW8bit, "pagedAdamw8bit", "paged AdamW 8-bit (bitsandbytes PagedAdamW8bit, paged_adamw_8bit)"},
+    {OptimizerKind::Lion, "lion", "Lion (lion-pytorch; fused: bitsandbytes Lion)"},
+};
+constexpr Named<LossImplementation> kLossImplementations[] = {
+    {LossImplementation::Standard, "standard", "full logits (Hugging Face ForCausalLMLoss)"},
+    {LossImplementation::Chunked, "chunked",
+     "chunked output and cross-entropy (torchtune CEWithChunkedOutputLoss, num_output_chunks)"},
 };
 constexpr Named<OptimizerImplementation> kImplementations[] = {
     {OptimizerImplementation::ForEach, "forEach", "foreach (multi-tensor, PyTorch default)"},
@@ -104,6 +114,7 @@ std::span<const Named<OptimizerImplementation>> NamesOf(OptimizerImplementation)
   return kImplementations;
 }
 std::span<const Named<Phase>> NamesOf(Phase) { return kPhases; }
+std::span<const Named<LossImplementation>> NamesOf(LossImplementation) { return kLossImplementations; }
 std::span<const Named<Family>> NamesOf(Family) { return kFamilies; }
 std::span<const Named<HiddenAct>> NamesOf(HiddenAct) { return kHiddenActs; }
 std::span<const Named<EncoderHead>> NamesOf(EncoderHead) { return kEncoderHeads; }
@@ -118,6 +129,7 @@ const char* DTypeId(DType type) {
     case DType::BF16: return "bf16";
     case DType::Int64: return "int64";
     case DType::Bool: return "bool";
+    case DType::UInt8: return "uint8";
   }
   return "";
 }

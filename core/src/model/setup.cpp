@@ -565,6 +565,35 @@ SizeBound EstimateSizeBound(const Setup& setup) { return SizeBoundOf(setup, std:
 
 EventBudget PredictEvents(const Setup& setup) { return PredictEventsOf(setup); }
 
+// The memory savers (TrainingDef): each is simulated only where its framework offers it.
+static void ValidateSavers(const Setup& setup, ErrorList& errors) {
+  const TrainingDef& t = setup.training;
+  const ModelDef& m = setup.model;
+  const bool decoder = m.kind == ModelKind::Transformer && m.architecture.family != Family::BERT;
+  if (t.lossChunks < 1 || t.lossChunks > 8) {
+    errors.push_back({ErrorCode::InvalidField, "training.lossChunks",
+                      "Loss chunks must be a whole number from 1 to 8 (torchtune's default is 8), got " +
+                          FormatCount(t.lossChunks) + "."});
+  }
+  if (t.lossImplementation == LossImplementation::Chunked && !decoder) {
+    errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",
+                      "The chunked loss (torchtune's CEWithChunkedOutputLoss) is simulated for decoder "
+                      "transformers (GPT-2, Llama family); choose standard."});
+  }
+  if (t.lossInModelDtype && (m.kind == ModelKind::ParameterCount ||
+                             (m.kind == ModelKind::LayerList && m.loss != LossKind::CrossEntropy))) {
+    errors.push_back({ErrorCode::InvalidField, "training.lossInModelDtype",
+                      m.kind == ModelKind::ParameterCount
+                          ? "Quick mode does not simulate the loss; the loss dtype needs a layer list or a transformer."
+                          : "Only a cross-entropy loss upcasts its logits; with mse this option changes nothing."});
+  }
+  if (t.optimizerInBackward && !t.zeroGradSetToNone) {
+    errors.push_back({ErrorCode::InvalidField, "training.optimizerInBackward",
+                      "The optimizer in backward frees each gradient in its hook (zero_grad(set_to_none=True)), "
+                      "so it cannot keep gradients: set zeroGradSetToNone to true."});
+  }
+}
+
 void Validate(const Setup& setup, ErrorList& errors) {
   const TrainingDef& t = setup.training;
   std::optional<ParameterSplit> parameters;
@@ -591,12 +620,7 @@ void Validate(const Setup& setup, ErrorList& errors) {
       }
     }
   } else if (m.kind == ModelKind::LayerList) {
-    ValidateLayers(m, errors);
-    if (t.precision == Precision::AmpBF16 || t.precision == Precision::AmpFP16) {
-      errors.push_back({ErrorCode::InvalidField, "training.precision",
-                        "Autocast is simulated for transformer architectures and quick mode; for a "
-                        "layer list choose fp32, bf16, bf16Mixed or fp16Mixed."});
-    }
+    ValidateLayers(m, errors);  // autocast included (issue 11: layer_list.cpp follows its op lists)
   } else {
     ValidateArchitecture(setup, errors, parameters);
     if (t.checkpointing == Checkpointing::EveryKthBlock) {
@@ -619,6 +643,7 @@ void Validate(const Setup& setup, ErrorList& errors) {
     errors.push_back({ErrorCode::InvalidField, "training.optimizerImplementation",
                       "Adafactor has no fused implementation; choose forEach or perParameter."});
   }
+  ValidateSavers(setup, errors);
   if (!std::isfinite(setup.gpu.memoryGiB) || setup.gpu.memoryGiB <= 0.0 ||
       setup.gpu.memoryGiB > Limits::maxGpuMemoryGiB) {
     errors.push_back({ErrorCode::InvalidField, "gpu.memoryGiB",

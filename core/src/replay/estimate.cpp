@@ -13,6 +13,7 @@
 #include "gpumem/names.hpp"
 #include "gpumem/presets.hpp"
 #include "device/device_stage.hpp"
+#include "sim/savers.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -129,7 +130,9 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   for (const Tensor& p : inventory.parameters) {
     m.parametersBytes += StoredBytes(p, regime.weights);
     if (!p.trainable) continue;
-    m.gradientsBytes += p.Elements() * BytesPerElement(GradientTypeOf(p, regime.gradients));
+    // The optimizer in backward frees each gradient once applied: no gradient set persists.
+    if (!setup.training.optimizerInBackward)
+      m.gradientsBytes += p.Elements() * BytesPerElement(GradientTypeOf(p, regime.gradients));
     if (HasMasterCopy(p, regime.masterWeights)) masterElements += p.Elements();
   }
   m.masterWeightsBytes = masterElements * 4;
@@ -137,15 +140,24 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   // Optimizer states from the same per-tensor rule the trace uses, summed by state name.
   std::vector<std::pair<std::string_view, std::int64_t>> valuesByName;
   DType stateType = regime.states;
+  bool mixedTypes = false;  // bitsandbytes 8-bit: uint8 states, fp32 absmax and small tensors
+  bool anyState = false;
   for (const Tensor& p : inventory.parameters) {
     for (const StateTensor& s : OptimizerStateTensors(setup.training, regime, p)) {
       m.optimizerStatesBytes += s.elements * BytesPerElement(s.type);
+      mixedTypes = mixedTypes || (anyState && s.type != stateType);
+      anyState = true;
       stateType = s.type;
       auto it = std::find_if(valuesByName.begin(), valuesByName.end(),
                              [&](const auto& v) { return v.first == s.name; });
       if (it == valuesByName.end()) valuesByName.emplace_back(s.name, s.elements);
       else it->second += s.elements;
     }
+  }
+  for (const StateTensor& s : OptimizerSharedStates(setup.training, inventory)) {
+    m.optimizerStatesBytes += s.elements * BytesPerElement(s.type);
+    valuesByName.emplace_back(s.name, s.elements);
+    mixedTypes = mixedTypes || s.type != stateType;
   }
   m.totalBytes = m.parametersBytes + m.masterWeightsBytes + m.gradientsBytes + m.optimizerStatesBytes;
 
@@ -154,7 +166,10 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
     if (regime.masterWeights) {
       m.rows.push_back({Category::MasterWeights, m.masterWeightsBytes, PerParameter(trainable, DType::FP32)});
     }
-    m.rows.push_back({Category::Gradients, m.gradientsBytes, PerParameter(trainable, regime.gradients)});
+    m.rows.push_back({Category::Gradients, m.gradientsBytes,
+                      setup.training.optimizerInBackward
+                          ? "none kept: the optimizer in backward frees each gradient once applied"
+                          : PerParameter(trainable, regime.gradients)});
   } else {
     m.rows.push_back({Category::Parameters, m.parametersBytes, FinetuneParameterFormula(setup, inventory)});
     if (regime.masterWeights) {
@@ -162,8 +177,10 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
                         FormatCount(masterElements) + " trainable 16-bit values × 4 B (fp32)"});
     }
     m.rows.push_back({Category::Gradients, m.gradientsBytes,
-                      FormatCount(trainable) + " trainable values (of " + FormatCount(m.parameterCount) +
-                          ") in their own dtypes; frozen parameters get none"});
+                      setup.training.optimizerInBackward
+                          ? std::string("none kept: the optimizer in backward frees each gradient once applied")
+                          : FormatCount(trainable) + " trainable values (of " + FormatCount(m.parameterCount) +
+                                ") in their own dtypes; frozen parameters get none"});
   }
   std::string states;
   std::int64_t values = 0;
@@ -173,7 +190,10 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   }
   states = valuesByName.empty()
                ? std::string(LabelOf(setup.training.optimizer)) + " keeps no state"
-               : states + " = " + FormatCount(values) + " values × " + BytesOf(stateType);
+           : mixedTypes ? states + " = " + FormatCount(values) + " values of mixed types (uint8 states, fp32 absmax, "
+                                                                   "maps and tensors under 4,096 elements) = " +
+                              FormatCount(m.optimizerStatesBytes) + " B"
+                        : states + " = " + FormatCount(values) + " values × " + BytesOf(stateType);
   m.rows.push_back({Category::OptimizerStates, m.optimizerStatesBytes, states});
   return m;
 }
@@ -207,6 +227,7 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
       setup.training.optimizerImplementation == OptimizerImplementation::ForEach) {
     est.notes.push_back("Adafactor is simulated as HF transformers runs it: one parameter at a time.");
   }
+  AddSaverNotes(setup, inventory, est.notes);
   est.notes.push_back(
       "Fits is decided on the device figure: the step's tensors through a model of PyTorch's caching allocator "
       "(one stream), plus the CUDA context and cuBLAS workspaces; other processes on the GPU are not counted.");

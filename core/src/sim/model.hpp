@@ -62,6 +62,11 @@ struct Model {
     return finetune != nullptr ? *finetune : kPlain;
   }
 
+  // The batch's labels, for a head that computes the loss itself (the chunked loss), and that
+  // loss (kNoValue when the driver computes it from the logits).
+  ValueId labels = kNoValue;
+  ValueId loss = kNoValue;
+
   // A child module: "model.layers.3." + "self_attn.q_proj".
   Module Child(const Module& parent, std::string_view name);
   // The root of block i: prefix + i + "." ("model.layers.3.").

@@ -16,6 +16,24 @@
 //   fused: the kernel reads and writes in place, none.
 //   Mixed precision: the 16-bit gradients are upcast to fp32 for the master update (all at once
 //     with foreach, one tensor at a time per parameter, not at all when fused).
+// bitsandbytes (bitsandbytes/optim/optimizer.py):
+//   Optimizer2State.init_state: optim_bits 8 → state1, state2 uint8 (get_state_buffer) and, with
+//     block_wise (the default), absmax1, absmax2 fp32 of ceil(n / 256) blocks; a tensor with
+//     p.numel() < min_8bit_size (4,096) keeps fp32 state1, state2 instead. The first 8-bit
+//     tensor moves the "dynamic" and "udynamic" maps (create_dynamic_map: 256 fp32 values
+//     each) to the GPU, shared by every tensor. So a large tensor costs 2 + 8/256 = 2.03125 B
+//     per element. optim_bits 32 (PagedAdamW): fp32 state1, state2.
+//   Optimizer8bit.step: for each parameter, init_state (lazily) then update_step, one fused
+//     kernel (optimizer_update_8bit_blockwise / optimizer_update_32bit) updating in place: no
+//     temporaries (the fp32 gradient of a 16-bit parameter under master weights aside).
+//   get_state_buffer with is_paged: tensors of at least 1e5 elements get F.get_paged buffers
+//     (cudaMallocManaged): counted here as they occupy the GPU while resident, flagged as
+//     evictable in the estimate's notes.
+// Lion: lion-pytorch (lucidrains, lion_pytorch/lion_pytorch.py update_fn): state exp_avg =
+//   torch.zeros_like(p); update = exp_avg.clone().mul_(β1).add(grad, alpha=1−β1).sign_() holds
+//   the clone and the sum (two parameter-sized temporaries) for an instant, then the update
+//   until the parameter is done; states created in the loop, one parameter at a time.
+//   bnb.optim.Lion (fused here): Optimizer1State, fp32 state1, one kernel, no temporaries.
 #include <string>
 
 #include "gpumem/finetune.hpp"
@@ -46,6 +64,30 @@ StateTensors OptimizerStateTensors(const TrainingDef& training, const Regime& re
       full("exp_avg", stateType);
       full("exp_avg_sq", stateType);
       break;
+    case OptimizerKind::Adam8bit:
+    case OptimizerKind::AdamW8bit:
+    case OptimizerKind::PagedAdamW8bit:
+      if (n < kBnbMin8bitSize) {  // init_state: p.numel() < min_8bit_size → dtype = torch.float32
+        full("state1", DType::FP32);
+        full("state2", DType::FP32);
+        break;
+      }
+      full("state1", DType::UInt8);
+      full("state2", DType::UInt8);
+      {
+        const std::int64_t blocks = n / kBnbBlockSize + (n % kBnbBlockSize != 0 ? 1 : 0);
+        push({"absmax1", blocks, DType::FP32, Shape{blocks}});
+        push({"absmax2", blocks, DType::FP32, Shape{blocks}});
+      }
+      break;
+    case OptimizerKind::PagedAdamW:  // optim_bits=32: fp32 whatever the parameter's dtype
+      full("state1", DType::FP32);
+      full("state2", DType::FP32);
+      break;
+    case OptimizerKind::Lion:
+      if (training.optimizerImplementation == OptimizerImplementation::Fused) full("state1", DType::FP32);
+      else full("exp_avg", regime.states);  // torch.zeros_like(p): the (master) parameter's dtype
+      break;
     case OptimizerKind::Adafactor: {
       const auto& shape = parameter.shape;
       if (shape.size() >= 2) {
@@ -67,36 +109,108 @@ StateTensors OptimizerStateTensors(const TrainingDef& training, const Regime& re
   return states;
 }
 
+namespace {
+bool BitsAndBytes(OptimizerKind k) {
+  return k == OptimizerKind::Adam8bit || k == OptimizerKind::AdamW8bit || k == OptimizerKind::PagedAdamW ||
+         k == OptimizerKind::PagedAdamW8bit;
+}
+bool EightBit(OptimizerKind k) {
+  return k == OptimizerKind::Adam8bit || k == OptimizerKind::AdamW8bit || k == OptimizerKind::PagedAdamW8bit;
+}
+// Optimizers whose loop creates a parameter's states right before its update (bitsandbytes'
+// Optimizer8bit.step, lion-pytorch), not all states first (torch.optim's _init_group).
+bool StatesInLoop(const TrainingDef& t) { return BitsAndBytes(t.optimizer) || t.optimizer == OptimizerKind::Lion; }
+}  // namespace
+
+StateTensors OptimizerSharedStates(const TrainingDef& training, const Inventory& inventory) {
+  StateTensors shared;
+  if (!EightBit(training.optimizer)) return shared;
+  for (const Tensor& p : inventory.parameters) {
+    if (!p.trainable || p.Elements() < kBnbMin8bitSize) continue;
+    shared.items[shared.count++] = {"qmap1 (dynamic, shared)", kBnbQuantMapValues, DType::FP32, Shape{kBnbQuantMapValues}};
+    shared.items[shared.count++] = {"qmap2 (udynamic, shared)", kBnbQuantMapValues, DType::FP32, Shape{kBnbQuantMapValues}};
+    break;
+  }
+  return shared;
+}
+
+bool OptimizerStatesPaged(const TrainingDef& training, const Tensor& parameter) {
+  const bool paged = training.optimizer == OptimizerKind::PagedAdamW || training.optimizer == OptimizerKind::PagedAdamW8bit;
+  return paged && parameter.trainable && parameter.Elements() >= kBnbPagedMinElements;
+}
+
 OptimizerPass::OptimizerPass(const Setup& setup, const Inventory& inventory,
                              const std::vector<Text>& names, const Regime& regime)
-    : setup_(setup), inventory_(inventory), names_(names), regime_(regime) {}
+    : setup_(setup), inventory_(inventory), names_(names), regime_(regime),
+      created_(inventory.parameters.size(), false) {}
 
-void OptimizerPass::Step(TraceBuilder& b) {
+void OptimizerPass::CreateStates(TraceBuilder& b, std::size_t i) {
+  if (created_[i]) return;
+  created_[i] = true;
   const TrainingDef& t = setup_.training;
   const TextPart name = TextPart::View(LabelOf(t.optimizer));
   TextStore& text = b.text();
-
-  if (!statesCreated_) {
-    for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
-      const Tensor& p = inventory_.parameters[i];
-      for (const StateTensor& s : OptimizerStateTensors(t, regime_, p)) {
-        const TextPart state = TextPart::View(s.name);  // a literal
-        states_.push_back(b.Alloc(Category::OptimizerStates, s.elements * BytesPerElement(s.type),
-                                  text.Make({names_[i], ".", state}),
-                                  text.Make({"step ", TextPart::Int(b.step()), ": ", name, " creates ",
-                                             names_[i], ".", state}),
-                                  text.Shape(s.shape, s.type), p.layer));
-      }
+  const Tensor& p = inventory_.parameters[i];
+  const StateTensors states = OptimizerStateTensors(t, regime_, p);
+  if (!sharedCreated_ && states.count > 0 && states.items[0].type == DType::UInt8) {
+    // init_state: self.name2qmap["dynamic"].to(p.device), before the tensor's own states.
+    sharedCreated_ = true;
+    for (const StateTensor& s : OptimizerSharedStates(t, inventory_)) {
+      const TextPart state = TextPart::View(s.name);
+      states_.push_back(b.Alloc(Category::OptimizerStates, s.elements * BytesPerElement(s.type), text.Make({state}),
+                                text.Make({"step ", TextPart::Int(b.step()), ": ", name, " moves ", state, " to the GPU"}),
+                                text.Shape(s.shape, s.type)));
     }
-    statesCreated_ = true;
   }
+  const bool paged = OptimizerStatesPaged(t, p);
+  for (const StateTensor& s : states) {
+    const TextPart state = TextPart::View(s.name);  // a literal
+    const bool pagedBuffer = paged && s.elements == p.Elements();  // get_state_buffer's, not absmax
+    states_.push_back(b.Alloc(Category::OptimizerStates, s.elements * BytesPerElement(s.type),
+                              text.Make({names_[i], ".", state}),
+                              text.Make({"step ", TextPart::Int(b.step()), ": ", name, " creates ", names_[i], ".", state,
+                                         TextPart::View(pagedBuffer ? " (paged)" : "")}),
+                              text.Shape(s.shape, s.type), p.layer));
+  }
+}
+
+void OptimizerPass::Step(TraceBuilder& b) {
+  std::vector<std::size_t> all;
+  for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+    if (inventory_.parameters[i].trainable) all.push_back(i);
+  }
+  if (StatesInLoop(setup_.training)) {
+    // for p in params: init_state(p) (when new); update_step(p).
+    for (std::size_t i : all) {
+      CreateStates(b, i);
+      Temporaries(b, {i});
+    }
+    return;
+  }
+  for (std::size_t i : all) CreateStates(b, i);
+  Temporaries(b, all);
+}
+
+void OptimizerPass::StepParameter(TraceBuilder& b, std::size_t index) {
+  if (!inventory_.parameters[index].trainable) return;
+  CreateStates(b, index);
+  Temporaries(b, {index});
+}
+
+void OptimizerPass::Temporaries(TraceBuilder& b, const std::vector<std::size_t>& indices) {
+  const TrainingDef& t = setup_.training;
+  const TextPart name = TextPart::View(LabelOf(t.optimizer));
+  TextStore& text = b.text();
 
   OptimizerImplementation impl = t.optimizerImplementation;
   if (impl == OptimizerImplementation::Fused) return;
   const bool adam = t.optimizer == OptimizerKind::Adam || t.optimizer == OptimizerKind::AdamW;
   const bool adafactor = t.optimizer == OptimizerKind::Adafactor;
-  if (adafactor) impl = OptimizerImplementation::PerParameter;  // HF Adafactor loops
+  const bool lion = t.optimizer == OptimizerKind::Lion;
+  const bool bnb = BitsAndBytes(t.optimizer);
+  if (adafactor || lion || bnb) impl = OptimizerImplementation::PerParameter;  // loops over parameters
   const bool upcast = regime_.masterWeights;
+  if (bnb && !upcast) return;  // one in-place kernel per parameter
   const DType stateType = regime_.states;
   const Text step = text.Make({name, " step: "});
   auto temp = [&](std::int64_t bytes, Text tensor, Text what, Text formula, int layer = -1) {
@@ -105,8 +219,8 @@ void OptimizerPass::Step(TraceBuilder& b) {
 
   if (impl == OptimizerImplementation::ForEach) {
     std::int64_t elements = 0, stateBytesAll = 0, upcastElements = 0;
-    for (const Tensor& p : inventory_.parameters) {
-      if (!p.trainable) continue;
+    for (std::size_t i : indices) {
+      const Tensor& p = inventory_.parameters[i];
       elements += p.Elements();
       stateBytesAll += p.Elements() * BytesPerElement(StateTypeOf(p, stateType));
       if (HasMasterCopy(p, upcast)) upcastElements += p.Elements();
@@ -127,9 +241,8 @@ void OptimizerPass::Step(TraceBuilder& b) {
     return;
   }
 
-  for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+  for (std::size_t i : indices) {
     const Tensor& p = inventory_.parameters[i];
-    if (!p.trainable) continue;
     const Text pname = names_[i];
     const Shape shape(p.shape);
     const std::int64_t n = p.Elements();
@@ -150,6 +263,17 @@ void OptimizerPass::Step(TraceBuilder& b) {
       TensorHandle denom = temp(n * BytesPerElement(own), text.Make({"denom"}), text.Make({"denominator of ", pname}), f, p.layer);
       b.Release(root, text.Make({step, "sqrt consumed"}));
       b.Release(denom, text.Make({step, pname, " updated"}));
+    } else if (lion) {
+      // update = exp_avg.clone().mul_(β1).add(grad, alpha=1−β1).sign_()
+      const DType own = StateTypeOf(p, stateType);
+      const std::int64_t stateBytes = BytesPerElement(own);
+      const Text f = text.Shape(shape, own);
+      TensorHandle clone = temp(n * stateBytes, text.Make({"exp_avg.clone()"}),
+                                text.Make({"exp_avg.clone() of ", pname}), f, p.layer);
+      TensorHandle update = temp(n * stateBytes, text.Make({"update"}),
+                                 text.Make({"update (clone · β1 + grad · (1 − β1)) of ", pname}), f, p.layer);
+      b.Release(clone, text.Make({step, "clone consumed"}));
+      b.Release(update, text.Make({step, pname, " updated"}));
     } else if (adafactor) {
       const Text f = text.Shape(shape, DType::FP32);
       TensorHandle square = temp(n * 4, text.Make({"grad²"}), text.Make({"grad² of ", pname}), f, p.layer);

@@ -160,7 +160,8 @@ Regime RegimeOf(Precision precision) {
 GradientSink::GradientSink(TraceBuilder& builder, const Inventory& inventory,
                            const std::vector<Text>& names, const Regime& regime)
     : builder_(builder), inventory_(inventory), names_(names), regime_(regime),
-      grads_(inventory.parameters.size(), kNoTensor) {}
+      grads_(inventory.parameters.size(), kNoTensor), expected_(inventory.parameters.size(), 1),
+      received_(inventory.parameters.size(), 0) {}
 
 void GradientSink::Produce(std::size_t index, Text label) {
   const Tensor& p = inventory_.parameters[index];
@@ -173,13 +174,30 @@ void GradientSink::Produce(std::size_t index, Text label) {
   if (grads_[index] == kNoTensor) {
     grads_[index] = builder_.Alloc(Category::Gradients, bytes, t.Make({name, ".grad"}),
                                    t.Make({label, ": ", name, ".grad"}), formula, p.layer);
-    return;
+  } else {
+    // .grad already exists (kept by zero_grad(set_to_none=False), or a tied weight's second
+    // use): the new gradient is added into it in place and then freed.
+    TensorHandle fresh = builder_.Alloc(Category::Gradients, bytes, t.Make({name, " new gradient"}),
+                                        t.Make({label, ": new gradient of ", name}), formula, p.layer);
+    builder_.Release(fresh, t.Make({label, ": accumulated into ", name, ".grad"}));
   }
-  // .grad already exists (kept by zero_grad(set_to_none=False)): the new gradient is added
-  // into it in place and then freed.
-  TensorHandle fresh = builder_.Alloc(Category::Gradients, bytes, t.Make({name, " new gradient"}),
-                                      t.Make({label, ": new gradient of ", name}), formula, p.layer);
-  builder_.Release(fresh, t.Make({label, ": accumulated into ", name, ".grad"}));
+  if (!ready_ || ++received_[index] < expected_[index]) return;
+  received_[index] = 0;
+  expected_[index] = 1;
+  pending_.push_back(index);
+  pendingLabels_.push_back(label);
+}
+
+void GradientSink::RunReady() {
+  for (std::size_t k = 0; k < pending_.size(); ++k) {
+    const std::size_t index = pending_[k];
+    ready_(index);
+    builder_.Release(grads_[index], builder_.text().Make({pendingLabels_[k], ": optimizer in backward frees ",
+                                                          names_[index], ".grad"}));
+    grads_[index] = kNoTensor;
+  }
+  pending_.clear();
+  pendingLabels_.clear();
 }
 
 void GradientSink::ReleaseAll(Text label) {
@@ -193,7 +211,9 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   Trace trace;
   trace.text.SetEnabled(explain);
   TraceBuilder b(trace);
-  const Regime regime = RegimeOf(setup.training.precision);
+  Regime regime = RegimeOf(setup.training.precision);
+  // The loss in the model's dtype (no logits.float()); autocast's log_softmax stays fp32.
+  if (setup.training.lossInModelDtype && !regime.autocast) regime.lossInFp32 = false;
 
   trace.events.reserve(EventCapacityHint(setup));
   if (explain) trace.text.Reserve(EventCapacityHint(setup) * 8);
@@ -222,14 +242,17 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
                                                     : MakeLayerListPass(setup, inventory, regime);
   GradientSink gradients(b, inventory, names, regime);
   OptimizerPass optimizer(setup, inventory, names, regime);
+  const bool inBackward = setup.training.optimizerInBackward;
+  if (inBackward) gradients.OnReady([&](std::size_t index) { optimizer.StepParameter(b, index); });
 
   auto runStep = [&](int step) {
     b.SetPhase(Phase::Forward, step);
     pass->Forward(b);
     b.SetPhase(Phase::Backward, step);
     pass->Backward(b, gradients);
+    gradients.RunReady();  // what a pass left pending (quick mode's single backward)
     b.SetPhase(Phase::OptimizerStep, step);
-    optimizer.Step(b);
+    if (!inBackward) optimizer.Step(b);
     if (setup.training.zeroGradSetToNone) gradients.ReleaseAll(text.Make({"zero_grad(set_to_none=True)"}));
     pass->EndStep(b);
   };

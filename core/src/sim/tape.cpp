@@ -163,6 +163,35 @@ SmallVec<ValueId, 4> Tape::Split(TextPart name, ValueId input, std::initializer_
     node.label = T({scope_, " ", base, " backward"});
     node.layer = layer_;
     node.inputs = {{input, In::Compute}};
+    for (ValueId v : outs) node.outputs.push_back(v);
+    nodes_.push_back(node);
+    for (ValueId v : outs) values_[static_cast<std::size_t>(v)].producer = static_cast<int>(nodes_.size() - 1);
+  }
+  return outs;
+}
+
+SmallVec<ValueId, 8> Tape::Chunk(TextPart name, ValueId input, std::int64_t chunks, int dim) {
+  const Shape whole = values_[static_cast<std::size_t>(input)].shape;
+  const std::int64_t size = whole[dim];
+  const std::int64_t each = (size + chunks - 1) / chunks;  // torch.chunk: ceil(size / chunks)
+  const bool grad = recording_ && values_[static_cast<std::size_t>(input)].requiresGrad;
+  const Text base = T({name});
+  SmallVec<ValueId, 8> outs;
+  for (std::int64_t start = 0, i = 0; start < size && i < 8; start += each, ++i) {
+    Value v;
+    v.storage = b_.Retain(values_[static_cast<std::size_t>(input)].storage);
+    v.shape = whole;
+    v.shape.dims[dim] = std::min(each, size - start);
+    v.type = values_[static_cast<std::size_t>(input)].type;
+    v.name = T({base, "[", TextPart::Int(i), "]"});
+    v.requiresGrad = grad;
+    outs.push_back(NewValue(v));
+  }
+  if (grad) {
+    Node node;
+    node.label = T({scope_, " ", base, " backward"});
+    node.layer = layer_;
+    node.inputs = {{input, In::Compute}};
     node.outputs = outs;
     nodes_.push_back(node);
     for (ValueId v : outs) values_[static_cast<std::size_t>(v)].producer = static_cast<int>(nodes_.size() - 1);
@@ -240,7 +269,7 @@ Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block) 
     if (values_[static_cast<std::size_t>(v)].requiresGrad) node.inputs.push_back({v, In::Compute});
   }
   node.blockInputs = inputs;
-  node.outputs = outs;
+  for (ValueId v : outs) node.outputs.push_back(v);
   blocks_.push_back(std::move(block));
   node.block = static_cast<int>(blocks_.size() - 1);
   nodes_.push_back(node);
@@ -261,6 +290,17 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
                                      T({"loss.backward(): gradient of the loss (1.0)"}),
                                      text().Shape(Shape{1}, type));
   GradOf(loss) = seed;
+  // How many gradients each parameter receives (a tied weight: two), so that a hook that needs
+  // the complete gradient (the optimizer in backward) runs after the last. Parameters inside
+  // checkpointed blocks are used by recomputed nodes made later: one each.
+  std::vector<int> uses(parameterCount_, 0);
+  for (const Node& node : nodes_) {
+    for (const In& in : node.inputs) {
+      const int parameter = values_[static_cast<std::size_t>(in.value)].parameter;
+      if (parameter >= 0 && NeedsGrad(in)) ++uses[static_cast<std::size_t>(parameter)];
+    }
+  }
+  for (std::size_t i = 0; i < uses.size(); ++i) if (uses[i] > 1) sink.Expect(i, uses[i]);
   RunBackward(0, static_cast<int>(nodes_.size()));
   // What is still held (in value order, as the map this replaces iterated).
   const Text finished = T({"backward finished"});
@@ -363,6 +403,9 @@ void Tape::Execute(int index) {
       g = kNoTensor;
     }
   }
+  // The parameters' AccumulateGrad nodes run after this node is done (its saved tensors and
+  // incoming gradient gone): their hooks (the optimizer in backward) run now.
+  sink_->RunReady();
 }
 
 void Tape::RunCheckpoint(int index) {

@@ -144,6 +144,9 @@ class Tape {
   ValueId Apply(const OpSpec& spec);
   // An op with several outputs sharing one node (split): outputs are views of `input`.
   SmallVec<ValueId, 4> Split(TextPart name, ValueId input, std::initializer_list<Shape> shapes);
+  // torch.chunk(input, chunks, dim): ceil(size / chunks) along `dim` each (the last smaller, and
+  // fewer chunks when they run out), views sharing one SplitBackward node (at most 8).
+  SmallVec<ValueId, 8> Chunk(TextPart name, ValueId input, std::int64_t chunks, int dim);
 
   // --- autocast ---
   bool autocast() const { return autocast_; }
@@ -179,7 +182,7 @@ class Tape {
     Text label;
     int layer = -1;
     SmallVec<In, 4> inputs;
-    SmallVec<ValueId, 4> outputs;
+    SmallVec<ValueId, 8> outputs;  // Chunk makes up to 8
     SmallVec<TensorHandle, 5> saved;
     int temps = -1;           // index into temps_ (backward temporaries are rare: SDPA's)
     int block = -1;           // index into blocks_ for checkpoint nodes

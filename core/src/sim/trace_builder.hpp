@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -98,12 +99,28 @@ class GradientSink {
   void ReleaseAll(Text label);
   const std::vector<TensorHandle>& handles() const { return grads_; }
 
+  // Optimizer in backward: `ready(index)` runs once the parameter's gradient is complete (its
+  // last expected contribution arrived: register_post_accumulate_grad_hook fires after the one
+  // AccumulateGrad, which the engine runs once all uses have sent their gradients), and its
+  // .grad is then freed (the hook's zero_grad()).
+  void OnReady(std::function<void(std::size_t)> ready) { ready_ = std::move(ready); }
+  // Runs the hooks of the parameters whose gradients completed since the last call, in order,
+  // freeing each .grad after its hook. Called once the backward op that produced them has
+  // released what it held (PyTorch runs AccumulateGrad as a node of its own, after that op).
+  void RunReady();
+  // How many gradients of parameter `index` the coming backward delivers (a tied weight: two).
+  void Expect(std::size_t index, int contributions) { expected_[index] = contributions; }
+
  private:
   TraceBuilder& builder_;
   const Inventory& inventory_;
   const std::vector<Text>& names_;
   Regime regime_;
   std::vector<TensorHandle> grads_;
+  std::function<void(std::size_t)> ready_;
+  std::vector<int> expected_, received_;
+  std::vector<std::size_t> pending_;  // complete, hook not yet run
+  std::vector<Text> pendingLabels_;
 };
 
 // One model family's forward and backward over a micro-batch.
@@ -122,14 +139,22 @@ class OptimizerPass {
  public:
   OptimizerPass(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names,
                 const Regime& regime);
+  // optimizer.step() over every trainable parameter.
   void Step(TraceBuilder& builder);
+  // Optimizer in backward: the step of parameter `index` alone, run by its gradient hook with
+  // an optimizer of its own (torchtune's optimizer_in_bwd builds one per parameter).
+  void StepParameter(TraceBuilder& builder, std::size_t index);
 
  private:
+  void CreateStates(TraceBuilder& builder, std::size_t index);
+  // The step's temporaries over `indices` (one foreach call, or one parameter at a time).
+  void Temporaries(TraceBuilder& builder, const std::vector<std::size_t>& indices);
   const Setup& setup_;
   const Inventory& inventory_;
   const std::vector<Text>& names_;
   Regime regime_;
-  bool statesCreated_ = false;
+  std::vector<bool> created_;   // by parameter: its states exist
+  bool sharedCreated_ = false;  // bitsandbytes' quantization maps
   std::vector<TensorHandle> states_;
 };
 
@@ -141,14 +166,24 @@ struct StateTensor {
   DType type = DType::FP32;
   Shape shape;               // its shape (the formula shows it)
 };
-// At most three per tensor (Adafactor with β1: row, column, exp_avg).
+// At most four per tensor (bitsandbytes 8-bit: state1, state2, absmax1, absmax2).
 struct StateTensors {
-  StateTensor items[3];
+  StateTensor items[4];
   int count = 0;
   const StateTensor* begin() const { return items; }
   const StateTensor* end() const { return items + count; }
 };
 StateTensors OptimizerStateTensors(const TrainingDef& training, const Regime& regime,
                                                const Tensor& parameter);
+// States an optimizer keeps once, not per tensor: bitsandbytes' two 256-value fp32 quantization
+// maps (qmap1 "dynamic", qmap2 "udynamic"), moved to the GPU by the first 8-bit init_state.
+StateTensors OptimizerSharedStates(const TrainingDef& training, const Inventory& inventory);
+// bitsandbytes paged optimizers: whether this parameter's states are paged (cudaMallocManaged).
+bool OptimizerStatesPaged(const TrainingDef& training, const Tensor& parameter);
+// What the bitsandbytes constants are (bitsandbytes/optim/optimizer.py).
+inline constexpr std::int64_t kBnbMin8bitSize = 4096;     // Optimizer8bit(min_8bit_size=4096)
+inline constexpr std::int64_t kBnbBlockSize = 256;        // init_state: blocksize = 256
+inline constexpr std::int64_t kBnbPagedMinElements = 100000;  // get_state_buffer: p.numel() < 1e5 not paged
+inline constexpr std::int64_t kBnbQuantMapValues = 256;   // functional.create_dynamic_map: 256 values
 
 }  // namespace gpumem

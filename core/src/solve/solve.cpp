@@ -125,6 +125,15 @@ const char* kBoundReason =
 
 }  // namespace
 
+const char* FitCostId(FitCost cost) {
+  switch (cost) {
+    case FitCost::Free: return "free";
+    case FitCost::Compute: return "compute";
+    case FitCost::ChangesResults: return "changesResults";
+  }
+  return "";
+}
+
 SolveResult Solve(const Setup& setup) {
   // Only peaks are compared: no timeline, no words (a third of the work).
   EstimateResult current = EstimateMemory(setup, kPeaksOnly);
@@ -209,9 +218,10 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
       heldAtPeak({Category::Activations, Category::ActivationGradients, Category::WeightCopies});
   const bool batchMatters = activationsMatter || heldAtPeak({Category::InputBatch});
   const bool temporariesMatter = heldAtPeak({Category::OptimizerIntermediates});
-  auto add = [&](std::string id, std::string label, std::string tradeoff, std::vector<std::string> fields,
+  auto add = [&](FitCost cost, std::string id, std::string label, std::string tradeoff, std::vector<std::string> fields,
                  const std::function<void(Setup&)>& change, std::optional<std::int64_t> knownPeak = std::nullopt) {
     FitSuggestion s;
+    s.cost = cost;
     s.id = std::move(id);
     s.label = std::move(label);
     s.tradeoff = std::move(tradeoff);
@@ -226,58 +236,58 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
     if (s.savedBytes > 0) out.suggestions.push_back(std::move(s));
   };
   if (transformer && activationsMatter && t.checkpointing != Checkpointing::EveryBlock) {
-    add("checkpointing-everyBlock", "Checkpoint every block",
+    add(FitCost::Compute, "checkpointing-everyBlock", "Checkpoint every block",
         "each block's forward runs again during backward: about a third more compute",
         {"training.checkpointing"}, [](Setup& s) { s.training.checkpointing = Checkpointing::EveryBlock; });
   }
   if (transformer && activationsMatter && t.checkpointing == Checkpointing::None &&
       t.attention == AttentionImplementation::Eager) {
-    add("checkpointing-selective", "Recompute the attention core (selective checkpointing)",
+    add(FitCost::Compute, "checkpointing-selective", "Recompute the attention core (selective checkpointing)",
         "the scores and softmax are recomputed in backward: a few percent more compute",
         {"training.checkpointing"}, [](Setup& s) { s.training.checkpointing = Checkpointing::Selective; });
   }
   if (transformer && activationsMatter && t.attention == AttentionImplementation::Eager) {
-    add("attention-sdpa", "Use fused attention (SDPA / FlashAttention)",
+    add(FitCost::Free, "attention-sdpa", "Use fused attention (SDPA / FlashAttention)",
         "same result; needs a GPU and dtype the fused kernels support",
         {"training.attention"}, [](Setup& s) { s.training.attention = AttentionImplementation::SDPA; });
   }
   if (t.precision == Precision::FP32) {
     if (setup.model.kind != ModelKind::LayerList) {
-      add("precision-ampBf16", "Train with autocast bf16", "bf16 matmuls; fp32 weights and states keep full precision",
+      add(FitCost::ChangesResults, "precision-ampBf16", "Train with autocast bf16", "bf16 matmuls; fp32 weights and states keep full precision",
           {"training.precision"}, [](Setup& s) { s.training.precision = Precision::AmpBF16; });
     }
-    add("precision-bf16Mixed", "Train in bf16 with fp32 master weights",
+    add(FitCost::ChangesResults, "precision-bf16Mixed", "Train in bf16 with fp32 master weights",
         "bf16 weights, gradients and activations; the optimizer keeps fp32 copies",
         {"training.precision"}, [](Setup& s) { s.training.precision = Precision::BF16Mixed; });
   }
   if (t.precision != Precision::BF16) {
-    add("precision-bf16", "Train in pure bf16", "no fp32 copies at all: updates lose precision, convergence may suffer",
+    add(FitCost::ChangesResults, "precision-bf16", "Train in pure bf16", "no fp32 copies at all: updates lose precision, convergence may suffer",
         {"training.precision"}, [](Setup& s) { s.training.precision = Precision::BF16; });
   }
   if (t.optimizer == OptimizerKind::Adam || t.optimizer == OptimizerKind::AdamW) {
-    add("optimizer-adafactor", "Use Adafactor", "factored second moments: different optimisation dynamics",
+    add(FitCost::ChangesResults, "optimizer-adafactor", "Use Adafactor", "factored second moments: different optimisation dynamics",
         {"training.optimizer", "training.optimizerImplementation"}, [](Setup& s) {
           s.training.optimizer = OptimizerKind::Adafactor;
           s.training.optimizerImplementation = OptimizerImplementation::PerParameter;
         });
-    add("optimizer-sgdMomentum", "Use SGD with momentum", "one state per parameter instead of two; usually needs retuning",
+    add(FitCost::ChangesResults, "optimizer-sgdMomentum", "Use SGD with momentum", "one state per parameter instead of two; usually needs retuning",
         {"training.optimizer"}, [](Setup& s) { s.training.optimizer = OptimizerKind::SGDMomentum; });
   }
   if (temporariesMatter && t.optimizerImplementation != OptimizerImplementation::Fused &&
       t.optimizer != OptimizerKind::Adafactor) {
-    add("optimizer-fused", "Use the fused optimizer (fused=True)", "same update, one kernel: no parameter-sized temporaries",
+    add(FitCost::Free, "optimizer-fused", "Use the fused optimizer (fused=True)", "same update, one kernel: no parameter-sized temporaries",
         {"training.optimizerImplementation"},
         [](Setup& s) { s.training.optimizerImplementation = OptimizerImplementation::Fused; });
   }
   // The allocator's cache at its peak: expandable segments grow in place, so the free blocks
   // stranded inside fixed-size segments mostly go (simulated, not assumed).
   if (!setup.runtime.allocator.expandableSegments && current.device.fragmentationBytes > 0) {
-    add("allocator-expandableSegments", "Let the allocator grow segments in place (PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True)",
+    add(FitCost::Free, "allocator-expandableSegments", "Let the allocator grow segments in place (PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True)",
         "free: the same computation; segments grow in place instead of new cudaMalloc calls (PyTorch ≥ 2.1, Linux)",
         {"runtime.allocator.expandableSegments"}, [](Setup& s) { s.runtime.allocator.expandableSegments = true; });
   }
   if (!t.zeroGradSetToNone) {
-    add("zero-grad-set-to-none", "zero_grad(set_to_none=True)", "none: gradients are freed instead of zeroed",
+    add(FitCost::Free, "zero-grad-set-to-none", "zero_grad(set_to_none=True)", "none: gradients are freed instead of zeroed",
         {"training.zeroGradSetToNone"}, [](Setup& s) { s.training.zeroGradSetToNone = true; });
   }
   if (t.batchSize > 1 && batchMatters) {
@@ -287,18 +297,51 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
     // The batch search already simulated the largest batch that fits.
     std::optional<std::int64_t> known;
     if (out.maxBatchSize.found && micro == out.maxBatchSize.value) known.emplace(out.maxBatchSize.peakBytes);
-    add("batch-" + std::to_string(micro) + "-accumulate-" + std::to_string(steps),
+    add(FitCost::Compute, "batch-" + std::to_string(micro) + "-accumulate-" + std::to_string(steps),
         "Micro-batch " + FormatCount(micro) + " with " + FormatCount(steps) + " gradient-accumulation steps",
         "same effective batch (" + FormatCount(micro * steps) + "), " + FormatCount(steps) + " forward/backward passes per step",
         {"training.batchSize"}, [micro](Setup& s) { s.training.batchSize = micro; }, known);
   }
-  std::stable_sort(out.suggestions.begin(), out.suggestions.end(),
-                   [](const FitSuggestion& a, const FitSuggestion& b) { return a.savedBytes > b.savedBytes; });
+  // The fine-tuning changes (issue 11). Free: the chunked loss and the optimizer in backward
+  // compute the same numbers; an 8-bit optimizer changes the update's precision.
+  const bool decoder = transformer && setup.model.architecture.family != Family::BERT;
+  if (decoder && activationsMatter && t.lossImplementation == LossImplementation::Standard) {
+    add(FitCost::Free, "loss-chunked", "Chunk the output projection and the loss (torchtune CEWithChunkedOutputLoss, 8 chunks)",
+        "free: the same loss; the logits are upcast to fp32 one chunk at a time",
+        {"training.lossImplementation", "training.lossChunks"}, [](Setup& s) {
+          s.training.lossImplementation = LossImplementation::Chunked;
+          s.training.lossChunks = 8;
+        });
+  }
+  if (!t.optimizerInBackward && heldAtPeak({Category::Gradients, Category::OptimizerIntermediates})) {
+    add(FitCost::Free, "optimizer-in-backward", "Step the optimizer in backward (torchtune optimizer_in_bwd=True)",
+        "the same update; each gradient is freed once applied, so gradient accumulation is not possible",
+        {"training.optimizerInBackward", "training.zeroGradSetToNone"}, [](Setup& s) {
+          s.training.optimizerInBackward = true;
+          s.training.zeroGradSetToNone = true;
+        });
+  }
+  if (t.optimizer == OptimizerKind::Adam || t.optimizer == OptimizerKind::AdamW || t.optimizer == OptimizerKind::PagedAdamW) {
+    add(FitCost::ChangesResults, "optimizer-adamw8bit", "Use 8-bit AdamW (bitsandbytes AdamW8bit)",
+        "states quantized blockwise to 8 bits (2.03 B per parameter instead of 8): close to AdamW, not identical",
+        {"training.optimizer"}, [](Setup& s) { s.training.optimizer = OptimizerKind::AdamW8bit; });
+  }
+  // HOOK for LoRA / QLoRA (issue 11 items 1–3, the `finetune` section): when it is on main, add
+  // here FitCost::ChangesResults suggestions "finetune-lora" (adapters on the attention and MLP
+  // projections, base weights frozen) and "finetune-qlora" (the same on NF4 base weights), each
+  // simulated through add(), with their fields ("finetune.…") copied in the combination below.
+
+  // Those that fit first; then the cheapest kind of change; then the largest saving.
+  std::stable_sort(out.suggestions.begin(), out.suggestions.end(), [](const FitSuggestion& a, const FitSuggestion& b) {
+    if (a.fits != b.fits) return a.fits;
+    if (a.cost != b.cost) return a.cost < b.cost;
+    return a.savedBytes > b.savedBytes;
+  });
 
   // No single change fits: combine the largest savers, one change per field, until it fits.
   // The first is already simulated alone; at most kCombinationSteps more are simulated (the
   // largest savers come first, and each later one saves less, so a long tail rarely helps).
-  constexpr int kCombinationSteps = 4;
+  constexpr int kCombinationSteps = 8;
   const bool anyFits = std::any_of(out.suggestions.begin(), out.suggestions.end(), [](const FitSuggestion& s) { return s.fits; });
   if (!anyFits && out.currentPeakBytes > capacity && out.suggestions.size() > 1) {
     FitSuggestion combo;
@@ -310,6 +353,10 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
       for (const std::string& f : s.changedFields) {
         clash = clash || std::find(combo.changedFields.begin(), combo.changedFields.end(), f) != combo.changedFields.end();
       }
+      // The optimizer in backward leaves no gradient to accumulate into.
+      const bool accumulates = s.id.rfind("batch-", 0) == 0;
+      clash = clash || (accumulates && combo.setup.training.optimizerInBackward) ||
+              (s.setup.training.optimizerInBackward && combo.setup.training.batchSize != setup.training.batchSize);
       if (clash) continue;
       if (!labels.empty() && steps++ == kCombinationSteps) break;
       Setup next = combo.setup;
@@ -322,6 +369,9 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         if (f == "training.zeroGradSetToNone") next.training.zeroGradSetToNone = s.setup.training.zeroGradSetToNone;
         if (f == "training.batchSize") next.training.batchSize = s.setup.training.batchSize;
         if (f == "runtime.allocator.expandableSegments") next.runtime = s.setup.runtime;
+        if (f == "training.lossImplementation") next.training.lossImplementation = s.setup.training.lossImplementation;
+        if (f == "training.lossChunks") next.training.lossChunks = s.setup.training.lossChunks;
+        if (f == "training.optimizerInBackward") next.training.optimizerInBackward = s.setup.training.optimizerInBackward;
       }
       const auto peak = labels.empty() ? std::optional(s.peakBytes) : peakOf(next);
       if (!peak) continue;
@@ -331,6 +381,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
       labels.push_back(s.label);
       combo.id += (combo.id.empty() ? "" : "+") + s.id;
       combo.tradeoff += (combo.tradeoff.empty() ? "" : "; ") + s.tradeoff;
+      combo.cost = std::max(combo.cost, s.cost);
       if (*peak <= capacity) break;
     }
     if (labels.size() > 1) {

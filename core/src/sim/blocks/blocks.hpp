@@ -41,5 +41,9 @@ ValueId AttentionOutput(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask,
 // Cross-entropy on the logits against `labels`: causal LMs shift the labels and upcast the
 // logits to fp32; with fp16 autocast, GradScaler scales the loss.
 ValueId CrossEntropy(Model& m, ValueId logits, ValueId labels, bool causal);
+// torchtune's chunked output and CEWithChunkedOutputLoss: `hidden` [b, s, h] is chunked along
+// the sequence, each chunk projected by `weight` to the vocabulary, and each chunk's logits
+// upcast to fp32 and reduced (reduction="sum") in turn; the sum is divided by the token count.
+ValueId ChunkedOutputLoss(Model& m, ValueId hidden, ValueId weight, ValueId labels);
 
 }  // namespace gpumem::blocks

@@ -88,6 +88,12 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) 
   }
   const ValueId weight = m.parameters.Has("lm_head.weight") ? m.parameters.ByName(t, "lm_head.weight")
                                                             : m.parameters.ByName(t, tiedEmbedding);
+  if (m.training.lossImplementation == LossImplementation::Chunked) {
+    // torchtune: the output projection runs per chunk and the loss follows (loss.cpp).
+    m.loss = blocks::ChunkedOutputLoss(m, normed, weight, m.labels);
+    t.Drop(normed);
+    return kNoValue;
+  }
   const ValueId logits = ops::Linear(t, normed, weight, kNoValue, m.a.vocabSize, "logits");
   t.Drop(normed);
   return logits;

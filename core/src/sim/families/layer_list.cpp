@@ -11,6 +11,16 @@
 // A dropout with p = 0 returns its input unchanged and keeps nothing.
 // The training loop holds the model's output (`out = model(x)`, or a Hugging Face model's
 // `outputs.logits`) until the end of the step, so it outlives the loss and backward.
+//
+// Autocast (torch.autocast, CUDA's op lists; CPU torch 1.13 agrees for these ops): the batch
+// and the weights stay fp32. A linear casts its arguments in order — the input (a 16-bit copy
+// when it is fp32, saved for the weight gradient), the weight and the bias (copies cached until
+// the autocast context ends; the weight copy is also saved for the input gradient) — and
+// returns 16-bit. Embedding, activations and dropout run in their input's dtype. log_softmax
+// and mse_loss run in fp32 on an fp32 copy (mse saves that copy). In backward each cast is a
+// ToCopyBackward node created just before the linear, so it runs right after it: the bias's,
+// then the weight's 16-bit gradient becomes the fp32 .grad, then the input copy's gradient is
+// cast back to fp32 (aten/src/ATen/autocast_mode.cpp cached_cast; autograd's sequence order).
 #include <memory>
 #include <string>
 
@@ -26,7 +36,9 @@ class LayerListPass final : public ModelPass {
   LayerListPass(const Setup& setup, const Inventory& inventory, const Regime& regime)
       : layers_(setup.model.layers), loss_(setup.model.loss), regime_(regime),
         batch_(setup.training.batchSize), sequence_(setup.training.sequenceLength),
-        saved_(setup.model.layers.size(), kNoTensor) {
+        saved_(setup.model.layers.size(), kNoTensor), savedWeight_(setup.model.layers.size(), kNoTensor),
+        types_(setup.model.layers.size(), regime.activations), inTypes_(setup.model.layers.size(), regime.activations),
+        castInput_(setup.model.layers.size(), false) {
     // Each layer's output width, in one pass: OutputWidth(layers, i) walks layers 0..i, so
     // calling it per layer made long lists quadratic (issue 14).
     widths_.resize(layers_.size());
@@ -45,71 +57,116 @@ class LayerListPass final : public ModelPass {
   }
 
   void Forward(TraceBuilder& b) override {
-    const DType act = regime_.activations;
+    const bool autocast = regime_.autocast;
+    const DType compute = regime_.compute;
+    // Under autocast the data loader's features and targets are fp32, as the weights.
+    const DType batchType = autocast ? regime_.weights : regime_.activations;
     const std::int64_t tokens = batch_ * sequence_;
     const LayerDef& first = layers_.front();
     if (first.kind == LayerKind::Embedding) {
       input_ = b.Alloc(Category::InputBatch, tokens * 8, "input ids", "batch: token ids",
                        SizeFormula({batch_, sequence_}, DType::Int64));
     } else {
-      input_ = b.Alloc(Category::InputBatch, tokens * first.inFeatures * BytesPerElement(act),
+      input_ = b.Alloc(Category::InputBatch, tokens * first.inFeatures * BytesPerElement(batchType),
                        "input features", "batch: input features",
-                       SizeFormula({batch_, sequence_, first.inFeatures}, act));
+                       SizeFormula({batch_, sequence_, first.inFeatures}, batchType));
     }
     const std::int64_t outWidth = widths_.back();
     if (loss_ == LossKind::CrossEntropy) {
       labels_ = b.Alloc(Category::InputBatch, tokens * 8, "labels", "batch: class labels",
                         SizeFormula({batch_, sequence_}, DType::Int64));
     } else {
-      labels_ = b.Alloc(Category::InputBatch, tokens * outWidth * BytesPerElement(act), "targets",
-                        "batch: regression targets", SizeFormula({batch_, sequence_, outWidth}, act));
+      labels_ = b.Alloc(Category::InputBatch, tokens * outWidth * BytesPerElement(batchType), "targets",
+                        "batch: regression targets", SizeFormula({batch_, sequence_, outWidth}, batchType));
     }
 
     TensorHandle current = b.Retain(input_);
+    DType currentType = batchType;  // the dtype of `current`
+    std::vector<TensorHandle> castCache;  // autocast's cached weight and bias copies
+    bool anyParameterBefore = false;      // whether the current input needs a gradient
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const LayerDef& layer = layers_[i];
       const std::string name = "layers[" + std::to_string(i) + "]";
       const std::string op = name + " " + LabelOf(layer.kind) + " forward";
       const int index = static_cast<int>(i);
       const std::int64_t width = widths_[i];
-      auto output = [&](const char* what = "output") {
-        return b.Alloc(Category::Activations, tokens * width * BytesPerElement(act),
-                       name + "." + what, op + ": " + what, SizeFormula({batch_, sequence_, width}, act),
+      inTypes_[i] = currentType;
+      DType outType = currentType;
+      auto output = [&](DType type, const char* what = "output") {
+        return b.Alloc(Category::Activations, tokens * width * BytesPerElement(type),
+                       name + "." + what, op + ": " + what, SizeFormula({batch_, sequence_, width}, type),
                        index);
       };
       TensorHandle out = kNoTensor;
+      const bool inputNeedsGrad = anyParameterBefore;
+      anyParameterBefore = anyParameterBefore || !parameterIndices_[i].empty();
       switch (layer.kind) {
         case LayerKind::Linear:
+          if (autocast) {
+            outType = compute;
+            castInput_[i] = currentType != compute;
+            saved_[i] = castInput_[i]
+                            ? b.Alloc(Category::Activations, tokens * layer.inFeatures * BytesPerElement(compute),
+                                      name + ".input (16-bit copy)", op + ": autocast copies its input to 16-bit (saved)",
+                                      SizeFormula({batch_, sequence_, layer.inFeatures}, compute), index)
+                            : b.Retain(current);
+            const TensorHandle weight = b.Alloc(Category::WeightCopies, layer.inFeatures * layer.outFeatures * BytesPerElement(compute),
+                                                name + ".weight (16-bit copy)", op + ": autocast copies the weight to 16-bit (cached)",
+                                                SizeFormula({layer.outFeatures, layer.inFeatures}, compute), index);
+            // addmm saves the weight for its input's gradient, only when that input needs one
+            // (derivatives.yaml's saves are conditional on should_compute_output).
+            if (inputNeedsGrad) savedWeight_[i] = b.Retain(weight);
+            castCache.push_back(weight);
+            if (layer.bias) {
+              castCache.push_back(b.Alloc(Category::WeightCopies, layer.outFeatures * BytesPerElement(compute),
+                                          name + ".bias (16-bit copy)", op + ": autocast copies the bias to 16-bit (cached)",
+                                          SizeFormula({layer.outFeatures}, compute), index));
+            }
+          } else {
+            saved_[i] = b.Retain(current);  // saves its input
+          }
+          out = output(outType);
+          break;
         case LayerKind::GELU:
         case LayerKind::Embedding:
           saved_[i] = b.Retain(current);  // saves its input (ids for the embedding)
-          out = output();
+          if (layer.kind == LayerKind::Embedding) outType = regime_.weights;  // the weight's dtype
+          out = output(outType);
           break;
         case LayerKind::ReLU:
         case LayerKind::Tanh:
         case LayerKind::Sigmoid:
-          out = output();
+          out = output(outType);
           saved_[i] = b.Retain(out);  // saves its output
           break;
         case LayerKind::Dropout:
-          if (layer.dropoutProbability == 0.0) continue;  // identity: same tensor, nothing saved
+          if (layer.dropoutProbability == 0.0) {  // identity: same tensor, nothing saved
+            types_[i] = currentType;
+            continue;
+          }
           saved_[i] = b.Alloc(Category::Activations, tokens * width, name + ".mask",
                               op + ": mask (saved)", SizeFormula({batch_, sequence_, width}, DType::Bool),
                               index);
-          out = output();
+          out = output(outType);
           break;
       }
+      types_[i] = outType;
       b.Release(current, op + ": input no longer referenced");
       current = out;
+      currentType = outType;
     }
 
     // The loss. The loop's variable keeps the output alive to the end of the step.
     output_ = b.Retain(current);
     const std::int64_t classes = outWidth;
+    // The loss upcasts a 16-bit output to fp32 (mixed precision's logits.float(), autocast's
+    // fp32 list), unless it runs in the model's dtype.
+    // (mse: only autocast's, mixed precision's code computes it in the model's dtype).
+    lossUpcast_ = currentType != DType::FP32 && (loss_ == LossKind::CrossEntropy ? regime_.lossInFp32 : autocast);
+    const DType lossType = lossUpcast_ ? DType::FP32 : currentType;
     if (loss_ == LossKind::CrossEntropy) {
-      const DType lossType = regime_.lossInFp32 ? DType::FP32 : act;
       TensorHandle logits = current;
-      if (regime_.lossInFp32) {
+      if (lossUpcast_) {
         logits = b.Alloc(Category::Activations, tokens * classes * 4, "logits (fp32)",
                          "loss: logits upcast to fp32", SizeFormula({batch_, sequence_, classes}, DType::FP32));
         b.Release(current, "loss: 16-bit logits no longer referenced");
@@ -124,24 +181,33 @@ class LayerListPass final : public ModelPass {
       loss_value_ = b.Alloc(Category::Activations, BytesPerElement(lossType), "loss", "loss: scalar",
                             SizeFormula({1}, lossType));
     } else {
-      savedInput_ = current;  // mse saves its input: the model output stays alive
+      if (lossUpcast_) {  // autocast: mse_loss on an fp32 copy, which it saves
+        savedInput_ = b.Alloc(Category::Activations, tokens * classes * 4, "output (fp32 copy)",
+                              "loss: autocast copies the output to fp32 (saved by mse_loss)",
+                              SizeFormula({batch_, sequence_, classes}, DType::FP32));
+        b.Release(current, "loss: output held by the loop");
+      } else {
+        savedInput_ = current;  // mse saves its input: the model output stays alive
+      }
       savedTarget_ = b.Retain(labels_);
-      TensorHandle squared = b.Alloc(Category::Activations, tokens * classes * BytesPerElement(act),
+      TensorHandle squared = b.Alloc(Category::Activations, tokens * classes * BytesPerElement(lossType),
                                      "squared error", "loss: element-wise squared error",
-                                     SizeFormula({batch_, sequence_, classes}, act));
-      loss_value_ = b.Alloc(Category::Activations, BytesPerElement(act), "loss", "loss: scalar",
-                            SizeFormula({1}, act));
+                                     SizeFormula({batch_, sequence_, classes}, lossType));
+      loss_value_ = b.Alloc(Category::Activations, BytesPerElement(lossType), "loss", "loss: scalar",
+                            SizeFormula({1}, lossType));
       b.Release(squared, "loss: reduced to its mean");
     }
+    // Leaving the autocast context: the cached weight copies go (the saved ones stay).
+    for (TensorHandle h : castCache) b.Release(h, "autocast context exits: cached 16-bit copy released");
   }
 
   void Backward(TraceBuilder& b, GradientSink& gradients) override {
-    const DType act = regime_.activations;
     const std::int64_t tokens = batch_ * sequence_;
     const std::int64_t classes = widths_.back();
+    const DType outType = types_.back();
+    const DType lossType = lossUpcast_ ? DType::FP32 : outType;
     TensorHandle gradOut = kNoTensor;
     if (loss_ == LossKind::CrossEntropy) {
-      const DType lossType = regime_.lossInFp32 ? DType::FP32 : act;
       const std::int64_t bytes = tokens * classes * BytesPerElement(lossType);
       const std::string formula = SizeFormula({batch_, sequence_, classes}, lossType);
       TensorHandle gradLogSoftmax = b.Alloc(Category::ActivationGradients, bytes,
@@ -153,19 +219,19 @@ class LayerListPass final : public ModelPass {
                         "loss backward: log_softmax gradient", formula);
       b.Release(gradLogSoftmax, "loss backward: nll_loss gradient consumed");
       b.Release(logSoftmax_, "loss backward: saved log_softmax output freed");
-      if (regime_.lossInFp32) {
-        TensorHandle cast = b.Alloc(Category::ActivationGradients, tokens * classes * BytesPerElement(act),
-                                    "grad of logits (16-bit)", "loss backward: gradient cast to 16-bit",
-                                    SizeFormula({batch_, sequence_, classes}, act));
-        b.Release(gradOut, "loss backward: fp32 gradient consumed");
-        gradOut = cast;
-      }
     } else {
-      gradOut = b.Alloc(Category::ActivationGradients, tokens * classes * BytesPerElement(act),
+      gradOut = b.Alloc(Category::ActivationGradients, tokens * classes * BytesPerElement(lossType),
                         "grad of output", "loss backward: mse gradient",
-                        SizeFormula({batch_, sequence_, classes}, act));
-      b.Release(savedInput_, "loss backward: saved output freed");
+                        SizeFormula({batch_, sequence_, classes}, lossType));
+      b.Release(savedInput_, lossUpcast_ ? "loss backward: saved fp32 copy freed" : "loss backward: saved output freed");
       b.Release(savedTarget_, "loss backward: targets released by mse");
+    }
+    if (lossUpcast_) {
+      TensorHandle cast = b.Alloc(Category::ActivationGradients, tokens * classes * BytesPerElement(outType),
+                                  "grad of logits (16-bit)", "loss backward: gradient cast to 16-bit",
+                                  SizeFormula({batch_, sequence_, classes}, outType));
+      b.Release(gradOut, "loss backward: fp32 gradient consumed");
+      gradOut = cast;
     }
 
     for (std::size_t i = layers_.size(); i-- > 0;) {
@@ -177,20 +243,63 @@ class LayerListPass final : public ModelPass {
       // The gradient flowing into this layer's input; layer 0's input is data (no gradient).
       const std::int64_t inWidth = layer.kind == LayerKind::Linear ? layer.inFeatures
                                    : i > 0 ? widths_[i - 1] : 0;
+      const bool autocastLinear = regime_.autocast && layer.kind == LayerKind::Linear;
+      // A linear under autocast computes the gradient of its 16-bit input copy.
+      const DType gradType = autocastLinear ? regime_.compute : inTypes_[i];
       TensorHandle gradIn = kNoTensor;
       if (i > 0 && layer.kind != LayerKind::Embedding) {
-        gradIn = b.Alloc(Category::ActivationGradients, tokens * inWidth * BytesPerElement(act),
+        gradIn = b.Alloc(Category::ActivationGradients, tokens * inWidth * BytesPerElement(gradType),
                          name + " grad of input", op + ": gradient of its input",
-                         SizeFormula({batch_, sequence_, inWidth}, act), index);
+                         SizeFormula({batch_, sequence_, inWidth}, gradType), index);
       }
-      if (!parameterIndices_[i].empty()) {
+      if (autocastLinear) {
+        LinearCastsBackward(b, gradients, i, op);
+      } else if (!parameterIndices_[i].empty()) {
         const Text opText = b.text().Own(op);
         for (std::size_t p : parameterIndices_[i]) gradients.Produce(p, opText);
       }
       b.Release(saved_[i], op + ": saved tensor freed");
       saved_[i] = kNoTensor;
+      b.Release(savedWeight_[i], op + ": saved 16-bit weight freed");
+      savedWeight_[i] = kNoTensor;
       b.Release(gradOut, op + ": incoming gradient consumed");
+      if (autocastLinear) {
+        // The casts' ToCopyBackward nodes, latest made first: bias, weight, then the input.
+        const Text castText = b.text().Own(name + " autocast cast backward");
+        for (std::size_t k = parameterIndices_[i].size(); k-- > 0;) {
+          gradients.Produce(parameterIndices_[i][k], castText);
+          b.Release(castGrads_[k], name + ": 16-bit gradient cast to fp32");
+          gradients.RunReady();
+        }
+        castGrads_.clear();
+        if (castInput_[i] && gradIn != kNoTensor) {
+          const TensorHandle grad32 = b.Alloc(Category::ActivationGradients, tokens * inWidth * BytesPerElement(inTypes_[i]),
+                                              name + " grad of input (fp32)", name + " input cast backward: gradient to fp32",
+                                              SizeFormula({batch_, sequence_, inWidth}, inTypes_[i]), index);
+          b.Release(gradIn, name + " input cast backward: 16-bit gradient consumed");
+          gradIn = grad32;
+        }
+      }
+      gradients.RunReady();  // the parameters' AccumulateGrad (and its hooks) after the op
       gradOut = gradIn;
+    }
+  }
+
+  // Under autocast, addmm's backward makes the 16-bit gradients of the weight and bias copies
+  // (weight first, bias second in parameterIndices_), kept in castGrads_ for their casts.
+  void LinearCastsBackward(TraceBuilder& b, GradientSink&, std::size_t i, const std::string& op) {
+    const LayerDef& layer = layers_[i];
+    const DType compute = regime_.compute;
+    const int index = static_cast<int>(i);
+    const std::string name = "layers[" + std::to_string(i) + "]";
+    castGrads_.clear();
+    castGrads_.push_back(b.Alloc(Category::ActivationGradients, layer.inFeatures * layer.outFeatures * BytesPerElement(compute),
+                                 name + " grad of weight (16-bit)", op + ": gradient of the 16-bit weight",
+                                 SizeFormula({layer.outFeatures, layer.inFeatures}, compute), index));
+    if (layer.bias) {
+      castGrads_.push_back(b.Alloc(Category::ActivationGradients, layer.outFeatures * BytesPerElement(compute),
+                                   name + " grad of bias (16-bit)", op + ": gradient of the 16-bit bias",
+                                   SizeFormula({layer.outFeatures}, compute), index));
     }
   }
 
@@ -207,6 +316,11 @@ class LayerListPass final : public ModelPass {
   Regime regime_;
   std::int64_t batch_, sequence_;
   std::vector<TensorHandle> saved_;
+  std::vector<TensorHandle> savedWeight_;  // autocast: the 16-bit weight copy a linear saves
+  std::vector<DType> types_, inTypes_;     // each layer's output and input dtype
+  std::vector<bool> castInput_;            // autocast: the linear copied an fp32 input to 16-bit
+  std::vector<TensorHandle> castGrads_;    // autocast: a linear's 16-bit weight and bias gradients
+  bool lossUpcast_ = false;
   std::vector<std::int64_t> widths_;  // widths_[i] == OutputWidth(layers_, i), features
   std::vector<std::vector<std::size_t>> parameterIndices_;
   TensorHandle input_ = kNoTensor, labels_ = kNoTensor, logSoftmax_ = kNoTensor;

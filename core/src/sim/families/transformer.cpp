@@ -53,6 +53,7 @@ class TransformerPass final : public ModelPass {
     ids_ = t.External(batch_[0], {b_, s_}, i64, "input_ids");
     labels_ = t.External(batch_.back(), labelShape, i64, "labels");
     tokenTypes_ = bert ? t.External(batch_[2], {b_, s_}, i64, "token_type_ids") : kNoValue;
+    m.labels = labels_;
 
     const families::RunBlock block = [this](ValueId x, const Context& c, int i) { return Block(x, c, i); };
     ValueId logits = kNoValue;
@@ -62,7 +63,7 @@ class TransformerPass final : public ModelPass {
       case Family::BERT: logits = families::BertForward(m, ids_, tokenTypes_, block); break;
     }
     m.Scope(-1, "loss");
-    loss_ = blocks::CrossEntropy(m, logits, labels_, !bert);
+    loss_ = m.loss != kNoValue ? m.loss : blocks::CrossEntropy(m, logits, labels_, !bert);
     t.Drop(logits);  // compute_loss returns the loss only: the model output goes
     t.EndAutocast();
   }

@@ -1,0 +1,315 @@
+// Fine-tuning optimizers (bitsandbytes 8-bit and paged, Lion) and the memory savers (chunked
+// loss, the loss in the model dtype, the optimizer in backward), byte by byte.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+
+#include "gpumem/json.hpp"
+#include "gpumem/presets.hpp"
+#include "gpumem/solve.hpp"
+#include "test_support.hpp"
+
+using namespace gpumem;
+using namespace gpumem::test;
+
+namespace {
+
+bool AnyNoteContains(const Estimate& e, const std::string& text) {
+  return std::any_of(e.notes.begin(), e.notes.end(), [&](const std::string& n) { return n.find(text) != std::string::npos; });
+}
+
+Setup TinyGpt2(std::int64_t batch, std::int64_t sequence) {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  ArchitectureDef a = DefaultArchitecture(Family::GPT2);
+  a.vocabSize = 1000;
+  a.hiddenSize = 64;
+  a.numLayers = 2;
+  a.numHeads = 4;
+  a.maxPositionEmbeddings = 128;
+  a.tieWordEmbeddings = true;
+  s.model.architecture = a;
+  s.training.batchSize = batch;
+  s.training.sequenceLength = sequence;
+  s.training.precision = Precision::BF16;
+  s.training.optimizer = OptimizerKind::AdamW;
+  return s;
+}
+
+std::size_t CountLabels(const Estimate& e, const std::string& text) {
+  return static_cast<std::size_t>(std::count_if(e.timeline.begin(), e.timeline.end(), [&](const TimelinePoint& p) {
+    return p.label.find(text) != std::string::npos;
+  }));
+}
+
+}  // namespace
+
+TEST_CASE("bitsandbytes 8-bit AdamW states are byte-exact", "[savers]") {
+  // bitsandbytes/optim/optimizer.py Optimizer2State.init_state: 5,000 weights ≥ min_8bit_size
+  // (4,096) get uint8 state1 and state2 (10,000 B) and fp32 absmax1, absmax2 of ceil(5000/256) =
+  // 20 blocks (160 B); the 50-element bias keeps fp32 state1 and state2 (400 B); the first 8-bit
+  // tensor moves the two 256-value fp32 maps to the GPU (2,048 B).
+  Setup s = LayerSetup({Linear(100, 50)}, LossKind::MSE, 2, 1, Precision::FP32, OptimizerKind::AdamW8bit);
+  const Estimate e = MustEstimate(s);
+  CHECK(e.modelStates.optimizerStatesBytes == 10000 + 160 + 400 + 2048);
+  // Adam8bit and PagedAdamW8bit keep the same layout; paged 32-bit AdamW keeps fp32 states.
+  s.training.optimizer = OptimizerKind::Adam8bit;
+  CHECK(MustEstimate(s).modelStates.optimizerStatesBytes == 12608);
+  s.training.optimizer = OptimizerKind::PagedAdamW8bit;
+  CHECK(MustEstimate(s).modelStates.optimizerStatesBytes == 12608);
+  s.training.optimizer = OptimizerKind::PagedAdamW;
+  CHECK(MustEstimate(s).modelStates.optimizerStatesBytes == 5050 * 8);
+  // The trace allocates the same bytes (step 2's optimizer phase holds all states).
+  s.training.optimizer = OptimizerKind::AdamW8bit;
+  CHECK(BytesIn(MustEstimate(s).phasePeaks[3], Category::OptimizerStates) == 12608);
+}
+
+TEST_CASE("the 8-bit threshold is min_8bit_size = 4096 elements", "[savers]") {
+  // 4,096 elements: 8-bit (2 × 4,096 + 2 × 16 blocks × 4 B + maps 2,048); 4,095: fp32 (8 B each).
+  Setup at = LayerSetup({Linear(64, 64, false)}, LossKind::MSE, 1, 1, Precision::FP32, OptimizerKind::AdamW8bit);
+  CHECK(MustEstimate(at).modelStates.optimizerStatesBytes == 2 * 4096 + 2 * 16 * 4 + 2048);
+  Setup below = LayerSetup({Linear(4095, 1, false)}, LossKind::MSE, 1, 1, Precision::FP32, OptimizerKind::AdamW8bit);
+  CHECK(MustEstimate(below).modelStates.optimizerStatesBytes == 4095 * 8);  // no 8-bit tensor: no maps
+  // A block count rounds up: 4,097 elements need 17 blocks.
+  Setup odd = LayerSetup({Linear(4097, 1, false)}, LossKind::MSE, 1, 1, Precision::FP32, OptimizerKind::AdamW8bit);
+  CHECK(MustEstimate(odd).modelStates.optimizerStatesBytes == 2 * 4097 + 2 * 17 * 4 + 2048);
+}
+
+TEST_CASE("about 2.03 B per parameter for a large model with 8-bit AdamW", "[savers]") {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("llama-3.2-1b")->architecture;
+  s.training.sequenceLength = 128;
+  s.training.optimizer = OptimizerKind::AdamW8bit;
+  const Estimate e = MustEstimate(s);
+  const double perParameter = double(e.modelStates.optimizerStatesBytes) / double(e.modelStates.parameterCount);
+  CHECK(perParameter > 2.031);
+  CHECK(perParameter < 2.032);
+}
+
+TEST_CASE("paged optimizer states are flagged with their bytes", "[savers]") {
+  // get_state_buffer pages tensors of at least 1e5 elements: the 100,000-weight matrix's two
+  // fp32 states (800,000 B); its 1,000-element bias stays ordinary.
+  Setup s = LayerSetup({Linear(100, 1000)}, LossKind::MSE, 1, 1, Precision::FP32, OptimizerKind::PagedAdamW);
+  CHECK(AnyNoteContains(MustEstimate(s), "800,000 B"));
+  // 8-bit: uint8 states of the same tensor, 200,000 B.
+  s.training.optimizer = OptimizerKind::PagedAdamW8bit;
+  CHECK(AnyNoteContains(MustEstimate(s), "200,000 B"));
+  // 99,999 elements: nothing paged, no note.
+  Setup small = LayerSetup({Linear(99999, 1, false)}, LossKind::MSE, 1, 1, Precision::FP32, OptimizerKind::PagedAdamW);
+  CHECK_FALSE(AnyNoteContains(MustEstimate(small), "paged"));
+}
+
+TEST_CASE("Lion keeps one state and two temporaries per parameter", "[savers]") {
+  // One Linear(100, 50): 5,050 fp32 values of exp_avg. lion-pytorch's update_fn holds
+  // exp_avg.clone() and the update of the weight at once: 2 × 20,000 B.
+  Setup s = LayerSetup({Linear(100, 50)}, LossKind::MSE, 1, 1, Precision::FP32, OptimizerKind::Lion);
+  s.training.optimizerImplementation = OptimizerImplementation::PerParameter;
+  const Estimate e = MustEstimate(s);
+  CHECK(e.modelStates.optimizerStatesBytes == 5050 * 4);
+  CHECK(BytesIn(e.phasePeaks[3], Category::OptimizerIntermediates) == 2 * 20000);
+  // bitsandbytes' Lion (fused): fp32 state1, no temporaries.
+  s.training.optimizerImplementation = OptimizerImplementation::Fused;
+  const Estimate fused = MustEstimate(s);
+  CHECK(fused.modelStates.optimizerStatesBytes == 5050 * 4);
+  CHECK(BytesIn(fused.phasePeaks[3], Category::OptimizerIntermediates) == 0);
+}
+
+TEST_CASE("the optimizer in backward frees each gradient once applied", "[savers]") {
+  // trace_test's tiny MLP (peak 276 B with every gradient live). In backward: mse gradient 16
+  // (200); layers[2]: input gradient 24 (224), weight gradient 24 (248), bias 8 (256, the
+  // peak), incoming gradient freed (240), then its AccumulateGrad hooks step and free the
+  // weight's and the bias's gradients (208); ReLU: input gradient 24 (232), saved output and
+  // incoming freed (184); layers[0]: weight 48 (232), bias 12 (244), incoming freed (220),
+  // both stepped and freed (172).
+  Setup s = LayerSetup({Linear(4, 3), Activation(LayerKind::ReLU), Linear(3, 2)}, LossKind::MSE, 2, 1,
+                       Precision::FP32, OptimizerKind::SGD);
+  s.training.optimizerInBackward = true;
+  const Estimate e = MustEstimate(s);
+  CHECK(e.phasePeaks[2].totalBytes == 256);
+  CHECK(e.peak.totalBytes == 256);
+  CHECK(e.modelStates.gradientsBytes == 0);  // no gradient set persists
+  // With Adam the states appear in step 1's backward, each as its parameter is stepped.
+  s.training.optimizer = OptimizerKind::Adam;
+  const Estimate adam = MustEstimate(s);
+  CHECK(BytesIn(adam.phasePeaks[2], Category::OptimizerStates) > 0);
+  CHECK(adam.modelStates.optimizerStatesBytes == 23 * 8);
+}
+
+TEST_CASE("a tied weight is stepped once after both of its gradients", "[savers]") {
+  Setup s = TinyGpt2(1, 16);
+  s.training.optimizerInBackward = true;
+  EstimateOptions labelled;
+  labelled.timeline = EstimateOptions::Timeline::Labelled;
+  const EstimateResult r = EstimateMemory(s, labelled);
+  REQUIRE(r.ok());
+  // One free of the tied embedding's gradient per step, after the embedding's backward added
+  // the second contribution.
+  CHECK(CountLabels(r.estimate, "optimizer in backward frees transformer.wte.weight.grad") == 2);
+  CHECK(CountLabels(r.estimate, "accumulated into transformer.wte.weight.grad") == 2);
+}
+
+TEST_CASE("the chunked loss upcasts one chunk at a time", "[savers]") {
+  // b·s·V = 2 × 64 × 1000 = 128,000 logits. Standard: the whole fp32 upcast (512,000 B) beside
+  // the saved fp32 log_softmax; chunked (8): one chunk's upcast, 64,000 B.
+  Setup standard = TinyGpt2(2, 64);
+  Setup chunked = standard;
+  chunked.training.lossImplementation = LossImplementation::Chunked;
+  const Estimate a = MustEstimate(standard), b = MustEstimate(chunked);
+  CHECK(b.phasePeaks[1].totalBytes < a.phasePeaks[1].totalBytes);
+  CHECK(a.phasePeaks[1].totalBytes - b.phasePeaks[1].totalBytes >= 7 * 64000 - 4096);
+  CHECK(a.phasePeaks[1].totalBytes - b.phasePeaks[1].totalBytes <= 7 * 64000 + 4096);
+  // Gradients, parameters and states are the same.
+  CHECK(a.modelStates.totalBytes == b.modelStates.totalBytes);
+  CHECK(AnyNoteContains(b, "CEWithChunkedOutputLoss"));
+}
+
+TEST_CASE("the loss in the model dtype keeps 16-bit logits", "[savers]") {
+  // trace_test's fp16-mixed cross-entropy: ids 24 + labels 24, embedding out 24, logits 60
+  // (612 with 480 of model states), then log_softmax in fp16 60 (672), total_weight 2 and the
+  // loss 2 (676): no fp32 upcast (852 before).
+  Setup s = LayerSetup({Embedding(10, 4), Linear(4, 10, false)}, LossKind::CrossEntropy, 1, 3,
+                       Precision::FP16Mixed, OptimizerKind::SGD);
+  s.training.lossInModelDtype = true;
+  const Estimate e = MustEstimate(s);
+  CHECK(e.phasePeaks[1].totalBytes == 676);
+  // Under autocast log_softmax runs in fp32 anyway: said in a note.
+  Setup amp = TinyGpt2(1, 16);
+  amp.training.precision = Precision::AmpBF16;
+  amp.training.lossInModelDtype = true;
+  Setup ampPlain = amp;
+  ampPlain.training.lossInModelDtype = false;
+  CHECK(MustEstimate(amp).peak.totalBytes == MustEstimate(ampPlain).peak.totalBytes);
+  CHECK(AnyNoteContains(MustEstimate(amp), "changes nothing"));
+}
+
+TEST_CASE("saver fields are validated", "[savers]") {
+  Setup s = TinyGpt2(1, 16);
+  for (std::int64_t chunks : {0, -1, 9}) {
+    Setup c = s;
+    c.training.lossChunks = chunks;
+    CHECK(HasErrorOn(Validate(c), "training.lossChunks"));
+  }
+  Setup bert = s;
+  bert.model.architecture = DefaultArchitecture(Family::BERT);
+  bert.training.lossImplementation = LossImplementation::Chunked;
+  CHECK(HasErrorOn(Validate(bert), "training.lossImplementation"));
+  Setup layers = LayerSetup({Linear(4, 3)}, LossKind::MSE, 1, 1, Precision::FP32, OptimizerKind::SGD);
+  layers.training.lossImplementation = LossImplementation::Chunked;
+  CHECK(HasErrorOn(Validate(layers), "training.lossImplementation"));
+  layers.training.lossImplementation = LossImplementation::Standard;
+  layers.training.lossInModelDtype = true;  // mse has no upcast
+  CHECK(HasErrorOn(Validate(layers), "training.lossInModelDtype"));
+  Setup quick = QuickSetup(1'000'000, Precision::BF16Mixed, OptimizerKind::Adam);
+  quick.training.lossInModelDtype = true;
+  CHECK(HasErrorOn(Validate(quick), "training.lossInModelDtype"));
+  Setup keep = s;
+  keep.training.optimizerInBackward = true;
+  keep.training.zeroGradSetToNone = false;
+  CHECK(HasErrorOn(Validate(keep), "training.optimizerInBackward"));
+}
+
+TEST_CASE("saver fields and optimizers round-trip through JSON and the options", "[savers]") {
+  Setup parsed;
+  const auto errors = ParseAndValidate(
+      R"({"model":{"preset":"gpt2"},"training":{"sequenceLength":64,"optimizer":"pagedAdamw8bit","lossImplementation":"chunked","lossChunks":4,"lossInModelDtype":true,"optimizerInBackward":true}})",
+      parsed);
+  REQUIRE(errors.empty());
+  CHECK(parsed.training.optimizer == OptimizerKind::PagedAdamW8bit);
+  CHECK(parsed.training.lossImplementation == LossImplementation::Chunked);
+  CHECK(parsed.training.lossChunks == 4);
+  CHECK(parsed.training.lossInModelDtype);
+  CHECK(parsed.training.optimizerInBackward);
+  Setup again;
+  REQUIRE(ParseAndValidate(SetupToJson(parsed, -1), again).empty());
+  CHECK(again.training.lossChunks == 4);
+  CHECK(again.training.optimizer == OptimizerKind::PagedAdamW8bit);
+  const std::string options = OptionsJson(-1);
+  for (const char* id : {"\"adamw8bit\"", "\"pagedAdamw\"", "\"lion\"", "\"lossImplementations\"", "\"savers\"",
+                         "optimizer_in_bwd", "CEWithChunkedOutputLoss"}) {
+    INFO(id);
+    CHECK(options.find(id) != std::string::npos);
+  }
+  Setup bad;
+  CHECK(HasErrorOn(ParseAndValidate(R"({"training":{"lossImplementation":"liger"}})", bad), "training.lossImplementation"));
+}
+
+TEST_CASE("make it fit offers the optimizer in backward as free and 8-bit AdamW as changing results", "[savers]") {
+  // GPT-2 in fp32 with SDPA and checkpointing on 1 GiB: the peak is the optimizer step's.
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("gpt2")->architecture;
+  s.training.sequenceLength = 128;
+  s.training.precision = Precision::FP32;
+  s.training.optimizer = OptimizerKind::AdamW;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.checkpointing = Checkpointing::EveryBlock;
+  s.gpu.memoryGiB = 1;
+  const SolveResult r = Solve(s);
+  REQUIRE(r.ok());
+  const auto find = [&](const char* id) {
+    return std::find_if(r.suggestions.begin(), r.suggestions.end(), [&](const FitSuggestion& f) { return f.id == id; });
+  };
+  const auto inBackward = find("optimizer-in-backward");
+  const auto eightBit = find("optimizer-adamw8bit");
+  REQUIRE(inBackward != r.suggestions.end());
+  REQUIRE(eightBit != r.suggestions.end());
+  CHECK(inBackward->cost == FitCost::Free);
+  CHECK(eightBit->cost == FitCost::ChangesResults);
+  CHECK(inBackward->setup.training.optimizerInBackward);
+  CHECK(MustEstimate(inBackward->setup).device.peakDeviceBytes == inBackward->peakBytes);
+  CHECK(MustEstimate(eightBit->setup).device.peakDeviceBytes == eightBit->peakBytes);
+  // Neither fits 1 GiB: the free one ranks first, though 8-bit AdamW saves more.
+  CHECK(eightBit->savedBytes > inBackward->savedBytes);
+  CHECK(inBackward < eightBit);
+}
+
+TEST_CASE("autocast in a layer list casts each linear's arguments", "[savers]") {
+  // Linear(4→3) → ReLU → Linear(3→2), MSE, batch 2, autocast bf16, SGD: 92 B of fp32 parameters.
+  // Forward: fp32 features 32 and targets 16 (140); layers[0]: a bf16 copy of its fp32 input 16
+  // (saved), weight copy 24 and bias copy 6 (cached; the weight not saved, its input needing
+  // no gradient), output 12 (198); ReLU 12 (210), then layers[0]'s output goes (198);
+  // layers[2]: weight copy 12 (saved) and bias copy 4, output 8 (222); mse_loss on an fp32 copy
+  // 16 (238, saved), its squared error 16 (254) and the loss 4 (258, the forward peak); the
+  // cached copies but the saved weight leave with the context (208).
+  // Backward: mse gradient 16, its input copy freed, cast to bf16 8 and the fp32 one freed
+  // (200); layers[2]: input gradient 12, weight and bias gradients in bf16 12 + 4 (228), saved
+  // weight 12 and incoming 8 freed (208), the bias's and weight's fp32 .grad 8 and 24 replace
+  // their bf16 ones (224); ReLU: 12 in, 12 + 12 out (212); layers[0]: bf16 weight and bias
+  // gradients 24 + 6 (242), saved input copy 16 and incoming 12 freed (214), fp32 bias 12
+  // (bf16 freed: 220), fp32 weight 48 (268, the peak) and its bf16 one freed.
+  Setup s = LayerSetup({Linear(4, 3), Activation(LayerKind::ReLU), Linear(3, 2)}, LossKind::MSE, 2, 1,
+                       Precision::AmpBF16, OptimizerKind::SGD);
+  REQUIRE(Validate(s).empty());
+  const Estimate e = MustEstimate(s);
+  CHECK(e.phasePeaks[1].totalBytes == 258);
+  CHECK(e.phasePeaks[2].totalBytes == 268);
+  CHECK(e.peak.totalBytes == 268);
+  CHECK(BytesIn(e.forwardEnd, Category::WeightCopies) == 12);  // layers[2]'s saved weight copy
+  CHECK(e.modelStates.parametersBytes == 92);
+  CHECK(e.modelStates.gradientsBytes == 92);
+}
+
+TEST_CASE("the work budget still bounds the events of the new optimizers and savers", "[savers][budget]") {
+  // PredictEvents must never be below the simulated event count (issue 14's budget).
+  for (const char* preset : {"gpt2", "tinyllama-1.1b"}) {
+    for (OptimizerKind k : {OptimizerKind::AdamW8bit, OptimizerKind::PagedAdamW, OptimizerKind::Lion}) {
+      for (int saver = 0; saver < 3; ++saver) {
+        Setup s = DefaultSetup();
+        s.model.kind = ModelKind::Transformer;
+        s.model.architecture = FindPreset(preset)->architecture;
+        s.training.sequenceLength = 64;
+        s.training.optimizer = k;
+        s.training.optimizerImplementation = OptimizerImplementation::PerParameter;
+        if (saver == 1) s.training.optimizerInBackward = true;
+        if (saver == 2) s.training.lossImplementation = LossImplementation::Chunked;
+        INFO(preset << " optimizer " << static_cast<int>(k) << " saver " << saver);
+        const EstimateResult r = EstimateMemory(s, {.timeline = EstimateOptions::Timeline::None, .explain = false});
+        REQUIRE(r.ok());
+        CHECK(PredictEvents(s).predictedEvents >= double(r.estimate.eventCount));
+        CHECK(PredictEvents(s).predictedEvents <= 2.5 * double(r.estimate.eventCount));
+      }
+    }
+  }
+}
