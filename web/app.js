@@ -198,6 +198,7 @@ function fillForm(setup, presetId) {
   setSelectValue($('#checkpointing'), training.checkpointing);
   $('#checkpointInterval').value = displayNumber(training.checkpointInterval);
   $('#memoryGiB').value = displayNumber(gpu.memoryGiB);
+  fillRuntime(setup.runtime);
   state.gpuId = gpuById(gpu.id)?.id ?? '';
   showKindPanels();
   showParameterHint();
@@ -244,10 +245,108 @@ function readForm() {
     // same without the list.
     gpu: state.gpuId ? { id: state.gpuId, memoryGiB: numberValue($('#memoryGiB')) } : { memoryGiB: numberValue($('#memoryGiB')) },
   };
-  // The runtime (allocator options, context, cuBLAS workspace) has no controls yet: it is kept
-  // as the last applied setup gave it (a link, an import, "Make it fit": expandable segments).
-  if (state.runtime) setup.runtime = state.runtime;
+  setup.runtime = readRuntime();
   return { setup, errors };
+}
+
+// ---------- runtime: PyTorch's allocator, the CUDA context, cuBLAS ----------
+
+// Labels for the runtime fields, by their path under `runtime`: the names people set in
+// PYTORCH_CUDA_ALLOC_CONF and the environment (c10/core/AllocatorConfig.cpp parseArgs;
+// aten/src/ATen/cuda/CublasHandlePool.cpp). The fields themselves, their kinds and defaults
+// come from the core's defaultSetup.runtime, so a field the core adds appears here by its key.
+const RUNTIME_FIELDS = {
+  'allocator.expandableSegments': { label: 'expandable_segments:True', hint: 'Segments grow in place instead of new cudaMalloc blocks: fewer stranded fragments.' },
+  'allocator.maxSplitSizeMiB': { label: 'max_split_size_mb', unit: 'MiB; 0 = no limit, PyTorch\'s default', hint: 'Cached blocks larger than this are never split.' },
+  'allocator.roundupPower2Divisions': { label: 'roundup_power2_divisions', unit: 'divisions; 0 = off, the default', hint: 'Rounds request sizes to steps between powers of two.' },
+  'allocator.garbageCollectionThreshold': { label: 'garbage_collection_threshold', unit: 'fraction 0–1; 0 = off', hint: 'Frees old cached blocks above this share of the memory (only with a memory fraction set, as in PyTorch).' },
+  cudaContextMiB: { label: 'CUDA context', unit: 'MiB; 0 = gpumem\'s default for this GPU', hint: 'Enter what nvidia-smi shows for a process that only initialised CUDA.' },
+  cublasWorkspaceConfig: { label: 'CUBLAS_WORKSPACE_CONFIG', unit: 'e.g. :4096:8; empty = PyTorch\'s default', hint: 'Each :SIZE_KiB:COUNT pair adds SIZE × COUNT KiB per handle and stream.' },
+};
+
+// [{path, value}] for every leaf of the core's default runtime, in its order.
+function runtimeLeaves(object, prefix = '') {
+  return Object.entries(object ?? {}).flatMap(([key, value]) => (isPlainObject(value)
+    ? runtimeLeaves(value, `${prefix}${key}.`)
+    : [{ path: `${prefix}${key}`, value }]));
+}
+
+function runtimeInputId(path) {
+  return `runtime-${path.replace(/\./g, '-')}`;
+}
+
+function buildRuntimeFields() {
+  const box = $('#runtime-fields');
+  const allocator = document.createElement('fieldset');
+  const allocatorLegend = document.createElement('legend');
+  allocatorLegend.textContent = 'PYTORCH_CUDA_ALLOC_CONF';
+  allocator.append(allocatorLegend);
+  const device = document.createElement('div');
+  for (const { path, value } of runtimeLeaves(state.options.defaultSetup.runtime)) {
+    const meta = RUNTIME_FIELDS[path] ?? { label: path };
+    const id = runtimeInputId(path);
+    const wrap = document.createElement('div');
+    const input = document.createElement('input');
+    input.id = id;
+    input.dataset.field = `runtime.${path}`;
+    input.dataset.runtime = path;
+    const label = document.createElement('label');
+    label.htmlFor = id;
+    const name = document.createElement('code');
+    name.textContent = meta.label;
+    label.append(name);
+    if (typeof value === 'boolean') {
+      wrap.className = 'check';
+      input.type = 'checkbox';
+      wrap.append(input, label);
+    } else {
+      wrap.className = 'field';
+      input.type = 'text';
+      input.spellcheck = false;
+      if (typeof value === 'number') input.inputMode = 'decimal';
+      if (meta.unit) {
+        const unit = document.createElement('span');
+        unit.className = 'unit';
+        unit.textContent = ` (${meta.unit})`;
+        label.append(unit);
+      }
+      wrap.append(label, input);
+    }
+    if (meta.hint) {
+      const hint = document.createElement('p');
+      hint.className = 'hint';
+      hint.id = `${id}-hint`;
+      hint.textContent = meta.hint;
+      input.setAttribute('aria-describedby', hint.id);
+      wrap.append(hint);
+    }
+    (path.startsWith('allocator.') ? allocator : device).append(wrap);
+  }
+  box.replaceChildren(allocator, device);
+}
+
+function readRuntime() {
+  const runtime = {};
+  for (const input of $$('#runtime-fields [data-runtime]')) {
+    const keys = input.dataset.runtime.split('.');
+    let at = runtime;
+    for (const key of keys.slice(0, -1)) at = (at[key] ??= {});
+    const defaultValue = keys.reduce((o, k) => o?.[k], state.options.defaultSetup.runtime);
+    at[keys[keys.length - 1]] = input.type === 'checkbox' ? input.checked
+      : typeof defaultValue === 'number' ? numberValue(input) : input.value;
+  }
+  return runtime;
+}
+
+function fillRuntime(runtime) {
+  const values = mergeSetup(state.options.defaultSetup.runtime, isPlainObject(runtime) ? runtime : {});
+  for (const input of $$('#runtime-fields [data-runtime]')) {
+    const value = input.dataset.runtime.split('.').reduce((o, k) => o?.[k], values);
+    if (input.type === 'checkbox') input.checked = Boolean(value);
+    else input.value = displayNumber(value);
+  }
+  // A setup that changes the runtime opens the fold, so nothing that moves the figure is hidden.
+  if (JSON.stringify(values) !== JSON.stringify(state.options.defaultSetup.runtime)) $('#runtime-fold').open = true;
 }
 
 function showParameterHint() {
@@ -991,17 +1090,7 @@ function render(est) {
       ? `Tight: only ${formatBytes(device.headroomBytes)} left, under 5 % of the GPU or ${formatBytes(2 ** 30)}; another process or a longer sample can tip it over.`
       : `${formatBytes(device.peakDeviceBytes)} on the device, ${formatBytes(device.headroomBytes)} to spare.`;
   why.title = device.why;
-  // Allocated / allocator cache / context / workspaces: the parts of what nvidia-smi shows.
-  const parts = document.createElement('span');
-  parts.className = 'sub verdict-device';
-  parts.id = 'verdict-device';
-  const cache = device.peakReservedBytes - device.peakAllocatedBytes;
-  parts.textContent = `On the device: ${formatBytes(device.peakAllocatedBytes - device.workspaceBytes)} allocated + `
-    + `${formatBytes(cache)} allocator cache + ${formatBytes(device.workspaceBytes)} cuBLAS workspaces + `
-    + `${formatBytes(device.contextBytes)} CUDA context = ${formatBytes(device.peakDeviceBytes)}. `
-    + `The allocator cache is memory PyTorch keeps in its segments after tensors are freed, reusable only by requests that fit in its holes.`;
-  parts.title = `${device.fragmentationExplanation}\n${device.formulas.peakDeviceBytes}\n${device.formulas.contextBytes}\n${device.formulas.workspaceBytes}`;
-  verdict.replaceChildren(headline, sub, name, why, parts);
+  verdict.replaceChildren(headline, sub, name, why);
 
   // Breakdown at the peak.
   const segments = peak.byCategory.map((row) => ({ label: categoryLabel(row), bytes: row.bytes, colorIndex: categoryIndex(row.category) }));
@@ -1015,6 +1104,7 @@ function render(est) {
     return li;
   }));
   showDominant(est);
+  renderDevice(est);
   fillBytesTable($('#peak-table'), peak.byCategory, peak.totalBytes, 'Total at the peak', 'peak-table-total', heuristic);
 
   // Model states.
@@ -1178,12 +1268,105 @@ function fillPhaseMatrix(phasePeaks) {
   }));
 }
 
+// What the device holds at its peak, from estimate.device (the core's caching-allocator
+// simulation and device overheads, docs/device.md): the rows of what nvidia-smi shows, each with
+// the core's formula, and one sentence on fragmentation where it matters.
+function deviceRows(device) {
+  const f = device.formulas ?? {};
+  return [
+    { part: 'reserved', label: 'Reserved by the caching allocator', bytes: device.peakReservedBytes, formula: f.peakReservedBytes },
+    { part: 'cache', label: 'of which allocator cache (free blocks in its segments)', bytes: device.fragmentationBytes, formula: f.fragmentationBytes, sub: true },
+    { part: 'workspaces', label: 'of which cuBLAS / cuBLASLt workspaces', bytes: device.workspaceBytes, formula: f.workspaceBytes, sub: true },
+    { part: 'context', label: 'CUDA context and kernel images', bytes: device.contextBytes, formula: f.contextBytes },
+    { part: 'communication', label: 'Communication buffers (NCCL)', bytes: device.communicationBytes, formula: f.communicationBytes },
+  ];
+}
+
+// The device bar's parts, summing to peakDeviceBytes: the reserved bytes split into the tensors
+// allocated at the reserved peak, the workspaces and the cache (reserved = allocated + cache,
+// workspaces inside allocated), then the context and communication outside the allocator.
+function deviceSegments(device) {
+  const f = device.formulas ?? {};
+  const tensors = device.peakReservedBytes - device.fragmentationBytes - device.workspaceBytes;
+  return [
+    { part: 'allocated', className: 'dev dev-allocated', label: 'Allocated tensors', bytes: tensors,
+      formula: `reserved − cache − workspaces at the reserved peak = ${formatExactBytes(tensors)}` },
+    { part: 'workspaces', className: 'dev dev-workspaces', label: 'cuBLAS workspaces', bytes: device.workspaceBytes, formula: f.workspaceBytes },
+    { part: 'cache', className: 'dev dev-cache', label: 'Allocator cache', bytes: device.fragmentationBytes, formula: f.fragmentationBytes },
+    { part: 'context', className: 'dev dev-context', label: 'CUDA context', bytes: device.contextBytes, formula: f.contextBytes },
+    { part: 'communication', className: 'dev dev-communication', label: 'NCCL buffers', bytes: device.communicationBytes, formula: f.communicationBytes },
+  ];
+}
+
+function renderDevice(est) {
+  const device = est.device;
+  const card = $('#device');
+  if (!device) {
+    card.hidden = true;
+    return;
+  }
+  card.hidden = false;
+  const segments = deviceSegments(device);
+  $('#device-legend').replaceChildren(...segments.filter((s) => s.bytes > 0).map((s) => {
+    const li = document.createElement('li');
+    li.dataset.part = s.part;
+    const swatch = document.createElement('span');
+    swatch.className = `swatch ${s.className.replace('dev ', '')}`;
+    li.append(swatch, `${s.label} ${formatBytes(s.bytes)}`);
+    li.title = bytesTitle(s.bytes);
+    return li;
+  }));
+  const body = $('#device-table tbody');
+  body.replaceChildren(...deviceRows(device).map((row) => {
+    const tr = document.createElement('tr');
+    tr.dataset.part = row.part;
+    if (row.sub) tr.className = 'sub-row';
+    const td = document.createElement('td');
+    td.className = 'formula';
+    if (row.formula) td.append(explainDetails(row.formula, [`${row.label} = ${row.formula}`]));
+    tr.append(cell(row.label), ...bytesCells(row.bytes), td);
+    return tr;
+  }));
+  const foot = document.createElement('tr');
+  const [human, exact] = bytesCells(device.peakDeviceBytes);
+  exact.id = 'device-total';
+  const formula = document.createElement('td');
+  formula.className = 'formula';
+  if (device.formulas?.peakDeviceBytes) formula.append(explainDetails(device.formulas.peakDeviceBytes, [`What nvidia-smi shows at the peak = ${device.formulas.peakDeviceBytes}`]));
+  foot.append(cell('On the device at its peak (nvidia-smi)'), human, exact, formula);
+  $('#device-table tfoot').replaceChildren(foot);
+  // Fragmentation gets its sentence when it matters: a tenth or more of what is reserved sits in
+  // cached free blocks, or the step fails with enough free memory in total.
+  const note = $('#fragmentation-note');
+  const share = device.peakReservedBytes > 0 ? device.fragmentationBytes / device.peakReservedBytes : 0;
+  const oom = device.oom;
+  const fragmentationDecided = oom && oom.freeBytes >= oom.requestedBytes;
+  const matters = share >= 0.1 || fragmentationDecided;
+  note.hidden = !matters;
+  note.textContent = matters ? device.fragmentationExplanation : '';
+  const oomNote = $('#oom-note');
+  oomNote.hidden = !oom;
+  oomNote.textContent = oom
+    ? `Out of memory at event #${oom.eventIndex} (${oom.label}): ${oom.explanation}. ${device.numAllocRetries > 0 ? 'PyTorch would first free its cached segments and retry, as simulated; it still fails. ' : ''}`
+      + 'torch.cuda.OutOfMemoryError would be raised there.'
+    : '';
+}
+
 function drawCharts(est) {
   const barBox = $('#capacity-bar');
   const segments = est.peak.byCategory.map((row) => ({ label: categoryLabel(row), bytes: row.bytes, colorIndex: categoryIndex(row.category) }));
   barBox.replaceChildren(capacityBar(segments, est.gpu.capacityBytes, {
     width: Math.max(barBox.clientWidth, 280), peakLabel: `peak ${formatBytes(est.peak.totalBytes)}`,
   }));
+  const deviceBox = $('#device-bar');
+  if (est.device) {
+    const device = est.device;
+    deviceBox.replaceChildren(capacityBar(deviceSegments(device), device.capacityBytes, {
+      width: Math.max(deviceBox.clientWidth, 280),
+      peakLabel: `device peak ${formatBytes(device.peakDeviceBytes)}`,
+      ariaLabel: `On the device at the peak, ${formatBytes(device.peakDeviceBytes)}: allocated tensors, cuBLAS workspaces, allocator cache and CUDA context, against a GPU of ${formatBytes(device.capacityBytes)}`,
+    }));
+  }
   const chartBox = $('#timeline-chart');
   const width = Math.max(chartBox.clientWidth, 280);
   state.chartWidth = chartBox.clientWidth;
@@ -1213,7 +1396,6 @@ function applySetup(partial) {
     problems = errorsOf(exception);
   }
   fillForm(setup, isPlainObject(partial?.model) ? partial.model.preset : undefined);
-  state.runtime = isPlainObject(setup.runtime) ? setup.runtime : undefined;
   update();
   return problems;
 }
@@ -2174,6 +2356,7 @@ function buildControls(options) {
     new Option(`${p.label} — ${formatInteger(p.publishedParameters)} parameters`, p.id)));
   fillSelect($('#arch-family'), options.families ?? []);
   buildArchFields();
+  buildRuntimeFields();
   buildGpuSelect();
   $('#import-model').hidden = !canImport();
   $('#solve').hidden = !canSolve();

@@ -287,7 +287,7 @@ test('the verdict flips to "does not fit" when the GPU memory is set below the p
   assert.ok(device > peak, 'the device figure is above the allocated peak');
   assert.equal(Number(await page.$eval('#verdict', (el) => el.dataset.headroomBytes)), below * 2 ** 30 - device);
   assert.match(await page.textContent('#verdict-why'), /found no free block/);
-  assert.match(await page.textContent('#verdict-device'), /CUDA context/);
+  assert.match(await page.textContent('#device-table'), /CUDA context/);
 
   await page.fill('#memoryGiB', String(Math.ceil(device / 2 ** 30) + 1));
   await waitForAttr(page, '#verdict', 'data-fits', 'true');
