@@ -19,7 +19,7 @@ import { addLayer, onLayerListClick, onLayerListInput } from './layers-panel.js'
 import { applySetup, exportSetup, importSetup, ioStatus, loadExample, loadFromHash, onKindChange, showParamProblems, writeHash } from './link.js';
 import { buildArchFields, onArchFieldInput, onFamilyChange, onPresetChange } from './model-panel.js';
 import { $, $$, MAX_TYPING_DELAY_MS, SLOW_UPDATE_MS, TYPING_DELAY_MS, state } from './page-state.js';
-import { drawCharts, render } from './results-panel.js';
+import { drawCharts, markScrollingTables, render } from './results-panel.js';
 import { buildRuntimeFields } from './runtime-panel.js';
 import { fillSelect, readForm, showParameterHint, showTrainingOptions } from './setup-form.js';
 import { canSolve, runSolve } from './solve-panel.js';
@@ -187,6 +187,11 @@ function wireEvents() {
   $('#model-search').addEventListener('change', () => {
     if (onModelSearch({ final: true })) update();
   });
+  $('#pinned-verdict').addEventListener('click', () => {
+    $('#results').scrollIntoView({ block: 'start' });
+    $('#verdict').setAttribute('tabindex', '-1');
+    $('#verdict').focus({ preventScroll: true });
+  });
   $('#open-import').addEventListener('click', () => {
     const box = $('#import-model');
     box.open = true;
@@ -249,6 +254,7 @@ function wireEvents() {
     frame = requestAnimationFrame(() => {
       if (state.lastGood && $('#timeline-chart').clientWidth !== state.chartWidth) drawCharts(state.lastGood);
       else if (state.compare) drawCompareChart();
+      markScrollingTables();
     });
   }).observe($('#results'));
 }

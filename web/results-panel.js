@@ -6,7 +6,7 @@ import { bytesTitle, capacityBar, formatBytes, formatBytesOther, formatExactByte
 import { describeSetup, drawCompareChart, renderCompare } from './compare-panel.js';
 import { gpuById } from './gpu-panel.js';
 import { presetById } from './model-panel.js';
-import { $, LARGEST_EVENTS, state } from './page-state.js';
+import { $, $$, LARGEST_EVENTS, state } from './page-state.js';
 
 // ---------- estimate and rendering ----------
 
@@ -206,6 +206,7 @@ export function render(est) {
       : `${formatBytes(device.peakDeviceBytes)} on the device, ${formatBytes(device.headroomBytes)} to spare.`;
   why.title = device.why;
   verdict.replaceChildren(headline, sub, name, why);
+  showPinnedVerdict(est, headline.textContent);
 
   // Breakdown at the peak.
   const segments = peak.byCategory.map((row) => ({ label: categoryLabel(row), bytes: row.bytes, colorIndex: categoryIndex(row.category) }));
@@ -272,6 +273,7 @@ export function render(est) {
   fillLargestEvents(est.timeline, est.timelineEventCount);
   drawCharts(est);
   renderCompare();
+  markScrollingTables();
   if (state.embed) {
     const d = describeSetup(state.lastGoodSetup, state.lastGoodSetup, est);
     const model = document.createElement('strong');
@@ -494,4 +496,30 @@ export function drawCharts(est) {
   }));
   if (hadFocus) $('svg', chartBox)?.focus();
   drawCompareChart();
+}
+
+// On a phone the results come after the form: a bar fixed at the bottom of the screen keeps the
+// answer in view while the form scrolls (the peak, the verdict, the GPU); it jumps to the results.
+function showPinnedVerdict(est, headline) {
+  const bar = $('#pinned-verdict');
+  const device = est.device;
+  bar.dataset.verdict = device?.verdict ?? (est.gpu.fits ? 'fits' : 'doesNotFit');
+  bar.dataset.fits = String(Boolean(est.gpu.fits));
+  $('#pinned-verdict-text').textContent = `${headline} · ${formatBytes(device?.peakDeviceBytes ?? est.peak.totalBytes)} on the device, GPU ${formatBytes(est.gpu.capacityBytes)}`;
+  bar.hidden = false;
+}
+
+// A table wider than its box says so (a note and an edge shadow): on a phone the columns that
+// do not fit scroll sideways instead of running off the page unseen.
+export function markScrollingTables() {
+  for (const wrap of $$('.table-wrap')) {
+    const scrolls = wrap.scrollWidth > wrap.clientWidth + 1;
+    wrap.dataset.scrolls = String(scrolls);
+    if (scrolls && !wrap.hasAttribute('tabindex')) {
+      // A scrolling region is reachable from the keyboard (arrow keys scroll it).
+      wrap.tabIndex = 0;
+      wrap.setAttribute('role', 'region');
+      wrap.setAttribute('aria-label', `${wrap.querySelector('table')?.getAttribute('aria-labelledby') ? document.getElementById(wrap.querySelector('table').getAttribute('aria-labelledby'))?.textContent ?? 'Table' : 'Table'}, scrolls sideways`);
+    }
+  }
 }
