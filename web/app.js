@@ -163,6 +163,7 @@ function wireEvents() {
       return;
     }
     $('#example').value = '';
+    $('#change-note').hidden = true;  // "Applied …" no longer describes what is shown
     state.inputAt = performance.now();
     if (target.name === 'modelKind') onKindChange();
     if (target.id === 'parameterCount') showParameterHint();

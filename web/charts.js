@@ -343,6 +343,9 @@ export function timelineChart(timeline, {
   // apart, a number every `stride` blocks so that numbers do not collide.
   let ticked = false;
   const ticks = svgEl('g', { class: 'layer-ticks' });
+  // The right edge of the last number drawn: where a backward band starts right after a forward
+  // one (… 14 15 | 15 14 …) the numbers would otherwise touch ("1515").
+  let lastLabelRight = -Infinity;
   for (const b of bands) {
     if (b.phase !== 'forward' && b.phase !== 'backward') continue;
     const starts = blockStarts(timeline, b);
@@ -354,8 +357,10 @@ export function timelineChart(timeline, {
     for (const s of starts) {
       const x = sx(idx(s.k));
       ticks.append(svgEl('line', { class: 'layer-tick', x1: x, x2: x, y1: bottom, y2: bottom + 4 }));
-      if (stride && s.layer % stride === 0) {
+      const half = String(s.layer).length * 3 + 1;
+      if (stride && s.layer % stride === 0 && x - half > lastLabelRight + 3) {
         ticks.append(svgEl('text', { class: 'layer-label', x, y: bottom + 13, 'text-anchor': 'middle' }, String(s.layer)));
+        lastLabelRight = x + half;
       }
     }
     ticked = true;
@@ -419,7 +424,13 @@ export function timelineChart(timeline, {
     const anchor = px > margin.left + innerW * 0.6 ? 'end' : 'start';
     const tx = anchor === 'end' ? px - 8 : px + 8;
     const room = anchor === 'end' ? tx - margin.left : margin.left + innerW - tx;
-    const ty = Math.max(py + 4, margin.top + 10);
+    let ty = Math.max(py + 4, margin.top + 10);
+    // The two label lines (ty − 10 … ty + 16) must not cross the GPU line: below it if there is
+    // room, else above it.
+    if (showCapacity) {
+      const capY = sy(capacityBytes);
+      if (capY > ty - 12 && capY < ty + 18) ty = capY + 30 < bottom ? capY + 14 : capY - 20;
+    }
     svg.append(svgEl('g', { class: 'peak-marker', 'data-event': peak.eventIndex },
       svgEl('circle', { cx: px, cy: py, r: 4.5 }, titleEl(`Peak: ${formatBytes(peak.totalBytes)} (${formatExactBytes(peak.totalBytes)})\n${peak.label}`)),
       svgEl('text', { class: 'chart-label strong', x: tx, y: ty, 'text-anchor': anchor }, `peak ${formatBytes(peak.totalBytes)}`),

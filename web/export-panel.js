@@ -6,6 +6,7 @@ import { formatBytes } from './charts.js';
 import { csvText, downloadBlob, standaloneSvg, svgToPngBlob } from './exports.js';
 import { $, $$, state } from './page-state.js';
 import { categoryLabel, gpuCaption, phaseLabel } from './results-panel.js';
+import { describeSetup } from './compare-panel.js';
 
 // ---------- exports ----------
 
@@ -29,12 +30,29 @@ function breakdownCsv(est) {
   return csvText(rows);
 }
 
+// What an exported chart carries besides the drawing: its legend (read from the page's legend,
+// with the colours it shows), the setup in one line, and the gpumem version.
+function exportFrame(base) {
+  const legendOf = (selector) => $$(`${selector} li`).map((li) => ({
+    label: li.textContent.trim(),
+    colour: getComputedStyle(li.querySelector('.swatch') ?? li).backgroundColor,
+  }));
+  const legend = base === 'gpumem-timeline' ? legendOf('#timeline-chart .timeline-key') : legendOf('#capacity-legend');
+  const d = describeSetup(state.lastGoodSetup, state.lastGoodSetup, state.lastGood);
+  const one = (x) => `${x.model} · batch ${x.shape} · ${x.precision} · ${x.optimizer} · ${x.gpu}`;
+  let setupLine = one(d);
+  if (base === 'gpumem-comparison' && state.compare?.shown) {
+    setupLine = `A: ${one(describeSetup(state.compare.setup, state.compare.shown, state.compare.estimate))}  |  B: ${one(d)}`;
+  }
+  return { legend, setupLine, footer: `gpumem ${state.options.version ?? ''} · computed in the browser by the gpumem core (WebAssembly)` };
+}
+
 async function exportChart(svg, base, format, title) {
   if (!svg) {
     announce('There is no chart to export yet.');
     return;
   }
-  const { text, width, height } = standaloneSvg(svg, { title });
+  const { text, width, height } = standaloneSvg(svg, { title, ...exportFrame(base) });
   if (format === 'svg') {
     downloadBlob(new Blob([text], { type: 'image/svg+xml' }), `${base}.svg`);
     announce(`Downloaded ${base}.svg.`);

@@ -44,7 +44,14 @@ function importError(exception, source, what) {
   p.className = 'field-error';
   const errors = errorsOf(exception);
   p.textContent = `${source}: ${what} could not be read — ${errors.map(errorText).join('; ')}`;
-  box.replaceChildren(p);
+  // A way forward for a model the core cannot trace (t5, gpt_neox …): its safetensors header
+  // still gives the exact parameter count, and quick mode estimates from a count.
+  const next = document.createElement('p');
+  next.className = 'hint';
+  next.id = 'import-next';
+  next.textContent = 'What you can do: drop the model\'s .safetensors file (only its header is read) for the exact parameter count, '
+    + 'or choose “Parameter count” under Model details and type the count from its model card (quick mode, activations by a rule of thumb).';
+  box.replaceChildren(p, next);
   box.dataset.state = 'error';
   $('#import-model').open = true;
 }

@@ -152,6 +152,13 @@ function showDominant(est) {
   el.title = String(est.peakExplanation ?? '');
 }
 
+// A listed GPU's capacity is written in GiB whatever the units: its name says "80 GB" for 80 GiB
+// (vendors' GB are binary), and "85.90 GB headroom on an 80 GB GPU" read as a contradiction.
+function capacityWords(bytes) {
+  const listed = Boolean(state.lastGoodSetup?.gpu?.id);
+  return listed ? formatBytes(bytes, 'GiB') : formatBytes(bytes);
+}
+
 export function gpuCaption(gpuId, est) {
   const gpu = gpuById(gpuId);
   return gpu ? gpu.label : `custom ${formatBytes(est.gpu.capacityBytes)}`;
@@ -187,8 +194,8 @@ export function render(est) {
   sub.className = 'sub';
   sub.id = 'verdict-amount';
   sub.textContent = gpu.fits
-    ? `${formatBytes(gpu.headroomBytes)} headroom on ${formatBytes(gpu.capacityBytes)}`
-    : `${formatBytes(Math.abs(gpu.headroomBytes))} short of ${formatBytes(gpu.capacityBytes)}`;
+    ? `${formatBytes(gpu.headroomBytes)} headroom of ${capacityWords(gpu.capacityBytes)}`
+    : `${formatBytes(Math.abs(gpu.headroomBytes))} short of ${capacityWords(gpu.capacityBytes)}`;
   sub.title = `${formatExactBytes(gpu.headroomBytes)} headroom (capacity ${formatExactBytes(gpu.capacityBytes)})`;
   const name = document.createElement('span');
   name.className = 'gpu-name';

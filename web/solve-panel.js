@@ -25,7 +25,10 @@ export function runSolve() {
     return;
   }
   const button = $('#solve-run');
-  button.disabled = true;
+  if (state.solving) return;
+  // aria-disabled, not disabled: a disabled button loses the keyboard focus to the page body,
+  // and the person pressed it from the keyboard (issue 13).
+  button.setAttribute('aria-disabled', 'true');
   state.solving = true;
   $('#solve').setAttribute('aria-busy', 'true');
   // Progress: the search's elapsed time, and a Cancel that ends it (the worker restarts).
@@ -40,8 +43,10 @@ export function runSolve() {
   const done = () => {
     clearInterval(state.solveTicker);
     progress.hidden = true;
+    // Cancel was pressed or is about to be disabled: its focus moves to Solve, not to the body.
+    if (document.activeElement === $('#solve-cancel')) button.focus();
     $('#solve-cancel').disabled = true;
-    button.disabled = false;
+    button.removeAttribute('aria-disabled');
     state.solving = false;
     $('#solve').removeAttribute('aria-busy');
   };
@@ -75,11 +80,46 @@ function solveApplyButton(text, label, onClick) {
   return b;
 }
 
+// Applies a suggestion: the form changes, the estimate reruns, and the page shows the changed
+// result (scrolled into view, highlighted, "was → now") while the focus stays on the button the
+// person pressed, so the next suggestion is one Tab away.
 export function applyPartial(change, what) {
   const { setup } = readForm();
+  const before = state.lastGood;
   $('#example').value = '';
   const problems = applySetup(mergeSetup(setup, change));
-  announce(problems.length ? `Applied ${what}, with problems: ${problems.map(errorText).join('; ')}` : `Applied ${what}.`);
+  const after = state.lastGood;
+  const text = problems.length ? `Applied ${what}, with problems: ${problems.map(errorText).join('; ')}`
+    : `Applied ${what}: ${wasNow(before, after)}`;
+  showChange(text);
+  announce(text);
+}
+
+function verdictWords(est) {
+  const v = est?.device?.verdict;
+  return v === 'tight' ? 'fits, tight' : v === 'fits' ? 'fits' : 'does not fit';
+}
+
+// "device peak 36.39 GiB → 22.10 GiB; does not fit → fits", from the two estimates.
+function wasNow(before, after) {
+  if (!after) return 'the setup cannot be estimated.';
+  const now = after.device?.peakDeviceBytes ?? after.peak.totalBytes;
+  if (!before) return `device peak ${formatBytes(now)}; ${verdictWords(after)}.`;
+  const was = before.device?.peakDeviceBytes ?? before.peak.totalBytes;
+  const verdict = verdictWords(before) === verdictWords(after) ? `still ${verdictWords(after)}` : `${verdictWords(before)} → ${verdictWords(after)}`;
+  return `device peak ${formatBytes(was)} → ${formatBytes(now)}; ${verdict}.`;
+}
+
+function showChange(text) {
+  const note = $('#change-note');
+  note.textContent = text;
+  note.hidden = false;
+  const summary = $('.summary');
+  summary.classList.remove('changed');
+  // Restart the highlight for a second Apply in a row.
+  void summary.offsetWidth;
+  summary.classList.add('changed');
+  summary.scrollIntoView({ block: 'start' });
 }
 
 export function renderSolve() {
@@ -100,8 +140,9 @@ export function renderSolve() {
       return;
     }
     item.dataset.value = String(entry.value);
-    value.textContent = `${formatInteger(entry.value)} ${unit}`;
-    hint.textContent = `Peak ${formatBytes(entry.peakBytes)}${extra ? ` · ${extra(entry)}` : ''}.`;
+    value.textContent = `${formatInteger(entry.value)} ${entry.value === 1 ? unit.replace(/s$/, '') : unit}`;
+    const more = extra ? extra(entry) : '';
+    hint.textContent = `Peak ${formatBytes(entry.peakBytes)}${more ? ` · ${more}` : ''}.`;
     hint.title = bytesTitle(entry.peakBytes);
     const current = solved.setup.training[field];
     if (entry.value !== current) {
@@ -135,10 +176,35 @@ export function renderSolve() {
     }
     return li;
   }));
+  showSamePeak(suggestions);
   if (!suggestions.length) {
     const li = document.createElement('li');
     li.textContent = 'No single change found.';
     list.append(li);
   }
   box.dataset.stale = String(state.solvedFor !== JSON.stringify(readForm().setup));
+}
+
+// Suggestions that save exactly the same bytes act on the same peak: each removes the part of
+// it they share, so applying one makes the others save less. Said once above the list.
+function showSamePeak(suggestions) {
+  const note = $('#solve-same-peak');
+  const groups = new Map();
+  for (const s of suggestions) {
+    if (!(s.savedBytes > 0)) continue;
+    const list = groups.get(s.savedBytes) ?? [];
+    list.push(s);
+    groups.set(s.savedBytes, list);
+  }
+  const shared = [...groups.values()].filter((g) => g.length > 1);
+  const peak = state.lastGood?.peak;
+  const dominant = state.lastGood?.peakDominant;
+  const part = dominant ? state.options.categories.find((c) => c.id === dominant.category)?.label?.toLowerCase() ?? dominant.category : 'memory';
+  note.hidden = !shared.length;
+  note.textContent = shared.map((g) => {
+    const names = g.map((s) => `“${s.label}”`);
+    const all = g.length === 2 ? 'Both' : `All ${g.length}`;
+    return `${all} of ${names.slice(0, -1).join(', ')} and ${names[names.length - 1]} save the same ${formatBytes(g[0].savedBytes)}: they attack the same peak`
+      + `${peak ? ` (${peak.label}, where ${part} is the largest part)` : ''}, so after applying one the others save less — solve again.`;
+  }).join(' ');
 }
