@@ -6,7 +6,7 @@
 // state and the export/import format.
 
 import { formatInteger } from './charts.js';
-import { buildFirstScreen, onModelSearch, precisionItems, syncModelSearch } from './first-screen.js';
+import { buildFirstScreen, firstVisitSetup, onModelSearch, precisionItems, syncModelSearch } from './first-screen.js';
 import { createEngine } from './engine.js';
 import { GpumemError, loadGpumem } from './gpumem.js';
 import { wireSnapshot } from './snapshot.js';
@@ -241,8 +241,8 @@ function wireEvents() {
   });
   $('#reset').addEventListener('click', () => {
     $('#example').value = '';
-    applySetup(state.options.defaultSetup);
-    ioStatus('Reset to the defaults.');
+    applySetup(firstVisitSetup());
+    ioStatus('Back to the starting setup.');
   });
   window.addEventListener('hashchange', () => {
     if (location.hash !== state.lastHash) loadFromHash();

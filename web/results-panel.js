@@ -174,6 +174,13 @@ export function render(est) {
   total.dataset.bytes = String(peak.totalBytes);
   total.title = bytesTitle(peak.totalBytes);
   $('#peak-exact').textContent = `${formatExactBytes(peak.totalBytes)} · ${formatBytesOther(peak.totalBytes)}`;
+  // The headline is the tensors' peak; what decides the verdict is the device figure beside it.
+  const onDevice = $('#peak-device');
+  onDevice.hidden = !est.device;
+  if (est.device) {
+    onDevice.textContent = `${formatBytes(est.device.peakDeviceBytes)} on the device (nvidia-smi): with the allocator's cache, the workspaces and the CUDA context`;
+    onDevice.dataset.bytes = String(est.device.peakDeviceBytes);
+  }
   const stepText = peak.step > 0 ? ` of step ${peak.step}` : '';
   $('#peak-where').textContent = `During ${phaseLabel(peak.phase)}${stepText}, at event #${peak.eventIndex}: ${peak.label}`;
   $('#peak-where').dataset.phase = peak.phase;

@@ -144,3 +144,19 @@ test('runtime controls: labelled with their PYTORCH_CUDA_ALLOC_CONF names, defau
   await page.waitForSelector('#errors[hidden]', { ...WAIT, state: 'attached' });
   await finish();
 });
+
+test('"Make it fit" offers expandable_segments; Apply sets the runtime control and the device figure follows', async () => {
+  // GPT-2, autocast bf16, 8 × 1024 on an RTX 4090: the core's solve offers expandable segments.
+  const gpt2 = { model: { preset: 'gpt2' }, training: { batchSize: 8, sequenceLength: 1024, precision: 'ampBf16' }, gpu: { id: 'nvidia-rtx-4090' } };
+  const { page, finish } = await openPage({ search: '?preset=gpt2&batch-size=8&sequence-length=1024&precision=ampBf16&gpu=nvidia-rtx-4090' });
+  await page.waitForSelector('#verdict[data-verdict]', WAIT);
+  await page.click('#solve-run');
+  await page.waitForSelector('#solve-suggestions li[data-id=allocator-expandableSegments]', { ...WAIT, timeout: 60000 });
+  await page.click('#solve-suggestions li[data-id=allocator-expandableSegments] button');
+  await page.waitForFunction(() => document.querySelector('#runtime-allocator-expandableSegments').checked, null, WAIT);
+  assert.equal(await page.getAttribute('#runtime-fold', 'open'), '', 'the runtime fold opens to show the changed setting');
+  const expected = await coreEstimate({ ...gpt2, runtime: { allocator: { expandableSegments: true } } });
+  await waitForAttr(page, '#device-total', 'data-bytes', String(expected.device.peakDeviceBytes));
+  assert.match(await page.textContent('#change-note'), /device peak/);
+  await finish();
+});

@@ -30,7 +30,8 @@ test('first view at 1366×768: model, GPU, what you will do and the verdict in v
   assert.equal(await page.inputValue('#precision'), 'ampBf16');
   assert.equal(await page.inputValue('#attention'), 'sdpa');
   assert.equal(await page.getAttribute('#verdict', 'data-verdict'), expected.device.verdict);
-  for (const selector of ['#model-search', '#gpu', '#training-mode', '#verdict', '#peak-total', '#verdict-why']) {
+  assert.equal(await page.getAttribute('#peak-device', 'data-bytes'), String(expected.device.peakDeviceBytes), 'the device figure beside the peak');
+  for (const selector of ['#model-search', '#gpu', '#training-mode', '#verdict', '#peak-total', '#peak-device', '#verdict-why']) {
     assert.ok(await inView(page, selector), `${selector} is in view without scrolling`);
   }
   assert.equal(await page.evaluate(() => window.scrollY), 0);

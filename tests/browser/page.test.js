@@ -801,7 +801,7 @@ test('GPU list: choosing a GPU sets its memory, flips the verdict, and the link 
   // … and fits an H100, with the headroom shown.
   await page.selectOption(GPU_CHOICE, 'nvidia-h100-sxm');
   await waitForAttr(page, '#verdict', 'data-fits', 'true');
-  assert.match(await page.textContent('#verdict'), /headroom on 80\.00 GiB/);
+  assert.match(await page.textContent('#verdict'), /headroom of 80\.00 GiB/);
   assert.match(await page.textContent('#gpu-hint'), /H100 SXM/);
   await settled(page);
   const url = page.url();
