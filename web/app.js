@@ -195,6 +195,7 @@ function wireEvents() {
   });
   $('#open-import').addEventListener('click', () => {
     const box = $('#import-model');
+    $('#model-details').open = true;
     box.open = true;
     box.scrollIntoView({ block: 'center' });
     $('#config-text').focus();

@@ -94,6 +94,8 @@ export function showErrors(errors) {
     }
     list.append(li);
     if (control) {
+      // A control in a closed fold (model details, runtime) is shown with its error.
+      for (let fold = control.closest('details'); fold; fold = fold.parentElement?.closest('details')) fold.open = true;
       // aria-invalid belongs on form controls; a layer row or group is marked for the eye only.
       control.setAttribute(control.matches('input, select') ? 'aria-invalid' : 'data-invalid', 'true');
       const note = document.createElement('p');

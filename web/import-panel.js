@@ -53,6 +53,7 @@ function importError(exception, source, what) {
     + 'or choose “Parameter count” under Model details and type the count from its model card (quick mode, activations by a rule of thumb).';
   box.replaceChildren(p, next);
   box.dataset.state = 'error';
+  $('#model-details').open = true;
   $('#import-model').open = true;
 }
 
@@ -229,7 +230,8 @@ async function readSafetensorsHeader(file) {
 export async function importFiles(fileList) {
   const files = [...(fileList ?? [])];
   if (files.length > 1 && files.every((f) => /\.safetensors$/i.test(f.name))) {
-    $('#import-model').open = true;
+    $('#model-details').open = true;
+  $('#import-model').open = true;
     try {
       const headers = await Promise.all(files.map(readSafetensorsHeader));
       importSafetensorsText(`[${headers.join(',')}]`, `${files.length} shards`);
@@ -243,6 +245,7 @@ export async function importFiles(fileList) {
 
 async function importFile(file) {
   if (!file) return;
+  $('#model-details').open = true;
   $('#import-model').open = true;
   try {
     if (/\.safetensors$/i.test(file.name)) {

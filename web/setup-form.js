@@ -6,7 +6,7 @@ import { formatInteger } from './charts.js';
 import { syncModelSearch, trainingModes } from './first-screen.js';
 import { gpuById, syncGpuSelect } from './gpu-panel.js';
 import { readLayers, renderLayers } from './layers-panel.js';
-import { fillArchitecture, readArchitecture } from './model-panel.js';
+import { fillArchitecture, presetById, readArchitecture } from './model-panel.js';
 import { $, $$, displayNumber, numberValue, parseMatrices, parseNumberText, state } from './page-state.js';
 import { fillRuntime, readRuntime } from './runtime-panel.js';
 
@@ -95,6 +95,9 @@ export function fillForm(setup, presetId) {
   syncGpuSelect();
   if (trainingModes()) setSelectValue($('#training-mode'), training.mode);
   syncModelSearch();
+  // Quick mode, a layer list or a custom architecture are described in the fold: it opens for
+  // them; a preset's fields stay folded (the search box names the preset).
+  if (model.kind !== state.archKind || !presetById($('#preset').value)) $('#model-details').open = true;
 }
 
 // The setup the form describes, in the schema's shape. Only the active model mode's fields are

@@ -35,6 +35,9 @@ test('first view at 1366×768: model, GPU, what you will do and the verdict in v
     assert.ok(await inView(page, selector), `${selector} is in view without scrolling`);
   }
   assert.equal(await page.evaluate(() => window.scrollY), 0);
+  // Quick mode, the layer list and the architecture's fields are "advanced": folded for a preset.
+  assert.equal(await page.getAttribute('#model-details', 'open'), null);
+  assert.equal(await page.isVisible('input[name=modelKind]'), false);
   await page.screenshot({ path: join(screenshotDir, 'first-view-1366x768.png') });
   await finish();
 });
@@ -75,4 +78,21 @@ test('precision options name the framework flag; what you will do is built from 
   const modes = await page.$$eval('#training-mode option', (options) => options.map((o) => o.textContent));
   assert.deepEqual(modes, ['Full training (every parameter learns)']);
   await finish();
+});
+
+test('the model details fold opens for quick mode, a layer list, and an error inside it', async () => {
+  const { page, finish } = await openPage({ search: '?parameter-count=7e9' });
+  await page.waitForSelector('#verdict[data-verdict]', WAIT);
+  assert.equal(await page.getAttribute('#model-details', 'open'), '');
+  assert.equal(await page.isChecked('input[name=modelKind][value=parameterCount]'), true);
+  await finish();
+  const second = await openPage();
+  await second.page.waitForSelector('#verdict[data-verdict]', WAIT);
+  assert.equal(await second.page.getAttribute('#model-details', 'open'), null);
+  // An error in a folded field opens the fold and shows it there.
+  await second.page.$eval('#arch-numHeads', (el) => { el.value = '7'; el.dispatchEvent(new Event('input', { bubbles: true })); });
+  await second.page.waitForSelector('#errors:not([hidden])', WAIT);
+  assert.equal(await second.page.getAttribute('#model-details', 'open'), '');
+  assert.equal(await second.page.isVisible('#arch-numHeads ~ .field-error'), true);
+  await second.finish();
 });
