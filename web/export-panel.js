@@ -26,7 +26,19 @@ function breakdownCsv(est) {
   for (const row of est.modelStates.rows) rows.push(['modelStates', row.category, categoryLabel(row), row.bytes, row.formula ?? '']);
   rows.push(['modelStates', 'total', 'Model states', est.modelStates.totalBytes, `parameters: ${est.modelStates.parameterFormula ?? est.modelStates.parameterCount}`]);
   rows.push(['gpu', 'capacity', 'GPU capacity', est.gpu.capacityBytes, gpuCaption(state.lastGoodSetup?.gpu?.id, est)]);
-  rows.push(['gpu', 'headroom', est.gpu.fits ? 'Headroom (fits)' : 'Headroom (does not fit)', est.gpu.headroomBytes, 'capacity − peak']);
+  rows.push(['gpu', 'headroom', est.gpu.fits ? 'Headroom (fits)' : 'Headroom (does not fit)', est.gpu.headroomBytes, 'capacity − device peak']);
+  // What the device holds at its peak (estimate.device), each figure with the core's formula.
+  const d = est.device;
+  if (d) {
+    const f = d.formulas ?? {};
+    rows.push(['device', 'peakAllocated', 'Allocated at the peak (caching allocator)', d.peakAllocatedBytes, f.peakAllocatedBytes ?? '']);
+    rows.push(['device', 'peakReserved', 'Reserved by the caching allocator', d.peakReservedBytes, f.peakReservedBytes ?? '']);
+    rows.push(['device', 'cache', 'Allocator cache at the reserved peak', d.fragmentationBytes, f.fragmentationBytes ?? '']);
+    rows.push(['device', 'workspaces', 'cuBLAS / cuBLASLt workspaces', d.workspaceBytes, f.workspaceBytes ?? '']);
+    rows.push(['device', 'context', 'CUDA context and kernel images', d.contextBytes, f.contextBytes ?? '']);
+    rows.push(['device', 'communication', 'Communication buffers', d.communicationBytes, f.communicationBytes ?? '']);
+    rows.push(['device', 'total', 'On the device at its peak (nvidia-smi)', d.peakDeviceBytes, f.peakDeviceBytes ?? '']);
+  }
   return csvText(rows);
 }
 

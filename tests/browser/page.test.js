@@ -987,6 +987,10 @@ test('exports: the breakdown as CSV with the peak total, the charts as SVG and P
   }
   assert.ok(lines.some((l) => l.startsWith(`modelStates,total,Model states,${est.modelStates.totalBytes},`)));
   assert.equal(lines.filter((l) => l.startsWith('modelStates,')).length, est.modelStates.rows.length + 1);
+  // The device figure's parts, each with the core's bytes.
+  for (const [id, bytes] of [['peakReserved', est.device.peakReservedBytes], ['cache', est.device.fragmentationBytes], ['context', est.device.contextBytes], ['total', est.device.peakDeviceBytes]]) {
+    assert.ok(lines.some((l) => l.startsWith(`device,${id},`) && l.split(',')[3] === String(bytes)), `device row ${id}`);
+  }
 
   const svg = await download(page, 'button[data-export="bar-svg"]');
   assert.equal(svg.name, 'gpumem-peak.svg');
