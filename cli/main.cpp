@@ -34,6 +34,8 @@ constexpr const char* kUsage =
     "  --presets    list the presets and their published parameter counts\n"
     "  --solve      also find the largest batch and sequence that fit, and what would make it fit\n"
     "  --import-config config.json       print the setup a Hugging Face config.json describes\n"
+    "                                    (with its quantization_config as finetune fields)\n"
+    "  --import-adapter-config FILE      print the finetune section a PEFT adapter_config.json describes\n"
     "  --import-safetensors FILE         count the tensors of a safetensors header or index JSON\n"
     "  --compare-snapshot FILE.pickle    a torch.cuda.memory._dump_snapshot() file measured: peak\n"
     "                                    allocated and reserved, beside the setup's estimate if given\n"
@@ -262,6 +264,7 @@ int main(int argc, char** argv) {
   const char* path = nullptr;
   const char* importConfig = nullptr;
   const char* importSafetensors = nullptr;
+  const char* importAdapter = nullptr;
   const char* compareSnapshot = nullptr;
   std::string presetSetup;
   for (int i = 1; i < argc; ++i) {
@@ -271,6 +274,7 @@ int main(int argc, char** argv) {
     else if (arg == "--solve") solve = true;
     else if (arg == "--import-config" && i + 1 < argc) importConfig = argv[++i];
     else if (arg == "--import-safetensors" && i + 1 < argc) importSafetensors = argv[++i];
+    else if (arg == "--import-adapter-config" && i + 1 < argc) importAdapter = argv[++i];
     else if (arg == "--compare-snapshot" && i + 1 < argc) compareSnapshot = argv[++i];
     else if (arg == "--defaults") { std::cout << gpumem::SetupToJson(gpumem::DefaultSetup(), 2) << "\n"; return 0; }
     else if (arg == "--options") { std::cout << gpumem::OptionsJson(2) << "\n"; return 0; }
@@ -298,6 +302,17 @@ int main(int argc, char** argv) {
     } else { std::cerr << "gpumem: unknown option or missing argument: " << arg << "\n" << kUsage; return 2; }
   }
 
+  if (importAdapter) {
+    if (path || !presetSetup.empty() || importConfig || importSafetensors) {
+      std::cerr << "gpumem: an import takes one file and no setup\n" << kUsage;
+      return 2;
+    }
+    std::string content;
+    if (const int status = ReadInput(importAdapter, true, "adapter config", content)) return status;
+    const std::string out = gpumem::ImportAdapterConfigJson(content, 2);
+    std::cout << out << "\n";
+    return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
+  }
   if (importConfig || importSafetensors) {
     if (path || !presetSetup.empty() || (importConfig && importSafetensors)) {
       std::cerr << "gpumem: an import takes one file and no setup\n" << kUsage;

@@ -44,6 +44,7 @@ from torch.utils.checkpoint import checkpoint
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Importing validate also installs its torch >= 2.0 foreach Adam/AdamW op sequence.
+import finetune_reference  # noqa: E402
 import validate  # noqa: E402
 from validate import PHASES, allocation_events, make_optimizer, summarise  # noqa: E402
 
@@ -994,14 +995,19 @@ def measure_transformer(setup, tracker=fast_allocation_events):
     def run():
         with record_function("gpumem:init"):
             model = build_model(cfg, dtype, route_bias=route_bias)
-            params = list(model.parameters())
+            # Fine-tuning (finetune_reference.py): frozen parameters, LoRA / DoRA wrappers; the
+            # optimizer and the masters see only what trains.
+            if finetune_reference.apply(model, setup, dtype, Dropout):
+                finetune_reference.hook_input_grads(model, cfg.family)
+            all_params = list(model.parameters())
+            params = [p for p in all_params if p.requires_grad]
             if mixed:
                 masters = [p.detach().float() for p in params]
                 groups = [masters] if impl == "forEach" else [[m] for m in masters]
                 optimizers = [make_optimizer(t["optimizer"], impl, g) for g in groups]
             else:
                 optimizers = [make_optimizer(t["optimizer"], impl, params)]
-        model_ptrs = {_storage(p)[0] for p in params} | {_storage(x)[0] for x in model.buffers()}
+        model_ptrs = {_storage(p)[0] for p in all_params} | {_storage(x)[0] for x in model.buffers()}
         saved = {}
         for step in (1, 2):
             with record_function(f"gpumem:forward:{step}"):
@@ -1037,6 +1043,7 @@ def measure_transformer(setup, tracker=fast_allocation_events):
                 validate.optimizer_step(model, params, masters if mixed else None, optimizers)
                 del loss, batch
         state.update(validate.model_state_bytes(params, masters if mixed else None, optimizers))
+        state["parameters"] = sum(p.numel() * p.element_size() for p in all_params)
         state["keep"] = (model, optimizers)  # nothing is freed inside the profile at the end
 
     memory, ranges = tracker(run)

@@ -451,7 +451,28 @@ CHECKPOINT_PAIRS = [
     ("moe8-v256-sgd-selective", "moe8-v256-sgd"),
     ("moe8-v256-b2s64-sgd-every", "moe8-v256-b2s64-sgd"),
 ]
-TRANSFORMER_CASES += CHECKPOINT_CASES
+# Fine-tuning (issue 11): frozen parameters, LoRA and DoRA written op for op as PEFT does
+# (scripts/finetune_reference.py). bitsandbytes does not run here: its layouts are byte tests.
+def ftcase(name, architecture, finetune, **kw):
+    n, setup = tcase(name, architecture, **kw)
+    setup["finetune"] = finetune
+    return n, setup
+
+
+FINETUNE_CASES = [
+    ftcase("llama-frozen-first2", arch("llama"), {"freezeEmbeddings": True, "freezeFirstBlocks": 2}),
+    ftcase("llama-train-head-only", arch("llama"), {"trainOnlyModules": ["lm_head"]}),
+    ftcase("llama-lora-qv", arch("llama"), {"lora": True, "r": 8, "loraAlpha": 16}),
+    ftcase("llama-lora-all-dropout", arch("llama"), {"lora": True, "r": 16, "loraAlpha": 32, "loraDropout": 0.1,
+                                                     "targetModules": ["all-linear"]}),
+    ftcase("llama-lora-bf16-ckpt", arch("llama"), {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "down_proj"]},
+           precision="bf16", checkpointing="everyBlock"),
+    ftcase("llama-dora-qv", arch("llama"), {"lora": True, "r": 8, "useDora": True}),
+    # autocast casts (and caches) only weights that require grad: the frozen base is cast per use
+    ftcase("llama-lora-ampbf16", arch("llama"), {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "up_proj"]},
+           precision="ampBf16"),
+]
+TRANSFORMER_CASES += CHECKPOINT_CASES + FINETUNE_CASES
 CASES += TRANSFORMER_CASES
 
 
@@ -645,6 +666,12 @@ def write_markdown(path, rows, median, worst, exact):
         "  CUDA-only in torch 1.13; its inf check adds only scalars).",
         "- **Mixture of experts:** the router's logits get a fixed offset (built before measuring) so",
         "  that tokens are routed evenly, as the estimator assumes; the gate is still trained.",
+        "- **Fine-tuning:** peft is not installed; `scripts/finetune_reference.py` freezes parameters",
+        "  and wraps nn.Linear in LoRA / DoRA modules written op for op as PEFT's `lora/layer.py` and",
+        "  `lora/dora.py` do (one adapter, \"default\"); the optimizer sees only what trains. DoRA's",
+        "  magnitude is initialised at construction (this PEFT version does it in the first forward),",
+        "  which moves a transient [out, in] product into init. bitsandbytes does not run here: its",
+        "  layouts are exact byte tests in tests/finetune_test.cpp.",
         "- **Residues:** a few bytes per case are CPU-side Python scalars wrapped as 0-dim tensors",
         "  and the RNG state that reentrant checkpointing stashes (about 5 KB per checkpointed call).",
         "",

@@ -25,6 +25,30 @@ struct ConfigImport {
 };
 ConfigImport ImportHfConfig(std::string_view text);
 
+// The quantization_config block of a config.json (transformers BitsAndBytesConfig:
+// load_in_4bit, bnb_4bit_quant_type, bnb_4bit_use_double_quant, bnb_4bit_compute_dtype,
+// load_in_8bit) read into finetune's quantization fields; `found` is false without the block.
+// Errors name "config.quantization_config.<key>".
+struct QuantizationImport {
+  bool found = false;
+  FinetuneDef finetune;             // only quantization, doubleQuant and computeDType set
+  std::vector<std::string> notes;
+  std::vector<FieldError> errors;
+};
+QuantizationImport ImportQuantizationConfig(std::string_view configText);
+
+// A PEFT adapter_config.json (LoraConfig saved by save_pretrained): peft_type LORA, r,
+// lora_alpha, lora_dropout, target_modules, use_dora, into finetune's LoRA fields (lora = true).
+// Fields that do not change memory are listed as ignored; errors name "adapter.<key>".
+struct AdapterImport {
+  FinetuneDef finetune;
+  std::vector<std::string> ignoredFields;
+  std::vector<std::string> notes;
+  std::vector<FieldError> errors;
+  bool ok() const { return errors.empty(); }
+};
+AdapterImport ImportAdapterConfig(std::string_view text);
+
 // The tensors of a checkpoint, from a safetensors header (names, dtypes, shapes: an exact
 // count) or from an index (names and total bytes only).
 struct SafetensorsImport {

@@ -14,6 +14,11 @@ struct Tensor {
   std::vector<std::int64_t> shape; // elements per dimension, PyTorch order ([out, in] for Linear)
   bool trainable = true;
   int layer = -1;                  // layer-list index or transformer block; -1 when neither
+  // How the tensor is stored (fine-tuning, finetune.hpp): the precision's weight dtype, a float
+  // dtype of its own (fp32 adapters, prepare_model_for_kbit_training's upcasts), or a
+  // bitsandbytes layout (always frozen).
+  enum class Storage : std::uint8_t { Regime, FP32, BF16, FP16, NF4, NF4Double, Int8 } storage = Storage::Regime;
+  bool adapter = false;            // a LoRA / DoRA tensor PEFT adds
 
   std::int64_t Elements() const;
 };

@@ -56,7 +56,14 @@ std::string OptionsJson(int indent = -1);
 // A Hugging Face config.json read into an architecture:
 // {"ok":true,"modelType","setup":{"model":{"kind":"transformer","architecture":{…}}},
 //  "ignoredFields":[…],"notes":[…]} or {"ok":false,"errors":[…]} (fields "config.hidden_size").
+// With a quantization_config block the setup also has "finetune":{"quantization","doubleQuant",
+// "computeDType"} (config errors then name "config.quantization_config.<key>").
 std::string ImportConfigJson(std::string_view configText, int indent = -1);
+
+// A PEFT adapter_config.json: {"ok":true,"setup":{"finetune":{"lora":true,"r","loraAlpha",
+// "loraDropout","targetModules","useDora"}},"ignoredFields":[…],"notes":[…]} or
+// {"ok":false,"errors":[…]} (fields "adapter.r").
+std::string ImportAdapterConfigJson(std::string_view text, int indent = -1);
 
 // A safetensors header or model.safetensors.index.json:
 // {"ok":true,"source":"header"|"index","parameterCount"(header) | null,"totalSizeBytes",

@@ -30,6 +30,8 @@ std::span<const Named<HiddenAct>> NamesOf(HiddenAct);
 std::span<const Named<EncoderHead>> NamesOf(EncoderHead);
 std::span<const Named<AttentionImplementation>> NamesOf(AttentionImplementation);
 std::span<const Named<Checkpointing>> NamesOf(Checkpointing);
+std::span<const Named<Quantization>> NamesOf(Quantization);   // finetune.cpp
+std::span<const Named<AdapterDType>> NamesOf(AdapterDType);   // finetune.cpp
 
 template <class E>
 const char* IdOf(E value) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpumem/dtype.hpp"
 #include "gpumem/error.hpp"
 
 namespace gpumem {
@@ -215,11 +216,62 @@ struct RuntimeDef {
   std::string cublasWorkspaceConfig;
 };
 
+// How the base model's linear weights are loaded (bitsandbytes through transformers'
+// BitsAndBytesConfig; layouts in finetune.hpp).
+enum class Quantization {
+  None,  // weights in the precision's dtype
+  NF4,   // load_in_4bit, bnb_4bit_quant_type="nf4": 4-bit NormalFloat, fp32 absmax per 64 weights
+  FP4,   // load_in_4bit, bnb_4bit_quant_type="fp4": the same layout, another code
+  Int8,  // load_in_8bit (LLM.int8()): int8 weights and an fp32 scale per output row
+};
+
+// The dtype LoRA's A and B (and DoRA's magnitude) are kept in.
+enum class AdapterDType {
+  FP32,     // get_peft_model(autocast_adapter_dtype=True), PEFT's default: 16-bit adapters upcast
+  Weights,  // the base weights' dtype (autocast_adapter_dtype=False; torchtune's bf16 recipes)
+};
+
+// Fine-tuning: which parameters train, LoRA / DoRA adapters (PEFT's LoraConfig names) and
+// quantized base weights (transformers' BitsAndBytesConfig names). The defaults train every
+// parameter with no adapter and no quantization, the plain training the rest of the Setup
+// describes. Transformer architectures only (finetune.hpp has the rules and their sources).
+struct FinetuneDef {
+  // --- frozen parameters (requires_grad=False: no gradient, optimizer state or master copy) ---
+  bool freezeEmbeddings = false;       // token (and position / token-type) embeddings
+  bool freezeHead = false;             // lm_head (untied), BERT's pooler / classifier / MLM head
+  std::int64_t freezeFirstBlocks = 0;  // blocks 0 … k−1 frozen (blocks); 0 = none
+  // When not empty, only parameters inside these modules train (a module name as HF writes it,
+  // matched on whole dotted components: "norm", "lm_head", "self_attn").
+  std::vector<std::string> trainOnlyModules;
+
+  // --- LoRA (peft LoraConfig) ---
+  bool lora = false;                // get_peft_model(model, LoraConfig(...)): base weights frozen
+  std::int64_t r = 8;               // r: rank of A [r, in] and B [out, r] (elements)
+  double loraAlpha = 8;             // lora_alpha: scaling = loraAlpha / r
+  double loraDropout = 0.0;         // lora_dropout in [0, 1): p = 0 is nn.Identity (no mask)
+  // target_modules: module names ("q_proj", "c_attn", "query"), or "all-linear"; empty = PEFT's
+  // default for the family (TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING).
+  std::vector<std::string> targetModules;
+  bool useDora = false;             // use_dora: a magnitude vector [out] and a weight norm per forward
+  AdapterDType adapterDType = AdapterDType::FP32;
+
+  // --- quantized base weights (bitsandbytes) ---
+  Quantization quantization = Quantization::None;
+  bool doubleQuant = false;                  // bnb_4bit_use_double_quant: the absmax quantized again
+  DType computeDType = DType::FP32;  // bnb_4bit_compute_dtype (fp32, bf16 or fp16): bnb's default fp32
+  // peft.prepare_model_for_kbit_training: every other 16-bit parameter upcast to fp32, gradient
+  // checkpointing on every block, and the embeddings' output made to require a gradient.
+  bool prepareForKbitTraining = false;
+
+  bool operator==(const FinetuneDef&) const = default;
+};
+
 struct Setup {
   ModelDef model;
   TrainingDef training;
   GpuDef gpu;
   RuntimeDef runtime;
+  FinetuneDef finetune;  // defaults: plain training (every estimate as without the section)
 };
 
 // The one source of defaults: GPT-2 XL-sized quick mode (1.5e9 parameters), fp16 mixed

@@ -151,6 +151,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   ConfigReader r(doc, out);
   r.Use("model_type");
   r.Use("architectures");
+  r.Use("quantization_config");  // read by ImportQuantizationConfig
   ArchitectureDef& a = out.architecture;
 
   if (t == "gpt2") {
@@ -233,6 +234,128 @@ ConfigImport ImportHfConfig(std::string_view text) {
     return out;
   }
   r.ListIgnored();
+  return out;
+}
+
+QuantizationImport ImportQuantizationConfig(std::string_view configText) {
+  QuantizationImport out;
+  json doc;
+  if (!ParseObject(configText, "config", doc, out.errors)) return out;
+  auto block = doc.find("quantization_config");
+  if (block == doc.end() || block->is_null()) return out;
+  const std::string path = "config.quantization_config";
+  if (!block->is_object()) {
+    out.errors.push_back({ErrorCode::InvalidField, path, "Must be an object (BitsAndBytesConfig.to_dict())."});
+    return out;
+  }
+  out.found = true;
+  auto flag = [&](const char* key) {
+    auto it = block->find(key);
+    if (it == block->end() || it->is_null()) return false;
+    if (!it->is_boolean()) {
+      out.errors.push_back({ErrorCode::InvalidField, path + "." + key, "Must be true or false."});
+      return false;
+    }
+    return it->get<bool>();
+  };
+  auto text = [&](const char* key) -> std::string {
+    auto it = block->find(key);
+    if (it == block->end() || it->is_null()) return "";
+    if (!it->is_string()) {
+      out.errors.push_back({ErrorCode::InvalidField, path + "." + key, "Must be a string."});
+      return "";
+    }
+    return it->get<std::string>();
+  };
+  const std::string method = text("quant_method");
+  if (!method.empty() && method != "bitsandbytes") {
+    out.errors.push_back({ErrorCode::InvalidField, path + ".quant_method",
+                          "Only bitsandbytes quantization is simulated (got \"" + method.substr(0, 40) + "\")."});
+    return out;
+  }
+  const bool four = flag("load_in_4bit"), eight = flag("load_in_8bit");
+  if (four && eight) {
+    out.errors.push_back({ErrorCode::InvalidField, path, "load_in_4bit and load_in_8bit cannot both be true."});
+    return out;
+  }
+  FinetuneDef& f = out.finetune;
+  if (eight) f.quantization = Quantization::Int8;
+  if (four) {
+    const std::string type = text("bnb_4bit_quant_type");
+    if (type.empty() || type == "fp4") f.quantization = Quantization::FP4;  // BitsAndBytesConfig's default
+    else if (type == "nf4") f.quantization = Quantization::NF4;
+    else out.errors.push_back({ErrorCode::InvalidField, path + ".bnb_4bit_quant_type", "Must be nf4 or fp4."});
+    f.doubleQuant = flag("bnb_4bit_use_double_quant");
+    const std::string compute = text("bnb_4bit_compute_dtype");
+    if (compute.empty() || compute == "float32") f.computeDType = DType::FP32;
+    else if (compute == "bfloat16") f.computeDType = DType::BF16;
+    else if (compute == "float16") f.computeDType = DType::FP16;
+    else out.errors.push_back({ErrorCode::InvalidField, path + ".bnb_4bit_compute_dtype",
+                               "Must be float32, bfloat16 or float16."});
+  }
+  if (!four && !eight) out.notes.push_back("quantization_config loads neither 4-bit nor 8-bit weights: nothing quantized.");
+  if (auto it = block->find("llm_int8_skip_modules"); it != block->end() && !it->is_null()) {
+    out.notes.push_back("llm_int8_skip_modules is not read: every linear but the output layer is quantized.");
+  }
+  return out;
+}
+
+AdapterImport ImportAdapterConfig(std::string_view text) {
+  AdapterImport out;
+  json doc;
+  if (!ParseObject(text, "adapter config", doc, out.errors)) return out;
+  FinetuneDef& f = out.finetune;
+  f.lora = true;
+  auto fail = [&](const std::string& key, const std::string& message) {
+    out.errors.push_back({ErrorCode::InvalidField, "adapter." + key, message});
+  };
+  static constexpr const char* kUsed[] = {"peft_type", "r", "lora_alpha", "lora_dropout", "target_modules", "use_dora",
+                                          "bias", "modules_to_save", "task_type"};
+  if (auto it = doc.find("peft_type"); it != doc.end() && !(it->is_string() && it->get<std::string>() == "LORA")) {
+    fail("peft_type", "Only LoRA adapters (peft_type \"LORA\") are simulated.");
+    return out;
+  }
+  if (auto it = doc.find("r"); it != doc.end()) {
+    if (it->is_number_integer()) f.r = it->get<std::int64_t>();
+    else fail("r", "Must be a whole number.");
+  }
+  auto number = [&](const char* key, double& target) {
+    auto it = doc.find(key);
+    if (it == doc.end() || it->is_null()) return;
+    if (it->is_number()) target = it->get<double>();
+    else fail(key, "Must be a number.");
+  };
+  number("lora_alpha", f.loraAlpha);
+  number("lora_dropout", f.loraDropout);
+  if (auto it = doc.find("use_dora"); it != doc.end() && !it->is_null()) {
+    if (it->is_boolean()) f.useDora = it->get<bool>();
+    else fail("use_dora", "Must be true or false.");
+  }
+  if (auto it = doc.find("target_modules"); it != doc.end() && !it->is_null()) {
+    if (it->is_string()) {
+      const std::string t = it->get<std::string>();
+      if (t == "all-linear") f.targetModules = {t};
+      else fail("target_modules", "A regular expression is not read; list the module names instead (or \"all-linear\").");
+    } else if (it->is_array() && it->size() <= 64) {
+      for (const json& m : *it) {
+        if (m.is_string()) f.targetModules.push_back(m.get<std::string>());
+        else fail("target_modules", "Module names must be strings.");
+      }
+    } else {
+      fail("target_modules", "Must be a list of at most 64 module names or \"all-linear\".");
+    }
+  }
+  if (auto it = doc.find("bias"); it != doc.end() && it->is_string() && it->get<std::string>() != "none") {
+    out.notes.push_back("bias = \"" + it->get<std::string>().substr(0, 20) + "\": trained biases are not simulated (taken as \"none\").");
+  }
+  if (auto it = doc.find("modules_to_save"); it != doc.end() && it->is_array() && !it->empty()) {
+    out.notes.push_back("modules_to_save: the fully trained copies of those modules are not simulated.");
+  }
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    bool used = false;
+    for (const char* k : kUsed) used = used || it.key() == k;
+    if (!used && out.ignoredFields.size() < 64) out.ignoredFields.push_back(it.key().substr(0, 60));
+  }
   return out;
 }
 

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 #include "io/estimate_json.hpp"
@@ -343,6 +344,64 @@ void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
   }
 }
 
+// A list of module names (finetune.targetModules, finetune.trainOnlyModules).
+void ReadNames(Reader& r, const json& v, const char* key, const std::string& path, std::vector<std::string>& out) {
+  auto it = v.find(key);
+  if (it == v.end()) return;
+  const std::string field = path + "." + key;
+  if (!it->is_array() || it->size() > 64) {
+    r.Fail(ErrorCode::InvalidField, field, "Must be an array of at most 64 module names (strings).");
+    return;
+  }
+  out.clear();
+  for (const json& name : *it) {
+    if (!name.is_string()) {
+      r.Fail(ErrorCode::InvalidField, field, "Module names must be strings, got " + KindOf(name) + ".");
+      return;
+    }
+    out.push_back(name.get<std::string>());
+  }
+}
+
+// The fine-tuning section (finetune.hpp; PEFT's and bitsandbytes' option names).
+void ReadFinetune(Reader& r, const json& v, FinetuneDef& f) {
+  const std::string path = "finetune";
+  if (!r.ExpectObject(v, path)) return;
+  r.RejectUnknown(v, {"freezeEmbeddings", "freezeHead", "freezeFirstBlocks", "trainOnlyModules", "lora", "r",
+                      "loraAlpha", "loraDropout", "targetModules", "useDora", "adapterDType", "quantization",
+                      "doubleQuant", "computeDType", "prepareForKbitTraining"}, path);
+  r.Bool(v, "freezeEmbeddings", path, f.freezeEmbeddings);
+  r.Bool(v, "freezeHead", path, f.freezeHead);
+  r.Int(v, "freezeFirstBlocks", path, f.freezeFirstBlocks);
+  ReadNames(r, v, "trainOnlyModules", path, f.trainOnlyModules);
+  r.Bool(v, "lora", path, f.lora);
+  r.Int(v, "r", path, f.r);
+  r.Number(v, "loraAlpha", path, f.loraAlpha);
+  r.Number(v, "loraDropout", path, f.loraDropout);
+  ReadNames(r, v, "targetModules", path, f.targetModules);
+  r.Bool(v, "useDora", path, f.useDora);
+  r.Enum(v, "adapterDType", path, f.adapterDType);
+  r.Enum(v, "quantization", path, f.quantization);
+  r.Bool(v, "doubleQuant", path, f.doubleQuant);
+  if (auto it = v.find("computeDType"); it != v.end()) {
+    const std::string id = it->is_string() ? it->get<std::string>() : "";
+    if (id == "fp32") f.computeDType = DType::FP32;
+    else if (id == "bf16") f.computeDType = DType::BF16;
+    else if (id == "fp16") f.computeDType = DType::FP16;
+    else r.Fail(ErrorCode::InvalidField, "finetune.computeDType", "Must be one of fp32, bf16, fp16 (got " + Echo(*it) + ").");
+  }
+  r.Bool(v, "prepareForKbitTraining", path, f.prepareForKbitTraining);
+}
+
+ojson FinetuneJson(const FinetuneDef& f) {
+  return {{"freezeEmbeddings", f.freezeEmbeddings}, {"freezeHead", f.freezeHead},
+          {"freezeFirstBlocks", f.freezeFirstBlocks}, {"trainOnlyModules", f.trainOnlyModules},
+          {"lora", f.lora}, {"r", f.r}, {"loraAlpha", f.loraAlpha}, {"loraDropout", f.loraDropout},
+          {"targetModules", f.targetModules}, {"useDora", f.useDora}, {"adapterDType", IdOf(f.adapterDType)},
+          {"quantization", IdOf(f.quantization)}, {"doubleQuant", f.doubleQuant},
+          {"computeDType", DTypeId(f.computeDType)}, {"prepareForKbitTraining", f.prepareForKbitTraining}};
+}
+
 ojson LayerToJson(const LayerDef& l) {
   ojson j = {{"type", IdOf(l.kind)}};
   if (l.kind == LayerKind::Linear) {
@@ -398,6 +457,7 @@ ojson SetupJson(const Setup& s) {
                                   {"garbageCollectionThreshold", s.runtime.allocator.garbageCollectionThreshold}}},
                    {"cudaContextMiB", s.runtime.cudaContextMiB},
                    {"cublasWorkspaceConfig", s.runtime.cublasWorkspaceConfig}}},
+      {"finetune", FinetuneJson(s.finetune)},
   };
 }
 
@@ -444,7 +504,7 @@ void ParseInto(std::string_view text, Setup& setup, ErrorList& errors, Given& gi
     return;
   }
   if (!r.ExpectObject(doc, "")) return;
-  r.RejectUnknown(doc, {"schemaVersion", "model", "training", "gpu", "runtime"}, "");
+  r.RejectUnknown(doc, {"schemaVersion", "model", "training", "gpu", "runtime", "finetune"}, "");
   if (auto it = doc.find("schemaVersion"); it != doc.end()) {
     if (!it->is_number_integer() || it->get<std::int64_t>() != kSchemaVersion) {
       r.Fail(ErrorCode::InvalidField, "schemaVersion", "Only schema version 1 is understood.");
@@ -453,6 +513,7 @@ void ParseInto(std::string_view text, Setup& setup, ErrorList& errors, Given& gi
   if (auto it = doc.find("model"); it != doc.end()) ReadModel(r, *it, setup.model, given);
   if (auto it = doc.find("training"); it != doc.end()) ReadTraining(r, *it, setup.training, given);
   if (auto it = doc.find("runtime"); it != doc.end()) ReadRuntime(r, *it, setup.runtime);
+  if (auto it = doc.find("finetune"); it != doc.end()) ReadFinetune(r, *it, setup.finetune);
   if (auto it = doc.find("gpu"); it != doc.end()) {
     if (r.ExpectObject(*it, "gpu")) {
       r.RejectUnknown(*it, {"memoryGiB", "id"}, "gpu");
@@ -619,12 +680,35 @@ std::string ImportConfigJson(std::string_view configText, int indent) {
   std::vector<FieldError> problems;
   for (const FieldError& e : Validate(imported)) if (e.field.starts_with("model.")) problems.push_back(e);
   const ojson count = problems.empty() ? ojson(BuildInventory(imported).ParameterCount()) : ojson(nullptr);
+  ojson setup = {{"model", {{"kind", IdOf(ModelKind::Transformer)}, {"architecture", ArchitectureJson(c.architecture)}}}};
+  std::vector<std::string> notes = c.notes;
+  // A quantized checkpoint's quantization_config: the finetune section's quantization fields.
+  const QuantizationImport q = ImportQuantizationConfig(configText);
+  if (!q.errors.empty()) return Dump({{"ok", false}, {"errors", ErrorsArray(q.errors)}}, indent);
+  if (q.found) {
+    const ojson f = FinetuneJson(q.finetune);
+    setup["finetune"] = {{"quantization", f["quantization"]}, {"doubleQuant", f["doubleQuant"]},
+                         {"computeDType", f["computeDType"]}};
+    notes.insert(notes.end(), q.notes.begin(), q.notes.end());
+    notes.push_back("quantization_config read: bitsandbytes weights cannot be trained, so add LoRA adapters "
+                    "(and prepare_model_for_kbit_training) before estimating.");
+  }
   return Dump({{"ok", true},
                {"modelType", c.modelType},
                {"parameterCount", count},
-               {"setup", {{"model", {{"kind", IdOf(ModelKind::Transformer)}, {"architecture", ArchitectureJson(c.architecture)}}}}},
+               {"setup", setup},
                {"ignoredFields", c.ignoredFields},
-               {"notes", c.notes}},
+               {"notes", notes}},
+              indent);
+}
+
+std::string ImportAdapterConfigJson(std::string_view text, int indent) {
+  const AdapterImport a = ImportAdapterConfig(text);
+  if (!a.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(a.errors)}}, indent);
+  const ojson f = FinetuneJson(a.finetune);
+  ojson finetune = ojson::object();
+  for (const char* key : {"lora", "r", "loraAlpha", "loraDropout", "targetModules", "useDora"}) finetune[key] = f[key];
+  return Dump({{"ok", true}, {"setup", {{"finetune", finetune}}}, {"ignoredFields", a.ignoredFields}, {"notes", a.notes}},
               indent);
 }
 
@@ -724,6 +808,39 @@ std::string EstimateAndSolveJson(std::string_view setupText, int indent) {
 
 const char* Version() { return GPUMEM_VERSION; }
 
+namespace {
+// The fine-tuning form: each field of setup.finetune with its kind, unit and the framework
+// option it is (the page builds its form from this list).
+ojson FinetuneFieldsJson() {
+  struct Field { const char* key; const char* label; const char* kind; const char* options; const char* hint; const char* when; };
+  static constexpr Field kFields[] = {
+      {"freezeEmbeddings", "Freeze embeddings", "bool", "", "requires_grad_(False) on the token / position embeddings", ""},
+      {"freezeHead", "Freeze head", "bool", "", "lm_head (untied), pooler, classifier", ""},
+      {"freezeFirstBlocks", "Freeze first blocks", "count", "", "blocks 0 … k−1 frozen; layers below the lowest trainable parameter run no backward", ""},
+      {"trainOnlyModules", "Train only modules", "names", "", "only parameters inside these modules train (\"norm\", \"lm_head\")", ""},
+      {"lora", "LoRA adapters", "bool", "", "peft get_peft_model(LoraConfig): base weights frozen", ""},
+      {"r", "Rank r", "count", "", "r: A is [r, in], B is [out, r]", "lora"},
+      {"loraAlpha", "lora_alpha", "number", "", "scaling = lora_alpha / r", "lora"},
+      {"loraDropout", "lora_dropout", "number", "", "probability in [0, 1); 0 = no mask", "lora"},
+      {"targetModules", "target_modules", "names", "", "q_proj, v_proj, c_attn, query, all-linear …; empty = PEFT's default for the family", "lora"},
+      {"useDora", "use_dora (DoRA)", "bool", "", "a magnitude per output feature; W + s·B·A and its norm every forward", "lora"},
+      {"adapterDType", "Adapter dtype", "select", "adapterDTypes", "fp32 = PEFT's autocast_adapter_dtype=True", "lora"},
+      {"quantization", "Quantized base weights", "select", "quantizations", "bitsandbytes load_in_4bit (nf4 / fp4) or load_in_8bit", ""},
+      {"doubleQuant", "Double quantization", "bool", "", "bnb_4bit_use_double_quant: 8-bit absmax + fp32 per 256 blocks", "quantization"},
+      {"computeDType", "Compute dtype", "select", "computeDTypes", "bnb_4bit_compute_dtype: the dequantized weight's dtype", "quantization"},
+      {"prepareForKbitTraining", "prepare_model_for_kbit_training", "bool", "", "other 16-bit parameters upcast to fp32, checkpointing on every block, input gradients", ""},
+  };
+  ojson out = ojson::array();
+  for (const Field& f : kFields) {
+    ojson field = {{"key", f.key}, {"label", f.label}, {"kind", f.kind}, {"hint", f.hint}};
+    if (*f.options) field["options"] = f.options;
+    if (*f.when) field["when"] = {{"field", f.when}, {"value", f.when == std::string("lora") ? "true" : "notNone"}};
+    out.push_back(field);
+  }
+  return out;
+}
+}  // namespace
+
 std::string OptionsJson(int indent) {
   ojson examples = ojson::array();
   examples.push_back({{"id", "quick-1.5b"}, {"label", "1.5B parameters, quick mode (fp16 mixed, Adam)"},
@@ -765,6 +882,12 @@ std::string OptionsJson(int indent) {
                {"encoderHeads", NameList<EncoderHead>()},
                {"attentions", NameList<AttentionImplementation>()},
                {"checkpointings", NameList<Checkpointing>()},
+               {"quantizations", NameList<Quantization>()},
+               {"adapterDTypes", NameList<AdapterDType>()},
+               {"computeDTypes", ojson::array({{{"id", "fp32"}, {"label", "fp32 (bitsandbytes' default)"}},
+                                               {{"id", "bf16"}, {"label", "bf16"}},
+                                               {{"id", "fp16"}, {"label", "fp16"}}})},
+               {"finetuneFields", FinetuneFieldsJson()},
                {"defaultSetup", SetupJson(DefaultSetup())},
                {"examples", examples},
                {"modelKinds", NameList<ModelKind>()},

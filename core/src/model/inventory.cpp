@@ -1,6 +1,8 @@
 // Inventory: every parameter tensor, from the model description.
 #include "gpumem/inventory.hpp"
 
+#include "gpumem/finetune.hpp"
+
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -186,6 +188,7 @@ Inventory BuildInventory(const Setup& setup) {
                                  int block, bool) {
                                inv.parameters.push_back({prefix + name, std::vector<std::int64_t>(shape), true, block});
                              });
+    ApplyFinetune(setup, inv);  // frozen parameters, adapters, quantized storage (finetune.hpp)
     return inv;
   }
   if (model.kind == ModelKind::ParameterCount) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "device/device_stage.hpp"
+#include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/heuristics.hpp"
 #include "gpumem/inventory.hpp"
@@ -313,6 +314,12 @@ constexpr double kQuickConstant = 40, kQuickMatrix = 30;
 }  // namespace events
 
 EventBudget PredictEventsOf(const Setup& setup) {
+  // prepare_model_for_kbit_training checkpoints every block whatever training.checkpointing says.
+  if (setup.finetune.prepareForKbitTraining && setup.training.checkpointing != Checkpointing::EveryBlock) {
+    Setup checkpointed = setup;
+    checkpointed.training.checkpointing = Checkpointing::EveryBlock;
+    return PredictEventsOf(checkpointed);
+  }
   EventBudget budget;
   const ModelDef& m = setup.model;
   if (m.kind == ModelKind::ParameterCount) {
@@ -356,7 +363,7 @@ EventBudget PredictEventsOf(const Setup& setup) {
   } else if (t.optimizerImplementation == OptimizerImplementation::PerParameter) {
     block += events::kPerParameterPerTensor * tensors;
   }
-  budget.predictedEvents = events::kTransformerConstant + double(a.numLayers) * block;
+  budget.predictedEvents = events::kTransformerConstant + double(a.numLayers) * (block + FinetuneEventsPerBlock(setup));
   // The experts drive it when they make most of a block's events.
   budget.field = events::kExpert * experts > block / 2 ? "model.architecture.numExperts"
                                                        : "model.architecture.numLayers";
@@ -621,6 +628,11 @@ void Validate(const Setup& setup, ErrorList& errors) {
     std::vector<FieldError> runtime;
     ValidateRuntime(setup, runtime);
     for (FieldError& e : runtime) errors.push_back(std::move(e));
+  }
+  {
+    std::vector<FieldError> finetune;  // finetune.hpp: frozen parameters, adapters, quantization
+    ValidateFinetune(setup, finetune, errors.empty());
+    for (FieldError& e : finetune) errors.push_back(std::move(e));
   }
 
   if (errors.empty()) {

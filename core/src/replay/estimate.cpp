@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
@@ -122,9 +123,16 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
     }
   }
   const std::int64_t trainable = inventory.TrainableCount();
-  m.parametersBytes = m.parameterCount * BytesPerElement(regime.weights);
-  m.masterWeightsBytes = regime.masterWeights ? trainable * 4 : 0;
-  m.gradientsBytes = trainable * BytesPerElement(regime.gradients);
+  // Per tensor, as the trace allocates them: fine-tuning gives some tensors a dtype or a
+  // bitsandbytes layout of their own (finetune.hpp); without it these are N × the regime's bytes.
+  std::int64_t masterElements = 0;
+  for (const Tensor& p : inventory.parameters) {
+    m.parametersBytes += StoredBytes(p, regime.weights);
+    if (!p.trainable) continue;
+    m.gradientsBytes += p.Elements() * BytesPerElement(GradientTypeOf(p, regime.gradients));
+    if (HasMasterCopy(p, regime.masterWeights)) masterElements += p.Elements();
+  }
+  m.masterWeightsBytes = masterElements * 4;
 
   // Optimizer states from the same per-tensor rule the trace uses, summed by state name.
   std::vector<std::pair<std::string_view, std::int64_t>> valuesByName;
@@ -141,11 +149,22 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   }
   m.totalBytes = m.parametersBytes + m.masterWeightsBytes + m.gradientsBytes + m.optimizerStatesBytes;
 
-  m.rows.push_back({Category::Parameters, m.parametersBytes, PerParameter(m.parameterCount, regime.weights)});
-  if (regime.masterWeights) {
-    m.rows.push_back({Category::MasterWeights, m.masterWeightsBytes, PerParameter(trainable, DType::FP32)});
+  if (!FinetuneActive(setup.finetune)) {
+    m.rows.push_back({Category::Parameters, m.parametersBytes, PerParameter(m.parameterCount, regime.weights)});
+    if (regime.masterWeights) {
+      m.rows.push_back({Category::MasterWeights, m.masterWeightsBytes, PerParameter(trainable, DType::FP32)});
+    }
+    m.rows.push_back({Category::Gradients, m.gradientsBytes, PerParameter(trainable, regime.gradients)});
+  } else {
+    m.rows.push_back({Category::Parameters, m.parametersBytes, FinetuneParameterFormula(setup, inventory)});
+    if (regime.masterWeights) {
+      m.rows.push_back({Category::MasterWeights, m.masterWeightsBytes,
+                        FormatCount(masterElements) + " trainable 16-bit values × 4 B (fp32)"});
+    }
+    m.rows.push_back({Category::Gradients, m.gradientsBytes,
+                      FormatCount(trainable) + " trainable values (of " + FormatCount(m.parameterCount) +
+                          ") in their own dtypes; frozen parameters get none"});
   }
-  m.rows.push_back({Category::Gradients, m.gradientsBytes, PerParameter(trainable, regime.gradients)});
   std::string states;
   std::int64_t values = 0;
   for (const auto& [name, count] : valuesByName) {

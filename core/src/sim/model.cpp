@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "gpumem/finetune.hpp"
+
 namespace gpumem {
 
 namespace {
@@ -17,8 +19,9 @@ std::uint64_t HashName(std::string_view s) {
 }
 }  // namespace
 
-Parameters::Parameters(const Inventory& inventory, const std::vector<Text>& names, DType weights)
-    : inventory_(inventory), names_(names), weights_(weights), values_(inventory.parameters.size(), kNoValue) {
+Parameters::Parameters(const Inventory& inventory, const std::vector<Text>& names, DType weights, DType quantCompute)
+    : inventory_(inventory), names_(names), weights_(weights), quantCompute_(quantCompute),
+      values_(inventory.parameters.size(), kNoValue) {
   std::size_t size = 16;
   while (size < 2 * inventory.parameters.size()) size *= 2;
   slots_.assign(size, -1);
@@ -41,7 +44,9 @@ std::int64_t Parameters::IndexOf(std::string_view name) const {
 
 ValueId Parameters::Leaf(Tape& t, std::size_t index) {
   if (values_[index] == kNoValue) {
-    values_[index] = t.Parameter(index, Shape(inventory_.parameters[index].shape), weights_, names_[index]);
+    const Tensor& p = inventory_.parameters[index];
+    values_[index] = t.Parameter(index, Shape(p.shape), ParameterType(p, weights_, quantCompute_), names_[index],
+                                 p.trainable);
   }
   return values_[index];
 }
@@ -55,6 +60,16 @@ ValueId Parameters::Find(Tape& t, const Module& module, std::string_view tensor)
   std::memcpy(full + module.length + 1, tensor.data(), tensor.size());
   const std::int64_t i = IndexOf(std::string_view(full, module.length + 1 + tensor.size()));
   return i < 0 ? kNoValue : Leaf(t, static_cast<std::size_t>(i));
+}
+
+const Tensor* Parameters::TensorOf(const Module& module, std::string_view tensor) const {
+  char full[Module::kMaxPath + 16];
+  if (module.length + 1 + tensor.size() > sizeof full) return nullptr;
+  std::memcpy(full, module.path, module.length);
+  full[module.length] = '.';
+  std::memcpy(full + module.length + 1, tensor.data(), tensor.size());
+  const std::int64_t i = IndexOf(std::string_view(full, module.length + 1 + tensor.size()));
+  return i < 0 ? nullptr : &inventory_.parameters[static_cast<std::size_t>(i)];
 }
 
 ValueId Parameters::Get(Tape& t, const Module& module, std::string_view tensor) {

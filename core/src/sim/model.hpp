@@ -22,13 +22,18 @@ struct Module {
 // The parameters of one forward pass, created as tape leaves on first use.
 class Parameters {
  public:
-  Parameters(const Inventory& inventory, const std::vector<Text>& names, DType weights);
+  // `weights`: the precision's weight dtype; `quantCompute`: the dtype a quantized weight is
+  // dequantized to (bnb_4bit_compute_dtype). Frozen parameters become leaves needing no gradient.
+  Parameters(const Inventory& inventory, const std::vector<Text>& names, DType weights,
+             DType quantCompute = DType::FP32);
   void Reset() { std::fill(values_.begin(), values_.end(), kNoValue); }
   // `module` + "." + `tensor` ("weight", "bias"); kNoValue when the model has no such tensor.
   ValueId Find(Tape& t, const Module& module, std::string_view tensor);
   ValueId Get(Tape& t, const Module& module, std::string_view tensor);  // must exist
   ValueId ByName(Tape& t, std::string_view fullName);                   // must exist
   bool Has(std::string_view fullName) const { return IndexOf(fullName) >= 0; }
+  // The inventory's tensor `module` + "." + `tensor`, or nullptr (its storage, whether it trains).
+  const Tensor* TensorOf(const Module& module, std::string_view tensor) const;
 
  private:
   ValueId Leaf(Tape& t, std::size_t index);
@@ -38,6 +43,7 @@ class Parameters {
   const Inventory& inventory_;
   const std::vector<Text>& names_;
   DType weights_;
+  DType quantCompute_;
   std::vector<std::int32_t> slots_;  // inventory index per slot, -1 empty; size a power of two
   bool anyBias_ = false;             // whether any name ends in ".bias" (most Llamas have none)
   std::vector<ValueId> values_;
@@ -49,6 +55,12 @@ struct Model {
   const TrainingDef& training;
   Parameters& parameters;
   std::int64_t b, s;  // micro-batch and sequence length
+  const FinetuneDef* finetune = nullptr;  // adapters and quantization (null: plain training)
+
+  const FinetuneDef& Finetune() const {
+    static const FinetuneDef kPlain{};
+    return finetune != nullptr ? *finetune : kPlain;
+  }
 
   // A child module: "model.layers.3." + "self_attn.q_proj".
   Module Child(const Module& parent, std::string_view name);

@@ -22,8 +22,13 @@ ValueId Linear(Tape& t, ValueId x, ValueId weight, ValueId bias, std::int64_t ou
   const ValueId w16 = t.ForMatmul(weight);
   const ValueId b16 = bias == kNoValue ? kNoValue : t.ForMatmul(bias);
   const DType type = t.autocast() ? t.computeType() : Promote(t.TypeOf(x16), t.TypeOf(w16));
-  Tape::OpSpec spec{.name = name, .inputs = {{x16}, {w16}}, .shape = WithLast(t.ShapeOf(x), out),
-                    .type = type, .saves = {x16, w16}};
+  // mm's derivatives (derivatives.yaml: self: grad.mm(mat2ᵀ), mat2: selfᵀ.mm(grad)): autograd
+  // saves each operand only when the other one's gradient is needed — a frozen weight keeps no
+  // copy of its input, an input with no gradient keeps no weight (checked in PyTorch 1.13:
+  // MmBackward0._saved_self is None when the weight does not require grad).
+  Tape::OpSpec spec{.name = name, .inputs = {{x16}, {w16}}, .shape = WithLast(t.ShapeOf(x), out), .type = type};
+  if (Grad(t, w16)) spec.saves.push_back(x16);
+  if (Grad(t, x16)) spec.saves.push_back(w16);
   if (b16 != kNoValue) spec.inputs.push_back({b16});
   const ValueId y = t.Apply(spec);
   t.Drop(x16);
@@ -35,8 +40,10 @@ ValueId Linear(Tape& t, ValueId x, ValueId weight, ValueId bias, std::int64_t ou
 ValueId MatMul(Tape& t, ValueId a, ValueId b, Shape shape, TextPart name) {
   const ValueId a16 = t.ForMatmul(a), b16 = t.ForMatmul(b);
   const DType type = t.autocast() ? t.computeType() : Promote(t.TypeOf(a16), t.TypeOf(b16));
-  const ValueId y = t.Apply({.name = name, .inputs = {{a16}, {b16}}, .shape = shape, .type = type,
-                             .saves = {a16, b16}});
+  Tape::OpSpec spec{.name = name, .inputs = {{a16}, {b16}}, .shape = shape, .type = type};
+  if (Grad(t, b16)) spec.saves.push_back(a16);  // each operand only if the other needs a gradient
+  if (Grad(t, a16)) spec.saves.push_back(b16);
+  const ValueId y = t.Apply(spec);
   t.Drop(a16);
   t.Drop(b16);
   return y;

@@ -18,6 +18,7 @@
 //     with foreach, one tensor at a time per parameter, not at all when fused).
 #include <string>
 
+#include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 #include "sim/trace_builder.hpp"
@@ -30,17 +31,20 @@ StateTensors OptimizerStateTensors(const TrainingDef& training, const Regime& re
   auto push = [&states](const StateTensor& s) { states.items[states.count++] = s; };
   if (!parameter.trainable) return states;
   const std::int64_t n = parameter.Elements();
+  // torch.zeros_like(p): a parameter kept in a dtype of its own (fp32 adapters) keeps its states
+  // in that dtype (finetune.hpp StateTypeOf).
+  const DType stateType = StateTypeOf(parameter, regime.states);
   auto full = [&](const char* name, DType type) { push({name, n, type, Shape(parameter.shape)}); };
   switch (training.optimizer) {
     case OptimizerKind::SGD:
       break;
     case OptimizerKind::SGDMomentum:
-      full("momentum_buffer", regime.states);
+      full("momentum_buffer", stateType);
       break;
     case OptimizerKind::Adam:
     case OptimizerKind::AdamW:
-      full("exp_avg", regime.states);
-      full("exp_avg_sq", regime.states);
+      full("exp_avg", stateType);
+      full("exp_avg_sq", stateType);
       break;
     case OptimizerKind::Adafactor: {
       const auto& shape = parameter.shape;
@@ -94,23 +98,27 @@ void OptimizerPass::Step(TraceBuilder& b) {
   if (adafactor) impl = OptimizerImplementation::PerParameter;  // HF Adafactor loops
   const bool upcast = regime_.masterWeights;
   const DType stateType = regime_.states;
-  const std::int64_t stateBytes = BytesPerElement(stateType);
   const Text step = text.Make({name, " step: "});
   auto temp = [&](std::int64_t bytes, Text tensor, Text what, Text formula, int layer = -1) {
     return b.Alloc(Category::OptimizerIntermediates, bytes, tensor, text.Make({step, what}), formula, layer);
   };
 
   if (impl == OptimizerImplementation::ForEach) {
-    std::int64_t elements = 0;
-    for (const Tensor& p : inventory_.parameters) if (p.trainable) elements += p.Elements();
+    std::int64_t elements = 0, stateBytesAll = 0, upcastElements = 0;
+    for (const Tensor& p : inventory_.parameters) {
+      if (!p.trainable) continue;
+      elements += p.Elements();
+      stateBytesAll += p.Elements() * BytesPerElement(StateTypeOf(p, stateType));
+      if (HasMasterCopy(p, upcast)) upcastElements += p.Elements();
+    }
     TensorHandle grads32 = kNoTensor;
-    if (upcast) {
-      grads32 = temp(elements * 4, text.Make({"fp32 gradients (all)"}),
+    if (upcastElements > 0) {  // the 16-bit parameters with an fp32 master (all but own-dtype ones)
+      grads32 = temp(upcastElements * 4, text.Make({"fp32 gradients (all)"}),
                      text.Make({"foreach: gradients upcast to fp32"}),
-                     text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(DType::FP32)}));
+                     text.Make({TextPart::Count(upcastElements), " × ", TextPart::Bytes(DType::FP32)}));
     }
     if (adam) {
-      TensorHandle denom = temp(elements * stateBytes, text.Make({"sqrt(exp_avg_sq) (all)"}),
+      TensorHandle denom = temp(stateBytesAll, text.Make({"sqrt(exp_avg_sq) (all)"}),
                                 text.Make({"foreach: _foreach_sqrt(exp_avg_sq) for every parameter"}),
                                 text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(stateType)}));
       b.Release(denom, text.Make({step, "foreach addcdiv done"}));
@@ -126,7 +134,7 @@ void OptimizerPass::Step(TraceBuilder& b) {
     const Shape shape(p.shape);
     const std::int64_t n = p.Elements();
     TensorHandle grad32 = kNoTensor, param32 = kNoTensor;
-    if (upcast || (adafactor && regime_.gradients != DType::FP32)) {
+    if (HasMasterCopy(p, upcast) || (adafactor && GradientTypeOf(p, regime_.gradients) != DType::FP32)) {
       grad32 = temp(n * 4, text.Make({pname, ".grad (fp32)"}),
                     text.Make({"gradient of ", pname, " upcast to fp32"}), text.Shape(shape, DType::FP32), p.layer);
     }
@@ -135,10 +143,11 @@ void OptimizerPass::Step(TraceBuilder& b) {
                      text.Shape(shape, DType::FP32), p.layer);
     }
     if (adam) {
-      const Text f = text.Shape(shape, stateType);
-      TensorHandle root = temp(n * stateBytes, text.Make({"sqrt(exp_avg_sq)"}),
+      const DType own = StateTypeOf(p, stateType);
+      const Text f = text.Shape(shape, own);
+      TensorHandle root = temp(n * BytesPerElement(own), text.Make({"sqrt(exp_avg_sq)"}),
                                text.Make({"sqrt(exp_avg_sq) of ", pname}), f, p.layer);
-      TensorHandle denom = temp(n * stateBytes, text.Make({"denom"}), text.Make({"denominator of ", pname}), f, p.layer);
+      TensorHandle denom = temp(n * BytesPerElement(own), text.Make({"denom"}), text.Make({"denominator of ", pname}), f, p.layer);
       b.Release(root, text.Make({step, "sqrt consumed"}));
       b.Release(denom, text.Make({step, pname, " updated"}));
     } else if (adafactor) {

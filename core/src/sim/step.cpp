@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/recycle.hpp"
@@ -164,10 +165,11 @@ GradientSink::GradientSink(TraceBuilder& builder, const Inventory& inventory,
 void GradientSink::Produce(std::size_t index, Text label) {
   const Tensor& p = inventory_.parameters[index];
   if (!p.trainable) return;
-  const std::int64_t bytes = p.Elements() * BytesPerElement(regime_.gradients);
+  const DType type = GradientTypeOf(p, regime_.gradients);  // a parameter's own dtype (finetune.hpp)
+  const std::int64_t bytes = p.Elements() * BytesPerElement(type);
   TextStore& t = builder_.text();
   const Text name = names_[index];
-  const Text formula = t.Shape(Shape(p.shape), regime_.gradients);
+  const Text formula = t.Shape(Shape(p.shape), type);
   if (grads_[index] == kNoTensor) {
     grads_[index] = builder_.Alloc(Category::Gradients, bytes, t.Make({name, ".grad"}),
                                    t.Make({label, ": ", name, ".grad"}), formula, p.layer);
@@ -201,13 +203,13 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   b.SetPhase(Phase::Init, 0);
   for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
     const Tensor& p = inventory.parameters[i];
-    b.Alloc(Category::Parameters, p.Elements() * BytesPerElement(regime.weights), names[i],
-            text.Make({"model init: ", names[i]}), text.Shape(Shape(p.shape), regime.weights), p.layer);
+    b.Alloc(Category::Parameters, StoredBytes(p, regime.weights), names[i], text.Make({"model init: ", names[i]}),
+            StorageFormula(text, p, regime.weights), p.layer);
   }
   if (regime.masterWeights) {
     for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
       const Tensor& p = inventory.parameters[i];
-      if (!p.trainable) continue;
+      if (!p.trainable || !HasMasterCopy(p, regime.masterWeights)) continue;
       b.Alloc(Category::MasterWeights, p.Elements() * 4, text.Make({names[i], " (fp32 master)"}),
               text.Make({"optimizer construction: fp32 master copy of ", names[i]}),
               text.Shape(Shape(p.shape), DType::FP32), p.layer);

@@ -63,12 +63,12 @@ ValueId Tape::External(TensorHandle storage, Shape shape, DType type, TextPart n
   return NewValue(v);
 }
 
-ValueId Tape::Parameter(std::size_t index, Shape shape, DType type, Text name) {
+ValueId Tape::Parameter(std::size_t index, Shape shape, DType type, Text name, bool requiresGrad) {
   Value v;
   v.name = name;
   v.shape = shape;
   v.type = type;
-  v.requiresGrad = true;
+  v.requiresGrad = requiresGrad;
   v.parameter = static_cast<int>(index);
   return NewValue(v);
 }
@@ -173,7 +173,10 @@ SmallVec<ValueId, 4> Tape::Split(TextPart name, ValueId input, std::initializer_
 ValueId Tape::ForMatmul(ValueId v) {
   const Value& value = values_[static_cast<std::size_t>(v)];
   if (!autocast_ || value.type == compute_ || value.type == DType::Int64) return Keep(v);
-  if (value.parameter >= 0) {
+  // autocast caches the cast of a leaf that requires grad only (autocast_mode.cpp
+  // cached_cast: arg.requires_grad() && arg.is_leaf()); a frozen weight is cast at every use,
+  // its copy freed after the op unless the op saves it.
+  if (value.parameter >= 0 && value.requiresGrad) {
     const auto index = static_cast<std::size_t>(value.parameter);
     CastCache& c = cache();
     if (c.byParameter[index] != kNoValue) return Keep(c.byParameter[index]);

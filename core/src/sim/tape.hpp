@@ -99,12 +99,27 @@ class Tape {
   Text scope() const { return scope_; }
   int layer() const { return layer_; }
   bool recording() const { return recording_; }
+  // Records no autograd history until set back (returns the previous state): for a branch whose
+  // result is only used detached, so that its graph dies with the Python locals that hold it.
+  bool SetRecording(bool on) {
+    const bool was = recording_;
+    recording_ = on;
+    return was;
+  }
 
   // --- values ---
   // A tensor whose storage is owned elsewhere (the batch); no gradient.
   ValueId External(TensorHandle storage, Shape shape, DType type, TextPart name);
-  // A parameter: a leaf whose gradient goes to the sink; its storage is the model's.
-  ValueId Parameter(std::size_t inventoryIndex, Shape shape, DType type, Text name);
+  // A parameter: a leaf whose gradient goes to the sink; its storage is the model's. A frozen
+  // one (requires_grad=False) takes no part in autograd.
+  ValueId Parameter(std::size_t inventoryIndex, Shape shape, DType type, Text name, bool requiresGrad = true);
+  // x.requires_grad_(True) on a tensor with no history (enable_input_require_grads' hook on the
+  // embeddings' output): backward then computes its gradient, held until backward ends.
+  void RequireGrad(ValueId v) {
+    if (recording_ && v != kNoValue && values_[static_cast<std::size_t>(v)].producer < 0) {
+      values_[static_cast<std::size_t>(v)].requiresGrad = true;
+    }
+  }
   // A new tensor held once by the caller, with no autograd history (torch.zeros, a mask).
   ValueId Fresh(Shape shape, DType type, TextPart name, Category category = Category::Activations);
   ValueId Keep(ValueId v);  // one more Python reference to the same tensor

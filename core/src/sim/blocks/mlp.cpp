@@ -3,12 +3,6 @@
 
 namespace gpumem::blocks {
 
-ValueId Linear(Model& m, ValueId x, const Module& module, std::int64_t out, TextPart name) {
-  const ValueId weight = m.P(module, "weight");
-  const ValueId bias = m.POptional(module, "bias");
-  return ops::Linear(m.t, x, weight, bias, out, name);
-}
-
 ValueId Activation(Model& m, ValueId x, TextPart name) {
   Tape& t = m.t;
   switch (m.a.hiddenAct) {

@@ -81,6 +81,11 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) 
   t.Drop(c.cos);
   t.Drop(c.sin);
   m.Scope(-1, "lm_head");
+  if (m.parameters.Has("lm_head.base_layer.weight")) {  // LoRA on lm_head (PEFT renames its weight)
+    const ValueId logits = blocks::Linear(m, normed, RootModule(m, "lm_head"), m.a.vocabSize, "logits");
+    t.Drop(normed);
+    return logits;
+  }
   const ValueId weight = m.parameters.Has("lm_head.weight") ? m.parameters.ByName(t, "lm_head.weight")
                                                             : m.parameters.ByName(t, tiedEmbedding);
   const ValueId logits = ops::Linear(t, normed, weight, kNoValue, m.a.vocabSize, "logits");

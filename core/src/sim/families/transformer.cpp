@@ -20,9 +20,11 @@ class TransformerPass final : public ModelPass {
  public:
   TransformerPass(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names,
                   const Regime& regime)
-      : a_(setup.model.architecture), t_(setup.training), regime_(regime), b_(setup.training.batchSize),
-        s_(setup.training.sequenceLength), parameters_(inventory, names, regime.weights),
-        parameterCount_(inventory.parameters.size()) {}
+      : a_(setup.model.architecture), t_(EffectiveTraining(setup)), regime_(regime), b_(setup.training.batchSize),
+        s_(setup.training.sequenceLength),
+        parameters_(inventory, names, regime.weights, setup.finetune.computeDType),
+        parameterCount_(inventory.parameters.size()),
+        inputRequiresGrad_(InputRequiresGrad(setup)), finetune_(setup.finetune) {}
 
   void Forward(TraceBuilder& b) override {
     tape_.emplace(b, regime_.compute, regime_.autocast, parameterCount_);
@@ -32,7 +34,7 @@ class TransformerPass final : public ModelPass {
     const std::size_t values = std::min<std::size_t>(blocks * (80 + 30 * experts) + 256, std::size_t{1} << 20);
     tape_->Reserve(values, values * 2 / 3);
     parameters_.Reset();
-    model_.emplace(Model{*tape_, a_, t_, parameters_, b_, s_});
+    model_.emplace(Model{*tape_, a_, t_, parameters_, b_, s_, &finetune_});
     Tape& t = *tape_;
     Model& m = *model_;
     m.Scope(-1, "batch");
@@ -85,6 +87,8 @@ class TransformerPass final : public ModelPass {
   // Runs block i, wrapped in a checkpoint when the setup says so.
   ValueId Block(ValueId x, const Context& c, int i) {
     Model& m = *model_;
+    // The hook sits on the embeddings; block 0's input is their output (GPT-2: wte + wpe).
+    if (i == 0 && inputRequiresGrad_) m.t.RequireGrad(x);
     auto run = [&m, i, family = a_.family](ValueId in, const Context& ctx) {
       switch (family) {
         case Family::GPT2: return families::Gpt2Block(m, in, ctx, i);
@@ -112,12 +116,30 @@ class TransformerPass final : public ModelPass {
     return outs.front();
   }
 
+  // peft prepare_model_for_kbit_training (utils/other.py) calls gradient_checkpointing_enable():
+  // every block is checkpointed whatever the training section says.
+  static TrainingDef EffectiveTraining(const Setup& setup) {
+    TrainingDef t = setup.training;
+    if (setup.finetune.prepareForKbitTraining) t.checkpointing = Checkpointing::EveryBlock;
+    return t;
+  }
+  // enable_input_require_grads(): a forward hook makes the embeddings' output require a
+  // gradient, so that reentrant checkpointing passes gradients to the adapters of frozen blocks.
+  // prepare_model_for_kbit_training calls it; so does transformers' gradient_checkpointing_enable
+  // on a PEFT model (modeling_utils.py, _hf_peft_config_loaded).
+  static bool InputRequiresGrad(const Setup& setup) {
+    const FinetuneDef& f = setup.finetune;
+    return f.prepareForKbitTraining || (f.lora && EffectiveTraining(setup).checkpointing != Checkpointing::None);
+  }
+
   const ArchitectureDef& a_;
-  const TrainingDef& t_;
+  const TrainingDef t_;
   Regime regime_;
   std::int64_t b_, s_;
   Parameters parameters_;
   std::size_t parameterCount_;
+  bool inputRequiresGrad_;
+  const FinetuneDef& finetune_;
   std::optional<Tape> tape_;
   std::optional<Model> model_;
   std::vector<TensorHandle> batch_;

@@ -1,0 +1,358 @@
+// Fine-tuning rules for the inventory: frozen parameters, LoRA / DoRA tensors, bitsandbytes
+// storage (finetune.hpp lists the sources).
+#include "gpumem/finetune.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "gpumem/format.hpp"
+#include "gpumem/names.hpp"
+
+namespace gpumem {
+namespace {
+
+bool EndsWithComponent(std::string_view path, std::string_view name) {
+  if (path == name) return true;
+  return path.size() > name.size() && path.ends_with(name) && path[path.size() - name.size() - 1] == '.';
+}
+
+// Whether a dotted path contains `name` as whole components ("model.norm" in "model.norm.weight").
+bool HasComponents(std::string_view path, std::string_view name) {
+  for (std::size_t at = path.find(name); at != std::string_view::npos; at = path.find(name, at + 1)) {
+    const bool startOk = at == 0 || path[at - 1] == '.';
+    const std::size_t end = at + name.size();
+    const bool endOk = end == path.size() || path[end] == '.';
+    if (startOk && endOk) return true;
+  }
+  return false;
+}
+
+bool IsEmbedding(std::string_view name) {
+  return name.find("embed_tokens") != std::string_view::npos || name.starts_with("transformer.wte") ||
+         name.starts_with("transformer.wpe") || name.starts_with("bert.embeddings.");
+}
+
+// The model's output layer and heads outside the base model (what freezeHead means).
+bool IsHead(std::string_view name) {
+  return name.starts_with("lm_head.") || name.starts_with("classifier.") || name.starts_with("bert.pooler.") ||
+         name.starts_with("cls.");
+}
+
+// The output layer: never quantized (transformers get_keys_to_not_convert) nor an "all-linear"
+// target (PEFT _maybe_include_all_linear_layers removes the output embedding layer).
+bool IsOutputLayer(std::string_view module) { return module == "lm_head" || module == "classifier"; }
+
+// A linear module's weight: a 2-D weight that is not an embedding table.
+bool IsLinearWeight(const Tensor& p) {
+  return p.shape.size() == 2 && p.name.ends_with(".weight") && !IsEmbedding(p.name);
+}
+
+std::string_view ModuleOf(std::string_view tensorName) {
+  const std::size_t dot = tensorName.rfind('.');
+  return dot == std::string_view::npos ? std::string_view{} : tensorName.substr(0, dot);
+}
+
+constexpr const char* kLlamaTargets[] = {"q_proj", "v_proj"};
+constexpr const char* kGpt2Targets[] = {"c_attn"};
+constexpr const char* kBertTargets[] = {"query", "value"};
+
+}  // namespace
+
+bool FinetuneActive(const FinetuneDef& f) { return !(f == FinetuneDef{}); }
+
+std::span<const char* const> DefaultTargetModules(Family family) {
+  switch (family) {
+    case Family::GPT2: return kGpt2Targets;
+    case Family::BERT: return kBertTargets;
+    case Family::Llama: return kLlamaTargets;
+  }
+  return kLlamaTargets;
+}
+
+bool IsLoraTarget(const FinetuneDef& f, Family family, std::string_view module) {
+  if (!f.lora) return false;
+  // PEFT tuners_utils.check_target_module_exists: the key equals a target or ends with "." + it.
+  if (f.targetModules.empty()) {
+    for (const char* target : DefaultTargetModules(family)) if (EndsWithComponent(module, target)) return true;
+    return false;
+  }
+  for (const std::string& target : f.targetModules) {
+    if (target == "all-linear") {
+      if (!IsOutputLayer(module)) return true;
+      continue;
+    }
+    if (EndsWithComponent(module, target)) return true;
+  }
+  return false;
+}
+
+std::int64_t Nf4WeightBytes(std::int64_t elements, bool doubleQuant) {
+  // bitsandbytes functional.py quantize_4bit: out = uint8 [(n + 1) // 2, 1] (two 4-bit codes per
+  // byte); code = get_4bit_type(quant_type) — a new 16-entry fp32 tensor in every QuantState.
+  const std::int64_t packed = (elements + 1) / 2;
+  const std::int64_t blocks = (elements + kBnb4BitBlockSize - 1) / kBnb4BitBlockSize;
+  const std::int64_t code = kBnb4BitCodeEntries * 4;
+  if (!doubleQuant) return packed + blocks * 4 + code;  // absmax: fp32 [blocks]
+  // compress_statistics: offset = absmax.mean() (an fp32 scalar); qabsmax, state2 =
+  // quantize_blockwise(absmax − offset, blocksize=256): uint8 [blocks] and state2.absmax fp32
+  // [⌈blocks/256⌉]. state2.code is the dynamic map quantize_blockwise caches once per device
+  // (name2qmap["dynamic"]), shared by every weight: not counted per weight.
+  const std::int64_t nested = (blocks + kBnbNestedBlockSize - 1) / kBnbNestedBlockSize;
+  return packed + blocks + 4 + nested * 4 + code;
+}
+
+std::int64_t Int8WeightBytes(std::int64_t rows, std::int64_t cols) { return rows * cols + rows * 4; }
+
+namespace {
+// Rows of a quantized linear: its output features (GPT-2's Conv1D stores [in, out]).
+std::int64_t OutputRows(const Tensor& p) {
+  return p.name.starts_with("transformer.h.") ? p.shape.back() : p.shape.front();
+}
+DType OwnType(Tensor::Storage s, DType fallback) {
+  switch (s) {
+    case Tensor::Storage::FP32: return DType::FP32;
+    case Tensor::Storage::BF16: return DType::BF16;
+    case Tensor::Storage::FP16: return DType::FP16;
+    default: return fallback;
+  }
+}
+bool Quantized(Tensor::Storage s) {
+  return s == Tensor::Storage::NF4 || s == Tensor::Storage::NF4Double || s == Tensor::Storage::Int8;
+}
+}  // namespace
+
+std::int64_t StoredBytes(const Tensor& p, DType regimeWeights) {
+  switch (p.storage) {
+    case Tensor::Storage::NF4: return Nf4WeightBytes(p.Elements(), false);
+    case Tensor::Storage::NF4Double: return Nf4WeightBytes(p.Elements(), true);
+    case Tensor::Storage::Int8: {
+      const std::int64_t rows = OutputRows(p);
+      return Int8WeightBytes(rows, p.Elements() / std::max<std::int64_t>(1, rows));
+    }
+    default: return p.Elements() * BytesPerElement(OwnType(p.storage, regimeWeights));
+  }
+}
+
+DType ParameterType(const Tensor& p, DType regimeWeights, DType quantCompute) {
+  if (Quantized(p.storage)) return quantCompute;
+  return OwnType(p.storage, regimeWeights);
+}
+
+DType GradientTypeOf(const Tensor& p, DType regimeGradients) { return OwnType(p.storage, regimeGradients); }
+DType StateTypeOf(const Tensor& p, DType regimeStates) { return OwnType(p.storage, regimeStates); }
+bool HasMasterCopy(const Tensor& p, bool regimeMaster) { return regimeMaster && p.storage == Tensor::Storage::Regime; }
+
+Text StorageFormula(TextStore& text, const Tensor& p, DType regimeWeights) {
+  const std::int64_t n = p.Elements();
+  switch (p.storage) {
+    case Tensor::Storage::NF4:
+      return text.Make({"4-bit: ", TextPart::Count(n), " × 0.5 B + fp32 absmax per 64"});
+    case Tensor::Storage::NF4Double:
+      return text.Make({"4-bit, double quant: ", TextPart::Count(n), " × 0.5 B + uint8 absmax per 64 + fp32 per 256 blocks + code"});
+    case Tensor::Storage::Int8:
+      return text.Make({"int8: ", TextPart::Count(n), " × 1 B + fp32 scale per row"});
+    default:
+      return text.Shape(Shape(p.shape), OwnType(p.storage, regimeWeights));
+  }
+}
+
+std::string FinetuneParameterFormula(const Setup& setup, const Inventory& inventory) {
+  const DType weights = [&] {
+    switch (setup.training.precision) {
+      case Precision::FP16Mixed: return DType::FP16;
+      case Precision::BF16Mixed:
+      case Precision::BF16: return DType::BF16;
+      default: return DType::FP32;
+    }
+  }();
+  std::int64_t quantized = 0, adapters = 0, own32 = 0, regime = 0;
+  for (const Tensor& p : inventory.parameters) {
+    if (Quantized(p.storage)) quantized += p.Elements();
+    else if (p.adapter) adapters += p.Elements();
+    else if (p.storage == Tensor::Storage::Regime) regime += p.Elements();
+    else own32 += p.Elements();
+  }
+  std::string out;
+  auto add = [&out](std::int64_t n, const std::string& what) {
+    if (n == 0) return;
+    out += (out.empty() ? "" : " + ") + FormatCount(n) + " " + what;
+  };
+  const char* q = setup.finetune.quantization == Quantization::Int8 ? "int8 (+ fp32 row scales)"
+                  : setup.finetune.doubleQuant ? "4-bit (+ 8-bit absmax, double quant)"
+                                               : "4-bit (+ fp32 absmax per 64)";
+  add(quantized, std::string("quantized × ") + q);
+  add(regime, std::string("× ") + BytesOf(weights));
+  add(own32, "upcast × 4 B (fp32)");
+  add(adapters, std::string("adapter values × ") + (setup.finetune.adapterDType == AdapterDType::FP32 ? "4 B (fp32)" : BytesOf(weights)));
+  return out;
+}
+
+void ApplyFinetune(const Setup& setup, Inventory& inventory) {
+  const FinetuneDef& f = setup.finetune;
+  if (!FinetuneActive(f) || setup.model.kind != ModelKind::Transformer) return;
+  const Family family = setup.model.architecture.family;
+  const bool sixteenBit = setup.training.precision == Precision::FP16Mixed ||
+                          setup.training.precision == Precision::BF16Mixed ||
+                          setup.training.precision == Precision::BF16;
+  // The linear modules (a module is adapted, weight and bias, only if it is a linear target).
+  std::vector<std::string_view> linears;
+  for (const Tensor& p : inventory.parameters) if (IsLinearWeight(p)) linears.push_back(ModuleOf(p.name));
+  std::sort(linears.begin(), linears.end());
+  std::vector<Tensor> out;
+  out.reserve(inventory.parameters.size() * 2);
+  for (Tensor p : inventory.parameters) {
+    const std::string module(ModuleOf(p.name));
+    // Frozen by the person's choices (requires_grad_(False) on those modules).
+    if (f.freezeEmbeddings && IsEmbedding(p.name)) p.trainable = false;
+    if (f.freezeHead && IsHead(p.name)) p.trainable = false;
+    if (p.layer >= 0 && p.layer < f.freezeFirstBlocks) p.trainable = false;
+    if (!f.trainOnlyModules.empty()) {
+      bool inside = false;
+      for (const std::string& m : f.trainOnlyModules) inside = inside || HasComponents(p.name, m);
+      if (!inside) p.trainable = false;
+    }
+    // get_peft_model and prepare_model_for_kbit_training freeze every base parameter.
+    if (f.lora || f.prepareForKbitTraining) p.trainable = false;
+
+    const bool linear = IsLinearWeight(p);
+    const bool quantize = f.quantization != Quantization::None && linear && !IsOutputLayer(module);
+    if (quantize) {
+      p.storage = f.quantization == Quantization::Int8 ? Tensor::Storage::Int8
+                  : f.doubleQuant                      ? Tensor::Storage::NF4Double
+                                                       : Tensor::Storage::NF4;
+      p.trainable = false;  // Params4bit / Int8Params: requires_grad=False
+    } else if (f.prepareForKbitTraining && sixteenBit) {
+      // prepare_model_for_kbit_training: fp16 / bf16 parameters (not Params4bit) → fp32.
+      p.storage = Tensor::Storage::FP32;
+    }
+    const bool adapted = std::binary_search(linears.begin(), linears.end(), std::string_view(module)) &&
+                         (linear || p.name.ends_with(".bias")) && IsLoraTarget(f, family, module);
+    if (!adapted) {
+      out.push_back(std::move(p));
+      continue;
+    }
+    const bool bias = p.name.ends_with(".bias");
+    p.name = module + (bias ? ".base_layer.bias" : ".base_layer.weight");
+    const std::vector<std::int64_t> shape = p.shape;
+    const int layer = p.layer;
+    out.push_back(std::move(p));
+    if (bias) continue;
+    // LoraLayer.update_layer: lora_A = nn.Linear(in, r), lora_B = nn.Linear(r, out), no biases.
+    const bool conv1d = family == Family::GPT2 && module.starts_with("transformer.h.");
+    const std::int64_t in = conv1d ? shape[0] : shape[1], outFeatures = conv1d ? shape[1] : shape[0];
+    const Tensor::Storage own = f.adapterDType == AdapterDType::FP32 ? Tensor::Storage::FP32 : Tensor::Storage::Regime;
+    out.push_back({module + ".lora_A.default.weight", {f.r, in}, true, layer, own, true});
+    out.push_back({module + ".lora_B.default.weight", {outFeatures, f.r}, true, layer, own, true});
+    if (f.useDora) {
+      // DoraLinearLayer.weight: the magnitude, one value per output feature (the weight norm).
+      out.push_back({module + ".lora_magnitude_vector.default.weight", {outFeatures}, true, layer, own, true});
+    }
+  }
+  inventory.parameters = std::move(out);
+}
+
+double FinetuneEventsPerBlock(const Setup& setup) {
+  const FinetuneDef& f = setup.finetune;
+  if (!FinetuneActive(f)) return 0;
+  // Per linear of a block (at most 7 dense, or 3 per expert), counted with its backward and
+  // margin: the quantized path (casts, the dequantized weight, the clone) up to 14 events, LoRA
+  // up to 40, DoRA up to 90; × 2 for recomputation under checkpointing. An upper bound, checked
+  // by tests/finetune_test.cpp ("The work budget bounds fine-tuning setups").
+  const double experts = double(std::max<std::int64_t>(0, setup.model.architecture.numExperts));
+  const double linears = 8 + 3 * experts;
+  const double perLinear = (f.quantization != Quantization::None ? 14 : 0) + (f.lora ? (f.useDora ? 90 : 40) : 0);
+  return 2 * linears * perLinear;
+}
+
+void ValidateFinetune(const Setup& setup, std::vector<FieldError>& errors, bool modelValid) {
+  const FinetuneDef& f = setup.finetune;
+  if (!FinetuneActive(f)) return;
+  auto fail = [&](const char* field, std::string message) {
+    errors.push_back({ErrorCode::InvalidField, field, std::move(message)});
+  };
+  if (setup.model.kind != ModelKind::Transformer) {
+    fail("finetune", "Fine-tuning (frozen parameters, LoRA, quantized weights) is simulated for transformer "
+                     "architectures; choose model kind transformer or leave the fine-tuning section at its defaults.");
+    return;
+  }
+  const ArchitectureDef& a = setup.model.architecture;
+  if (f.freezeFirstBlocks < 0 || f.freezeFirstBlocks > a.numLayers) {
+    fail("finetune.freezeFirstBlocks", "Frozen first blocks must be between 0 and the number of blocks (" +
+                                           FormatCount(a.numLayers) + ").");
+  }
+  if (f.trainOnlyModules.size() > 64) fail("finetune.trainOnlyModules", "At most 64 module names.");
+  for (const std::string& m : f.trainOnlyModules) {
+    if (m.empty() || m.size() > 120) fail("finetune.trainOnlyModules", "Module names must be 1 to 120 characters.");
+  }
+  if (f.lora) {
+    if (f.r < 1 || f.r > 65536) fail("finetune.r", "The LoRA rank r must be a whole number from 1 to 65536.");
+    if (!std::isfinite(f.loraAlpha) || f.loraAlpha <= 0 || f.loraAlpha > 1e6) {
+      fail("finetune.loraAlpha", "lora_alpha must be a positive number (at most 1e6).");
+    }
+    if (!std::isfinite(f.loraDropout) || f.loraDropout < 0 || f.loraDropout >= 1) {
+      fail("finetune.loraDropout", "lora_dropout must be in [0, 1).");
+    }
+    if (f.targetModules.size() > 64) fail("finetune.targetModules", "At most 64 target modules.");
+    for (const std::string& m : f.targetModules) {
+      if (m.empty() || m.size() > 120) {
+        fail("finetune.targetModules", "Target module names must be 1 to 120 characters.");
+      } else if (m == "embed_tokens" || m == "wte" || m == "word_embeddings") {
+        fail("finetune.targetModules", "LoRA on embeddings (lora_embedding_A/B) is not simulated yet; target linear modules.");
+      } else if (m == "lm_head" && a.tieWordEmbeddings) {
+        fail("finetune.targetModules", "lm_head is tied to the token embedding in this architecture; it is no separate linear to adapt.");
+      }
+    }
+  } else if (f.useDora || !f.targetModules.empty()) {
+    fail("finetune.lora", "Adapter settings (targetModules, useDora) need lora switched on.");
+  }
+  if (f.quantization == Quantization::None) {
+    if (f.doubleQuant) fail("finetune.doubleQuant", "Double quantization needs 4-bit weights (load_in_4bit).");
+  } else {
+    if (f.doubleQuant && f.quantization == Quantization::Int8) {
+      fail("finetune.doubleQuant", "Double quantization applies to 4-bit weights, not load_in_8bit.");
+    }
+    if (f.computeDType != DType::FP32 && f.computeDType != DType::BF16 && f.computeDType != DType::FP16) {
+      fail("finetune.computeDType", "The compute dtype must be fp32, bf16 or fp16.");
+    }
+    if (!f.lora && !f.prepareForKbitTraining) {
+      fail("finetune.quantization", "Quantized weights cannot be trained (bitsandbytes keeps them frozen): add LoRA "
+                                    "adapters, or freeze the model with prepareForKbitTraining.");
+    }
+  }
+  // What the inventory then holds: every target must name a linear the model has, and something
+  // must train (torch.optim refuses an empty parameter list). Only for an architecture that
+  // passed validation (the inventory is built here).
+  if (modelValid && errors.empty()) {
+    const Inventory inv = BuildInventory(setup);
+    bool adapters = false;
+    for (const Tensor& p : inv.parameters) adapters = adapters || p.adapter;
+    if (f.lora && !adapters) {
+      fail("finetune.targetModules", "No linear module of this model matches the target modules (names as "
+                                     "Hugging Face writes them: q_proj, v_proj, c_attn, query, all-linear …).");
+    } else if (inv.TrainableCount() == 0) {
+      fail("finetune", "Every parameter is frozen: nothing would train (torch.optim refuses an empty parameter list).");
+    }
+  }
+  if (f.prepareForKbitTraining && !f.lora) {
+    fail("finetune.prepareForKbitTraining", "prepare_model_for_kbit_training freezes every base parameter: add LoRA "
+                                            "adapters so that something trains.");
+  }
+}
+
+namespace {
+constexpr Named<Quantization> kQuantizations[] = {
+    {Quantization::None, "none", "none (weights in the precision's dtype)"},
+    {Quantization::NF4, "nf4", "4-bit NF4 (load_in_4bit, QLoRA)"},
+    {Quantization::FP4, "fp4", "4-bit FP4 (load_in_4bit, bnb_4bit_quant_type=fp4)"},
+    {Quantization::Int8, "int8", "8-bit LLM.int8() (load_in_8bit)"},
+};
+constexpr Named<AdapterDType> kAdapterDTypes[] = {
+    {AdapterDType::FP32, "fp32", "fp32 (PEFT's default: autocast_adapter_dtype=True)"},
+    {AdapterDType::Weights, "weights", "the base weights' dtype (autocast_adapter_dtype=False)"},
+};
+}  // namespace
+
+std::span<const Named<Quantization>> NamesOf(Quantization) { return kQuantizations; }
+std::span<const Named<AdapterDType>> NamesOf(AdapterDType) { return kAdapterDTypes; }
+
+}  // namespace gpumem
