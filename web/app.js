@@ -6,6 +6,7 @@
 // state and the export/import format.
 
 import { formatInteger } from './charts.js';
+import { buildFinetuneFields, modeSelectIsFinetune, onFinetuneInput, onModeChange } from './finetune-panel.js';
 import { buildFirstScreen, firstVisitSetup, onModelSearch, precisionItems, syncModelSearch } from './first-screen.js';
 import { createEngine } from './engine.js';
 import { GpumemError, loadGpumem } from './gpumem.js';
@@ -143,6 +144,7 @@ function buildControls(options) {
   buildArchFields();
   buildRuntimeFields();
   buildFirstScreen();
+  buildFinetuneFields();
   buildGpuSelect();
   $('#import-model').hidden = !canImport();
   $('#solve').hidden = !canSolve();
@@ -171,6 +173,8 @@ function wireEvents() {
     else if (target.id === 'arch-family') onFamilyChange();
     else if (target.closest('#arch-fields')) onArchFieldInput();
     if (target.id === 'checkpointing') showTrainingOptions();
+    if (target.id === 'training-mode' && modeSelectIsFinetune()) onModeChange();
+    if (target.closest('#finetune-fields')) onFinetuneInput();
     if (target.id === 'gpu') onGpuChange();
     if (target.id === 'memoryGiB') syncGpuSelect();
     // The import box's text is not part of the setup.

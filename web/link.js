@@ -79,6 +79,12 @@ export function shortSetup(setup) {
   if (gpuPart) out.gpu = gpuPart;
   const runtime = differences(setup.runtime ?? {}, defaults.runtime);
   if (runtime) out.runtime = runtime;
+  // Any other section (fine-tuning, and whatever the core adds) by its differences as well.
+  for (const [key, value] of Object.entries(setup)) {
+    if (['model', 'training', 'gpu', 'runtime', 'schemaVersion'].includes(key)) continue;
+    const d = key in defaults ? differences(value, defaults[key]) : value;
+    if (d !== undefined) out[key] = d;
+  }
   if (setup.schemaVersion !== undefined && setup.schemaVersion !== defaults.schemaVersion) out.schemaVersion = setup.schemaVersion;
   return out;
 }

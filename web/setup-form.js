@@ -4,6 +4,7 @@
 
 import { formatInteger } from './charts.js';
 import { syncModelSearch, trainingModes } from './first-screen.js';
+import { fillFinetune, finetuneFields, readFinetune } from './finetune-panel.js';
 import { gpuById, syncGpuSelect } from './gpu-panel.js';
 import { readLayers, renderLayers } from './layers-panel.js';
 import { fillArchitecture, presetById, readArchitecture } from './model-panel.js';
@@ -89,6 +90,7 @@ export function fillForm(setup, presetId) {
   $('#checkpointInterval').value = displayNumber(training.checkpointInterval);
   $('#memoryGiB').value = displayNumber(gpu.memoryGiB);
   fillRuntime(setup.runtime);
+  if (finetuneFields().length) fillFinetune(setup.finetune);
   state.gpuId = gpuById(gpu.id)?.id ?? '';
   showKindPanels();
   showParameterHint();
@@ -142,6 +144,7 @@ export function readForm() {
   };
   if (trainingModes()) setup.training.mode = $('#training-mode').value;
   setup.runtime = readRuntime();
+  if (finetuneFields().length && isPlainObject(state.options.defaultSetup.finetune)) setup.finetune = readFinetune();
   return { setup, errors };
 }
 

@@ -75,8 +75,9 @@ test('precision options name the framework flag; what you will do is built from 
   assert.match(labels.ampFp16, /Trainer fp16=True/);
   assert.match(labels.bf16, /torch_dtype=torch\.bfloat16/);
   assert.match(labels.fp32, /Trainer default/);
-  const modes = await page.$$eval('#training-mode option', (options) => options.map((o) => o.textContent));
-  assert.deepEqual(modes, ['Full training (every parameter learns)']);
+  const modes = await page.$$eval('#training-mode option', (options) => options.map((o) => o.value));
+  assert.equal(modes[0], 'full');
+  assert.equal(await page.inputValue('#training-mode'), 'full');
   await finish();
 });
 
@@ -95,4 +96,39 @@ test('the model details fold opens for quick mode, a layer list, and an error in
   assert.equal(await second.page.getAttribute('#model-details', 'open'), '');
   assert.equal(await second.page.isVisible('#arch-numHeads ~ .field-error'), true);
   await second.finish();
+});
+
+test('what you will do: LoRA and QLoRA set the core\'s fine-tuning fields; the estimate and the link follow', async () => {
+  const { page, finish } = await openPage({ viewport: LAPTOP });
+  await page.waitForSelector('#verdict[data-verdict]', WAIT);
+  const seq = Number(await page.inputValue('#sequenceLength'));
+  const base = { model: { preset: 'llama-3.2-1b' }, training: { precision: 'ampBf16', attention: 'sdpa', sequenceLength: seq }, gpu: { id: 'nvidia-rtx-4090' } };
+
+  await page.selectOption('#training-mode', 'lora');
+  const lora = await coreEstimate({ ...base, finetune: { lora: true } });
+  await waitForAttr(page, '#peak-total', 'data-bytes', String(lora.peak.totalBytes));
+  assert.equal(await page.isChecked('#finetune-lora'), true);
+  assert.equal(await page.isVisible('#finetune-r'), true, 'the rank shows with LoRA');
+
+  await page.selectOption('#training-mode', 'qlora');
+  const qlora = await coreEstimate({ ...base, finetune: { lora: true, quantization: 'nf4', doubleQuant: true, computeDType: 'bf16', prepareForKbitTraining: true, targetModules: ['all-linear'] } });
+  await waitForAttr(page, '#peak-total', 'data-bytes', String(qlora.peak.totalBytes));
+  assert.equal(await page.inputValue('#finetune-quantization'), 'nf4');
+  assert.ok(qlora.peak.totalBytes < lora.peak.totalBytes, 'QLoRA holds less than LoRA');
+
+  // Editing a field by hand makes it custom; the link keeps the section.
+  await page.fill('#finetune-r', '16');
+  await page.waitForFunction(() => document.querySelector('#training-mode').value === 'custom', null, WAIT);
+  await page.waitForFunction(() => !document.querySelector('#results').hasAttribute('aria-busy'), null, WAIT);
+  const url = page.url();
+  const setup = JSON.parse(Buffer.from(new URLSearchParams(new URL(url).hash.slice(1)).get('s'), 'base64url').toString());
+  assert.equal(setup.finetune.r, 16);
+  assert.equal(setup.finetune.quantization, 'nf4');
+  const peak = await page.getAttribute('#peak-total', 'data-bytes');
+  await finish();
+  const again = await openPage({ url, viewport: LAPTOP });
+  await waitForAttr(again.page, '#peak-total', 'data-bytes', peak);
+  assert.equal(await again.page.inputValue('#training-mode'), 'custom');
+  assert.equal(await again.page.inputValue('#finetune-r'), '16');
+  await again.finish();
 });
