@@ -531,9 +531,10 @@ export function markScrollingTables() {
     wrap.dataset.scrolls = String(scrolls);
     if (scrolls && !wrap.hasAttribute('tabindex')) {
       // A scrolling region is reachable from the keyboard (arrow keys scroll it).
+      const heading = document.getElementById(wrap.querySelector('table')?.getAttribute('aria-labelledby') ?? '');
       wrap.tabIndex = 0;
       wrap.setAttribute('role', 'region');
-      wrap.setAttribute('aria-label', `${wrap.querySelector('table')?.getAttribute('aria-labelledby') ? document.getElementById(wrap.querySelector('table').getAttribute('aria-labelledby'))?.textContent ?? 'Table' : 'Table'}, scrolls sideways`);
+      wrap.setAttribute('aria-label', `${heading?.textContent ?? 'Table'}, scrolls sideways`);
     }
   }
 }
