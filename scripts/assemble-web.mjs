@@ -116,12 +116,58 @@ function moduleToIife(file, code, available) {
   return `${head}const { ${exports.join(', ')} } = (() => {\n${body}\nreturn { ${exports.join(', ')} };\n})();\n`;
 }
 
+// The page's panels (one module per panel, app.js last) call each other both ways (a panel
+// re-estimates through app.js, app.js renders through the panels), which ES modules allow and
+// per-file IIFEs cannot. They share one function scope in the bundle instead: imports dropped,
+// `export` dropped, and two files declaring the same top-level name fail the build.
+const PAGE_MODULES = ['page-state.js', 'setup-form.js', 'runtime-panel.js', 'model-panel.js', 'layers-panel.js',
+  'errors.js', 'link.js', 'first-screen.js', 'finetune-panel.js', 'results-panel.js', 'gpu-panel.js', 'compare-panel.js', 'export-panel.js',
+  'import-panel.js', 'solve-panel.js', 'views-panel.js', 'app.js'].filter((f) => existsSync(join(paths.web, f)));
+const LIBRARY_MODULES = ['charts.js', 'setup-params.js', 'exports.js', 'engine.js', 'views.js', 'snapshot.js'];
+for (const name of readdirSync(paths.web)) {
+  if (name.endsWith('.js') && !PAGE_MODULES.includes(name) && !LIBRARY_MODULES.includes(name) && name !== 'worker.js' && name !== 'embed.js') {
+    fail(`web/${name} is not listed in PAGE_MODULES or LIBRARY_MODULES of scripts/assemble-web.mjs`);
+  }
+}
+
+function pageModulesToScope(files, available) {
+  const own = new Map();  // top-level name → file
+  const declared = /^(?:export\s+)?(?:async\s+)?(?:function\*?\s+([A-Za-z_$][\w$]*)|(?:const|let|var|class)\s+([A-Za-z_$][\w$]*))/;
+  for (const file of files) {
+    readFileSync(file, 'utf8').split('\n').forEach((line, n) => {
+      const m = declared.exec(line);
+      if (!m) return;
+      const name = m[1] ?? m[2];
+      if (own.has(name)) fail(`${relative(root, file)}:${n + 1}: ${name} is also declared at the top of ${relative(root, own.get(name))}`);
+      own.set(name, file);
+    });
+  }
+  const parts = files.map((file) => {
+    const lines = readFileSync(file, 'utf8').split('\n').map((line, n) => {
+      const where = `${relative(root, file)}:${n + 1}`;
+      const imp = /^\s*import\s+\{([^}]*)\}\s+from\s+['"]([^'"]+)['"];?\s*$/.exec(line);
+      if (imp) {
+        for (const spec of imp[1].split(',').map((x) => x.trim()).filter(Boolean)) {
+          if (!available.has(spec) && !own.has(spec)) fail(`${where}: ${spec} is imported from ${imp[2]} but nothing exports it`);
+        }
+        return '';
+      }
+      if (/^\s*import[\s{('"]/.test(line) && !/^\s*import\s*\(/.test(line)) fail(`${where}: unsupported import form: ${line.trim()}`);
+      if (/^\s*export\s+(default\b|\{)/.test(line)) fail(`${where}: only exports on declarations are supported in page modules`);
+      return line.replace(/^export\s+/, '');
+    });
+    return `// ---- ${basename(file)} ----\n${lines.join('\n')}`;
+  });
+  return `(() => {\n${parts.join('\n')}\n})();\n`;
+}
+
 const html = readFileSync(join(paths.web, 'index.html'), 'utf8');
 const glue = readFileSync(paths.glue, 'utf8');
 const available = new Set();
 // In dependency order: a file may import only what an earlier one exports.
-const moduleFiles = [paths.wrapper, ...['charts.js', 'setup-params.js', 'exports.js', 'engine.js', 'views.js', 'snapshot.js', 'app.js'].map((f) => join(paths.web, f))];
-const bundle = moduleFiles.map((f) => moduleToIife(f, readFileSync(f, 'utf8'), available)).join('\n');
+const moduleFiles = [paths.wrapper, ...LIBRARY_MODULES.map((f) => join(paths.web, f))];
+const bundle = moduleFiles.map((f) => moduleToIife(f, readFileSync(f, 'utf8'), available)).join('\n')
+  + pageModulesToScope(PAGE_MODULES.map((f) => join(paths.web, f)), available);
 
 let page = html;
 const swap = (pattern, replacement) => {

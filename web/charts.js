@@ -98,8 +98,10 @@ function niceTicks(maxBytes, count = 4) {
 }
 
 // A horizontal stacked bar of the categories live at the peak, drawn against the GPU capacity.
-// segments: [{label, bytes, colorIndex}]; the capacity is marked with a line.
-export function capacityBar(segments, capacityBytes, { width = 640, peakLabel = '' } = {}) {
+// segments: [{label, bytes, colorIndex, className?, part?, formula?}]; the capacity is marked
+// with a line. The device bar passes its parts (allocated, cache, workspaces, context) with
+// their own classes.
+export function capacityBar(segments, capacityBytes, { width = 640, peakLabel = '', ariaLabel = '' } = {}) {
   const total = segments.reduce((sum, s) => sum + Math.max(0, s.bytes), 0);
   const scaleMax = Math.max(total, capacityBytes, 1);
   const height = 64;
@@ -108,7 +110,7 @@ export function capacityBar(segments, capacityBytes, { width = 640, peakLabel = 
   const x = (b) => (b / scaleMax) * (width - 2) + 1;
   const svg = svgEl('svg', {
     class: 'chart capacity-bar', viewBox: `0 0 ${width} ${height}`, width: '100%', height,
-    role: 'img', 'aria-label': `Memory at the peak, ${formatBytes(total)}, against a GPU of ${formatBytes(capacityBytes)}`,
+    role: 'img', 'aria-label': ariaLabel || `Memory at the peak, ${formatBytes(total)}, against a GPU of ${formatBytes(capacityBytes)}`,
   });
   svg.append(svgEl('rect', { class: 'bar-track', x: 1, y: barTop, width: width - 2, height: barHeight, rx: 3 }));
   let at = 0;
@@ -116,8 +118,9 @@ export function capacityBar(segments, capacityBytes, { width = 640, peakLabel = 
     if (!(s.bytes > 0)) continue;
     const w = x(at + s.bytes) - x(at);
     svg.append(svgEl('rect', {
-      class: `cat cat-${s.colorIndex}`, x: x(at), y: barTop, width: Math.max(w, 0.5), height: barHeight,
-    }, titleEl(`${s.label}: ${formatBytes(s.bytes)} (${formatExactBytes(s.bytes)})`)));
+      class: s.className ?? `cat cat-${s.colorIndex}`, x: x(at), y: barTop, width: Math.max(w, 0.5), height: barHeight,
+      'data-part': s.part,
+    }, titleEl(`${s.label}: ${formatBytes(s.bytes)} (${formatExactBytes(s.bytes)})${s.formula ? `\n${s.formula}` : ''}`)));
     at += s.bytes;
   }
   const cx = x(capacityBytes);
@@ -285,6 +288,11 @@ export function timelineChart(timeline, {
   const peakBytes = peak && Number.isFinite(peak.totalBytes) ? peak.totalBytes : 0;
   let maxY = Math.max(peakBytes, 1);
   for (const p of timeline) if (p.totalBytes > maxY) maxY = p.totalBytes;
+  // The caching allocator's reserved bytes after each event (estimate.timeline[].reservedBytes,
+  // the core's simulation of PyTorch's CUDACachingAllocator): drawn beside the allocated total.
+  const reservedOf = (k) => (Number.isFinite(timeline[k].reservedBytes) ? timeline[k].reservedBytes : 0);
+  const hasReserved = timeline.some((p) => Number.isFinite(p.reservedBytes) && p.reservedBytes > 0);
+  if (hasReserved) for (const p of timeline) if (p.reservedBytes > maxY) maxY = p.reservedBytes;
   const showCapacity = capacityBytes > 0 && capacityBytes <= maxY * 1.3;
   const yMax = (showCapacity ? Math.max(maxY, capacityBytes) : maxY) * 1.08;
   const sx = (i) => margin.left + (count ? (i / count) * innerW : 0);
@@ -301,6 +309,19 @@ export function timelineChart(timeline, {
   const readout = document.createElement('p');
   readout.className = 'chart-readout';
   figure.append(svg, readout);
+  if (hasReserved) {
+    const key = document.createElement('ul');
+    key.className = 'legend timeline-key';
+    const item = (cls, text) => {
+      const li = document.createElement('li');
+      const swatch = document.createElement('span');
+      swatch.className = `swatch ${cls}`;
+      li.append(swatch, text);
+      return li;
+    };
+    key.append(item('key-allocated', 'allocated (live tensors)'), item('key-reserved', 'reserved by the caching allocator'));
+    figure.insertBefore(key, readout);
+  }
 
   // Phase bands, labelled where the label fits; the <title> names every band.
   const bands = phaseBands(timeline);
@@ -322,6 +343,9 @@ export function timelineChart(timeline, {
   // apart, a number every `stride` blocks so that numbers do not collide.
   let ticked = false;
   const ticks = svgEl('g', { class: 'layer-ticks' });
+  // The right edge of the last number drawn: where a backward band starts right after a forward
+  // one (… 14 15 | 15 14 …) the numbers would otherwise touch ("1515").
+  let lastLabelRight = -Infinity;
   for (const b of bands) {
     if (b.phase !== 'forward' && b.phase !== 'backward') continue;
     const starts = blockStarts(timeline, b);
@@ -333,8 +357,10 @@ export function timelineChart(timeline, {
     for (const s of starts) {
       const x = sx(idx(s.k));
       ticks.append(svgEl('line', { class: 'layer-tick', x1: x, x2: x, y1: bottom, y2: bottom + 4 }));
-      if (stride && s.layer % stride === 0) {
+      const half = String(s.layer).length * 3 + 1;
+      if (stride && s.layer % stride === 0 && x - half > lastLabelRight + 3) {
         ticks.append(svgEl('text', { class: 'layer-label', x, y: bottom + 13, 'text-anchor': 'middle' }, String(s.layer)));
+        lastLabelRight = x + half;
       }
     }
     ticked = true;
@@ -368,6 +394,18 @@ export function timelineChart(timeline, {
     d += `H${sx(until(c.k1 - 1)).toFixed(2)}`;
   });
   if (d) svg.append(svgEl('path', { class: 'area', d: `${d}V${sy(0).toFixed(2)}Z` }), svgEl('path', { class: 'line', d }));
+  // Reserved, per column its largest value, as a second step line over the same columns.
+  if (hasReserved) {
+    let r = '';
+    columns.forEach((c, j) => {
+      let most = 0;
+      for (let k = c.k0; k < c.k1; k++) most = Math.max(most, reservedOf(k));
+      const y = sy(most).toFixed(2);
+      r += j === 0 ? `M${sx(idx(c.k0)).toFixed(2)},${y}` : `V${y}`;
+      r += `H${sx(until(c.k1 - 1)).toFixed(2)}`;
+    });
+    svg.append(svgEl('path', { class: 'reserved-line', d: r }, titleEl('Reserved by the caching allocator (segments obtained with cudaMalloc)')));
+  }
 
   const validIndex = (i) => Number.isInteger(i) && i >= 0 && i < count;
   const positionOf = (eventIndex) => lastAtOrBefore(n, idx, eventIndex);
@@ -386,7 +424,13 @@ export function timelineChart(timeline, {
     const anchor = px > margin.left + innerW * 0.6 ? 'end' : 'start';
     const tx = anchor === 'end' ? px - 8 : px + 8;
     const room = anchor === 'end' ? tx - margin.left : margin.left + innerW - tx;
-    const ty = Math.max(py + 4, margin.top + 10);
+    let ty = Math.max(py + 4, margin.top + 10);
+    // The two label lines (ty − 10 … ty + 16) must not cross the GPU line: below it if there is
+    // room, else above it.
+    if (showCapacity) {
+      const capY = sy(capacityBytes);
+      if (capY > ty - 12 && capY < ty + 18) ty = capY + 30 < bottom ? capY + 14 : capY - 20;
+    }
     svg.append(svgEl('g', { class: 'peak-marker', 'data-event': peak.eventIndex },
       svgEl('circle', { cx: px, cy: py, r: 4.5 }, titleEl(`Peak: ${formatBytes(peak.totalBytes)} (${formatExactBytes(peak.totalBytes)})\n${peak.label}`)),
       svgEl('text', { class: 'chart-label strong', x: tx, y: ty, 'text-anchor': anchor }, `peak ${formatBytes(peak.totalBytes)}`),
@@ -418,7 +462,8 @@ export function timelineChart(timeline, {
     const where = [`event #${idx(k)}`, p.step > 0 ? `${phaseLabel(p.phase)} · step ${p.step}` : phaseLabel(p.phase)];
     if (p.layer >= 0) where.push(`block ${p.layer}`);
     const delta = p.deltaBytes >= 0 ? `+${formatBytes(p.deltaBytes)}` : formatBytes(p.deltaBytes);
-    const total = `total ${formatBytes(p.totalBytes)} (${formatExactBytes(p.totalBytes)}), this event ${delta}`;
+    const reserved = hasReserved ? `; reserved ${formatBytes(reservedOf(k))}` : '';
+    const total = `total ${formatBytes(p.totalBytes)} (${formatExactBytes(p.totalBytes)}), this event ${delta}${reserved}`;
     return { where: `${note ? `${note}: ` : ''}${where.join(' · ')}`, label: String(p.label ?? ''), total };
   };
   const idle = 'Hover the chart for an event, or focus it and press ← → to step between phase starts and peaks.';

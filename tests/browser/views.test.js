@@ -155,6 +155,8 @@ test('views: heat map, curves and GPU matrix show the core\'s numbers for a pres
 test('the page answers typing while the solver runs in the worker, and drops stale results', async () => {
   const big = { model: { kind: 'transformer', preset: 'llama-2-7b' }, training: { batchSize: 2, sequenceLength: 2048, precision: 'bf16Mixed' }, gpu: { id: 'nvidia-a100-80' } };
   const { page, finish } = await openPage(urlFor(big));
+  // Solve starts from an estimated setup: on a loaded machine the first estimate may still run.
+  await page.waitForSelector('#results[data-state=ok]', WAIT);
   await page.click('#solve-run');
   await page.waitForFunction(() => document.querySelector('#solve').getAttribute('aria-busy') === 'true', null, WAIT);
   // While the search runs, the page's thread is free: each keystroke's round trip is short.

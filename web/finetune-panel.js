@@ -1,0 +1,153 @@
+// The fine-tuning fold: frozen parameters, LoRA / DoRA (PEFT's LoraConfig names) and quantized
+// base weights (bitsandbytes' names), built from the core's options.finetuneFields and the
+// defaults of defaultSetup.finetune; and the first screen's "What you will do", which sets them.
+
+import { $, $$, numberValue, displayNumber, state } from './page-state.js';
+import { isPlainObject, mergeSetup, setSelectValue } from './setup-form.js';
+
+export function finetuneFields() {
+  return Array.isArray(state.options.finetuneFields) ? state.options.finetuneFields : [];
+}
+
+function fieldId(key) {
+  return `finetune-${key}`;
+}
+
+export function buildFinetuneFields() {
+  const fold = $('#finetune-fold');
+  const fields = finetuneFields();
+  fold.hidden = !fields.length || !isPlainObject(state.options.defaultSetup.finetune);
+  const box = $('#finetune-fields');
+  box.replaceChildren(...fields.map((f) => {
+    const id = fieldId(f.key);
+    const wrap = document.createElement('div');
+    wrap.dataset.finetuneField = f.key;
+    const label = document.createElement('label');
+    label.htmlFor = id;
+    label.textContent = f.label;
+    let input;
+    if (f.kind === 'bool') {
+      wrap.className = 'check';
+      input = document.createElement('input');
+      input.type = 'checkbox';
+      wrap.append(input, label);
+    } else if (f.kind === 'select') {
+      wrap.className = 'field';
+      input = document.createElement('select');
+      for (const o of state.options[f.options] ?? []) input.append(new Option(o.label, o.id));
+      wrap.append(label, input);
+    } else {
+      wrap.className = 'field';
+      input = document.createElement('input');
+      input.type = 'text';
+      input.spellcheck = false;
+      if (f.kind !== 'names') input.inputMode = 'decimal';
+      wrap.append(label, input);
+    }
+    input.id = id;
+    input.dataset.field = `finetune.${f.key}`;
+    input.dataset.finetune = f.key;
+    if (f.hint) {
+      const hint = document.createElement('p');
+      hint.className = 'hint';
+      hint.id = `${id}-hint`;
+      hint.textContent = f.hint;
+      input.setAttribute('aria-describedby', hint.id);
+      wrap.append(hint);
+    }
+    return wrap;
+  }));
+  buildModeSelect();
+}
+
+export function readFinetune() {
+  const out = {};
+  for (const f of finetuneFields()) {
+    const input = $(`#${fieldId(f.key)}`);
+    if (!input) continue;
+    if (f.kind === 'bool') out[f.key] = input.checked;
+    else if (f.kind === 'select') out[f.key] = input.value;
+    else if (f.kind === 'names') out[f.key] = input.value.split(',').map((s) => s.trim()).filter(Boolean);
+    else out[f.key] = numberValue(input);
+  }
+  return out;
+}
+
+export function fillFinetune(finetune) {
+  const values = mergeSetup(state.options.defaultSetup.finetune ?? {}, isPlainObject(finetune) ? finetune : {});
+  for (const f of finetuneFields()) {
+    const input = $(`#${fieldId(f.key)}`);
+    if (!input) continue;
+    const v = values[f.key];
+    if (f.kind === 'bool') input.checked = Boolean(v);
+    else if (f.kind === 'select') setSelectValue(input, v);
+    else if (f.kind === 'names') input.value = Array.isArray(v) ? v.join(', ') : displayNumber(v);
+    else input.value = displayNumber(v);
+  }
+  showFinetuneFields();
+  if (JSON.stringify(readFinetune()) !== JSON.stringify(state.options.defaultSetup.finetune)) $('#finetune-fold').open = true;
+  syncMode();
+}
+
+// A field shown only with another: "when lora" (a checkbox) or "when quantization is not none".
+export function showFinetuneFields() {
+  for (const f of finetuneFields()) {
+    if (!f.when) continue;
+    const other = $(`#${fieldId(f.when.field)}`);
+    const on = other?.type === 'checkbox' ? other.checked : other && other.value !== 'none';
+    $(`[data-finetune-field="${f.key}"]`).hidden = !on;
+  }
+}
+
+// What you will do: full training, LoRA or QLoRA, each a set of the core's fine-tuning fields.
+// LoRA is peft's LoraConfig with its defaults (the core's); QLoRA is the QLoRA paper's recipe
+// (Dettmers et al. 2023, arXiv 2305.14314, §2 and §4: NF4 base weights with double
+// quantization, bf16 compute, LoRA on every linear layer of the blocks) as transformers'
+// BitsAndBytesConfig and peft's prepare_model_for_kbit_training write it.
+const MODES = [
+  { id: 'full', label: 'Full training (every parameter learns)', finetune: {} },
+  { id: 'lora', label: 'LoRA adapters (peft LoraConfig; base weights frozen)', finetune: { lora: true } },
+  { id: 'qlora', label: 'QLoRA (4-bit NF4 base weights + LoRA on every linear layer)', finetune: { lora: true, quantization: 'nf4', doubleQuant: true, computeDType: 'bf16', prepareForKbitTraining: true, targetModules: ['all-linear'] } },
+];
+
+function availableModes() {
+  const keys = new Set(finetuneFields().map((f) => f.key));
+  return MODES.filter((m) => Object.keys(m.finetune).every((k) => keys.has(k)));
+}
+
+function buildModeSelect() {
+  if (Array.isArray(state.options.trainingModes) && state.options.trainingModes.length) return;  // the core's own list wins
+  const modes = finetuneFields().length ? availableModes() : [];
+  if (!modes.length) return;
+  const select = $('#training-mode');
+  select.replaceChildren(...modes.map((m) => new Option(m.label, m.id)), new Option('Custom fine-tuning (see the fine-tuning fold)', 'custom'));
+  select.disabled = false;
+  select.dataset.field = 'finetune';
+  $('#training-mode-hint').hidden = false;
+  $('#training-mode-hint').textContent = 'LoRA and QLoRA set the fine-tuning fields below (PEFT and bitsandbytes names); every one stays editable.';
+}
+
+export function modeSelectIsFinetune() {
+  return $('#training-mode').dataset.field === 'finetune';
+}
+
+export function onModeChange() {
+  const mode = MODES.find((m) => m.id === $('#training-mode').value);
+  if (!mode) {
+    $('#finetune-fold').open = true;
+    return;
+  }
+  fillFinetune(mode.finetune);
+}
+
+function syncMode() {
+  if (!modeSelectIsFinetune()) return;
+  const current = JSON.stringify(readFinetune());
+  const mode = availableModes().find((m) => JSON.stringify(mergeSetup(state.options.defaultSetup.finetune, m.finetune)) === current);
+  $('#training-mode').value = mode ? mode.id : 'custom';
+}
+
+export function onFinetuneInput() {
+  showFinetuneFields();
+  syncMode();
+}

@@ -1,0 +1,76 @@
+// The GPU list and the byte units.
+//
+// Split out of app.js by panel; every byte it shows comes from the core's estimate.
+
+import { setByteUnits } from './charts.js';
+import { renderSafetensors } from './import-panel.js';
+import { writeHash } from './link.js';
+import { $, $$, parseNumberText, state } from './page-state.js';
+import { render } from './results-panel.js';
+import { renderSolve } from './solve-panel.js';
+import { renderViews } from './views-panel.js';
+
+// ---------- GPU list and units ----------
+
+function gpus() {
+  return Array.isArray(state.options?.gpus) ? state.options.gpus : [];
+}
+
+export function gpuById(id) {
+  return id ? gpus().find((g) => g.id === id) : undefined;
+}
+
+const GPU_KIND_LABELS = { dataCenter: 'Data centre', workstation: 'Workstation', consumer: 'Consumer' };
+
+// The select lists options.gpus grouped by kind; without a list (an older core) only the size
+// field is shown.
+export function buildGpuSelect() {
+  const list = gpus();
+  $('#gpu-field').hidden = list.length === 0;
+  const select = $('#gpu');
+  select.replaceChildren(new Option('Custom size', ''));
+  const groups = new Map();
+  for (const gpu of list) {
+    const key = GPU_KIND_LABELS[gpu.kind] ?? gpu.kind ?? 'Other';
+    if (!groups.has(key)) {
+      const group = document.createElement('optgroup');
+      group.label = key;
+      groups.set(key, group);
+      select.append(group);
+    }
+    const option = new Option(gpu.label, gpu.id);
+    option.title = `${gpu.vendor} · ${gpu.memoryGiB} GiB`;
+    groups.get(key).append(option);
+  }
+}
+
+// The select names a GPU only while the size field holds that GPU's memory.
+export function syncGpuSelect() {
+  const gpu = gpuById(state.gpuId);
+  if (!gpu || parseNumberText($('#memoryGiB').value) !== gpu.memoryGiB) state.gpuId = '';
+  $('#gpu').value = state.gpuId;
+  const hint = $('#gpu-hint');
+  const chosen = gpuById(state.gpuId);
+  hint.textContent = chosen
+    ? `${chosen.label}: ${chosen.memoryGiB} GiB as sold (${chosen.vendor}); the driver keeps a little of it back.`
+    : gpus().length ? 'Choose a GPU, or type a custom size in GiB (2^30 bytes).' : 'Memory in GiB (2^30 bytes).';
+}
+
+export function onGpuChange() {
+  const gpu = gpuById($('#gpu').value);
+  state.gpuId = gpu?.id ?? '';
+  if (gpu) $('#memoryGiB').value = String(gpu.memoryGiB);
+  syncGpuSelect();
+}
+
+export function setUnits(units, { rerender = true } = {}) {
+  state.units = setByteUnits(units === 'GB' || units === 'gb' ? 'GB' : 'GiB');
+  for (const radio of $$('input[name=units]')) radio.checked = radio.value === state.units;
+  document.documentElement.dataset.units = state.units;
+  if (!rerender) return;
+  if (state.lastGood) render(state.lastGood);
+  renderSafetensors();
+  renderSolve();
+  renderViews();
+  writeHash();
+}
