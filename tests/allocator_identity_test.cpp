@@ -275,3 +275,56 @@ TEST_CASE("one pass at capacity equals the two runs on every preset's device eve
   CHECK(failed > 20);
   CHECK(forked > 10);
 }
+
+TEST_CASE("the device figure and its timeline come from the right run", "[allocator][identity][device]") {
+  // Estimate::device against the reference runs of the same events: the verdict and the OOM
+  // from the run at capacity, the figures from the unlimited run when that failed, and the
+  // reserved bytes of every timeline point from the allocator event of its trace event.
+  int failed = 0, points = 0;
+  for (const Preset& preset : Presets()) {
+    Setup s = DefaultSetup();
+    s.model.kind = ModelKind::Transformer;
+    s.model.architecture = preset.architecture;
+    s.training.sequenceLength = 2048;
+    s.training.precision = Precision::BF16Mixed;
+    s.gpu.memoryGiB = 24;
+    if (!Validate(s).empty()) continue;
+    const EstimateResult r = EstimateMemory(s);
+    REQUIRE(r.ok());
+    const DeviceEstimate& d = r.estimate.device;
+    const Inventory inventory = BuildInventory(s);
+    const Trace trace = BuildTrace(s, inventory, false);
+    const DeviceAllocatorInput input = DeviceAllocatorInputOf(s, trace, r.estimate.gpuCapacityBytes);
+    const AllocatorRecording recording{.timeline = true, .segmentsAtPeak = false, .segmentsAtOom = false};
+    const AllocatorResult capped = Reference(input.events, input.options, input.limitBytes, recording);
+    const AllocatorResult figures =
+        capped.oom.happened ? Reference(input.events, input.options, kUnlimitedDeviceBytes, recording) : capped;
+    INFO(preset.id);
+    CHECK(d.fits == !capped.oom.happened);
+    CHECK(d.numAllocRetries == capped.numAllocRetries);
+    CHECK(d.oom.freeBytes == capped.oom.freeBytes);
+    CHECK(d.oom.largestFreeBlockBytes == capped.oom.largestFreeBlockBytes);
+    CHECK(d.oom.freeFragments == capped.oom.freeFragments);
+    CHECK(d.oom.requestedBytes == capped.oom.requestedBytes);
+    CHECK(d.peakReservedBytes == figures.peakReservedBytes);
+    CHECK(d.peakAllocatedBytes == figures.peakAllocatedBytes);
+    CHECK(d.fragmentationBytes == figures.unallocatedAtPeakReservedBytes);
+    failed += capped.oom.happened;
+    // Trace event i → its allocator event: the workspaces are the ids past the trace's.
+    int maxTraceId = -1;
+    for (const Event& e : trace.events) maxTraceId = std::max(maxTraceId, e.tensorId);
+    std::vector<std::size_t> allocatorIndexOf;
+    for (std::size_t a = 0; a < input.events.size(); ++a) {
+      if (input.events[a].tensorId <= maxTraceId) allocatorIndexOf.push_back(a);
+    }
+    REQUIRE(allocatorIndexOf.size() == trace.events.size());
+    bool same = true;
+    for (const TimelinePoint& p : r.estimate.timeline) {
+      same = same && p.reservedBytes == figures.reservedBytesAfterEvent[allocatorIndexOf[p.index]];
+      ++points;
+    }
+    CHECK(same);
+  }
+  CHECK(failed > 5);
+  CHECK(points > 100000);
+}

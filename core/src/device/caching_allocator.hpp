@@ -69,12 +69,13 @@ class FreeBlockIndex {
   }
 
  private:
-  static constexpr std::size_t kChunk = 64;
+  static constexpr std::size_t kChunk = 48;
   // The first chunk whose last key is not before (size, ptr); chunks_.size() when none.
   std::size_t ChunkFor(std::int64_t size, std::uint64_t ptr) const;
   std::vector<Key> TakeSpare();
 
   std::vector<std::vector<Key>> chunks_;  // in order, none empty
+  std::vector<Key> lastKeys_;             // chunks_[c].back(), side by side for the search
   std::vector<std::vector<Key>> spare_;   // emptied chunks, kept for their capacity
   std::size_t size_ = 0;
 };

@@ -96,25 +96,32 @@ std::vector<WorkspaceGroup> PlaceEvents(const Setup& setup, const Trace& trace, 
   events.reserve(trace.events.size() + work.size());
   std::vector<WorkspaceGroup> groups;
   std::size_t placed = 0;
-  bool forwardSeen = false, backwardSeen = false;
   auto place = [&](std::size_t count, std::size_t before) {
     const std::size_t n = std::min(count, work.size() - placed);
     if (n == 0) return;
     groups.push_back({before, n});
     for (std::size_t k = 0; k < n; ++k, ++placed) events.push_back({AllocatorEventKind::Alloc, nextId++, work[placed]});
   };
-  for (std::size_t i = 0; i < trace.events.size(); ++i) {
-    const Event& e = trace.events[i];
-    if (!forwardSeen && e.phase == Phase::Forward) {
-      forwardSeen = true;
-      place(perHandle == 0 ? work.size() : perHandle, i);
+  auto copy = [&](std::size_t from, std::size_t to) {  // trace events [from, to), one tight loop
+    for (std::size_t i = from; i < to; ++i) {
+      const Event& e = trace.events[i];
+      events.push_back({e.kind == EventKind::Alloc ? AllocatorEventKind::Alloc : AllocatorEventKind::Free, e.tensorId, e.bytes});
     }
-    if (!backwardSeen && e.phase == Phase::Backward) {
-      backwardSeen = true;
-      place(work.size() - placed, i);
-    }
-    events.push_back({e.kind == EventKind::Alloc ? AllocatorEventKind::Alloc : AllocatorEventKind::Free, e.tensorId, e.bytes});
-  }
+  };
+  const std::size_t n = trace.events.size();
+  auto firstOf = [&](Phase phase) {
+    return static_cast<std::size_t>(std::find_if(trace.events.begin(), trace.events.end(),
+                                                 [&](const Event& e) { return e.phase == phase; }) -
+                                    trace.events.begin());
+  };
+  const std::size_t forward = firstOf(Phase::Forward), backward = firstOf(Phase::Backward);
+  // The first forward event (before the first backward one: a backward comes after a forward).
+  const std::size_t first = std::min(forward, backward), second = std::max(forward, backward);
+  copy(0, first);
+  if (first < n) place(first == forward ? (perHandle == 0 ? work.size() : perHandle) : work.size() - placed, first);
+  copy(first, second);
+  if (second < n && second != first) place(work.size() - placed, second);
+  copy(second, n);
   place(work.size() - placed, trace.events.size());  // no forward or backward phase
   return groups;
 }
