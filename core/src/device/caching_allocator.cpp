@@ -104,7 +104,10 @@ void FreeBlockIndex::Insert(const Key& key) {
   std::vector<Key>& chunk = chunks_[c];
   const std::size_t at =
       FirstNotBefore(chunk.data(), chunk.size(), [&](const Key& k) { return KeyBefore(k, key.size, key.ptr); });
-  chunk.insert(chunk.begin() + static_cast<std::ptrdiff_t>(at), key);
+  // Shifted key by key rather than by vector::insert's memmove: in WebAssembly memmove is a
+  // word-by-word loop of musl's, several times slower than moving 16 keys.
+  chunk.push_back(key);
+  for (std::size_t i = chunk.size() - 1; i > at; --i) std::swap(chunk[i], chunk[i - 1]);
   if (at + 1 == chunk.size()) lastKeys_[c] = key;
   if (chunk.size() > kChunk) {  // split: the upper half becomes the next chunk
     std::vector<Key> upper = TakeSpare();
@@ -120,7 +123,8 @@ void FreeBlockIndex::Insert(const Key& key) {
 void FreeBlockIndex::EraseAt(Position p) {
   const auto c = static_cast<std::size_t>(p.chunk);
   std::vector<Key>& chunk = chunks_[c];
-  chunk.erase(chunk.begin() + p.index);
+  for (std::size_t i = static_cast<std::size_t>(p.index) + 1; i < chunk.size(); ++i) std::swap(chunk[i - 1], chunk[i]);
+  chunk.pop_back();
   --size_;
   if (chunk.empty()) {
     spare_.push_back(std::move(chunk));

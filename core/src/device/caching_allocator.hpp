@@ -69,7 +69,9 @@ class FreeBlockIndex {
   }
 
  private:
-  static constexpr std::size_t kChunk = 48;
+  // 16: in WebAssembly (the page) moving keys costs more than searching: 48 was 10 % slower
+  // there than std::set for Mixtral and 405B, 16 is 10 % faster (natively 48 is the faster).
+  static constexpr std::size_t kChunk = 16;
   // The first chunk whose last key is not before (size, ptr); chunks_.size() when none.
   std::size_t ChunkFor(std::int64_t size, std::uint64_t ptr) const;
   std::vector<Key> TakeSpare();
