@@ -69,9 +69,11 @@ class FreeBlockIndex {
   }
 
  private:
-  // 16: in WebAssembly (the page) moving keys costs more than searching: 48 was 10 % slower
-  // there than std::set for Mixtral and 405B, 16 is 10 % faster (natively 48 is the faster).
-  static constexpr std::size_t kChunk = 16;
+  // Measured in WebAssembly (the page), where moving memory is slow (musl's memmove is a word
+  // loop): with 48, Mixtral and 405B were 10 % slower than std::set; with 16, 10 % faster but a
+  // 2,000-layer list (thousands of cached blocks, so hundreds of chunks to move on a split)
+  // 20 % slower; 32 is faster than std::set on every bench case or even with it.
+  static constexpr std::size_t kChunk = 32;
   // The first chunk whose last key is not before (size, ptr); chunks_.size() when none.
   std::size_t ChunkFor(std::int64_t size, std::uint64_t ptr) const;
   std::vector<Key> TakeSpare();
