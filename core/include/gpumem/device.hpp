@@ -76,6 +76,7 @@ struct AllocatorEvent {
 struct AllocatorRecording {
   bool timeline = true;        // reserved and allocated bytes after every event
   bool segmentsAtPeak = true;  // the memory_viz picture at the reserved peak (a second pass)
+  bool segmentsAtOom = true;   // the picture at an OOM (AllocatorOom::segments)
 };
 
 struct AllocatorBlockInfo {
@@ -112,7 +113,7 @@ struct AllocatorOom {
   std::int64_t freeBytes = 0;         // unreserved + cached free
   std::int64_t freeFragments = 0;     // cached free blocks, plus the unreserved rest when > 0
   std::int64_t largestFreeBlockBytes = 0;  // max(largest cached free block, unreserved)
-  std::vector<AllocatorSegmentInfo> segments;  // the picture at the failure
+  std::vector<AllocatorSegmentInfo> segments;  // the picture at the failure (when recording.segmentsAtOom)
 };
 
 struct AllocatorResult {
@@ -147,6 +148,28 @@ AllocatorResult SimulateCachingAllocator(std::span<const AllocatorEvent> events,
                                          const AllocatorOptions& options,
                                          std::int64_t capacityBytes,
                                          const AllocatorRecording& recording = {});
+
+// The capacity the device stage gives a run "without a limit": no cudaMalloc is ever refused.
+constexpr std::int64_t kUnlimitedDeviceBytes = std::int64_t{1} << 62;
+
+// What the device stage asks: the run at capacity and, when it ends in an OOM, the same events
+// without a limit (what the step would reserve on a GPU large enough).
+struct AllocatorCapacityRun {
+  AllocatorResult atCapacity;  // = SimulateCachingAllocator(events, options, capacityBytes, recording)
+  // When atCapacity.oom.happened: = SimulateCachingAllocator(events, options,
+  // kUnlimitedDeviceBytes, recording); else empty.
+  AllocatorResult unlimited;
+  // Events both runs shared before the capacity first refused a cudaMalloc (the unlimited run
+  // went on from there); 0 when it ran from the start (expandable segments, garbage
+  // collection) or was not needed.
+  int sharedEvents = 0;
+};
+// Equal, field by field, to the one or two SimulateCachingAllocator calls it stands for
+// (tests/allocator_identity_test.cpp), in about one pass.
+AllocatorCapacityRun SimulateCachingAllocatorAtCapacity(std::span<const AllocatorEvent> events,
+                                                        const AllocatorOptions& options,
+                                                        std::int64_t capacityBytes,
+                                                        const AllocatorRecording& recording = {});
 
 // ---------------------------------------------------------------------------------------------
 // Device overheads: what the process holds besides the tensors of the step.
@@ -201,6 +224,19 @@ DeviceOverheadsResult DeviceOverheads(std::string_view gpuId, const RuntimeOptio
 // The device figure of an estimate: the step's events (with the cuBLAS workspaces where PyTorch
 // allocates them) through the caching allocator at the GPU's capacity less the context.
 // core/src/device/device_stage.cpp; EstimateMemory fills Estimate::device.
+
+struct Setup;
+struct Trace;
+
+// What ComputeDeviceEstimate hands the allocator for a setup's trace: the trace's events with
+// the cuBLAS workspaces where PyTorch allocates them, the setup's allocator options, and the
+// limit (capacity − context − communication). For tests that compare runs of it.
+struct DeviceAllocatorInput {
+  std::vector<AllocatorEvent> events;
+  AllocatorOptions options;
+  std::int64_t limitBytes = 0;
+};
+DeviceAllocatorInput DeviceAllocatorInputOf(const Setup& setup, const Trace& trace, std::int64_t capacityBytes);
 
 // The allocation that failed at capacity.
 struct DeviceOom {

@@ -40,20 +40,220 @@ std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
+// FreeBlockIndex
 
-CachingAllocatorModel::CachingAllocatorModel(const AllocatorOptions& options, std::int64_t capacityBytes)
-    : options_(options),
-      capacity_(std::max<std::int64_t>(capacityBytes, 0)),
-      maxSplitSize_(options.maxSplitSizeMiB > 0 ? options.maxSplitSizeMiB * kMiB : kUnlimited),
-      maxNonSplitRounding_(options.maxNonSplitRoundingMiB * kMiB),
-      setFraction_(options.perProcessMemoryFraction > 0),
-      // DeviceCachingAllocator::setMemoryFraction: fraction × total memory.
-      allowedMemoryMaximum_(static_cast<std::int64_t>(options.perProcessMemoryFraction *
-                                                      static_cast<double>(capacity_))),
-      gcEnabled_(setFraction_ && options.garbageCollectionThreshold > 0),
-      nextAddress_(kFirstAddress) {
-  small_.isSmall = true;
-  large_.isSmall = false;
+namespace {
+
+// (size, address) order, as bit operations rather than a branch (the searches below use it
+// to pick a half without a jump).
+bool KeyBefore(const FreeBlockIndex::Key& a, std::int64_t size, std::uint64_t ptr) {
+  return (a.size < size) | ((a.size == size) & (a.ptr < ptr));
+}
+
+// The first of keys[0, n) for which before() is false (before() true on a prefix), as
+// std::partition_point, without a branch per step that the processor has to guess.
+template <typename Before>
+std::size_t FirstNotBefore(const FreeBlockIndex::Key* keys, std::size_t n, Before before) {
+  if (n == 0) return 0;
+  const FreeBlockIndex::Key* base = keys;
+  while (n > 1) {
+    const std::size_t half = n / 2;
+    base = before(base[half]) ? base + half : base;
+    n -= half;
+  }
+  return static_cast<std::size_t>(base - keys) + (before(*base) ? 1 : 0);
+}
+
+}  // namespace
+
+void FreeBlockIndex::Clear() {
+  for (std::vector<Key>& chunk : chunks_) {
+    chunk.clear();
+    spare_.push_back(std::move(chunk));
+  }
+  chunks_.clear();
+  lastKeys_.clear();
+  size_ = 0;
+}
+
+std::vector<FreeBlockIndex::Key> FreeBlockIndex::TakeSpare() {
+  if (spare_.empty()) {
+    std::vector<Key> chunk;
+    chunk.reserve(kChunk + 1);
+    return chunk;
+  }
+  std::vector<Key> chunk = std::move(spare_.back());
+  spare_.pop_back();
+  return chunk;
+}
+
+std::size_t FreeBlockIndex::ChunkFor(std::int64_t size, std::uint64_t ptr) const {
+  return FirstNotBefore(lastKeys_.data(), lastKeys_.size(), [&](const Key& k) { return KeyBefore(k, size, ptr); });
+}
+
+void FreeBlockIndex::Insert(const Key& key) {
+  ++size_;
+  if (chunks_.empty()) {
+    chunks_.push_back(TakeSpare());
+    chunks_.back().push_back(key);
+    lastKeys_.push_back(key);
+    return;
+  }
+  // A key after every other goes to the last chunk.
+  const std::size_t c = std::min(ChunkFor(key.size, key.ptr), chunks_.size() - 1);
+  std::vector<Key>& chunk = chunks_[c];
+  const std::size_t at =
+      FirstNotBefore(chunk.data(), chunk.size(), [&](const Key& k) { return KeyBefore(k, key.size, key.ptr); });
+  // Shifted key by key rather than by vector::insert's memmove: in WebAssembly memmove is a
+  // word-by-word loop of musl's, several times slower than moving 16 keys.
+  chunk.push_back(key);
+  for (std::size_t i = chunk.size() - 1; i > at; --i) std::swap(chunk[i], chunk[i - 1]);
+  if (at + 1 == chunk.size()) lastKeys_[c] = key;
+  if (chunk.size() > kChunk) {  // split: the upper half becomes the next chunk
+    std::vector<Key> upper = TakeSpare();
+    const auto half = chunk.begin() + static_cast<std::ptrdiff_t>(chunk.size() / 2);
+    upper.assign(half, chunk.end());
+    chunk.erase(half, chunk.end());
+    lastKeys_.insert(lastKeys_.begin() + static_cast<std::ptrdiff_t>(c) + 1, upper.back());
+    chunks_.insert(chunks_.begin() + static_cast<std::ptrdiff_t>(c) + 1, std::move(upper));
+    lastKeys_[c] = chunks_[c].back();
+  }
+}
+
+void FreeBlockIndex::EraseAt(Position p) {
+  const auto c = static_cast<std::size_t>(p.chunk);
+  std::vector<Key>& chunk = chunks_[c];
+  for (std::size_t i = static_cast<std::size_t>(p.index) + 1; i < chunk.size(); ++i) std::swap(chunk[i - 1], chunk[i]);
+  chunk.pop_back();
+  --size_;
+  if (chunk.empty()) {
+    spare_.push_back(std::move(chunk));
+    chunks_.erase(chunks_.begin() + static_cast<std::ptrdiff_t>(c));
+    lastKeys_.erase(lastKeys_.begin() + static_cast<std::ptrdiff_t>(c));
+  } else if (static_cast<std::size_t>(p.index) == chunk.size()) {  // the last key went
+    lastKeys_[c] = chunk.back();
+  }
+}
+
+void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
+  const std::size_t c = ChunkFor(size, ptr);
+  if (c == chunks_.size()) return;  // not cached (std::set::erase of a missing key)
+  const std::vector<Key>& chunk = chunks_[c];
+  const std::size_t at = FirstNotBefore(chunk.data(), chunk.size(), [&](const Key& k) { return KeyBefore(k, size, ptr); });
+  if (at == chunk.size() || chunk[at].size != size || chunk[at].ptr != ptr) return;
+  EraseAt({static_cast<int>(c), static_cast<int>(at)});
+}
+
+FreeBlockIndex::Position FreeBlockIndex::LowerBound(std::int64_t size) const {
+  const std::size_t c =
+      FirstNotBefore(lastKeys_.data(), lastKeys_.size(), [&](const Key& k) { return k.size < size; });
+  if (c == chunks_.size()) return {};
+  const std::vector<Key>& chunk = chunks_[c];
+  const std::size_t at = FirstNotBefore(chunk.data(), chunk.size(), [&](const Key& k) { return k.size < size; });
+  return {static_cast<int>(c), static_cast<int>(at)};
+}
+
+FreeBlockIndex::Position FreeBlockIndex::Last() const {
+  if (chunks_.empty()) return {};
+  return {static_cast<int>(chunks_.size()) - 1, static_cast<int>(chunks_.back().size()) - 1};
+}
+
+FreeBlockIndex::Position FreeBlockIndex::Next(Position p) const {
+  if (static_cast<std::size_t>(p.index) + 1 < chunks_[static_cast<std::size_t>(p.chunk)].size()) return {p.chunk, p.index + 1};
+  if (static_cast<std::size_t>(p.chunk) + 1 < chunks_.size()) return {p.chunk + 1, 0};
+  return {};
+}
+
+FreeBlockIndex::Position FreeBlockIndex::Prev(Position p) const {
+  if (p.index > 0) return {p.chunk, p.index - 1};
+  if (p.chunk == 0) return {};
+  return {p.chunk - 1, static_cast<int>(chunks_[static_cast<std::size_t>(p.chunk) - 1].size()) - 1};
+}
+
+// ---------------------------------------------------------------------------------------------
+// LiveTensors
+
+void LiveTensors::Clear() {
+  std::fill(dense_.begin(), dense_.end(), kNotLive);
+  sparse_.clear();
+}
+
+int LiveTensors::Find(int tensorId) const {
+  if (tensorId >= 0 && tensorId < kDenseIds) {
+    return static_cast<std::size_t>(tensorId) < dense_.size() ? dense_[static_cast<std::size_t>(tensorId)] : kNotLive;
+  }
+  const auto it = sparse_.find(tensorId);
+  return it == sparse_.end() ? kNotLive : it->second;
+}
+
+void LiveTensors::Set(int tensorId, int block) {
+  if (tensorId >= 0 && tensorId < kDenseIds) {
+    const auto id = static_cast<std::size_t>(tensorId);
+    if (id >= dense_.size()) dense_.resize(std::max<std::size_t>(id + 1, dense_.size() * 2), kNotLive);
+    dense_[id] = block;
+  } else {
+    sparse_[tensorId] = block;
+  }
+}
+
+void LiveTensors::Erase(int tensorId) {
+  if (tensorId >= 0 && tensorId < kDenseIds) {
+    if (static_cast<std::size_t>(tensorId) < dense_.size()) dense_[static_cast<std::size_t>(tensorId)] = kNotLive;
+  } else {
+    sparse_.erase(tensorId);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// BlockPool
+
+void CachingAllocatorModel::BlockPool::Clear(bool small) {
+  blocks.Clear();
+  unmapped.clear();
+  isSmall = small;
+  getFreeBlocksCallCount = 0;
+}
+
+void CachingAllocatorModel::BlockPool::InsertUnmapped(std::uint64_t ptr, int block) {
+  const auto at = std::partition_point(unmapped.begin(), unmapped.end(), [&](const AddressKey& k) { return k.ptr < ptr; });
+  unmapped.insert(at, {ptr, block});
+}
+
+void CachingAllocatorModel::BlockPool::EraseUnmapped(std::uint64_t ptr) {
+  const auto at = std::partition_point(unmapped.begin(), unmapped.end(), [&](const AddressKey& k) { return k.ptr < ptr; });
+  if (at != unmapped.end() && at->ptr == ptr) unmapped.erase(at);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+CachingAllocatorModel::CachingAllocatorModel(const AllocatorOptions& options, std::int64_t capacityBytes) {
+  Reset(options, capacityBytes);
+}
+
+void CachingAllocatorModel::Reset(const AllocatorOptions& options, std::int64_t capacityBytes) {
+  options_ = options;
+  maxSplitSize_ = options.maxSplitSizeMiB > 0 ? options.maxSplitSizeMiB * kMiB : kUnlimited;
+  maxNonSplitRounding_ = options.maxNonSplitRoundingMiB * kMiB;
+  setFraction_ = options.perProcessMemoryFraction > 0;
+  gcEnabled_ = setFraction_ && options.garbageCollectionThreshold > 0;
+  SetCapacity(capacityBytes);
+  blocks_.clear();
+  freeSlots_.clear();
+  large_.Clear(false);
+  small_.Clear(true);
+  segments_.clear();
+  live_.Clear();
+  nextAddress_ = kFirstAddress;
+  watchCapacity_ = false;
+  reserved_ = allocated_ = requested_ = inactiveSplit_ = 0;
+  numAllocRetries_ = numDeviceAllocs_ = numDeviceFrees_ = 0;
+  lastOomRounded_ = lastOomAllocSize_ = 0;
+}
+
+void CachingAllocatorModel::SetCapacity(std::int64_t capacityBytes) {
+  capacity_ = std::max<std::int64_t>(capacityBytes, 0);
+  // DeviceCachingAllocator::setMemoryFraction: fraction × total memory.
+  allowedMemoryMaximum_ = static_cast<std::int64_t>(options_.perProcessMemoryFraction * static_cast<double>(capacity_));
 }
 
 int CachingAllocatorModel::NewBlock() {
@@ -76,11 +276,11 @@ void CachingAllocatorModel::DeleteBlock(int b) {
 // the clock garbage_collect_cached_blocks measures ages with.
 void CachingAllocatorModel::InsertIntoBlocks(BlockPool& pool, int b) {
   blocks_[b].gcCountBase = pool.getFreeBlocksCallCount;
-  pool.blocks.insert({blocks_[b].size, blocks_[b].ptr, b});
+  pool.blocks.Insert({blocks_[b].size, blocks_[b].ptr, b});
 }
 
 void CachingAllocatorModel::EraseFromBlocks(BlockPool& pool, int b) {
-  pool.blocks.erase({blocks_[b].size, blocks_[b].ptr, b});
+  pool.blocks.Erase(blocks_[b].size, blocks_[b].ptr);
 }
 
 // DeviceCachingAllocator::round_size: below 512 B → 512; with roundup_power2_divisions set for
@@ -104,27 +304,29 @@ bool CachingAllocatorModel::ShouldSplit(int b, std::int64_t size) const {
 bool CachingAllocatorModel::GetFreeBlock(AllocParams& p) {
   BlockPool& pool = *p.pool;
   if (gcEnabled_) ++pool.getFreeBlocksCallCount;  // ages only tick while GC is enabled
-  auto it = pool.blocks.lower_bound({p.size, 0, kNone});
-  if (it == pool.blocks.end()) return false;
-  if (Expandable(it->block)) {
+  FreeBlockIndex::Position it = pool.blocks.LowerBound(p.size);
+  if (FreeBlockIndex::AtEnd(it)) return false;
+  if (Expandable(pool.blocks.At(it).block)) {
     // With expandable segments, a block followed by unmapped space counts as the size it can
     // grow to: walk on to the next candidate while it can grow to less.
     auto expandableSize = [&](int b) {
       const Block& blk = blocks_[b];
       return blk.size + (blk.next != kNone && !blocks_[blk.next].mapped ? blocks_[blk.next].size : 0);
     };
-    auto next = std::next(it);
-    while (Expandable(it->block) && next != pool.blocks.end() &&
-           expandableSize(next->block) < expandableSize(it->block)) {
-      it = next++;
+    FreeBlockIndex::Position next = pool.blocks.Next(it);
+    while (Expandable(pool.blocks.At(it).block) && !FreeBlockIndex::AtEnd(next) &&
+           expandableSize(pool.blocks.At(next).block) < expandableSize(pool.blocks.At(it).block)) {
+      it = next;
+      next = pool.blocks.Next(next);
     }
   }
+  const FreeBlockIndex::Key& found = pool.blocks.At(it);
   // Do not return an oversized block for a request below max_split_size.
-  if (p.size < maxSplitSize_ && it->size >= maxSplitSize_) return false;
+  if (p.size < maxSplitSize_ && found.size >= maxSplitSize_) return false;
   // An oversize request may take a cached block at most max_non_split_rounding larger.
-  if (p.size >= maxSplitSize_ && it->size >= p.size + maxNonSplitRounding_) return false;
-  p.block = it->block;
-  pool.blocks.erase(it);
+  if (p.size >= maxSplitSize_ && found.size >= p.size + maxNonSplitRounding_) return false;
+  p.block = found.block;
+  pool.blocks.EraseAt(it);
   return true;
 }
 
@@ -158,26 +360,28 @@ bool CachingAllocatorModel::ReleaseAvailableCachedBlocks(const AllocParams& p) {
   if (maxSplitSize_ == kUnlimited) return false;
   BlockPool& pool = *p.pool;
   const std::int64_t keySize = std::max(p.size, maxSplitSize_);
-  auto it = pool.blocks.lower_bound({keySize, 0, kNone});
-  if (it == pool.blocks.end()) {
-    if (it == pool.blocks.begin()) return false;
+  FreeBlockIndex::Position it = pool.blocks.LowerBound(keySize);
+  if (FreeBlockIndex::AtEnd(it)) {
+    if (pool.blocks.empty()) return false;
     std::int64_t totalReleased = 0;
-    --it;  // the largest block
-    while (totalReleased < keySize && it->size >= maxSplitSize_) {
-      const int b = it->block;
-      const bool first = it == pool.blocks.begin();
-      if (!first) --it;
+    it = pool.blocks.Last();  // the largest block
+    while (totalReleased < keySize && pool.blocks.At(it).size >= maxSplitSize_) {
+      const int b = pool.blocks.At(it).block;
+      // The one before, found before releasing b: erasing b leaves positions before it valid.
+      const FreeBlockIndex::Position before = pool.blocks.Prev(it);
       // PyTorch would assert on an expandable block here (release_block); they are skipped.
       if (!Expandable(b)) {
         totalReleased += blocks_[b].size;
         ReleaseBlock(b);
       }
-      if (first) break;
+      if (FreeBlockIndex::AtEnd(before)) break;
+      it = before;
     }
     return totalReleased >= keySize;
   }
-  if (Expandable(it->block)) return false;
-  ReleaseBlock(it->block);
+  const int b = pool.blocks.At(it).block;
+  if (Expandable(b)) return false;
+  ReleaseBlock(b);
   return true;
 }
 
@@ -191,21 +395,23 @@ bool CachingAllocatorModel::ReleaseCachedBlocks() {
 }
 
 void CachingAllocatorModel::ReleaseBlocks(BlockPool& pool) {
-  std::vector<int> toRelease;
-  std::vector<int> toUnmap;
-  for (const SizeKey& key : pool.blocks) {
+  std::vector<int>& toRelease = toRelease_;
+  std::vector<int>& toUnmap = toUnmap_;
+  toRelease.clear();
+  toUnmap.clear();
+  pool.blocks.ForEach([&](const FreeBlockIndex::Key& key) {
     if (Expandable(key.block)) {
       toUnmap.push_back(key.block);
     } else if (!IsSplit(key.block)) {
       toRelease.push_back(key.block);
     }
-  }
+  });
   for (int b : toRelease) ReleaseBlock(b);
   for (int b : toUnmap) {
     UnmapBlock(b);
     // release_expandable_segment: the whole virtual range is unmapped again.
     if (!blocks_[b].mapped && !IsSplit(b)) {
-      pool.unmapped.erase({blocks_[b].ptr, b});
+      pool.EraseUnmapped(blocks_[b].ptr);
       DeleteBlock(b);
     }
   }
@@ -233,23 +439,24 @@ void CachingAllocatorModel::GarbageCollectCachedBlocks() {
   std::int64_t totalAge = 0;
   int freeable = 0;
   auto age = [&](int b) { return large_.getFreeBlocksCallCount - blocks_[b].gcCountBase; };
-  for (const SizeKey& key : large_.blocks) {
+  large_.blocks.ForEach([&](const FreeBlockIndex::Key& key) {
     if (!IsSplit(key.block) && !Expandable(key.block)) {
       totalAge += age(key.block);
       ++freeable;
     }
-  }
+  });
   if (freeable == 0) return;
   bool blockFreed = true;
   while (reclaimed < targetSize && blockFreed && freeable > 0) {
     const double ageThreshold = static_cast<double>(totalAge) / freeable;
     blockFreed = false;
-    std::vector<int> victims;
-    for (const SizeKey& key : large_.blocks) {
+    std::vector<int>& victims = toRelease_;
+    victims.clear();
+    large_.blocks.ForEach([&](const FreeBlockIndex::Key& key) {
       if (!IsSplit(key.block) && !Expandable(key.block) && static_cast<double>(age(key.block)) >= ageThreshold) {
         victims.push_back(key.block);
       }
-    }
+    });
     for (int b : victims) {
       blockFreed = true;
       reclaimed += blocks_[b].size;
@@ -301,11 +508,11 @@ int CachingAllocatorModel::AllocFoundBlock(const AllocParams& p, std::int64_t or
 }
 
 // DeviceCachingAllocator::malloc.
-bool CachingAllocatorModel::Malloc(int tensorId, std::int64_t requestedBytes) {
+CachingAllocatorModel::MallocOutcome CachingAllocatorModel::Malloc(int tensorId, std::int64_t requestedBytes) {
   // CUDACachingAllocator::allocate: a zero-byte request gets no block.
   if (requestedBytes == 0) {
-    live_[tensorId] = kNone;
-    return true;
+    live_.Set(tensorId, kNone);
+    return MallocOutcome::Allocated;
   }
   AllocParams p;
   p.size = RoundSize(requestedBytes);
@@ -314,25 +521,28 @@ bool CachingAllocatorModel::Malloc(int tensorId, std::int64_t requestedBytes) {
   bool found = GetFreeBlock(p);
   if (!found) {
     if (gcEnabled_) GarbageCollectCachedBlocks();
-    found = AllocBlock(p, false) || (ReleaseAvailableCachedBlocks(p) && AllocBlock(p, false)) ||
+    found = AllocBlock(p, false);
+    // Nothing has changed yet (no garbage collection while watching; a failed get_free_block
+    // and a refused cudaMalloc leave the model as it was).
+    if (!found && watchCapacity_) return MallocOutcome::CapacityMiss;
+    found = found || (ReleaseAvailableCachedBlocks(p) && AllocBlock(p, false)) ||
             (ReleaseCachedBlocks() && AllocBlock(p, true));
   }
   if (!found) {
     lastOomRounded_ = p.size;
     lastOomAllocSize_ = p.allocSize;
-    return false;
+    return MallocOutcome::OutOfMemory;
   }
   const bool split = ShouldSplit(p.block, p.size);
-  live_[tensorId] = AllocFoundBlock(p, requestedBytes, split, tensorId);
-  return true;
+  live_.Set(tensorId, AllocFoundBlock(p, requestedBytes, split, tensorId));
+  return MallocOutcome::Allocated;
 }
 
 // DeviceCachingAllocator::free → free_block (one stream, no recorded streams: no events).
 bool CachingAllocatorModel::Free(int tensorId) {
-  auto it = live_.find(tensorId);
-  if (it == live_.end()) return false;
-  const int b = it->second;
-  live_.erase(it);
+  const int b = live_.Find(tensorId);
+  if (b == LiveTensors::kNotLive) return false;
+  live_.Erase(tensorId);
   if (b == kNone) return true;
   Block& blk = blocks_[b];
   blk.allocated = false;
@@ -372,9 +582,9 @@ std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, int src, BlockPool& 
   }
   d.size += s.size;
   if (s.mapped) {
-    pool.blocks.erase({s.size, s.ptr, src});
+    pool.blocks.Erase(s.size, s.ptr);
   } else {
-    pool.unmapped.erase({s.ptr, src});
+    pool.EraseUnmapped(s.ptr);
   }
   DeleteBlock(src);
   return s.size;
@@ -397,7 +607,7 @@ int CachingAllocatorModel::FindExpandableBlock(BlockPool& pool, std::int64_t siz
     }
     return bytes >= size;
   };
-  for (const AddressKey& key : pool.unmapped) {
+  for (const AddressKey& key : pool.unmapped) {  // (find_expandable_block does not change it)
     int c = key.block;
     if (allocatable(blocks_[c].prev)) c = blocks_[c].prev;
     if (hasAvailableAddressSpace(c)) return c;
@@ -418,7 +628,7 @@ int CachingAllocatorModel::FindExpandableBlock(BlockPool& pool, std::int64_t siz
   blk.small = pool.isSmall;
   blk.mapped = false;
   blk.segment = static_cast<int>(segments_.size()) - 1;
-  pool.unmapped.insert({blk.ptr, b});
+  pool.InsertUnmapped(blk.ptr, b);
   return b;
 }
 
@@ -433,7 +643,7 @@ bool CachingAllocatorModel::MapBlock(int b, std::int64_t size) {
   const std::int64_t mappedBytes = (last - first) * segment.pageBytes;
   if (reserved_ + mappedBytes > capacity_) return false;
   BlockPool& pool = PoolOf(b);
-  pool.unmapped.erase({blocks_[b].ptr, b});
+  pool.EraseUnmapped(blocks_[b].ptr);
   blocks_[b].mapped = true;
   if (mappedBytes < blocks_[b].size) {
     const int rest = NewBlock();
@@ -449,7 +659,7 @@ bool CachingAllocatorModel::MapBlock(int b, std::int64_t size) {
     if (r.next != kNone) blocks_[r.next].prev = rest;
     blocks_[b].next = rest;
     blocks_[b].size = mappedBytes;
-    pool.unmapped.insert({r.ptr, rest});
+    pool.InsertUnmapped(r.ptr, rest);
   }
   TryMergeBlocks(b, blocks_[b].prev, pool);
   TryMergeBlocks(b, blocks_[b].next, pool);
@@ -517,7 +727,7 @@ void CachingAllocatorModel::UnmapBlock(int b) {
   blocks_[b].mapped = false;
   TryMergeBlocks(b, blocks_[b].prev, pool);
   TryMergeBlocks(b, blocks_[b].next, pool);
-  pool.unmapped.insert({blocks_[b].ptr, b});
+  pool.InsertUnmapped(blocks_[b].ptr, b);
   reserved_ -= unmappedBytes;
   ++numDeviceFrees_;
 }
@@ -552,7 +762,7 @@ std::vector<AllocatorSegmentInfo> CachingAllocatorModel::Snapshot() const {
   return segments;
 }
 
-AllocatorOom CachingAllocatorModel::DescribeOom(int tensorId, std::int64_t requestedBytes) const {
+AllocatorOom CachingAllocatorModel::DescribeOom(int tensorId, std::int64_t requestedBytes, bool withSegments) const {
   AllocatorOom oom;
   oom.happened = true;
   oom.tensorId = tensorId;
@@ -564,18 +774,18 @@ AllocatorOom CachingAllocatorModel::DescribeOom(int tensorId, std::int64_t reque
   oom.allocatedBytes = allocated_;
   oom.unreservedBytes = std::max<std::int64_t>(0, oom.limitBytes - reserved_);
   for (const BlockPool* pool : {&large_, &small_}) {
-    for (const SizeKey& key : pool->blocks) {
+    pool->blocks.ForEach([&](const FreeBlockIndex::Key& key) {
       oom.cachedFreeBytes += key.size;
       ++oom.cachedFreeBlocks;
-    }
+    });
     if (!pool->blocks.empty()) {
-      oom.largestCachedFreeBlockBytes = std::max(oom.largestCachedFreeBlockBytes, pool->blocks.rbegin()->size);
+      oom.largestCachedFreeBlockBytes = std::max(oom.largestCachedFreeBlockBytes, pool->blocks.At(pool->blocks.Last()).size);
     }
   }
   oom.freeBytes = oom.unreservedBytes + oom.cachedFreeBytes;
   oom.freeFragments = oom.cachedFreeBlocks + (oom.unreservedBytes > 0 ? 1 : 0);
   oom.largestFreeBlockBytes = std::max(oom.largestCachedFreeBlockBytes, oom.unreservedBytes);
-  oom.segments = Snapshot();
+  if (withSegments) oom.segments = Snapshot();
   return oom;
 }
 
@@ -608,75 +818,154 @@ std::int64_t SegmentAllocationSize(std::int64_t roundedBytes) {
 
 namespace {
 
-AllocatorResult Simulate(std::span<const AllocatorEvent> events, const AllocatorOptions& options,
-                         std::int64_t capacityBytes, const AllocatorRecording& recording) {
-  AllocatorResult result;
-  device::CachingAllocatorModel model(options, capacityBytes);
+using Model = device::CachingAllocatorModel;
+
+// The two models of this thread, reused so that their buffers keep their capacity (an estimate
+// runs the allocator once or twice; a solver hundreds of times).
+Model& ThreadModel(int which) {
+  thread_local Model models[2] = {Model(DefaultAllocatorOptions(), 0), Model(DefaultAllocatorOptions(), 0)};
+  return models[which];
+}
+
+enum class EventOutcome : std::uint8_t { Done, OutOfMemory, CapacityMiss };
+
+// Applies one event to the model and records the figures after it.
+EventOutcome Apply(Model& model, AllocatorResult& result, const AllocatorEvent& e, int index,
+                   const AllocatorRecording& recording) {
+  if (e.kind == AllocatorEventKind::Alloc) {
+    if (e.bytes < 0) {
+      ++result.invalidEvents;
+    } else if (model.IsLive(e.tensorId)) {
+      ++result.duplicateAllocs;
+    } else {
+      switch (model.Malloc(e.tensorId, e.bytes)) {
+        case Model::MallocOutcome::Allocated:
+          break;
+        case Model::MallocOutcome::OutOfMemory:
+          result.oom = model.DescribeOom(e.tensorId, e.bytes, recording.segmentsAtOom);
+          result.oom.eventIndex = index;
+          return EventOutcome::OutOfMemory;
+        case Model::MallocOutcome::CapacityMiss:
+          return EventOutcome::CapacityMiss;
+      }
+    }
+  } else if (!model.Free(e.tensorId)) {
+    ++result.unmatchedFrees;
+  }
+  result.eventsSimulated = index + 1;
+  if (model.reserved() > result.peakReservedBytes) {
+    result.peakReservedBytes = model.reserved();
+    result.peakReservedEvent = index;
+    result.allocatedAtPeakReservedBytes = model.allocated();
+    result.unallocatedAtPeakReservedBytes = model.reserved() - model.allocated();
+    result.inactiveSplitAtPeakReservedBytes = model.inactiveSplit();
+  }
+  if (model.allocated() > result.peakAllocatedBytes) {
+    result.peakAllocatedBytes = model.allocated();
+    result.peakAllocatedEvent = index;
+  }
+  result.peakRequestedBytes = std::max(result.peakRequestedBytes, model.requested());
+  if (recording.timeline) {
+    result.reservedBytesAfterEvent.push_back(model.reserved());
+    result.allocatedBytesAfterEvent.push_back(model.allocated());
+  }
+  return EventOutcome::Done;
+}
+
+// Runs events [from, end) until the end or an OOM; returns the index of a capacity miss (the
+// model watching), else −1.
+int RunFrom(Model& model, AllocatorResult& result, std::span<const AllocatorEvent> events, std::size_t from,
+            const AllocatorRecording& recording) {
   if (recording.timeline) {
     result.reservedBytesAfterEvent.reserve(events.size());
     result.allocatedBytesAfterEvent.reserve(events.size());
   }
-  for (std::size_t i = 0; i < events.size(); ++i) {
-    const AllocatorEvent& e = events[i];
-    const int index = static_cast<int>(i);
-    if (e.kind == AllocatorEventKind::Alloc) {
-      if (e.bytes < 0) {
-        ++result.invalidEvents;
-      } else if (model.IsLive(e.tensorId)) {
-        ++result.duplicateAllocs;
-      } else if (!model.Malloc(e.tensorId, e.bytes)) {
-        result.oom = model.DescribeOom(e.tensorId, e.bytes);
-        result.oom.eventIndex = index;
-        break;
-      }
-    } else if (!model.Free(e.tensorId)) {
-      ++result.unmatchedFrees;
-    }
-    result.eventsSimulated = index + 1;
-    if (model.reserved() > result.peakReservedBytes) {
-      result.peakReservedBytes = model.reserved();
-      result.peakReservedEvent = index;
-      result.allocatedAtPeakReservedBytes = model.allocated();
-      result.unallocatedAtPeakReservedBytes = model.reserved() - model.allocated();
-      result.inactiveSplitAtPeakReservedBytes = model.inactiveSplit();
-    }
-    if (model.allocated() > result.peakAllocatedBytes) {
-      result.peakAllocatedBytes = model.allocated();
-      result.peakAllocatedEvent = index;
-    }
-    result.peakRequestedBytes = std::max(result.peakRequestedBytes, model.requested());
-    if (recording.timeline) {
-      result.reservedBytesAfterEvent.push_back(model.reserved());
-      result.allocatedBytesAfterEvent.push_back(model.allocated());
-    }
+  for (std::size_t i = from; i < events.size(); ++i) {
+    const EventOutcome outcome = Apply(model, result, events[i], static_cast<int>(i), recording);
+    if (outcome == EventOutcome::OutOfMemory) break;
+    if (outcome == EventOutcome::CapacityMiss) return static_cast<int>(i);
   }
+  return -1;
+}
+
+void Finish(const Model& model, AllocatorResult& result) {
   result.numAllocRetries = model.allocRetries();
   result.numDeviceAllocs = model.deviceAllocs();
   result.numDeviceFrees = model.deviceFrees();
   result.finalReservedBytes = model.reserved();
   result.finalAllocatedBytes = model.allocated();
-  return result;
+}
+
+// The segments at the reserved peak: a second pass up to the peak event, cheaper than a
+// snapshot at every new maximum.
+void AddSegmentsAtPeak(std::span<const AllocatorEvent> events, const AllocatorOptions& options,
+                       std::int64_t capacityBytes, AllocatorResult& result) {
+  if (result.peakReservedEvent < 0) return;
+  Model model(options, capacityBytes);
+  for (const AllocatorEvent& e : events.first(static_cast<std::size_t>(result.peakReservedEvent) + 1)) {
+    if (e.kind == AllocatorEventKind::Alloc) {
+      if (e.bytes >= 0 && !model.IsLive(e.tensorId)) model.Malloc(e.tensorId, e.bytes);
+    } else {
+      model.Free(e.tensorId);
+    }
+  }
+  result.segmentsAtPeakReserved = model.Snapshot();
 }
 
 }  // namespace
 
 AllocatorResult SimulateCachingAllocator(std::span<const AllocatorEvent> events, const AllocatorOptions& options,
                                          std::int64_t capacityBytes, const AllocatorRecording& recording) {
-  AllocatorResult result = Simulate(events, options, capacityBytes, recording);
-  if (recording.segmentsAtPeak && result.peakReservedEvent >= 0) {
-    // A second pass up to the peak: cheaper than a snapshot at every new maximum.
-    const auto upTo = events.first(static_cast<std::size_t>(result.peakReservedEvent) + 1);
-    device::CachingAllocatorModel model(options, capacityBytes);
-    for (const AllocatorEvent& e : upTo) {
-      if (e.kind == AllocatorEventKind::Alloc) {
-        if (e.bytes >= 0 && !model.IsLive(e.tensorId)) model.Malloc(e.tensorId, e.bytes);
-      } else {
-        model.Free(e.tensorId);
-      }
-    }
-    result.segmentsAtPeakReserved = model.Snapshot();
-  }
+  AllocatorResult result;
+  Model& model = ThreadModel(0);
+  model.Reset(options, capacityBytes);
+  RunFrom(model, result, events, 0, recording);
+  Finish(model, result);
+  if (recording.segmentsAtPeak) AddSegmentsAtPeak(events, options, capacityBytes, result);
   return result;
+}
+
+// Up to the first cudaMalloc the capacity refuses, a run at capacity and a run without a limit
+// do exactly the same: the capacity enters the model only in alloc_block's test (and, not
+// watched, in expandable segments' virtual size and the garbage collection's threshold). So the
+// capacity run watches for that first miss; there a copy of the model, its limit lifted, is
+// the unlimited run's state, and it goes on from that event only if the capacity run ends in an
+// OOM. Expandable segments and garbage collection take a second run from the start instead.
+AllocatorCapacityRun SimulateCachingAllocatorAtCapacity(std::span<const AllocatorEvent> events,
+                                                        const AllocatorOptions& options, std::int64_t capacityBytes,
+                                                        const AllocatorRecording& recording) {
+  AllocatorCapacityRun run;
+  Model& capped = ThreadModel(0);
+  capped.Reset(options, capacityBytes);
+  const bool watch = capped.CanWatchCapacity();
+  capped.WatchCapacity(watch);
+  const int miss = RunFrom(capped, run.atCapacity, events, 0, recording);
+  Model& unlimited = ThreadModel(1);
+  if (miss >= 0) {
+    unlimited = capped;  // the state before event `miss`, as the unlimited run has it too
+    unlimited.SetCapacity(kUnlimitedDeviceBytes);
+    unlimited.WatchCapacity(false);
+    run.unlimited = run.atCapacity;
+    capped.WatchCapacity(false);
+    RunFrom(capped, run.atCapacity, events, static_cast<std::size_t>(miss), recording);
+    if (run.atCapacity.oom.happened) {
+      run.sharedEvents = miss;
+      RunFrom(unlimited, run.unlimited, events, static_cast<std::size_t>(miss), recording);
+      Finish(unlimited, run.unlimited);
+    } else {
+      run.unlimited = AllocatorResult{};
+    }
+  } else if (run.atCapacity.oom.happened) {  // not watched: a second run from the start
+    unlimited.Reset(options, kUnlimitedDeviceBytes);
+    RunFrom(unlimited, run.unlimited, events, 0, recording);
+    Finish(unlimited, run.unlimited);
+  }
+  Finish(capped, run.atCapacity);
+  if (recording.segmentsAtPeak) {
+    AddSegmentsAtPeak(events, options, capacityBytes, run.atCapacity);
+    if (run.atCapacity.oom.happened) AddSegmentsAtPeak(events, options, kUnlimitedDeviceBytes, run.unlimited);
+  }
+  return run;
 }
 
 }  // namespace gpumem

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "gpumem/format.hpp"
+#include "gpumem/recycle.hpp"
 
 namespace gpumem {
 namespace {
@@ -69,6 +70,77 @@ void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors) {
   }
 }
 
+namespace {
+
+// Where the workspaces go among the trace's events: `count` allocations in front of trace
+// event `before` (trace.events.size(): after the last).
+struct WorkspaceGroup {
+  std::size_t before = 0;
+  std::size_t count = 0;
+};
+
+// The trace's events for the allocator, with the workspaces where PyTorch allocates them: a
+// handle's workspace is allocated at its first cuBLAS call (CublasHandlePool.cpp
+// getCurrentCUDABlasHandle → setWorkspaceForHandle), so the forward handle's before step 1's
+// forward (the first matmul comes after at most the embedding lookup) and the backward
+// thread's before step 1's backward. They stay cached for the process's life (never freed).
+// Returns the groups in order (at most three).
+std::vector<WorkspaceGroup> PlaceEvents(const Setup& setup, const Trace& trace, const DeviceOverheadsResult& overheads,
+                                        std::vector<AllocatorEvent>& events) {
+  const std::vector<std::int64_t>& work = overheads.workspaceAllocations;
+  const int handles = RuntimeOptionsOf(setup.runtime).cublasHandles;
+  const std::size_t perHandle = handles > 0 ? work.size() / static_cast<std::size_t>(handles) : 0;
+  int nextId = 0;
+  for (const Event& e : trace.events) nextId = std::max(nextId, e.tensorId + 1);
+  events.clear();
+  events.reserve(trace.events.size() + work.size());
+  std::vector<WorkspaceGroup> groups;
+  std::size_t placed = 0;
+  auto place = [&](std::size_t count, std::size_t before) {
+    const std::size_t n = std::min(count, work.size() - placed);
+    if (n == 0) return;
+    groups.push_back({before, n});
+    for (std::size_t k = 0; k < n; ++k, ++placed) events.push_back({AllocatorEventKind::Alloc, nextId++, work[placed]});
+  };
+  auto copy = [&](std::size_t from, std::size_t to) {  // trace events [from, to), one tight loop
+    for (std::size_t i = from; i < to; ++i) {
+      const Event& e = trace.events[i];
+      events.push_back({e.kind == EventKind::Alloc ? AllocatorEventKind::Alloc : AllocatorEventKind::Free, e.tensorId, e.bytes});
+    }
+  };
+  const std::size_t n = trace.events.size();
+  auto firstOf = [&](Phase phase) {
+    return static_cast<std::size_t>(std::find_if(trace.events.begin(), trace.events.end(),
+                                                 [&](const Event& e) { return e.phase == phase; }) -
+                                    trace.events.begin());
+  };
+  const std::size_t forward = firstOf(Phase::Forward), backward = firstOf(Phase::Backward);
+  // The first forward event (before the first backward one: a backward comes after a forward).
+  const std::size_t first = std::min(forward, backward), second = std::max(forward, backward);
+  copy(0, first);
+  if (first < n) place(first == forward ? (perHandle == 0 ? work.size() : perHandle) : work.size() - placed, first);
+  copy(first, second);
+  if (second < n && second != first) place(work.size() - placed, second);
+  copy(second, n);
+  place(work.size() - placed, trace.events.size());  // no forward or backward phase
+  return groups;
+}
+
+std::int64_t AllocatorLimit(std::int64_t capacityBytes, const DeviceOverheadsResult& overheads) {
+  return std::max<std::int64_t>(0, capacityBytes - overheads.context.bytes - overheads.communication.bytes);
+}
+
+}  // namespace
+
+DeviceAllocatorInput DeviceAllocatorInputOf(const Setup& setup, const Trace& trace, std::int64_t capacityBytes) {
+  DeviceAllocatorInput input;
+  const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, RuntimeOptionsOf(setup.runtime));
+  PlaceEvents(setup, trace, overheads, input.events);
+  input.options = AllocatorOptionsOf(setup.runtime);
+  input.limitBytes = AllocatorLimit(capacityBytes, overheads);
+  return input;
+}
+
 DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std::int64_t capacityBytes,
                                      bool explain, std::vector<std::int64_t>* reservedAfterEvent) {
   DeviceEstimate d;
@@ -79,57 +151,37 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   d.workspaceBytes = overheads.workspace.bytes;
   d.communicationBytes = overheads.communication.bytes;
 
-  // The events in order, with the workspaces where PyTorch allocates them: a handle's workspace
-  // is allocated at its first cuBLAS call (CublasHandlePool.cpp getCurrentCUDABlasHandle →
-  // setWorkspaceForHandle), so the forward handle's before step 1's forward (the first
-  // matmul comes after at most the embedding lookup) and the backward thread's before step 1's
-  // backward. They stay cached for the process's life (never freed).
-  const std::vector<std::int64_t>& work = overheads.workspaceAllocations;
-  const int handles = RuntimeOptionsOf(setup.runtime).cublasHandles;
-  const std::size_t perHandle = handles > 0 ? work.size() / static_cast<std::size_t>(handles) : 0;
-  int nextId = 0;
-  for (const Event& e : trace.events) nextId = std::max(nextId, e.tensorId + 1);
-  std::vector<AllocatorEvent> events;
-  events.reserve(trace.events.size() + work.size());
-  std::vector<std::size_t> traceIndexOf;  // allocator event → trace event (a workspace: the one it precedes)
-  traceIndexOf.reserve(events.capacity());
-  std::vector<std::size_t> lastOf(trace.events.size(), 0);  // trace event → its allocator event
-  std::size_t placed = 0;
-  bool forwardSeen = false, backwardSeen = false;
-  auto place = [&](std::size_t count, std::size_t at) {
-    for (std::size_t k = 0; k < count && placed < work.size(); ++k, ++placed) {
-      events.push_back({AllocatorEventKind::Alloc, nextId++, work[placed]});
-      traceIndexOf.push_back(at);
+  std::vector<AllocatorEvent> events = Recycled<AllocatorEvent>::Take();
+  const std::vector<WorkspaceGroup> groups = PlaceEvents(setup, trace, overheads, events);
+  // Allocator event → {trace event, whether it is a workspace placed in front of that event}.
+  auto traceEventOf = [&](std::size_t at) -> std::pair<std::size_t, bool> {
+    std::size_t offset = 0;  // workspaces before
+    for (const WorkspaceGroup& g : groups) {
+      const std::size_t start = g.before + offset;  // the group's first allocator event
+      if (at < start) break;
+      if (at < start + g.count) return {g.before, true};
+      offset += g.count;
     }
+    return {at - offset, false};
   };
-  for (std::size_t i = 0; i < trace.events.size(); ++i) {
-    const Event& e = trace.events[i];
-    if (!forwardSeen && e.phase == Phase::Forward) {
-      forwardSeen = true;
-      place(perHandle == 0 ? work.size() : perHandle, i);
-    }
-    if (!backwardSeen && e.phase == Phase::Backward) {
-      backwardSeen = true;
-      place(work.size() - placed, i);
-    }
-    events.push_back({e.kind == EventKind::Alloc ? AllocatorEventKind::Alloc : AllocatorEventKind::Free, e.tensorId, e.bytes});
-    traceIndexOf.push_back(i);
-    lastOf[i] = events.size() - 1;
-  }
-  place(work.size() - placed, trace.events.empty() ? 0 : trace.events.size() - 1);  // no forward or backward phase
 
-  const std::int64_t limit = std::max<std::int64_t>(0, capacityBytes - d.contextBytes - d.communicationBytes);
-  const AllocatorRecording recording{.timeline = reservedAfterEvent != nullptr, .segmentsAtPeak = false};
-  AllocatorResult run = SimulateCachingAllocator(events, options, limit, recording);
-  d.fits = !run.oom.happened;
-  d.numAllocRetries = run.numAllocRetries;
-  if (run.oom.happened) {
-    const AllocatorOom& o = run.oom;
+  const std::int64_t limit = AllocatorLimit(capacityBytes, overheads);
+  const AllocatorRecording recording{
+      .timeline = reservedAfterEvent != nullptr, .segmentsAtPeak = false, .segmentsAtOom = false};
+  // One pass at the limit; when it fails, the figures without a limit go on from the first
+  // cudaMalloc the limit refused (SimulateCachingAllocatorAtCapacity).
+  AllocatorCapacityRun runs = SimulateCachingAllocatorAtCapacity(events, options, limit, recording);
+  Recycled<AllocatorEvent>::Give(std::move(events));
+  const AllocatorResult& capped = runs.atCapacity;
+  d.fits = !capped.oom.happened;
+  d.numAllocRetries = capped.numAllocRetries;
+  if (capped.oom.happened) {
+    const AllocatorOom& o = capped.oom;
     d.oom.happened = true;
-    const std::size_t at = static_cast<std::size_t>(o.eventIndex);
-    d.oom.eventIndex = trace.events.empty() ? 0 : traceIndexOf[at];
-    const bool workspace = trace.events.empty() || lastOf[traceIndexOf[at]] != at;
-    d.oom.label = workspace ? "cuBLAS workspace" : trace.Label(trace.events[traceIndexOf[at]]);
+    const auto [traceIndex, workspace] = traceEventOf(static_cast<std::size_t>(o.eventIndex));
+    const bool outside = traceIndex >= trace.events.size();  // a workspace after the last event
+    d.oom.eventIndex = trace.events.empty() ? 0 : outside ? trace.events.size() - 1 : traceIndex;
+    d.oom.label = workspace || outside ? "cuBLAS workspace" : trace.Label(trace.events[traceIndex]);
     d.oom.requestedBytes = o.requestedBytes;
     d.oom.freeBytes = o.freeBytes;
     d.oom.largestFreeBlockBytes = o.largestFreeBlockBytes;
@@ -142,10 +194,10 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
         FormatCount(o.freeFragments) + (o.freeFragments == 1 ? " fragment" : " fragments") + ", the largest " +
         HumanBytes(o.largestFreeBlockBytes) +
         (o.freeBytes >= o.allocationBytes ? " (enough in total: fragmentation decided it)" : "");
-    // The figures without a limit: the allocator then never frees its cache, so this is what
-    // the step reserves on a GPU large enough, not the least it could get by with.
-    run = SimulateCachingAllocator(events, options, std::int64_t{1} << 62, recording);
   }
+  // The figures without a limit when it failed: the allocator then never frees its cache, so
+  // this is what the step reserves on a GPU large enough, not the least it could get by with.
+  const AllocatorResult& run = capped.oom.happened ? runs.unlimited : capped;
   d.peakAllocatedBytes = run.peakAllocatedBytes;
   d.peakReservedBytes = run.peakReservedBytes;
   d.fragmentationBytes = run.unallocatedAtPeakReservedBytes;
@@ -157,8 +209,11 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   if (reservedAfterEvent) {
     reservedAfterEvent->assign(trace.events.size(), 0);
     const std::size_t n = run.reservedBytesAfterEvent.size();
+    std::size_t offset = 0, group = 0;  // workspaces in front of trace event i
     for (std::size_t i = 0; i < trace.events.size(); ++i) {
-      (*reservedAfterEvent)[i] = lastOf[i] < n ? run.reservedBytesAfterEvent[lastOf[i]] : 0;
+      while (group < groups.size() && groups[group].before <= i) offset += groups[group++].count;
+      const std::size_t at = i + offset;  // its allocator event
+      (*reservedAfterEvent)[i] = at < n ? run.reservedBytesAfterEvent[at] : 0;
     }
   }
 

@@ -1,0 +1,330 @@
+// The fast caching allocator model against the one it replaced (tests/allocator_reference.cpp,
+// std::set based): every field of every result equal, on random event streams under every
+// allocator option and on the device stage's events for every preset. And the one-pass
+// SimulateCachingAllocatorAtCapacity against the two SimulateCachingAllocator runs it stands
+// for (at capacity, then without a limit when that fails).
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "allocator_reference.hpp"
+#include "gpumem/device.hpp"
+#include "gpumem/estimate.hpp"
+#include "gpumem/inventory.hpp"
+#include "gpumem/presets.hpp"
+#include "gpumem/setup.hpp"
+#include "gpumem/trace.hpp"
+
+using namespace gpumem;
+
+namespace {
+
+constexpr std::int64_t MiB = 1024 * 1024;
+constexpr std::int64_t GiB = 1024 * MiB;
+
+// Counts the first differing field; INFO names it.
+struct Differences {
+  int count = 0;
+  std::string first;
+  void Note(bool same, const std::string& what) {
+    if (!same && count++ == 0) first = what;
+  }
+};
+
+void CompareSegments(const std::vector<AllocatorSegmentInfo>& a, const std::vector<AllocatorSegmentInfo>& b,
+                     const std::string& what, Differences& d) {
+  d.Note(a.size() == b.size(), what + " count");
+  for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    const AllocatorSegmentInfo &x = a[i], &y = b[i];
+    d.Note(x.address == y.address && x.totalBytes == y.totalBytes && x.allocatedBytes == y.allocatedBytes &&
+               x.smallPool == y.smallPool && x.expandable == y.expandable && x.blocks.size() == y.blocks.size(),
+           what + " segment " + std::to_string(i));
+    for (std::size_t k = 0; k < std::min(x.blocks.size(), y.blocks.size()); ++k) {
+      const AllocatorBlockInfo &p = x.blocks[k], &q = y.blocks[k];
+      d.Note(p.bytes == q.bytes && p.requestedBytes == q.requestedBytes && p.allocated == q.allocated &&
+                 p.tensorId == q.tensorId,
+             what + " segment " + std::to_string(i) + " block " + std::to_string(k));
+    }
+  }
+}
+
+Differences Compare(const AllocatorResult& a, const AllocatorResult& b) {
+  Differences d;
+  d.Note(a.eventsSimulated == b.eventsSimulated, "eventsSimulated");
+  d.Note(a.peakAllocatedBytes == b.peakAllocatedBytes, "peakAllocatedBytes");
+  d.Note(a.peakAllocatedEvent == b.peakAllocatedEvent, "peakAllocatedEvent");
+  d.Note(a.peakReservedBytes == b.peakReservedBytes, "peakReservedBytes");
+  d.Note(a.peakReservedEvent == b.peakReservedEvent, "peakReservedEvent");
+  d.Note(a.peakRequestedBytes == b.peakRequestedBytes, "peakRequestedBytes");
+  d.Note(a.allocatedAtPeakReservedBytes == b.allocatedAtPeakReservedBytes, "allocatedAtPeakReservedBytes");
+  d.Note(a.unallocatedAtPeakReservedBytes == b.unallocatedAtPeakReservedBytes, "unallocatedAtPeakReservedBytes");
+  d.Note(a.inactiveSplitAtPeakReservedBytes == b.inactiveSplitAtPeakReservedBytes, "inactiveSplitAtPeakReservedBytes");
+  d.Note(a.numAllocRetries == b.numAllocRetries, "numAllocRetries");
+  d.Note(a.numDeviceAllocs == b.numDeviceAllocs, "numDeviceAllocs");
+  d.Note(a.numDeviceFrees == b.numDeviceFrees, "numDeviceFrees");
+  d.Note(a.finalReservedBytes == b.finalReservedBytes, "finalReservedBytes");
+  d.Note(a.finalAllocatedBytes == b.finalAllocatedBytes, "finalAllocatedBytes");
+  d.Note(a.unmatchedFrees == b.unmatchedFrees, "unmatchedFrees");
+  d.Note(a.duplicateAllocs == b.duplicateAllocs, "duplicateAllocs");
+  d.Note(a.invalidEvents == b.invalidEvents, "invalidEvents");
+  d.Note(a.reservedBytesAfterEvent == b.reservedBytesAfterEvent, "reservedBytesAfterEvent");
+  d.Note(a.allocatedBytesAfterEvent == b.allocatedBytesAfterEvent, "allocatedBytesAfterEvent");
+  CompareSegments(a.segmentsAtPeakReserved, b.segmentsAtPeakReserved, "segmentsAtPeakReserved", d);
+  const AllocatorOom &o = a.oom, &p = b.oom;
+  d.Note(o.happened == p.happened && o.eventIndex == p.eventIndex && o.tensorId == p.tensorId, "oom event");
+  d.Note(o.requestedBytes == p.requestedBytes && o.roundedBytes == p.roundedBytes &&
+             o.allocationBytes == p.allocationBytes && o.limitBytes == p.limitBytes,
+         "oom request");
+  d.Note(o.reservedBytes == p.reservedBytes && o.allocatedBytes == p.allocatedBytes &&
+             o.unreservedBytes == p.unreservedBytes,
+         "oom reserved");
+  d.Note(o.cachedFreeBytes == p.cachedFreeBytes && o.cachedFreeBlocks == p.cachedFreeBlocks &&
+             o.largestCachedFreeBlockBytes == p.largestCachedFreeBlockBytes,
+         "oom cached");
+  d.Note(o.freeBytes == p.freeBytes && o.freeFragments == p.freeFragments &&
+             o.largestFreeBlockBytes == p.largestFreeBlockBytes,
+         "oom free");
+  CompareSegments(o.segments, p.segments, "oom.segments", d);
+  return d;
+}
+
+// A stream with every kind of request: small-pool, (1, 10) MiB, large, oversize, zero-byte,
+// negative, duplicate allocations and frees of tensors that are not live; tensors freed in a
+// stack-like or random order, some ids large or negative (the model's sparse id map).
+std::vector<AllocatorEvent> RandomEvents(std::uint64_t seed, int tensors) {
+  std::vector<AllocatorEvent> events;
+  std::uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
+  auto next = [&] {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return x >> 17;
+  };
+  std::vector<int> live;
+  for (int i = 0; i < tensors; ++i) {
+    std::int64_t bytes = 0;
+    switch (next() % 8) {
+      case 0: bytes = static_cast<std::int64_t>(next() % (64 * 1024)); break;        // small
+      case 1: bytes = static_cast<std::int64_t>(next() % MiB) + 1; break;            // ≤ 1 MiB
+      case 2: bytes = MiB + static_cast<std::int64_t>(next() % (9 * MiB)); break;    // (1, 10) MiB
+      case 3: bytes = static_cast<std::int64_t>(next() % (200 * MiB)); break;        // large
+      case 4: bytes = static_cast<std::int64_t>(next() % (4 * 20)) * 512 * 1024; break;  // repeated sizes
+      case 5: bytes = 8 * MiB; break;                                                  // one size, many times
+      case 6: bytes = (next() % 50 == 0) ? 0 : static_cast<std::int64_t>(next() % (2 * GiB)); break;
+      default: bytes = (next() % 200 == 0) ? -5 : static_cast<std::int64_t>(next() % (32 * MiB)); break;
+    }
+    const int id = next() % 97 == 0 ? (next() % 2 == 0 ? -1000 - i : (1 << 28) + i) : i;
+    events.push_back({AllocatorEventKind::Alloc, id, bytes});
+    if (next() % 61 == 0) events.push_back({AllocatorEventKind::Alloc, id, 4096});  // duplicate
+    if (next() % 53 == 0) events.push_back({AllocatorEventKind::Free, 7 * tensors + i, 0});  // not live
+    live.push_back(id);
+    const int frees = static_cast<int>(next() % 3);
+    for (int f = 0; f < frees && !live.empty(); ++f) {
+      const std::size_t k = next() % 2 == 0 ? live.size() - 1 : next() % live.size();
+      events.push_back({AllocatorEventKind::Free, live[k], 0});
+      live[k] = live.back();
+      live.pop_back();
+    }
+  }
+  return events;
+}
+
+std::vector<std::pair<std::string, AllocatorOptions>> OptionVariants() {
+  std::vector<std::pair<std::string, AllocatorOptions>> variants;
+  const AllocatorOptions base = DefaultAllocatorOptions();
+  variants.push_back({"default", base});
+  AllocatorOptions o = base;
+  o.maxSplitSizeMiB = 20;
+  variants.push_back({"max_split_size_mb:20", o});
+  o = base;
+  o.maxSplitSizeMiB = 128;
+  o.maxNonSplitRoundingMiB = 64;
+  variants.push_back({"max_split_size_mb:128,max_non_split_rounding_mb:64", o});
+  o = base;
+  o.roundupPower2Divisions.fill(4);
+  o.roundupPower2Divisions[3] = 1;
+  variants.push_back({"roundup_power2_divisions", o});
+  o = base;
+  o.expandableSegments = true;
+  variants.push_back({"expandable_segments", o});
+  o.maxSplitSizeMiB = 40;
+  variants.push_back({"expandable_segments,max_split_size_mb:40", o});
+  o = base;
+  o.perProcessMemoryFraction = 0.7;
+  variants.push_back({"fraction 0.7", o});
+  o.garbageCollectionThreshold = 0.6;
+  variants.push_back({"fraction 0.7,garbage_collection_threshold:0.6", o});
+  o.maxSplitSizeMiB = 64;
+  variants.push_back({"fraction 0.7,garbage_collection_threshold:0.6,max_split_size_mb:64", o});
+  return variants;
+}
+
+// The reference always pictures the segments at an OOM; the fast model only when asked.
+AllocatorResult Reference(std::span<const AllocatorEvent> events, const AllocatorOptions& options,
+                          std::int64_t capacity, const AllocatorRecording& recording = {}) {
+  AllocatorResult r = reference::ReferenceSimulateCachingAllocator(events, options, capacity, recording);
+  if (!recording.segmentsAtOom) r.oom.segments.clear();
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("the fast allocator model equals the reference on random streams", "[allocator][identity]") {
+  const std::int64_t capacities[] = {48 * MiB, 300 * MiB, 2 * GiB, 12 * GiB, kUnlimitedDeviceBytes};
+  int runs = 0, ooms = 0, retried = 0;
+  for (const auto& [name, options] : OptionVariants()) {
+    for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+      const std::vector<AllocatorEvent> events = RandomEvents(seed, 1500);
+      for (const std::int64_t capacity : capacities) {
+        const AllocatorResult expected = Reference(events, options, capacity);
+        const AllocatorResult got = SimulateCachingAllocator(events, options, capacity);
+        const Differences d = Compare(got, expected);
+        INFO(name << ", seed " << seed << ", capacity " << capacity << ": first difference " << d.first);
+        CHECK(d.count == 0);
+        ++runs;
+        ooms += expected.oom.happened;
+        retried += expected.numAllocRetries > 0;
+      }
+    }
+  }
+  // The streams reach every path: failures, cache releases that recovered, clean runs.
+  CHECK(runs == 9 * 6 * 5);
+  CHECK(ooms > 50);
+  CHECK(retried > 20);
+}
+
+TEST_CASE("one pass at capacity equals the two runs it stands for on random streams", "[allocator][identity]") {
+  const std::int64_t capacities[] = {48 * MiB, 300 * MiB, 2 * GiB, 12 * GiB};
+  int forked = 0, failed = 0;
+  for (const auto& [name, options] : OptionVariants()) {
+    for (std::uint64_t seed = 11; seed <= 15; ++seed) {
+      const std::vector<AllocatorEvent> events = RandomEvents(seed, 1200);
+      for (const std::int64_t capacity : capacities) {
+        for (const bool timeline : {true, false}) {
+          const AllocatorRecording recording{.timeline = timeline, .segmentsAtPeak = timeline, .segmentsAtOom = timeline};
+          const AllocatorCapacityRun run = SimulateCachingAllocatorAtCapacity(events, options, capacity, recording);
+          const AllocatorResult capped = Reference(events, options, capacity, recording);
+          INFO(name << ", seed " << seed << ", capacity " << capacity << ", timeline " << timeline);
+          const Differences d = Compare(run.atCapacity, capped);
+          INFO("at capacity, first difference: " << d.first);
+          CHECK(d.count == 0);
+          if (capped.oom.happened) {
+            ++failed;
+            const AllocatorResult unlimited =
+                Reference(events, options, kUnlimitedDeviceBytes, recording);
+            const Differences u = Compare(run.unlimited, unlimited);
+            INFO("unlimited, first difference: " << u.first);
+            CHECK(u.count == 0);
+            forked += run.sharedEvents > 0;
+          } else {
+            CHECK(run.unlimited.eventsSimulated == 0);
+          }
+        }
+      }
+    }
+  }
+  CHECK(failed > 50);
+  CHECK(forked > 30);  // the unlimited run went on from a shared prefix, not from the start
+}
+
+TEST_CASE("one pass at capacity equals the two runs on every preset's device events", "[allocator][identity]") {
+  // Every preset at two sizes, on GPUs from 8 to 80 GiB, with and without expandable segments
+  // and max_split_size: the events ComputeDeviceEstimate hands the allocator.
+  int cases = 0, failed = 0, forked = 0;
+  for (const Preset& preset : Presets()) {
+    for (const std::int64_t tokens : {std::int64_t{512}, std::int64_t{4096}}) {
+      Setup s = DefaultSetup();
+      s.model.kind = ModelKind::Transformer;
+      s.model.architecture = preset.architecture;
+      s.training.batchSize = 1;
+      s.training.sequenceLength = tokens;
+      s.training.precision = Precision::BF16Mixed;
+      s.training.attention = AttentionImplementation::SDPA;
+      if (!Validate(s).empty()) continue;
+      const Inventory inventory = BuildInventory(s);
+      const Trace trace = BuildTrace(s, inventory, false);
+      for (const double gib : {8.0, 24.0, 80.0}) {
+        for (const int variant : {0, 1, 2}) {
+          s.runtime.allocator.expandableSegments = variant == 1;
+          s.runtime.allocator.maxSplitSizeMiB = variant == 2 ? 256 : 0;
+          const DeviceAllocatorInput input = DeviceAllocatorInputOf(s, trace, static_cast<std::int64_t>(gib * GiB));
+          const AllocatorRecording recording{.timeline = true, .segmentsAtPeak = false, .segmentsAtOom = false};
+          const AllocatorCapacityRun run =
+              SimulateCachingAllocatorAtCapacity(input.events, input.options, input.limitBytes, recording);
+          const AllocatorResult capped =
+              Reference(input.events, input.options, input.limitBytes, recording);
+          INFO(preset.id << ", " << tokens << " tokens, " << gib << " GiB, variant " << variant);
+          const Differences d = Compare(run.atCapacity, capped);
+          INFO("at capacity, first difference: " << d.first);
+          CHECK(d.count == 0);
+          if (capped.oom.happened) {
+            ++failed;
+            forked += run.sharedEvents > 0;
+            const AllocatorResult unlimited = Reference(
+                input.events, input.options, kUnlimitedDeviceBytes, recording);
+            const Differences u = Compare(run.unlimited, unlimited);
+            INFO("unlimited, first difference: " << u.first);
+            CHECK(u.count == 0);
+          }
+          ++cases;
+        }
+      }
+    }
+  }
+  CHECK(cases > 100);
+  CHECK(failed > 20);
+  CHECK(forked > 10);
+}
+
+TEST_CASE("the device figure and its timeline come from the right run", "[allocator][identity][device]") {
+  // Estimate::device against the reference runs of the same events: the verdict and the OOM
+  // from the run at capacity, the figures from the unlimited run when that failed, and the
+  // reserved bytes of every timeline point from the allocator event of its trace event.
+  int failed = 0, points = 0;
+  for (const Preset& preset : Presets()) {
+    Setup s = DefaultSetup();
+    s.model.kind = ModelKind::Transformer;
+    s.model.architecture = preset.architecture;
+    s.training.sequenceLength = 2048;
+    s.training.precision = Precision::BF16Mixed;
+    s.gpu.memoryGiB = 24;
+    if (!Validate(s).empty()) continue;
+    const EstimateResult r = EstimateMemory(s);
+    REQUIRE(r.ok());
+    const DeviceEstimate& d = r.estimate.device;
+    const Inventory inventory = BuildInventory(s);
+    const Trace trace = BuildTrace(s, inventory, false);
+    const DeviceAllocatorInput input = DeviceAllocatorInputOf(s, trace, r.estimate.gpuCapacityBytes);
+    const AllocatorRecording recording{.timeline = true, .segmentsAtPeak = false, .segmentsAtOom = false};
+    const AllocatorResult capped = Reference(input.events, input.options, input.limitBytes, recording);
+    const AllocatorResult figures =
+        capped.oom.happened ? Reference(input.events, input.options, kUnlimitedDeviceBytes, recording) : capped;
+    INFO(preset.id);
+    CHECK(d.fits == !capped.oom.happened);
+    CHECK(d.numAllocRetries == capped.numAllocRetries);
+    CHECK(d.oom.freeBytes == capped.oom.freeBytes);
+    CHECK(d.oom.largestFreeBlockBytes == capped.oom.largestFreeBlockBytes);
+    CHECK(d.oom.freeFragments == capped.oom.freeFragments);
+    CHECK(d.oom.requestedBytes == capped.oom.requestedBytes);
+    CHECK(d.peakReservedBytes == figures.peakReservedBytes);
+    CHECK(d.peakAllocatedBytes == figures.peakAllocatedBytes);
+    CHECK(d.fragmentationBytes == figures.unallocatedAtPeakReservedBytes);
+    failed += capped.oom.happened;
+    // Trace event i → its allocator event: the workspaces are the ids past the trace's.
+    int maxTraceId = -1;
+    for (const Event& e : trace.events) maxTraceId = std::max(maxTraceId, e.tensorId);
+    std::vector<std::size_t> allocatorIndexOf;
+    for (std::size_t a = 0; a < input.events.size(); ++a) {
+      if (input.events[a].tensorId <= maxTraceId) allocatorIndexOf.push_back(a);
+    }
+    REQUIRE(allocatorIndexOf.size() == trace.events.size());
+    bool same = true;
+    for (const TimelinePoint& p : r.estimate.timeline) {
+      same = same && p.reservedBytes == figures.reservedBytesAfterEvent[allocatorIndexOf[p.index]];
+      ++points;
+    }
+    CHECK(same);
+  }
+  CHECK(failed > 5);
+  CHECK(points > 100000);
+}
