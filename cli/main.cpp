@@ -136,7 +136,7 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
   std::printf("Device (what nvidia-smi shows at the peak):\n");
   std::printf("  %-26s %12s  %s\n", "Allocated (allocator)", HumanBytes(d.peakAllocatedBytes).c_str(), d.peakAllocatedFormula.c_str());
   std::printf("  %-26s %12s  %s\n", "Reserved (segments)", HumanBytes(d.peakReservedBytes).c_str(), d.peakReservedFormula.c_str());
-  std::printf("  %-26s %12s  %s\n", "  of it cached, free", HumanBytes(d.fragmentationBytes).c_str(), d.fragmentationFormula.c_str());
+  std::printf("  %-26s %12s  %s\n", "  of it allocator cache", HumanBytes(d.fragmentationBytes).c_str(), d.fragmentationFormula.c_str());
   std::printf("  %-26s %12s  %s\n", "  of it cuBLAS workspaces", HumanBytes(d.workspaceBytes).c_str(), d.workspaceFormula.c_str());
   std::printf("  %-26s %12s  %s\n", "CUDA context", HumanBytes(d.contextBytes).c_str(), d.contextFormula.c_str());
   std::printf("  %-26s %12s  %s\n", "Device total", HumanBytes(d.peakDeviceBytes).c_str(), d.peakDeviceFormula.c_str());

@@ -308,7 +308,7 @@ TEST_CASE("the device figure and its timeline come from the right run", "[alloca
     CHECK(d.oom.requestedBytes == capped.oom.requestedBytes);
     CHECK(d.peakReservedBytes == figures.peakReservedBytes);
     CHECK(d.peakAllocatedBytes == figures.peakAllocatedBytes);
-    CHECK(d.fragmentationBytes == figures.unallocatedAtPeakReservedBytes);
+    CHECK(d.fragmentationBytes == figures.peakReservedBytes - figures.peakAllocatedBytes);
     failed += capped.oom.happened;
     // Trace event i → its allocator event: the workspaces are the ids past the trace's.
     int maxTraceId = -1;

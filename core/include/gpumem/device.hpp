@@ -255,7 +255,7 @@ struct DeviceEstimate {
   std::int64_t peakAllocatedBytes = 0;
   // torch.cuda.max_memory_reserved: segments obtained by cudaMalloc.
   std::int64_t peakReservedBytes = 0;
-  std::int64_t fragmentationBytes = 0;  // reserved − allocated at the reserved peak
+  std::int64_t fragmentationBytes = 0;  // peak reserved − peak allocated: the allocator's overhead
   std::int64_t contextBytes = 0;        // CUDA context and kernel images (outside the allocator)
   std::int64_t workspaceBytes = 0;      // cuBLAS/cuBLASLt workspaces (inside reserved)
   std::int64_t communicationBytes = 0;  // NCCL buffers (outside the allocator)

@@ -200,7 +200,10 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   const AllocatorResult& run = capped.oom.happened ? runs.unlimited : capped;
   d.peakAllocatedBytes = run.peakAllocatedBytes;
   d.peakReservedBytes = run.peakReservedBytes;
-  d.fragmentationBytes = run.unallocatedAtPeakReservedBytes;
+  // The allocator's overhead: what its segments hold beyond the most the tensors ever needed at
+  // once. (Reserved − allocated at the moment reserved peaked is no measure of it: reserved can
+  // reach its peak early in step 2, while little is allocated, and then stays there.)
+  d.fragmentationBytes = run.peakReservedBytes - run.peakAllocatedBytes;
   d.peakDeviceBytes = d.peakReservedBytes + d.contextBytes + d.communicationBytes;
   d.headroomBytes = capacityBytes - d.peakDeviceBytes;
   d.tight = d.fits && d.headroomBytes < std::max<std::int64_t>(kGiB, capacityBytes / 20);
@@ -234,9 +237,9 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   }
   const double share = d.peakReservedBytes > 0 ? 100.0 * double(d.fragmentationBytes) / double(d.peakReservedBytes) : 0;
   d.fragmentationExplanation =
-      "The caching allocator keeps freed blocks in its segments for reuse instead of returning them to CUDA; at its "
-      "peak " + HumanBytes(d.fragmentationBytes) + " (" + Percent(share) + " of reserved) sat in such free blocks, "
-      "which only requests that fit inside them can use" +
+      "The caching allocator keeps freed blocks in its segments for reuse instead of returning them to CUDA; its "
+      "segments peak " + HumanBytes(d.fragmentationBytes) + " (" + Percent(share) + " of reserved) above the most the "
+      "tensors ever held at once, because a freed block serves only requests that fit inside it" +
       (setup.runtime.allocator.expandableSegments ? " (expandable segments grow in place, which keeps this small)."
                                                   : "; expandable_segments:True lets segments grow in place instead.");
   if (!explain) return d;
@@ -244,7 +247,8 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
                            FormatCount(d.peakAllocatedBytes) + " B";
   d.peakReservedFormula = "largest sum of cudaMalloc segments (2 MiB for requests ≤ 1 MiB, 20 MiB under 10 MiB, "
                           "else rounded up to 2 MiB; freed blocks cached): " + FormatCount(d.peakReservedBytes) + " B";
-  d.fragmentationFormula = "reserved − allocated at the reserved peak = " + FormatCount(d.fragmentationBytes) + " B";
+  d.fragmentationFormula = "peak reserved − peak allocated = " + FormatCount(d.peakReservedBytes) + " − " +
+                           FormatCount(d.peakAllocatedBytes) + " = " + FormatCount(d.fragmentationBytes) + " B";
   d.contextFormula = overheads.context.formula;
   d.workspaceFormula = overheads.workspace.formula;
   d.communicationFormula = overheads.communication.formula;
