@@ -30,6 +30,11 @@ std::span<const Named<HiddenAct>> NamesOf(HiddenAct);
 std::span<const Named<EncoderHead>> NamesOf(EncoderHead);
 std::span<const Named<AttentionImplementation>> NamesOf(AttentionImplementation);
 std::span<const Named<Checkpointing>> NamesOf(Checkpointing);
+// The parallel section's enums (core/src/parallel/parallel_setup.cpp).
+std::span<const Named<FsdpMode>> NamesOf(FsdpMode);
+std::span<const Named<OffloadKind>> NamesOf(OffloadKind);
+std::span<const Named<PipelineSchedule>> NamesOf(PipelineSchedule);
+std::span<const Named<OverlapComm>> NamesOf(OverlapComm);
 
 template <class E>
 const char* IdOf(E value) {

@@ -1,6 +1,7 @@
 // The JSON schema (docs/schema.md). Built without exceptions for wasm, so every value is
 // type-checked before it is read: no nlohmann call here may throw on any input.
 #include "gpumem/json.hpp"
+#include "gpumem/parallel.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -343,6 +344,61 @@ void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
   }
 }
 
+// The parallel section (docs/parallel.md); every key optional, defaults from DefaultSetup().
+void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
+  const std::string path = "parallel";
+  if (!r.ExpectObject(v, path)) return;
+  r.RejectUnknown(v, {"dataParallel", "zeroStage", "fsdp", "reshardAfterForward", "fsdpShardGroupSize",
+                      "limitAllGathers", "forwardPrefetch", "backwardPrefetch", "bucketCapMB",
+                      "gradientAsBucketView", "reduceBucketSize", "allgatherBucketSize", "overlapComm",
+                      "contiguousGradients", "stage3PrefetchBucketSize", "stage3MaxLiveParameters",
+                      "stage3ParamPersistenceThreshold", "offload", "tensorParallel", "sequenceParallel",
+                      "pipelineParallel", "pipelineSchedule", "virtualStages", "contextParallel",
+                      "expertParallel", "gradientAccumulationSteps"}, path);
+  r.Int(v, "dataParallel", path, p.dataParallel);
+  r.Int(v, "zeroStage", path, p.zeroStage);
+  r.Enum(v, "fsdp", path, p.fsdp);
+  r.Bool(v, "reshardAfterForward", path, p.reshardAfterForward);
+  r.Int(v, "fsdpShardGroupSize", path, p.fsdpShardGroupSize);
+  r.Bool(v, "limitAllGathers", path, p.limitAllGathers);
+  r.Bool(v, "forwardPrefetch", path, p.forwardPrefetch);
+  r.Bool(v, "backwardPrefetch", path, p.backwardPrefetch);
+  r.Number(v, "bucketCapMB", path, p.bucketCapMB);
+  r.Bool(v, "gradientAsBucketView", path, p.gradientAsBucketView);
+  r.Int(v, "reduceBucketSize", path, p.reduceBucketSize);
+  r.Int(v, "allgatherBucketSize", path, p.allgatherBucketSize);
+  r.Enum(v, "overlapComm", path, p.overlapComm);
+  r.Bool(v, "contiguousGradients", path, p.contiguousGradients);
+  r.Int(v, "stage3PrefetchBucketSize", path, p.stage3PrefetchBucketSize);
+  r.Int(v, "stage3MaxLiveParameters", path, p.stage3MaxLiveParameters);
+  r.Int(v, "stage3ParamPersistenceThreshold", path, p.stage3ParamPersistenceThreshold);
+  r.Enum(v, "offload", path, p.offload);
+  r.Int(v, "tensorParallel", path, p.tensorParallel);
+  r.Bool(v, "sequenceParallel", path, p.sequenceParallel);
+  r.Int(v, "pipelineParallel", path, p.pipelineParallel);
+  r.Enum(v, "pipelineSchedule", path, p.pipelineSchedule);
+  r.Int(v, "virtualStages", path, p.virtualStages);
+  r.Int(v, "contextParallel", path, p.contextParallel);
+  r.Int(v, "expertParallel", path, p.expertParallel);
+  r.Int(v, "gradientAccumulationSteps", path, p.gradientAccumulationSteps);
+}
+
+ojson ParallelJson(const ParallelDef& p) {
+  return {{"dataParallel", p.dataParallel}, {"zeroStage", p.zeroStage}, {"fsdp", IdOf(p.fsdp)},
+          {"reshardAfterForward", p.reshardAfterForward}, {"fsdpShardGroupSize", p.fsdpShardGroupSize},
+          {"limitAllGathers", p.limitAllGathers}, {"forwardPrefetch", p.forwardPrefetch},
+          {"backwardPrefetch", p.backwardPrefetch}, {"bucketCapMB", p.bucketCapMB},
+          {"gradientAsBucketView", p.gradientAsBucketView}, {"reduceBucketSize", p.reduceBucketSize},
+          {"allgatherBucketSize", p.allgatherBucketSize}, {"overlapComm", IdOf(p.overlapComm)},
+          {"contiguousGradients", p.contiguousGradients}, {"stage3PrefetchBucketSize", p.stage3PrefetchBucketSize},
+          {"stage3MaxLiveParameters", p.stage3MaxLiveParameters},
+          {"stage3ParamPersistenceThreshold", p.stage3ParamPersistenceThreshold}, {"offload", IdOf(p.offload)},
+          {"tensorParallel", p.tensorParallel}, {"sequenceParallel", p.sequenceParallel},
+          {"pipelineParallel", p.pipelineParallel}, {"pipelineSchedule", IdOf(p.pipelineSchedule)},
+          {"virtualStages", p.virtualStages}, {"contextParallel", p.contextParallel},
+          {"expertParallel", p.expertParallel}, {"gradientAccumulationSteps", p.gradientAccumulationSteps}};
+}
+
 ojson LayerToJson(const LayerDef& l) {
   ojson j = {{"type", IdOf(l.kind)}};
   if (l.kind == LayerKind::Linear) {
@@ -398,6 +454,7 @@ ojson SetupJson(const Setup& s) {
                                   {"garbageCollectionThreshold", s.runtime.allocator.garbageCollectionThreshold}}},
                    {"cudaContextMiB", s.runtime.cudaContextMiB},
                    {"cublasWorkspaceConfig", s.runtime.cublasWorkspaceConfig}}},
+      {"parallel", ParallelJson(s.parallel)},
   };
 }
 
@@ -444,7 +501,7 @@ void ParseInto(std::string_view text, Setup& setup, ErrorList& errors, Given& gi
     return;
   }
   if (!r.ExpectObject(doc, "")) return;
-  r.RejectUnknown(doc, {"schemaVersion", "model", "training", "gpu", "runtime"}, "");
+  r.RejectUnknown(doc, {"schemaVersion", "model", "training", "gpu", "runtime", "parallel"}, "");
   if (auto it = doc.find("schemaVersion"); it != doc.end()) {
     if (!it->is_number_integer() || it->get<std::int64_t>() != kSchemaVersion) {
       r.Fail(ErrorCode::InvalidField, "schemaVersion", "Only schema version 1 is understood.");
@@ -453,6 +510,7 @@ void ParseInto(std::string_view text, Setup& setup, ErrorList& errors, Given& gi
   if (auto it = doc.find("model"); it != doc.end()) ReadModel(r, *it, setup.model, given);
   if (auto it = doc.find("training"); it != doc.end()) ReadTraining(r, *it, setup.training, given);
   if (auto it = doc.find("runtime"); it != doc.end()) ReadRuntime(r, *it, setup.runtime);
+  if (auto it = doc.find("parallel"); it != doc.end()) ReadParallel(r, *it, setup.parallel);
   if (auto it = doc.find("gpu"); it != doc.end()) {
     if (r.ExpectObject(*it, "gpu")) {
       r.RejectUnknown(*it, {"memoryGiB", "id"}, "gpu");
@@ -752,6 +810,12 @@ std::string OptionsJson(int indent) {
     if (*f.whenField) field["when"] = {{"field", f.whenField}, {"value", f.whenValue}};
     fields.push_back(field);
   }
+  ojson parallelFields = ojson::array();
+  for (const ParallelField& f : ParallelFields()) {
+    ojson field = {{"key", f.key}, {"label", f.label}, {"kind", f.kind}, {"hint", f.hint}};
+    if (*f.options) field["options"] = f.options;
+    parallelFields.push_back(field);
+  }
   ojson familyDefaults = ojson::object();
   for (const auto& n : NamesOf(Family{})) familyDefaults[n.id] = ArchitectureJson(DefaultArchitecture(n.value));
   return Dump({{"schemaVersion", kSchemaVersion},
@@ -774,7 +838,12 @@ std::string OptionsJson(int indent) {
                {"optimizers", NameList<OptimizerKind>()},
                {"optimizerImplementations", NameList<OptimizerImplementation>()},
                {"phases", NameList<Phase>()},
-               {"categories", NameList<Category>()}},
+               {"categories", NameList<Category>()},
+               {"parallelFields", parallelFields},
+               {"fsdpModes", NameList<FsdpMode>()},
+               {"offloads", NameList<OffloadKind>()},
+               {"pipelineSchedules", NameList<PipelineSchedule>()},
+               {"overlapComms", NameList<OverlapComm>()}},
               indent);
 }
 

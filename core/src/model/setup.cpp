@@ -1,5 +1,6 @@
 // Defaults (typed once, here) and validation of a Setup.
 #include "gpumem/setup.hpp"
+#include "gpumem/parallel.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -620,6 +621,7 @@ void Validate(const Setup& setup, ErrorList& errors) {
   {
     std::vector<FieldError> runtime;
     ValidateRuntime(setup, runtime);
+    ValidateParallel(setup, runtime);  // the parallel section (core/src/parallel/parallel_setup.cpp)
     for (FieldError& e : runtime) errors.push_back(std::move(e));
   }
 

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/recycle.hpp"
+#include "parallel/parallel_step.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -164,6 +166,7 @@ GradientSink::GradientSink(TraceBuilder& builder, const Inventory& inventory,
 void GradientSink::Produce(std::size_t index, Text label) {
   const Tensor& p = inventory_.parameters[index];
   if (!p.trainable) return;
+  if (hook_ && hook_->Produce(builder_, index, label)) return;
   const std::int64_t bytes = p.Elements() * BytesPerElement(regime_.gradients);
   TextStore& t = builder_.text();
   const Text name = names_[index];
@@ -181,6 +184,7 @@ void GradientSink::Produce(std::size_t index, Text label) {
 }
 
 void GradientSink::ReleaseAll(Text label) {
+  if (hook_) hook_->ReleaseAll(builder_, label);
   for (TensorHandle& h : grads_) {
     builder_.Release(h, label);
     h = kNoTensor;
@@ -199,18 +203,25 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   const std::vector<Text> names = ParameterNames(text, inventory);
 
   b.SetPhase(Phase::Init, 0);
-  for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
-    const Tensor& p = inventory.parameters[i];
-    b.Alloc(Category::Parameters, p.Elements() * BytesPerElement(regime.weights), names[i],
-            text.Make({"model init: ", names[i]}), text.Shape(Shape(p.shape), regime.weights), p.layer);
-  }
-  if (regime.masterWeights) {
+  // Many GPUs: the rank's sharded states and buffers (core/src/parallel/); one GPU: as before.
+  std::optional<ParallelStep> parallel;
+  if (IsParallel(setup.parallel)) {
+    parallel.emplace(setup, inventory, names, regime, text);
+    parallel->Init(b);
+  } else {
     for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
       const Tensor& p = inventory.parameters[i];
-      if (!p.trainable) continue;
-      b.Alloc(Category::MasterWeights, p.Elements() * 4, text.Make({names[i], " (fp32 master)"}),
-              text.Make({"optimizer construction: fp32 master copy of ", names[i]}),
-              text.Shape(Shape(p.shape), DType::FP32), p.layer);
+      b.Alloc(Category::Parameters, p.Elements() * BytesPerElement(regime.weights), names[i],
+              text.Make({"model init: ", names[i]}), text.Shape(Shape(p.shape), regime.weights), p.layer);
+    }
+    if (regime.masterWeights) {
+      for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+        const Tensor& p = inventory.parameters[i];
+        if (!p.trainable) continue;
+        b.Alloc(Category::MasterWeights, p.Elements() * 4, text.Make({names[i], " (fp32 master)"}),
+                text.Make({"optimizer construction: fp32 master copy of ", names[i]}),
+                text.Shape(Shape(p.shape), DType::FP32), p.layer);
+      }
     }
   }
 
@@ -219,15 +230,23 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
       : setup.model.kind == ModelKind::Transformer  ? MakeTransformerPass(setup, inventory, names, regime, trace.notes)
                                                     : MakeLayerListPass(setup, inventory, regime);
   GradientSink gradients(b, inventory, names, regime);
-  OptimizerPass optimizer(setup, inventory, names, regime);
+  if (parallel) gradients.SetHook(&*parallel);
+  if (parallel && parallel->gathers()) pass->SetLayerHook(&*parallel);
+  OptimizerPass optimizer(setup, parallel ? parallel->optimizerInventory() : inventory,
+                          parallel ? parallel->optimizerNames() : names,
+                          parallel ? parallel->optimizerRegime() : regime);
 
   auto runStep = [&](int step) {
     b.SetPhase(Phase::Forward, step);
     pass->Forward(b);
     b.SetPhase(Phase::Backward, step);
+    if (parallel) parallel->StartBackward(b);
     pass->Backward(b, gradients);
+    if (parallel) parallel->EndBackward(b);
     b.SetPhase(Phase::OptimizerStep, step);
+    if (parallel) parallel->BeforeOptimizerStep(b);
     optimizer.Step(b);
+    if (parallel) parallel->AfterOptimizerStep(b);
     if (setup.training.zeroGradSetToNone) gradients.ReleaseAll(text.Make({"zero_grad(set_to_none=True)"}));
     pass->EndStep(b);
   };
