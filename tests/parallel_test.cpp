@@ -314,3 +314,59 @@ TEST_CASE("Parallel: ZeRO-3 and FSDP gather a unit at a time unless told to keep
   }
   CHECK(BytesIn(zero3.forwardEnd, Category::Parameters) == 2 * held + 2 * rootPartitioned);
 }
+
+TEST_CASE("Parallel: a DeepSpeed config imports with auto values resolved as Hugging Face does", "[parallel]") {
+  const Setup base = Llama7b();  // h = 4096
+  const ParallelImport r = ImportDeepSpeedConfig(R"({
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "overlap_comm": true, "contiguous_gradients": true,
+      "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
+      "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+      "offload_optimizer": {"device": "cpu", "pin_memory": true}, "sub_group_size": 1e9},
+    "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto", "gradient_clipping": 1.0})",
+                                                 base);
+  REQUIRE(r.ok());
+  const ParallelDef& p = r.setup.parallel;
+  CHECK(p.zeroStage == 3);
+  CHECK(p.reduceBucketSize == 4096LL * 4096);
+  CHECK(p.stage3PrefetchBucketSize == 15'099'494);  // int(0.9 × 4096²)
+  CHECK(p.stage3ParamPersistenceThreshold == 40'960);
+  CHECK(p.stage3MaxLiveParameters == 1'000'000'000);
+  CHECK(p.overlapComm == OverlapComm::On);
+  CHECK(p.offload == OffloadKind::Optimizer);
+  CHECK(r.setup.training.precision == Precision::BF16Mixed);
+  CHECK(r.setup.training.batchSize == 4);
+  CHECK(std::find(r.ignoredFields.begin(), r.ignoredFields.end(), "gradient_clipping") != r.ignoredFields.end());
+  CHECK(std::find(r.ignoredFields.begin(), r.ignoredFields.end(), "zero_optimization.sub_group_size") != r.ignoredFields.end());
+  // Wrong values name their field; "auto" needs a hidden size.
+  CHECK(HasErrorOn(ImportDeepSpeedConfig(R"({"zero_optimization": {"stage": 5}})", base).errors, "zero_optimization.stage"));
+  CHECK(HasErrorOn(ImportDeepSpeedConfig(R"({"zero_optimization": {"reduce_bucket_size": -1}})", base).errors,
+                   "zero_optimization.reduce_bucket_size"));
+  CHECK(HasErrorOn(ImportDeepSpeedConfig(R"({"zero_optimization": {"reduce_bucket_size": "auto"}})", DefaultSetup()).errors,
+                   "zero_optimization.reduce_bucket_size"));
+  CHECK(HasErrorOn(ImportDeepSpeedConfig(R"({"zero_optimization": {"offload_param": {"device": "gpu"}}})", base).errors,
+                   "zero_optimization.offload_param.device"));
+  CHECK(!ImportDeepSpeedConfig("[1, 2", base).ok());
+}
+
+TEST_CASE("Parallel: Megatron's arguments import from a pasted command line", "[parallel]") {
+  const ParallelImport r = ImportMegatronArguments(
+      "torchrun pretrain_gpt.py --tensor-model-parallel-size 4 \\\n --pipeline-model-parallel-size=2 --sequence-parallel "
+      "--use-distributed-optimizer --micro-batch-size 2 --seq-length 4096 --bf16 --num-layers-per-virtual-pipeline-stage 4 "
+      "--lr 3e-4",
+      Llama7b());
+  REQUIRE(r.ok());
+  const ParallelDef& p = r.setup.parallel;
+  CHECK(p.tensorParallel == 4);
+  CHECK(p.pipelineParallel == 2);
+  CHECK(p.sequenceParallel);
+  CHECK(p.zeroStage == 1);
+  CHECK(p.pipelineSchedule == PipelineSchedule::Interleaved);
+  CHECK(p.virtualStages == 4);  // 32 layers / 2 stages / 4 per virtual stage
+  CHECK(r.setup.training.batchSize == 2);
+  CHECK(r.setup.training.sequenceLength == 4096);
+  CHECK(r.setup.training.precision == Precision::BF16Mixed);
+  CHECK(std::find(r.ignoredFields.begin(), r.ignoredFields.end(), "--lr") != r.ignoredFields.end());
+  CHECK(HasErrorOn(ImportMegatronArguments("--tensor-model-parallel-size x", Llama7b()).errors, "--tensor-model-parallel-size"));
+  CHECK(HasErrorOn(ImportMegatronArguments("--tensor-model-parallel-size -2", Llama7b()).errors, "--tensor-model-parallel-size"));
+}

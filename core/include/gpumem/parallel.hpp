@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -125,5 +126,29 @@ struct ParallelField {
   const char* hint;     // unit, default and source
 };
 std::span<const ParallelField> ParallelFields();
+
+}  // namespace gpumem
+
+namespace gpumem {
+
+// ---------------------------------------------------------------------------------------------
+// Imports of what people already have: a DeepSpeed config JSON and Megatron-LM's arguments.
+// Each starts from `base` (its model gives h for DeepSpeed's "auto" values) and returns the
+// setup with what the text says; what it does not model is listed, not refused.
+struct ParallelImport {
+  Setup setup;
+  std::vector<std::string> ignoredFields;  // keys / flags read but not modelled
+  std::vector<std::string> notes;          // how values were resolved ("auto" → h²)
+  std::vector<FieldError> errors;          // fields named as in the text ("zero_optimization.stage")
+  bool ok() const { return errors.empty(); }
+};
+// zero_optimization (stage, buckets, overlap_comm, contiguous_gradients, stage3_*, offload_*),
+// bf16 / fp16, train_micro_batch_size_per_gpu, gradient_accumulation_steps. "auto" values as
+// Hugging Face resolves them (transformers/integrations/deepspeed.py trainer_config_finalize):
+// reduce_bucket_size = h², stage3_prefetch_bucket_size = 0.9·h², stage3_param_persistence_threshold
+// = 10·h; other "auto" values keep the base setup's.
+ParallelImport ImportDeepSpeedConfig(std::string_view text, const Setup& base);
+// Megatron-LM arguments pasted as a command line (--tensor-model-parallel-size 4 …).
+ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup& base);
 
 }  // namespace gpumem
