@@ -370,3 +370,25 @@ TEST_CASE("Parallel: Megatron's arguments import from a pasted command line", "[
   CHECK(HasErrorOn(ImportMegatronArguments("--tensor-model-parallel-size x", Llama7b()).errors, "--tensor-model-parallel-size"));
   CHECK(HasErrorOn(ImportMegatronArguments("--tensor-model-parallel-size -2", Llama7b()).errors, "--tensor-model-parallel-size"));
 }
+
+TEST_CASE("Parallel: gradient accumulation keeps gradients across micro-batches", "[parallel]") {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("gpt2")->architecture;
+  s.training.precision = Precision::BF16Mixed;
+  s.training.sequenceLength = 256;
+  const Estimate one = MustEstimate(s);
+  s.parallel.gradientAccumulationSteps = 2;
+  const Estimate two = MustEstimate(s);
+  const Estimate three = MustEstimate([&] { Setup t = s; t.parallel.gradientAccumulationSteps = 3; return t; }());
+  const auto forward = static_cast<std::size_t>(Phase::Forward);
+  const std::int64_t grads = one.modelStates.gradientsBytes;
+  // The second micro-batch's forward runs with the first one's gradients alive.
+  CHECK(two.phasePeaks[forward].totalBytes - one.phasePeaks[forward].totalBytes == grads);
+  // From the second micro-batch on nothing more accumulates: three peak as two.
+  CHECK(three.peak.totalBytes == two.peak.totalBytes);
+  CHECK(two.eventCount > one.eventCount);
+  // The work budget counts every micro-batch.
+  s.parallel.gradientAccumulationSteps = 100'000;
+  CHECK(HasErrorOn(Validate(s), "parallel.gradientAccumulationSteps"));
+}

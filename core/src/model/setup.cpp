@@ -632,6 +632,16 @@ void Validate(const Setup& setup, ErrorList& errors) {
       errors.push_back(TooManyEventsError(budget));
       return;
     }
+    // Every accumulated micro-batch is simulated (docs/parallel.md): the budget grows with them.
+    const double microBatches = static_cast<double>(setup.parallel.gradientAccumulationSteps);
+    if (budget.predictedEvents * microBatches > kMaxPredictedEvents) {
+      errors.push_back({ErrorCode::TooLarge, "parallel.gradientAccumulationSteps",
+                        "Simulating " + FormatCount(setup.parallel.gradientAccumulationSteps) +
+                            " micro-batches would take about " + FormatScientific(budget.predictedEvents * microBatches) +
+                            " events, more than " + FormatScientific(kMaxPredictedEvents) +
+                            ": fewer micro-batches show the same peak (from the second on, the gradients exist)."});
+      return;
+    }
     const SizeBound bound = SizeBoundOf(setup, parameters);
     if (!(bound.Total(double(t.batchSize), double(t.sequenceLength)) < Limits::maxEstimateBytes)) {
       errors.push_back(TooLargeError(setup, bound));

@@ -143,9 +143,7 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
   if (p.contextParallel != 1) bad("contextParallel", "Context parallelism is not simulated yet (docs/parallel.md).");
   if (p.expertParallel != 1) bad("expertParallel", "Expert parallelism is not simulated yet (docs/parallel.md).");
   if (p.sequenceParallel) bad("sequenceParallel", "Sequence parallelism is not simulated yet (docs/parallel.md).");
-  if (p.gradientAccumulationSteps != 1 && p.gradientAccumulationSteps >= 1) {
-    bad("gradientAccumulationSteps", "Gradient accumulation is not simulated yet (docs/parallel.md).");
-  }
+  // Gradient accumulation's work budget is checked with the rest of the budget (setup.cpp).
   if (p.tensorParallel > 1 && sizesOk) {
     if (setup.model.kind != ModelKind::Transformer) {
       bad("tensorParallel", "Tensor parallelism splits attention heads and MLP widths: it needs a transformer architecture.");

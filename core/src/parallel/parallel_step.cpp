@@ -191,6 +191,9 @@ void ParallelStep::StartBackward(TraceBuilder& b) {
   // stage_1_and_2.py backward(): with contiguous_gradients, ipg_buffer = [empty(reduce_bucket_size)]
   // and a second one with overlap_comm; released by _release_ipg_buffers in step().
   TextStore& text = b.text();
+  // A later micro-batch's backward replaces the list: the old buffers go first.
+  for (TensorHandle h : reduceBuckets_) b.Release(h, text.Make({"ZeRO-2 backward: previous reduce buckets let go"}));
+  reduceBuckets_.clear();
   for (int k = 0; k < plan_.reduceBuckets; ++k) {
     reduceBuckets_.push_back(b.Alloc(Category::Gradients, plan_.reduceBucketElements * BytesPerElement(regime_.gradients),
                                      text.Make({"ipg_buffer ", TextPart::Int(k)}),

@@ -236,7 +236,20 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
                           parallel ? parallel->optimizerNames() : names,
                           parallel ? parallel->optimizerRegime() : regime);
 
+  // Gradient accumulation (parallel.gradientAccumulationSteps): the micro-batches before the
+  // last run forward and backward and let go of their batch; their gradients stay and the next
+  // ones are added into them (AccumulateGrad), then one optimizer step.
+  const std::int64_t microBatches = setup.parallel.gradientAccumulationSteps;
   auto runStep = [&](int step) {
+    for (std::int64_t k = 1; k < microBatches; ++k) {
+      b.SetPhase(Phase::Forward, step);
+      pass->Forward(b);
+      b.SetPhase(Phase::Backward, step);
+      if (parallel) parallel->StartBackward(b);
+      pass->Backward(b, gradients);
+      if (parallel) parallel->EndBackward(b);
+      pass->EndStep(b);
+    }
     b.SetPhase(Phase::Forward, step);
     pass->Forward(b);
     b.SetPhase(Phase::Backward, step);
