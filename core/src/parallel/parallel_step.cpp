@@ -210,9 +210,18 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
   const std::int64_t g = BytesPerElement(regime_.gradients);
   switch (plan_.engine) {
     case ShardingEngine::None: return false;
-    case ShardingEngine::DDP:
-      // gradient_as_bucket_view=True: .grad is a view of its bucket, nothing new is allocated.
-      return setup_.parallel.gradientAsBucketView;
+    case ShardingEngine::DDP: {
+      if (!setup_.parallel.gradientAsBucketView) return false;
+      // gradient_as_bucket_view=True: AccumulateGrad still makes .grad from the incoming
+      // gradient (it was None after zero_grad(set_to_none=True)); the reducer's hook copies it
+      // into its bucket view and makes .grad that view (reducer.cpp mark_variable_ready_dense:
+      // bucket_view.copy_(grad); grad = bucket_view), so the gradient lives for an instant.
+      const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
+                                        text.Make({label, ": ", names_[index], ".grad"}),
+                                        text.Shape(Shape(p.shape), regime_.gradients), p.layer);
+      b.Release(grad, text.Make({label, ": ", names_[index], ".grad copied into its DDP bucket (now a view)"}));
+      return true;
+    }
     case ShardingEngine::Zero: {
       if (plan_.zeroStage < 2) return false;
       // The gradient is copied into the reduce bucket and freed (reduce_independent_p_g_buckets_
