@@ -392,3 +392,48 @@ TEST_CASE("Parallel: gradient accumulation keeps gradients across micro-batches"
   s.parallel.gradientAccumulationSteps = 100'000;
   CHECK(HasErrorOn(Validate(s), "parallel.gradientAccumulationSteps"));
 }
+
+TEST_CASE("Parallel: the fewest GPUs of a type that train a model", "[parallel]") {
+  Setup small = DefaultSetup();
+  small.model.kind = ModelKind::Transformer;
+  small.model.architecture = FindPreset("gpt2")->architecture;
+  small.training.sequenceLength = 256;
+  const FewestGpusResult one = FewestGpus(small);
+  REQUIRE(one.found);
+  CHECK(one.gpus == 1);
+  CHECK(one.candidate.label == "DDP");  // the setup as given, one GPU
+  CHECK(one.estimates == 1);
+
+  Setup big = Llama7b();
+  big.gpu.memoryGiB = 40;
+  // With offload one 40 GiB GPU holds 7B in bf16 (ZeRO-Offload's claim for ~10B on 32 GB).
+  const FewestGpusResult offloaded = FewestGpus(big);
+  REQUIRE(offloaded.found);
+  CHECK(offloaded.gpus == 1);
+  CHECK(offloaded.candidate.offload);
+  const FewestGpusResult r = FewestGpus(big, 4096, /*allowOffload=*/false);
+  REQUIRE(r.found);
+  CHECK(r.gpus > 1);
+  CHECK_FALSE(r.candidate.offload);
+  INFO(r.gpus << " GPUs, " << r.candidate.label);
+  const EstimateResult chosen = EstimateMemory(r.layout);
+  REQUIRE(chosen.ok());
+  CHECK(chosen.estimate.fits);
+  CHECK(chosen.estimate.device.peakDeviceBytes == r.peakDeviceBytes);
+  // Fewest: nothing fits on half as many.
+  if (r.gpus > 1) {
+    for (std::int64_t stage = 0; stage <= 3; ++stage) {
+      for (OffloadKind offload : {OffloadKind::None}) {
+        Setup half = big;
+        half.parallel.dataParallel = r.gpus / 2;
+        half.parallel.zeroStage = stage;
+        half.parallel.offload = offload;
+        if (!Validate(half).empty()) continue;
+        CHECK_FALSE(MustEstimate(half).fits);
+      }
+    }
+  }
+  // A GPU too small for anything: not found, and says so by `found`.
+  big.gpu.memoryGiB = 1;
+  CHECK_FALSE(FewestGpus(big, 64).found);
+}

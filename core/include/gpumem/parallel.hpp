@@ -152,3 +152,32 @@ ParallelImport ImportDeepSpeedConfig(std::string_view text, const Setup& base);
 ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup& base);
 
 }  // namespace gpumem
+
+namespace gpumem {
+
+// ---------------------------------------------------------------------------------------------
+// The fewest GPUs of the setup's type that can train it (issue 12, "solve at scale"): data
+// parallel sizes 1, 2, 4, … × the setup's tensor parallel size; at each, the layouts in order of
+// what they cost in communication, the first whose device figure fits wins. Per step and rank,
+// in parameters (ZeRO paper §7): DDP, ZeRO-1 and ZeRO-2 move 2Ψ (all-reduce, or reduce-scatter
+// + all-gather), ZeRO-3 and FSDP FULL_SHARD 3Ψ (an extra all-gather of the parameters in
+// backward); offloading adds 2Ψ·(bytes) over PCIe each step (gradients out, parameters back).
+struct LayoutCandidate {
+  std::string label;                   // "DDP", "ZeRO-2", "ZeRO-3 + optimizer offload"
+  double communicationParameters = 0;  // Ψ multiples moved per step and rank (2 or 3)
+  bool offload = false;
+};
+struct FewestGpusResult {
+  bool found = false;
+  std::int64_t gpus = 0;               // dataParallel × tensorParallel
+  Setup layout;                        // the winning setup
+  LayoutCandidate candidate;
+  std::int64_t peakDeviceBytes = 0;    // the simulated rank's device figure
+  std::int64_t estimates = 0;          // how many setups were simulated
+  std::vector<FieldError> errors;      // the setup itself is invalid
+};
+// `allowOffload`: whether layouts that move states to host memory count (they fit on fewer GPUs
+// at the cost of PCIe traffic and a CPU optimizer step).
+FewestGpusResult FewestGpus(const Setup& setup, std::int64_t maxGpus = 4096, bool allowOffload = true);
+
+}  // namespace gpumem
