@@ -259,6 +259,13 @@ TEST_CASE("Parallel: the section reads and writes as JSON", "[parallel]") {
       R"("parallel":{"dataParallel":8,"zeroStage":3,"overlapComm":"false","offload":"optimizer","reduceBucketSize":1000}})",
       s);
   CHECK(errors.empty());
+  const Estimate e = MustEstimate(s);
+  CHECK(std::any_of(e.notes.begin(), e.notes.end(), [](const std::string& n) {
+    return n.find("8 GPUs, DeepSpeed ZeRO-3") != std::string::npos;
+  }));
+  CHECK(std::any_of(e.notes.begin(), e.notes.end(), [](const std::string& n) {
+    return n.find("not simulated") != std::string::npos;  // quick mode: no blocks to gather
+  }));
   CHECK(s.parallel.dataParallel == 8);
   CHECK(s.parallel.zeroStage == 3);
   CHECK(s.parallel.overlapComm == OverlapComm::Off);

@@ -340,6 +340,29 @@ void ParallelStep::ReleaseAll(TraceBuilder& b, Text label) {
   gradPartition_ = kNoTensor;
 }
 
+std::vector<std::string> ParallelNotes(const Setup& setup) {
+  std::vector<std::string> notes;
+  const SimulatedRank rank = SimulatedRankOf(setup);
+  notes.push_back("Many GPUs: " + std::to_string(rank.worldSize) + " GPUs, " + rank.engineLabel +
+                  "; the estimate is one rank's (" + rank.why + ").");
+  const ParallelDef& p = setup.parallel;
+  const bool gathers = p.zeroStage == 3 || p.fsdp != FsdpMode::Off;
+  if (gathers && setup.model.kind != ModelKind::Transformer) {
+    notes.push_back("ZeRO-3 / FSDP: this model has no transformer blocks to gather one at a time, so gathered "
+                    "parameters are not simulated; the sharded states and gradient buffers are.");
+  }
+  if (p.zeroStage >= 2 && p.contiguousGradients) {
+    notes.push_back("ZeRO: the reduce bucket holds reduce_bucket_size elements (" + std::to_string(p.reduceBucketSize) +
+                    ") whatever the model's size; lower it for small models.");
+  }
+  if (p.tensorParallel > 1) {
+    notes.push_back("Tensor parallel: the rank runs the model with heads, MLP width and vocabulary divided by " +
+                    std::to_string(p.tensorParallel) + "; hidden states between blocks are whole (no sequence parallelism).");
+  }
+  notes.push_back("NCCL's communicator buffers are not modelled yet (docs/parallel.md).");
+  return notes;
+}
+
 ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) {
   ModelStates m;
   const Regime regime = RegimeOf(setup.training.precision);

@@ -67,6 +67,9 @@ class ParallelStep final : public GradientHook, public LayerHook {
   std::vector<TensorHandle> gathered_;
 };
 
+// What a person should know about the simulated rank's estimate (Estimate::notes).
+std::vector<std::string> ParallelNotes(const Setup& setup);
+
 // Model states of the simulated rank (the same rules as ParallelStep), for Estimate::modelStates.
 ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory);
 

@@ -182,6 +182,7 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
     rank.differenceFromPublished = est.modelStates.differenceFromPublished;
     est.modelStates = std::move(rank);
     est.rank = SimulatedRankOf(setup);
+    for (std::string& note : ParallelNotes(setup)) est.notes.push_back(std::move(note));
   }
   UseModelStateFormulas(est.peak, est.modelStates);
   for (Snapshot& s : est.phasePeaks) UseModelStateFormulas(s, est.modelStates);
