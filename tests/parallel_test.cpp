@@ -444,3 +444,20 @@ TEST_CASE("Parallel: the fewest GPUs of a type that train a model", "[parallel]"
   big.gpu.memoryGiB = 1;
   CHECK_FALSE(FewestGpus(big, 64).found);
 }
+
+TEST_CASE("Parallel: imports and the fewest GPUs as JSON for the page and the CLI", "[parallel]") {
+  const std::string base = R"({"model":{"preset":"llama-2-7b"},"training":{"sequenceLength":512}})";
+  const std::string ds = ImportDeepSpeedJson(R"({"zero_optimization":{"stage":2,"reduce_bucket_size":"auto"}})", base);
+  CHECK(ds.find("\"ok\":true") != std::string::npos);
+  CHECK(ds.find("\"reduceBucketSize\":16777216") != std::string::npos);  // 4096²
+  CHECK(ImportDeepSpeedJson("{", base).find("\"ok\":false") != std::string::npos);
+  CHECK(ImportDeepSpeedJson("{}", R"({"training":{"batchSize":-1}})").find("training.batchSize") != std::string::npos);
+  const std::string mg = ImportMegatronJson("--tensor-model-parallel-size 2 --use-distributed-optimizer", base);
+  CHECK(mg.find("\"tensorParallel\":2") != std::string::npos);
+  CHECK(mg.find("\"zeroStage\":1") != std::string::npos);
+  const std::string fewest = FewestGpusJson(R"({"model":{"preset":"llama-2-7b"},"training":{"sequenceLength":512,"precision":"bf16Mixed"},"gpu":{"memoryGiB":40}})", false);
+  CHECK(fewest.find("\"found\":true") != std::string::npos);
+  CHECK(fewest.find("\"gpus\":4") != std::string::npos);
+  CHECK(fewest.find("\"layout\":\"ZeRO-3\"") != std::string::npos);
+  CHECK(FewestGpusJson(R"({"parallel":{"zeroStage":9}})").find("parallel.zeroStage") != std::string::npos);
+}

@@ -686,6 +686,53 @@ std::string ImportConfigJson(std::string_view configText, int indent) {
               indent);
 }
 
+namespace {
+// The base setup of an import: the defaults, or the given setup when it is valid.
+bool BaseSetup(std::string_view setupText, Setup& base, std::vector<FieldError>& errors) {
+  base = DefaultSetup();
+  if (setupText.empty()) return true;
+  errors = ParseAndValidate(setupText, base);
+  return errors.empty();
+}
+
+std::string ParallelImportJson(const ParallelImport& r, int indent) {
+  if (!r.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(r.errors)}}, indent);
+  return Dump({{"ok", true}, {"setup", SetupJson(r.setup)}, {"ignoredFields", r.ignoredFields}, {"notes", r.notes}},
+              indent);
+}
+}  // namespace
+
+std::string ImportDeepSpeedJson(std::string_view configText, std::string_view setupText, int indent) {
+  Setup base;
+  std::vector<FieldError> errors;
+  if (!BaseSetup(setupText, base, errors)) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  return ParallelImportJson(ImportDeepSpeedConfig(configText, base), indent);
+}
+
+std::string ImportMegatronJson(std::string_view commandLine, std::string_view setupText, int indent) {
+  Setup base;
+  std::vector<FieldError> errors;
+  if (!BaseSetup(setupText, base, errors)) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  return ParallelImportJson(ImportMegatronArguments(commandLine, base), indent);
+}
+
+std::string FewestGpusJson(std::string_view setupText, bool allowOffload, int indent) {
+  Setup setup;
+  const std::vector<FieldError> errors = ParseAndValidate(setupText, setup);
+  if (!errors.empty()) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  const FewestGpusResult r = FewestGpus(setup, 4096, allowOffload);
+  ojson out = {{"found", r.found}, {"gpus", r.found ? ojson(r.gpus) : ojson(nullptr)},
+               {"estimatesRun", r.estimates}};
+  if (r.found) {
+    out["layout"] = r.candidate.label;
+    out["communicationParameters"] = r.candidate.communicationParameters;
+    out["offload"] = r.candidate.offload;
+    out["peakDeviceBytes"] = r.peakDeviceBytes;
+    out["setup"] = SetupJson(r.layout);
+  }
+  return Dump({{"ok", true}, {"fewestGpus", out}}, indent);
+}
+
 std::string ImportSafetensorsJson(std::string_view text, std::string_view setupText, int indent) {
   const SafetensorsImport t = ImportSafetensors(text);
   if (!t.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(t.errors)}}, indent);
