@@ -461,3 +461,33 @@ TEST_CASE("Parallel: imports and the fewest GPUs as JSON for the page and the CL
   CHECK(fewest.find("\"layout\":\"ZeRO-3\"") != std::string::npos);
   CHECK(FewestGpusJson(R"({"parallel":{"zeroStage":9}})").find("parallel.zeroStage") != std::string::npos);
 }
+
+TEST_CASE("Parallel: ZeroRedundancyOptimizer gives whole parameters to ranks and the heaviest is simulated", "[parallel]") {
+  // Weights 1024×512, 1024×1024, 512×1024 and biases: largest first, each to the lightest rank.
+  Setup s = LayerSetup({Linear(512, 1024), Activation(LayerKind::ReLU), Linear(1024, 1024), Activation(LayerKind::ReLU),
+                        Linear(1024, 512)},
+                       LossKind::MSE, 32, 1, Precision::FP32, OptimizerKind::Adam);
+  s.parallel.dataParallel = 2;
+  s.parallel.zeroRedundancyOptimizer = true;
+  const Inventory inventory = BuildInventory(s);
+  const ZeroRedundancyAssignment a = AssignZeroRedundancy(inventory, 2);
+  // 1024×1024 → rank 0; both 524,288-element weights → rank 1 (then a tie); the biases to the
+  // lighter rank, the first on a tie.
+  CHECK(a.elementsPerRank[0] + a.elementsPerRank[1] == inventory.TrainableCount());
+  CHECK(a.rankOf[2] == 0);  // the 1024×1024 weight, largest
+  CHECK(a.rankOf[0] == 1);  // the first 1024×512 weight
+  const Estimate e = MustEstimate(s);
+  CHECK(e.rank.dataParallelRank == a.heaviestRank);
+  CHECK(e.modelStates.optimizerStatesBytes == 8 * a.elementsPerRank[static_cast<std::size_t>(a.heaviestRank)]);
+  CHECK(e.rank.engineLabel == "DDP + ZeroRedundancyOptimizer");
+  // Not with a ZeRO stage, FSDP, one rank or fp32 masters.
+  Setup wrong = s;
+  wrong.parallel.zeroStage = 1;
+  CHECK(HasErrorOn(Validate(wrong), "parallel.zeroRedundancyOptimizer"));
+  wrong = s;
+  wrong.parallel.dataParallel = 1;
+  CHECK(HasErrorOn(Validate(wrong), "parallel.zeroRedundancyOptimizer"));
+  wrong = s;
+  wrong.training.precision = Precision::BF16Mixed;
+  CHECK(HasErrorOn(Validate(wrong), "parallel.zeroRedundancyOptimizer"));
+}

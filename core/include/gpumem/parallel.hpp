@@ -85,6 +85,17 @@ struct ShardPlan {
 };
 ShardPlan PlanShards(const Setup& setup, const Inventory& inventory);
 
+// torch/distributed/optim/zero_redundancy_optimizer.py _partition_parameters: the trainable
+// parameters sorted by size, largest first (a stable sort), each given to the rank with the
+// fewest elements so far (the first such rank). Returns each parameter's rank (-1 frozen) and
+// the rank holding the most elements (the one whose states weigh most).
+struct ZeroRedundancyAssignment {
+  std::vector<int> rankOf;
+  std::int64_t heaviestRank = 0;
+  std::vector<std::int64_t> elementsPerRank;
+};
+ZeroRedundancyAssignment AssignZeroRedundancy(const Inventory& inventory, std::int64_t world);
+
 // ---------------------------------------------------------------------------------------------
 // Closed forms (bytes), as their authors wrote them.
 

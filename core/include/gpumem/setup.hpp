@@ -261,6 +261,9 @@ struct ParallelDef {
   // torch.nn.parallel.DistributedDataParallel
   double bucketCapMB = 25;            // bucket_cap_mb, MiB (the first bucket is 1 MiB: dist._DEFAULT_FIRST_BUCKET_BYTES)
   bool gradientAsBucketView = false;  // gradient_as_bucket_view
+  // torch.distributed.optim.ZeroRedundancyOptimizer over DDP: each rank keeps optimizer states
+  // only for the whole parameters assigned to it (greedy by size, largest first).
+  bool zeroRedundancyOptimizer = false;
   // DeepSpeed zero_optimization (deepspeed/runtime/zero/config.py defaults), in elements
   std::int64_t reduceBucketSize = 500'000'000;     // reduce_bucket_size
   std::int64_t allgatherBucketSize = 500'000'000;  // allgather_bucket_size

@@ -350,7 +350,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   if (!r.ExpectObject(v, path)) return;
   r.RejectUnknown(v, {"dataParallel", "zeroStage", "fsdp", "reshardAfterForward", "fsdpShardGroupSize",
                       "limitAllGathers", "forwardPrefetch", "backwardPrefetch", "bucketCapMB",
-                      "gradientAsBucketView", "reduceBucketSize", "allgatherBucketSize", "overlapComm",
+                      "gradientAsBucketView", "zeroRedundancyOptimizer", "reduceBucketSize", "allgatherBucketSize", "overlapComm",
                       "contiguousGradients", "stage3PrefetchBucketSize", "stage3MaxLiveParameters",
                       "stage3ParamPersistenceThreshold", "offload", "tensorParallel", "sequenceParallel",
                       "pipelineParallel", "pipelineSchedule", "virtualStages", "contextParallel",
@@ -365,6 +365,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.Bool(v, "backwardPrefetch", path, p.backwardPrefetch);
   r.Number(v, "bucketCapMB", path, p.bucketCapMB);
   r.Bool(v, "gradientAsBucketView", path, p.gradientAsBucketView);
+  r.Bool(v, "zeroRedundancyOptimizer", path, p.zeroRedundancyOptimizer);
   r.Int(v, "reduceBucketSize", path, p.reduceBucketSize);
   r.Int(v, "allgatherBucketSize", path, p.allgatherBucketSize);
   r.Enum(v, "overlapComm", path, p.overlapComm);
@@ -388,7 +389,8 @@ ojson ParallelJson(const ParallelDef& p) {
           {"reshardAfterForward", p.reshardAfterForward}, {"fsdpShardGroupSize", p.fsdpShardGroupSize},
           {"limitAllGathers", p.limitAllGathers}, {"forwardPrefetch", p.forwardPrefetch},
           {"backwardPrefetch", p.backwardPrefetch}, {"bucketCapMB", p.bucketCapMB},
-          {"gradientAsBucketView", p.gradientAsBucketView}, {"reduceBucketSize", p.reduceBucketSize},
+          {"gradientAsBucketView", p.gradientAsBucketView}, {"zeroRedundancyOptimizer", p.zeroRedundancyOptimizer},
+          {"reduceBucketSize", p.reduceBucketSize},
           {"allgatherBucketSize", p.allgatherBucketSize}, {"overlapComm", IdOf(p.overlapComm)},
           {"contiguousGradients", p.contiguousGradients}, {"stage3PrefetchBucketSize", p.stage3PrefetchBucketSize},
           {"stage3MaxLiveParameters", p.stage3MaxLiveParameters},

@@ -6,6 +6,7 @@
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
+#include "sim/trace_builder.hpp"
 
 namespace gpumem {
 namespace {
@@ -44,6 +45,7 @@ constexpr ParallelField kFields[] = {
     {"backwardPrefetch", "backward_prefetch", "bool", "", "FSDP BACKWARD_PRE: gather the next unit before the current one's backward (default true)"},
     {"bucketCapMB", "bucket_cap_mb", "number", "", "DDP gradient bucket, MiB (default 25; the first bucket is 1 MiB)"},
     {"gradientAsBucketView", "gradient_as_bucket_view", "bool", "", "DDP: .grad are views of the buckets (default false: gradients twice)"},
+    {"zeroRedundancyOptimizer", "ZeroRedundancyOptimizer", "bool", "", "torch's ZeRO-1 over DDP: states of whole parameters split across ranks (default false)"},
     {"reduceBucketSize", "reduce_bucket_size", "count", "", "ZeRO: elements per reduce bucket (default 5e8)"},
     {"allgatherBucketSize", "allgather_bucket_size", "count", "", "ZeRO 1/2: elements per all-gather bucket (default 5e8)"},
     {"overlapComm", "overlap_comm", "select", "overlapComms", "ZeRO: two reduce buckets when on"},
@@ -78,7 +80,8 @@ std::int64_t WorldSize(const ParallelDef& p) {
 
 bool IsParallel(const ParallelDef& p) {
   return p.dataParallel != 1 || p.tensorParallel != 1 || p.pipelineParallel != 1 || p.contextParallel != 1 ||
-         p.expertParallel != 1 || p.zeroStage != 0 || p.fsdp != FsdpMode::Off || p.offload != OffloadKind::None;
+         p.expertParallel != 1 || p.zeroStage != 0 || p.fsdp != FsdpMode::Off || p.offload != OffloadKind::None ||
+         p.zeroRedundancyOptimizer;
 }
 
 void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
@@ -118,6 +121,16 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
                             FormatScientific(double(p.dataParallel) * double(p.tensorParallel) *
                                              double(p.pipelineParallel) * double(p.contextParallel)) +
                             " GPUs, more than 1e6.");
+  }
+  if (p.zeroRedundancyOptimizer) {
+    if (p.zeroStage != 0 || p.fsdp != FsdpMode::Off) {
+      bad("zeroRedundancyOptimizer", "ZeroRedundancyOptimizer wraps a torch optimizer under DDP: not with a ZeRO stage or FSDP.");
+    } else if (p.dataParallel < 2) {
+      bad("zeroRedundancyOptimizer", "ZeroRedundancyOptimizer needs data parallel > 1.");
+    }
+    if (RegimeOf(setup.training.precision).masterWeights) {
+      bad("zeroRedundancyOptimizer", "ZeroRedundancyOptimizer is simulated without fp32 master copies: choose fp32, bf16 or autocast.");
+    }
   }
   if (p.fsdp != FsdpMode::Off && p.zeroStage != 0) {
     bad("fsdp", "FSDP and DeepSpeed ZeRO shard the same states: choose one (zeroStage 0 with FSDP).");

@@ -40,7 +40,8 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     : setup_(setup), inventory_(inventory), names_(names), regime_(regime), plan_(PlanShards(setup, inventory)) {
   optimizerRegime_ = OptimizerRegimeOf(plan_, regime_);
   if (!plan_.offloadOptimizer) {
-    if (plan_.engine == ShardingEngine::None || plan_.engine == ShardingEngine::DDP) {
+    if ((plan_.engine == ShardingEngine::None || plan_.engine == ShardingEngine::DDP) &&
+        !setup_.parallel.zeroRedundancyOptimizer) {
       optimizerNames_ = names_;
       optimizerInventory_ = inventory_;
     } else {
@@ -418,7 +419,7 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
   }
   std::int64_t values = 0;
   if (!plan.offloadOptimizer || plan.engine == ShardingEngine::None || plan.engine == ShardingEngine::DDP) {
-    const Inventory& seen = plan.engine == ShardingEngine::None || plan.engine == ShardingEngine::DDP ? inventory : plan.optimizerTensors;
+    const Inventory& seen = plan.optimizerTensors;  // the parameters themselves for DDP
     for (const Tensor& t : seen.parameters) {
       for (const StateTensor& s : OptimizerStateTensors(setup.training, optimizer, t)) {
         m.optimizerStatesBytes += s.elements * BytesPerElement(s.type);
@@ -433,7 +434,8 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
   m.rows.push_back({Category::OptimizerStates, m.optimizerStatesBytes,
                     plan.offloadOptimizer ? "offloaded to the host"
                                           : FormatCount(values) + " values on this rank" +
-                                                (plan.engine == ShardingEngine::None || plan.engine == ShardingEngine::DDP ? "" : per)});
+                                                (setup.parallel.zeroRedundancyOptimizer ? " (its ZeroRedundancyOptimizer share)"
+                                                 : plan.engine == ShardingEngine::None || plan.engine == ShardingEngine::DDP ? "" : per)});
   return m;
 }
 

@@ -1,8 +1,10 @@
 // Which rank is simulated, the tensor-parallel rank's model, and how one data-parallel rank
 // holds the model states (docs/parallel.md).
 #include <algorithm>
+#include <vector>
 #include <string>
 
+#include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
 #include "sim/trace_builder.hpp"
@@ -33,6 +35,25 @@ std::int64_t ShardWorldOf(const ParallelDef& p) {
 
 }  // namespace
 
+ZeroRedundancyAssignment AssignZeroRedundancy(const Inventory& inventory, std::int64_t world) {
+  ZeroRedundancyAssignment a;
+  const std::size_t n = inventory.parameters.size();
+  a.rankOf.assign(n, -1);
+  a.elementsPerRank.assign(static_cast<std::size_t>(world), 0);
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < n; ++i) if (inventory.parameters[i].trainable) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+    return inventory.parameters[x].Elements() > inventory.parameters[y].Elements();
+  });
+  for (std::size_t i : order) {
+    const auto least = std::min_element(a.elementsPerRank.begin(), a.elementsPerRank.end());
+    a.rankOf[i] = static_cast<int>(least - a.elementsPerRank.begin());
+    *least += inventory.parameters[i].Elements();
+  }
+  a.heaviestRank = std::max_element(a.elementsPerRank.begin(), a.elementsPerRank.end()) - a.elementsPerRank.begin();
+  return a;
+}
+
 SimulatedRank SimulatedRankOf(const Setup& setup) {
   const ParallelDef& p = setup.parallel;
   SimulatedRank r;
@@ -54,6 +75,14 @@ SimulatedRank SimulatedRankOf(const Setup& setup) {
   // divide evenly), so the first rank is as loaded as any.
   r.why = "data-parallel rank 0, tensor-parallel rank 0: every data-parallel rank holds a partition of the same "
           "(padded) size and every tensor-parallel rank a slice of the same size, so rank 0 is as loaded as any";
+  if (p.zeroRedundancyOptimizer && r.engine == ShardingEngine::DDP) {
+    r.engineLabel = "DDP + ZeroRedundancyOptimizer";
+    const ZeroRedundancyAssignment a = AssignZeroRedundancy(BuildInventory(TensorParallelRankSetup(setup)), p.dataParallel);
+    r.dataParallelRank = a.heaviestRank;
+    r.why = "data-parallel rank " + std::to_string(a.heaviestRank) + ": ZeroRedundancyOptimizer gives whole parameters to "
+            "ranks, and this one holds the most elements (" + std::to_string(a.elementsPerRank[static_cast<std::size_t>(a.heaviestRank)]) +
+            "), so the most optimizer state";
+  }
   return r;
 }
 
@@ -124,6 +153,14 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
           }
         }
         if (bucket > 0) plan.ddpBucketElements.push_back(bucket);
+        if (p.zeroRedundancyOptimizer) {
+          // The local optimizer of the heaviest rank sees only its parameters.
+          const ZeroRedundancyAssignment a = AssignZeroRedundancy(inventory, p.dataParallel);
+          plan.optimizerTensors.parameters.clear();
+          for (std::size_t i = 0; i < n; ++i) {
+            if (a.rankOf[i] == a.heaviestRank) plan.optimizerTensors.parameters.push_back(inventory.parameters[i]);
+          }
+        }
       }
       break;
     }
