@@ -36,6 +36,8 @@ constexpr const char* kUsage =
     "  --import-config config.json       print the setup a Hugging Face config.json describes\n"
     "                                    (with its quantization_config as finetune fields)\n"
     "  --import-adapter-config FILE      print the finetune section a PEFT adapter_config.json describes\n"
+    "  --import-deepspeed ds_config.json print the setup with a DeepSpeed config applied (to SETUP.json if given)\n"
+    "  --fewest-gpus                     the fewest GPUs of the setup's type that train it (docs/parallel.md)\n"
     "  --import-safetensors FILE         count the tensors of a safetensors header or index JSON\n"
     "  --compare-snapshot FILE.pickle    a torch.cuda.memory._dump_snapshot() file measured: peak\n"
     "                                    allocated and reserved, beside the setup's estimate if given\n"
@@ -266,6 +268,8 @@ int main(int argc, char** argv) {
   const char* importSafetensors = nullptr;
   const char* importAdapter = nullptr;
   const char* compareSnapshot = nullptr;
+  const char* importDeepSpeed = nullptr;
+  bool fewestGpus = false;
   std::string presetSetup;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -276,6 +280,8 @@ int main(int argc, char** argv) {
     else if (arg == "--import-safetensors" && i + 1 < argc) importSafetensors = argv[++i];
     else if (arg == "--import-adapter-config" && i + 1 < argc) importAdapter = argv[++i];
     else if (arg == "--compare-snapshot" && i + 1 < argc) compareSnapshot = argv[++i];
+    else if (arg == "--import-deepspeed" && i + 1 < argc) importDeepSpeed = argv[++i];
+    else if (arg == "--fewest-gpus") fewestGpus = true;
     else if (arg == "--defaults") { std::cout << gpumem::SetupToJson(gpumem::DefaultSetup(), 2) << "\n"; return 0; }
     else if (arg == "--options") { std::cout << gpumem::OptionsJson(2) << "\n"; return 0; }
     else if (arg == "--presets") {
@@ -329,6 +335,18 @@ int main(int argc, char** argv) {
     return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
   }
 
+  if (importDeepSpeed) {  // the DeepSpeed config applied to the setup given (or the defaults)
+    std::string config, base;
+    if (const int status = ReadInput(importDeepSpeed, true, "DeepSpeed config", config)) return status;
+    if (!presetSetup.empty()) base = presetSetup;
+    else if (path) {
+      if (const int status = ReadInput(std::strcmp(path, "-") != 0 ? path : nullptr, true, "setup", base)) return status;
+    }
+    const std::string out = gpumem::ImportDeepSpeedJson(config, base, 2);
+    std::cout << out << "\n";
+    return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
+  }
+
   std::string text;
   if (compareSnapshot) {  // the setup is optional here: a file, a preset, or none
     if (!presetSetup.empty()) text = presetSetup;
@@ -344,6 +362,11 @@ int main(int argc, char** argv) {
     return status;
   }
 
+  if (fewestGpus) {  // JSON either way: one small document
+    const std::string out = gpumem::FewestGpusJson(text, true, 2);
+    std::cout << out << "\n";
+    return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
+  }
   if (json) {
     // One document: the estimate, and with --solve the solver's answer beside it.
     const std::string out = solve ? gpumem::EstimateAndSolveJson(text, 2) : gpumem::EstimateJson(text, 2);

@@ -7,6 +7,7 @@
 
 #include "gpumem/device.hpp"
 #include "gpumem/error.hpp"
+#include "gpumem/parallel.hpp"
 #include "gpumem/setup.hpp"
 #include "gpumem/trace.hpp"
 
@@ -106,6 +107,9 @@ struct Estimate {
   std::int64_t headroomBytes = 0;    // capacity − device.peakDeviceBytes; negative when it does not fit
   bool activationsFromHeuristic = false;  // quick mode: activations are the per-token heuristic
   std::vector<std::string> notes;
+  // Many GPUs: the rank this estimate simulates and why (worldSize 1 on one GPU). modelStates,
+  // the peak and the device figure are that rank's.
+  SimulatedRank rank;
 };
 
 struct EstimateResult {

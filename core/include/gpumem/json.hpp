@@ -83,6 +83,15 @@ std::string SolveJson(std::string_view setupText, int indent = -1);
 // {"ok":false,"errors":[…]}. The solver reuses the estimate of the setup itself.
 std::string EstimateAndSolveJson(std::string_view setupText, int indent = -1);
 
+// Many GPUs (docs/parallel.md). Each starts from `setupText` (empty = the defaults; its model gives
+// h for DeepSpeed's "auto" values) and returns {"ok":true,"setup":{…},"ignoredFields":[…],
+// "notes":[…]} or {"ok":false,"errors":[…]}.
+std::string ImportDeepSpeedJson(std::string_view configText, std::string_view setupText = {}, int indent = -1);
+std::string ImportMegatronJson(std::string_view commandLine, std::string_view setupText = {}, int indent = -1);
+// The fewest GPUs of the setup's type that train it: {"ok":true,"fewestGpus":{"found","gpus",
+// "layout","communicationParameters","offload","peakDeviceBytes","estimatesRun","setup"}}.
+std::string FewestGpusJson(std::string_view setupText, bool allowOffload = true, int indent = -1);
+
 // The estimator's version, "MAJOR.MINOR.PATCH" (CMake's PROJECT_VERSION).
 const char* Version();
 

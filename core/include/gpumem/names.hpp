@@ -33,6 +33,11 @@ std::span<const Named<AttentionImplementation>> NamesOf(AttentionImplementation)
 std::span<const Named<Checkpointing>> NamesOf(Checkpointing);
 std::span<const Named<Quantization>> NamesOf(Quantization);   // finetune.cpp
 std::span<const Named<AdapterDType>> NamesOf(AdapterDType);   // finetune.cpp
+// The parallel section's enums (core/src/parallel/parallel_setup.cpp).
+std::span<const Named<FsdpMode>> NamesOf(FsdpMode);
+std::span<const Named<OffloadKind>> NamesOf(OffloadKind);
+std::span<const Named<PipelineSchedule>> NamesOf(PipelineSchedule);
+std::span<const Named<OverlapComm>> NamesOf(OverlapComm);
 
 template <class E>
 const char* IdOf(E value) {

@@ -304,12 +304,83 @@ struct FinetuneDef {
   bool operator==(const FinetuneDef&) const = default;
 };
 
+// ---------------------------------------------------------------------------------------------
+// Many GPUs (docs/parallel.md). Names as the frameworks spell them; defaults are theirs. The
+// default is one GPU, which leaves every estimate as it was.
+
+// FSDP's sharding strategies by their own names (torch/distributed/fsdp/api.py ShardingStrategy),
+// and FSDP2's fully_shard (torch/distributed/fsdp/_fully_shard/_fully_shard.py).
+enum class FsdpMode {
+  Off,          // no FSDP (DDP or DeepSpeed ZeRO, per zeroStage)
+  FullShard,    // FULL_SHARD: parameters, gradients, states sharded; reshard after forward
+  ShardGradOp,  // SHARD_GRAD_OP: gradients and states sharded; parameters stay gathered from
+                // forward to the end of backward
+  HybridShard,  // HYBRID_SHARD: FULL_SHARD within groups of fsdpShardGroupSize, replicated across
+  FullyShard,   // FSDP2 fully_shard: per-parameter dim-0 shards; reshardAfterForward decides
+};
+
+// What ZeRO-Offload / ZeRO-Infinity / FSDP CPUOffload move to host memory.
+enum class OffloadKind {
+  None,
+  Optimizer,               // offload_optimizer: fp32 master weights, states, fp32 gradients
+  OptimizerAndParameters,  // + offload_param (ZeRO-3) / CPUOffload(offload_params=True) (FSDP)
+};
+
+// Pipeline schedules (Megatron-LM megatron/core/pipeline_parallel/schedules.py; GPipe).
+enum class PipelineSchedule {
+  OneFOneB,     // 1F1B (PipeDream-flush): stage r holds min(p − r, m) micro-batches in flight
+  GPipe,        // all m forwards, then all m backwards: every stage holds m micro-batches
+  Interleaved,  // interleaved 1F1B with virtualStages model chunks per rank
+};
+
+// DeepSpeed's overlap_comm default depends on the stage (deepspeed/runtime/zero/config.py,
+// overlap_comm_valid: None → True for stage 3, False otherwise).
+enum class OverlapComm { Default, On, Off };
+
+struct ParallelDef {
+  std::int64_t dataParallel = 1;      // data-parallel ranks (GPUs that each see other samples)
+  std::int64_t zeroStage = 0;         // DeepSpeed ZeRO stage 0–3 (0 = plain DDP unless fsdp is set)
+  FsdpMode fsdp = FsdpMode::Off;
+  bool reshardAfterForward = true;    // fully_shard(reshard_after_forward=True)
+  std::int64_t fsdpShardGroupSize = 8;  // HYBRID_SHARD: GPUs per shard group (one node)
+  bool limitAllGathers = true;        // FSDP limit_all_gathers (≤ 2 units gathered ahead)
+  bool forwardPrefetch = false;       // FSDP forward_prefetch
+  bool backwardPrefetch = true;       // FSDP backward_prefetch=BACKWARD_PRE (the default)
+  // torch.nn.parallel.DistributedDataParallel
+  double bucketCapMB = 25;            // bucket_cap_mb, MiB (the first bucket is 1 MiB: dist._DEFAULT_FIRST_BUCKET_BYTES)
+  bool gradientAsBucketView = false;  // gradient_as_bucket_view
+  // torch.distributed.optim.ZeroRedundancyOptimizer over DDP: each rank keeps optimizer states
+  // only for the whole parameters assigned to it (greedy by size, largest first).
+  bool zeroRedundancyOptimizer = false;
+  // DeepSpeed zero_optimization (deepspeed/runtime/zero/config.py defaults), in elements
+  std::int64_t reduceBucketSize = 500'000'000;     // reduce_bucket_size
+  std::int64_t allgatherBucketSize = 500'000'000;  // allgather_bucket_size
+  OverlapComm overlapComm = OverlapComm::Default;  // overlap_comm
+  bool contiguousGradients = true;                 // contiguous_gradients
+  std::int64_t stage3PrefetchBucketSize = 50'000'000;        // stage3_prefetch_bucket_size
+  std::int64_t stage3MaxLiveParameters = 1'000'000'000;      // stage3_max_live_parameters
+  std::int64_t stage3ParamPersistenceThreshold = 100'000;    // stage3_param_persistence_threshold
+  OffloadKind offload = OffloadKind::None;
+  // Megatron-LM
+  std::int64_t tensorParallel = 1;    // --tensor-model-parallel-size
+  bool sequenceParallel = false;      // --sequence-parallel
+  std::int64_t pipelineParallel = 1;  // --pipeline-model-parallel-size
+  PipelineSchedule pipelineSchedule = PipelineSchedule::OneFOneB;
+  std::int64_t virtualStages = 1;     // --num-layers-per-virtual-pipeline-stage → chunks per rank
+  std::int64_t contextParallel = 1;   // --context-parallel-size
+  std::int64_t expertParallel = 1;    // --expert-model-parallel-size
+  // Micro-batches per optimizer step (DeepSpeed gradient_accumulation_steps; Megatron's
+  // number of micro-batches, m, which the pipeline schedules run).
+  std::int64_t gradientAccumulationSteps = 1;
+};
+
 struct Setup {
   ModelDef model;
   TrainingDef training;
   GpuDef gpu;
   RuntimeDef runtime;
   FinetuneDef finetune;  // defaults: plain training (every estimate as without the section)
+  ParallelDef parallel;  // one GPU by default
 };
 
 // The one source of defaults: GPT-2 XL-sized quick mode (1.5e9 parameters), fp16 mixed

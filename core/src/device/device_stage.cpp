@@ -1,6 +1,7 @@
 // The device stage: what the GPU holds during the step, as PyTorch's caching allocator and the
 // CUDA runtime would hold it. docs/device.md gives every rule and its source.
 #include "device/device_stage.hpp"
+#include "gpumem/parallel.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -146,7 +147,10 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   DeviceEstimate d;
   d.capacityBytes = capacityBytes;
   const AllocatorOptions options = AllocatorOptionsOf(setup.runtime);
-  const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, RuntimeOptionsOf(setup.runtime));
+  RuntimeOptions runtime = RuntimeOptionsOf(setup.runtime);
+  // Many GPUs: the job's size decides whether NCCL communicators exist (docs/parallel.md).
+  runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
+  const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, runtime);
   d.contextBytes = overheads.context.bytes;
   d.workspaceBytes = overheads.workspace.bytes;
   d.communicationBytes = overheads.communication.bytes;

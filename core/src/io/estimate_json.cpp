@@ -150,6 +150,17 @@ void WriteEstimate(JsonWriter& w, const Estimate& e) {
       .EndObject()
       .Key("device");
   WriteDevice(w, e.device);
+  if (!e.rank.engineLabel.empty()) {  // many GPUs only (docs/parallel.md): which rank, and why
+    w.Key("rank").BeginObject()
+        .Key("worldSize").Int(e.rank.worldSize)
+        .Key("dataParallelRank").Int(e.rank.dataParallelRank)
+        .Key("tensorParallelRank").Int(e.rank.tensorParallelRank)
+        .Key("pipelineStage").Int(e.rank.pipelineStage)
+        .Key("shardWorld").Int(e.rank.shardWorld)
+        .Key("engine").String(e.rank.engineLabel)
+        .Key("why").String(e.rank.why)
+        .EndObject();
+  }
   w.Key("notes").Strings(e.notes)
       .EndObject();
 }

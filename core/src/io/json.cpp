@@ -1,6 +1,7 @@
 // The JSON schema (docs/schema.md). Built without exceptions for wasm, so every value is
 // type-checked before it is read: no nlohmann call here may throw on any input.
 #include "gpumem/json.hpp"
+#include "gpumem/parallel.hpp"
 
 #include <algorithm>
 #include <charconv>
@@ -409,6 +410,63 @@ ojson FinetuneJson(const FinetuneDef& f) {
           {"computeDType", DTypeId(f.computeDType)}, {"prepareForKbitTraining", f.prepareForKbitTraining}};
 }
 
+// The parallel section (docs/parallel.md); every key optional, defaults from DefaultSetup().
+void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
+  const std::string path = "parallel";
+  if (!r.ExpectObject(v, path)) return;
+  r.RejectUnknown(v, {"dataParallel", "zeroStage", "fsdp", "reshardAfterForward", "fsdpShardGroupSize",
+                      "limitAllGathers", "forwardPrefetch", "backwardPrefetch", "bucketCapMB",
+                      "gradientAsBucketView", "zeroRedundancyOptimizer", "reduceBucketSize", "allgatherBucketSize", "overlapComm",
+                      "contiguousGradients", "stage3PrefetchBucketSize", "stage3MaxLiveParameters",
+                      "stage3ParamPersistenceThreshold", "offload", "tensorParallel", "sequenceParallel",
+                      "pipelineParallel", "pipelineSchedule", "virtualStages", "contextParallel",
+                      "expertParallel", "gradientAccumulationSteps"}, path);
+  r.Int(v, "dataParallel", path, p.dataParallel);
+  r.Int(v, "zeroStage", path, p.zeroStage);
+  r.Enum(v, "fsdp", path, p.fsdp);
+  r.Bool(v, "reshardAfterForward", path, p.reshardAfterForward);
+  r.Int(v, "fsdpShardGroupSize", path, p.fsdpShardGroupSize);
+  r.Bool(v, "limitAllGathers", path, p.limitAllGathers);
+  r.Bool(v, "forwardPrefetch", path, p.forwardPrefetch);
+  r.Bool(v, "backwardPrefetch", path, p.backwardPrefetch);
+  r.Number(v, "bucketCapMB", path, p.bucketCapMB);
+  r.Bool(v, "gradientAsBucketView", path, p.gradientAsBucketView);
+  r.Bool(v, "zeroRedundancyOptimizer", path, p.zeroRedundancyOptimizer);
+  r.Int(v, "reduceBucketSize", path, p.reduceBucketSize);
+  r.Int(v, "allgatherBucketSize", path, p.allgatherBucketSize);
+  r.Enum(v, "overlapComm", path, p.overlapComm);
+  r.Bool(v, "contiguousGradients", path, p.contiguousGradients);
+  r.Int(v, "stage3PrefetchBucketSize", path, p.stage3PrefetchBucketSize);
+  r.Int(v, "stage3MaxLiveParameters", path, p.stage3MaxLiveParameters);
+  r.Int(v, "stage3ParamPersistenceThreshold", path, p.stage3ParamPersistenceThreshold);
+  r.Enum(v, "offload", path, p.offload);
+  r.Int(v, "tensorParallel", path, p.tensorParallel);
+  r.Bool(v, "sequenceParallel", path, p.sequenceParallel);
+  r.Int(v, "pipelineParallel", path, p.pipelineParallel);
+  r.Enum(v, "pipelineSchedule", path, p.pipelineSchedule);
+  r.Int(v, "virtualStages", path, p.virtualStages);
+  r.Int(v, "contextParallel", path, p.contextParallel);
+  r.Int(v, "expertParallel", path, p.expertParallel);
+  r.Int(v, "gradientAccumulationSteps", path, p.gradientAccumulationSteps);
+}
+
+ojson ParallelJson(const ParallelDef& p) {
+  return {{"dataParallel", p.dataParallel}, {"zeroStage", p.zeroStage}, {"fsdp", IdOf(p.fsdp)},
+          {"reshardAfterForward", p.reshardAfterForward}, {"fsdpShardGroupSize", p.fsdpShardGroupSize},
+          {"limitAllGathers", p.limitAllGathers}, {"forwardPrefetch", p.forwardPrefetch},
+          {"backwardPrefetch", p.backwardPrefetch}, {"bucketCapMB", p.bucketCapMB},
+          {"gradientAsBucketView", p.gradientAsBucketView}, {"zeroRedundancyOptimizer", p.zeroRedundancyOptimizer},
+          {"reduceBucketSize", p.reduceBucketSize},
+          {"allgatherBucketSize", p.allgatherBucketSize}, {"overlapComm", IdOf(p.overlapComm)},
+          {"contiguousGradients", p.contiguousGradients}, {"stage3PrefetchBucketSize", p.stage3PrefetchBucketSize},
+          {"stage3MaxLiveParameters", p.stage3MaxLiveParameters},
+          {"stage3ParamPersistenceThreshold", p.stage3ParamPersistenceThreshold}, {"offload", IdOf(p.offload)},
+          {"tensorParallel", p.tensorParallel}, {"sequenceParallel", p.sequenceParallel},
+          {"pipelineParallel", p.pipelineParallel}, {"pipelineSchedule", IdOf(p.pipelineSchedule)},
+          {"virtualStages", p.virtualStages}, {"contextParallel", p.contextParallel},
+          {"expertParallel", p.expertParallel}, {"gradientAccumulationSteps", p.gradientAccumulationSteps}};
+}
+
 ojson LayerToJson(const LayerDef& l) {
   ojson j = {{"type", IdOf(l.kind)}};
   if (l.kind == LayerKind::Linear) {
@@ -469,6 +527,7 @@ ojson SetupJson(const Setup& s) {
                    {"cudaContextMiB", s.runtime.cudaContextMiB},
                    {"cublasWorkspaceConfig", s.runtime.cublasWorkspaceConfig}}},
       {"finetune", FinetuneJson(s.finetune)},
+      {"parallel", ParallelJson(s.parallel)},
   };
 }
 
@@ -515,7 +574,7 @@ void ParseInto(std::string_view text, Setup& setup, ErrorList& errors, Given& gi
     return;
   }
   if (!r.ExpectObject(doc, "")) return;
-  r.RejectUnknown(doc, {"schemaVersion", "model", "training", "gpu", "runtime", "finetune"}, "");
+  r.RejectUnknown(doc, {"schemaVersion", "model", "training", "gpu", "runtime", "finetune", "parallel"}, "");
   if (auto it = doc.find("schemaVersion"); it != doc.end()) {
     if (!it->is_number_integer() || it->get<std::int64_t>() != kSchemaVersion) {
       r.Fail(ErrorCode::InvalidField, "schemaVersion", "Only schema version 1 is understood.");
@@ -525,6 +584,7 @@ void ParseInto(std::string_view text, Setup& setup, ErrorList& errors, Given& gi
   if (auto it = doc.find("training"); it != doc.end()) ReadTraining(r, *it, setup.training, given);
   if (auto it = doc.find("runtime"); it != doc.end()) ReadRuntime(r, *it, setup.runtime);
   if (auto it = doc.find("finetune"); it != doc.end()) ReadFinetune(r, *it, setup.finetune);
+  if (auto it = doc.find("parallel"); it != doc.end()) ReadParallel(r, *it, setup.parallel);
   if (auto it = doc.find("gpu"); it != doc.end()) {
     if (r.ExpectObject(*it, "gpu")) {
       r.RejectUnknown(*it, {"memoryGiB", "id"}, "gpu");
@@ -723,6 +783,53 @@ std::string ImportAdapterConfigJson(std::string_view text, int indent) {
               indent);
 }
 
+namespace {
+// The base setup of an import: the defaults, or the given setup when it is valid.
+bool BaseSetup(std::string_view setupText, Setup& base, std::vector<FieldError>& errors) {
+  base = DefaultSetup();
+  if (setupText.empty()) return true;
+  errors = ParseAndValidate(setupText, base);
+  return errors.empty();
+}
+
+std::string ParallelImportJson(const ParallelImport& r, int indent) {
+  if (!r.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(r.errors)}}, indent);
+  return Dump({{"ok", true}, {"setup", SetupJson(r.setup)}, {"ignoredFields", r.ignoredFields}, {"notes", r.notes}},
+              indent);
+}
+}  // namespace
+
+std::string ImportDeepSpeedJson(std::string_view configText, std::string_view setupText, int indent) {
+  Setup base;
+  std::vector<FieldError> errors;
+  if (!BaseSetup(setupText, base, errors)) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  return ParallelImportJson(ImportDeepSpeedConfig(configText, base), indent);
+}
+
+std::string ImportMegatronJson(std::string_view commandLine, std::string_view setupText, int indent) {
+  Setup base;
+  std::vector<FieldError> errors;
+  if (!BaseSetup(setupText, base, errors)) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  return ParallelImportJson(ImportMegatronArguments(commandLine, base), indent);
+}
+
+std::string FewestGpusJson(std::string_view setupText, bool allowOffload, int indent) {
+  Setup setup;
+  const std::vector<FieldError> errors = ParseAndValidate(setupText, setup);
+  if (!errors.empty()) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  const FewestGpusResult r = FewestGpus(setup, 4096, allowOffload);
+  ojson out = {{"found", r.found}, {"gpus", r.found ? ojson(r.gpus) : ojson(nullptr)},
+               {"estimatesRun", r.estimates}};
+  if (r.found) {
+    out["layout"] = r.candidate.label;
+    out["communicationParameters"] = r.candidate.communicationParameters;
+    out["offload"] = r.candidate.offload;
+    out["peakDeviceBytes"] = r.peakDeviceBytes;
+    out["setup"] = SetupJson(r.layout);
+  }
+  return Dump({{"ok", true}, {"fewestGpus", out}}, indent);
+}
+
 std::string ImportSafetensorsJson(std::string_view text, std::string_view setupText, int indent) {
   const SafetensorsImport t = ImportSafetensors(text);
   if (!t.ok()) return Dump({{"ok", false}, {"errors", ErrorsArray(t.errors)}}, indent);
@@ -909,6 +1016,12 @@ std::string OptionsJson(int indent) {
     if (*f.whenField) field["when"] = {{"field", f.whenField}, {"value", f.whenValue}};
     fields.push_back(field);
   }
+  ojson parallelFields = ojson::array();
+  for (const ParallelField& f : ParallelFields()) {
+    ojson field = {{"key", f.key}, {"label", f.label}, {"kind", f.kind}, {"hint", f.hint}};
+    if (*f.options) field["options"] = f.options;
+    parallelFields.push_back(field);
+  }
   ojson familyDefaults = ojson::object();
   for (const auto& n : NamesOf(Family{})) familyDefaults[n.id] = ArchitectureJson(DefaultArchitecture(n.value));
   return Dump({{"schemaVersion", kSchemaVersion},
@@ -939,7 +1052,12 @@ std::string OptionsJson(int indent) {
                {"lossImplementations", NameList<LossImplementation>()},
                {"savers", SaverFields()},
                {"phases", NameList<Phase>()},
-               {"categories", NameList<Category>()}},
+               {"categories", NameList<Category>()},
+               {"parallelFields", parallelFields},
+               {"fsdpModes", NameList<FsdpMode>()},
+               {"offloads", NameList<OffloadKind>()},
+               {"pipelineSchedules", NameList<PipelineSchedule>()},
+               {"overlapComms", NameList<OverlapComm>()}},
               indent);
 }
 

@@ -1,5 +1,6 @@
 // Defaults (typed once, here) and validation of a Setup.
 #include "gpumem/setup.hpp"
+#include "gpumem/parallel.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -652,6 +653,7 @@ void Validate(const Setup& setup, ErrorList& errors) {
   {
     std::vector<FieldError> runtime;
     ValidateRuntime(setup, runtime);
+    ValidateParallel(setup, runtime);  // the parallel section (core/src/parallel/parallel_setup.cpp)
     for (FieldError& e : runtime) errors.push_back(std::move(e));
   }
   {
@@ -665,6 +667,16 @@ void Validate(const Setup& setup, ErrorList& errors) {
     const EventBudget budget = PredictEventsOf(setup);
     if (budget.predictedEvents > kMaxPredictedEvents) {
       errors.push_back(TooManyEventsError(budget));
+      return;
+    }
+    // Every accumulated micro-batch is simulated (docs/parallel.md): the budget grows with them.
+    const double microBatches = static_cast<double>(setup.parallel.gradientAccumulationSteps);
+    if (budget.predictedEvents * microBatches > kMaxPredictedEvents) {
+      errors.push_back({ErrorCode::TooLarge, "parallel.gradientAccumulationSteps",
+                        "Simulating " + FormatCount(setup.parallel.gradientAccumulationSteps) +
+                            " micro-batches would take about " + FormatScientific(budget.predictedEvents * microBatches) +
+                            " events, more than " + FormatScientific(kMaxPredictedEvents) +
+                            ": fewer micro-batches show the same peak (from the second on, the gradients exist)."});
       return;
     }
     const SizeBound bound = SizeBoundOf(setup, parameters);

@@ -14,6 +14,7 @@
 #include "gpumem/presets.hpp"
 #include "device/device_stage.hpp"
 #include "sim/savers.hpp"
+#include "parallel/parallel_step.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -203,10 +204,25 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
   result.errors = Validate(setup);
   if (!result.ok()) return result;
 
-  const Inventory inventory = BuildInventory(setup);
-  const Trace trace = BuildTrace(setup, inventory, options.explain);
+  // Many GPUs: the simulated rank's model (tensor-parallel slices; core/src/parallel/).
+  const bool parallel = IsParallel(setup.parallel);
+  const Setup rankSetup = parallel ? TensorParallelRankSetup(setup) : Setup{};
+  const Setup& simulated = parallel ? rankSetup : setup;
+  const Inventory inventory = BuildInventory(simulated);
+  const Trace trace = BuildTrace(simulated, inventory, options.explain);
   Estimate est = Replay(trace, options);
-  est.modelStates = ComputeModelStates(setup, inventory);
+  est.modelStates = ComputeModelStates(simulated, inventory);
+  if (parallel) {
+    // The rank's own states (sharded, with buffers' padding), keeping the count's explanation.
+    ModelStates rank = ParallelModelStates(simulated, inventory);
+    rank.parameterFormula = est.modelStates.parameterFormula;
+    rank.presetId = est.modelStates.presetId;
+    rank.publishedParameters = est.modelStates.publishedParameters;
+    rank.differenceFromPublished = est.modelStates.differenceFromPublished;
+    est.modelStates = std::move(rank);
+    est.rank = SimulatedRankOf(setup);
+    for (std::string& note : ParallelNotes(setup)) est.notes.push_back(std::move(note));
+  }
   UseModelStateFormulas(est.peak, est.modelStates);
   for (Snapshot& s : est.phasePeaks) UseModelStateFormulas(s, est.modelStates);
   UseModelStateFormulas(est.forwardEnd, est.modelStates);

@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/recycle.hpp"
+#include "parallel/parallel_step.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -166,6 +168,7 @@ GradientSink::GradientSink(TraceBuilder& builder, const Inventory& inventory,
 void GradientSink::Produce(std::size_t index, Text label) {
   const Tensor& p = inventory_.parameters[index];
   if (!p.trainable) return;
+  if (hook_ && hook_->Produce(builder_, index, label)) return;
   const DType type = GradientTypeOf(p, regime_.gradients);  // a parameter's own dtype (finetune.hpp)
   const std::int64_t bytes = p.Elements() * BytesPerElement(type);
   TextStore& t = builder_.text();
@@ -201,6 +204,7 @@ void GradientSink::RunReady() {
 }
 
 void GradientSink::ReleaseAll(Text label) {
+  if (hook_) hook_->ReleaseAll(builder_, label);
   for (TensorHandle& h : grads_) {
     builder_.Release(h, label);
     h = kNoTensor;
@@ -221,18 +225,25 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   const std::vector<Text> names = ParameterNames(text, inventory);
 
   b.SetPhase(Phase::Init, 0);
-  for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
-    const Tensor& p = inventory.parameters[i];
-    b.Alloc(Category::Parameters, StoredBytes(p, regime.weights), names[i], text.Make({"model init: ", names[i]}),
-            StorageFormula(text, p, regime.weights), p.layer);
-  }
-  if (regime.masterWeights) {
+  // Many GPUs: the rank's sharded states and buffers (core/src/parallel/); one GPU: as before.
+  std::optional<ParallelStep> parallel;
+  if (IsParallel(setup.parallel)) {
+    parallel.emplace(setup, inventory, names, regime, text);
+    parallel->Init(b);
+  } else {
     for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
       const Tensor& p = inventory.parameters[i];
-      if (!p.trainable || !HasMasterCopy(p, regime.masterWeights)) continue;
-      b.Alloc(Category::MasterWeights, p.Elements() * 4, text.Make({names[i], " (fp32 master)"}),
-              text.Make({"optimizer construction: fp32 master copy of ", names[i]}),
-              text.Shape(Shape(p.shape), DType::FP32), p.layer);
+      b.Alloc(Category::Parameters, StoredBytes(p, regime.weights), names[i], text.Make({"model init: ", names[i]}),
+              StorageFormula(text, p, regime.weights), p.layer);
+    }
+    if (regime.masterWeights) {
+      for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+        const Tensor& p = inventory.parameters[i];
+        if (!p.trainable || !HasMasterCopy(p, regime.masterWeights)) continue;
+        b.Alloc(Category::MasterWeights, p.Elements() * 4, text.Make({names[i], " (fp32 master)"}),
+                text.Make({"optimizer construction: fp32 master copy of ", names[i]}),
+                text.Shape(Shape(p.shape), DType::FP32), p.layer);
+      }
     }
   }
 
@@ -241,18 +252,40 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
       : setup.model.kind == ModelKind::Transformer  ? MakeTransformerPass(setup, inventory, names, regime, trace.notes)
                                                     : MakeLayerListPass(setup, inventory, regime);
   GradientSink gradients(b, inventory, names, regime);
-  OptimizerPass optimizer(setup, inventory, names, regime);
+  if (parallel) gradients.SetHook(&*parallel);
+  if (parallel && parallel->gathers()) pass->SetLayerHook(&*parallel);
+  OptimizerPass optimizer(setup, parallel ? parallel->optimizerInventory() : inventory,
+                          parallel ? parallel->optimizerNames() : names,
+                          parallel ? parallel->optimizerRegime() : regime);
+  // The optimizer in backward (savers.hpp; refused with many GPUs by validation).
   const bool inBackward = setup.training.optimizerInBackward;
   if (inBackward) gradients.OnReady([&](std::size_t index) { optimizer.StepParameter(b, index); });
 
+  // Gradient accumulation (parallel.gradientAccumulationSteps): the micro-batches before the
+  // last run forward and backward and let go of their batch; their gradients stay and the next
+  // ones are added into them (AccumulateGrad), then one optimizer step.
+  const std::int64_t microBatches = setup.parallel.gradientAccumulationSteps;
   auto runStep = [&](int step) {
+    for (std::int64_t k = 1; k < microBatches; ++k) {
+      b.SetPhase(Phase::Forward, step);
+      pass->Forward(b);
+      b.SetPhase(Phase::Backward, step);
+      if (parallel) parallel->StartBackward(b);
+      pass->Backward(b, gradients);
+      if (parallel) parallel->EndBackward(b);
+      pass->EndStep(b);
+    }
     b.SetPhase(Phase::Forward, step);
     pass->Forward(b);
     b.SetPhase(Phase::Backward, step);
+    if (parallel) parallel->StartBackward(b);
     pass->Backward(b, gradients);
     gradients.RunReady();  // what a pass left pending (quick mode's single backward)
+    if (parallel) parallel->EndBackward(b);
     b.SetPhase(Phase::OptimizerStep, step);
+    if (parallel) parallel->BeforeOptimizerStep(b);
     if (!inBackward) optimizer.Step(b);
+    if (parallel) parallel->AfterOptimizerStep(b);
     if (setup.training.zeroGradSetToNone) gradients.ReleaseAll(text.Make({"zero_grad(set_to_none=True)"}));
     pass->EndStep(b);
   };

@@ -284,6 +284,8 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
   sink_ = &sink;
   const Text saved = scope_;
   SetScopeText(T({"loss.backward()"}));
+  inBackward_ = true;
+  if (layerHook_ && layer_ != -1) layerHook_->Enter(b_, -1, true);
   layer_ = -1;
   const DType type = values_[static_cast<std::size_t>(loss)].type;
   const TensorHandle seed = b_.Alloc(Category::ActivationGradients, BytesPerElement(type), T({"grad of loss"}),
@@ -310,6 +312,7 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
     grad = kNoTensor;
   }
   SetScopeText(saved);
+  inBackward_ = false;
 }
 
 void Tape::RunBackward(int fromNode, int toNode) {
@@ -357,6 +360,7 @@ void Tape::Execute(int index) {
   bool any = false;
   for (ValueId o : node.outputs) any = any || GradOf(o) != kNoTensor;
   const Text label = node.label;
+  if (layerHook_ && node.layer != layer_) layerHook_->Enter(b_, node.layer, true);
   layer_ = node.layer;
   if (any) {
     SmallVec<TensorHandle, 2> temps;
@@ -414,6 +418,7 @@ void Tape::RunCheckpoint(int index) {
   bool any = false;
   for (ValueId o : node.outputs) any = any || GradOf(o) != kNoTensor;
   const Text label = node.label;
+  if (layerHook_ && node.layer != layer_) layerHook_->Enter(b_, node.layer, true);
   layer_ = node.layer;
   if (any) {
     // Detached copies of the inputs (same storage) as leaves, then the block again, recorded.

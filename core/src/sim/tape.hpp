@@ -94,8 +94,11 @@ class Tape {
   // --- where events happen (labels and the timeline's layer) ---
   void SetScope(Text scope, int layer) {
     SetScopeText(scope);
+    if (layerHook_ && layer != layer_) layerHook_->Enter(b_, layer, inBackward_);
     layer_ = layer;
   }
+  // Many GPUs: told of every layer change (core/src/parallel/parallel_step.cpp).
+  void SetLayerHook(LayerHook* hook) { layerHook_ = hook; }
   Text scope() const { return scope_; }
   int layer() const { return layer_; }
   bool recording() const { return recording_; }
@@ -226,6 +229,8 @@ class Tape {
   void SetScopeText(Text scope);
   Text scope_, scopeColon_, scopeDot_, scopeSpace_;
   int layer_ = -1;
+  LayerHook* layerHook_ = nullptr;
+  bool inBackward_ = false;
   std::size_t parameterCount_;
   std::vector<Value> values_;
   std::vector<Node> nodes_;

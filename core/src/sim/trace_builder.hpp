@@ -86,6 +86,24 @@ struct Regime {
 };
 Regime RegimeOf(Precision precision);
 
+// Many GPUs (core/src/parallel/parallel_step.cpp): where a sharding engine takes a gradient
+// instead of .grad (a reduce bucket, an unsharded flat gradient). Produce returns false to
+// leave the gradient to the sink.
+class GradientHook {
+ public:
+  virtual ~GradientHook() = default;
+  virtual bool Produce(TraceBuilder& builder, std::size_t parameterIndex, Text label) = 0;
+  virtual void ReleaseAll(TraceBuilder& builder, Text label) = 0;
+};
+
+// Many GPUs: told when forward or backward moves to another layer (block index, -1 for the
+// embeddings and head), so that sharded parameters can be gathered and freed around it.
+class LayerHook {
+ public:
+  virtual ~LayerHook() = default;
+  virtual void Enter(TraceBuilder& builder, int layer, bool backward) = 0;
+};
+
 // Receives parameter gradients as backward produces them. The first gradient of a tensor
 // becomes its .grad (PyTorch's AccumulateGrad steals the buffer, no copy); later ones are
 // added in place, so they only exist for the duration of the add.
@@ -98,6 +116,7 @@ class GradientSink {
   // zero_grad(set_to_none=True): every .grad released.
   void ReleaseAll(Text label);
   const std::vector<TensorHandle>& handles() const { return grads_; }
+  void SetHook(GradientHook* hook) { hook_ = hook; }
 
   // Optimizer in backward: `ready(index)` runs once the parameter's gradient is complete (its
   // last expected contribution arrived: register_post_accumulate_grad_hook fires after the one
@@ -112,6 +131,7 @@ class GradientSink {
   void Expect(std::size_t index, int contributions) { expected_[index] = contributions; }
 
  private:
+  GradientHook* hook_ = nullptr;
   TraceBuilder& builder_;
   const Inventory& inventory_;
   const std::vector<Text>& names_;
@@ -131,6 +151,8 @@ class ModelPass {
   virtual void Backward(TraceBuilder& builder, GradientSink& gradients) = 0;
   // Releases what the step held to its end (the batch, the loss).
   virtual void EndStep(TraceBuilder& builder) = 0;
+  // Many GPUs: where layer changes are reported (passes without layers ignore it).
+  virtual void SetLayerHook(LayerHook*) {}
 };
 
 // Emits one optimizer.step(): states created on the first call, then the temporaries of the

@@ -28,6 +28,7 @@ class TransformerPass final : public ModelPass {
 
   void Forward(TraceBuilder& b) override {
     tape_.emplace(b, regime_.compute, regime_.autocast, parameterCount_);
+    tape_->SetLayerHook(layerHook_);
     // About 70 values per block and 25 per expert, two thirds as many nodes.
     const auto blocks = static_cast<std::size_t>(a_.numLayers);
     const auto experts = static_cast<std::size_t>(std::max<std::int64_t>(0, a_.numExperts));
@@ -69,6 +70,7 @@ class TransformerPass final : public ModelPass {
   }
 
   void Backward(TraceBuilder&, GradientSink& gradients) override { tape_->Backward(loss_, gradients); }
+  void SetLayerHook(LayerHook* hook) override { layerHook_ = hook; }
 
   void EndStep(TraceBuilder& b) override {
     Tape& t = *tape_;
@@ -145,6 +147,7 @@ class TransformerPass final : public ModelPass {
   std::optional<Model> model_;
   std::vector<TensorHandle> batch_;
   ValueId ids_ = kNoValue, labels_ = kNoValue, tokenTypes_ = kNoValue, loss_ = kNoValue;
+  LayerHook* layerHook_ = nullptr;
 };
 
 }  // namespace

@@ -1,0 +1,194 @@
+// gpumem — many GPUs: which rank is simulated, how its model states are sharded, and the closed
+// forms people already use (the ZeRO paper, DeepSpeed's estimators, Megatron's theoretical memory),
+// pinned by tests/parallel_test.cpp. docs/parallel.md states every rule with its source.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <string>
+#include <vector>
+
+#include "gpumem/error.hpp"
+#include "gpumem/inventory.hpp"
+#include "gpumem/setup.hpp"
+
+namespace gpumem {
+
+// GPUs in the job: data × tensor × pipeline × context parallel (expert parallel ranks are taken
+// from the data-parallel ones, as Megatron does: expert_model_parallel_size divides dp × cp).
+std::int64_t WorldSize(const ParallelDef& p);
+// Whether the setup says anything but "one GPU" (every path below is skipped when false, so a
+// one-GPU estimate is byte-identical to what it was before this section existed).
+bool IsParallel(const ParallelDef& p);
+
+// How the data-parallel ranks hold the model states.
+enum class ShardingEngine {
+  None,      // one data-parallel rank (nothing to shard, no reducer)
+  DDP,       // torch DistributedDataParallel: everything replicated, gradients bucketed
+  Zero,      // DeepSpeed ZeRO stage 1–3
+  Fsdp,      // FSDP (FlatParameter per wrap unit): FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD
+  Fsdp2,     // FSDP2 fully_shard: per-parameter dim-0 shards
+};
+
+// The rank the estimate simulates, and why (the one with the most memory).
+struct SimulatedRank {
+  std::int64_t worldSize = 1;
+  std::int64_t dataParallelRank = 0;
+  std::int64_t tensorParallelRank = 0;
+  std::int64_t pipelineStage = 0;
+  // Ranks that split one copy of the sharded states (dataParallel, or the HYBRID_SHARD group).
+  std::int64_t shardWorld = 1;
+  ShardingEngine engine = ShardingEngine::None;
+  std::string engineLabel;   // "DeepSpeed ZeRO-2", "FSDP FULL_SHARD", "DDP"
+  std::string why;           // for people: why this rank
+};
+SimulatedRank SimulatedRankOf(const Setup& setup);
+
+// Tensor parallelism (Megatron column/row split): the rank's model is the model with the
+// attention heads, key/value heads, MLP width, experts' widths and the vocabulary divided by
+// `tensorParallel` (ColumnParallelLinear / RowParallelLinear / VocabParallelEmbedding in
+// megatron/core/tensor_parallel/layers.py); norms, position tables and row-parallel biases stay
+// whole. Returns the setup unchanged when tensorParallel is 1.
+Setup TensorParallelRankSetup(const Setup& setup);
+
+// The model states one data-parallel rank keeps, tensor by tensor.
+struct ShardPlan {
+  ShardingEngine engine = ShardingEngine::None;
+  int zeroStage = 0;
+  std::int64_t shardWorld = 1;
+  bool offloadOptimizer = false;   // fp32 master, states (and fp32 gradients) live on the host
+  bool offloadParameters = false;  // the parameters' shards live on the host too
+  // DeepSpeed ZeRO: the trainable parameters flattened into one group, padded to a multiple of
+  // 2 × dataParallel elements (stage_1_and_2.py: nccl_start_alignment_factor = 2, then
+  // flatten_dense_tensors_aligned(…, alignment × dp)); each rank's partition is 1/dp of it.
+  std::int64_t flatElements = 0;
+  std::int64_t paddedFlatElements = 0;
+  std::int64_t partitionElements = 0;
+  // What the optimizer steps on, as DeepSpeed and FSDP hand it to torch.optim: ZeRO's one fp32
+  // flat partition, FSDP's FlatParameter shard per unit, FSDP2's per-parameter shards; for DDP
+  // the parameters themselves.
+  Inventory optimizerTensors;
+  // Elements of each inventory parameter this rank stores (ZeRO-3: ⌈n / dp⌉ unless below
+  // stage3_param_persistence_threshold; FSDP: 0, the unit's flat shard holds them; else n).
+  std::vector<std::int64_t> parameterElementsHeld;
+  // Wrap units (ZeRO-3 / FSDP): full elements of each transformer block (index = block) and of
+  // the root module (embeddings, final norm, head), gathered in 16 bits when used.
+  std::vector<std::int64_t> unitElements;
+  std::int64_t rootUnitElements = 0;
+  // DDP: the reducer's buckets in elements of the gradient type, in the order they fill.
+  std::vector<std::int64_t> ddpBucketElements;
+  // ZeRO: the contiguous-gradient reduce buckets (ipg_buffer), elements, and how many (2 with
+  // overlap_comm).
+  std::int64_t reduceBucketElements = 0;
+  int reduceBuckets = 0;
+};
+ShardPlan PlanShards(const Setup& setup, const Inventory& inventory);
+
+// torch/distributed/optim/zero_redundancy_optimizer.py _partition_parameters: the trainable
+// parameters sorted by size, largest first (a stable sort), each given to the rank with the
+// fewest elements so far (the first such rank). Returns each parameter's rank (-1 frozen) and
+// the rank holding the most elements (the one whose states weigh most).
+struct ZeroRedundancyAssignment {
+  std::vector<int> rankOf;
+  std::int64_t heaviestRank = 0;
+  std::vector<std::int64_t> elementsPerRank;
+};
+ZeroRedundancyAssignment AssignZeroRedundancy(const Inventory& inventory, std::int64_t world);
+
+// ---------------------------------------------------------------------------------------------
+// Closed forms (bytes), as their authors wrote them.
+
+// ZeRO paper (Rajbhandari et al. 2019, §3.1 and Figure 1): mixed-precision Adam keeps
+// (2 + 2 + K)·Ψ bytes with K = 12; stage 1 shards the K·Ψ, stage 2 also the gradients, stage 3
+// also the parameters, over Nd data-parallel ranks.
+double ZeroPaperModelStateBytes(double psi, double k, double nd, int stage);
+
+// DeepSpeed deepspeed/runtime/zero/stage_1_and_2.py estimate_zero2_model_states_mem_needs and
+// stage3.py estimate_zero3_model_states_mem_needs: per-GPU bytes (the CPU figure beside them is
+// not reproduced).
+std::int64_t DeepSpeedZero2GpuBytes(std::int64_t totalParams, std::int64_t gpusPerNode, std::int64_t nodes,
+                                    bool cpuOffload);
+std::int64_t DeepSpeedZero3GpuBytes(std::int64_t totalParams, std::int64_t largestLayerParams,
+                                    std::int64_t gpusPerNode, std::int64_t nodes, bool cpuOffload,
+                                    bool cpuOffloadParams);
+
+// Megatron-LM megatron/training/theoretical_memory_usage.py compute_weight_and_optimizer_memory:
+// the parameters on the most loaded shard (the first pipeline stage with embeddings) × 18 bytes
+// (× (6 + 12/dp) with --use-distributed-optimizer).
+struct MegatronWeightAndOptimizer {
+  double parametersOnMostLoadedShard = 0;
+  double bytes = 0;
+};
+MegatronWeightAndOptimizer MegatronTheoreticalWeightAndOptimizer(const ArchitectureDef& a, std::int64_t tensorParallel,
+                                                                 std::int64_t pipelineParallel,
+                                                                 std::int64_t dataParallel,
+                                                                 bool distributedOptimizer);
+
+// Validation of the parallel section (called by Validate); errors name parallel.* fields.
+void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors);
+
+// One field of the parallel section as the page's panel shows it (OptionsJson "parallelFields").
+struct ParallelField {
+  const char* key;      // JSON key in "parallel"
+  const char* label;    // as people know it
+  const char* kind;     // "count", "number", "bool", "select"
+  const char* options;  // for "select": the options list ("fsdpModes"), else ""
+  const char* hint;     // unit, default and source
+};
+std::span<const ParallelField> ParallelFields();
+
+}  // namespace gpumem
+
+namespace gpumem {
+
+// ---------------------------------------------------------------------------------------------
+// Imports of what people already have: a DeepSpeed config JSON and Megatron-LM's arguments.
+// Each starts from `base` (its model gives h for DeepSpeed's "auto" values) and returns the
+// setup with what the text says; what it does not model is listed, not refused.
+struct ParallelImport {
+  Setup setup;
+  std::vector<std::string> ignoredFields;  // keys / flags read but not modelled
+  std::vector<std::string> notes;          // how values were resolved ("auto" → h²)
+  std::vector<FieldError> errors;          // fields named as in the text ("zero_optimization.stage")
+  bool ok() const { return errors.empty(); }
+};
+// zero_optimization (stage, buckets, overlap_comm, contiguous_gradients, stage3_*, offload_*),
+// bf16 / fp16, train_micro_batch_size_per_gpu, gradient_accumulation_steps. "auto" values as
+// Hugging Face resolves them (transformers/integrations/deepspeed.py trainer_config_finalize):
+// reduce_bucket_size = h², stage3_prefetch_bucket_size = 0.9·h², stage3_param_persistence_threshold
+// = 10·h; other "auto" values keep the base setup's.
+ParallelImport ImportDeepSpeedConfig(std::string_view text, const Setup& base);
+// Megatron-LM arguments pasted as a command line (--tensor-model-parallel-size 4 …).
+ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup& base);
+
+}  // namespace gpumem
+
+namespace gpumem {
+
+// ---------------------------------------------------------------------------------------------
+// The fewest GPUs of the setup's type that can train it (issue 12, "solve at scale"): data
+// parallel sizes 1, 2, 4, … × the setup's tensor parallel size; at each, the layouts in order of
+// what they cost in communication, the first whose device figure fits wins. Per step and rank,
+// in parameters (ZeRO paper §7): DDP, ZeRO-1 and ZeRO-2 move 2Ψ (all-reduce, or reduce-scatter
+// + all-gather), ZeRO-3 and FSDP FULL_SHARD 3Ψ (an extra all-gather of the parameters in
+// backward); offloading adds 2Ψ·(bytes) over PCIe each step (gradients out, parameters back).
+struct LayoutCandidate {
+  std::string label;                   // "DDP", "ZeRO-2", "ZeRO-3 + optimizer offload"
+  double communicationParameters = 0;  // Ψ multiples moved per step and rank (2 or 3)
+  bool offload = false;
+};
+struct FewestGpusResult {
+  bool found = false;
+  std::int64_t gpus = 0;               // dataParallel × tensorParallel
+  Setup layout;                        // the winning setup
+  LayoutCandidate candidate;
+  std::int64_t peakDeviceBytes = 0;    // the simulated rank's device figure
+  std::int64_t estimates = 0;          // how many setups were simulated
+  std::vector<FieldError> errors;      // the setup itself is invalid
+};
+// `allowOffload`: whether layouts that move states to host memory count (they fit on fewer GPUs
+// at the cost of PCIe traffic and a CPU optimizer step).
+FewestGpusResult FewestGpus(const Setup& setup, std::int64_t maxGpus = 4096, bool allowOffload = true);
+
+}  // namespace gpumem

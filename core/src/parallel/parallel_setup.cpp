@@ -1,0 +1,200 @@
+// The parallel section: its names, its validation and the fields the page builds a panel from.
+// Defaults are the frameworks' own (setup.hpp cites each); docs/parallel.md lists them.
+#include "gpumem/finetune.hpp"
+#include <cmath>
+#include <string>
+
+#include "gpumem/format.hpp"
+#include "gpumem/names.hpp"
+#include "gpumem/parallel.hpp"
+#include "sim/trace_builder.hpp"
+
+namespace gpumem {
+namespace {
+
+constexpr Named<FsdpMode> kFsdpModes[] = {
+    {FsdpMode::Off, "off", "off (DDP or DeepSpeed ZeRO)"},
+    {FsdpMode::FullShard, "FULL_SHARD", "FSDP FULL_SHARD"},
+    {FsdpMode::ShardGradOp, "SHARD_GRAD_OP", "FSDP SHARD_GRAD_OP"},
+    {FsdpMode::HybridShard, "HYBRID_SHARD", "FSDP HYBRID_SHARD"},
+    {FsdpMode::FullyShard, "fully_shard", "FSDP2 fully_shard"},
+};
+constexpr Named<OffloadKind> kOffloads[] = {
+    {OffloadKind::None, "none", "none"},
+    {OffloadKind::Optimizer, "optimizer", "optimizer states to CPU (ZeRO-Offload)"},
+    {OffloadKind::OptimizerAndParameters, "optimizerAndParameters", "optimizer states and parameters to CPU"},
+};
+constexpr Named<PipelineSchedule> kSchedules[] = {
+    {PipelineSchedule::OneFOneB, "1f1b", "1F1B"},
+    {PipelineSchedule::GPipe, "gpipe", "GPipe (all forwards, then all backwards)"},
+    {PipelineSchedule::Interleaved, "interleaved", "interleaved 1F1B (virtual stages)"},
+};
+constexpr Named<OverlapComm> kOverlaps[] = {
+    {OverlapComm::Default, "default", "DeepSpeed's default (on for stage 3, off otherwise)"},
+    {OverlapComm::On, "true", "on"},
+    {OverlapComm::Off, "false", "off"},
+};
+
+constexpr ParallelField kFields[] = {
+    {"dataParallel", "data parallel size", "count", "", "GPUs that each see other samples; 1 = one GPU"},
+    {"zeroStage", "ZeRO stage", "count", "", "DeepSpeed zero_optimization.stage 0–3; 0 = DDP"},
+    {"fsdp", "FSDP", "select", "fsdpModes", "torch FSDP ShardingStrategy or FSDP2 fully_shard"},
+    {"reshardAfterForward", "reshard_after_forward", "bool", "", "fully_shard: free gathered parameters after forward (default true)"},
+    {"fsdpShardGroupSize", "HYBRID_SHARD group", "count", "", "GPUs that shard one copy (a node, default 8)"},
+    {"limitAllGathers", "limit_all_gathers", "bool", "", "FSDP: at most two units gathered ahead (default true)"},
+    {"forwardPrefetch", "forward_prefetch", "bool", "", "FSDP: gather the next unit during forward (default false)"},
+    {"backwardPrefetch", "backward_prefetch", "bool", "", "FSDP BACKWARD_PRE: gather the next unit before the current one's backward (default true)"},
+    {"bucketCapMB", "bucket_cap_mb", "number", "", "DDP gradient bucket, MiB (default 25; the first bucket is 1 MiB)"},
+    {"gradientAsBucketView", "gradient_as_bucket_view", "bool", "", "DDP: .grad are views of the buckets (default false: gradients twice)"},
+    {"zeroRedundancyOptimizer", "ZeroRedundancyOptimizer", "bool", "", "torch's ZeRO-1 over DDP: states of whole parameters split across ranks (default false)"},
+    {"reduceBucketSize", "reduce_bucket_size", "count", "", "ZeRO: elements per reduce bucket (default 5e8)"},
+    {"allgatherBucketSize", "allgather_bucket_size", "count", "", "ZeRO 1/2: elements per all-gather bucket (default 5e8)"},
+    {"overlapComm", "overlap_comm", "select", "overlapComms", "ZeRO: two reduce buckets when on"},
+    {"contiguousGradients", "contiguous_gradients", "bool", "", "ZeRO: gradients copied into the reduce bucket (default true)"},
+    {"stage3PrefetchBucketSize", "stage3_prefetch_bucket_size", "count", "", "ZeRO-3: elements gathered ahead (default 5e7)"},
+    {"stage3MaxLiveParameters", "stage3_max_live_parameters", "count", "", "ZeRO-3: gathered elements at most (default 1e9)"},
+    {"stage3ParamPersistenceThreshold", "stage3_param_persistence_threshold", "count", "", "ZeRO-3: parameters below it stay whole (default 1e5)"},
+    {"offload", "offload", "select", "offloads", "ZeRO-Offload / ZeRO-Infinity / FSDP CPUOffload"},
+    {"tensorParallel", "tensor parallel size", "count", "", "Megatron --tensor-model-parallel-size"},
+    {"sequenceParallel", "sequence parallel", "bool", "", "Megatron --sequence-parallel (needs tensor parallel > 1)"},
+    {"pipelineParallel", "pipeline parallel size", "count", "", "Megatron --pipeline-model-parallel-size"},
+    {"pipelineSchedule", "pipeline schedule", "select", "pipelineSchedules", "1F1B, GPipe or interleaved"},
+    {"virtualStages", "virtual stages", "count", "", "interleaved: model chunks per pipeline rank"},
+    {"contextParallel", "context parallel size", "count", "", "Megatron --context-parallel-size"},
+    {"expertParallel", "expert parallel size", "count", "", "Megatron --expert-model-parallel-size"},
+    {"gradientAccumulationSteps", "gradient accumulation steps", "count", "", "micro-batches per optimizer step (the pipeline's m)"},
+};
+
+constexpr std::int64_t kMaxRanks = 1'000'000;  // GPUs in one job, far above any cluster
+
+}  // namespace
+
+std::span<const Named<FsdpMode>> NamesOf(FsdpMode) { return kFsdpModes; }
+std::span<const Named<OffloadKind>> NamesOf(OffloadKind) { return kOffloads; }
+std::span<const Named<PipelineSchedule>> NamesOf(PipelineSchedule) { return kSchedules; }
+std::span<const Named<OverlapComm>> NamesOf(OverlapComm) { return kOverlaps; }
+std::span<const ParallelField> ParallelFields() { return kFields; }
+
+std::int64_t WorldSize(const ParallelDef& p) {
+  return p.dataParallel * p.tensorParallel * p.pipelineParallel * p.contextParallel;
+}
+
+bool IsParallel(const ParallelDef& p) {
+  return p.dataParallel != 1 || p.tensorParallel != 1 || p.pipelineParallel != 1 || p.contextParallel != 1 ||
+         p.expertParallel != 1 || p.zeroStage != 0 || p.fsdp != FsdpMode::Off || p.offload != OffloadKind::None ||
+         p.zeroRedundancyOptimizer;
+}
+
+void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
+  const ParallelDef& p = setup.parallel;
+  auto bad = [&](const char* field, std::string message) {
+    errors.push_back({ErrorCode::InvalidField, std::string("parallel.") + field, std::move(message)});
+  };
+  auto count = [&](const char* field, std::int64_t value, std::int64_t max, const char* what) {
+    if (value < 1 || value > max) {
+      bad(field, std::string(what) + " must be a whole number from 1 to " + FormatCount(max) + ", got " +
+                     std::to_string(value) + ".");
+      return false;
+    }
+    return true;
+  };
+  bool sizesOk = count("dataParallel", p.dataParallel, kMaxRanks, "The data parallel size");
+  sizesOk &= count("tensorParallel", p.tensorParallel, 1024, "The tensor parallel size");
+  sizesOk &= count("pipelineParallel", p.pipelineParallel, 4096, "The pipeline parallel size");
+  sizesOk &= count("contextParallel", p.contextParallel, 4096, "The context parallel size");
+  sizesOk &= count("expertParallel", p.expertParallel, kMaxRanks, "The expert parallel size");
+  count("virtualStages", p.virtualStages, 1024, "The number of virtual stages");
+  count("gradientAccumulationSteps", p.gradientAccumulationSteps, 1'000'000, "Gradient accumulation steps");
+  count("fsdpShardGroupSize", p.fsdpShardGroupSize, kMaxRanks, "The HYBRID_SHARD group size");
+  count("reduceBucketSize", p.reduceBucketSize, 1'000'000'000'000, "reduce_bucket_size");
+  count("allgatherBucketSize", p.allgatherBucketSize, 1'000'000'000'000, "allgather_bucket_size");
+  count("stage3PrefetchBucketSize", p.stage3PrefetchBucketSize, 1'000'000'000'000, "stage3_prefetch_bucket_size");
+  count("stage3MaxLiveParameters", p.stage3MaxLiveParameters, 1'000'000'000'000, "stage3_max_live_parameters");
+  if (p.stage3ParamPersistenceThreshold < 0 || p.stage3ParamPersistenceThreshold > 1'000'000'000'000) {
+    bad("stage3ParamPersistenceThreshold", "stage3_param_persistence_threshold must be from 0 to 1e12 elements.");
+  }
+  if (!std::isfinite(p.bucketCapMB) || p.bucketCapMB <= 0 || p.bucketCapMB > 1'048'576) {
+    bad("bucketCapMB", "bucket_cap_mb must be a positive number of MiB up to 1 TiB.");
+  }
+  if (p.zeroStage < 0 || p.zeroStage > 3) bad("zeroStage", "The ZeRO stage is 0, 1, 2 or 3.");
+  if (sizesOk && WorldSize(p) > kMaxRanks) {
+    bad("dataParallel", "Data × tensor × pipeline × context parallel is " +
+                            FormatScientific(double(p.dataParallel) * double(p.tensorParallel) *
+                                             double(p.pipelineParallel) * double(p.contextParallel)) +
+                            " GPUs, more than 1e6.");
+  }
+  // Combinations the sharded step does not simulate yet: refused by name rather than estimated
+  // with one GPU's rules (the sharding code assumes every parameter trains in the regime's dtype,
+  // and its gradient hooks replace the optimizer-in-backward's).
+  if (IsParallel(p) && FinetuneActive(setup.finetune)) {
+    bad("dataParallel", "Many GPUs with frozen weights, adapters or quantized weights (the finetune section) are not "
+                        "simulated yet: estimate one GPU, or train every parameter.");
+  }
+  if (IsParallel(p) && setup.training.optimizerInBackward) {
+    bad("dataParallel", "Many GPUs with the optimizer step in backward are not simulated yet: estimate one GPU, or "
+                        "turn the optimizer in backward off.");
+  }
+  if (p.gradientAccumulationSteps > 1 && setup.training.optimizerInBackward) {
+    bad("gradientAccumulationSteps", "The optimizer step in backward frees each gradient at once, so gradients cannot "
+                                     "accumulate over micro-batches (torchtune refuses it too): set 1 step or turn it off.");
+  }
+  if (p.zeroRedundancyOptimizer) {
+    if (p.zeroStage != 0 || p.fsdp != FsdpMode::Off) {
+      bad("zeroRedundancyOptimizer", "ZeroRedundancyOptimizer wraps a torch optimizer under DDP: not with a ZeRO stage or FSDP.");
+    } else if (p.dataParallel < 2) {
+      bad("zeroRedundancyOptimizer", "ZeroRedundancyOptimizer needs data parallel > 1.");
+    }
+    if (RegimeOf(setup.training.precision).masterWeights) {
+      bad("zeroRedundancyOptimizer", "ZeroRedundancyOptimizer is simulated without fp32 master copies: choose fp32, bf16 or autocast.");
+    }
+  }
+  if (p.fsdp != FsdpMode::Off && p.zeroStage != 0) {
+    bad("fsdp", "FSDP and DeepSpeed ZeRO shard the same states: choose one (zeroStage 0 with FSDP).");
+  }
+  if (p.offload != OffloadKind::None && p.zeroStage == 0 && p.fsdp == FsdpMode::Off) {
+    bad("offload", "Offload needs ZeRO (stage ≥ 1 for the optimizer, 3 for parameters) or FSDP.");
+  }
+  if (p.offload == OffloadKind::OptimizerAndParameters && p.zeroStage != 0 && p.zeroStage != 3) {
+    bad("offload", "DeepSpeed offloads parameters only with ZeRO stage 3 (offload_param).");
+  }
+  if (p.fsdp == FsdpMode::HybridShard && sizesOk && p.dataParallel % p.fsdpShardGroupSize != 0 &&
+      p.fsdpShardGroupSize < p.dataParallel) {
+    bad("fsdpShardGroupSize", "HYBRID_SHARD needs the data parallel size to be a multiple of its group size.");
+  }
+  if (p.sequenceParallel && p.tensorParallel == 1) {
+    bad("sequenceParallel", "Sequence parallelism splits what tensor parallelism leaves whole: it needs tensor parallel > 1.");
+  }
+  if (p.pipelineSchedule != PipelineSchedule::Interleaved && p.virtualStages != 1) {
+    bad("virtualStages", "Virtual stages exist only with the interleaved schedule.");
+  }
+  // What the simulation covers so far (docs/parallel.md, "Not yet simulated"): refused, not guessed.
+  if (p.pipelineParallel != 1) bad("pipelineParallel", "Pipeline parallelism is not simulated yet (docs/parallel.md).");
+  if (p.contextParallel != 1) bad("contextParallel", "Context parallelism is not simulated yet (docs/parallel.md).");
+  if (p.expertParallel != 1) bad("expertParallel", "Expert parallelism is not simulated yet (docs/parallel.md).");
+  if (p.sequenceParallel) bad("sequenceParallel", "Sequence parallelism is not simulated yet (docs/parallel.md).");
+  // Gradient accumulation's work budget is checked with the rest of the budget (setup.cpp).
+  if (p.tensorParallel > 1 && sizesOk) {
+    if (setup.model.kind != ModelKind::Transformer) {
+      bad("tensorParallel", "Tensor parallelism splits attention heads and MLP widths: it needs a transformer architecture.");
+    } else {
+      const ArchitectureDef& a = setup.model.architecture;
+      const std::int64_t t = p.tensorParallel;
+      auto divides = [&](std::int64_t n, const char* what) {
+        if (n % t != 0) bad("tensorParallel", std::string("Megatron splits ") + what + " (" + std::to_string(n) +
+                                                  ") evenly: the tensor parallel size must divide it.");
+      };
+      divides(a.numHeads, "the attention heads");
+      divides(KeyValueHeads(a), "the key/value heads");
+      divides(IntermediateSize(a), "the MLP width");
+      if (a.numExperts > 0) divides(ExpertIntermediateSize(a), "each expert's width");
+      if (a.sharedExpertIntermediateSize > 0) divides(a.sharedExpertIntermediateSize, "the shared expert's width");
+      if (a.family != Family::Llama) {
+        // GPT-2's fused c_attn is written as 3·hidden wide; splitting it needs the family to
+        // read its width from the head count (docs/parallel.md, "Not yet simulated").
+        bad("tensorParallel", "Tensor parallelism is simulated for the Llama family so far.");
+      }
+    }
+  }
+}
+
+}  // namespace gpumem

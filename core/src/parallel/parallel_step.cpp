@@ -1,0 +1,442 @@
+// The simulated rank's sharded model states and communication buffers (docs/parallel.md).
+#include "parallel/parallel_step.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "gpumem/format.hpp"
+#include "gpumem/names.hpp"
+
+namespace gpumem {
+namespace {
+
+std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+bool ShardsFp32(const ShardPlan& plan) {
+  return plan.engine == ShardingEngine::Zero || plan.engine == ShardingEngine::Fsdp ||
+         plan.engine == ShardingEngine::Fsdp2;
+}
+
+// The regime torch.optim sees. ZeRO hands it the fp32 flat partition with an fp32 gradient;
+// FSDP with MixedPrecision keeps the sharded parameters (and their gradients) in fp32 and
+// casts to param_dtype only for the gathered copy (torch/distributed/fsdp/_flat_param.py
+// _use_low_precision_shard). No further upcast happens in the step.
+Regime OptimizerRegimeOf(const ShardPlan& plan, const Regime& regime) {
+  if (!ShardsFp32(plan) || !regime.masterWeights) return regime;
+  Regime r = regime;
+  r.weights = DType::FP32;
+  r.gradients = DType::FP32;
+  r.masterWeights = false;
+  return r;
+}
+
+// FSDP unit of a parameter: 0 = root, 1 + block.
+int UnitOf(const Tensor& t) { return t.layer < 0 ? 0 : t.layer + 1; }
+
+}  // namespace
+
+ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names,
+                           const Regime& regime, TextStore& text)
+    : setup_(setup), inventory_(inventory), names_(names), regime_(regime), plan_(PlanShards(setup, inventory)) {
+  optimizerRegime_ = OptimizerRegimeOf(plan_, regime_);
+  if (!plan_.offloadOptimizer) {
+    if ((plan_.engine == ShardingEngine::None || plan_.engine == ShardingEngine::DDP) &&
+        !setup_.parallel.zeroRedundancyOptimizer) {
+      optimizerNames_ = names_;
+      optimizerInventory_ = inventory_;
+    } else {
+      optimizerInventory_ = plan_.optimizerTensors;
+      for (const Tensor& t : optimizerInventory_.parameters) optimizerNames_.push_back(text.Own(t.name));
+    }
+  }
+  const std::size_t units = 1 + plan_.unitElements.size();
+  unsharded_.assign(units, kNoTensor);
+  sharded_.assign(units, kNoTensor);
+  const ParallelDef& p = setup_.parallel;
+  gathers_ = (plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 3) || plan_.engine == ShardingEngine::Fsdp ||
+             plan_.engine == ShardingEngine::Fsdp2;
+  // SHARD_GRAD_OP and fully_shard(reshard_after_forward=False) keep forward's gathered
+  // parameters to the unit's backward (FSDP ShardingStrategy docs; _fully_shard.py).
+  reshardAfterForward_ = !(p.fsdp == FsdpMode::ShardGradOp || (p.fsdp == FsdpMode::FullyShard && !p.reshardAfterForward));
+  gatherElements_.assign(units, 0);
+  gathered_.assign(units, kNoTensor);
+  for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+    const Tensor& t = inventory_.parameters[i];
+    // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole.
+    const bool whole = plan_.engine == ShardingEngine::Zero && t.Elements() < p.stage3ParamPersistenceThreshold &&
+                       !plan_.offloadParameters;
+    if (!whole) gatherElements_[static_cast<std::size_t>(UnitOf(t))] += t.Elements();
+  }
+}
+
+void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
+  if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
+  TensorHandle& h = gathered_[static_cast<std::size_t>(unit)];
+  const std::int64_t n = gatherElements_[static_cast<std::size_t>(unit)];
+  if (h != kNoTensor || n == 0) return;
+  TextStore& text = b.text();
+  const Text what = unit == 0 ? text.Make({"root unit (embeddings, final norm, head)"})
+                              : text.Make({"layers.", TextPart::Int(unit - 1)});
+  h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights), text.Make({"gathered ", what}),
+              text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what}),
+              text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
+}
+
+void ParallelStep::Free(TraceBuilder& b, int unit) {
+  if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
+  TensorHandle& h = gathered_[static_cast<std::size_t>(unit)];
+  if (h == kNoTensor) return;
+  TextStore& text = b.text();
+  b.Release(h, unit == 0 ? text.Make({"reshard: root unit freed"})
+                         : text.Make({"reshard: layers.", TextPart::Int(unit - 1), " freed"}));
+  h = kNoTensor;
+}
+
+void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
+  if (!gathers_) return;
+  const int unit = layer < 0 ? 0 : layer + 1;
+  const int units = static_cast<int>(gathered_.size());
+  if (!backward) {
+    // Forward: the root is gathered first and (as FSDP's root) kept to the end of backward;
+    // a block's unit is freed when the next one is entered, unless it stays gathered.
+    Gather(b, 0, false);
+    if (reshardAfterForward_) for (int u = 1; u < units; ++u) if (u != unit) Free(b, u);
+    Gather(b, unit, false);
+    if (plan_.engine == ShardingEngine::Zero) {
+      // stage3_prefetch_bucket_size: the following units gathered ahead while they fit in it
+      // (DeepSpeed prefetches sub-modules; whole units are the simulation's granularity).
+      std::int64_t ahead = 0;
+      for (int u = unit + 1; u < units && unit > 0; ++u) {
+        ahead += gatherElements_[static_cast<std::size_t>(u)];
+        if (ahead > setup_.parallel.stage3PrefetchBucketSize) break;
+        Gather(b, u, true);
+      }
+    } else if (setup_.parallel.forwardPrefetch && unit > 0 && unit + 1 < units) {
+      Gather(b, unit + 1, true);
+    }
+    return;
+  }
+  // Backward: blocks run last to first. The unit just finished is freed (reshard after
+  // backward), the entered one gathered, and with BACKWARD_PRE the one before it prefetched.
+  for (int u = unit + 1; u < units; ++u) Free(b, u);
+  Gather(b, unit, false);
+  const bool prefetch = plan_.engine == ShardingEngine::Zero || setup_.parallel.backwardPrefetch;
+  if (prefetch && unit > 1) Gather(b, unit - 1, true);
+}
+
+void ParallelStep::Init(TraceBuilder& b) {
+  TextStore& text = b.text();
+  const std::int64_t w = BytesPerElement(regime_.weights), g = BytesPerElement(regime_.gradients);
+  const std::int64_t d = plan_.shardWorld;
+  const bool fsdp = plan_.engine == ShardingEngine::Fsdp || plan_.engine == ShardingEngine::Fsdp2;
+  if (fsdp) {
+    if (!plan_.offloadParameters) {
+      const DType type = regime_.masterWeights ? DType::FP32 : regime_.weights;
+      for (const Tensor& s : plan_.optimizerTensors.parameters) {
+        b.Alloc(Category::Parameters, s.Elements() * BytesPerElement(type), text.Own(s.name),
+                text.Make({"FSDP init: ", text.Own(s.name), " (1/", TextPart::Int(d), ", padded)"}),
+                text.Shape(Shape(s.shape), type), s.layer);
+      }
+    }
+  } else {
+    for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+      const Tensor& p = inventory_.parameters[i];
+      const std::int64_t held = plan_.parameterElementsHeld[i];
+      if (held <= 0) continue;
+      const bool partitioned = held != p.Elements();
+      b.Alloc(Category::Parameters, held * w, names_[i],
+              partitioned ? text.Make({"ZeRO-3 init: partition of ", names_[i], " (⌈n / ", TextPart::Int(d), "⌉)"})
+                          : text.Make({"model init: ", names_[i]}),
+              partitioned ? text.Make({TextPart::Count(held), " × ", TextPart::Bytes(regime_.weights)})
+                          : text.Shape(Shape(p.shape), regime_.weights),
+              p.layer);
+    }
+  }
+  if (plan_.engine == ShardingEngine::Zero) {
+    // stage_1_and_2.py: single_partition_of_fp32_groups = the rank's partition .clone().float()
+    // (made in fp32 training too); stage3.py _create_fp32_partitions likewise.
+    if (!plan_.offloadOptimizer) {
+      b.Alloc(Category::MasterWeights, plan_.partitionElements * 4, text.Make({"fp32 flat partition"}),
+              text.Make({"ZeRO init: fp32 partition of the flat parameters (1/", TextPart::Int(d), ")"}),
+              text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(DType::FP32)}));
+    }
+    if (plan_.zeroStage == 3 && plan_.reduceBuckets > 0) {
+      // stage3.py: __ipg_bucket_flat_buffer, reduce_bucket_size elements, made at construction.
+      reduceBuckets_.push_back(b.Alloc(Category::Gradients, plan_.reduceBucketElements * g, text.Make({"ipg bucket"}),
+                                       text.Make({"ZeRO-3 init: reduce bucket (reduce_bucket_size)"}),
+                                       text.Make({TextPart::Count(plan_.reduceBucketElements), " × ",
+                                                  TextPart::Bytes(regime_.gradients)})));
+    }
+  } else if (!fsdp && regime_.masterWeights) {
+    for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+      const Tensor& p = inventory_.parameters[i];
+      if (!p.trainable) continue;
+      b.Alloc(Category::MasterWeights, p.Elements() * 4, text.Make({names_[i], " (fp32 master)"}),
+              text.Make({"optimizer construction: fp32 master copy of ", names_[i]}),
+              text.Shape(Shape(p.shape), DType::FP32), p.layer);
+    }
+  }
+  // DDP's reducer allocates every bucket at construction (reducer.cpp initialize_buckets:
+  // bucket.gradients = at::empty({total numel})); they live as long as the model.
+  for (std::size_t k = 0; k < plan_.ddpBucketElements.size(); ++k) {
+    const std::int64_t n = plan_.ddpBucketElements[k];
+    b.Alloc(Category::Gradients, n * g, text.Make({"DDP bucket ", TextPart::Int(static_cast<std::int64_t>(k))}),
+            text.Make({"DDP init: reducer bucket ", TextPart::Int(static_cast<std::int64_t>(k)),
+                       TextPart::View(k == 0 ? " (first bucket: 1 MiB)" : " (bucket_cap_mb)")}),
+            text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.gradients)}));
+  }
+}
+
+void ParallelStep::StartBackward(TraceBuilder& b) {
+  if (plan_.engine != ShardingEngine::Zero || plan_.zeroStage != 2 || plan_.reduceBuckets == 0) return;
+  // stage_1_and_2.py backward(): with contiguous_gradients, ipg_buffer = [empty(reduce_bucket_size)]
+  // and a second one with overlap_comm; released by _release_ipg_buffers in step().
+  TextStore& text = b.text();
+  // A later micro-batch's backward replaces the list: the old buffers go first.
+  for (TensorHandle h : reduceBuckets_) b.Release(h, text.Make({"ZeRO-2 backward: previous reduce buckets let go"}));
+  reduceBuckets_.clear();
+  for (int k = 0; k < plan_.reduceBuckets; ++k) {
+    reduceBuckets_.push_back(b.Alloc(Category::Gradients, plan_.reduceBucketElements * BytesPerElement(regime_.gradients),
+                                     text.Make({"ipg_buffer ", TextPart::Int(k)}),
+                                     text.Make({"ZeRO-2 backward: reduce bucket ", TextPart::Int(k),
+                                                TextPart::View(k == 1 ? " (overlap_comm)" : " (reduce_bucket_size)")}),
+                                     text.Make({TextPart::Count(plan_.reduceBucketElements), " × ",
+                                                TextPart::Bytes(regime_.gradients)})));
+  }
+}
+
+bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
+  TextStore& text = b.text();
+  const Tensor& p = inventory_.parameters[index];
+  const std::int64_t g = BytesPerElement(regime_.gradients);
+  switch (plan_.engine) {
+    case ShardingEngine::None: return false;
+    case ShardingEngine::DDP: {
+      if (!setup_.parallel.gradientAsBucketView) return false;
+      // gradient_as_bucket_view=True: AccumulateGrad still makes .grad from the incoming
+      // gradient (it was None after zero_grad(set_to_none=True)); the reducer's hook copies it
+      // into its bucket view and makes .grad that view (reducer.cpp mark_variable_ready_dense:
+      // bucket_view.copy_(grad); grad = bucket_view), so the gradient lives for an instant.
+      const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
+                                        text.Make({label, ": ", names_[index], ".grad"}),
+                                        text.Shape(Shape(p.shape), regime_.gradients), p.layer);
+      b.Release(grad, text.Make({label, ": ", names_[index], ".grad copied into its DDP bucket (now a view)"}));
+      return true;
+    }
+    case ShardingEngine::Zero: {
+      if (plan_.zeroStage < 2) return false;
+      // The gradient is copied into the reduce bucket and freed (reduce_independent_p_g_buckets_
+      // and_remove_grads); after the reduce-scatter this rank's part lands in grads_in_partition.
+      const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
+                                        text.Make({label, ": ", names_[index], ".grad"}),
+                                        text.Shape(Shape(p.shape), regime_.gradients), p.layer);
+      if (gradPartition_ == kNoTensor && !plan_.offloadOptimizer) {
+        gradPartition_ = b.Alloc(Category::Gradients, plan_.partitionElements * g, text.Make({"grads_in_partition"}),
+                                 text.Make({"ZeRO: gradient partition (first reduce)"}),
+                                 text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(regime_.gradients)}));
+      }
+      b.Release(grad, text.Make({label, ": ", names_[index], ".grad copied to the reduce bucket"}));
+      return true;
+    }
+    case ShardingEngine::Fsdp:
+    case ShardingEngine::Fsdp2: {
+      const int unit = UnitOf(p);
+      if (unit != 0 && unit != openUnit_) {
+        if (openUnit_ > 0) ReduceScatterUnit(b, openUnit_);
+        openUnit_ = unit;
+      }
+      if (unsharded_[static_cast<std::size_t>(unit)] == kNoTensor) {
+        const std::int64_t elements = unit == 0 ? plan_.rootUnitElements : plan_.unitElements[static_cast<std::size_t>(unit - 1)];
+        unsharded_[static_cast<std::size_t>(unit)] =
+            b.Alloc(Category::Gradients, elements * g, text.Make({"unsharded gradient"}),
+                    text.Make({label, ": unsharded gradient of its FSDP unit"}),
+                    text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(regime_.gradients)}), p.layer);
+      }
+      return true;
+    }
+  }
+  return false;
+}
+
+void ParallelStep::ReduceScatterUnit(TraceBuilder& b, int unit) {
+  // _runtime_utils.py _post_backward_hook → _reduce_grad: reduce-scatter into a new shard,
+  // the unsharded gradient freed, the shard cast to the parameter's dtype and kept (or added to
+  // the kept one) in _saved_grad_shard / .grad; with CPU offload copied to the host.
+  TextStore& text = b.text();
+  TensorHandle& full = unsharded_[static_cast<std::size_t>(unit)];
+  if (full == kNoTensor) return;
+  const std::int64_t elements = unit == 0 ? plan_.rootUnitElements : plan_.unitElements[static_cast<std::size_t>(unit - 1)];
+  const std::int64_t shard = CeilDiv(elements, plan_.shardWorld);
+  const int layer = unit - 1;
+  const Text what = unit == 0 ? text.Make({"root unit"}) : text.Make({"layers.", TextPart::Int(layer)});
+  TensorHandle out = b.Alloc(Category::Gradients, shard * BytesPerElement(regime_.gradients), text.Make({"gradient shard"}),
+                             text.Make({"FSDP reduce-scatter of ", what}),
+                             text.Make({TextPart::Count(shard), " × ", TextPart::Bytes(regime_.gradients)}), layer);
+  b.Release(full, text.Make({"FSDP: unsharded gradient of ", what, " freed"}));
+  full = kNoTensor;
+  if (plan_.offloadOptimizer) {
+    b.Release(out, text.Make({"FSDP: gradient shard of ", what, " copied to the host"}));
+    return;
+  }
+  if (optimizerRegime_.gradients != regime_.gradients) {
+    TensorHandle cast = b.Alloc(Category::Gradients, shard * BytesPerElement(optimizerRegime_.gradients),
+                                text.Make({"gradient shard (fp32)"}), text.Make({"FSDP: gradient shard of ", what, " in fp32"}),
+                                text.Make({TextPart::Count(shard), " × ", TextPart::Bytes(optimizerRegime_.gradients)}), layer);
+    b.Release(out, text.Make({"FSDP: 16-bit gradient shard freed"}));
+    out = cast;
+  }
+  TensorHandle& kept = sharded_[static_cast<std::size_t>(unit)];
+  if (kept == kNoTensor) kept = out;
+  else b.Release(out, text.Make({"FSDP: gradient shard accumulated"}));
+}
+
+void ParallelStep::EndBackward(TraceBuilder& b) {
+  TextStore& text = b.text();
+  for (int u = static_cast<int>(gathered_.size()) - 1; u >= 0; --u) Free(b, u);
+  if (plan_.engine == ShardingEngine::Fsdp || plan_.engine == ShardingEngine::Fsdp2) {
+    if (openUnit_ > 0) ReduceScatterUnit(b, openUnit_);
+    ReduceScatterUnit(b, 0);  // the root's post-backward runs last
+    openUnit_ = -2;
+  }
+  if (plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 1 && plan_.reduceBuckets > 0) {
+    // stage_1_and_2.py reduce_gradients → buffered_reduce_fallback: gradients flattened into a
+    // new tensor of at most reduce_bucket_size elements, all-reduced, copied back, freed.
+    const TensorHandle flat = b.Alloc(Category::Gradients, plan_.reduceBucketElements * BytesPerElement(regime_.gradients),
+                                      text.Make({"flat gradient bucket"}), text.Make({"ZeRO-1: gradients flattened for all-reduce"}),
+                                      text.Make({TextPart::Count(plan_.reduceBucketElements), " × ",
+                                                 TextPart::Bytes(regime_.gradients)}));
+    b.Release(flat, text.Make({"ZeRO-1: gradients all-reduced"}));
+  }
+}
+
+void ParallelStep::BeforeOptimizerStep(TraceBuilder& b) {
+  if (plan_.engine != ShardingEngine::Zero) return;
+  TextStore& text = b.text();
+  // stage_1_and_2.py step(): the rank's gradients flattened and cast to fp32 (the fused fp32
+  // gradient buffer, single_grad_partition), then the 16-bit ones and the buckets let go.
+  if (!plan_.offloadOptimizer) {
+    fp32GradPartition_ = b.Alloc(Category::Gradients, plan_.partitionElements * 4, text.Make({"fp32 gradient partition"}),
+                                 text.Make({"ZeRO step: fp32 gradient partition"}),
+                                 text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(DType::FP32)}));
+  }
+  b.Release(gradPartition_, text.Make({"ZeRO step: 16-bit gradient partition freed"}));
+  gradPartition_ = kNoTensor;
+  if (plan_.zeroStage == 2) {
+    for (TensorHandle h : reduceBuckets_) b.Release(h, text.Make({"ZeRO step: _release_ipg_buffers"}));
+    reduceBuckets_.clear();
+  }
+}
+
+void ParallelStep::AfterOptimizerStep(TraceBuilder& b) {
+  b.Release(fp32GradPartition_, b.text().Make({"ZeRO step: fp32 gradient partition freed"}));
+  fp32GradPartition_ = kNoTensor;
+}
+
+void ParallelStep::ReleaseAll(TraceBuilder& b, Text label) {
+  for (TensorHandle& h : sharded_) {
+    b.Release(h, label);
+    h = kNoTensor;
+  }
+  b.Release(gradPartition_, label);
+  gradPartition_ = kNoTensor;
+}
+
+std::vector<std::string> ParallelNotes(const Setup& setup) {
+  std::vector<std::string> notes;
+  const SimulatedRank rank = SimulatedRankOf(setup);
+  notes.push_back("Many GPUs: " + std::to_string(rank.worldSize) + " GPUs, " + rank.engineLabel +
+                  "; the estimate is one rank's (" + rank.why + ").");
+  const ParallelDef& p = setup.parallel;
+  const bool gathers = p.zeroStage == 3 || p.fsdp != FsdpMode::Off;
+  if (gathers && setup.model.kind != ModelKind::Transformer) {
+    notes.push_back("ZeRO-3 / FSDP: this model has no transformer blocks to gather one at a time, so gathered "
+                    "parameters are not simulated; the sharded states and gradient buffers are.");
+  }
+  if (p.zeroStage >= 2 && p.contiguousGradients) {
+    notes.push_back("ZeRO: the reduce bucket holds reduce_bucket_size elements (" + std::to_string(p.reduceBucketSize) +
+                    ") whatever the model's size; lower it for small models.");
+  }
+  if (p.tensorParallel > 1) {
+    notes.push_back("Tensor parallel: the rank runs the model with heads, MLP width and vocabulary divided by " +
+                    std::to_string(p.tensorParallel) + "; hidden states between blocks are whole (no sequence parallelism).");
+  }
+  notes.push_back("NCCL's communicator buffers are not modelled yet (docs/parallel.md).");
+  return notes;
+}
+
+ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) {
+  ModelStates m;
+  const Regime regime = RegimeOf(setup.training.precision);
+  const ShardPlan plan = PlanShards(setup, inventory);
+  const Regime optimizer = OptimizerRegimeOf(plan, regime);
+  const std::int64_t d = plan.shardWorld;
+  const std::string per = " (1/" + std::to_string(d) + ")";
+  m.parameterCount = inventory.ParameterCount();
+  const std::int64_t trainable = inventory.TrainableCount();
+  auto count = [](std::int64_t n, DType t) { return FormatCount(n) + " × " + BytesOf(t); };
+  std::string params, master, grads;
+  switch (plan.engine) {
+    case ShardingEngine::None:
+    case ShardingEngine::DDP:
+    case ShardingEngine::Zero: {
+      std::int64_t held = 0;
+      for (std::int64_t n : plan.parameterElementsHeld) held += n;
+      m.parametersBytes = held * BytesPerElement(regime.weights);
+      params = count(held, regime.weights) + (held != m.parameterCount ? " (ZeRO-3 partitions" + per + " and persistent parameters)" : "");
+      if (plan.engine == ShardingEngine::Zero) {
+        m.masterWeightsBytes = plan.offloadOptimizer ? 0 : plan.partitionElements * 4;
+        master = plan.offloadOptimizer ? "offloaded to the host" : count(plan.partitionElements, DType::FP32) + " flat partition" + per;
+        const bool partitioned = plan.zeroStage >= 2;
+        const std::int64_t n = partitioned ? (plan.offloadOptimizer ? 0 : plan.partitionElements) : trainable;
+        m.gradientsBytes = n * BytesPerElement(regime.gradients);
+        grads = count(n, regime.gradients) + (partitioned ? " gradient partition" + per : "");
+      } else {
+        m.masterWeightsBytes = regime.masterWeights ? trainable * 4 : 0;
+        master = count(regime.masterWeights ? trainable : 0, DType::FP32);
+        std::int64_t buckets = 0;
+        for (std::int64_t n : plan.ddpBucketElements) buckets += n;
+        const std::int64_t n = (setup.parallel.gradientAsBucketView && plan.engine == ShardingEngine::DDP ? 0 : trainable) + buckets;
+        m.gradientsBytes = n * BytesPerElement(regime.gradients);
+        grads = count(n, regime.gradients) +
+                (buckets > 0 ? " (DDP buckets " + FormatCount(buckets) +
+                                   (setup.parallel.gradientAsBucketView ? ", .grad views of them)" : " + .grad)")
+                             : "");
+      }
+      break;
+    }
+    case ShardingEngine::Fsdp:
+    case ShardingEngine::Fsdp2: {
+      const std::int64_t shards = plan.partitionElements;
+      const DType type = regime.masterWeights ? DType::FP32 : regime.weights;
+      m.parametersBytes = plan.offloadParameters ? 0 : shards * BytesPerElement(type);
+      params = plan.offloadParameters ? "offloaded to the host" : count(shards, type) + " sharded" + per + ", padded";
+      m.masterWeightsBytes = 0;
+      master = "the fp32 shards are the parameters";
+      m.gradientsBytes = plan.offloadOptimizer ? 0 : shards * BytesPerElement(optimizer.gradients);
+      grads = plan.offloadOptimizer ? "offloaded to the host" : count(shards, optimizer.gradients) + " sharded" + per;
+      break;
+    }
+  }
+  std::int64_t values = 0;
+  if (!plan.offloadOptimizer || plan.engine == ShardingEngine::None || plan.engine == ShardingEngine::DDP) {
+    const Inventory& seen = plan.optimizerTensors;  // the parameters themselves for DDP
+    for (const Tensor& t : seen.parameters) {
+      for (const StateTensor& s : OptimizerStateTensors(setup.training, optimizer, t)) {
+        m.optimizerStatesBytes += s.elements * BytesPerElement(s.type);
+        values += s.elements;
+      }
+    }
+  }
+  m.totalBytes = m.parametersBytes + m.masterWeightsBytes + m.gradientsBytes + m.optimizerStatesBytes;
+  m.rows.push_back({Category::Parameters, m.parametersBytes, params});
+  m.rows.push_back({Category::MasterWeights, m.masterWeightsBytes, master});
+  m.rows.push_back({Category::Gradients, m.gradientsBytes, grads});
+  m.rows.push_back({Category::OptimizerStates, m.optimizerStatesBytes,
+                    plan.offloadOptimizer ? "offloaded to the host"
+                                          : FormatCount(values) + " values on this rank" +
+                                                (setup.parallel.zeroRedundancyOptimizer ? " (its ZeroRedundancyOptimizer share)"
+                                                 : plan.engine == ShardingEngine::None || plan.engine == ShardingEngine::DDP ? "" : per)});
+  return m;
+}
+
+}  // namespace gpumem

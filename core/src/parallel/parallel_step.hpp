@@ -1,0 +1,76 @@
+// The simulated rank's part of the step that only many GPUs have: model states as the sharding
+// engine holds them, the reducer's buckets, ZeRO's reduce buckets and fp32 gradient partition,
+// FSDP's unsharded and sharded gradients, and gathered parameters (docs/parallel.md). step.cpp
+// calls these hooks only when IsParallel(setup.parallel), so one GPU stays as it was.
+#pragma once
+
+#include <vector>
+
+#include "gpumem/estimate.hpp"
+#include "gpumem/parallel.hpp"
+#include "sim/trace_builder.hpp"
+
+namespace gpumem {
+
+class ParallelStep final : public GradientHook, public LayerHook {
+ public:
+  ParallelStep(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names, const Regime& regime,
+               TextStore& text);
+
+  // Model init: parameters and master weights as this rank holds them, and the buffers that
+  // live as long as the model (DDP buckets, ZeRO-3's reduce bucket).
+  void Init(TraceBuilder& b);
+  // What torch.optim sees (ZeRO's flat fp32 partition, FSDP's shards, or the parameters), its
+  // names, and its regime (fp32 gradients and weights when the engine keeps fp32 shards). Empty
+  // when the optimizer runs on the host (offload).
+  const Inventory& optimizerInventory() const { return optimizerInventory_; }
+  const std::vector<Text>& optimizerNames() const { return optimizerNames_; }
+  Regime optimizerRegime() const { return optimizerRegime_; }
+
+  void StartBackward(TraceBuilder& b);
+  void EndBackward(TraceBuilder& b);
+  void BeforeOptimizerStep(TraceBuilder& b);
+  void AfterOptimizerStep(TraceBuilder& b);
+
+  // GradientHook
+  bool Produce(TraceBuilder& b, std::size_t index, Text label) override;
+  void ReleaseAll(TraceBuilder& b, Text label) override;
+  // LayerHook: ZeRO-3 and FSDP gather a unit's parameters when it is entered and free them
+  // after it (forward: unless the unit stays gathered; backward: always).
+  void Enter(TraceBuilder& b, int layer, bool backward) override;
+  bool gathers() const { return gathers_; }
+
+ private:
+  void ReduceScatterUnit(TraceBuilder& b, int unit);  // FSDP: a unit's gradients are complete
+  void Gather(TraceBuilder& b, int unit, bool prefetch);
+  void Free(TraceBuilder& b, int unit);
+
+  const Setup& setup_;
+  const Inventory& inventory_;
+  const std::vector<Text>& names_;
+  Regime regime_;
+  ShardPlan plan_;
+  Inventory optimizerInventory_;
+  std::vector<Text> optimizerNames_;
+  Regime optimizerRegime_;
+  std::vector<TensorHandle> reduceBuckets_;   // ZeRO ipg_buffer(s)
+  TensorHandle gradPartition_ = kNoTensor;    // ZeRO-2/3 grads_in_partition (16-bit)
+  TensorHandle fp32GradPartition_ = kNoTensor;
+  // FSDP: per unit (index 0 = root, 1 + block), the unsharded gradient during backward and the
+  // sharded fp32 gradient kept to zero_grad.
+  std::vector<TensorHandle> unsharded_, sharded_;
+  int openUnit_ = -2;  // the non-root unit whose gradients are arriving
+  // Gathering (ZeRO-3, FSDP): per unit (0 = root, 1 + block) its gathered elements and handle.
+  bool gathers_ = false;
+  bool reshardAfterForward_ = true;
+  std::vector<std::int64_t> gatherElements_;
+  std::vector<TensorHandle> gathered_;
+};
+
+// What a person should know about the simulated rank's estimate (Estimate::notes).
+std::vector<std::string> ParallelNotes(const Setup& setup);
+
+// Model states of the simulated rank (the same rules as ParallelStep), for Estimate::modelStates.
+ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory);
+
+}  // namespace gpumem

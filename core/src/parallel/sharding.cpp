@@ -1,0 +1,243 @@
+// Which rank is simulated, the tensor-parallel rank's model, and how one data-parallel rank
+// holds the model states (docs/parallel.md).
+#include <algorithm>
+#include <vector>
+#include <string>
+
+#include "gpumem/inventory.hpp"
+#include "gpumem/names.hpp"
+#include "gpumem/parallel.hpp"
+#include "sim/trace_builder.hpp"
+
+namespace gpumem {
+namespace {
+
+std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+ShardingEngine EngineOf(const ParallelDef& p) {
+  if (p.zeroStage > 0) return ShardingEngine::Zero;
+  if (p.fsdp == FsdpMode::FullyShard) return ShardingEngine::Fsdp2;
+  if (p.fsdp != FsdpMode::Off) return ShardingEngine::Fsdp;
+  return p.dataParallel > 1 ? ShardingEngine::DDP : ShardingEngine::None;
+}
+
+std::int64_t ShardWorldOf(const ParallelDef& p) {
+  switch (EngineOf(p)) {
+    case ShardingEngine::None:
+    case ShardingEngine::DDP: return 1;
+    case ShardingEngine::Zero:
+    case ShardingEngine::Fsdp2: return p.dataParallel;
+    case ShardingEngine::Fsdp:
+      return p.fsdp == FsdpMode::HybridShard ? std::min(p.fsdpShardGroupSize, p.dataParallel) : p.dataParallel;
+  }
+  return 1;
+}
+
+}  // namespace
+
+ZeroRedundancyAssignment AssignZeroRedundancy(const Inventory& inventory, std::int64_t world) {
+  ZeroRedundancyAssignment a;
+  const std::size_t n = inventory.parameters.size();
+  a.rankOf.assign(n, -1);
+  a.elementsPerRank.assign(static_cast<std::size_t>(world), 0);
+  std::vector<std::size_t> order;
+  for (std::size_t i = 0; i < n; ++i) if (inventory.parameters[i].trainable) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) {
+    return inventory.parameters[x].Elements() > inventory.parameters[y].Elements();
+  });
+  for (std::size_t i : order) {
+    const auto least = std::min_element(a.elementsPerRank.begin(), a.elementsPerRank.end());
+    a.rankOf[i] = static_cast<int>(least - a.elementsPerRank.begin());
+    *least += inventory.parameters[i].Elements();
+  }
+  a.heaviestRank = std::max_element(a.elementsPerRank.begin(), a.elementsPerRank.end()) - a.elementsPerRank.begin();
+  return a;
+}
+
+SimulatedRank SimulatedRankOf(const Setup& setup) {
+  const ParallelDef& p = setup.parallel;
+  SimulatedRank r;
+  r.worldSize = WorldSize(p);
+  r.engine = EngineOf(p);
+  r.shardWorld = ShardWorldOf(p);
+  switch (r.engine) {
+    case ShardingEngine::None: r.engineLabel = "one data-parallel rank"; break;
+    case ShardingEngine::DDP: r.engineLabel = "DDP"; break;
+    case ShardingEngine::Zero: r.engineLabel = "DeepSpeed ZeRO-" + std::to_string(p.zeroStage); break;
+    case ShardingEngine::Fsdp: r.engineLabel = std::string(LabelOf(p.fsdp)); break;
+    case ShardingEngine::Fsdp2:
+      r.engineLabel = std::string("FSDP2 fully_shard(reshard_after_forward=") + (p.reshardAfterForward ? "True" : "False") + ")";
+      break;
+  }
+  if (p.offload != OffloadKind::None) r.engineLabel += std::string(", offload: ") + LabelOf(p.offload);
+  // Rank 0 of every group: data-parallel ranks hold equal shards (the flat buffers are padded so
+  // that every partition has the same size), tensor-parallel ranks equal slices (the sizes must
+  // divide evenly), so the first rank is as loaded as any.
+  r.why = "data-parallel rank 0, tensor-parallel rank 0: every data-parallel rank holds a partition of the same "
+          "(padded) size and every tensor-parallel rank a slice of the same size, so rank 0 is as loaded as any";
+  if (p.zeroRedundancyOptimizer && r.engine == ShardingEngine::DDP) {
+    r.engineLabel = "DDP + ZeroRedundancyOptimizer";
+    const ZeroRedundancyAssignment a = AssignZeroRedundancy(BuildInventory(TensorParallelRankSetup(setup)), p.dataParallel);
+    r.dataParallelRank = a.heaviestRank;
+    r.why = "data-parallel rank " + std::to_string(a.heaviestRank) + ": ZeroRedundancyOptimizer gives whole parameters to "
+            "ranks, and this one holds the most elements (" + std::to_string(a.elementsPerRank[static_cast<std::size_t>(a.heaviestRank)]) +
+            "), so the most optimizer state";
+  }
+  return r;
+}
+
+Setup TensorParallelRankSetup(const Setup& setup) {
+  const std::int64_t t = setup.parallel.tensorParallel;
+  if (t <= 1 || setup.model.kind != ModelKind::Transformer) return setup;
+  Setup rank = setup;
+  ArchitectureDef& a = rank.model.architecture;
+  const ArchitectureDef& full = setup.model.architecture;
+  // The head width must not change with the head count (HeadDim derives it from hidden/heads).
+  a.headDim = HeadDim(full);
+  a.numHeads = full.numHeads / t;                  // ColumnParallelLinear over q (and k, v)
+  a.numKeyValueHeads = KeyValueHeads(full) / t;
+  a.intermediateSize = IntermediateSize(full) / t;  // ColumnParallelLinear fc1 / RowParallelLinear fc2
+  if (full.numExperts > 0) a.expertIntermediateSize = ExpertIntermediateSize(full) / t;
+  a.sharedExpertIntermediateSize = full.sharedExpertIntermediateSize / t;
+  // VocabParallelEmbedding: each rank a contiguous 1/t of the (padded) vocabulary; Megatron pads
+  // the vocabulary to a multiple of make-vocab-size-divisible-by (128) × t
+  // (megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding).
+  a.vocabSize = CeilDiv(full.vocabSize, 128 * t) * 128;
+  return rank;
+}
+
+ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
+  const ParallelDef& p = setup.parallel;
+  ShardPlan plan;
+  plan.engine = EngineOf(p);
+  plan.zeroStage = static_cast<int>(p.zeroStage);
+  plan.shardWorld = ShardWorldOf(p);
+  plan.offloadOptimizer = p.offload != OffloadKind::None;
+  plan.offloadParameters = p.offload == OffloadKind::OptimizerAndParameters;
+  const std::int64_t d = plan.shardWorld;
+  const std::size_t n = inventory.parameters.size();
+  plan.parameterElementsHeld.resize(n);
+  for (std::size_t i = 0; i < n; ++i) plan.parameterElementsHeld[i] = inventory.parameters[i].Elements();
+
+  // Wrap units: one per transformer block, the rest in the root (transformer_auto_wrap_policy
+  // over the decoder layer class, as accelerate and HF Trainer configure FSDP).
+  for (const Tensor& t : inventory.parameters) {
+    if (t.layer < 0) { plan.rootUnitElements += t.Elements(); continue; }
+    if (plan.unitElements.size() <= static_cast<std::size_t>(t.layer)) plan.unitElements.resize(static_cast<std::size_t>(t.layer) + 1, 0);
+    plan.unitElements[static_cast<std::size_t>(t.layer)] += t.Elements();
+  }
+
+  for (const Tensor& t : inventory.parameters) if (t.trainable) plan.flatElements += t.Elements();
+
+  switch (plan.engine) {
+    case ShardingEngine::None:
+    case ShardingEngine::DDP: {
+      plan.optimizerTensors = inventory;
+      if (plan.engine == ShardingEngine::DDP) {
+        // torch/nn/parallel/distributed.py: _compute_bucket_assignment_by_size over the
+        // parameters in reverse order with limits [dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB),
+        // bucket_cap_mb × 2^20]; a bucket closes once its bytes reach its limit
+        // (torch/csrc/distributed/c10d/reducer.cpp compute_bucket_assignment_by_size).
+        const std::int64_t gradBytes = BytesPerElement(RegimeOf(setup.training.precision).gradients);
+        const std::int64_t firstLimit = 1 << 20;
+        const auto capLimit = static_cast<std::int64_t>(p.bucketCapMB * 1048576.0);
+        std::int64_t limit = firstLimit, bucket = 0;
+        for (std::size_t i = n; i-- > 0;) {
+          const Tensor& t = inventory.parameters[i];
+          if (!t.trainable) continue;
+          bucket += t.Elements();
+          if (bucket * gradBytes >= limit) {
+            plan.ddpBucketElements.push_back(bucket);
+            bucket = 0;
+            limit = capLimit;
+          }
+        }
+        if (bucket > 0) plan.ddpBucketElements.push_back(bucket);
+        if (p.zeroRedundancyOptimizer) {
+          // The local optimizer of the heaviest rank sees only its parameters.
+          const ZeroRedundancyAssignment a = AssignZeroRedundancy(inventory, p.dataParallel);
+          plan.optimizerTensors.parameters.clear();
+          for (std::size_t i = 0; i < n; ++i) {
+            if (a.rankOf[i] == a.heaviestRank) plan.optimizerTensors.parameters.push_back(inventory.parameters[i]);
+          }
+        }
+      }
+      break;
+    }
+    case ShardingEngine::Zero: {
+      if (plan.zeroStage <= 2) {
+        // stage_1_and_2.py: flatten_dense_tensors_aligned(group, nccl_start_alignment_factor (2) × dp).
+        plan.paddedFlatElements = CeilDiv(plan.flatElements, 2 * d) * 2 * d;
+        plan.partitionElements = plan.paddedFlatElements / d;
+      } else {
+        // partition_parameters.py _partition_param: each parameter padded to a multiple of the
+        // world (_padding_size) and split, ds_tensor = ⌈n / dp⌉; the fp32 partition is the flat
+        // of this rank's ds_tensors (stage3.py _create_fp32_partitions).
+        for (std::size_t i = 0; i < n; ++i) {
+          const Tensor& t = inventory.parameters[i];
+          const std::int64_t shard = CeilDiv(t.Elements(), d);
+          if (t.trainable) plan.partitionElements += shard;
+          plan.paddedFlatElements += shard * d;
+          // stage3_param_persistence_threshold: small parameters stay whole on every rank
+          // (parameter_offload.py persistent_parameters) besides their partition.
+          plan.parameterElementsHeld[i] =
+              plan.offloadParameters ? 0 : (t.Elements() < p.stage3ParamPersistenceThreshold ? t.Elements() + shard : shard);
+        }
+      }
+      Tensor flat;
+      flat.name = "fp32 flat partition";
+      flat.shape = {plan.partitionElements};
+      plan.optimizerTensors.parameters.push_back(flat);
+      // The contiguous-gradient reduce bucket (ipg_buffer): reduce_bucket_size elements, two
+      // with overlap_comm (stage_1_and_2.py backward(); stage3.py __ipg_bucket_flat_buffer,
+      // one buffer).
+      const bool overlap = p.overlapComm == OverlapComm::On || (p.overlapComm == OverlapComm::Default && plan.zeroStage == 3);
+      if (plan.zeroStage >= 2 && p.contiguousGradients) {
+        plan.reduceBucketElements = p.reduceBucketSize;
+        plan.reduceBuckets = plan.zeroStage == 2 && overlap ? 2 : 1;
+      } else if (plan.zeroStage == 1) {
+        // buffered_reduce_fallback flattens at most reduce_bucket_size elements at a time.
+        plan.reduceBucketElements = std::min(p.reduceBucketSize, plan.flatElements);
+        plan.reduceBuckets = 1;
+      }
+      break;
+    }
+    case ShardingEngine::Fsdp: {
+      // torch/distributed/fsdp/_flat_param.py: one FlatParameter per unit, padded to a multiple
+      // of the world (_get_shard: chunk, then pad) so every rank holds ⌈numel / world⌉.
+      auto unit = [&](std::int64_t elements, int layer, std::string name) {
+        Tensor shard;
+        shard.name = std::move(name);
+        shard.shape = {CeilDiv(elements, d)};
+        shard.layer = layer;
+        plan.optimizerTensors.parameters.push_back(shard);
+        plan.partitionElements += shard.shape[0];
+        plan.paddedFlatElements += shard.shape[0] * d;
+      };
+      if (plan.rootUnitElements > 0) unit(plan.rootUnitElements, -1, "root FlatParameter shard");
+      for (std::size_t l = 0; l < plan.unitElements.size(); ++l) {
+        if (plan.unitElements[l] > 0) unit(plan.unitElements[l], static_cast<int>(l), "layers." + std::to_string(l) + " FlatParameter shard");
+      }
+      std::fill(plan.parameterElementsHeld.begin(), plan.parameterElementsHeld.end(), 0);
+      break;
+    }
+    case ShardingEngine::Fsdp2: {
+      // torch/distributed/fsdp/_fully_shard/_fsdp_param.py: each parameter chunked on dim 0
+      // and padded to the first chunk's size (padded_sharded_param_size).
+      for (std::size_t i = 0; i < n; ++i) {
+        const Tensor& t = inventory.parameters[i];
+        Tensor shard = t;
+        if (!shard.shape.empty()) shard.shape[0] = CeilDiv(shard.shape[0], d);
+        shard.name = t.name + " (shard)";
+        plan.optimizerTensors.parameters.push_back(shard);
+        if (t.trainable) plan.partitionElements += shard.Elements();
+        plan.paddedFlatElements += shard.Elements() * d;
+        plan.parameterElementsHeld[i] = 0;
+      }
+      break;
+    }
+  }
+  return plan;
+}
+
+}  // namespace gpumem
