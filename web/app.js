@@ -22,6 +22,7 @@ import { buildArchFields, onArchFieldInput, onFamilyChange, onPresetChange } fro
 import { $, $$, MAX_TYPING_DELAY_MS, SLOW_UPDATE_MS, TYPING_DELAY_MS, state } from './page-state.js';
 import { drawCharts, markScrollingTables, render } from './results-panel.js';
 import { buildRuntimeFields } from './runtime-panel.js';
+import { buildSaverFields } from './savers-panel.js';
 import { fillSelect, readForm, showParameterHint, showTrainingOptions } from './setup-form.js';
 import { canSolve, runSolve } from './solve-panel.js';
 import { cancelViews, scheduleViews } from './views-panel.js';
@@ -145,6 +146,7 @@ function buildControls(options) {
   buildRuntimeFields();
   buildFirstScreen();
   buildFinetuneFields();
+  buildSaverFields();
   buildGpuSelect();
   $('#import-model').hidden = !canImport();
   $('#solve').hidden = !canSolve();
