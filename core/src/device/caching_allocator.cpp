@@ -61,6 +61,8 @@ std::uint32_t PriorityOf(int block) {
 }  // namespace
 
 void FreeBlockIndex::Clear() {
+  // Every node out, so that EraseBlock of a block cached before the Clear finds nothing.
+  for (Node& n : nodes_) n.parent = kOut;
   root_ = -1;
   size_ = 0;
 }
@@ -77,20 +79,30 @@ void FreeBlockIndex::Insert(const Key& key) {
   ++size_;
   // child index 1 when `n` comes before the new key (the key goes right of it).
   auto after = [&](const Node& n) { return static_cast<int>((n.size < key.size) | ((n.size == key.size) & (n.ptr < key.ptr))); };
+  int owner = -1;  // the node whose child slot `link` is (−1: the root slot)
   int* link = &root_;
-  while (*link >= 0 && N(*link).priority > node.priority) link = &N(*link).child[after(N(*link))];
+  while (*link >= 0 && N(*link).priority > node.priority) {
+    owner = *link;
+    link = &N(owner).child[after(N(owner))];
+  }
   int rest = *link;
   *link = key.block;
+  node.parent = owner;
   int* left = &node.child[0];
   int* right = &node.child[1];
+  int leftOwner = key.block, rightOwner = key.block;
   while (rest >= 0) {
     Node& n = N(rest);
     if (after(n)) {
       *left = rest;
+      n.parent = leftOwner;
+      leftOwner = rest;
       left = &n.child[1];
       rest = n.child[1];
     } else {
       *right = rest;
+      n.parent = rightOwner;
+      rightOwner = rest;
       right = &n.child[0];
       rest = n.child[0];
     }
@@ -99,36 +111,54 @@ void FreeBlockIndex::Insert(const Key& key) {
   *right = -1;
 }
 
-void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
-  int* link = &root_;
-  while (*link >= 0) {
-    const Node& n = N(*link);
-    if (n.size == size && n.ptr == ptr) break;
-    link = &N(*link).child[static_cast<int>((n.size < size) | ((n.size == size) & (n.ptr < ptr)))];
-  }
-  if (*link < 0) return;  // not cached (std::set::erase of a missing key)
-  // The node's place goes to the merge of its two subtrees (every key of the left one before
-  // every key of the right one), higher priority on top.
-  int a = N(*link).child[0];
-  int c = N(*link).child[1];
+void FreeBlockIndex::EraseNode(int x) {
+  int owner = N(x).parent;
+  int* link = owner < 0 ? &root_ : &N(owner).child[N(owner).child[1] == x ? 1 : 0];
+  // The merge of the two subtrees (every key of the left one before every key of the right
+  // one), higher priority on top.
+  int a = N(x).child[0];
+  int c = N(x).child[1];
   while (a >= 0 && c >= 0) {
     if (N(a).priority > N(c).priority) {
       *link = a;
+      N(a).parent = owner;
+      owner = a;
       link = &N(a).child[1];
       a = *link;
     } else {
       *link = c;
+      N(c).parent = owner;
+      owner = c;
       link = &N(c).child[0];
       c = *link;
     }
   }
-  *link = a >= 0 ? a : c;
+  const int rest = a >= 0 ? a : c;
+  *link = rest;
+  if (rest >= 0) N(rest).parent = owner;
+  N(x).parent = kOut;
   --size_;
 }
 
-void FreeBlockIndex::EraseAt(Position p) {
-  const Node& n = N(p.node);
-  Erase(n.size, n.ptr);
+void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
+  int t = root_;
+  while (t >= 0) {
+    const Node& n = N(t);
+    if (n.size == size && n.ptr == ptr) break;
+    t = n.child[static_cast<int>((n.size < size) | ((n.size == size) & (n.ptr < ptr)))];
+  }
+  if (t >= 0) EraseNode(t);  // else not cached (std::set::erase of a missing key)
+}
+
+void FreeBlockIndex::EraseBlock(int block, std::int64_t size, std::uint64_t ptr) {
+  if (block >= 0 && static_cast<std::size_t>(block) < nodes_.size()) {
+    const Node& n = N(block);
+    if (n.parent != kOut && n.size == size && n.ptr == ptr) {
+      EraseNode(block);
+      return;
+    }
+  }
+  Erase(size, ptr);
 }
 
 FreeBlockIndex::Position FreeBlockIndex::LowerBound(std::int64_t size) const {
@@ -294,7 +324,7 @@ void CachingAllocatorModel::InsertIntoBlocks(BlockPool& pool, int b) {
 }
 
 void CachingAllocatorModel::EraseFromBlocks(BlockPool& pool, int b) {
-  pool.blocks.Erase(blocks_[b].size, blocks_[b].ptr);
+  pool.blocks.EraseBlock(b, blocks_[b].size, blocks_[b].ptr);
 }
 
 // DeviceCachingAllocator::round_size: below 512 B → 512; with roundup_power2_divisions set for
@@ -596,7 +626,7 @@ std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, int src, BlockPool& 
   }
   d.size += s.size;
   if (s.mapped) {
-    pool.blocks.Erase(s.size, s.ptr);
+    pool.blocks.EraseBlock(src, s.size, s.ptr);
   } else {
     pool.EraseUnmapped(s.ptr);
   }

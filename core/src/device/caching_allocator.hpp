@@ -30,8 +30,8 @@ constexpr std::int64_t kLargeBuffer = 20 * kMiB;  // "large" requests may be pac
 // stream), as PyTorch's std::set<Block*> keeps them, without a heap node per block: a treap
 // (a binary search tree that is also a heap on a pseudo-random priority per node, so that its
 // expected depth is about 2 ln n whatever the order of inserts) whose nodes sit in a vector
-// indexed by the allocator's block id. Every operation walks one root-to-leaf path and moves
-// no keys. Why not sorted sequences: a cached block comes and goes on nearly every event (the
+// indexed by the allocator's block id. A search or an insert walks one root-to-leaf path; the
+// erase of a known block walks none (parent links); no operation moves keys. Why not sorted sequences: a cached block comes and goes on nearly every event (the
 // 405B bench: 200,000 inserts, 197,000 erases and 154,000 best-fit searches over about 220
 // cached blocks, 1,000 in Mixtral), and the previous index (sorted chunks of 32 keys, the
 // B-tree of height two that replaced std::set) spent 375 instructions per insert shifting keys
@@ -53,7 +53,10 @@ class FreeBlockIndex {
   // Keys are unique by (size, ptr), and a block is in at most one index at a time.
   void Insert(const Key& key);
   void Erase(std::int64_t size, std::uint64_t ptr);  // a missing key is ignored
-  void EraseAt(Position p);
+  // Erase(size, ptr) for the key of `block`: without a search when that block is in the
+  // index under this key (the usual case), else as Erase(size, ptr).
+  void EraseBlock(int block, std::int64_t size, std::uint64_t ptr);
+  void EraseAt(Position p) { EraseNode(p.node); }
   // The first key with size ≥ `size` (std::set::lower_bound of {size, 0}), or the end.
   Position LowerBound(std::int64_t size) const;
   Position First() const;
@@ -91,8 +94,12 @@ class FreeBlockIndex {
     std::int64_t size = 0;
     std::uint64_t ptr = 0;
     int child[2] = {-1, -1};  // [0] keys before this one, [1] keys after
-    std::uint32_t priority = 0;  // a parent's is at least its children's
+    int parent = kOut;           // −1 for the root
+    std::uint32_t priority = 0;  // a parent's is above its children's
   };
+  static constexpr int kOut = -2;  // Node::parent of a block not in the index
+  // Takes node x out: its place goes to the merge of its two subtrees.
+  void EraseNode(int x);
   Node& N(int i) { return nodes_[static_cast<std::size_t>(i)]; }
   const Node& N(int i) const { return nodes_[static_cast<std::size_t>(i)]; }
 
