@@ -73,12 +73,12 @@ void FreeBlockIndex::Insert(const Key& key) {
   const auto b = static_cast<std::size_t>(key.block);
   if (b >= nodes_.size()) nodes_.resize(std::max<std::size_t>(b + 1, nodes_.size() * 2));
   Node& node = nodes_[b];
-  node.size = key.size;
-  node.ptr = key.ptr;
+  node.key = Pack(key.size, key.ptr);
   node.priority = PriorityOf(key.block);
   ++size_;
   // child index 1 when `n` comes before the new key (the key goes right of it).
-  auto after = [&](const Node& n) { return static_cast<int>((n.size < key.size) | ((n.size == key.size) & (n.ptr < key.ptr))); };
+  const Packed packed = node.key;
+  auto after = [packed](const Node& n) { return static_cast<int>(n.key < packed); };
   int owner = -1;  // the node whose child slot `link` is (−1: the root slot)
   int* link = &root_;
   while (*link >= 0 && N(*link).priority > node.priority) {
@@ -141,19 +141,16 @@ void FreeBlockIndex::EraseNode(int x) {
 }
 
 void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
+  const Packed key = Pack(size, ptr);
   int t = root_;
-  while (t >= 0) {
-    const Node& n = N(t);
-    if (n.size == size && n.ptr == ptr) break;
-    t = n.child[static_cast<int>((n.size < size) | ((n.size == size) & (n.ptr < ptr)))];
-  }
+  while (t >= 0 && N(t).key != key) t = N(t).child[static_cast<int>(N(t).key < key)];
   if (t >= 0) EraseNode(t);  // else not cached (std::set::erase of a missing key)
 }
 
 void FreeBlockIndex::EraseBlock(int block, std::int64_t size, std::uint64_t ptr) {
   if (block >= 0 && static_cast<std::size_t>(block) < nodes_.size()) {
     const Node& n = N(block);
-    if (n.parent != kOut && n.size == size && n.ptr == ptr) {
+    if (n.parent != kOut && n.key == Pack(size, ptr)) {
       EraseNode(block);
       return;
     }
@@ -165,7 +162,7 @@ FreeBlockIndex::Position FreeBlockIndex::LowerBound(std::int64_t size) const {
   int found = -1;
   for (int t = root_; t >= 0;) {
     const Node& n = N(t);
-    const bool fits = n.size >= size;
+    const bool fits = n.size() >= size;
     found = fits ? t : found;
     t = n.child[fits ? 0 : 1];
   }
@@ -195,7 +192,7 @@ FreeBlockIndex::Position FreeBlockIndex::Next(Position p) const {
   int found = -1;
   for (int t = root_; t >= 0;) {
     const Node& n = N(t);
-    const bool later = (n.size > key.size) | ((n.size == key.size) & (n.ptr > key.ptr));
+    const bool later = n.key > key.key;
     found = later ? t : found;
     t = n.child[later ? 0 : 1];
   }
@@ -207,7 +204,7 @@ FreeBlockIndex::Position FreeBlockIndex::Prev(Position p) const {
   int found = -1;
   for (int t = root_; t >= 0;) {
     const Node& n = N(t);
-    const bool earlier = (n.size < key.size) | ((n.size == key.size) & (n.ptr < key.ptr));
+    const bool earlier = n.key < key.key;
     found = earlier ? t : found;
     t = n.child[earlier ? 1 : 0];
   }

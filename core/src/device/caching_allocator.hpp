@@ -66,7 +66,7 @@ class FreeBlockIndex {
   static bool AtEnd(Position p) { return p.node < 0; }
   Key At(Position p) const {
     const Node& n = nodes_[static_cast<std::size_t>(p.node)];
-    return {n.size, n.ptr, p.node};
+    return {n.size(), n.ptr(), p.node};
   }
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
@@ -90,9 +90,16 @@ class FreeBlockIndex {
   }
 
  private:
+  // (size, ptr) as one unsigned 128-bit number, so that the key order is one comparison
+  // (sizes are positive).
+  __extension__ using Packed = unsigned __int128;
+  static Packed Pack(std::int64_t size, std::uint64_t ptr) {
+    return (static_cast<Packed>(static_cast<std::uint64_t>(size)) << 64) | ptr;
+  }
   struct Node {
-    std::int64_t size = 0;
-    std::uint64_t ptr = 0;
+    Packed key = 0;
+    std::int64_t size() const { return static_cast<std::int64_t>(key >> 64); }
+    std::uint64_t ptr() const { return static_cast<std::uint64_t>(key); }
     int child[2] = {-1, -1};  // [0] keys before this one, [1] keys after
     int parent = kOut;           // −1 for the root
     std::uint32_t priority = 0;  // a parent's is above its children's
