@@ -165,7 +165,7 @@ test('"Make it fit" offers expandable_segments; Apply sets the runtime control a
 });
 
 test('the allocator\'s segments at the reserved peak are drawn under the timeline as the core simulates them', async () => {
-  // GPT-2, 4 × 512 on an A100 80 GB: a few dozen segments (every one drawn), large and small pool.
+  // GPT-2, 4 × 512 on an A100 80 GB: 142 segments (every one drawn), large and small pool.
   const setup = { model: { preset: 'gpt2' }, training: { batchSize: 4, sequenceLength: 512 }, gpu: { id: 'nvidia-a100-80' } };
   const picture = (await coreEstimate(setup)).device.segments;
   assert.ok(picture && picture.segments.length > 1, 'the core records segments with a labelled timeline');
@@ -193,12 +193,15 @@ test('the allocator\'s segments at the reserved peak are drawn under the timelin
     assert.equal(d.allocated, s.allocatedBytes);
     assert.ok(Math.abs(d.track / widest - s.totalBytes / largest) < 0.01, `segment ${i} bar length`);
     assert.deepEqual(d.blocks.map((b) => [b.bytes, b.allocated, b.label]), s.blocks.map((b) => [b.bytes, b.allocated, b.label]));
-    // Blocks tile the bar in address order, each as long as its share of the segment.
-    let x = d.blocks[0]?.x;
+    // Blocks tile the bar in address order: each starts at the bytes before it and is as long
+    // as its bytes (blocks too thin to see are drawn 0.3 px wide).
+    const x0 = d.blocks[0]?.x;
+    let before = 0;
     for (const [k, b] of d.blocks.entries()) {
-      assert.ok(Math.abs(b.x - x) < 0.01, `segment ${i} block ${k} starts where the last ended`);
-      if (s.blocks[k].bytes / largest * widest >= 0.3) assert.ok(Math.abs(b.width - (s.blocks[k].bytes / largest) * widest) < 0.01);
-      x = b.x + b.width;
+      const share = (bytes) => (bytes / largest) * widest;
+      assert.ok(Math.abs(b.x - x0 - share(before)) < 0.01, `segment ${i} block ${k} starts after the bytes before it`);
+      assert.ok(Math.abs(b.width - Math.max(share(s.blocks[k].bytes), 0.3)) < 0.01, `segment ${i} block ${k} width`);
+      before += s.blocks[k].bytes;
       if (b.allocated) assert.ok(b.title.startsWith(`${b.label}:`), 'the hover text names the tensor');
     }
   });
