@@ -288,7 +288,7 @@ TEST_CASE("segment picture is capped for huge models with counts of what is left
   // The kept ones are the largest: none smaller than 16 MiB while 16 MiB ones are left out.
   for (const DeviceSegment& seg : p.segments) CHECK(seg.totalBytes >= 16 * MiB);
 
-  // 100 tiny layers: 200 parameter blocks of 512 B share one 2 MiB small segment; at most 64
+  // 100 tiny layers: 200 parameter blocks of 512 B share one 2 MiB small segment; at most 16
   // are listed, the rest counted.
   Setup tiny = TinyMlp(8.0);
   tiny.model.layers.clear();

@@ -620,9 +620,7 @@ export function segmentsChart(picture, { width = 640 } = {}) {
     const where = `segment ${s.address} (${s.pool} pool${s.expandable ? ', expandable' : ''}), ${formatBytes(s.totalBytes)}`;
     let at = 0;
     const place = (bytes, cls, attrs, text) => {
-      const rect = svgEl('rect', { class: cls, x: left + sx(at), y, width: Math.max(sx(bytes), 0.3), height: rowH, ...attrs }, titleEl(text));
-      rect.addEventListener('mouseenter', () => { readout.textContent = text; });
-      g.append(rect);
+      g.append(svgEl('rect', { class: cls, x: left + sx(at), y, width: Math.max(sx(bytes), 0.3), height: rowH, ...attrs }, titleEl(text)));
       at += bytes;
     };
     for (const b of s.blocks) {
@@ -637,6 +635,11 @@ export function segmentsChart(picture, { width = 640 } = {}) {
         `${formatInteger(s.omittedBlocks)} smaller blocks not listed: ${formatBytes(s.omittedBlockBytes)}, ${formatBytes(s.omittedAllocatedBlockBytes)} of it allocated, ${where}`);
     }
     svg.append(g);
+  });
+  // One listener for every block: the readout repeats the hovered block's title.
+  svg.addEventListener('mouseover', (event) => {
+    const title = event.target.closest?.('rect')?.querySelector('title');
+    if (title) readout.textContent = title.textContent;
   });
   const scroll = document.createElement('div');
   scroll.className = 'segments-scroll';

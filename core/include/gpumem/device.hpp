@@ -259,7 +259,7 @@ struct DeviceOom {
 // Bounded for huge models: the kMaxPictureSegments largest segments, each with at most
 // kMaxPictureBlocksPerSegment blocks; what is left out is counted, not lost.
 constexpr std::size_t kMaxPictureSegments = 200;
-constexpr std::size_t kMaxPictureBlocksPerSegment = 64;
+constexpr std::size_t kMaxPictureBlocksPerSegment = 16;
 
 struct DeviceSegmentBlock {
   std::int64_t bytes = 0;           // block size, bytes (a multiple of 512)
