@@ -4,6 +4,7 @@
 
 import { $, $$, numberValue, displayNumber, state } from './page-state.js';
 import { isPlainObject, mergeSetup, setSelectValue } from './setup-form.js';
+import { optionControl } from './option-field.js';
 
 export function finetuneFields() {
   return Array.isArray(state.options.finetuneFields) ? state.options.finetuneFields : [];
@@ -19,42 +20,8 @@ export function buildFinetuneFields() {
   fold.hidden = !fields.length || !isPlainObject(state.options.defaultSetup.finetune);
   const box = $('#finetune-fields');
   box.replaceChildren(...fields.map((f) => {
-    const id = fieldId(f.key);
-    const wrap = document.createElement('div');
+    const { wrap } = optionControl(f, fieldId(f.key), { field: `finetune.${f.key}`, finetune: f.key });
     wrap.dataset.finetuneField = f.key;
-    const label = document.createElement('label');
-    label.htmlFor = id;
-    label.textContent = f.label;
-    let input;
-    if (f.kind === 'bool') {
-      wrap.className = 'check';
-      input = document.createElement('input');
-      input.type = 'checkbox';
-      wrap.append(input, label);
-    } else if (f.kind === 'select') {
-      wrap.className = 'field';
-      input = document.createElement('select');
-      for (const o of state.options[f.options] ?? []) input.append(new Option(o.label, o.id));
-      wrap.append(label, input);
-    } else {
-      wrap.className = 'field';
-      input = document.createElement('input');
-      input.type = 'text';
-      input.spellcheck = false;
-      if (f.kind !== 'names') input.inputMode = 'decimal';
-      wrap.append(label, input);
-    }
-    input.id = id;
-    input.dataset.field = `finetune.${f.key}`;
-    input.dataset.finetune = f.key;
-    if (f.hint) {
-      const hint = document.createElement('p');
-      hint.className = 'hint';
-      hint.id = `${id}-hint`;
-      hint.textContent = f.hint;
-      input.setAttribute('aria-describedby', hint.id);
-      wrap.append(hint);
-    }
     return wrap;
   }));
   buildModeSelect();

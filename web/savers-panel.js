@@ -4,6 +4,7 @@
 // label, hint and the framework option it is. A saver the core adds appears here by itself.
 
 import { $, $$, displayNumber, numberValue, state } from './page-state.js';
+import { optionControl } from './option-field.js';
 
 export function saverFields() {
   return Array.isArray(state.options.savers) ? state.options.savers : [];
@@ -17,41 +18,9 @@ export function buildSaverFields() {
   const fields = saverFields();
   $('#savers-fold').hidden = !fields.length;
   $('#saver-fields').replaceChildren(...fields.map((f) => {
-    const id = saverId(f.key);
-    const wrap = document.createElement('div');
-    const label = document.createElement('label');
-    label.htmlFor = id;
-    label.textContent = f.label;
-    let input;
-    if (f.kind === 'bool') {
-      wrap.className = 'check';
-      input = document.createElement('input');
-      input.type = 'checkbox';
-      wrap.append(input, label);
-    } else if (f.kind === 'select') {
-      wrap.className = 'field';
-      input = document.createElement('select');
-      for (const o of state.options[f.options] ?? []) input.append(new Option(o.label, o.id));
-      wrap.append(label, input);
-    } else {
-      wrap.className = 'field';
-      input = document.createElement('input');
-      input.type = 'text';
-      input.inputMode = 'decimal';
-      input.spellcheck = false;
-      wrap.append(label, input);
-    }
-    input.id = id;
-    input.dataset.field = `training.${f.key}`;
-    input.dataset.saver = f.key;
-    // Which framework option it is, then what it changes (issue: "say which framework option").
-    const hint = document.createElement('p');
-    hint.className = 'hint';
-    hint.id = `${id}-hint`;
-    hint.textContent = [f.framework, f.hint].filter(Boolean).join('. ');
-    input.setAttribute('aria-describedby', hint.id);
-    wrap.append(hint);
-    return wrap;
+    // Which framework option it is, then what it changes.
+    const hint = [f.framework, f.hint].filter(Boolean).join('. ');
+    return optionControl(f, saverId(f.key), { field: `training.${f.key}`, saver: f.key }, hint).wrap;
   }));
 }
 
