@@ -779,8 +779,9 @@ ojson SolveObject(const SolveResult& r) {
         change["runtime"]["allocator"][key] = full["runtime"]["allocator"][key];
         continue;
       }
+      const std::string section = f.substr(0, f.find('.'));  // "training", "finetune"
       const std::string key = f.substr(f.find('.') + 1);
-      change["training"][key] = full["training"][key];
+      change[section][key] = full[section][key];
     }
     suggestions.push_back({{"id", s.id}, {"label", s.label}, {"tradeoff", s.tradeoff},
                            {"cost", FitCostId(s.cost)}, {"change", change},
