@@ -101,6 +101,10 @@ enum class LossImplementation {
   // split into lossChunks chunks along the sequence, the output projection runs per chunk, and
   // each chunk's logits are upcast to fp32 and reduced in turn.
   Chunked,
+  // Liger-Kernel's LigerFusedLinearCrossEntropyLoss (liger_kernel/ops/fused_linear_cross_entropy.py
+  // fused_linear_cross_entropy_forward): the forward computes the loss and the gradients of the
+  // hidden state and the head weight chunk by chunk over the tokens, so the full logits never exist.
+  FusedLinear,
 };
 
 // How the optimizer step is executed; decides its temporaries ("intermediates").
@@ -228,6 +232,10 @@ struct TrainingDef {
   // optimizer per parameter): each parameter is stepped and its .grad freed as soon as its
   // gradient is complete, so the full set of gradients never exists.
   bool optimizerInBackward = false;
+  // Activation offloading (torchtune OffloadActivations, enable_activation_offloading): saved
+  // activations of at least 1,024 B are copied to pinned host memory in forward and brought back
+  // in backward; the output head and the loss stay on the GPU (transformers only).
+  bool activationOffloading = false;
 };
 
 struct GpuDef {

@@ -336,8 +336,10 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   // (torchtune.models.llama3.qlora_llama3_8b, the QLoRA paper's recipe) puts the frozen base
   // linears in NF4 with double quantization and bf16 compute (BitsAndBytesConfig load_in_4bit,
   // bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=bf16).
-  // Only offered when nothing is adapted yet.
-  if (transformer && !setup.finetune.lora && setup.finetune.quantization == Quantization::None) {
+  // Offered only when the setup does not fit (they change what is trained, not how: a setup
+  // that fits is not told to train something else) and nothing is adapted yet.
+  if (transformer && out.currentPeakBytes > capacity && !setup.finetune.lora &&
+      setup.finetune.quantization == Quantization::None) {
     const Family family = setup.model.architecture.family;
     const std::vector<std::string> targets =
         family == Family::Llama ? std::vector<std::string>{"q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
