@@ -101,10 +101,6 @@ enum class LossImplementation {
   // split into lossChunks chunks along the sequence, the output projection runs per chunk, and
   // each chunk's logits are upcast to fp32 and reduced in turn.
   Chunked,
-  // Liger-Kernel's LigerFusedLinearCrossEntropyLoss (liger_kernel/ops/fused_linear_cross_entropy.py
-  // fused_linear_cross_entropy_forward): the forward computes the loss and the gradients of the
-  // hidden state and the head weight chunk by chunk over the tokens, so the full logits never exist.
-  FusedLinear,
 };
 
 // How the optimizer step is executed; decides its temporaries ("intermediates").

@@ -78,8 +78,6 @@ constexpr Named<LossImplementation> kLossImplementations[] = {
     {LossImplementation::Standard, "standard", "full logits (Hugging Face ForCausalLMLoss)"},
     {LossImplementation::Chunked, "chunked",
      "chunked output and cross-entropy (torchtune CEWithChunkedOutputLoss, num_output_chunks)"},
-    {LossImplementation::FusedLinear, "fusedLinear",
-     "fused linear + cross-entropy (Liger LigerFusedLinearCrossEntropyLoss): no full logits"},
 };
 constexpr Named<OptimizerImplementation> kImplementations[] = {
     {OptimizerImplementation::ForEach, "forEach", "foreach (multi-tensor, PyTorch default)"},

@@ -575,11 +575,6 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
                       "Loss chunks must be a whole number from 1 to 8 (torchtune's default is 8), got " +
                           FormatCount(t.lossChunks) + "."});
   }
-  if (t.lossImplementation == LossImplementation::FusedLinear && !decoder) {
-    errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",
-                      "The fused linear + cross-entropy (Liger) is simulated for decoder transformers "
-                      "(GPT-2, Llama family); choose standard."});
-  }
   if (t.activationOffloading && m.kind != ModelKind::Transformer) {
     errors.push_back({ErrorCode::InvalidField, "training.activationOffloading",
                       "Activation offloading (torchtune OffloadActivations) is simulated for transformer "
