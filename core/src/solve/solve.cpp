@@ -321,6 +321,14 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
           s.training.zeroGradSetToNone = true;
         });
   }
+  // Activation offloading: the same math, paid in host transfers that may not fully overlap
+  // (ranked with checkpointing). Offered when the setup does not fit.
+  if (transformer && activationsMatter && !t.activationOffloading && out.currentPeakBytes > capacity) {
+    add(FitCost::Compute, "activation-offloading", "Offload activations to host memory (torchtune enable_activation_offloading=True)",
+        "the same result; saved activations travel to pinned host memory and back over PCIe, which slows "
+        "the step where the copies do not overlap with compute",
+        {"training.activationOffloading"}, [](Setup& s) { s.training.activationOffloading = true; });
+  }
   if (t.optimizer == OptimizerKind::Adam || t.optimizer == OptimizerKind::AdamW || t.optimizer == OptimizerKind::PagedAdamW) {
     add(FitCost::ChangesResults, "optimizer-adamw8bit", "Use 8-bit AdamW (bitsandbytes AdamW8bit)",
         "states quantized blockwise to 8 bits (2.03 B per parameter instead of 8): close to AdamW, not identical",
@@ -411,6 +419,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         if (f == "training.lossImplementation") next.training.lossImplementation = s.setup.training.lossImplementation;
         if (f == "training.lossChunks") next.training.lossChunks = s.setup.training.lossChunks;
         if (f == "training.optimizerInBackward") next.training.optimizerInBackward = s.setup.training.optimizerInBackward;
+        if (f == "training.activationOffloading") next.training.activationOffloading = s.setup.training.activationOffloading;
         if (f.rfind("finetune.", 0) == 0) next.finetune = s.setup.finetune;  // only LoRA / QLoRA touch it
       }
       const auto peak = labels.empty() ? std::optional(s.peakBytes) : peakOf(next);
