@@ -81,6 +81,23 @@ bool WithinBudget(const Setup& s) { return PredictEvents(s).predictedEvents <= k
 
 }  // namespace
 
+TEST_CASE("the predicted events bound activation offloading too", "[budget]") {
+  for (const Preset& p : Presets()) {
+    for (Checkpointing c : {Checkpointing::None, Checkpointing::EveryBlock}) {
+      Setup s = PresetSetup(p);
+      s.training.checkpointing = c;
+      s.training.activationOffloading = true;
+      const EstimateResult r = EstimateMemory(s, Lean());
+      REQUIRE(r.ok());
+      const double real = double(r.estimate.eventCount);
+      const double predicted = PredictEvents(s).predictedEvents;
+      INFO(p.id << " " << NameOf(c) << ": " << real << " events, predicted " << predicted);
+      CHECK(predicted >= real);
+      CHECK(predicted <= 2.0 * real);
+    }
+  }
+}
+
 TEST_CASE("the predicted events bound every preset and checkpointing mode within 2x", "[budget]") {
   for (const Preset& p : Presets()) {
     for (Checkpointing c : {Checkpointing::None, Checkpointing::EveryBlock, Checkpointing::EveryKthBlock,

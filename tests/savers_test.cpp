@@ -8,6 +8,7 @@
 #include "gpumem/json.hpp"
 #include "gpumem/presets.hpp"
 #include "gpumem/solve.hpp"
+#include "sim/savers.hpp"
 #include "test_support.hpp"
 
 using namespace gpumem;
@@ -312,4 +313,96 @@ TEST_CASE("the work budget still bounds the events of the new optimizers and sav
       }
     }
   }
+}
+
+// --- activation offloading (torchtune OffloadActivations, sim/savers.hpp) ---
+
+TEST_CASE("activation offloading keeps the last five packed tensors and brings the rest back one op at a time", "[savers]") {
+  Trace trace;
+  TraceBuilder b(trace);
+  TextStore& text = b.text();
+  ActivationOffload offload(b);
+  auto alloc = [&](std::int64_t bytes) { return b.Alloc(Category::Activations, bytes, text.Make({"x"}), text.Make({"x"}), Text{}); };
+  const Text name = text.Make({"saved"});
+  // Outside the context (no `with`): nothing is packed.
+  const TensorHandle outside = alloc(4096);
+  CHECK(offload.Pack(outside, 4096, false, name) == -1);
+  offload.SetActive(true);
+  // Ids count every pack. Id 1: 1,023 B, under min_offload_size: stays saved. Id 2: a
+  // parameter: stays. Ids 3–9: 2,048 B activations, offloaded; each is held only by its saver.
+  const TensorHandle small = alloc(1023);
+  CHECK(offload.Pack(small, 1023, false, name) == -1);
+  const TensorHandle parameter = alloc(8192);
+  CHECK(offload.Pack(parameter, 8192, true, name) == -1);
+  std::vector<TensorHandle> acts;
+  for (int id = 3; id <= 9; ++id) {
+    acts.push_back(alloc(2048));
+    CHECK(offload.Pack(acts.back(), 2048, false, name) == id);
+    // The pack of id drops the stashed ids ≤ id − 5: tensor 3 goes at the pack of 8.
+    for (int older = 3; older <= id; ++older) {
+      INFO("pack " << id << ", tensor " << older);
+      CHECK(b.Holders(acts[static_cast<std::size_t>(older - 3)]) == (older > id - 5 ? 1 : 0));
+    }
+  }
+  offload.SetActive(false);
+  // Backward, last op first. Op A unpacks id 9 (still stashed: no copy) and id 4 (brought back).
+  const std::size_t before = trace.events.size();
+  offload.BeginOp();
+  CHECK(offload.Unpack(9, name, -1) == acts[6]);
+  const TensorHandle back4 = offload.Unpack(4, name, -1);
+  CHECK(back4 != acts[1]);
+  CHECK(trace.events.size() == before + 1);
+  CHECK(trace.events.back().bytes == 2048);
+  CHECK(trace.events.back().kind == EventKind::Alloc);
+  // Its post-hook drops the whole forward stash (ids 5–9); what it brought back stays.
+  offload.AfterOp(name);
+  for (std::size_t i = 2; i < acts.size(); ++i) CHECK(b.Holders(acts[i]) == 0);
+  CHECK(b.Holders(back4) == 1);
+  // Op B brings back id 3; after its hook, op A's copy (id 4) is freed, its own is kept.
+  offload.BeginOp();
+  const TensorHandle back3 = offload.Unpack(3, name, -1);
+  CHECK(b.Holders(back4) == 1);  // both ops' tensors overlap while B runs
+  offload.AfterOp(name);
+  CHECK(b.Holders(back4) == 0);
+  CHECK(b.Holders(back3) == 1);
+  // The end-of-backward callback frees the rest.
+  offload.EndBackward(name);
+  CHECK(b.Holders(back3) == 0);
+  // What was never offloaded is untouched.
+  CHECK(b.Holders(small) == 1);
+  CHECK(b.Holders(parameter) == 1);
+  CHECK(b.Holders(outside) == 1);
+}
+
+TEST_CASE("activation offloading in a transformer: activations leave the GPU and come back in backward", "[savers]") {
+  Setup s = TinyGpt2(4, 128);
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.optimizer = OptimizerKind::SGD;
+  const EstimateOptions labelled{.timeline = EstimateOptions::Timeline::Labelled};
+  const Estimate plain = EstimateMemory(s, labelled).estimate;
+  s.training.activationOffloading = true;
+  const Estimate offloaded = EstimateMemory(s, labelled).estimate;
+  // Parameters and states are untouched; the forward holds less (the last five packed tensors
+  // and what Python still references), the head and loss keep theirs.
+  CHECK(offloaded.modelStates.totalBytes == plain.modelStates.totalBytes);
+  CHECK(offloaded.phasePeaks[1].totalBytes < plain.phasePeaks[1].totalBytes);
+  CHECK(CountLabels(offloaded, "brought back from host") > 0);
+  CHECK(CountLabels(plain, "brought back from host") == 0);
+  CHECK(CountLabels(offloaded, "offloaded to host") > 0);
+  // Nothing is brought back for the loss or the head: they were never packed.
+  for (const TimelinePoint& p : offloaded.timeline) {
+    if (p.label.find("brought back") != std::string::npos) CHECK(p.label.find("lm_head") == std::string::npos);
+  }
+  // Every brought-back tensor is freed in the same backward (the end-of-backward callback).
+  CHECK(BytesIn(offloaded.phasePeaks[3], Category::Activations) == BytesIn(plain.phasePeaks[3], Category::Activations));
+}
+
+TEST_CASE("activation offloading is refused outside transformers", "[savers]") {
+  Setup s = LayerSetup({Linear(100, 50)}, LossKind::MSE, 2, 1, Precision::FP32, OptimizerKind::AdamW);
+  s.training.activationOffloading = true;
+  CHECK(HasErrorOn(Validate(s), "training.activationOffloading"));
+  // And read and written as JSON.
+  Setup t = TinyGpt2(1, 16);
+  t.training.activationOffloading = true;
+  CHECK(ParseSetupJson(SetupToJson(t)).setup.training.activationOffloading);
 }

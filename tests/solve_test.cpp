@@ -89,3 +89,55 @@ TEST_CASE("an invalid setup is not solved", "[solve]") {
   Setup s = Gpt2(0, 1024, 8);
   CHECK(HasErrorOn(Solve(s).errors, "training.batchSize"));
 }
+
+TEST_CASE("Llama 3 8B on a 24 GB card: the first answer is a LoRA or QLoRA setup that fits", "[solve]") {
+  // The question of issue 11: the page's default training settings (DefaultSetup: batch 1 ×
+  // 1024, fp16 mixed, Adam) with Llama 3 8B on an RTX 4090. Full fine-tuning needs far more
+  // than 24 GiB whatever else changes (16 B per parameter of model states, 8-bit AdamW in pure
+  // bf16 still 4 B); only adapters bring it under.
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("llama-3-8b")->architecture;
+  s.gpu.id = "nvidia-rtx-4090";
+  s.gpu.memoryGiB = 24;
+  const SolveResult r = Solve(s);
+  REQUIRE(r.ok());
+  CHECK(r.currentPeakBytes > r.capacityBytes);
+  REQUIRE_FALSE(r.suggestions.empty());
+  const FitSuggestion& first = r.suggestions.front();
+  INFO(first.id);
+  CHECK(first.fits);
+  CHECK(first.setup.finetune.lora);
+  CHECK(first.id.find("finetune-") != std::string::npos);
+  CHECK(Peak(first.setup) == first.peakBytes);
+  CHECK(first.peakBytes <= r.capacityBytes);
+  // Both adapter suggestions are simulated and offered, ranked among the result-changing ones;
+  // QLoRA's NF4 base weights need less than LoRA's 16-bit ones.
+  const FitSuggestion* lora = nullptr;
+  const FitSuggestion* qlora = nullptr;
+  for (const FitSuggestion& f : r.suggestions) {
+    if (f.id == "finetune-lora") lora = &f;
+    if (f.id == "finetune-qlora") qlora = &f;
+  }
+  REQUIRE(lora);
+  REQUIRE(qlora);
+  CHECK(lora->cost == FitCost::ChangesResults);
+  CHECK(qlora->cost == FitCost::ChangesResults);
+  CHECK(qlora->peakBytes < lora->peakBytes);
+  CHECK(Peak(lora->setup) == lora->peakBytes);
+  CHECK(Peak(qlora->setup) == qlora->peakBytes);
+  CHECK(lora->setup.finetune.r == 8);
+  CHECK(lora->setup.finetune.loraAlpha == 16);
+  CHECK(lora->setup.finetune.targetModules.size() == 6);
+  CHECK(qlora->setup.finetune.quantization == Quantization::NF4);
+  CHECK(qlora->setup.finetune.doubleQuant);
+  CHECK(qlora->setup.finetune.computeDType == DType::BF16);
+}
+
+TEST_CASE("a setup already adapted is offered no second LoRA", "[solve]") {
+  Setup s = Gpt2(64, 1024, 8);
+  s.finetune.lora = true;
+  const SolveResult r = Solve(s);
+  REQUIRE(r.ok());
+  for (const FitSuggestion& f : r.suggestions) CHECK(f.id.find("finetune-") == std::string::npos);
+}

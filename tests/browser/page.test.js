@@ -1271,6 +1271,28 @@ test('solve: the largest batch and sequence that fit, and what would make it fit
   await finish();
 });
 
+test('solve: Llama 3 8B on a 4090 gets a fine-tuning answer that fits once applied', async () => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'llama-3-8b');
+  await page.selectOption(GPU_CHOICE, 'nvidia-rtx-4090');
+  await waitForAttr(page, '#verdict', 'data-fits', 'false');
+  await settled(page);
+  const expected = (await core()).solve(setupFromUrl(page.url()));
+  const first = expected.suggestions[0];
+  assert.ok(first.fits && first.change.finetune?.lora, JSON.stringify(first));
+  await page.click('#solve-run');
+  await page.waitForSelector('#solve-results:not([hidden])', WAIT);
+  await page.click(`#solve-suggestions li[data-id="${first.id}"] button`);
+  await waitForAttr(page, '#verdict', 'data-fits', 'true');
+  await settled(page);
+  // The page keeps every field of the change, the savers without controls included.
+  assert.equal(Number(await page.getAttribute('#verdict', 'data-device-bytes')), first.peakBytes);
+  const applied = setupFromUrl(page.url());
+  for (const [k, v] of Object.entries(first.change.training ?? {})) assert.equal(applied.training[k], v, `training.${k}`);
+  for (const [k, v] of Object.entries(first.change.finetune ?? {})) assert.deepEqual(applied.finetune[k], v, `finetune.${k}`);
+  await finish();
+});
+
 test('new controls are labelled and keyboard-reachable; light, dark and phone screenshots with everything open', async () => {
   for (const [colorScheme, viewport, name] of [['light', { width: 1280, height: 900 }, 'features-light'], ['dark', { width: 1280, height: 900 }, 'features-dark'], ['light', { width: 390, height: 844 }, 'features-phone'], ['dark', { width: 390, height: 844 }, 'features-phone-dark']]) {
     const { page, finish } = await openPage({ colorScheme, viewport });

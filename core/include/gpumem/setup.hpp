@@ -228,6 +228,10 @@ struct TrainingDef {
   // optimizer per parameter): each parameter is stepped and its .grad freed as soon as its
   // gradient is complete, so the full set of gradients never exists.
   bool optimizerInBackward = false;
+  // Activation offloading (torchtune OffloadActivations, enable_activation_offloading): saved
+  // activations of at least 1,024 B are copied to pinned host memory in forward and brought back
+  // in backward; the output head and the loss stay on the GPU (transformers only).
+  bool activationOffloading = false;
 };
 
 struct GpuDef {

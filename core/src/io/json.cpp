@@ -308,12 +308,12 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
                                           "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
                                           "attention", "checkpointing", "checkpointInterval",
                                           "lossImplementation", "lossChunks", "lossInModelDtype",
-                                          "optimizerInBackward"};
+                                          "optimizerInBackward", "activationOffloading"};
   for (const char* key : kKeys) if (v.contains(key)) given.trainingKeys.push_back(key);
   r.RejectUnknown(v, {"batchSize", "sequenceLength", "precision", "optimizer",
                       "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
                       "attention", "checkpointing", "checkpointInterval", "lossImplementation",
-                      "lossChunks", "lossInModelDtype", "optimizerInBackward"}, path);
+                      "lossChunks", "lossInModelDtype", "optimizerInBackward", "activationOffloading"}, path);
   r.Enum(v, "attention", path, t.attention);
   r.Enum(v, "checkpointing", path, t.checkpointing);
   r.Int(v, "checkpointInterval", path, t.checkpointInterval);
@@ -328,6 +328,7 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
   r.Int(v, "lossChunks", path, t.lossChunks);
   r.Bool(v, "lossInModelDtype", path, t.lossInModelDtype);
   r.Bool(v, "optimizerInBackward", path, t.optimizerInBackward);
+  r.Bool(v, "activationOffloading", path, t.activationOffloading);
 }
 
 void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
@@ -517,7 +518,8 @@ ojson SetupJson(const Setup& s) {
                     {"lossImplementation", IdOf(s.training.lossImplementation)},
                     {"lossChunks", s.training.lossChunks},
                     {"lossInModelDtype", s.training.lossInModelDtype},
-                    {"optimizerInBackward", s.training.optimizerInBackward}}},
+                    {"optimizerInBackward", s.training.optimizerInBackward},
+                    {"activationOffloading", s.training.activationOffloading}}},
       {"gpu", s.gpu.id.empty() ? ojson{{"memoryGiB", s.gpu.memoryGiB}}
                                : ojson{{"memoryGiB", s.gpu.memoryGiB}, {"id", s.gpu.id}}},
       {"runtime", {{"allocator", {{"expandableSegments", s.runtime.allocator.expandableSegments},
@@ -886,8 +888,9 @@ ojson SolveObject(const SolveResult& r) {
         change["runtime"]["allocator"][key] = full["runtime"]["allocator"][key];
         continue;
       }
+      const std::string section = f.substr(0, f.find('.'));  // "training", "finetune"
       const std::string key = f.substr(f.find('.') + 1);
-      change["training"][key] = full["training"][key];
+      change[section][key] = full[section][key];
     }
     suggestions.push_back({{"id", s.id}, {"label", s.label}, {"tradeoff", s.tradeoff},
                            {"cost", FitCostId(s.cost)}, {"change", change},
@@ -977,6 +980,10 @@ ojson SaverFields() {
       {"optimizerInBackward", "Optimizer step in backward", "bool", "",
        "torchtune: optimizer_in_bwd=True (register_post_accumulate_grad_hook)",
        "each parameter stepped and its gradient freed as soon as it is complete; no gradient accumulation"},
+      {"activationOffloading", "Offload activations to host memory", "bool", "",
+       "torchtune: enable_activation_offloading=True (OffloadActivations); TRL: activation_offloading=True",
+       "saved activations ≥ 1 KiB copied to pinned host memory in forward (the last 5 kept while the copy runs) "
+       "and brought back one backward op at a time; the output head and the loss stay on the GPU"},
   };
   ojson out = ojson::array();
   for (const Saver& f : kSavers) {

@@ -67,4 +67,62 @@ void AddSaverNotes(const Setup& setup, const Inventory& inventory, std::vector<s
   }
 }
 
+void ActivationOffload::ReleaseFreeing(TensorHandle h, Text label) {
+  b_.Release(h, b_.Holders(h) == 1 ? label : Text{});
+}
+
+int ActivationOffload::Pack(TensorHandle held, std::int64_t bytes, bool parameter, Text label) {
+  if (!active_) return -1;
+  const int id = ++nextId_;
+  packed_.push_back({});
+  if (bytes < kMinOffloadBytes || parameter) return -1;  // tracker keeps the GPU tensor as is
+  // "First, sync back and dereference previously offloaded tensors": ids ≤ id − 5.
+  while (!forwardStash_.empty() && forwardStash_.front() <= id - kMaxForwardStash) {
+    Packed& old = packed_[static_cast<std::size_t>(forwardStash_.front() - 1)];
+    ReleaseFreeing(old.onGpu, b_.text().Make({old.name, ": offloaded to host, GPU copy released"}));
+    old.onGpu = kNoTensor;
+    forwardStash_.pop_front();
+  }
+  Packed& p = packed_[static_cast<std::size_t>(id - 1)];
+  p.bytes = bytes;
+  p.onGpu = held;
+  p.name = label;
+  forwardStash_.push_back(id);
+  return id;
+}
+
+void ActivationOffload::BeginOp() { previousOp_ = backwardStash_.size(); }
+
+TensorHandle ActivationOffload::Unpack(int id, Text label, int layer) {
+  const Packed& p = packed_[static_cast<std::size_t>(id - 1)];
+  if (p.onGpu != kNoTensor) return p.onGpu;  // still in fwd_stash: no copy
+  TextStore& t = b_.text();
+  const TensorHandle back = b_.Alloc(Category::Activations, p.bytes, t.Make({p.name, " (brought back)"}),
+                                     t.Make({label, ": saved tensor brought back from host"}),
+                                     t.Make({TextPart::Int(p.bytes), " B copied from pinned host memory"}), layer);
+  backwardStash_.emplace_back(id, back);
+  return back;
+}
+
+void ActivationOffload::AfterOp(Text label) {
+  TextStore& t = b_.text();
+  while (!forwardStash_.empty()) {
+    Packed& p = packed_[static_cast<std::size_t>(forwardStash_.front() - 1)];
+    ReleaseFreeing(p.onGpu, t.Make({label, ": forward stash dropped"}));
+    p.onGpu = kNoTensor;
+    forwardStash_.pop_front();
+  }
+  if (previousOp_ == 0) return;
+  const Text freed = t.Make({label, ": previous op's brought-back tensors freed"});
+  for (std::size_t i = 0; i < previousOp_; ++i) ReleaseFreeing(backwardStash_[i].second, freed);
+  backwardStash_.erase(backwardStash_.begin(), backwardStash_.begin() + static_cast<std::ptrdiff_t>(previousOp_));
+  previousOp_ = 0;
+}
+
+void ActivationOffload::EndBackward(Text label) {
+  for (const auto& [id, h] : backwardStash_) ReleaseFreeing(h, label);
+  backwardStash_.clear();
+  previousOp_ = 0;
+}
+
 }  // namespace gpumem

@@ -5,6 +5,7 @@
 
 #include "gpumem/names.hpp"
 #include "gpumem/recycle.hpp"
+#include "sim/savers.hpp"
 
 namespace gpumem {
 
@@ -136,6 +137,25 @@ ValueId Tape::Apply(const OpSpec& spec) {
   for (ValueId s : spec.saves) node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(s)].storage));
   if (spec.savesOutput) node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(id)].storage));
   for (TensorHandle h : made) node.saved.push_back(h);
+  if (offload_ && offload_->active()) {
+    SmallVec<std::int64_t, 5> bytes;
+    SmallVec<bool, 5> parameter;
+    SmallVec<Text, 5> names;
+    auto slot = [&](ValueId v) {
+      const Value& value = values_[static_cast<std::size_t>(v)];
+      bytes.push_back(value.shape.Elements() * BytesPerElement(value.type));
+      parameter.push_back(value.parameter >= 0);
+      names.push_back(value.name);
+    };
+    for (ValueId s : spec.saves) slot(s);
+    if (spec.savesOutput) slot(id);
+    for (const BackwardTemp& t : spec.saveNew) {
+      bytes.push_back(t.shape.Elements() * BytesPerElement(t.type));
+      parameter.push_back(false);
+      names.push_back(T({out.name, " ", TextPart::View(t.name)}));
+    }
+    PackSaved(node, bytes, parameter, names);
+  }
   if (!spec.backwardTemps.empty()) {
     node.temps = static_cast<int>(temps_.size());
     temps_.push_back(spec.backwardTemps);
@@ -270,6 +290,18 @@ Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block) 
   }
   node.blockInputs = inputs;
   for (ValueId v : outs) node.outputs.push_back(v);
+  if (offload_ && offload_->active()) {  // save_for_backward of the inputs runs under the hooks
+    SmallVec<std::int64_t, 5> bytes;
+    SmallVec<bool, 5> parameter;
+    SmallVec<Text, 5> names;
+    for (ValueId v : inputs) {
+      const Value& value = values_[static_cast<std::size_t>(v)];
+      bytes.push_back(value.shape.Elements() * BytesPerElement(value.type));
+      parameter.push_back(value.parameter >= 0);
+      names.push_back(value.name);
+    }
+    PackSaved(node, bytes, parameter, names);
+  }
   blocks_.push_back(std::move(block));
   node.block = static_cast<int>(blocks_.size() - 1);
   nodes_.push_back(node);
@@ -311,6 +343,7 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
     b_.Release(grad, finished);
     grad = kNoTensor;
   }
+  if (offload_) offload_->EndBackward(finished);
   SetScopeText(saved);
   inBackward_ = false;
 }
@@ -362,6 +395,8 @@ void Tape::Execute(int index) {
   const Text label = node.label;
   if (layerHook_ && node.layer != layer_) layerHook_->Enter(b_, node.layer, true);
   layer_ = node.layer;
+  const bool unpacks = any && offload_ && node.packed >= 0;
+  if (unpacks) UnpackSaved(node);
   if (any) {
     SmallVec<TensorHandle, 2> temps;
     static const SmallVec<BackwardTemp, 2> kNone{};
@@ -391,6 +426,7 @@ void Tape::Execute(int index) {
     }
     for (TensorHandle t : temps) ReleaseWith(t, [&] { return T({label, ": temporary freed"}); });
   }
+  if (unpacks) offload_->AfterOp(label);  // the node's post-hook
   Node& done = nodes_[static_cast<std::size_t>(index)];
   Text savedFreed;  // one label for every saved tensor this node frees, made on the first
   for (TensorHandle s : done.saved) {
@@ -420,12 +456,16 @@ void Tape::RunCheckpoint(int index) {
   const Text label = node.label;
   if (layerHook_ && node.layer != layer_) layerHook_->Enter(b_, node.layer, true);
   layer_ = node.layer;
+  const bool unpacks = any && offload_ && node.packed >= 0;
   if (any) {
+    // ctx.saved_tensors: brought back from host where they were offloaded.
+    const SmallVec<TensorHandle, 5> unpacked = unpacks ? UnpackSaved(node) : SmallVec<TensorHandle, 5>{};
     // Detached copies of the inputs (same storage) as leaves, then the block again, recorded.
     Values detached;
-    for (ValueId v : node.blockInputs) {
+    for (int i = 0; i < node.blockInputs.size(); ++i) {
+      const ValueId v = node.blockInputs[i];
       Value d = values_[static_cast<std::size_t>(v)];
-      d.storage = b_.Retain(d.storage);
+      d.storage = b_.Retain(unpacks && unpacked[i] != kNoTensor ? unpacked[i] : d.storage);
       d.producer = -1;
       d.parameter = -1;
       detached.push_back(NewValue(d));
@@ -469,6 +509,7 @@ void Tape::RunCheckpoint(int index) {
       Drop(detached[i]);
     }
   }
+  if (unpacks) offload_->AfterOp(label);  // the checkpoint node's post-hook
   Node& stored = nodes_[static_cast<std::size_t>(index)];
   for (TensorHandle s : stored.saved) ReleaseWith(s, [&] { return T({label, ": saved input freed"}); });
   stored.saved.clear();
@@ -479,6 +520,32 @@ void Tape::RunCheckpoint(int index) {
       g = kNoTensor;
     }
   }
+}
+
+void Tape::PackSaved(Node& node, const SmallVec<std::int64_t, 5>& bytes, const SmallVec<bool, 5>& parameter,
+                     const SmallVec<Text, 5>& names) {
+  SmallVec<int, 5> ids;
+  bool any = false;
+  for (int i = 0; i < node.saved.size(); ++i) {
+    const int id = offload_->Pack(node.saved[i], bytes[i], parameter[i], names[i]);
+    ids.push_back(id);
+    if (id >= 0) {
+      node.saved[i] = kNoTensor;  // the reference is the forward stash's now
+      any = true;
+    }
+  }
+  if (!any) return;
+  node.packed = static_cast<int>(packed_.size());
+  packed_.push_back(ids);
+}
+
+SmallVec<TensorHandle, 5> Tape::UnpackSaved(const Node& node) {
+  SmallVec<TensorHandle, 5> out;
+  offload_->BeginOp();
+  for (int id : packed_[static_cast<std::size_t>(node.packed)]) {
+    out.push_back(id >= 0 ? offload_->Unpack(id, node.label, node.layer) : kNoTensor);
+  }
+  return out;
 }
 
 }  // namespace gpumem

@@ -29,6 +29,7 @@ namespace gpumem {
 
 using ValueId = int;
 constexpr ValueId kNoValue = -1;
+class ActivationOffload;  // sim/savers.hpp
 
 // A list of at most N items stored inline (ops have a handful of inputs and saved tensors).
 template <typename T, int N>
@@ -167,6 +168,10 @@ class Tape {
   // are kept too, as torch.utils.checkpoint's save_for_backward does.
   Values Checkpoint(TextPart name, const Values& inputs, Block block);
 
+  // --- activation offloading (sim/savers.hpp): the saved-tensor hooks, when set ---
+  void SetOffload(ActivationOffload* offload) { offload_ = offload; }
+  ActivationOffload* offload() { return offload_; }
+
   // --- backward ---
   // loss.backward(): the gradient of `loss` (a scalar) is created and back-propagated.
   void Backward(ValueId loss, GradientSink& sink);
@@ -190,6 +195,7 @@ class Tape {
     int temps = -1;           // index into temps_ (backward temporaries are rare: SDPA's)
     int block = -1;           // index into blocks_ for checkpoint nodes
     Values blockInputs;       // checkpoint: all inputs, in order
+    int packed = -1;          // index into packed_ when a saved tensor was offloaded
     bool done = false;
   };
   // autocast's weight-copy cache: parameter → its 16-bit copy, and which are set (in order).
@@ -218,6 +224,12 @@ class Tape {
     else b_.Release(h, Text{});
   }
   CastCache& cache() { return caches_[static_cast<std::size_t>(cacheDepth_)]; }
+  // Activation offloading's pack of a node's saved tensors (slot i: its bytes, whether it is a
+  // parameter's storage, its name): an offloaded slot's reference goes to the offloader.
+  void PackSaved(Node& node, const SmallVec<std::int64_t, 5>& bytes, const SmallVec<bool, 5>& parameter,
+                 const SmallVec<Text, 5>& names);
+  // Unpacks a node's offloaded tensors as its backward starts: slot → the GPU tensor it reads.
+  SmallVec<TensorHandle, 5> UnpackSaved(const Node& node);
 
   TraceBuilder& b_;
   GradientSink* sink_ = nullptr;
@@ -238,6 +250,8 @@ class Tape {
   std::vector<SmallVec<BackwardTemp, 2>> temps_;
   std::vector<TensorHandle> grads_;  // gradient buffer of each value, during backward
   std::vector<CastCache> caches_;    // [0] the forward's; deeper ones for recomputes
+  ActivationOffload* offload_ = nullptr;
+  std::vector<SmallVec<int, 5>> packed_;  // per offloading node: each slot's packed id, or -1
   int cacheDepth_ = 0;
 };
 

@@ -321,15 +321,62 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
           s.training.zeroGradSetToNone = true;
         });
   }
+  // Activation offloading: the same math, paid in host transfers that may not fully overlap
+  // (ranked with checkpointing). Offered when the setup does not fit.
+  if (transformer && activationsMatter && !t.activationOffloading && out.currentPeakBytes > capacity) {
+    add(FitCost::Compute, "activation-offloading", "Offload activations to host memory (torchtune enable_activation_offloading=True)",
+        "the same result; saved activations travel to pinned host memory and back over PCIe, which slows "
+        "the step where the copies do not overlap with compute",
+        {"training.activationOffloading"}, [](Setup& s) { s.training.activationOffloading = true; });
+  }
   if (t.optimizer == OptimizerKind::Adam || t.optimizer == OptimizerKind::AdamW || t.optimizer == OptimizerKind::PagedAdamW) {
     add(FitCost::ChangesResults, "optimizer-adamw8bit", "Use 8-bit AdamW (bitsandbytes AdamW8bit)",
         "states quantized blockwise to 8 bits (2.03 B per parameter instead of 8): close to AdamW, not identical",
         {"training.optimizer"}, [](Setup& s) { s.training.optimizer = OptimizerKind::AdamW8bit; });
   }
-  // HOOK for LoRA / QLoRA (issue 11 items 1–3, the `finetune` section): when it is on main, add
-  // here FitCost::ChangesResults suggestions "finetune-lora" (adapters on the attention and MLP
-  // projections, base weights frozen) and "finetune-qlora" (the same on NF4 base weights), each
-  // simulated through add(), with their fields ("finetune.…") copied in the combination below.
+  // LoRA and QLoRA (the `finetune` section): adapters change what trains, so they change the
+  // results. Both follow torchtune's single-device recipes (recipes/configs/llama3/
+  // 8B_lora_single_device.yaml and 8B_qlora_single_device.yaml: lora_attn_modules q_proj, v_proj,
+  // output_proj; apply_lora_to_mlp True; apply_lora_to_output False; lora_rank 8, lora_alpha 16,
+  // lora_dropout 0). For Llama these are HF's q_proj, v_proj, o_proj, gate_proj, up_proj,
+  // down_proj; GPT-2 and BERT have no such split names, so "all-linear" (PEFT: every linear but
+  // the output layer) adapts their attention and MLP projections alike. QLoRA
+  // (torchtune.models.llama3.qlora_llama3_8b, the QLoRA paper's recipe) puts the frozen base
+  // linears in NF4 with double quantization and bf16 compute (BitsAndBytesConfig load_in_4bit,
+  // bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=bf16).
+  // Offered only when the setup does not fit (they change what is trained, not how: a setup
+  // that fits is not told to train something else) and nothing is adapted yet.
+  if (transformer && out.currentPeakBytes > capacity && !setup.finetune.lora &&
+      setup.finetune.quantization == Quantization::None) {
+    const Family family = setup.model.architecture.family;
+    const std::vector<std::string> targets =
+        family == Family::Llama ? std::vector<std::string>{"q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+                                : std::vector<std::string>{"all-linear"};
+    auto lora = [targets](Setup& s) {
+      s.finetune.lora = true;
+      s.finetune.r = 8;
+      s.finetune.loraAlpha = 16;
+      s.finetune.loraDropout = 0;
+      s.finetune.targetModules = targets;
+    };
+    const std::vector<std::string> loraFields = {"finetune.lora", "finetune.r", "finetune.loraAlpha", "finetune.loraDropout",
+                                                 "finetune.targetModules"};
+    add(FitCost::ChangesResults, "finetune-lora", "Fine-tune with LoRA adapters (r 8, alpha 16, attention and MLP projections)",
+        "the base weights are frozen and only low-rank adapters train (peft LoraConfig / torchtune lora recipes): "
+        "a different, smaller update than full fine-tuning",
+        loraFields, lora);
+    std::vector<std::string> qloraFields = loraFields;
+    qloraFields.insert(qloraFields.end(), {"finetune.quantization", "finetune.doubleQuant", "finetune.computeDType"});
+    add(FitCost::ChangesResults, "finetune-qlora", "Fine-tune with QLoRA (NF4 base weights with double quantization, bf16 compute, LoRA r 8)",
+        "LoRA on base weights stored in 4 bits (bitsandbytes NF4): the frozen weights are approximated, "
+        "and each linear dequantizes its weight in forward and backward",
+        qloraFields, [lora](Setup& s) {
+          lora(s);
+          s.finetune.quantization = Quantization::NF4;
+          s.finetune.doubleQuant = true;
+          s.finetune.computeDType = DType::BF16;
+        });
+  }
 
   // Those that fit first; then the cheapest kind of change; then the largest saving.
   std::stable_sort(out.suggestions.begin(), out.suggestions.end(), [](const FitSuggestion& a, const FitSuggestion& b) {
@@ -372,6 +419,8 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         if (f == "training.lossImplementation") next.training.lossImplementation = s.setup.training.lossImplementation;
         if (f == "training.lossChunks") next.training.lossChunks = s.setup.training.lossChunks;
         if (f == "training.optimizerInBackward") next.training.optimizerInBackward = s.setup.training.optimizerInBackward;
+        if (f == "training.activationOffloading") next.training.activationOffloading = s.setup.training.activationOffloading;
+        if (f.rfind("finetune.", 0) == 0) next.finetune = s.setup.finetune;  // only LoRA / QLoRA touch it
       }
       const auto peak = labels.empty() ? std::optional(s.peakBytes) : peakOf(next);
       if (!peak) continue;

@@ -1,6 +1,7 @@
 // GPT2LMHeadModel: learned positions, pre-LayerNorm blocks with a fused QKV (Conv1D), GELU MLP,
 // the head tied to the token embedding.
 #include "sim/families/family.hpp"
+#include "sim/savers.hpp"
 
 namespace gpumem::families {
 
@@ -81,6 +82,9 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) 
   t.Drop(c.cos);
   t.Drop(c.sin);
   m.Scope(-1, "lm_head");
+  // torchtune get_act_offloading_ctx_manager: NoOpManager hooks around the output head, whose
+  // activations the loss needs at once (what follows is the head and, outside the context, the loss).
+  if (ActivationOffload* offload = t.offload()) offload->SetActive(false);
   if (m.parameters.Has("lm_head.base_layer.weight")) {  // LoRA on lm_head (PEFT renames its weight)
     const ValueId logits = blocks::Linear(m, normed, RootModule(m, "lm_head"), m.a.vocabSize, "logits");
     t.Drop(normed);

@@ -11,6 +11,7 @@
 
 #include "gpumem/names.hpp"
 #include "sim/families/family.hpp"
+#include "sim/savers.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -34,6 +35,13 @@ class TransformerPass final : public ModelPass {
     const auto experts = static_cast<std::size_t>(std::max<std::int64_t>(0, a_.numExperts));
     const std::size_t values = std::min<std::size_t>(blocks * (80 + 30 * experts) + 256, std::size_t{1} << 20);
     tape_->Reserve(values, values * 2 / 3);
+    // torchtune: `with self.activations_handling_ctx:` around the model's forward; one
+    // OffloadActivations for the whole run (its ids and stashes span steps).
+    if (t_.activationOffloading) {
+      if (!offload_) offload_.emplace(b);
+      offload_->SetActive(true);
+      tape_->SetOffload(&*offload_);
+    }
     parameters_.Reset();
     model_.emplace(Model{*tape_, a_, t_, parameters_, b_, s_, &finetune_});
     Tape& t = *tape_;
@@ -64,6 +72,7 @@ class TransformerPass final : public ModelPass {
       case Family::BERT: logits = families::BertForward(m, ids_, tokenTypes_, block); break;
     }
     m.Scope(-1, "loss");
+    if (offload_) offload_->SetActive(false);  // the loss runs outside the context
     loss_ = m.loss != kNoValue ? m.loss : blocks::CrossEntropy(m, logits, labels_, !bert);
     t.Drop(logits);  // compute_loss returns the loss only: the model output goes
     t.EndAutocast();
@@ -135,6 +144,7 @@ class TransformerPass final : public ModelPass {
     return f.prepareForKbitTraining || (f.lora && EffectiveTraining(setup).checkpointing != Checkpointing::None);
   }
 
+  std::optional<ActivationOffload> offload_;  // declared first: the tape points at it
   const ArchitectureDef& a_;
   const TrainingDef t_;
   Regime regime_;
