@@ -89,13 +89,6 @@ export function fillForm(setup, presetId) {
   setSelectValue($('#attention'), training.attention);
   setSelectValue($('#checkpointing'), training.checkpointing);
   $('#checkpointInterval').value = displayNumber(training.checkpointInterval);
-  // The memory savers (options.savers: chunked loss, optimizer in backward, activation
-  // offloading …) have no controls yet; the values a setup brings (an applied "Make it fit"
-  // suggestion, a link) are carried so that the next estimate keeps them.
-  state.saverValues = {};
-  for (const f of Array.isArray(state.options.savers) ? state.options.savers : []) {
-    if (training[f.key] !== undefined) state.saverValues[f.key] = training[f.key];
-  }
   $('#memoryGiB').value = displayNumber(gpu.memoryGiB);
   fillRuntime(setup.runtime);
   fillSavers(setup.training);
@@ -151,7 +144,6 @@ export function readForm() {
     // same without the list.
     gpu: state.gpuId ? { id: state.gpuId, memoryGiB: numberValue($('#memoryGiB')) } : { memoryGiB: numberValue($('#memoryGiB')) },
   };
-  Object.assign(setup.training, state.saverValues ?? {});
   if (trainingModes()) setup.training.mode = $('#training-mode').value;
   Object.assign(setup.training, readSavers());
   setup.runtime = readRuntime();
