@@ -10,6 +10,7 @@ import { readLayers, renderLayers } from './layers-panel.js';
 import { fillArchitecture, presetById, readArchitecture } from './model-panel.js';
 import { $, $$, displayNumber, numberValue, parseMatrices, parseNumberText, state } from './page-state.js';
 import { fillRuntime, readRuntime } from './runtime-panel.js';
+import { fillParallel, parallelAvailable, readParallel } from './parallel-panel.js';
 
 // ---------- setup <-> form ----------
 
@@ -91,6 +92,7 @@ export function fillForm(setup, presetId) {
   $('#memoryGiB').value = displayNumber(gpu.memoryGiB);
   fillRuntime(setup.runtime);
   if (finetuneFields().length) fillFinetune(setup.finetune);
+  if (parallelAvailable()) fillParallel(setup.parallel);
   state.gpuId = gpuById(gpu.id)?.id ?? '';
   showKindPanels();
   showParameterHint();
@@ -145,6 +147,7 @@ export function readForm() {
   if (trainingModes()) setup.training.mode = $('#training-mode').value;
   setup.runtime = readRuntime();
   if (finetuneFields().length && isPlainObject(state.options.defaultSetup.finetune)) setup.finetune = readFinetune();
+  if (parallelAvailable()) setup.parallel = readParallel();
   return { setup, errors };
 }
 
