@@ -235,6 +235,11 @@ function parallelGpuBox(index, rank, states, simulated, exactForAll) {
     list.append(term, value);
   }
   box.append(list);
+  if (simulated || exactForAll) {
+    const total = parallelElement('p', 'gpu-total', `model states ${formatBytes(states.totalBytes)}`);
+    total.dataset.bytes = String(states.totalBytes);
+    box.append(total);
+  }
   return box;
 }
 

@@ -42,6 +42,7 @@ async function drawnCluster(page) {
       engine: document.querySelector('#parallel-rank-engine').textContent,
       why: document.querySelector('#parallel-rank-why').textContent,
       states,
+      total: Number(simulated.querySelector('.gpu-total').dataset.bytes),
       hidden: document.querySelector('#cluster').hidden,
     };
   });
@@ -53,6 +54,7 @@ function assertClusterIs(drawn, est) {
   assert.equal(drawn.boxes, Math.min(est.rank.worldSize, 64));
   assert.equal(drawn.engine, est.rank.engine);
   assert.ok(drawn.why.includes(est.rank.why));
+  assert.equal(drawn.total, est.modelStates.totalBytes);
   for (const [key, bytesKey] of [['parameters', 'parametersBytes'], ['masterWeights', 'masterWeightsBytes'], ['gradients', 'gradientsBytes'], ['optimizerStates', 'optimizerStatesBytes']]) {
     assert.equal(drawn.states[key].bytes, est.modelStates[bytesKey], key);
     assert.equal(drawn.states[key].placement, est.rank.holds[key], key);
