@@ -170,6 +170,7 @@ export function parallelRunFewest(setup, onUse) {
     }
     const r = outcome.result;
     out.dataset.state = 'done';
+    out.dataset.inWorker = String(Boolean(outcome.inWorker));
     out.dataset.found = String(r.found);
     if (!r.found) {
       out.replaceChildren(document.createTextNode(`No layout of up to 4,096 GPUs of this type fits (${r.estimatesRun} setups simulated).`));

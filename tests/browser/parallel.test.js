@@ -168,6 +168,7 @@ test('Fewest GPUs of this type runs the core\'s search in the worker; Use this l
   assert.equal(Number(await page.getAttribute('#parallel-fewest-result', 'data-gpus')), expected.gpus);
   assert.equal(Number(await page.getAttribute('#parallel-fewest-result', 'data-peak-device-bytes')), expected.peakDeviceBytes);
   assert.ok((await page.textContent('#parallel-fewest-text')).includes(expected.layout));
+  assert.equal(await page.getAttribute('#parallel-fewest-result', 'data-in-worker'), 'true', 'the search ran in the worker');
   await page.click('#parallel-fewest-use');
   await page.waitForFunction((p) => document.querySelector('#verdict')?.dataset.deviceBytes === String(p), expected.peakDeviceBytes, WAIT);
   assert.equal(await page.getAttribute('#verdict', 'data-fits'), 'true');
