@@ -186,3 +186,127 @@ TEST_CASE("estimate JSON has the device object", "[device]") {
   CHECK(text.find("\"oom\":{\"eventIndex\":") != std::string::npos);
   CHECK(text.find("\"reservedBytes\":") != std::string::npos);
 }
+
+namespace {
+Estimate RunLabelled(const Setup& s) {
+  EstimateResult r = EstimateMemory(s, {.timeline = EstimateOptions::Timeline::Labelled});
+  REQUIRE(r.ok());
+  return r.estimate;
+}
+
+// Every segment's shown and omitted blocks add up to its size and allocated bytes; the
+// segments add up to the picture's totals.
+void CheckPictureSums(const DeviceSegments& p) {
+  std::int64_t shown = 0, allocated = 0;
+  for (const DeviceSegment& s : p.segments) {
+    std::int64_t blocks = s.omittedBlockBytes, blocksAllocated = s.omittedAllocatedBlockBytes;
+    for (const DeviceSegmentBlock& b : s.blocks) {
+      blocks += b.bytes;
+      if (b.allocated) blocksAllocated += b.bytes;
+      CHECK(b.bytes % 512 == 0);
+      CHECK(b.allocated == !b.label.empty());
+      CHECK((b.requestedBytes > 0) == b.allocated);
+    }
+    CHECK(blocks == s.totalBytes);
+    CHECK(blocksAllocated == s.allocatedBytes);
+    CHECK(s.blocks.size() <= kMaxPictureBlocksPerSegment);
+    shown += s.totalBytes;
+    allocated += s.allocatedBytes;
+  }
+  CHECK(shown + p.omittedBytes == p.reservedBytes);
+  CHECK(p.omittedSegments == p.segmentCount - static_cast<std::int64_t>(p.segments.size()));
+  for (std::size_t i = 1; i < p.segments.size(); ++i) CHECK(p.segments[i - 1].address < p.segments[i].address);
+  if (p.omittedSegments == 0) CHECK(allocated == p.allocatedBytes);
+}
+}  // namespace
+
+TEST_CASE("segments at the reserved peak of a tiny MLP from the allocator rules", "[device][segments]") {
+  const Estimate e = RunLabelled(TinyMlp(1.0));
+  const DeviceSegments& p = e.device.segments;
+  REQUIRE(p.recorded);
+  CheckPictureSums(p);
+  // Reserved peaks when the backward thread's cuBLASLt workspace opens a second small segment
+  // (see "device figure of a tiny MLP"): 2 MiB (parameters, forward cuBLASLt workspace), the
+  // 20 MiB segment of both cuBLAS workspaces, then that new 2 MiB one, in address order.
+  CHECK(p.reservedBytes == e.device.peakReservedBytes);
+  REQUIRE(p.segments.size() == 3);
+  CHECK(p.segmentCount == 3);
+  CHECK(p.omittedSegments == 0);
+  CHECK(p.segments[0].totalBytes == 2 * MiB);
+  CHECK(p.segments[0].smallPool);
+  // Its free bytes are the 1,035,264 B the OOM case finds there at the same event.
+  CHECK(p.segments[0].totalBytes - p.segments[0].allocatedBytes == 1'035'264);
+  const DeviceSegment& large = p.segments[1];
+  CHECK_FALSE(large.smallPool);
+  CHECK(large.totalBytes == 20 * MiB);
+  REQUIRE(large.blocks.size() == 3);  // best-fit split twice: two workspaces and the rest
+  CHECK(large.blocks[0].bytes == 8'519'680);
+  CHECK(large.blocks[0].label == "cuBLAS workspace");
+  CHECK(large.blocks[1].bytes == 8'519'680);
+  CHECK(large.blocks[1].allocated);
+  CHECK(large.blocks[2].bytes == 3'932'160);
+  CHECK_FALSE(large.blocks[2].allocated);
+  const DeviceSegment& second = p.segments[2];
+  REQUIRE(second.blocks.size() == 2);  // 1 MiB workspace, then the 1 MiB split remainder (≥ 512 B)
+  CHECK(second.blocks[0].bytes == MiB);
+  CHECK(second.blocks[0].label == "cuBLAS workspace");
+  CHECK(second.blocks[1].bytes == MiB);
+  CHECK_FALSE(second.blocks[1].allocated);
+  // The parameters' blocks name their tensors (the trace's tensor names).
+  bool named = false;
+  for (const DeviceSegmentBlock& b : p.segments[0].blocks) named |= b.allocated && b.label != "cuBLAS workspace";
+  CHECK(named);
+  // The event the picture is taken at is where the timeline's reserved line peaks.
+  REQUIRE(p.eventIndex < e.timeline.size());
+  CHECK(e.timeline[p.eventIndex].reservedBytes == e.device.peakReservedBytes);
+}
+
+TEST_CASE("segments only for a labelled timeline", "[device][segments]") {
+  CHECK_FALSE(Run(TinyMlp(1.0)).device.segments.recorded);  // points: the views
+  EstimateResult none = EstimateMemory(TinyMlp(1.0), {.timeline = EstimateOptions::Timeline::None, .explain = false});
+  REQUIRE(none.ok());
+  CHECK_FALSE(none.estimate.device.segments.recorded);  // the solver
+  CHECK(none.estimate.device.segments.segments.empty());
+}
+
+TEST_CASE("segment picture is capped for huge models with counts of what is left out", "[device][segments]") {
+  // 250 bias-free 2048 × 2048 fp32 linear layers: every 16 MiB weight (≥ 10 MiB) is a segment
+  // of its own, and so is its gradient: far over 200 segments.
+  Setup s = TinyMlp(80.0);
+  s.model.layers.clear();
+  for (int i = 0; i < 250; ++i) s.model.layers.push_back(LinearLayer(2048, 2048, false));
+  s.training.optimizer = OptimizerKind::SGD;
+  const Estimate e = RunLabelled(s);
+  const DeviceSegments& p = e.device.segments;
+  REQUIRE(p.recorded);
+  CHECK(p.segmentCount > 500);
+  CHECK(p.segments.size() == kMaxPictureSegments);
+  CHECK(p.omittedSegments == p.segmentCount - 200);
+  CHECK(p.omittedBytes > 0);
+  CHECK(p.reservedBytes == e.device.peakReservedBytes);
+  CheckPictureSums(p);
+  // The kept ones are the largest: none smaller than 16 MiB while 16 MiB ones are left out.
+  for (const DeviceSegment& seg : p.segments) CHECK(seg.totalBytes >= 16 * MiB);
+
+  // 100 tiny layers: 200 parameter blocks of 512 B share one 2 MiB small segment; at most 16
+  // are listed, the rest counted.
+  Setup tiny = TinyMlp(8.0);
+  tiny.model.layers.clear();
+  for (int i = 0; i < 100; ++i) tiny.model.layers.push_back(LinearLayer(8, 8));
+  const DeviceSegments& q = RunLabelled(tiny).device.segments;
+  REQUIRE_FALSE(q.segments.empty());
+  CheckPictureSums(q);
+  CHECK(q.segments[0].blocks.size() == kMaxPictureBlocksPerSegment);
+  CHECK(q.segments[0].omittedBlocks > 100);
+}
+
+TEST_CASE("estimate JSON carries the segments with a labelled timeline", "[device][segments]") {
+  const std::string setup = R"({"model":{"kind":"layers","layers":[{"type":"linear","inFeatures":64,"outFeatures":32}],"loss":"mse"},"training":{"batchSize":4,"sequenceLength":1,"precision":"fp32"},"gpu":{"memoryGiB":8}})";
+  const std::string labelled = EstimateJson(setup);
+  CHECK(labelled.find("\"segments\":{\"eventIndex\":") != std::string::npos);
+  CHECK(labelled.find("\"pool\":\"large\"") != std::string::npos);
+  CHECK(labelled.find("\"label\":\"cuBLAS workspace\"") != std::string::npos);
+  CHECK(labelled.find("\"address\":\"0x") != std::string::npos);
+  const std::string points = EstimateJson(setup, -1, {.timeline = EstimateOptions::Timeline::Points});
+  CHECK(points.find("\"segments\":null") != std::string::npos);
+}

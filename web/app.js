@@ -23,6 +23,7 @@ import { $, $$, MAX_TYPING_DELAY_MS, SLOW_UPDATE_MS, TYPING_DELAY_MS, state } fr
 import { drawCharts, markScrollingTables, render } from './results-panel.js';
 import { buildParallelFields, parallelImport, parallelRunFewest, renderParallel, wireParallelDrop } from './parallel-panel.js';
 import { buildRuntimeFields } from './runtime-panel.js';
+import { buildSaverFields } from './savers-panel.js';
 import { fillSelect, readForm, showParameterHint, showTrainingOptions } from './setup-form.js';
 import { canSolve, runSolve } from './solve-panel.js';
 import { cancelViews, scheduleViews } from './views-panel.js';
@@ -148,6 +149,7 @@ function buildControls(options) {
   buildFirstScreen();
   buildFinetuneFields();
   buildParallelFields();
+  buildSaverFields();
   buildGpuSelect();
   $('#import-model').hidden = !canImport();
   $('#solve').hidden = !canSolve();

@@ -550,3 +550,102 @@ export function timelineChart(timeline, {
   showIdle();
   return figure;
 }
+
+// ---------- the allocator's segments at the device peak ----------
+
+// The caching allocator's segments at the reserved peak, in the style of PyTorch's memory_viz
+// (torch/cuda/_memory_viz.py, segment_plot; the page draws estimate.device.segments, the core's
+// simulation of DeviceCachingAllocator::snapshot). One bar per segment in address order, its
+// length proportional to the segment's size against the largest one, its blocks coloured
+// allocated (cuBLAS workspaces apart) or free (the allocator's cache); hovering a block names its
+// tensor in the readout. When the core left segments or blocks out (huge models), a note counts
+// them and each segment's left-out blocks are one grey run at its end.
+//   picture: {eventIndex, reservedBytes, allocatedBytes, segmentCount, omittedSegments,
+//             omittedBytes, segments: [{address, totalBytes, allocatedBytes, pool, expandable,
+//             omittedBlocks, omittedBlockBytes, omittedAllocatedBlockBytes,
+//             blocks: [{bytes, requestedBytes, allocated, label}]}]}
+export function segmentsChart(picture, { width = 640 } = {}) {
+  const figure = document.createElement('div');
+  figure.className = 'segments-figure';
+  figure.setAttribute('aria-live', 'off');
+  const segments = picture.segments ?? [];
+  const caption = document.createElement('p');
+  caption.className = 'segments-caption';
+  caption.textContent = `The caching allocator's ${formatInteger(picture.segmentCount)} segment${picture.segmentCount === 1 ? '' : 's'} `
+    + `at the reserved peak (event #${formatInteger(picture.eventIndex)}): ${formatBytes(picture.reservedBytes)} reserved, `
+    + `${formatBytes(picture.allocatedBytes)} of it in live blocks, the rest cached free blocks (as PyTorch's memory_viz draws a snapshot).`;
+  figure.append(caption);
+  if (picture.omittedSegments > 0) {
+    const more = document.createElement('p');
+    more.className = 'segments-more';
+    more.textContent = `The ${formatInteger(segments.length)} largest are drawn, and ${formatInteger(picture.omittedSegments)} more `
+      + `(${formatBytes(picture.omittedBytes)}) are not.`;
+    figure.append(more);
+  }
+  const key = document.createElement('ul');
+  key.className = 'legend segments-key';
+  for (const [cls, text] of [['dev-allocated', 'allocated block (a tensor)'], ['dev-workspaces', 'cuBLAS workspace'], ['dev-cache', 'free block (cached)']]) {
+    const li = document.createElement('li');
+    const swatch = document.createElement('span');
+    swatch.className = `swatch ${cls}`;
+    li.append(swatch, text);
+    key.append(li);
+  }
+  figure.append(key);
+
+  const left = 64;  // the segment's size, written before its bar
+  const innerW = Math.max(60, width - left - 4);
+  const rowH = segments.length <= 24 ? 14 : segments.length <= 80 ? 8 : 5;
+  const gap = rowH > 8 ? 3 : 1;
+  const height = Math.max(1, segments.length * (rowH + gap));
+  const largest = Math.max(1, ...segments.map((s) => s.totalBytes));
+  const sx = (bytes) => (bytes / largest) * innerW;
+  const svg = svgEl('svg', {
+    class: 'chart segments', viewBox: `0 0 ${width} ${height}`, width: '100%', height,
+    role: 'img', 'aria-label': caption.textContent,
+  });
+  const readout = document.createElement('p');
+  readout.className = 'chart-readout';
+  readout.textContent = 'Hover a block to name its tensor.';
+  segments.forEach((s, row) => {
+    const y = row * (rowH + gap);
+    const g = svgEl('g', {
+      class: 'segment', 'data-total-bytes': s.totalBytes, 'data-allocated-bytes': s.allocatedBytes,
+      'data-address': s.address, 'data-pool': s.pool,
+    });
+    if (rowH >= 8) {
+      g.append(svgEl('text', { class: 'chart-label', x: left - 4, y: y + rowH - 2, 'text-anchor': 'end' }, formatBytes(s.totalBytes)));
+    }
+    g.append(svgEl('rect', { class: 'bar-track', x: left, y, width: Math.max(sx(s.totalBytes), 0.5), height: rowH }));
+    const where = `segment ${s.address} (${s.pool} pool${s.expandable ? ', expandable' : ''}), ${formatBytes(s.totalBytes)}`;
+    let at = 0;
+    const place = (bytes, cls, attrs, text) => {
+      g.append(svgEl('rect', { class: cls, x: left + sx(at), y, width: Math.max(sx(bytes), 0.3), height: rowH, ...attrs }, titleEl(text)));
+      at += bytes;
+    };
+    for (const b of s.blocks) {
+      const cls = !b.allocated ? 'seg-block dev-cache' : b.label === 'cuBLAS workspace' ? 'seg-block dev-workspaces' : 'seg-block dev-allocated';
+      const text = b.allocated
+        ? `${b.label}: ${formatBytes(b.bytes)} block (${formatExactBytes(b.requestedBytes)} requested), ${where}`
+        : `free: ${formatBytes(b.bytes)} (${formatExactBytes(b.bytes)}) cached, ${where}`;
+      place(b.bytes, cls, { 'data-bytes': b.bytes, 'data-allocated': String(b.allocated), 'data-label': b.label }, text);
+    }
+    if (s.omittedBlocks > 0) {
+      place(s.omittedBlockBytes, 'seg-omitted', { 'data-bytes': s.omittedBlockBytes, fill: 'var(--muted)', 'fill-opacity': 0.35 },
+        `${formatInteger(s.omittedBlocks)} smaller blocks not listed: ${formatBytes(s.omittedBlockBytes)}, ${formatBytes(s.omittedAllocatedBlockBytes)} of it allocated, ${where}`);
+    }
+    svg.append(g);
+  });
+  // One listener for every block: the readout repeats the hovered block's title.
+  svg.addEventListener('mouseover', (event) => {
+    const title = event.target.closest?.('rect')?.querySelector('title');
+    if (title) readout.textContent = title.textContent;
+  });
+  const scroll = document.createElement('div');
+  scroll.className = 'segments-scroll';
+  scroll.style.maxHeight = '360px';
+  scroll.style.overflowY = 'auto';
+  scroll.append(svg);
+  figure.append(scroll, readout);
+  return figure;
+}

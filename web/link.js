@@ -71,8 +71,11 @@ export function shortSetup(setup) {
     if (model.kind === state.archKind && model.architecture) m.architecture = model.architecture;
     if (Object.keys(m).length) out.model = m;
   }
-  const training = differences(setup.training ?? {}, defaults.training);
-  if (training) out.training = training;
+  const training = differences(setup.training ?? {}, defaults.training) ?? {};
+  // A preset brings its own sequence length when none is given (the core's
+  // defaultSequenceLength), so the length is kept even where it equals the core's default.
+  if (out.model?.preset && setup.training?.sequenceLength !== undefined) training.sequenceLength = setup.training.sequenceLength;
+  if (Object.keys(training).length) out.training = training;
   const gpu = setup.gpu ?? {};
   const listed = gpuById(gpu.id);
   const gpuPart = listed && (gpu.memoryGiB === undefined || gpu.memoryGiB === listed.memoryGiB) ? { id: listed.id } : differences(gpu, defaults.gpu);

@@ -2,7 +2,7 @@
 //
 // Split out of app.js by panel; every byte it shows comes from the core's estimate.
 
-import { bytesTitle, capacityBar, formatBytes, formatBytesOther, formatExactBytes, formatInteger, timelineChart } from './charts.js';
+import { bytesTitle, capacityBar, formatBytes, formatBytesOther, formatExactBytes, formatInteger, segmentsChart, timelineChart } from './charts.js';
 import { describeSetup, drawCompareChart, renderCompare } from './compare-panel.js';
 import { gpuById } from './gpu-panel.js';
 import { presetById } from './model-panel.js';
@@ -509,7 +509,22 @@ export function drawCharts(est) {
     width, height: width < 500 ? 220 : 270,
   }));
   if (hadFocus) $('svg', chartBox)?.focus();
+  drawSegments(est, width);
   drawCompareChart();
+}
+
+// Under the timeline: the caching allocator's segments at the reserved peak, as memory_viz
+// draws them (estimate.device.segments, present with the labelled timeline the page asks for).
+function drawSegments(est, width) {
+  let box = $('#segments-chart');
+  if (!box) {
+    box = document.createElement('div');
+    box.id = 'segments-chart';
+    $('#timeline-chart').after(box);
+  }
+  const picture = est.device?.segments;
+  box.hidden = !picture;
+  box.replaceChildren(...(picture ? [segmentsChart(picture, { width })] : []));
 }
 
 // On a phone the results come after the form: a bar fixed at the bottom of the screen keeps the

@@ -11,6 +11,7 @@ import { fillArchitecture, presetById, readArchitecture } from './model-panel.js
 import { $, $$, displayNumber, numberValue, parseMatrices, parseNumberText, state } from './page-state.js';
 import { fillRuntime, readRuntime } from './runtime-panel.js';
 import { fillParallel, parallelAvailable, readParallel } from './parallel-panel.js';
+import { fillSavers, readSavers } from './savers-panel.js';
 
 // ---------- setup <-> form ----------
 
@@ -91,6 +92,7 @@ export function fillForm(setup, presetId) {
   $('#checkpointInterval').value = displayNumber(training.checkpointInterval);
   $('#memoryGiB').value = displayNumber(gpu.memoryGiB);
   fillRuntime(setup.runtime);
+  fillSavers(setup.training);
   if (finetuneFields().length) fillFinetune(setup.finetune);
   if (parallelAvailable()) fillParallel(setup.parallel);
   state.gpuId = gpuById(gpu.id)?.id ?? '';
@@ -145,6 +147,7 @@ export function readForm() {
     gpu: state.gpuId ? { id: state.gpuId, memoryGiB: numberValue($('#memoryGiB')) } : { memoryGiB: numberValue($('#memoryGiB')) },
   };
   if (trainingModes()) setup.training.mode = $('#training-mode').value;
+  Object.assign(setup.training, readSavers());
   setup.runtime = readRuntime();
   if (finetuneFields().length && isPlainObject(state.options.defaultSetup.finetune)) setup.finetune = readFinetune();
   if (parallelAvailable()) setup.parallel = readParallel();

@@ -212,8 +212,13 @@ test('the timeline is opt-in: none by default, points or labelled on request', (
   assert.ok(points.timeline.every((p) => p.label === undefined));
   assert.ok(labelled.timeline.every((p) => typeof p.label === 'string' && p.label.length > 0));
   assert.deepEqual(labelled.timeline.map(({ label, ...rest }) => rest), points.timeline);
-  // Everything but the timeline is the same whichever is asked for.
-  assert.deepEqual({ ...plain, timeline: null }, { ...labelled, timeline: null });
+  // The labelled timeline brings the allocator's segments at the reserved peak (docs/schema.md).
+  assert.equal(plain.device.segments, null);
+  assert.equal(points.device.segments, null);
+  assert.equal(labelled.device.segments.reservedBytes, labelled.device.peakReservedBytes);
+  // Everything but the timeline and the segments is the same whichever is asked for.
+  const withoutTimeline = (e) => ({ ...e, timeline: null, device: { ...e.device, segments: null } });
+  assert.deepEqual(withoutTimeline(plain), withoutTimeline(labelled));
 });
 
 test('estimate shape: peak, phase peaks, timeline, all numbers finite', () => {

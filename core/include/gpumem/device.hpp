@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -250,6 +251,48 @@ struct DeviceOom {
   std::string explanation;             // "a 1.5 GiB request found no free block of that size; …"
 };
 
+// The caching allocator's segments at the device peak (the reserved peak), as PyTorch's
+// memory_viz draws a snapshot's segments (torch/cuda/_memory_viz.py, segment_plot; the data is
+// torch.cuda.memory._snapshot()["segments"], DeviceCachingAllocator::snapshot): one bar per
+// segment in address order, its blocks allocated or free. Only for an estimate with a labelled
+// timeline (EstimateOptions::Timeline::Labelled, what the page's result panel asks for).
+// Bounded for huge models: the kMaxPictureSegments largest segments, each with at most
+// kMaxPictureBlocksPerSegment blocks; what is left out is counted, not lost.
+constexpr std::size_t kMaxPictureSegments = 200;
+constexpr std::size_t kMaxPictureBlocksPerSegment = 16;
+
+struct DeviceSegmentBlock {
+  std::int64_t bytes = 0;           // block size, bytes (a multiple of 512)
+  std::int64_t requestedBytes = 0;  // the tensor's requested bytes; 0 for a free block
+  bool allocated = false;
+  std::string label;                // the tensor ("layers.3.mlp.fc1 output"); empty for a free block
+};
+
+struct DeviceSegment {
+  std::uint64_t address = 0;        // simulated address: orders the segments, not PyTorch's
+  std::int64_t totalBytes = 0;      // the segment's size, bytes
+  std::int64_t allocatedBytes = 0;  // its allocated blocks, bytes
+  bool smallPool = false;           // a 2 MiB segment of the small pool (requests ≤ 1 MiB)
+  bool expandable = false;          // a mapped range of an expandable segment
+  // Address order. When a segment has more blocks than the cap, its largest ones are kept (in
+  // address order) and the others are counted below.
+  std::vector<DeviceSegmentBlock> blocks;
+  std::int64_t omittedBlocks = 0;
+  std::int64_t omittedBlockBytes = 0;          // their sizes, bytes
+  std::int64_t omittedAllocatedBlockBytes = 0;  // of which allocated, bytes
+};
+
+struct DeviceSegments {
+  bool recorded = false;          // asked for (a labelled timeline) and simulated
+  std::size_t eventIndex = 0;     // the trace event after which reserved peaked
+  std::int64_t reservedBytes = 0;   // sum of every segment, = DeviceEstimate::peakReservedBytes
+  std::int64_t allocatedBytes = 0;  // sum of their allocated blocks at that moment
+  std::int64_t segmentCount = 0;    // every segment, shown or not
+  std::vector<DeviceSegment> segments;  // the largest kMaxPictureSegments, address order
+  std::int64_t omittedSegments = 0;     // segmentCount − segments.size()
+  std::int64_t omittedBytes = 0;        // their total size, bytes
+};
+
 struct DeviceEstimate {
   // torch.cuda.max_memory_allocated: block sizes (rounded to 512 B, workspaces included).
   std::int64_t peakAllocatedBytes = 0;
@@ -275,6 +318,7 @@ struct DeviceEstimate {
       workspaceFormula, communicationFormula, peakDeviceFormula, headroomFormula;
   std::int64_t numAllocRetries = 0;     // cudaMalloc failures the cache release recovered from
   DeviceOom oom;
+  DeviceSegments segments;  // the picture at the reserved peak (with a labelled timeline)
 };
 
 }  // namespace gpumem

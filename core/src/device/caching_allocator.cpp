@@ -44,130 +44,171 @@ std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 namespace {
 
-// (size, address) order, as bit operations rather than a branch (the searches below use it
-// to pick a half without a jump).
-bool KeyBefore(const FreeBlockIndex::Key& a, std::int64_t size, std::uint64_t ptr) {
-  return (a.size < size) | ((a.size == size) & (a.ptr < ptr));
-}
-
-// The first of keys[0, n) for which before() is false (before() true on a prefix), as
-// std::partition_point, without a branch per step that the processor has to guess.
-template <typename Before>
-std::size_t FirstNotBefore(const FreeBlockIndex::Key* keys, std::size_t n, Before before) {
-  if (n == 0) return 0;
-  const FreeBlockIndex::Key* base = keys;
-  while (n > 1) {
-    const std::size_t half = n / 2;
-    base = before(base[half]) ? base + half : base;
-    n -= half;
-  }
-  return static_cast<std::size_t>(base - keys) + (before(*base) ? 1 : 0);
+// A node's priority: a fixed bijective mix of its block id (Chris Wellons' "lowbias32" hash),
+// so distinct blocks get distinct, well-spread priorities, and a run is deterministic (the
+// same events give the same tree on every platform). The order of keys never depends on it;
+// only the shape of the tree, hence the cost, does.
+std::uint32_t PriorityOf(int block) {
+  auto x = static_cast<std::uint32_t>(block);
+  x ^= x >> 16;
+  x *= 0x7feb352dU;
+  x ^= x >> 15;
+  x *= 0x846ca68bU;
+  x ^= x >> 16;
+  return x;
 }
 
 }  // namespace
 
 void FreeBlockIndex::Clear() {
-  for (std::vector<Key>& chunk : chunks_) {
-    chunk.clear();
-    spare_.push_back(std::move(chunk));
-  }
-  chunks_.clear();
-  lastKeys_.clear();
+  // Every node out, so that EraseBlock of a block cached before the Clear finds nothing.
+  for (Node& n : nodes_) n.parent = kOut;
+  root_ = -1;
   size_ = 0;
 }
 
-std::vector<FreeBlockIndex::Key> FreeBlockIndex::TakeSpare() {
-  if (spare_.empty()) {
-    std::vector<Key> chunk;
-    chunk.reserve(kChunk + 1);
-    return chunk;
-  }
-  std::vector<Key> chunk = std::move(spare_.back());
-  spare_.pop_back();
-  return chunk;
-}
-
-std::size_t FreeBlockIndex::ChunkFor(std::int64_t size, std::uint64_t ptr) const {
-  return FirstNotBefore(lastKeys_.data(), lastKeys_.size(), [&](const Key& k) { return KeyBefore(k, size, ptr); });
-}
-
+// Top-down treap insertion: walk down while the nodes on the path outrank the new one, then
+// split the rest of the path by the new key into its left and right subtrees.
 void FreeBlockIndex::Insert(const Key& key) {
+  const auto b = static_cast<std::size_t>(key.block);
+  if (b >= nodes_.size()) nodes_.resize(std::max<std::size_t>(b + 1, nodes_.size() * 2));
+  Node& node = nodes_[b];
+  node.key = Pack(key.size, key.ptr);
+  node.priority = PriorityOf(key.block);
   ++size_;
-  if (chunks_.empty()) {
-    chunks_.push_back(TakeSpare());
-    chunks_.back().push_back(key);
-    lastKeys_.push_back(key);
-    return;
+  // child index 1 when `n` comes before the new key (the key goes right of it).
+  const Packed packed = node.key;
+  auto after = [packed](const Node& n) { return static_cast<int>(n.key < packed); };
+  int owner = -1;  // the node whose child slot `link` is (−1: the root slot)
+  int* link = &root_;
+  while (*link >= 0 && N(*link).priority > node.priority) {
+    owner = *link;
+    link = &N(owner).child[after(N(owner))];
   }
-  // A key after every other goes to the last chunk.
-  const std::size_t c = std::min(ChunkFor(key.size, key.ptr), chunks_.size() - 1);
-  std::vector<Key>& chunk = chunks_[c];
-  const std::size_t at =
-      FirstNotBefore(chunk.data(), chunk.size(), [&](const Key& k) { return KeyBefore(k, key.size, key.ptr); });
-  // Shifted key by key rather than by vector::insert's memmove: in WebAssembly memmove is a
-  // word-by-word loop of musl's, several times slower than moving 16 keys.
-  chunk.push_back(key);
-  for (std::size_t i = chunk.size() - 1; i > at; --i) std::swap(chunk[i], chunk[i - 1]);
-  if (at + 1 == chunk.size()) lastKeys_[c] = key;
-  if (chunk.size() > kChunk) {  // split: the upper half becomes the next chunk
-    std::vector<Key> upper = TakeSpare();
-    const auto half = chunk.begin() + static_cast<std::ptrdiff_t>(chunk.size() / 2);
-    upper.assign(half, chunk.end());
-    chunk.erase(half, chunk.end());
-    lastKeys_.insert(lastKeys_.begin() + static_cast<std::ptrdiff_t>(c) + 1, upper.back());
-    chunks_.insert(chunks_.begin() + static_cast<std::ptrdiff_t>(c) + 1, std::move(upper));
-    lastKeys_[c] = chunks_[c].back();
+  int rest = *link;
+  *link = key.block;
+  node.parent = owner;
+  int* left = &node.child[0];
+  int* right = &node.child[1];
+  int leftOwner = key.block, rightOwner = key.block;
+  while (rest >= 0) {
+    Node& n = N(rest);
+    if (after(n)) {
+      *left = rest;
+      n.parent = leftOwner;
+      leftOwner = rest;
+      left = &n.child[1];
+      rest = n.child[1];
+    } else {
+      *right = rest;
+      n.parent = rightOwner;
+      rightOwner = rest;
+      right = &n.child[0];
+      rest = n.child[0];
+    }
   }
+  *left = -1;
+  *right = -1;
 }
 
-void FreeBlockIndex::EraseAt(Position p) {
-  const auto c = static_cast<std::size_t>(p.chunk);
-  std::vector<Key>& chunk = chunks_[c];
-  for (std::size_t i = static_cast<std::size_t>(p.index) + 1; i < chunk.size(); ++i) std::swap(chunk[i - 1], chunk[i]);
-  chunk.pop_back();
-  --size_;
-  if (chunk.empty()) {
-    spare_.push_back(std::move(chunk));
-    chunks_.erase(chunks_.begin() + static_cast<std::ptrdiff_t>(c));
-    lastKeys_.erase(lastKeys_.begin() + static_cast<std::ptrdiff_t>(c));
-  } else if (static_cast<std::size_t>(p.index) == chunk.size()) {  // the last key went
-    lastKeys_[c] = chunk.back();
+void FreeBlockIndex::EraseNode(int x) {
+  int owner = N(x).parent;
+  int* link = owner < 0 ? &root_ : &N(owner).child[N(owner).child[1] == x ? 1 : 0];
+  // The merge of the two subtrees (every key of the left one before every key of the right
+  // one), higher priority on top.
+  int a = N(x).child[0];
+  int c = N(x).child[1];
+  while (a >= 0 && c >= 0) {
+    if (N(a).priority > N(c).priority) {
+      *link = a;
+      N(a).parent = owner;
+      owner = a;
+      link = &N(a).child[1];
+      a = *link;
+    } else {
+      *link = c;
+      N(c).parent = owner;
+      owner = c;
+      link = &N(c).child[0];
+      c = *link;
+    }
   }
+  const int rest = a >= 0 ? a : c;
+  *link = rest;
+  if (rest >= 0) N(rest).parent = owner;
+  N(x).parent = kOut;
+  --size_;
 }
 
 void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
-  const std::size_t c = ChunkFor(size, ptr);
-  if (c == chunks_.size()) return;  // not cached (std::set::erase of a missing key)
-  const std::vector<Key>& chunk = chunks_[c];
-  const std::size_t at = FirstNotBefore(chunk.data(), chunk.size(), [&](const Key& k) { return KeyBefore(k, size, ptr); });
-  if (at == chunk.size() || chunk[at].size != size || chunk[at].ptr != ptr) return;
-  EraseAt({static_cast<int>(c), static_cast<int>(at)});
+  const Packed key = Pack(size, ptr);
+  int t = root_;
+  while (t >= 0 && N(t).key != key) t = N(t).child[static_cast<int>(N(t).key < key)];
+  if (t >= 0) EraseNode(t);  // else not cached (std::set::erase of a missing key)
+}
+
+void FreeBlockIndex::EraseBlock(int block, std::int64_t size, std::uint64_t ptr) {
+  if (block >= 0 && static_cast<std::size_t>(block) < nodes_.size()) {
+    const Node& n = N(block);
+    if (n.parent != kOut && n.key == Pack(size, ptr)) {
+      EraseNode(block);
+      return;
+    }
+  }
+  Erase(size, ptr);
 }
 
 FreeBlockIndex::Position FreeBlockIndex::LowerBound(std::int64_t size) const {
-  const std::size_t c =
-      FirstNotBefore(lastKeys_.data(), lastKeys_.size(), [&](const Key& k) { return k.size < size; });
-  if (c == chunks_.size()) return {};
-  const std::vector<Key>& chunk = chunks_[c];
-  const std::size_t at = FirstNotBefore(chunk.data(), chunk.size(), [&](const Key& k) { return k.size < size; });
-  return {static_cast<int>(c), static_cast<int>(at)};
+  int found = -1;
+  for (int t = root_; t >= 0;) {
+    const Node& n = N(t);
+    const bool fits = n.size() >= size;
+    found = fits ? t : found;
+    t = n.child[fits ? 0 : 1];
+  }
+  return {found};
+}
+
+FreeBlockIndex::Position FreeBlockIndex::First() const {
+  int t = root_;
+  if (t >= 0) {
+    while (N(t).child[0] >= 0) t = N(t).child[0];
+  }
+  return {t};
 }
 
 FreeBlockIndex::Position FreeBlockIndex::Last() const {
-  if (chunks_.empty()) return {};
-  return {static_cast<int>(chunks_.size()) - 1, static_cast<int>(chunks_.back().size()) - 1};
+  int t = root_;
+  if (t >= 0) {
+    while (N(t).child[1] >= 0) t = N(t).child[1];
+  }
+  return {t};
 }
 
+// The successor (or predecessor) by a search from the root: the index keeps no parent links,
+// and these walks are rare (expandable segments, max_split_size releases).
 FreeBlockIndex::Position FreeBlockIndex::Next(Position p) const {
-  if (static_cast<std::size_t>(p.index) + 1 < chunks_[static_cast<std::size_t>(p.chunk)].size()) return {p.chunk, p.index + 1};
-  if (static_cast<std::size_t>(p.chunk) + 1 < chunks_.size()) return {p.chunk + 1, 0};
-  return {};
+  const Node& key = N(p.node);
+  int found = -1;
+  for (int t = root_; t >= 0;) {
+    const Node& n = N(t);
+    const bool later = n.key > key.key;
+    found = later ? t : found;
+    t = n.child[later ? 0 : 1];
+  }
+  return {found};
 }
 
 FreeBlockIndex::Position FreeBlockIndex::Prev(Position p) const {
-  if (p.index > 0) return {p.chunk, p.index - 1};
-  if (p.chunk == 0) return {};
-  return {p.chunk - 1, static_cast<int>(chunks_[static_cast<std::size_t>(p.chunk) - 1].size()) - 1};
+  const Node& key = N(p.node);
+  int found = -1;
+  for (int t = root_; t >= 0;) {
+    const Node& n = N(t);
+    const bool earlier = n.key < key.key;
+    found = earlier ? t : found;
+    t = n.child[earlier ? 1 : 0];
+  }
+  return {found};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -280,7 +321,7 @@ void CachingAllocatorModel::InsertIntoBlocks(BlockPool& pool, int b) {
 }
 
 void CachingAllocatorModel::EraseFromBlocks(BlockPool& pool, int b) {
-  pool.blocks.Erase(blocks_[b].size, blocks_[b].ptr);
+  pool.blocks.EraseBlock(b, blocks_[b].size, blocks_[b].ptr);
 }
 
 // DeviceCachingAllocator::round_size: below 512 B → 512; with roundup_power2_divisions set for
@@ -320,7 +361,7 @@ bool CachingAllocatorModel::GetFreeBlock(AllocParams& p) {
       next = pool.blocks.Next(next);
     }
   }
-  const FreeBlockIndex::Key& found = pool.blocks.At(it);
+  const FreeBlockIndex::Key found = pool.blocks.At(it);
   // Do not return an oversized block for a request below max_split_size.
   if (p.size < maxSplitSize_ && found.size >= maxSplitSize_) return false;
   // An oversize request may take a cached block at most max_non_split_rounding larger.
@@ -582,7 +623,7 @@ std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, int src, BlockPool& 
   }
   d.size += s.size;
   if (s.mapped) {
-    pool.blocks.Erase(s.size, s.ptr);
+    pool.blocks.EraseBlock(src, s.size, s.ptr);
   } else {
     pool.EraseUnmapped(s.ptr);
   }

@@ -27,13 +27,16 @@ constexpr std::int64_t kRoundLarge = 2 * kMiB;    // larger requests round up to
 constexpr std::int64_t kLargeBuffer = 20 * kMiB;  // "large" requests may be packed in 20 MiB
 
 // The cached free blocks of one pool in BlockComparatorSize order (size, then address; one
-// stream), as PyTorch's std::set<Block*> keeps them, without a heap node per block: a sorted
-// sequence cut into chunks of at most kChunk keys (a B-tree of height two). A lookup is a
-// binary search over the chunks' last keys and one inside a chunk; an insert or erase moves
-// at most kChunk keys. Why not size-class bins (16 per power of two) over sorted vectors: a
-// trace caches many blocks of equal or close sizes (Mixtral 8x7B up to 2,300 cached blocks),
-// which land in a few bins, and every insert moved kilobytes (measured: 58 % of the
-// instructions in memmove).
+// stream), as PyTorch's std::set<Block*> keeps them, without a heap node per block: a treap
+// (a binary search tree that is also a heap on a pseudo-random priority per node, so that its
+// expected depth is about 2 ln n whatever the order of inserts) whose nodes sit in a vector
+// indexed by the allocator's block id. A search or an insert walks one root-to-leaf path; the
+// erase of a known block walks none (parent links); no operation moves keys. Why not sorted sequences: a cached block comes and goes on nearly every event (the
+// 405B bench: 200,000 inserts, 197,000 erases and 154,000 best-fit searches over about 220
+// cached blocks, 1,000 in Mixtral), and the previous index (sorted chunks of 32 keys, the
+// B-tree of height two that replaced std::set) spent 375 instructions per insert shifting keys
+// (callgrind; in WebAssembly such moves are slower still). Why not size-class bins: a trace
+// caches many blocks of equal or close sizes, which land in a few bins.
 class FreeBlockIndex {
  public:
   struct Key {
@@ -41,48 +44,76 @@ class FreeBlockIndex {
     std::uint64_t ptr;
     int block;
   };
-  // A key's place: chunk and index in it; chunk < 0 is the end.
+  // A key's place: its block, or −1 for the end. Stays valid until that key is erased.
   struct Position {
-    int chunk = -1;
-    int index = 0;
+    int node = -1;
   };
 
   void Clear();
+  // Keys are unique by (size, ptr), and a block is in at most one index at a time.
   void Insert(const Key& key);
-  void Erase(std::int64_t size, std::uint64_t ptr);
-  void EraseAt(Position p);
+  void Erase(std::int64_t size, std::uint64_t ptr);  // a missing key is ignored
+  // Erase(size, ptr) for the key of `block`: without a search when that block is in the
+  // index under this key (the usual case), else as Erase(size, ptr).
+  void EraseBlock(int block, std::int64_t size, std::uint64_t ptr);
+  void EraseAt(Position p) { EraseNode(p.node); }
   // The first key with size ≥ `size` (std::set::lower_bound of {size, 0}), or the end.
   Position LowerBound(std::int64_t size) const;
-  Position First() const { return chunks_.empty() ? Position{} : Position{0, 0}; }
+  Position First() const;
   Position Last() const;
-  Position Next(Position p) const;
+  Position Next(Position p) const;  // the end after Last()
   Position Prev(Position p) const;  // the end when p is First()
-  static bool AtEnd(Position p) { return p.chunk < 0; }
-  const Key& At(Position p) const { return chunks_[static_cast<std::size_t>(p.chunk)][static_cast<std::size_t>(p.index)]; }
+  static bool AtEnd(Position p) { return p.node < 0; }
+  Key At(Position p) const {
+    const Node& n = nodes_[static_cast<std::size_t>(p.node)];
+    return {n.size(), n.ptr(), p.node};
+  }
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   // Calls f(key) for every key in order; f must not change the index.
   template <typename F>
   void ForEach(F&& f) const {
-    for (const std::vector<Key>& chunk : chunks_) {
-      for (const Key& key : chunk) f(key);
+    // An in-order walk with an explicit stack (kept for its capacity).
+    std::vector<int>& stack = walk_;
+    stack.clear();
+    int t = root_;
+    while (t >= 0 || !stack.empty()) {
+      while (t >= 0) {
+        stack.push_back(t);
+        t = nodes_[static_cast<std::size_t>(t)].child[0];
+      }
+      t = stack.back();
+      stack.pop_back();
+      f(At({t}));
+      t = nodes_[static_cast<std::size_t>(t)].child[1];
     }
   }
 
  private:
-  // Measured in WebAssembly (the page), where moving memory is slow (musl's memmove is a word
-  // loop): with 48, Mixtral and 405B were 10 % slower than std::set; with 16, 10 % faster but a
-  // 2,000-layer list (thousands of cached blocks, so hundreds of chunks to move on a split)
-  // 20 % slower; 32 is faster than std::set on every bench case or even with it.
-  static constexpr std::size_t kChunk = 32;
-  // The first chunk whose last key is not before (size, ptr); chunks_.size() when none.
-  std::size_t ChunkFor(std::int64_t size, std::uint64_t ptr) const;
-  std::vector<Key> TakeSpare();
+  // (size, ptr) as one unsigned 128-bit number, so that the key order is one comparison
+  // (sizes are positive).
+  __extension__ using Packed = unsigned __int128;
+  static Packed Pack(std::int64_t size, std::uint64_t ptr) {
+    return (static_cast<Packed>(static_cast<std::uint64_t>(size)) << 64) | ptr;
+  }
+  struct Node {
+    Packed key = 0;
+    std::int64_t size() const { return static_cast<std::int64_t>(key >> 64); }
+    std::uint64_t ptr() const { return static_cast<std::uint64_t>(key); }
+    int child[2] = {-1, -1};  // [0] keys before this one, [1] keys after
+    int parent = kOut;           // −1 for the root
+    std::uint32_t priority = 0;  // a parent's is above its children's
+  };
+  static constexpr int kOut = -2;  // Node::parent of a block not in the index
+  // Takes node x out: its place goes to the merge of its two subtrees.
+  void EraseNode(int x);
+  Node& N(int i) { return nodes_[static_cast<std::size_t>(i)]; }
+  const Node& N(int i) const { return nodes_[static_cast<std::size_t>(i)]; }
 
-  std::vector<std::vector<Key>> chunks_;  // in order, none empty
-  std::vector<Key> lastKeys_;             // chunks_[c].back(), side by side for the search
-  std::vector<std::vector<Key>> spare_;   // emptied chunks, kept for their capacity
+  std::vector<Node> nodes_;  // by block id; only those in the tree are meaningful
+  int root_ = -1;
   std::size_t size_ = 0;
+  mutable std::vector<int> walk_;  // ForEach's stack
 };
 
 // Tensor id → its allocated block: a vector for the ids traces use (0, 1, 2, …), a hash map

@@ -127,6 +127,71 @@ std::vector<WorkspaceGroup> PlaceEvents(const Setup& setup, const Trace& trace, 
   return groups;
 }
 
+// The allocator's snapshot as the picture the estimate carries: each block named by its
+// tensor, the largest segments (and blocks) kept when there are too many to draw.
+DeviceSegments PictureOf(const Trace& trace, const AllocatorResult& run, std::size_t peakTraceEvent) {
+  DeviceSegments picture;
+  picture.recorded = true;
+  picture.eventIndex = peakTraceEvent;
+  const std::vector<AllocatorSegmentInfo>& all = run.segmentsAtPeakReserved;
+  picture.segmentCount = static_cast<std::int64_t>(all.size());
+  for (const AllocatorSegmentInfo& s : all) {
+    picture.reservedBytes += s.totalBytes;
+    picture.allocatedBytes += s.allocatedBytes;
+  }
+  // The kMaxPictureSegments largest (ties: lower address), then back to address order.
+  std::vector<std::size_t> order(all.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (order.size() > kMaxPictureSegments) {
+    std::nth_element(order.begin(), order.begin() + kMaxPictureSegments, order.end(), [&](std::size_t a, std::size_t b) {
+      return all[a].totalBytes != all[b].totalBytes ? all[a].totalBytes > all[b].totalBytes : a < b;
+    });
+    order.resize(kMaxPictureSegments);
+    std::sort(order.begin(), order.end());  // `all` is in address order
+  }
+  // A tensor id names a trace tensor (its Alloc event's tensor name) or, past the trace's
+  // tensors, a cuBLAS workspace (PlaceEvents numbers them after the trace's ids).
+  auto labelOf = [&](int tensorId) -> std::string {
+    const auto id = static_cast<std::size_t>(tensorId);
+    if (tensorId < 0 || id >= trace.allocAt.size()) return "cuBLAS workspace";
+    const Event& alloc = trace.events[trace.allocAt[id]];
+    std::string name = trace.TensorName(alloc);
+    return name.empty() ? trace.Label(alloc) : name;
+  };
+  for (std::size_t i : order) {
+    const AllocatorSegmentInfo& s = all[i];
+    DeviceSegment segment{.address = s.address, .totalBytes = s.totalBytes, .allocatedBytes = s.allocatedBytes,
+                          .smallPool = s.smallPool, .expandable = s.expandable};
+    // Blocks kept: all, or the largest kMaxPictureBlocksPerSegment (ties: lower address).
+    std::vector<bool> keep(s.blocks.size(), s.blocks.size() <= kMaxPictureBlocksPerSegment);
+    if (s.blocks.size() > kMaxPictureBlocksPerSegment) {
+      std::vector<std::size_t> bySize(s.blocks.size());
+      for (std::size_t b = 0; b < bySize.size(); ++b) bySize[b] = b;
+      std::nth_element(bySize.begin(), bySize.begin() + kMaxPictureBlocksPerSegment, bySize.end(),
+                       [&](std::size_t a, std::size_t b) {
+                         return s.blocks[a].bytes != s.blocks[b].bytes ? s.blocks[a].bytes > s.blocks[b].bytes : a < b;
+                       });
+      for (std::size_t k = 0; k < kMaxPictureBlocksPerSegment; ++k) keep[bySize[k]] = true;
+    }
+    for (std::size_t b = 0; b < s.blocks.size(); ++b) {
+      const AllocatorBlockInfo& blk = s.blocks[b];
+      if (keep[b]) {
+        segment.blocks.push_back({.bytes = blk.bytes, .requestedBytes = blk.requestedBytes, .allocated = blk.allocated,
+                                  .label = blk.allocated ? labelOf(blk.tensorId) : std::string()});
+      } else {
+        ++segment.omittedBlocks;
+        segment.omittedBlockBytes += blk.bytes;
+        if (blk.allocated) segment.omittedAllocatedBlockBytes += blk.bytes;
+      }
+    }
+    picture.segments.push_back(std::move(segment));
+  }
+  picture.omittedSegments = picture.segmentCount - static_cast<std::int64_t>(picture.segments.size());
+  picture.omittedBytes = picture.reservedBytes;
+  for (const DeviceSegment& s : picture.segments) picture.omittedBytes -= s.totalBytes;
+  return picture;
+}
+
 std::int64_t AllocatorLimit(std::int64_t capacityBytes, const DeviceOverheadsResult& overheads) {
   return std::max<std::int64_t>(0, capacityBytes - overheads.context.bytes - overheads.communication.bytes);
 }
@@ -143,7 +208,7 @@ DeviceAllocatorInput DeviceAllocatorInputOf(const Setup& setup, const Trace& tra
 }
 
 DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std::int64_t capacityBytes,
-                                     bool explain, std::vector<std::int64_t>* reservedAfterEvent) {
+                                     bool explain, std::vector<std::int64_t>* reservedAfterEvent, bool segments) {
   DeviceEstimate d;
   d.capacityBytes = capacityBytes;
   const AllocatorOptions options = AllocatorOptionsOf(setup.runtime);
@@ -171,7 +236,7 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
 
   const std::int64_t limit = AllocatorLimit(capacityBytes, overheads);
   const AllocatorRecording recording{
-      .timeline = reservedAfterEvent != nullptr, .segmentsAtPeak = false, .segmentsAtOom = false};
+      .timeline = reservedAfterEvent != nullptr, .segmentsAtPeak = segments, .segmentsAtOom = false};
   // One pass at the limit; when it fails, the figures without a limit go on from the first
   // cudaMalloc the limit refused (SimulateCachingAllocatorAtCapacity).
   AllocatorCapacityRun runs = SimulateCachingAllocatorAtCapacity(events, options, limit, recording);
@@ -208,6 +273,13 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   // once. (Reserved − allocated at the moment reserved peaked is no measure of it: reserved can
   // reach its peak early in step 2, while little is allocated, and then stays there.)
   d.fragmentationBytes = run.peakReservedBytes - run.peakAllocatedBytes;
+  if (segments && run.peakReservedEvent >= 0) {
+    // The picture of the run the figures come from (without a limit when it did not fit).
+    const auto [traceIndex, workspace] = traceEventOf(static_cast<std::size_t>(run.peakReservedEvent));
+    (void)workspace;
+    const std::size_t last = trace.events.empty() ? 0 : trace.events.size() - 1;
+    d.segments = PictureOf(trace, run, std::min(traceIndex, last));
+  }
   d.peakDeviceBytes = d.peakReservedBytes + d.contextBytes + d.communicationBytes;
   d.headroomBytes = capacityBytes - d.peakDeviceBytes;
   d.tight = d.fits && d.headroomBytes < std::max<std::int64_t>(kGiB, capacityBytes / 20);

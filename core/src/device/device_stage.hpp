@@ -20,8 +20,10 @@ void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors);
 // The trace's events, with the cuBLAS workspaces in front of the first forward event and of
 // the first backward event (one handle each), through SimulateCachingAllocator at
 // capacityBytes − context − communication. With `reservedAfterEvent`, it receives the reserved
-// bytes after each trace event (size = trace.events.size()).
+// bytes after each trace event (size = trace.events.size()). With `segments`, the allocator's
+// segments at the reserved peak (DeviceEstimate::segments; a second pass up to that event).
 DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std::int64_t capacityBytes,
-                                     bool explain, std::vector<std::int64_t>* reservedAfterEvent);
+                                     bool explain, std::vector<std::int64_t>* reservedAfterEvent,
+                                     bool segments = false);
 
 }  // namespace gpumem

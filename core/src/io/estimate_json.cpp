@@ -2,6 +2,8 @@
 // the page crosses the wasm boundary as, so it is kept small and cheap to write.
 #include "io/estimate_json.hpp"
 
+#include <cstdio>
+
 #include "gpumem/names.hpp"
 #include "io/json_writer.hpp"
 
@@ -56,6 +58,53 @@ void WriteTimeline(JsonWriter& w, const std::vector<TimelinePoint>& timeline) {
   w.Raw(points.text());
 }
 
+// device.segments: null, or {eventIndex, reservedBytes, allocatedBytes, segmentCount,
+// omittedSegments, omittedBytes, segments: [{address (hex text), totalBytes, allocatedBytes, pool,
+// expandable, omittedBlocks, omittedBlockBytes, omittedAllocatedBlockBytes,
+// blocks: [{bytes, requestedBytes, allocated, label}]}]}. Compact, as the timeline.
+void WriteSegments(JsonWriter& w, const DeviceSegments& p) {
+  if (!p.recorded) {
+    w.Null();
+    return;
+  }
+  JsonWriter o;
+  o.BeginObject()
+      .Key("eventIndex").Int(static_cast<std::int64_t>(p.eventIndex))
+      .Key("reservedBytes").Int(p.reservedBytes)
+      .Key("allocatedBytes").Int(p.allocatedBytes)
+      .Key("segmentCount").Int(p.segmentCount)
+      .Key("omittedSegments").Int(p.omittedSegments)
+      .Key("omittedBytes").Int(p.omittedBytes)
+      .Key("segments").BeginArray();
+  for (const DeviceSegment& s : p.segments) {
+    // The address as hex text, as memory_viz prints it: expandable segments of a run without a
+    // limit reserve their virtual range past 2^53, which a JS number would round.
+    char address[24];
+    std::snprintf(address, sizeof address, "0x%llx", static_cast<unsigned long long>(s.address));
+    o.BeginObject()
+        .Key("address").String(address)
+        .Key("totalBytes").Int(s.totalBytes)
+        .Key("allocatedBytes").Int(s.allocatedBytes)
+        .Key("pool").String(s.smallPool ? "small" : "large")
+        .Key("expandable").Bool(s.expandable)
+        .Key("omittedBlocks").Int(s.omittedBlocks)
+        .Key("omittedBlockBytes").Int(s.omittedBlockBytes)
+        .Key("omittedAllocatedBlockBytes").Int(s.omittedAllocatedBlockBytes)
+        .Key("blocks").BeginArray();
+    for (const DeviceSegmentBlock& b : s.blocks) {
+      o.BeginObject()
+          .Key("bytes").Int(b.bytes)
+          .Key("requestedBytes").Int(b.requestedBytes)
+          .Key("allocated").Bool(b.allocated)
+          .Key("label").String(b.label)
+          .EndObject();
+    }
+    o.EndArray().EndObject();
+  }
+  o.EndArray().EndObject();
+  w.Raw(o.text());
+}
+
 void WriteDevice(JsonWriter& w, const DeviceEstimate& d) {
   w.BeginObject()
       .Key("peakAllocatedBytes").Int(d.peakAllocatedBytes)
@@ -97,6 +146,8 @@ void WriteDevice(JsonWriter& w, const DeviceEstimate& d) {
         .Key("explanation").String(d.oom.explanation)
         .EndObject();
   }
+  w.Key("segments");
+  WriteSegments(w, d.segments);
   w.EndObject();
 }
 

@@ -235,7 +235,11 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
   // "Fits" is its verdict from here on; peak.totalBytes stays the allocated-only figure.
   std::vector<std::int64_t> reserved;
   const bool timeline = options.timeline != EstimateOptions::Timeline::None;
-  est.device = ComputeDeviceEstimate(setup, trace, est.gpuCapacityBytes, options.explain, timeline ? &reserved : nullptr);
+  // The segment picture only for a labelled timeline (the result panel): never on the
+  // solver's and views' path, which ask for no timeline or for points.
+  const bool segments = options.timeline == EstimateOptions::Timeline::Labelled;
+  est.device = ComputeDeviceEstimate(setup, trace, est.gpuCapacityBytes, options.explain,
+                                     timeline ? &reserved : nullptr, segments);
   for (TimelinePoint& p : est.timeline) p.reservedBytes = p.index < reserved.size() ? reserved[p.index] : 0;
   est.headroomBytes = est.device.headroomBytes;
   est.fits = est.device.fits;

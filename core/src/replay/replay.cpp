@@ -73,11 +73,12 @@ void Describe(const Trace& trace, std::vector<Moment*>& moments) {
       else tail = p;
     }
     if (i != nextAt) continue;
-    for (; m < moments.size() && moments[m]->at == i; ++m) {
-      for (int t = head; t != kNone; t = next[static_cast<std::size_t>(t)]) {
-        moments[m]->Add(&trace.events[trace.allocAt[static_cast<std::size_t>(t)]]);
-      }
+    // Moments at the same event (the peak is always one phase's peak) read the list once.
+    Moment& first = *moments[m];
+    for (int t = head; t != kNone; t = next[static_cast<std::size_t>(t)]) {
+      first.Add(&trace.events[trace.allocAt[static_cast<std::size_t>(t)]]);
     }
+    for (++m; m < moments.size() && moments[m]->at == i; ++m) moments[m]->rows = first.rows;
     if (m < moments.size()) nextAt = moments[m]->at;
   }
 }

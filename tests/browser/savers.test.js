@@ -1,0 +1,55 @@
+// The memory-savers fold (issue 11 item 5): built from the core's options.savers, each control
+// says which framework option it is, and a change is estimated by the core. The figures are
+// compared with the core's estimate of the same setup run under node.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { useBrowser, openPage, waitForAttr, coreEstimate, WAIT } from './harness.js';
+
+useBrowser();
+
+const SEARCH = '?preset=llama-3.2-1b&gpu=nvidia-rtx-4090&precision=ampBf16&attention=sdpa&batch-size=1&sequence-length=1024';
+const SETUP = {
+  model: { preset: 'llama-3.2-1b' },
+  training: { precision: 'ampBf16', attention: 'sdpa', batchSize: 1, sequenceLength: 1024 },
+  gpu: { id: 'nvidia-rtx-4090' },
+};
+
+test('savers: each control names its framework option, and the optimizer in backward and the chunked loss are estimated by the core', async () => {
+  const { page, finish } = await openPage({ search: SEARCH });
+  const plain = await coreEstimate(SETUP);
+  await waitForAttr(page, '#device-total', 'data-bytes', String(plain.device.peakDeviceBytes));
+  await page.click('#savers-fold > summary');
+  const hint = await page.textContent('#saver-optimizerInBackward-hint');
+  assert.match(hint, /optimizer_in_bwd=True/);
+  assert.match(await page.textContent('#saver-lossImplementation-hint'), /CEWithChunkedOutputLoss/);
+
+  await page.check('#saver-optimizerInBackward');
+  const inBackward = await coreEstimate({ ...SETUP, training: { ...SETUP.training, optimizerInBackward: true } });
+  assert.ok(inBackward.device.peakDeviceBytes < plain.device.peakDeviceBytes, 'the case saves memory');
+  await waitForAttr(page, '#device-total', 'data-bytes', String(inBackward.device.peakDeviceBytes));
+
+  await page.selectOption('#saver-lossImplementation', 'chunked');
+  const both = await coreEstimate({ ...SETUP, training: { ...SETUP.training, optimizerInBackward: true, lossImplementation: 'chunked' } });
+  await waitForAttr(page, '#device-total', 'data-bytes', String(both.device.peakDeviceBytes));
+  await finish();
+});
+
+test('savers: a link that sets a saver opens the fold with the control set', async () => {
+  const { page, finish } = await openPage({ search: SEARCH });
+  const plain = await coreEstimate(SETUP);
+  await waitForAttr(page, '#device-total', 'data-bytes', String(plain.device.peakDeviceBytes));
+  assert.equal(await page.getAttribute('#savers-fold', 'open'), null, 'closed while every saver is off');
+  await page.click('#savers-fold > summary');
+  await page.check('#saver-optimizerInBackward');
+  const inBackward = await coreEstimate({ ...SETUP, training: { ...SETUP.training, optimizerInBackward: true } });
+  await waitForAttr(page, '#device-total', 'data-bytes', String(inBackward.device.peakDeviceBytes));
+  // The state lives in the hash; the query that opened the first page is left behind.
+  const url = new URL(page.url());
+  url.search = '';
+  await finish();
+  const again = await openPage({ url: url.href });
+  await waitForAttr(again.page, '#device-total', 'data-bytes', String(inBackward.device.peakDeviceBytes));
+  assert.equal(await again.page.isChecked('#saver-optimizerInBackward'), true);
+  assert.notEqual(await again.page.getAttribute('#savers-fold', 'open'), null, 'opened by the link');
+  await again.finish();
+});
