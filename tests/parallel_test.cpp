@@ -510,3 +510,30 @@ TEST_CASE("Parallel: combinations the sharded step does not simulate are refused
   inBackward.parallel.gradientAccumulationSteps = 4;
   CHECK(HasErrorOn(Validate(inBackward), "parallel.gradientAccumulationSteps"));
 }
+
+// The page's cluster picture reads where each state lives from rank.holds (SimulatedRankOf).
+TEST_CASE("Parallel: the rank says where each model state lives", "[parallel]") {
+  auto holds = [](const Setup& s) {
+    const SimulatedRank r = SimulatedRankOf(s);
+    return r.parametersHeld + " " + r.masterWeightsHeld + " " + r.gradientsHeld + " " + r.optimizerStatesHeld;
+  };
+  CHECK(holds(Zero(7'500'000'000, 64, 0)) == "replicated replicated replicated replicated");
+  CHECK(holds(Zero(7'500'000'000, 64, 1)) == "replicated sharded replicated sharded");
+  CHECK(holds(Zero(7'500'000'000, 64, 2)) == "replicated sharded sharded sharded");
+  CHECK(holds(Zero(7'500'000'000, 64, 3)) == "sharded sharded sharded sharded");
+  Setup offload = Zero(7'500'000'000, 64, 3);
+  offload.parallel.offload = OffloadKind::Optimizer;
+  CHECK(holds(offload) == "sharded host host host");
+  offload.parallel.offload = OffloadKind::OptimizerAndParameters;
+  CHECK(holds(offload) == "host host host host");
+  Setup fsdp = Llama7b();
+  fsdp.parallel.dataParallel = 8;
+  fsdp.parallel.fsdp = FsdpMode::FullShard;
+  CHECK(holds(fsdp) == "sharded none sharded sharded");
+  fsdp.parallel.offload = OffloadKind::Optimizer;
+  CHECK(holds(fsdp) == "sharded none host host");
+  // In the estimate JSON, beside the rank's other fields; one GPU writes no rank at all.
+  const std::string json = EstimateJson(R"({"model":{"kind":"parameterCount","parameterCount":7.5e9},"parallel":{"dataParallel":64,"zeroStage":2}})");
+  CHECK(json.find(R"("holds":{"parameters":"replicated","masterWeights":"sharded","gradients":"sharded","optimizerStates":"sharded"})") != std::string::npos);
+  CHECK(EstimateJson("{}").find("\"holds\"") == std::string::npos);
+}

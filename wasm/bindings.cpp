@@ -36,6 +36,17 @@ std::string CompareSnapshotJs(const std::string& snapshotBytes, const std::strin
   return gpumem::CompareSnapshotJson(snapshotBytes, setup);
 }
 
+// Many GPUs (docs/parallel.md): a DeepSpeed config or Megatron's arguments read onto a setup
+// (empty = the defaults), and the fewest GPUs of the setup's type (offload layouts allowed, as
+// FewestGpusJson's default: one text argument, so the worker runs it like the other long calls).
+std::string ImportDeepSpeedJs(const std::string& config, const std::string& setup) {
+  return gpumem::ImportDeepSpeedJson(config, setup);
+}
+std::string ImportMegatronJs(const std::string& commandLine, const std::string& setup) {
+  return gpumem::ImportMegatronJson(commandLine, setup);
+}
+std::string FewestGpusJs(const std::string& setup) { return gpumem::FewestGpusJson(setup); }
+
 }  // namespace
 
 EMSCRIPTEN_BINDINGS(gpumem) {
@@ -50,4 +61,7 @@ EMSCRIPTEN_BINDINGS(gpumem) {
   emscripten::function("gpuMatrixJson", &GpuMatrixJs);
   emscripten::function("curvesJson", &CurvesJs);
   emscripten::function("compareSnapshotJson", &CompareSnapshotJs);
+  emscripten::function("importDeepSpeedJson", &ImportDeepSpeedJs);
+  emscripten::function("importMegatronJson", &ImportMegatronJs);
+  emscripten::function("fewestGpusJson", &FewestGpusJs);
 }

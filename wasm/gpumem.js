@@ -68,6 +68,14 @@ function wrapModule(firstCore, make) {
     return resultOfEnvelope(callCore(call, text), key);
   }
 
+  function parallelImport(call, setup) {
+    const base = setup === undefined ? '' : setupText(setup);
+    const envelope = parseEnvelope(callCore((c) => call(c, base), base));
+    if (!envelope.ok) throw new GpumemError(envelope.errors);
+    const { ok, ...result } = envelope;
+    return result;
+  }
+
   function getOptions() {
     if (!options) options = deepFreeze(parseEnvelope(callCore((c) => c.optionsJson())));
     return options;
@@ -110,6 +118,22 @@ function wrapModule(firstCore, make) {
       const envelope = parseEnvelope(callCore((c) => c.solveJson(text), text));
       if (!envelope.ok) throw new GpumemError(envelope.errors);
       return envelope.solve;
+    },
+    // Many GPUs (docs/parallel.md): a DeepSpeed config JSON (text) or Megatron-LM's arguments (a
+    // command line) read onto `setup` (absent: the defaults; its model gives h for DeepSpeed's
+    // "auto" values) → { setup, ignoredFields, notes }.
+    importDeepSpeed(text, setup) {
+      return parallelImport((c, base) => c.importDeepSpeedJson(String(text), base), setup);
+    },
+    importMegatron(commandLine, setup) {
+      return parallelImport((c, base) => c.importMegatronJson(String(commandLine), base), setup);
+    },
+    // The fewest GPUs of the setup's type that train it → { found, gpus, layout,
+    // communicationParameters, offload, peakDeviceBytes, estimatesRun, setup }. Long: the page
+    // runs it in a worker (kind 'fewestGpus').
+    fewestGpus(setup) {
+      const text = setupText(setup);
+      return resultOfEnvelope(callCore((c) => c.fewestGpusJson(text), text), 'fewestGpus');
     },
     // A PyTorch memory snapshot (the bytes of a torch.cuda.memory._dump_snapshot() pickle, as a
     // Uint8Array or ArrayBuffer) measured: { measured: {peakAllocatedBytes, peakReservedBytes,
@@ -174,11 +198,12 @@ export function resultOfEnvelope(text, key) {
 }
 
 // The core's long calls by kind, and the bound function each one uses (wasm/bindings.cpp).
-export const CALLS = Object.freeze({ solve: 'solveJson', heatMap: 'heatMapJson', gpuMatrix: 'gpuMatrixJson', curves: 'curvesJson' });
+export const CALLS = Object.freeze({ solve: 'solveJson', heatMap: 'heatMapJson', gpuMatrix: 'gpuMatrixJson', curves: 'curvesJson', fewestGpus: 'fewestGpusJson' });
 
-// The text argument of one long call: the setup for solve, a views request for the others.
+// The text argument of one long call: the setup for solve and fewestGpus, a views request for
+// the others.
 export function requestText(kind, setup, options) {
-  return kind === 'solve' ? setupText(setup) : viewRequest(setup, options);
+  return kind === 'solve' || kind === 'fewestGpus' ? setupText(setup) : viewRequest(setup, options);
 }
 
 // One request object: {"setup":{…},"axisValues":n,"curvePoints":n}. A setup given as text (an

@@ -21,6 +21,7 @@ import { applySetup, exportSetup, importSetup, ioStatus, loadExample, loadFromHa
 import { buildArchFields, onArchFieldInput, onFamilyChange, onPresetChange } from './model-panel.js';
 import { $, $$, MAX_TYPING_DELAY_MS, SLOW_UPDATE_MS, TYPING_DELAY_MS, state } from './page-state.js';
 import { drawCharts, markScrollingTables, render } from './results-panel.js';
+import { buildParallelFields, parallelImport, parallelRunFewest, renderParallel, wireParallelDrop } from './parallel-panel.js';
 import { buildRuntimeFields } from './runtime-panel.js';
 import { buildSaverFields } from './savers-panel.js';
 import { fillSelect, readForm, showParameterHint, showTrainingOptions } from './setup-form.js';
@@ -68,6 +69,7 @@ export function update() {
   state.lastGoodSetup = setup;
   state.lastContext = { kind: setup.model.kind, presetId: setup.model.preset ?? '', family: setup.model.architecture?.family };
   render(estimate);
+  renderParallel(estimate);
   renderSafetensors();
   state.snapshot?.refresh();  // a dropped PyTorch snapshot, compared with this estimate
   setResultsState('ok');
@@ -146,6 +148,7 @@ function buildControls(options) {
   buildRuntimeFields();
   buildFirstScreen();
   buildFinetuneFields();
+  buildParallelFields();
   buildSaverFields();
   buildGpuSelect();
   $('#import-model').hidden = !canImport();
@@ -180,7 +183,7 @@ function wireEvents() {
     if (target.id === 'gpu') onGpuChange();
     if (target.id === 'memoryGiB') syncGpuSelect();
     // The import box's text is not part of the setup.
-    if (target.id === 'config-text' || target.id === 'model-file') return;
+    if (target.id === 'config-text' || target.id === 'model-file' || target.id === 'parallel-deepspeed' || target.id === 'parallel-megatron') return;
     if (target.type === 'text' || target.id === 'layer-json') scheduleUpdate();
     else update();
   });
@@ -207,6 +210,11 @@ function wireEvents() {
     $('#config-text').focus();
   });
   $('#add-layer').addEventListener('click', addLayer);
+  // Many GPUs: the imports and the fewest-GPUs search replace the setup through applySetup.
+  $('#parallel-deepspeed-apply').addEventListener('click', () => parallelImport('deepspeed', $('#parallel-deepspeed').value, readForm().setup, applySetup));
+  $('#parallel-megatron-apply').addEventListener('click', () => parallelImport('megatron', $('#parallel-megatron').value, readForm().setup, applySetup));
+  wireParallelDrop(() => readForm().setup, applySetup);
+  $('#parallel-fewest').addEventListener('click', () => parallelRunFewest(readForm().setup, applySetup));
   $('#export').addEventListener('click', exportSetup);
   $('#import').addEventListener('click', () => $('#import-file').click());
   $('#import-file').addEventListener('change', (e) => {

@@ -7,7 +7,8 @@
 // Attributes (all optional; docs/schema.md names the values): setup (a whole JSON setup, the
 // base), preset, parameter-count, batch-size, sequence-length, precision, optimizer,
 // optimizer-implementation, attention, checkpointing, gpu (an id from options.gpus) or
-// gpu-memory-gib; units ("GB" for decimal units, GiB otherwise); theme ("light" or "dark";
+// gpu-memory-gib; many GPUs (docs/parallel.md): data-parallel, zero-stage, fsdp, offload,
+// tensor-parallel, gradient-accumulation-steps; units ("GB" for decimal units, GiB otherwise); theme ("light" or "dark";
 // otherwise the system's); label (a title instead of the generated one); calculator-url (the
 // full page to link to; default: gpumem.html beside this script).
 //
@@ -247,6 +248,8 @@ class GpumemCalculator extends HTMLElement {
     if (model.kind === 'transformer' && training.checkpointing && training.checkpointing !== 'none') {
       facts.push(`checkpointing ${labelOf(options.checkpointings, training.checkpointing)}`);
     }
+    // Many GPUs: the estimate is one rank's; say which engine and how many GPUs (estimate.rank).
+    if (est.rank) facts.push(`per rank of ${formatInteger(est.rank.worldSize)} GPUs, ${est.rank.engine}`);
     const heading = el('div', 'title', title);
     heading.setAttribute('part', 'title');
     const setupLine = el('div', 'setup', facts.join(' · '));

@@ -157,23 +157,29 @@ class Lane {
   }
 }
 
-// api: the page's loaded gpumem API (for the fallback). Lanes: 'views' and 'solve', so a long
-// solve never delays the views.
+// api: the page's loaded gpumem API (for the fallback). Lanes: 'views', 'solve' and 'parallel'
+// (fewest GPUs), so a long solve never delays the views. The 'parallel' lane's worker (one more
+// wasm instance) starts only when that lane is first used.
 export function createEngine(api, { useWorker = typeof Worker === 'function' } = {}) {
   const lanes = { views: new Lane('views', api, useWorker), solve: new Lane('solve', api, useWorker) };
+  const lazyLanes = new Set(['parallel']);
+  const lane = (name) => {
+    if (!lanes[name] && lazyLanes.has(name)) lanes[name] = new Lane(name, api, useWorker);
+    return lanes[name];
+  };
   return {
     // Runs calls one after another in a lane: [{kind, setup, options}] → onResult(outcome) for
     // each, in order, unless a later run() on the same lane replaced them.
     run(laneName, calls, onResult) {
       const jobs = calls.map(({ kind, setup, options }) => ({ kind, text: requestText(kind, setup, options) }));
-      lanes[laneName].submit(jobs, onResult);
+      lane(laneName).submit(jobs, onResult);
     },
     cancel(laneName) {
-      lanes[laneName].cancel();
+      lanes[laneName]?.cancel();
     },
     // Ends the lane's call in flight (restarting its worker) and drops what waits.
     stop(laneName) {
-      return lanes[laneName].stop();
+      return lanes[laneName]?.stop() ?? false;
     },
     // 'starting', 'worker' or 'sync' per lane, and why a lane runs on the page's thread.
     status() {

@@ -10,6 +10,7 @@ import { readLayers, renderLayers } from './layers-panel.js';
 import { fillArchitecture, presetById, readArchitecture } from './model-panel.js';
 import { $, $$, displayNumber, numberValue, parseMatrices, parseNumberText, state } from './page-state.js';
 import { fillRuntime, readRuntime } from './runtime-panel.js';
+import { fillParallel, parallelAvailable, readParallel } from './parallel-panel.js';
 import { fillSavers, readSavers } from './savers-panel.js';
 
 // ---------- setup <-> form ----------
@@ -93,6 +94,7 @@ export function fillForm(setup, presetId) {
   fillRuntime(setup.runtime);
   fillSavers(setup.training);
   if (finetuneFields().length) fillFinetune(setup.finetune);
+  if (parallelAvailable()) fillParallel(setup.parallel);
   state.gpuId = gpuById(gpu.id)?.id ?? '';
   showKindPanels();
   showParameterHint();
@@ -148,6 +150,7 @@ export function readForm() {
   Object.assign(setup.training, readSavers());
   setup.runtime = readRuntime();
   if (finetuneFields().length && isPlainObject(state.options.defaultSetup.finetune)) setup.finetune = readFinetune();
+  if (parallelAvailable()) setup.parallel = readParallel();
   return { setup, errors };
 }
 

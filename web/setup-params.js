@@ -10,7 +10,18 @@
 export const SETUP_PARAMS = [
   'setup', 'preset', 'parameter-count', 'batch-size', 'sequence-length', 'precision', 'optimizer',
   'optimizer-implementation', 'attention', 'checkpointing', 'gpu', 'gpu-memory-gib',
+  'data-parallel', 'zero-stage', 'fsdp', 'offload', 'tensor-parallel', 'gradient-accumulation-steps',
 ];
+
+// Many GPUs (docs/parallel.md): the parallel section's fields by the names of issue 12.
+const PARALLEL_PARAMS = {
+  'data-parallel': ['dataParallel', 'number'],
+  'zero-stage': ['zeroStage', 'number'],
+  fsdp: ['fsdp', 'text'],
+  offload: ['offload', 'text'],
+  'tensor-parallel': ['tensorParallel', 'number'],
+  'gradient-accumulation-steps': ['gradientAccumulationSteps', 'number'],
+};
 
 const TRAINING_PARAMS = {
   'batch-size': ['batchSize', 'number'],
@@ -105,6 +116,13 @@ export function setupFromParams(get) {
     given = true;
     setup.training = isPlainObject(setup.training) ? setup.training : {};
     setup.training[field] = kind === 'number' ? paramNumber(v) : v.trim();
+  }
+  for (const [name, [field, kind]] of Object.entries(PARALLEL_PARAMS)) {
+    const v = value(name);
+    if (v === null || v.trim() === '') continue;
+    given = true;
+    setup.parallel = isPlainObject(setup.parallel) ? setup.parallel : {};
+    setup.parallel[field] = kind === 'number' ? paramNumber(v) : v.trim();
   }
   // A GPU of the core's list sets the capacity (gpu.id); a size sets it directly and drops the id.
   const id = value('gpu');

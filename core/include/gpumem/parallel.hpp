@@ -42,6 +42,13 @@ struct SimulatedRank {
   ShardingEngine engine = ShardingEngine::None;
   std::string engineLabel;   // "DeepSpeed ZeRO-2", "FSDP FULL_SHARD", "DDP"
   std::string why;           // for people: why this rank
+  // Where each model state of this rank lives (the page's cluster picture): "replicated" (a
+  // whole copy on every data-parallel rank), "sharded" (1/shardWorld on each), "host" (offloaded
+  // to CPU memory), "none" (the engine keeps no such state). SimulatedRankOf states the rules.
+  std::string parametersHeld = "replicated";
+  std::string masterWeightsHeld = "replicated";
+  std::string gradientsHeld = "replicated";
+  std::string optimizerStatesHeld = "replicated";
 };
 SimulatedRank SimulatedRankOf(const Setup& setup);
 

@@ -210,6 +210,12 @@ void WriteEstimate(JsonWriter& w, const Estimate& e) {
         .Key("shardWorld").Int(e.rank.shardWorld)
         .Key("engine").String(e.rank.engineLabel)
         .Key("why").String(e.rank.why)
+        .Key("holds").BeginObject()  // where each model state lives (SimulatedRank)
+        .Key("parameters").String(e.rank.parametersHeld)
+        .Key("masterWeights").String(e.rank.masterWeightsHeld)
+        .Key("gradients").String(e.rank.gradientsHeld)
+        .Key("optimizerStates").String(e.rank.optimizerStatesHeld)
+        .EndObject()
         .EndObject();
   }
   w.Key("notes").Strings(e.notes)

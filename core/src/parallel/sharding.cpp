@@ -70,6 +70,35 @@ SimulatedRank SimulatedRankOf(const Setup& setup) {
       break;
   }
   if (p.offload != OffloadKind::None) r.engineLabel += std::string(", offload: ") + LabelOf(p.offload);
+  // Where each state lives, by the same rules as ParallelModelStates (parallel_step.cpp) and
+  // docs/parallel.md's engine table: ZeRO stage s shards the fp32 master and the optimizer states
+  // (s ≥ 1), the gradients (s ≥ 2) and the parameters (s = 3) (the ZeRO paper §5; DeepSpeed
+  // stage_1_and_2.py / stage3.py); FSDP and FSDP2 shard parameters, gradients and states and keep
+  // no separate master (the fp32 shards are the parameters: torch/distributed/fsdp/_flat_param.py);
+  // offload_optimizer / CPUOffload put the master, the states and the gradient partition on the
+  // host, offload_param the parameter shards too; ZeroRedundancyOptimizer shards only the states.
+  const bool hostStates = p.offload != OffloadKind::None;
+  const bool hostParameters = p.offload == OffloadKind::OptimizerAndParameters;
+  const char* sharded = "sharded";
+  switch (r.engine) {
+    case ShardingEngine::None:
+    case ShardingEngine::DDP:
+      if (p.zeroRedundancyOptimizer && r.engine == ShardingEngine::DDP) r.optimizerStatesHeld = sharded;
+      break;
+    case ShardingEngine::Zero:
+      r.masterWeightsHeld = hostStates ? "host" : sharded;
+      r.optimizerStatesHeld = hostStates ? "host" : sharded;
+      if (p.zeroStage >= 2) r.gradientsHeld = hostStates ? "host" : sharded;
+      if (p.zeroStage >= 3) r.parametersHeld = hostParameters ? "host" : sharded;
+      break;
+    case ShardingEngine::Fsdp:
+    case ShardingEngine::Fsdp2:
+      r.parametersHeld = hostParameters ? "host" : sharded;
+      r.masterWeightsHeld = "none";
+      r.gradientsHeld = hostStates ? "host" : sharded;
+      r.optimizerStatesHeld = hostStates ? "host" : sharded;
+      break;
+  }
   // Rank 0 of every group: data-parallel ranks hold equal shards (the flat buffers are padded so
   // that every partition has the same size), tensor-parallel ranks equal slices (the sizes must
   // divide evenly), so the first rank is as loaded as any.

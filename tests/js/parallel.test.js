@@ -1,0 +1,125 @@
+// Many GPUs through the JS API (wasm/gpumem.js over the real wasm build): the estimate's rank
+// and where each model state lives (rank.holds), the DeepSpeed and Megatron imports, the fewest
+// GPUs, and the worker's request text. Run from the repository root with `node --test tests/js/`.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { loadGpumem, GpumemError, CALLS, requestText } from '../../wasm/gpumem.js';
+import { setupFromParams } from '../../web/setup-params.js';
+
+const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
+const wasmJs = process.env.GPUMEM_WASM_JS
+  ? path.resolve(process.env.GPUMEM_WASM_JS)
+  : path.join(repoRoot, 'build', 'wasm', 'wasm', 'gpumem_core.cjs');
+const gpumem = await loadGpumem({ factory: createRequire(import.meta.url)(wasmJs) });
+
+// The ZeRO paper's §3 example: 7.5B parameters, mixed-precision Adam (K = 12), 64 GPUs.
+function zeroPaper(stage) {
+  return { model: { kind: 'parameterCount', parameterCount: 7.5e9 }, training: { precision: 'fp16Mixed', optimizer: 'adam' }, parallel: { dataParallel: 64, zeroStage: stage } };
+}
+
+test('one GPU has no rank object: the page draws no cluster', () => {
+  assert.equal(gpumem.estimate(gpumem.defaultSetup()).rank, undefined);
+});
+
+test('the ZeRO paper: 120 / 31.4 / 16.6 / 1.9 GB per rank, and what each stage shards', () => {
+  const expected = [
+    // DDP keeps the whole 16Ψ plus the reducer's buckets in the gradients.
+    { stage: 1, bytes: 31_406_250_000, holds: { parameters: 'replicated', masterWeights: 'sharded', gradients: 'replicated', optimizerStates: 'sharded' } },
+    { stage: 2, bytes: 16_640_625_000, holds: { parameters: 'replicated', masterWeights: 'sharded', gradients: 'sharded', optimizerStates: 'sharded' } },
+    { stage: 3, bytes: 1_875_000_000, holds: { parameters: 'sharded', masterWeights: 'sharded', gradients: 'sharded', optimizerStates: 'sharded' } },
+  ];
+  for (const { stage, bytes, holds } of expected) {
+    const est = gpumem.estimate(zeroPaper(stage));
+    assert.equal(est.modelStates.totalBytes, bytes, `stage ${stage}`);
+    assert.equal(est.rank.worldSize, 64);
+    assert.equal(est.rank.shardWorld, 64);
+    assert.equal(est.rank.engine, `DeepSpeed ZeRO-${stage}`);
+    assert.deepEqual(est.rank.holds, holds, `stage ${stage}`);
+  }
+  const ddp = gpumem.estimate(zeroPaper(0));
+  assert.equal(ddp.rank.engine, 'DDP');
+  assert.deepEqual(Object.values(ddp.rank.holds), ['replicated', 'replicated', 'replicated', 'replicated']);
+});
+
+test('FSDP with the optimizer offloaded: sharded parameters, no master, states and gradients on the host', () => {
+  const est = gpumem.estimate({ model: { preset: 'llama-2-7b' }, training: { precision: 'bf16Mixed' }, parallel: { dataParallel: 8, fsdp: 'FULL_SHARD', offload: 'optimizer' } });
+  assert.deepEqual(est.rank.holds, { parameters: 'sharded', masterWeights: 'none', gradients: 'host', optimizerStates: 'host' });
+  assert.equal(est.modelStates.gradientsBytes, 0);
+  assert.equal(est.modelStates.optimizerStatesBytes, 0);
+  // The fp32 FlatParameter shards: 1/8 of the (padded) parameters, 4 bytes each.
+  assert.ok(Math.abs(est.modelStates.parametersBytes - (est.modelStates.parameterCount * 4) / 8) < 8 * 4 * 40);
+});
+
+test('torch ZeroRedundancyOptimizer shards only the optimizer states', () => {
+  const est = gpumem.estimate({ model: { kind: 'parameterCount', parameterCount: 1e9 }, training: { precision: 'fp32' }, parallel: { dataParallel: 4, zeroRedundancyOptimizer: true } });
+  assert.equal(est.rank.engine, 'DDP + ZeroRedundancyOptimizer');
+  assert.deepEqual(est.rank.holds, { parameters: 'replicated', masterWeights: 'replicated', gradients: 'replicated', optimizerStates: 'sharded' });
+});
+
+test('importDeepSpeed: "auto" resolved from the base model, the rest onto the setup', () => {
+  const config = { zero_optimization: { stage: 2, reduce_bucket_size: 'auto', overlap_comm: true }, bf16: { enabled: true }, gradient_accumulation_steps: 4, some_unknown_key: 1 };
+  const r = gpumem.importDeepSpeed(JSON.stringify(config), { model: { preset: 'llama-2-7b' } });
+  assert.equal(r.setup.parallel.zeroStage, 2);
+  assert.equal(r.setup.parallel.reduceBucketSize, 4096 * 4096);  // h² (transformers' trainer_config_finalize)
+  assert.equal(r.setup.parallel.overlapComm, 'true');
+  assert.equal(r.setup.parallel.gradientAccumulationSteps, 4);
+  assert.equal(r.setup.training.precision, 'bf16Mixed');
+  assert.ok(r.ignoredFields.includes('some_unknown_key'), JSON.stringify(r.ignoredFields));
+  assert.ok(r.notes.some((n) => n.includes('16777216')));
+  // Without a base: the defaults' model (GPT-2 XL-sized quick mode) is the base.
+  assert.equal(gpumem.importDeepSpeed('{"zero_optimization":{"stage":3}}').setup.parallel.zeroStage, 3);
+});
+
+test('importDeepSpeed: bad text and bad values are errors, not exceptions from the core', () => {
+  assert.throws(() => gpumem.importDeepSpeed('{not json'), (e) => e instanceof GpumemError && e.code === 'malformedJson');
+  assert.throws(() => gpumem.importDeepSpeed('{"zero_optimization":{"stage":7}}'), (e) => e instanceof GpumemError && e.field.includes('stage'));
+  assert.throws(() => gpumem.importDeepSpeed('{}', { training: { batchSize: -1 } }), (e) => e instanceof GpumemError && e.field === 'training.batchSize');
+});
+
+test("importMegatron: Megatron-LM's parallel arguments", () => {
+  const r = gpumem.importMegatron('--tensor-model-parallel-size 2 --use-distributed-optimizer --seq-length 4096 --unknown-flag', { model: { preset: 'llama-2-7b' } });
+  assert.equal(r.setup.parallel.tensorParallel, 2);
+  assert.equal(r.setup.parallel.zeroStage, 1);  // the distributed optimizer, as ZeRO-1
+  assert.ok(r.ignoredFields.includes('--unknown-flag'), JSON.stringify(r.ignoredFields));
+  assert.throws(() => gpumem.importMegatron('--tensor-model-parallel-size zero'), GpumemError);
+});
+
+test('fewestGpus: the layout found is one the estimate says fits, with the same device figure', () => {
+  const setup = { model: { preset: 'llama-2-7b' }, training: { precision: 'bf16Mixed', batchSize: 1, sequenceLength: 1024 }, gpu: { memoryGiB: 40 } };
+  const one = gpumem.estimate(setup);
+  assert.equal(one.gpu.fits, false, 'a 7B model with Adam does not fit on one 40 GiB GPU');
+  const r = gpumem.fewestGpus(setup);
+  assert.equal(r.found, true);
+  assert.ok(r.gpus >= 1 && r.estimatesRun >= 1);
+  // r.setup is the whole winning setup: the model and training as given, its parallel section.
+  assert.equal(r.setup.model.architecture.hiddenSize, 4096);
+  const check = gpumem.estimate(r.setup);
+  assert.equal(check.device.peakDeviceBytes, r.peakDeviceBytes);
+  assert.equal(check.gpu.fits, true);
+  assert.equal(check.rank.worldSize, r.gpus);
+  assert.throws(() => gpumem.fewestGpus({ parallel: { dataParallel: 0 } }), (e) => e instanceof GpumemError && e.field === 'parallel.dataParallel');
+});
+
+test('the worker runs fewestGpus from the setup text, as the page thread would', () => {
+  assert.equal(CALLS.fewestGpus, 'fewestGpusJson');
+  const setup = { model: { kind: 'parameterCount', parameterCount: 1e9 }, gpu: { memoryGiB: 8 } };
+  assert.equal(requestText('fewestGpus', setup), JSON.stringify(setup));
+  const viaEnvelope = JSON.parse(gpumem.envelope('fewestGpus', requestText('fewestGpus', setup)));
+  assert.equal(viaEnvelope.ok, true);
+  assert.deepEqual(viaEnvelope.fewestGpus, gpumem.fewestGpus(setup));
+});
+
+test('the embed attributes build the parallel section', () => {
+  const attributes = { preset: 'llama-2-7b', 'data-parallel': '8', 'zero-stage': '3', offload: 'optimizer', 'tensor-parallel': '1', 'gradient-accumulation-steps': '2' };
+  const { setup, problems } = setupFromParams((name) => attributes[name] ?? null);
+  assert.deepEqual(problems, []);
+  assert.deepEqual(setup.parallel, { dataParallel: 8, zeroStage: 3, offload: 'optimizer', tensorParallel: 1, gradientAccumulationSteps: 2 });
+  const est = gpumem.estimate(setup);
+  assert.equal(est.rank.worldSize, 8);
+  assert.equal(est.rank.holds.optimizerStates, 'host');
+  const fsdp = setupFromParams((name) => ({ 'data-parallel': '4', fsdp: 'SHARD_GRAD_OP' })[name] ?? null).setup;
+  assert.equal(gpumem.estimate(fsdp).rank.engine, 'FSDP SHARD_GRAD_OP');
+});

@@ -1,0 +1,271 @@
+// The "Many GPUs" fold (issue 12): the core's parallel section as a form built from
+// options.parallelFields (the frameworks' own names: DeepSpeed, FSDP, Megatron), a DeepSpeed
+// config or Megatron arguments read onto the setup by the core, the fewest GPUs of this type
+// (the core's FewestGpus, in a worker), and the simulated rank: which rank and why
+// (estimate.rank), and a cluster picture of where each model state lives (estimate.rank.holds)
+// with the rank's bytes (estimate.modelStates). Nothing here computes a byte.
+//
+// The single-file page shares one scope between the panels: every top-level name here starts
+// with "parallel" (scripts/assemble-web.mjs refuses duplicates).
+
+import { formatBytes, formatExactBytes } from './charts.js';
+import { errorText, errorsOf } from './errors.js';
+import { $, displayNumber, numberValue, state } from './page-state.js';
+import { isPlainObject, mergeSetup, setSelectValue } from './setup-form.js';
+
+// The fields shown first: the ones people set; the rest are the frameworks' tuning knobs.
+const PARALLEL_MAIN_KEYS = ['dataParallel', 'zeroStage', 'fsdp', 'offload', 'tensorParallel', 'gradientAccumulationSteps'];
+// Boxes drawn at most; a larger job is drawn as its first boxes and a count.
+const PARALLEL_MAX_BOXES = 64;
+const PARALLEL_STATES = [
+  { key: 'parameters', bytes: 'parametersBytes', label: 'parameters' },
+  { key: 'masterWeights', bytes: 'masterWeightsBytes', label: 'fp32 master' },
+  { key: 'gradients', bytes: 'gradientsBytes', label: 'gradients' },
+  { key: 'optimizerStates', bytes: 'optimizerStatesBytes', label: 'optimizer states' },
+];
+
+export function parallelFields() {
+  return Array.isArray(state.options.parallelFields) ? state.options.parallelFields : [];
+}
+
+export function parallelAvailable() {
+  return parallelFields().length > 0 && isPlainObject(state.options.defaultSetup.parallel);
+}
+
+function parallelFieldId(key) {
+  return `parallel-${key}`;
+}
+
+function parallelFieldElement(f) {
+  const id = parallelFieldId(f.key);
+  const wrap = document.createElement('div');
+  wrap.dataset.parallelField = f.key;
+  const label = document.createElement('label');
+  label.htmlFor = id;
+  label.textContent = f.label;
+  let input;
+  if (f.kind === 'bool') {
+    wrap.className = 'check';
+    input = document.createElement('input');
+    input.type = 'checkbox';
+    wrap.append(input, label);
+  } else if (f.kind === 'select') {
+    wrap.className = 'field';
+    input = document.createElement('select');
+    for (const o of state.options[f.options] ?? []) input.append(new Option(o.label, o.id));
+    wrap.append(label, input);
+  } else {
+    wrap.className = 'field';
+    input = document.createElement('input');
+    input.type = 'text';
+    input.spellcheck = false;
+    input.inputMode = 'decimal';
+    wrap.append(label, input);
+  }
+  input.id = id;
+  input.dataset.field = `parallel.${f.key}`;
+  input.dataset.parallel = f.key;
+  if (f.hint) {
+    const hint = document.createElement('p');
+    hint.className = 'hint';
+    hint.id = `${id}-hint`;
+    hint.textContent = f.hint;
+    input.setAttribute('aria-describedby', hint.id);
+    wrap.append(hint);
+  }
+  return wrap;
+}
+
+export function buildParallelFields() {
+  const fold = $('#parallel-fold');
+  if (!fold) return;
+  fold.hidden = !parallelAvailable();
+  const fields = parallelFields();
+  $('#parallel-main').replaceChildren(...fields.filter((f) => PARALLEL_MAIN_KEYS.includes(f.key)).map(parallelFieldElement));
+  $('#parallel-more').replaceChildren(...fields.filter((f) => !PARALLEL_MAIN_KEYS.includes(f.key)).map(parallelFieldElement));
+  $('#parallel-fewest').hidden = typeof state.api.fewestGpus !== 'function' || !state.engine;
+  $('#parallel-import').hidden = typeof state.api.importDeepSpeed !== 'function';
+}
+
+export function readParallel() {
+  const out = {};
+  for (const f of parallelFields()) {
+    const input = $(`#${parallelFieldId(f.key)}`);
+    if (!input) continue;
+    if (f.kind === 'bool') out[f.key] = input.checked;
+    else if (f.kind === 'select') out[f.key] = input.value;
+    else out[f.key] = numberValue(input);
+  }
+  return out;
+}
+
+export function fillParallel(parallel) {
+  const values = mergeSetup(state.options.defaultSetup.parallel ?? {}, isPlainObject(parallel) ? parallel : {});
+  for (const f of parallelFields()) {
+    const input = $(`#${parallelFieldId(f.key)}`);
+    if (!input) continue;
+    const v = values[f.key];
+    if (f.kind === 'bool') input.checked = Boolean(v);
+    else if (f.kind === 'select') setSelectValue(input, v);
+    else input.value = displayNumber(v);
+  }
+  if (JSON.stringify(readParallel()) !== JSON.stringify(state.options.defaultSetup.parallel)) $('#parallel-fold').open = true;
+}
+
+// --- Imports: the core reads the text onto the current setup ----------------------------------
+
+function parallelStatus(text, isError = false) {
+  const status = $('#parallel-import-status');
+  status.textContent = text;
+  status.dataset.state = isError ? 'error' : 'ok';
+}
+
+// kind: 'deepspeed' (a ds_config.json's text) or 'megatron' (a command line).
+// onApplied(setup): the page fills its form with the setup and estimates it.
+export function parallelImport(kind, text, currentSetup, onApplied) {
+  if (!String(text).trim()) {
+    parallelStatus(kind === 'deepspeed' ? 'Paste or drop a DeepSpeed config first.' : 'Paste Megatron-LM arguments first.', true);
+    return;
+  }
+  let result;
+  try {
+    result = kind === 'deepspeed' ? state.api.importDeepSpeed(text, currentSetup) : state.api.importMegatron(text, currentSetup);
+  } catch (exception) {
+    parallelStatus(errorsOf(exception).map(errorText).join(' '), true);
+    return;
+  }
+  onApplied(result.setup);
+  const parts = [kind === 'deepspeed' ? 'Read the DeepSpeed config.' : "Read Megatron-LM's arguments."];
+  if (result.notes?.length) parts.push(result.notes.join(' '));
+  if (result.ignoredFields?.length) parts.push(`Not modelled, ignored: ${result.ignoredFields.join(', ')}.`);
+  parallelStatus(parts.join(' '));
+}
+
+// A dropped ds_config.json: its text goes to the DeepSpeed import.
+export function wireParallelDrop(getSetup, onApplied) {
+  const box = $('#parallel-deepspeed');
+  if (!box) return;
+  box.addEventListener('dragover', (event) => event.preventDefault());
+  box.addEventListener('drop', async (event) => {
+    const file = event.dataTransfer?.files?.[0];
+    if (!file) return;
+    event.preventDefault();
+    event.stopPropagation();  // not the model section's drop target
+    box.value = await file.text();
+    parallelImport('deepspeed', box.value, getSetup(), onApplied);
+  });
+}
+
+// --- Fewest GPUs: the core's FewestGpus in the 'parallel' worker lane ---------------------------
+
+export function parallelRunFewest(setup, onUse) {
+  const out = $('#parallel-fewest-result');
+  out.replaceChildren(document.createTextNode('Simulating layouts…'));
+  out.dataset.state = 'running';
+  state.engine.run('parallel', [{ kind: 'fewestGpus', setup }], (outcome) => {
+    if (outcome.errors) {
+      out.dataset.state = 'error';
+      out.replaceChildren(document.createTextNode(outcome.errors.map(errorText).join(' ')));
+      return;
+    }
+    const r = outcome.result;
+    out.dataset.state = 'done';
+    out.dataset.inWorker = String(Boolean(outcome.inWorker));
+    out.dataset.found = String(r.found);
+    if (!r.found) {
+      out.replaceChildren(document.createTextNode(`No layout of up to 4,096 GPUs of this type fits (${r.estimatesRun} setups simulated).`));
+      return;
+    }
+    out.dataset.gpus = String(r.gpus);
+    out.dataset.peakDeviceBytes = String(r.peakDeviceBytes);
+    const text = document.createElement('p');
+    text.id = 'parallel-fewest-text';
+    text.textContent = `${r.gpus} GPU${r.gpus === 1 ? '' : 's'} with ${r.layout}: ${formatBytes(r.peakDeviceBytes)} on the device per rank; ` +
+      `${r.communicationParameters} Ψ communicated per step and rank (${r.estimatesRun} setups simulated).`;
+    const use = document.createElement('button');
+    use.type = 'button';
+    use.id = 'parallel-fewest-use';
+    use.textContent = 'Use this layout';
+    use.addEventListener('click', () => onUse(r.setup));
+    out.replaceChildren(text, use);
+  });
+}
+
+// --- The simulated rank and the cluster picture ------------------------------------------------
+
+const PARALLEL_PLACEMENT_TEXT = {
+  replicated: 'a whole copy',
+  sharded: 'its shard',
+  host: 'on the host (offloaded)',
+  none: 'none kept',
+};
+
+function parallelPlacementText(placement, rank) {
+  if (placement === 'sharded') return `sharded 1/${rank.shardWorld}`;
+  return PARALLEL_PLACEMENT_TEXT[placement] ?? placement;
+}
+
+function parallelElement(tag, className, text) {
+  const el = document.createElement(tag);
+  if (className) el.className = className;
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+// One GPU's box: each model state's bytes on the simulated rank and where it lives.
+function parallelGpuBox(index, rank, states, simulated, exactForAll) {
+  const box = parallelElement('li', 'gpu-box');
+  box.dataset.rank = String(index);
+  if (simulated) box.dataset.simulated = 'true';
+  box.append(parallelElement('strong', '', `GPU ${index}${simulated ? ' (simulated)' : ''}`));
+  const list = parallelElement('dl', 'gpu-states');
+  for (const s of PARALLEL_STATES) {
+    const placement = rank.holds?.[s.key] ?? 'replicated';
+    const bytes = states[s.bytes];
+    const term = parallelElement('dt', '', s.label);
+    const value = parallelElement('dd');
+    value.dataset.state = s.key;
+    value.dataset.placement = placement;
+    if (simulated || exactForAll) {
+      value.dataset.bytes = String(bytes);
+      value.title = formatExactBytes(bytes);
+      value.textContent = `${formatBytes(bytes)} · ${parallelPlacementText(placement, rank)}`;
+    } else {
+      value.textContent = `at most GPU ${rank.dataParallelRank}'s · ${parallelPlacementText(placement, rank)}`;
+    }
+    list.append(term, value);
+  }
+  box.append(list);
+  if (simulated || exactForAll) {
+    const total = parallelElement('p', 'gpu-total', `model states ${formatBytes(states.totalBytes)}`);
+    total.dataset.bytes = String(states.totalBytes);
+    box.append(total);
+  }
+  return box;
+}
+
+export function renderParallel(est) {
+  const card = $('#cluster');
+  if (!card) return;
+  const rank = est.rank;
+  card.hidden = !rank;
+  if (!rank) return;
+  $('#parallel-rank-engine').textContent = rank.engine;
+  const where = $('#parallel-rank-where');
+  where.textContent = `${rank.worldSize} GPUs; simulated: data-parallel rank ${rank.dataParallelRank}, tensor-parallel rank ${rank.tensorParallelRank}, ` +
+    `pipeline stage ${rank.pipelineStage}; model states split over ${rank.shardWorld} rank${rank.shardWorld === 1 ? '' : 's'}.`;
+  where.dataset.worldSize = String(rank.worldSize);
+  $('#parallel-rank-why').textContent = `Why this rank: ${rank.why}.`;
+  // torch's ZeroRedundancyOptimizer gives whole parameters to ranks: the simulated rank holds the
+  // most, the others at most as much (SimulatedRankOf). Every other engine pads its partitions so
+  // every rank holds the same bytes (docs/parallel.md, "Which rank").
+  const exactForAll = !(rank.engine.includes('ZeroRedundancyOptimizer'));
+  const simulatedIndex = rank.dataParallelRank;
+  const drawn = Math.min(rank.worldSize, PARALLEL_MAX_BOXES);
+  const boxes = [];
+  for (let i = 0; i < drawn; i += 1) boxes.push(parallelGpuBox(i, rank, est.modelStates, i === simulatedIndex, exactForAll));
+  $('#cluster-picture').replaceChildren(...boxes);
+  const more = $('#cluster-more');
+  more.hidden = rank.worldSize <= drawn;
+  more.textContent = `… and ${rank.worldSize - drawn} more GPUs, each as above.`;
+}
