@@ -8,6 +8,7 @@
 // The single-file page shares one scope between the panels: every top-level name here starts
 // with "parallel" (scripts/assemble-web.mjs refuses duplicates).
 
+import { optionControl } from './option-field.js';
 import { formatBytes, formatExactBytes } from './charts.js';
 import { errorText, errorsOf } from './errors.js';
 import { $, displayNumber, numberValue, state } from './page-state.js';
@@ -37,42 +38,8 @@ function parallelFieldId(key) {
 }
 
 function parallelFieldElement(f) {
-  const id = parallelFieldId(f.key);
-  const wrap = document.createElement('div');
+  const { wrap } = optionControl(f, parallelFieldId(f.key), { field: `parallel.${f.key}`, parallel: f.key });
   wrap.dataset.parallelField = f.key;
-  const label = document.createElement('label');
-  label.htmlFor = id;
-  label.textContent = f.label;
-  let input;
-  if (f.kind === 'bool') {
-    wrap.className = 'check';
-    input = document.createElement('input');
-    input.type = 'checkbox';
-    wrap.append(input, label);
-  } else if (f.kind === 'select') {
-    wrap.className = 'field';
-    input = document.createElement('select');
-    for (const o of state.options[f.options] ?? []) input.append(new Option(o.label, o.id));
-    wrap.append(label, input);
-  } else {
-    wrap.className = 'field';
-    input = document.createElement('input');
-    input.type = 'text';
-    input.spellcheck = false;
-    input.inputMode = 'decimal';
-    wrap.append(label, input);
-  }
-  input.id = id;
-  input.dataset.field = `parallel.${f.key}`;
-  input.dataset.parallel = f.key;
-  if (f.hint) {
-    const hint = document.createElement('p');
-    hint.className = 'hint';
-    hint.id = `${id}-hint`;
-    hint.textContent = f.hint;
-    input.setAttribute('aria-describedby', hint.id);
-    wrap.append(hint);
-  }
   return wrap;
 }
 
