@@ -209,7 +209,10 @@ test('the allocator\'s segments at the reserved peak are drawn under the timelin
   const tensor = picture.segments.flatMap((s) => s.blocks).find((b) => b.allocated && b.label !== 'cuBLAS workspace');
   assert.ok(tensor, 'a tensor block');
   await page.hover(`#segments-chart rect.seg-block[data-label="${tensor.label.replace(/"/g, '\\"')}"]`, { force: true });
-  assert.match(await page.textContent('#segments-chart .chart-readout'), new RegExp(`^${tensor.label.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:`));
+  // The readout follows the pointer event; wait for it rather than read it at once (a race in CI).
+  const named = new RegExp(`^${tensor.label.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:`);
+  await page.waitForFunction((source) => new RegExp(source).test(document.querySelector('#segments-chart .chart-readout')?.textContent ?? ''), named.source, WAIT).catch(() => {});
+  assert.match(await page.textContent('#segments-chart .chart-readout'), named);
   assert.match(await page.textContent('#segments-chart .segments-caption'), new RegExp(`${picture.segmentCount} segments`));
   assert.equal(await page.$('#segments-chart .segments-more'), null, 'nothing left out, so no count of it');
   await finish();
