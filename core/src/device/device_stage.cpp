@@ -37,6 +37,10 @@ RuntimeOptions RuntimeOptionsOf(const RuntimeDef& runtime) {
   RuntimeOptions o = DefaultRuntimeOptions();
   o.cudaContextMiB = runtime.cudaContextMiB > 0 ? runtime.cudaContextMiB : -1;  // 0: the default
   o.cublasWorkspaceConfig = runtime.cublasWorkspaceConfig;
+  // Validation refuses text that does not parse; the defaults stay for a setup not validated.
+  ParseMajorMinor(runtime.pytorchVersion, o.pytorchMajor, o.pytorchMinor);
+  ParseMajorMinor(runtime.cudaVersion, o.cudaMajor, o.cudaMinor);
+  o.lazyModuleLoading = runtime.lazyModuleLoading;
   return o;
 }
 
@@ -61,6 +65,18 @@ void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors) {
   const double context = setup.runtime.cudaContextMiB;
   if (!std::isfinite(context) || context < 0 || context > 1 << 20) {
     bad("runtime.cudaContextMiB", "The CUDA context must be 0 (the default) or a positive number of MiB up to 2^20.");
+  }
+  int major = 0;
+  int minor = 0;
+  if (!ParseMajorMinor(setup.runtime.pytorchVersion, major, minor) || major < 1 || major > 99) {
+    bad("runtime.pytorchVersion", "The PyTorch version must read major.minor, from 1.0 (such as \"2.5\" or \"1.10\").");
+  } else if (major < 2 && setup.training.attention == AttentionImplementation::SDPA) {
+    // F.scaled_dot_product_attention first shipped in PyTorch 2.0.
+    bad("training.attention", "SDPA attention needs PyTorch 2.0 or later (F.scaled_dot_product_attention); with PyTorch " +
+                                  setup.runtime.pytorchVersion + " choose eager attention.");
+  }
+  if (!ParseMajorMinor(setup.runtime.cudaVersion, major, minor) || major < 9 || major > 99) {
+    bad("runtime.cudaVersion", "The CUDA version must read major.minor, from 9.0 (such as \"12.4\" or \"11.2\").");
   }
   if (setup.runtime.cublasWorkspaceConfig.size() > 256) {
     bad("runtime.cublasWorkspaceConfig", "CUBLAS_WORKSPACE_CONFIG longer than 256 characters is not meaningful.");
