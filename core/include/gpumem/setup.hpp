@@ -256,6 +256,9 @@ struct RuntimeDef {
   double cudaContextMiB = 0;
   // CUBLAS_WORKSPACE_CONFIG (":4096:8"); empty = PyTorch's default for the GPU.
   std::string cublasWorkspaceConfig;
+  // NCCL communicator buffers (outside the allocator), MiB per GPU; 0 = the estimate from the
+  // job's communicators (docs/device.md, "NCCL buffers"; nothing on one GPU).
+  double ncclBuffersMiB = 0;
 };
 
 // How the base model's linear weights are loaded (bitsandbytes through transformers'

@@ -37,6 +37,7 @@ RuntimeOptions RuntimeOptionsOf(const RuntimeDef& runtime) {
   RuntimeOptions o = DefaultRuntimeOptions();
   o.cudaContextMiB = runtime.cudaContextMiB > 0 ? runtime.cudaContextMiB : -1;  // 0: the default
   o.cublasWorkspaceConfig = runtime.cublasWorkspaceConfig;
+  o.ncclBuffersMiB = runtime.ncclBuffersMiB > 0 ? runtime.ncclBuffersMiB : -1;  // 0: the estimate
   return o;
 }
 
@@ -61,6 +62,10 @@ void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors) {
   const double context = setup.runtime.cudaContextMiB;
   if (!std::isfinite(context) || context < 0 || context > 1 << 20) {
     bad("runtime.cudaContextMiB", "The CUDA context must be 0 (the default) or a positive number of MiB up to 2^20.");
+  }
+  const double nccl = setup.runtime.ncclBuffersMiB;
+  if (!std::isfinite(nccl) || nccl < 0 || nccl > 1 << 20) {
+    bad("runtime.ncclBuffersMiB", "The NCCL buffers must be 0 (the estimate) or a positive number of MiB up to 2^20.");
   }
   if (setup.runtime.cublasWorkspaceConfig.size() > 256) {
     bad("runtime.cublasWorkspaceConfig", "CUBLAS_WORKSPACE_CONFIG longer than 256 characters is not meaningful.");
@@ -200,7 +205,10 @@ std::int64_t AllocatorLimit(std::int64_t capacityBytes, const DeviceOverheadsRes
 
 DeviceAllocatorInput DeviceAllocatorInputOf(const Setup& setup, const Trace& trace, std::int64_t capacityBytes) {
   DeviceAllocatorInput input;
-  const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, RuntimeOptionsOf(setup.runtime));
+  RuntimeOptions runtime = RuntimeOptionsOf(setup.runtime);
+  runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
+  runtime.ncclCommunicators = NcclCommunicatorsOf(setup.parallel);
+  const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, runtime);
   PlaceEvents(setup, trace, overheads, input.events);
   input.options = AllocatorOptionsOf(setup.runtime);
   input.limitBytes = AllocatorLimit(capacityBytes, overheads);
@@ -215,6 +223,7 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   RuntimeOptions runtime = RuntimeOptionsOf(setup.runtime);
   // Many GPUs: the job's size decides whether NCCL communicators exist (docs/parallel.md).
   runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
+  runtime.ncclCommunicators = NcclCommunicatorsOf(setup.parallel);
   const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, runtime);
   d.contextBytes = overheads.context.bytes;
   d.workspaceBytes = overheads.workspace.bytes;

@@ -334,7 +334,7 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
 void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
   const std::string path = "runtime";
   if (!r.ExpectObject(v, path)) return;
-  r.RejectUnknown(v, {"allocator", "cudaContextMiB", "cublasWorkspaceConfig"}, path);
+  r.RejectUnknown(v, {"allocator", "cudaContextMiB", "cublasWorkspaceConfig", "ncclBuffersMiB"}, path);
   if (auto it = v.find("allocator"); it != v.end() && r.ExpectObject(*it, "runtime.allocator")) {
     const std::string a = "runtime.allocator";
     r.RejectUnknown(*it, {"expandableSegments", "maxSplitSizeMiB", "roundupPower2Divisions", "garbageCollectionThreshold"}, a);
@@ -344,6 +344,7 @@ void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
     r.Number(*it, "garbageCollectionThreshold", a, runtime.allocator.garbageCollectionThreshold);
   }
   r.Number(v, "cudaContextMiB", path, runtime.cudaContextMiB);
+  r.Number(v, "ncclBuffersMiB", path, runtime.ncclBuffersMiB);
   if (auto it = v.find("cublasWorkspaceConfig"); it != v.end()) {
     if (!it->is_string()) {
       r.Fail(ErrorCode::InvalidField, "runtime.cublasWorkspaceConfig", "Must be a string such as \":4096:8\", got " + KindOf(*it) + ".");
@@ -527,7 +528,8 @@ ojson SetupJson(const Setup& s) {
                                   {"roundupPower2Divisions", s.runtime.allocator.roundupPower2Divisions},
                                   {"garbageCollectionThreshold", s.runtime.allocator.garbageCollectionThreshold}}},
                    {"cudaContextMiB", s.runtime.cudaContextMiB},
-                   {"cublasWorkspaceConfig", s.runtime.cublasWorkspaceConfig}}},
+                   {"cublasWorkspaceConfig", s.runtime.cublasWorkspaceConfig},
+                   {"ncclBuffersMiB", s.runtime.ncclBuffersMiB}}},
       {"finetune", FinetuneJson(s.finetune)},
       {"parallel", ParallelJson(s.parallel)},
   };
@@ -813,6 +815,13 @@ std::string ImportMegatronJson(std::string_view commandLine, std::string_view se
   std::vector<FieldError> errors;
   if (!BaseSetup(setupText, base, errors)) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
   return ParallelImportJson(ImportMegatronArguments(commandLine, base), indent);
+}
+
+std::string ImportAccelerateJson(std::string_view configText, std::string_view setupText, int indent) {
+  Setup base;
+  std::vector<FieldError> errors;
+  if (!BaseSetup(setupText, base, errors)) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  return ParallelImportJson(ImportAccelerateConfig(configText, base), indent);
 }
 
 std::string FewestGpusJson(std::string_view setupText, bool allowOffload, int indent) {
