@@ -120,3 +120,27 @@ TEST_CASE("Accelerate: the import as JSON", "[accelerate]") {
   CHECK(out.find("\"fsdp\":\"FULL_SHARD\"") != std::string::npos);
   CHECK(ImportAccelerateJson("a: [1]").find("\"ok\":false") != std::string::npos);
 }
+
+TEST_CASE("Accelerate: random text never breaks the YAML reader", "[accelerate]") {
+  // Lines built from YAML's significant characters: every input gets a result or an error.
+  const std::string alphabet = "ab_:- '\"#[]{}|>&*!\n\t 12fsdp_config";
+  std::uint64_t x = 88172645463325252ULL;  // xorshift64
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return x;
+  };
+  int refused = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::string text;
+    const std::size_t length = next() % 120;
+    for (std::size_t j = 0; j < length; ++j) text += alphabet[next() % alphabet.size()];
+    const ParallelImport r = ImportAccelerateConfig(text, DefaultSetup());
+    if (!r.ok()) {
+      ++refused;
+      for (const FieldError& e : r.errors) CHECK_FALSE(e.message.empty());
+    }
+  }
+  CHECK(refused > 0);
+}
