@@ -264,6 +264,9 @@ struct RuntimeDef {
   std::string pytorchVersion = "2.5";
   std::string cudaVersion = "12.4";
   bool lazyModuleLoading = true;  // CUDA_MODULE_LOADING=LAZY (PyTorch sets it since 1.13)
+  // NCCL communicator buffers (outside the allocator), MiB per GPU; 0 = the estimate from the
+  // job's communicators (docs/device.md, "NCCL buffers"; nothing on one GPU).
+  double ncclBuffersMiB = 0;
 };
 
 // "major.minor" (a patch part and a local suffix such as "2.5.1+cu124" are allowed and ignored).

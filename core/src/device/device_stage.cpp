@@ -41,6 +41,7 @@ RuntimeOptions RuntimeOptionsOf(const RuntimeDef& runtime) {
   ParseMajorMinor(runtime.pytorchVersion, o.pytorchMajor, o.pytorchMinor);
   ParseMajorMinor(runtime.cudaVersion, o.cudaMajor, o.cudaMinor);
   o.lazyModuleLoading = runtime.lazyModuleLoading;
+  o.ncclBuffersMiB = runtime.ncclBuffersMiB > 0 ? runtime.ncclBuffersMiB : -1;  // 0: the estimate
   return o;
 }
 
@@ -77,6 +78,10 @@ void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors) {
   }
   if (!ParseMajorMinor(setup.runtime.cudaVersion, major, minor) || major < 9 || major > 99) {
     bad("runtime.cudaVersion", "The CUDA version must read major.minor, from 9.0 (such as \"12.4\" or \"11.2\").");
+  }
+  const double nccl = setup.runtime.ncclBuffersMiB;
+  if (!std::isfinite(nccl) || nccl < 0 || nccl > 1 << 20) {
+    bad("runtime.ncclBuffersMiB", "The NCCL buffers must be 0 (the estimate) or a positive number of MiB up to 2^20.");
   }
   if (setup.runtime.cublasWorkspaceConfig.size() > 256) {
     bad("runtime.cublasWorkspaceConfig", "CUBLAS_WORKSPACE_CONFIG longer than 256 characters is not meaningful.");
@@ -216,7 +221,10 @@ std::int64_t AllocatorLimit(std::int64_t capacityBytes, const DeviceOverheadsRes
 
 DeviceAllocatorInput DeviceAllocatorInputOf(const Setup& setup, const Trace& trace, std::int64_t capacityBytes) {
   DeviceAllocatorInput input;
-  const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, RuntimeOptionsOf(setup.runtime));
+  RuntimeOptions runtime = RuntimeOptionsOf(setup.runtime);
+  runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
+  runtime.ncclCommunicators = NcclCommunicatorsOf(setup.parallel);
+  const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, runtime);
   PlaceEvents(setup, trace, overheads, input.events);
   input.options = AllocatorOptionsOf(setup.runtime);
   input.limitBytes = AllocatorLimit(capacityBytes, overheads);
@@ -231,6 +239,7 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   RuntimeOptions runtime = RuntimeOptionsOf(setup.runtime);
   // Many GPUs: the job's size decides whether NCCL communicators exist (docs/parallel.md).
   runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
+  runtime.ncclCommunicators = NcclCommunicatorsOf(setup.parallel);
   const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, runtime);
   d.contextBytes = overheads.context.bytes;
   d.workspaceBytes = overheads.workspace.bytes;

@@ -334,7 +334,7 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
 void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
   const std::string path = "runtime";
   if (!r.ExpectObject(v, path)) return;
-  r.RejectUnknown(v, {"allocator", "cudaContextMiB", "cublasWorkspaceConfig", "pytorchVersion", "cudaVersion", "lazyModuleLoading"}, path);
+  r.RejectUnknown(v, {"allocator", "cudaContextMiB", "cublasWorkspaceConfig", "pytorchVersion", "cudaVersion", "lazyModuleLoading", "ncclBuffersMiB"}, path);
   if (auto it = v.find("allocator"); it != v.end() && r.ExpectObject(*it, "runtime.allocator")) {
     const std::string a = "runtime.allocator";
     r.RejectUnknown(*it, {"expandableSegments", "maxSplitSizeMiB", "roundupPower2Divisions", "garbageCollectionThreshold"}, a);
@@ -344,6 +344,7 @@ void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
     r.Number(*it, "garbageCollectionThreshold", a, runtime.allocator.garbageCollectionThreshold);
   }
   r.Number(v, "cudaContextMiB", path, runtime.cudaContextMiB);
+  r.Number(v, "ncclBuffersMiB", path, runtime.ncclBuffersMiB);
   if (auto it = v.find("cublasWorkspaceConfig"); it != v.end()) {
     if (!it->is_string()) {
       r.Fail(ErrorCode::InvalidField, "runtime.cublasWorkspaceConfig", "Must be a string such as \":4096:8\", got " + KindOf(*it) + ".");
@@ -544,7 +545,8 @@ ojson SetupJson(const Setup& s) {
                    {"cublasWorkspaceConfig", s.runtime.cublasWorkspaceConfig},
                    {"pytorchVersion", s.runtime.pytorchVersion},
                    {"cudaVersion", s.runtime.cudaVersion},
-                   {"lazyModuleLoading", s.runtime.lazyModuleLoading}}},
+                   {"lazyModuleLoading", s.runtime.lazyModuleLoading},
+                   {"ncclBuffersMiB", s.runtime.ncclBuffersMiB}}},
       {"finetune", FinetuneJson(s.finetune)},
       {"parallel", ParallelJson(s.parallel)},
   };
@@ -830,6 +832,13 @@ std::string ImportMegatronJson(std::string_view commandLine, std::string_view se
   std::vector<FieldError> errors;
   if (!BaseSetup(setupText, base, errors)) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
   return ParallelImportJson(ImportMegatronArguments(commandLine, base), indent);
+}
+
+std::string ImportAccelerateJson(std::string_view configText, std::string_view setupText, int indent) {
+  Setup base;
+  std::vector<FieldError> errors;
+  if (!BaseSetup(setupText, base, errors)) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  return ParallelImportJson(ImportAccelerateConfig(configText, base), indent);
 }
 
 std::string FewestGpusJson(std::string_view setupText, bool allowOffload, int indent) {
