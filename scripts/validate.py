@@ -656,6 +656,9 @@ def checkpoint_section(rows):
     return lines
 
 
+HAND_WRITTEN_MARKER = "<!-- Written by hand from here on: scripts/validate --write keeps what follows. -->"
+
+
 def write_markdown(path, rows, median, worst, exact):
     today = datetime.date.today().isoformat()
     transformer = [abs(r[5]) for r in rows if r[1]["model"].get("kind") == "transformer"]
@@ -744,8 +747,21 @@ def write_markdown(path, rows, median, worst, exact):
         "Re-run: `scripts/validate` (prints the table; exits non-zero if a model state differs or any",
         "peak is off by more than 8 %).",
     ]
+    # The hand-written sections after the marker (device memory, fine-tuning, many GPUs, the
+    # published figures) are kept as they are.
+    kept = ""
+    try:
+        with open(path) as f:
+            existing = f.read()
+        at = existing.find(HAND_WRITTEN_MARKER)
+        if at >= 0:
+            kept = existing[at:]
+    except FileNotFoundError:
+        pass
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
+        if kept:
+            f.write("\n" + kept)
 
 
 if __name__ == "__main__":
