@@ -96,6 +96,19 @@ TEST_CASE("Pipeline: the interleaved schedule and Megatron's in-flight factor ag
   }
 }
 
+TEST_CASE("Pipeline: Megatron's theoretical activation memory of the first stage", "[pipeline]") {
+  // Llama 2 7B (h 4096, ffn 11008, 32 layers), s 4096, b 1, t 8, p 4: per layer
+  // 4096·4096·(18 + 4·11008/4096) = 482,344,960 B, × 32, + 8·4096·4 + 4096·4096·4, / 8.
+  const ArchitectureDef a = FindPreset("llama-2-7b")->architecture;
+  CHECK(MegatronTheoreticalActivationBytes(a, 4096, 1, 8, 4, 1, 8) == 1'937'784'832.0);
+  CHECK(MegatronTheoreticalActivationBytes(a, 4096, 1, 8, 4, 1, 2) == 968'892'416.0);  // min(1, m/p) = 1/2
+  CHECK(MegatronTheoreticalActivationBytes(a, 4096, 1, 8, 4, 2, 8) == 2'664'454'144.0);  // × (1 + 3/8)
+  // Its factors are the simulation's in-flight counts (see the interleaved test above): L/p
+  // layers × min(m, p) micro-batches = L layers × min(1, m/p).
+  const double perStageMicroBatch = MegatronTheoreticalActivationBytes(a, 4096, 1, 8, 4, 1, 1);
+  CHECK(MegatronTheoreticalActivationBytes(a, 4096, 1, 8, 4, 1, 3) == Approx(3 * perStageMicroBatch));
+}
+
 TEST_CASE("Pipeline: the bubble is (p - 1) / (m v + p - 1)", "[pipeline]") {
   CHECK(PipelineBubbleFraction(4, 8, 1) == Approx(3.0 / 11.0).epsilon(1e-15));
   CHECK(PipelineBubbleFraction(4, 8, 2) == Approx(3.0 / 19.0).epsilon(1e-15));

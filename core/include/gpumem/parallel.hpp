@@ -237,6 +237,16 @@ std::int64_t PipelinePeakInFlight(PipelineSchedule schedule, std::int64_t p, std
 // min(1, m/p) × p), p·(1 + (p − 1)/(p·v)) with it (interleaved_schedule_memory_penalty × p).
 double MegatronInFlightMicroBatches(std::int64_t p, std::int64_t m, std::int64_t v, bool interleaved);
 
+// Megatron theoretical_memory_usage.py compute_activation_memory (the sequence-parallel,
+// selective-recompute estimate, Korthikanti et al. 2022 Table 2), bytes on the first stage:
+// s·b·h·(18 + 4·ffn/h) per layer × all L layers, + 8·s·b·p (input ids) + s·b·h·p (embedding
+// dropout), × the interleaved penalty 1 + (p − 1)/(p·v) (v > 1) or × min(1, m/p); at p = 1 the
+// head and loss s·b·h·4·(1 + V/h); all / t. virtualStages 0 or 1 means no interleaving.
+double MegatronTheoreticalActivationBytes(const ArchitectureDef& a, std::int64_t sequenceLength,
+                                          std::int64_t microBatch, std::int64_t tensorParallel,
+                                          std::int64_t pipelineParallel, std::int64_t virtualStages,
+                                          std::int64_t microBatches);
+
 // The simulated stage's model: the layers of stage `setup.parallel.pipelineStage` (L/p), with the
 // embeddings on the first stage and the final norm, head and loss on the last (Megatron
 // get_num_layers_to_build / pre_process / post_process). Unchanged when pipelineParallel is 1.

@@ -74,6 +74,30 @@ double MegatronInFlightMicroBatches(std::int64_t p, std::int64_t m, std::int64_t
   return pd * std::min(1.0, static_cast<double>(m) / pd);
 }
 
+double MegatronTheoreticalActivationBytes(const ArchitectureDef& a, std::int64_t sequenceLength,
+                                          std::int64_t microBatch, std::int64_t tensorParallel,
+                                          std::int64_t pipelineParallel, std::int64_t virtualStages,
+                                          std::int64_t microBatches) {
+  const double s = static_cast<double>(sequenceLength), b = static_cast<double>(microBatch);
+  const double h = static_cast<double>(a.hiddenSize), p = static_cast<double>(pipelineParallel);
+  const double ffn = static_cast<double>(IntermediateSize(a));
+  double bytes = s * b * h * (18.0 + 4.0 * ffn / h) * static_cast<double>(a.numLayers);
+  bytes += 8.0 * s * b * p;  // input to embedding, p micro-batches in flight
+  bytes += s * b * h * p;    // embedding dropout mask
+  if (virtualStages > 1) {
+    bytes *= 1.0 + (p - 1.0) / (p * static_cast<double>(virtualStages));
+  } else if (pipelineParallel > 1) {
+    bytes *= std::min(1.0, static_cast<double>(microBatches) / p);
+  }
+  if (pipelineParallel == 1) {
+    // padded_vocab_size: a multiple of 128 × t (tokenizer.py _vocab_size_with_padding).
+    const std::int64_t unit = 128 * tensorParallel;
+    const double vocab = static_cast<double>((a.vocabSize + unit - 1) / unit * unit);
+    bytes += s * b * h * 4.0 * (1.0 + vocab / h);
+  }
+  return bytes / static_cast<double>(tensorParallel);
+}
+
 Setup PipelineStageSetup(const Setup& setup) {
   const std::int64_t p = setup.parallel.pipelineParallel;
   if (p <= 1 || setup.model.kind != ModelKind::Transformer) return setup;
