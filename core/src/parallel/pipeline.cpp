@@ -279,8 +279,8 @@ std::vector<std::string> PipelineNotes(const Setup& setup) {
                   std::string(LabelOf(p.pipelineSchedule)) + " with " + std::to_string(p.gradientAccumulationSteps) +
                   " micro-batches it holds at most " + std::to_string(inFlight) +
                   (interleaved ? " chunk-forwards" : " micro-batches") +
-                  "' activations at once, each with its own received input or gradient (p2p, b·s·h in the "
-                  "parameters' dtype). The bubble is " +
+                  "' activations at once; the p2p exchange receives b·s·h tensors in the parameters' dtype (inputs "
+                  "on every stage but the first, output gradients on every stage but the last). The bubble is " +
                   FormatScientific(PipelineBubbleFraction(p.pipelineParallel, p.gradientAccumulationSteps, v)) +
                   " of the step, (p − 1)/(m·v + p − 1).";
   notes.push_back(std::move(n));
