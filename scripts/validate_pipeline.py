@@ -15,6 +15,8 @@ cool-down backwards. As there:
 - each micro-batch keeps its own graph and saved activations from its forward to its backward;
   the optimizer steps once after m micro-batches, then zero_grad(set_to_none=True).
 
+`pipelineSchedule` "gpipe" runs every forward, then every backward (ScheduleGPipe).
+
 Usage: /usr/bin/python3 scripts/validate_pipeline.py [--cli PATH] [--only NAME]
 Prints, per case and stage, model states (exact or not) and the peak predicted vs measured.
 """
@@ -81,7 +83,9 @@ def stage_batch(cfg, rank, world, b, s):
     return batch
 
 
-def one_f_one_b(p, r, m):
+def schedule_of(name, p, r, m):
+    if name == "gpipe":  # torch.distributed.pipelining ScheduleGPipe: every forward, then every backward
+        return [("F", k) for k in range(m)] + [("B", k) for k in range(m)]
     warmup = min(p - r - 1, m)
     actions = [("F", k) for k in range(warmup)]
     for k in range(m - warmup):
@@ -109,7 +113,8 @@ def measure_stage(rank, world, setup, port, out_path):
         for step in (1, 2):
             live = {}      # micro-batch → (input tensor, output tensor, batch)
             pending = []   # stage 1's isend of input gradients, waited after the next receive
-            for kind, k in one_f_one_b(world, rank, m):
+            schedule = setup["parallel"].get("pipelineSchedule", "1f1b")
+            for kind, k in schedule_of(schedule, world, rank, m):
                 if kind == "F":
                     with record_function(f"gpumem:forward:{step}"):
                         inp = None
@@ -166,9 +171,9 @@ def measure_stage(rank, world, setup, port, out_path):
     dist.destroy_process_group()
 
 
-def case(name, m, **arch_fields):
+def case(name, m, schedule="1f1b", **arch_fields):
     setup = R.transformer_setup(V.arch("llama", **arch_fields), batch=2, seq=128)
-    setup["parallel"] = {"pipelineParallel": 2, "gradientAccumulationSteps": m}
+    setup["parallel"] = {"pipelineParallel": 2, "gradientAccumulationSteps": m, "pipelineSchedule": schedule}
     return name, setup
 
 
@@ -176,6 +181,7 @@ CASES = [
     case("llama-pp2-m1", 1),
     case("llama-pp2-m2", 2),
     case("llama-pp2-m4", 4),
+    case("llama-pp2-gpipe-m3", 3, schedule="gpipe"),
 ]
 
 
