@@ -268,5 +268,59 @@ LayoutsResult LayoutsForCluster(const Setup& setup, std::int64_t gpus, const Lay
 
 // The cost of one layout (the setup's parallel section and checkpointing), as ranked above.
 LayoutCost LayoutCostOf(const Setup& setup);
+// Pipeline parallelism (Megatron-LM megatron/core/pipeline_parallel/schedules.py; docs/parallel.md
+// "Pipeline"). p stages, m micro-batches (gradientAccumulationSteps), v model chunks per stage
+// (interleaved; 1 otherwise).
+
+// The idle share of a step, (p − 1) / (m·v + p − 1): the bubble (p − 1)·t_chunk/v over the step
+// (m + (p − 1)/v)·t (Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+// Clusters", §2.2.1 and §2.2.2: bubble time fraction (p − 1)/m, with interleaving (p − 1)/(v·m),
+// here as a share of the whole step). 0 for p = 1.
+double PipelineBubbleFraction(std::int64_t p, std::int64_t m, std::int64_t v);
+
+// One action of a stage's schedule: a forward or backward of one micro-batch through one chunk.
+struct PipelineAction {
+  bool backward = false;
+  std::int64_t microBatch = 0;
+  std::int64_t chunk = 0;
+};
+// Stage r's actions in the order it runs them:
+// - GPipe: every forward, then every backward (micro-batch order; torch.distributed.pipelining
+//   ScheduleGPipe).
+// - 1F1B: min(p − r − 1, m) warm-up forwards, then one forward and one backward each, then the
+//   cool-down backwards (schedules.py forward_backward_pipelining_without_interleaving).
+// - interleaved: warm-up (p − r − 1)·2 + (v − 1)·p chunk-forwards (all m·v when m = p), capped at
+//   m·v; chunk of the k-th forward (k mod p·v) / p, of the k-th backward v − 1 − that
+//   (forward_backward_pipelining_with_interleaving, get_model_chunk_id).
+std::vector<PipelineAction> PipelineScheduleOf(PipelineSchedule schedule, std::int64_t p, std::int64_t r,
+                                               std::int64_t m, std::int64_t v);
+// The most chunk-forwards whose activations stage r holds at once, walking its schedule.
+std::int64_t PipelinePeakInFlight(PipelineSchedule schedule, std::int64_t p, std::int64_t r, std::int64_t m,
+                                  std::int64_t v);
+// Megatron theoretical_memory_usage.py compute_activation_memory's in-flight factor for the first
+// stage, in micro-batches of the stage's L/p layers: min(m, p) without interleaving (its
+// min(1, m/p) × p), p·(1 + (p − 1)/(p·v)) with it (interleaved_schedule_memory_penalty × p).
+double MegatronInFlightMicroBatches(std::int64_t p, std::int64_t m, std::int64_t v, bool interleaved);
+
+// Megatron theoretical_memory_usage.py compute_activation_memory (the sequence-parallel,
+// selective-recompute estimate, Korthikanti et al. 2022 Table 2), bytes on the first stage:
+// s·b·h·(18 + 4·ffn/h) per layer × all L layers, + 8·s·b·p (input ids) + s·b·h·p (embedding
+// dropout), × the interleaved penalty 1 + (p − 1)/(p·v) (v > 1) or × min(1, m/p); at p = 1 the
+// head and loss s·b·h·4·(1 + V/h); all / t. virtualStages 0 or 1 means no interleaving.
+double MegatronTheoreticalActivationBytes(const ArchitectureDef& a, std::int64_t sequenceLength,
+                                          std::int64_t microBatch, std::int64_t tensorParallel,
+                                          std::int64_t pipelineParallel, std::int64_t virtualStages,
+                                          std::int64_t microBatches);
+
+// The simulated stage's model: the layers of stage `setup.parallel.pipelineStage` (L/p), with the
+// embeddings on the first stage and the final norm, head and loss on the last (Megatron
+// get_num_layers_to_build / pre_process / post_process). Unchanged when pipelineParallel is 1.
+Setup PipelineStageSetup(const Setup& setup);
+// The stage's parameters out of the inventory of PipelineStageSetup's model: the embeddings
+// only on the first stage, the final norm and head only on the last; a tied head keeps the word
+// embeddings on the last stage too (Megatron: a copy, its gradient all-reduced with the first
+// stage's, megatron/core/models/common/language_module/language_module.py
+// setup_embeddings_and_output_layer).
+Inventory PipelineStageInventory(const Inventory& stageModel, const Setup& stageSetup);
 
 }  // namespace gpumem

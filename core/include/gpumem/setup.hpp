@@ -386,6 +386,10 @@ struct ParallelDef {
   std::int64_t pipelineParallel = 1;  // --pipeline-model-parallel-size
   PipelineSchedule pipelineSchedule = PipelineSchedule::OneFOneB;
   std::int64_t virtualStages = 1;     // --num-layers-per-virtual-pipeline-stage → chunks per rank
+  // Which pipeline stage the estimate simulates: -1 (default) = the first or the last, whichever
+  // peaks higher (the first holds the embeddings and the most in-flight micro-batches, the last
+  // the head, logits and loss); 0 … pipelineParallel − 1 = that stage (docs/parallel.md).
+  std::int64_t pipelineStage = -1;
   std::int64_t contextParallel = 1;   // --context-parallel-size
   std::int64_t expertParallel = 1;    // --expert-model-parallel-size
   // Micro-batches per optimizer step (DeepSpeed gradient_accumulation_steps; Megatron's

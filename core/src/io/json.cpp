@@ -435,7 +435,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
                       "gradientAsBucketView", "zeroRedundancyOptimizer", "reduceBucketSize", "allgatherBucketSize", "overlapComm",
                       "contiguousGradients", "stage3PrefetchBucketSize", "stage3MaxLiveParameters",
                       "stage3ParamPersistenceThreshold", "offload", "tensorParallel", "sequenceParallel",
-                      "pipelineParallel", "pipelineSchedule", "virtualStages", "contextParallel",
+                      "pipelineParallel", "pipelineSchedule", "virtualStages", "pipelineStage", "contextParallel",
                       "expertParallel", "gradientAccumulationSteps"}, path);
   r.Int(v, "dataParallel", path, p.dataParallel);
   r.Int(v, "zeroStage", path, p.zeroStage);
@@ -461,6 +461,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.Int(v, "pipelineParallel", path, p.pipelineParallel);
   r.Enum(v, "pipelineSchedule", path, p.pipelineSchedule);
   r.Int(v, "virtualStages", path, p.virtualStages);
+  r.Int(v, "pipelineStage", path, p.pipelineStage);
   r.Int(v, "contextParallel", path, p.contextParallel);
   r.Int(v, "expertParallel", path, p.expertParallel);
   r.Int(v, "gradientAccumulationSteps", path, p.gradientAccumulationSteps);
@@ -479,7 +480,7 @@ ojson ParallelJson(const ParallelDef& p) {
           {"stage3ParamPersistenceThreshold", p.stage3ParamPersistenceThreshold}, {"offload", IdOf(p.offload)},
           {"tensorParallel", p.tensorParallel}, {"sequenceParallel", p.sequenceParallel},
           {"pipelineParallel", p.pipelineParallel}, {"pipelineSchedule", IdOf(p.pipelineSchedule)},
-          {"virtualStages", p.virtualStages}, {"contextParallel", p.contextParallel},
+          {"virtualStages", p.virtualStages}, {"pipelineStage", p.pipelineStage}, {"contextParallel", p.contextParallel},
           {"expertParallel", p.expertParallel}, {"gradientAccumulationSteps", p.gradientAccumulationSteps}};
 }
 

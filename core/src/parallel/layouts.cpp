@@ -11,18 +11,6 @@
 namespace gpumem {
 namespace {
 
-// The pipeline bubble of Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training
-// on GPU Clusters Using Megatron-LM", §2.2.1–2.2.2): with p stages, m micro-batches and v model
-// chunks per rank (interleaved 1F1B), the idle part of a step is (p − 1) / (m·v + p − 1) (bubble
-// time (p − 1)/v · (t_f + t_b) over ideal m · (t_f + t_b) plus the bubble). GPipe and 1F1B have
-// v = 1. The pipeline work adds `double PipelineBubbleFraction(p, m, v)` to parallel.hpp with
-// this formula; this local copy is what the ranking uses until the two are merged.
-double LayoutBubbleFraction(std::int64_t p, std::int64_t m, std::int64_t v) {
-  if (p <= 1) return 0;
-  const double pd = static_cast<double>(p);
-  return (pd - 1) / (static_cast<double>(m) * static_cast<double>(std::max<std::int64_t>(v, 1)) + pd - 1);
-}
-
 // A ring collective over g ranks moves (g − 1)/g of the buffer per rank for a reduce-scatter or
 // an all-gather, twice that for an all-reduce (Patarasuk & Yuan 2009; NCCL's ring algorithm,
 // docs.nvidia.com/deeplearning/nccl/user-guide/docs/usage/collectives.html). The ZeRO paper §7
@@ -178,7 +166,8 @@ LayoutCost LayoutCostOf(const Setup& setup) {
     if (par.offload == OffloadKind::OptimizerAndParameters) c.hostBytes += shard * 2 * m * psi * e.parameter;
   }
 
-  c.bubbleFraction = LayoutBubbleFraction(p, par.gradientAccumulationSteps, par.virtualStages);
+  // The pipeline bubble (Narayanan et al. 2021 §2.2; PipelineBubbleFraction in pipeline.cpp).
+  c.bubbleFraction = PipelineBubbleFraction(p, par.gradientAccumulationSteps, par.virtualStages);
   c.computeFactor = c.recomputeFactor / (1 - c.bubbleFraction);
   return c;
 }

@@ -7,6 +7,7 @@
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
+#include "parallel/pipeline.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -60,6 +61,7 @@ constexpr ParallelField kFields[] = {
     {"pipelineParallel", "pipeline parallel size", "count", "", "Megatron --pipeline-model-parallel-size"},
     {"pipelineSchedule", "pipeline schedule", "select", "pipelineSchedules", "1F1B, GPipe or interleaved"},
     {"virtualStages", "virtual stages", "count", "", "interleaved: model chunks per pipeline rank"},
+    {"pipelineStage", "simulated pipeline stage", "number", "", "-1 = the first or the last, whichever peaks higher; else 0 … p − 1"},
     {"contextParallel", "context parallel size", "count", "", "Megatron --context-parallel-size"},
     {"expertParallel", "expert parallel size", "count", "", "Megatron --expert-model-parallel-size"},
     {"gradientAccumulationSteps", "gradient accumulation steps", "count", "", "micro-batches per optimizer step (the pipeline's m)"},
@@ -168,7 +170,7 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
     bad("virtualStages", "Virtual stages exist only with the interleaved schedule.");
   }
   // What the simulation covers so far (docs/parallel.md, "Not yet simulated"): refused, not guessed.
-  if (p.pipelineParallel != 1) bad("pipelineParallel", "Pipeline parallelism is not simulated yet (docs/parallel.md).");
+  ValidatePipeline(setup, errors);  // parallel/pipeline.cpp
   if (p.contextParallel != 1) bad("contextParallel", "Context parallelism is not simulated yet (docs/parallel.md).");
   if (p.expertParallel != 1) bad("expertParallel", "Expert parallelism is not simulated yet (docs/parallel.md).");
   if (p.sequenceParallel) bad("sequenceParallel", "Sequence parallelism is not simulated yet (docs/parallel.md).");

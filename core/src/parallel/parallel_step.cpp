@@ -1,5 +1,6 @@
 // The simulated rank's sharded model states and communication buffers (docs/parallel.md).
 #include "parallel/parallel_step.hpp"
+#include "parallel/pipeline.hpp"
 
 #include <algorithm>
 #include <string>
@@ -346,6 +347,7 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
   const SimulatedRank rank = SimulatedRankOf(setup);
   notes.push_back("Many GPUs: " + std::to_string(rank.worldSize) + " GPUs, " + rank.engineLabel +
                   "; the estimate is one rank's (" + rank.why + ").");
+  for (std::string& note : PipelineNotes(setup)) notes.push_back(std::move(note));  // parallel/pipeline.cpp
   const ParallelDef& p = setup.parallel;
   const bool gathers = p.zeroStage == 3 || p.fsdp != FsdpMode::Off;
   if (gathers && setup.model.kind != ModelKind::Transformer) {

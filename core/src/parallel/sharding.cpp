@@ -104,6 +104,14 @@ SimulatedRank SimulatedRankOf(const Setup& setup) {
   // divide evenly), so the first rank is as loaded as any.
   r.why = "data-parallel rank 0, tensor-parallel rank 0: every data-parallel rank holds a partition of the same "
           "(padded) size and every tensor-parallel rank a slice of the same size, so rank 0 is as loaded as any";
+  if (p.pipelineParallel > 1) {
+    // The stage PipelineStageSetup simulates (parallel/pipeline.cpp); −1 is resolved by
+    // EstimateHigherPipelineStage, which puts its reason in front of this one.
+    r.pipelineStage = std::max<std::int64_t>(0, p.pipelineStage);
+    if (p.pipelineStage >= 0) {
+      r.why = "pipeline stage " + std::to_string(p.pipelineStage) + " of " + std::to_string(p.pipelineParallel) + "; " + r.why;
+    }
+  }
   if (p.zeroRedundancyOptimizer && r.engine == ShardingEngine::DDP) {
     r.engineLabel = "DDP + ZeroRedundancyOptimizer";
     const ZeroRedundancyAssignment a = AssignZeroRedundancy(BuildInventory(TensorParallelRankSetup(setup)), p.dataParallel);

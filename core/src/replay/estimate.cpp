@@ -15,6 +15,7 @@
 #include "device/device_stage.hpp"
 #include "sim/savers.hpp"
 #include "parallel/parallel_step.hpp"
+#include "parallel/pipeline.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -206,9 +207,11 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
 
   // Many GPUs: the simulated rank's model (tensor-parallel slices; core/src/parallel/).
   const bool parallel = IsParallel(setup.parallel);
-  const Setup rankSetup = parallel ? TensorParallelRankSetup(setup) : Setup{};
+  // Pipeline parallelism with no stage named: the first or the last, whichever peaks higher.
+  if (auto stage = EstimateHigherPipelineStage(setup, options)) return std::move(*stage);
+  const Setup rankSetup = parallel ? PipelineStageSetup(TensorParallelRankSetup(setup)) : Setup{};
   const Setup& simulated = parallel ? rankSetup : setup;
-  const Inventory inventory = BuildInventory(simulated);
+  const Inventory inventory = parallel ? PipelineStageInventory(BuildInventory(simulated), simulated) : BuildInventory(simulated);
   const Trace trace = BuildTrace(simulated, inventory, options.explain);
   Estimate est = Replay(trace, options);
   est.modelStates = ComputeModelStates(simulated, inventory);

@@ -10,6 +10,7 @@
 #include "gpumem/names.hpp"
 #include "gpumem/recycle.hpp"
 #include "parallel/parallel_step.hpp"
+#include "parallel/pipeline.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -265,8 +266,12 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   // last run forward and backward and let go of their batch; their gradients stay and the next
   // ones are added into them (AccumulateGrad), then one optimizer step.
   const std::int64_t microBatches = setup.parallel.gradientAccumulationSteps;
+  // Pipeline parallelism: the stage's micro-batches in schedule order (parallel/pipeline.cpp).
+  std::optional<PipelineRun> pipeline;
+  if (setup.parallel.pipelineParallel > 1) pipeline.emplace(setup, inventory, names, regime);
   auto runStep = [&](int step) {
-    for (std::int64_t k = 1; k < microBatches; ++k) {
+    if (pipeline) pipeline->Run(b, step, gradients, parallel ? &*parallel : nullptr);
+    for (std::int64_t k = 1; k < microBatches && !pipeline; ++k) {
       b.SetPhase(Phase::Forward, step);
       pass->Forward(b);
       b.SetPhase(Phase::Backward, step);
@@ -275,11 +280,13 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
       if (parallel) parallel->EndBackward(b);
       pass->EndStep(b);
     }
-    b.SetPhase(Phase::Forward, step);
-    pass->Forward(b);
-    b.SetPhase(Phase::Backward, step);
-    if (parallel) parallel->StartBackward(b);
-    pass->Backward(b, gradients);
+    if (!pipeline) {
+      b.SetPhase(Phase::Forward, step);
+      pass->Forward(b);
+      b.SetPhase(Phase::Backward, step);
+      if (parallel) parallel->StartBackward(b);
+      pass->Backward(b, gradients);
+    }
     gradients.RunReady();  // what a pass left pending (quick mode's single backward)
     if (parallel) parallel->EndBackward(b);
     b.SetPhase(Phase::OptimizerStep, step);
@@ -287,7 +294,7 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
     if (!inBackward) optimizer.Step(b);
     if (parallel) parallel->AfterOptimizerStep(b);
     if (setup.training.zeroGradSetToNone) gradients.ReleaseAll(text.Make({"zero_grad(set_to_none=True)"}));
-    pass->EndStep(b);
+    if (!pipeline) pass->EndStep(b);
   };
   const std::size_t stepStart = b.size();
   runStep(1);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gpumem/names.hpp"
+#include "parallel/pipeline.hpp"
 #include "sim/families/family.hpp"
 #include "sim/savers.hpp"
 #include "sim/trace_builder.hpp"
@@ -29,8 +30,8 @@ bool SoftmaxSavesInput(const RuntimeDef& runtime) {
 class TransformerPass final : public ModelPass {
  public:
   TransformerPass(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names,
-                  const Regime& regime)
-      : a_(setup.model.architecture), t_(EffectiveTraining(setup)), regime_(regime), b_(setup.training.batchSize),
+                  const Regime& regime, const PipelineChunk& chunk = {})
+      : chunk_(chunk), a_(setup.model.architecture), t_(EffectiveTraining(setup)), regime_(regime), b_(setup.training.batchSize),
         s_(setup.training.sequenceLength),
         parameters_(inventory, names, regime.weights, setup.finetune.computeDType),
         parameterCount_(inventory.parameters.size()),
@@ -65,19 +66,29 @@ class TransformerPass final : public ModelPass {
       batch_.push_back(b.Alloc(Category::InputBatch, elements * 8, t.T({TextPart::View(name)}),
                                t.T({TextPart::View(label)}), t.text().Shape(shape, i64)));
     };
-    input(b_ * s_, {b_, s_}, "input_ids", "batch: input_ids");
-    input(b_ * s_, {b_, s_}, "attention_mask", "batch: attention_mask");
+    // A pipeline stage loads what its chunk reads: input_ids on the first, labels on the last
+    // (Megatron pretrain_gpt.py get_batch: the middle stages load nothing).
+    const bool loadsIds = !chunk_.active || chunk_.embeddings, loadsLabels = !chunk_.active || chunk_.head;
+    if (loadsIds) input(b_ * s_, {b_, s_}, "input_ids", "batch: input_ids");
+    if (loadsIds || loadsLabels) input(b_ * s_, {b_, s_}, "attention_mask", "batch: attention_mask");
     if (bert) input(b_ * s_, {b_, s_}, "token_type_ids", "batch: token_type_ids");
     const Shape labelShape = classification ? Shape{b_} : Shape{b_, s_};
-    input(classification ? b_ : b_ * s_, labelShape, "labels", "batch: labels");
-    ids_ = t.External(batch_[0], {b_, s_}, i64, "input_ids");
-    labels_ = t.External(batch_.back(), labelShape, i64, "labels");
+    if (loadsLabels) input(classification ? b_ : b_ * s_, labelShape, "labels", "batch: labels");
+    ids_ = loadsIds ? t.External(batch_[0], {b_, s_}, i64, "input_ids") : kNoValue;
+    labels_ = loadsLabels ? t.External(batch_.back(), labelShape, i64, "labels") : kNoValue;
     tokenTypes_ = bert ? t.External(batch_[2], {b_, s_}, i64, "token_type_ids") : kNoValue;
     m.labels = labels_;
 
     const families::RunBlock block = [this](ValueId x, const Context& c, int i) { return Block(x, c, i); };
     ValueId logits = kNoValue;
-    switch (a_.family) {
+    if (chunk_.active) {
+      logits = ChunkForward(m, block);
+      if (!chunk_.head) {  // no loss here: backward starts from the received output gradient
+        loss_ = sent_;
+        t.EndAutocast();
+        return;
+      }
+    } else switch (a_.family) {
       case Family::GPT2: logits = families::Gpt2Forward(m, ids_, block); break;
       case Family::Llama: logits = families::LlamaForward(m, ids_, block); break;
       case Family::BERT: logits = families::BertForward(m, ids_, tokenTypes_, block); break;
@@ -87,6 +98,70 @@ class TransformerPass final : public ModelPass {
     loss_ = m.loss != kNoValue ? m.loss : blocks::CrossEntropy(m, logits, labels_, !bert);
     t.Drop(logits);  // compute_loss returns the loss only: the model output goes
     t.EndAutocast();
+  }
+
+  // Pipeline parallelism: one chunk of the stage (parallel/pipeline.hpp). The first chunk of the
+  // first stage embeds input_ids; the others start from the tensor received from the previous
+  // stage (p2p_communication.py: torch.empty(tensor_shape, dtype=pipeline_dtype, requires_grad=True),
+  // pipeline_dtype = params_dtype). The last chunk of the last stage ends with the final norm and
+  // the head (the driver adds the loss); the others send their output, which Megatron frees after
+  // the send (deallocate_pipeline_outputs=True, megatron/training/arguments.py), and start
+  // backward from the received output gradient (backward_step: torch.autograd.backward(
+  // output_tensor, grad_tensors=output_tensor_grad)). That gradient is modelled as the gradient a
+  // one-element "send" node computes for the output: the tensor recv_backward allocates.
+  ValueId ChunkForward(Model& m, const families::RunBlock& block) {
+    Tape& t = m.t;
+    Context c;
+    ValueId x = kNoValue;
+    const bool gpt2 = a_.family == Family::GPT2;
+    if (chunk_.embeddings) {
+      m.Scope(-1, "embeddings");
+      if (gpt2) {  // as families::Gpt2Forward
+        const ValueId tokens = ops::Embedding(t, ids_, m.parameters.ByName(t, "transformer.wte.weight"), a_.hiddenSize,
+                                              "wte(input_ids)");
+        const ValueId positions = t.Fresh({1, s_}, DType::Int64, "position_ids");
+        const ValueId pos = ops::Embedding(t, positions, m.parameters.ByName(t, "transformer.wpe.weight"), a_.hiddenSize,
+                                           "wpe(position_ids)");
+        t.Drop(positions);
+        const ValueId sum = ops::Add(t, tokens, pos, "inputs_embeds + position_embeds");
+        t.Drop(tokens);
+        t.Drop(pos);
+        x = ops::Dropout(t, sum, a_.hiddenDropout, "embedding dropout");
+        t.Drop(sum);
+      } else {  // as families::LlamaForward
+        x = ops::Embedding(t, ids_, m.parameters.ByName(t, "model.embed_tokens.weight"), a_.hiddenSize,
+                           "embed_tokens(input_ids)");
+      }
+    } else {
+      m.Scope(-1, "pipeline recv");
+      x = t.Fresh({b_, s_, a_.hiddenSize}, regime_.weights, "input_tensor (received from the previous stage)");
+      t.RequireGrad(x);
+    }
+    if (!gpt2) {
+      m.Scope(-1, "rotary embedding");
+      c.cos = t.Fresh({1, 1, s_, HeadDim(a_)}, t.TypeOf(x), "cos");
+      c.sin = t.Fresh({1, 1, s_, HeadDim(a_)}, t.TypeOf(x), "sin");
+    }
+    x = families::DecoderBlocks(m, x, c, block);
+    if (chunk_.head) {
+      m.Scope(-1, "final norm");
+      const ValueId normed = gpt2 ? blocks::LayerNorm(m, x, families::RootModule(m, "transformer.ln_f"))
+                                  : blocks::RmsNorm(m, x, families::RootModule(m, "model.norm"));
+      t.Drop(x);
+      return families::LmHead(m, normed, gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", c);
+    }
+    t.Drop(c.mask);
+    t.Drop(c.cos);
+    t.Drop(c.sin);
+    m.Scope(-1, "pipeline send");
+    Tape::OpSpec send;
+    send.name = "send output_tensor";
+    send.inputs = {In{x, In::Compute}};
+    send.shape = Shape{1};
+    send.type = t.TypeOf(x);
+    sent_ = t.Apply(send);
+    t.Drop(x);
+    return kNoValue;
   }
 
   void Backward(TraceBuilder&, GradientSink& gradients) override { tape_->Backward(loss_, gradients); }
@@ -110,6 +185,8 @@ class TransformerPass final : public ModelPass {
   // Runs block i, wrapped in a checkpoint when the setup says so.
   ValueId Block(ValueId x, const Context& c, int i) {
     Model& m = *model_;
+    // A pipeline chunk runs only its own blocks; the others pass x through untouched.
+    if (chunk_.active && (i < chunk_.firstLayer || i >= chunk_.firstLayer + chunk_.layers)) return m.t.Keep(x);
     // The hook sits on the embeddings; block 0's input is their output (GPT-2: wte + wpe).
     if (i == 0 && inputRequiresGrad_) m.t.RequireGrad(x);
     auto run = [&m, i, family = a_.family](ValueId in, const Context& ctx) {
@@ -155,6 +232,8 @@ class TransformerPass final : public ModelPass {
     return f.prepareForKbitTraining || (f.lora && EffectiveTraining(setup).checkpointing != Checkpointing::None);
   }
 
+  PipelineChunk chunk_;
+  ValueId sent_ = kNoValue;  // a pipeline chunk's send node (its backward receives the gradient)
   std::optional<ActivationOffload> offload_;  // declared first: the tape points at it
   const ArchitectureDef& a_;
   const TrainingDef t_;
@@ -192,6 +271,16 @@ std::unique_ptr<ModelPass> MakeTransformerPass(const Setup& setup, const Invento
                     "gradients are unscaled in place before the step (only scalars are added).");
   }
   return std::make_unique<TransformerPass>(setup, inventory, names, regime);
+}
+
+}  // namespace gpumem
+
+namespace gpumem {
+
+std::unique_ptr<ModelPass> MakeTransformerChunkPass(const Setup& setup, const Inventory& inventory,
+                                                    const std::vector<Text>& names, const Regime& regime,
+                                                    const PipelineChunk& chunk) {
+  return std::make_unique<TransformerPass>(setup, inventory, names, regime, chunk);
 }
 
 }  // namespace gpumem

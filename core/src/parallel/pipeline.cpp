@@ -1,0 +1,294 @@
+// Pipeline parallelism (issue 12): the schedules as Megatron-LM runs them, the simulated stage's
+// model, its micro-batches in flight, and which stage the estimate shows. docs/parallel.md
+// "Pipeline" states each rule with its source.
+#include "parallel/pipeline.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "gpumem/format.hpp"
+#include "gpumem/names.hpp"
+#include "parallel/parallel_step.hpp"
+
+namespace gpumem {
+
+double PipelineBubbleFraction(std::int64_t p, std::int64_t m, std::int64_t v) {
+  if (p <= 1 || m < 1 || v < 1) return 0.0;
+  const double idle = static_cast<double>(p - 1);
+  return idle / (static_cast<double>(m) * static_cast<double>(v) + idle);
+}
+
+std::vector<PipelineAction> PipelineScheduleOf(PipelineSchedule schedule, std::int64_t p, std::int64_t r,
+                                               std::int64_t m, std::int64_t v) {
+  std::vector<PipelineAction> actions;
+  if (p < 1 || r < 0 || r >= p || m < 1 || v < 1) return actions;
+  if (schedule == PipelineSchedule::GPipe) {
+    for (std::int64_t k = 0; k < m; ++k) actions.push_back({false, k, 0});
+    for (std::int64_t k = 0; k < m; ++k) actions.push_back({true, k, 0});
+    return actions;
+  }
+  if (schedule == PipelineSchedule::OneFOneB) {
+    // forward_backward_pipelining_without_interleaving: num_warmup_microbatches =
+    // min(p − r − 1, m); then 1F1B for the remaining; then the cool-down backwards.
+    const std::int64_t warmup = std::min(p - r - 1, m), remaining = m - warmup;
+    for (std::int64_t k = 0; k < warmup; ++k) actions.push_back({false, k, 0});
+    for (std::int64_t k = 0; k < remaining; ++k) {
+      actions.push_back({false, warmup + k, 0});
+      actions.push_back({true, k, 0});
+    }
+    for (std::int64_t k = remaining; k < m; ++k) actions.push_back({true, k, 0});
+    return actions;
+  }
+  // forward_backward_pipelining_with_interleaving: m·v chunk-steps; warm-up (p − r − 1)·2 +
+  // (v − 1)·p, all of them when m = p, capped at m·v. get_model_chunk_id: k mod (p·v) / p
+  // (backward: v − 1 − that); the micro-batch is the group's (k / (p·v))·p + k mod p.
+  const std::int64_t total = m * v, group = p * v;
+  const std::int64_t warmup = m == p ? total : std::min((p - r - 1) * 2 + (v - 1) * p, total);
+  auto at = [&](std::int64_t k, bool backward) {
+    const std::int64_t inGroup = k % group;
+    const std::int64_t chunk = inGroup / p;
+    return PipelineAction{backward, (k / group) * p + inGroup % p, backward ? v - 1 - chunk : chunk};
+  };
+  for (std::int64_t k = 0; k < warmup; ++k) actions.push_back(at(k, false));
+  for (std::int64_t k = 0; k < total - warmup; ++k) {
+    actions.push_back(at(warmup + k, false));
+    actions.push_back(at(k, true));
+  }
+  for (std::int64_t k = total - warmup; k < total; ++k) actions.push_back(at(k, true));
+  return actions;
+}
+
+std::int64_t PipelinePeakInFlight(PipelineSchedule schedule, std::int64_t p, std::int64_t r, std::int64_t m,
+                                  std::int64_t v) {
+  std::int64_t live = 0, peak = 0;
+  for (const PipelineAction& a : PipelineScheduleOf(schedule, p, r, m, v)) {
+    live += a.backward ? -1 : 1;
+    peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+double MegatronInFlightMicroBatches(std::int64_t p, std::int64_t m, std::int64_t v, bool interleaved) {
+  const double pd = static_cast<double>(p);
+  if (interleaved) return pd * (1.0 + (pd - 1.0) / (pd * static_cast<double>(v)));
+  return pd * std::min(1.0, static_cast<double>(m) / pd);
+}
+
+double MegatronTheoreticalActivationBytes(const ArchitectureDef& a, std::int64_t sequenceLength,
+                                          std::int64_t microBatch, std::int64_t tensorParallel,
+                                          std::int64_t pipelineParallel, std::int64_t virtualStages,
+                                          std::int64_t microBatches) {
+  const double s = static_cast<double>(sequenceLength), b = static_cast<double>(microBatch);
+  const double h = static_cast<double>(a.hiddenSize), p = static_cast<double>(pipelineParallel);
+  const double ffn = static_cast<double>(IntermediateSize(a));
+  double bytes = s * b * h * (18.0 + 4.0 * ffn / h) * static_cast<double>(a.numLayers);
+  bytes += 8.0 * s * b * p;  // input to embedding, p micro-batches in flight
+  bytes += s * b * h * p;    // embedding dropout mask
+  if (virtualStages > 1) {
+    bytes *= 1.0 + (p - 1.0) / (p * static_cast<double>(virtualStages));
+  } else if (pipelineParallel > 1) {
+    bytes *= std::min(1.0, static_cast<double>(microBatches) / p);
+  }
+  if (pipelineParallel == 1) {
+    // padded_vocab_size: a multiple of 128 × t (tokenizer.py _vocab_size_with_padding).
+    const std::int64_t unit = 128 * tensorParallel;
+    const double vocab = static_cast<double>((a.vocabSize + unit - 1) / unit * unit);
+    bytes += s * b * h * 4.0 * (1.0 + vocab / h);
+  }
+  return bytes / static_cast<double>(tensorParallel);
+}
+
+Setup PipelineStageSetup(const Setup& setup) {
+  const std::int64_t p = setup.parallel.pipelineParallel;
+  if (p <= 1 || setup.model.kind != ModelKind::Transformer) return setup;
+  Setup stage = setup;
+  // Megatron get_num_layers_to_build: num_layers / pipeline_model_parallel_size on every stage
+  // (validation requires it to divide, and by p·v when interleaved).
+  stage.model.architecture.numLayers = setup.model.architecture.numLayers / p;
+  stage.parallel.pipelineStage = std::max<std::int64_t>(0, setup.parallel.pipelineStage);
+  return stage;
+}
+
+namespace {
+bool IsEmbedding(const std::string& name) {
+  return name.find("embed_tokens") != std::string::npos || name.find(".wte.") != std::string::npos ||
+         name.find(".wpe.") != std::string::npos;
+}
+bool IsWordEmbedding(const std::string& name) {
+  return name.find("embed_tokens") != std::string::npos || name.find(".wte.") != std::string::npos;
+}
+}  // namespace
+
+Inventory PipelineStageInventory(const Inventory& stageModel, const Setup& stageSetup) {
+  const ParallelDef& par = stageSetup.parallel;
+  if (par.pipelineParallel <= 1 || stageSetup.model.kind != ModelKind::Transformer) return stageModel;
+  const bool first = par.pipelineStage == 0, last = par.pipelineStage == par.pipelineParallel - 1;
+  const bool tiedHead = stageModel.IndexOf("lm_head.weight") < 0;
+  Inventory stage;
+  for (const Tensor& t : stageModel.parameters) {
+    bool keep = t.layer >= 0;                          // the stage's blocks
+    if (t.layer < 0 && IsEmbedding(t.name)) keep = first || (last && tiedHead && IsWordEmbedding(t.name));
+    else if (t.layer < 0) keep = last;                 // final norm, lm_head
+    if (keep) stage.parameters.push_back(t);
+  }
+  return stage;
+}
+
+PipelineChunk PipelineChunkOf(const Setup& stageSetup, std::int64_t chunk) {
+  const ParallelDef& par = stageSetup.parallel;
+  const std::int64_t v = par.pipelineSchedule == PipelineSchedule::Interleaved ? par.virtualStages : 1;
+  const std::int64_t perChunk = stageSetup.model.architecture.numLayers / v;
+  PipelineChunk c;
+  c.active = true;
+  c.embeddings = par.pipelineStage == 0 && chunk == 0;
+  c.head = par.pipelineStage == par.pipelineParallel - 1 && chunk == v - 1;
+  c.firstLayer = static_cast<int>(chunk * perChunk);
+  c.layers = static_cast<int>(perChunk);
+  return c;
+}
+
+PipelineRun::PipelineRun(const Setup& stageSetup, const Inventory& inventory, const std::vector<Text>& names,
+                         const Regime& regime)
+    : setup_(stageSetup), inventory_(inventory), names_(names), regime_(regime) {
+  const ParallelDef& par = stageSetup.parallel;
+  const std::int64_t v = par.pipelineSchedule == PipelineSchedule::Interleaved ? par.virtualStages : 1;
+  actions_ = PipelineScheduleOf(par.pipelineSchedule, par.pipelineParallel, par.pipelineStage,
+                                par.gradientAccumulationSteps, v);
+}
+
+void PipelineRun::Run(TraceBuilder& b, int step, GradientSink& gradients, ParallelStep* parallel) {
+  for (std::size_t i = 0; i < actions_.size(); ++i) {
+    const PipelineAction& a = actions_[i];
+    if (!a.backward) {
+      // A free pass of this chunk, or a new one: one per chunk-forward in flight.
+      auto free = std::find_if(slots_.begin(), slots_.end(),
+                               [&](const Slot& s) { return s.microBatch < 0 && s.chunk == a.chunk; });
+      if (free == slots_.end()) {
+        slots_.push_back({MakeTransformerChunkPass(setup_, inventory_, names_, regime_, PipelineChunkOf(setup_, a.chunk)),
+                          a.chunk, -1});
+        free = slots_.end() - 1;
+      }
+      free->microBatch = a.microBatch;
+      b.SetPhase(Phase::Forward, step);
+      free->pass->Forward(b);
+      continue;
+    }
+    auto busy = std::find_if(slots_.begin(), slots_.end(),
+                             [&](const Slot& s) { return s.microBatch == a.microBatch && s.chunk == a.chunk; });
+    if (busy == slots_.end()) continue;  // a schedule always runs a forward before its backward
+    b.SetPhase(Phase::Backward, step);
+    if (parallel) parallel->StartBackward(b);
+    busy->pass->Backward(b, gradients);
+    if (parallel && i + 1 < actions_.size()) parallel->EndBackward(b);
+    // The micro-batch's batch, loss and graph go with its backward (Megatron's forward_step
+    // locals and the output/input tensor lists' entries, popped by backward_step).
+    busy->pass->EndStep(b);
+    busy->microBatch = -1;
+  }
+}
+
+std::optional<EstimateResult> EstimateHigherPipelineStage(const Setup& setup, const EstimateOptions& options) {
+  const ParallelDef& par = setup.parallel;
+  if (par.pipelineParallel <= 1 || par.pipelineStage >= 0) return std::nullopt;
+  Setup first = setup, last = setup;
+  first.parallel.pipelineStage = 0;
+  last.parallel.pipelineStage = par.pipelineParallel - 1;
+  EstimateResult a = EstimateMemory(first, options);
+  if (!a.ok()) return a;
+  EstimateResult z = EstimateMemory(last, options);
+  if (!z.ok()) return z;
+  const std::int64_t firstPeak = a.estimate.peak.totalBytes, lastPeak = z.estimate.peak.totalBytes;
+  const bool firstWins = firstPeak >= lastPeak;
+  EstimateResult& chosen = firstWins ? a : z;
+  const std::string why =
+      firstWins ? "pipeline stage 0 (the first): it holds the embeddings and the most micro-batches in flight, and its "
+                  "peak (" + FormatCount(firstPeak) + " B) is at least the last stage's (" + FormatCount(lastPeak) +
+                  " B, with the final norm, head, logits and loss)"
+                : "pipeline stage " + std::to_string(par.pipelineParallel - 1) +
+                      " (the last): its final norm, head, logits and loss peak higher (" + FormatCount(lastPeak) +
+                      " B) than the first stage with the embeddings and the most micro-batches in flight (" +
+                      FormatCount(firstPeak) + " B)";
+  chosen.estimate.rank.why = why + "; " + SimulatedRankOf(setup).why;
+  return std::move(chosen);
+}
+
+void ValidatePipeline(const Setup& setup, std::vector<FieldError>& errors) {
+  const ParallelDef& p = setup.parallel;
+  auto bad = [&](const char* field, std::string message) {
+    errors.push_back({ErrorCode::InvalidField, std::string("parallel.") + field, std::move(message)});
+  };
+  if (p.pipelineStage < -1 || (p.pipelineParallel >= 1 && p.pipelineStage >= p.pipelineParallel)) {
+    bad("pipelineStage", "The simulated pipeline stage is −1 (the first or the last, whichever peaks higher) or a "
+                         "stage from 0 to pipelineParallel − 1, got " + std::to_string(p.pipelineStage) + ".");
+  }
+  if (p.pipelineParallel <= 1) return;
+  if (setup.model.kind != ModelKind::Transformer) {
+    bad("pipelineParallel", "Pipeline parallelism splits transformer blocks over stages: quick mode and layer lists "
+                            "have no blocks to split. Choose a transformer architecture or pipeline parallel 1.");
+    return;
+  }
+  const ArchitectureDef& a = setup.model.architecture;
+  if (a.family == Family::BERT) {
+    bad("pipelineParallel", "Pipeline parallelism is simulated for the decoders (GPT-2 and the Llama family) so far.");
+  }
+  const bool interleaved = p.pipelineSchedule == PipelineSchedule::Interleaved;
+  const std::int64_t v = interleaved ? p.virtualStages : 1;
+  if (v >= 1 && p.pipelineParallel <= 4096 && a.numLayers % (p.pipelineParallel * v) != 0) {
+    // megatron/training/arguments.py: num_layers must be divisible by the pipeline size
+    // (and num_layers_per_virtual_pipeline_stage must divide a stage's layers).
+    bad("pipelineParallel", "Megatron splits the " + std::to_string(a.numLayers) + " layers evenly: " +
+                                (interleaved ? "pipeline parallel × virtual stages (" + std::to_string(p.pipelineParallel * v) + ")"
+                                             : "the pipeline parallel size (" + std::to_string(p.pipelineParallel) + ")") +
+                                " must divide them.");
+  }
+  if (interleaved && p.gradientAccumulationSteps % p.pipelineParallel != 0) {
+    // schedules.py forward_backward_pipelining_with_interleaving: "number of microbatches is not
+    // divisible by pipeline-model-parallel-size when using interleaved schedule".
+    bad("gradientAccumulationSteps", "The interleaved schedule needs the micro-batches (" +
+                                         std::to_string(p.gradientAccumulationSteps) +
+                                         ") to be a multiple of the pipeline parallel size (" +
+                                         std::to_string(p.pipelineParallel) + ").");
+  }
+  if (p.zeroStage >= 2) {
+    // deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: "ZeRO-2 and ZeRO-3 are
+    // incompatible with pipeline parallelism".
+    bad("zeroStage", "DeepSpeed refuses ZeRO-2 and ZeRO-3 with pipeline parallelism: use ZeRO-1 (or Megatron's "
+                     "distributed optimizer) or pipeline parallel 1.");
+  }
+  if (p.fsdp != FsdpMode::Off) {
+    bad("fsdp", "FSDP with pipeline parallelism is not simulated yet: use DDP or ZeRO-1 on each stage.");
+  }
+  if (setup.training.activationOffloading) {
+    bad("pipelineParallel", "Activation offloading with pipeline parallelism is not simulated yet.");
+  }
+}
+
+std::vector<std::string> PipelineNotes(const Setup& setup) {
+  const ParallelDef& p = setup.parallel;
+  std::vector<std::string> notes;
+  if (p.pipelineParallel <= 1) return notes;
+  const bool interleaved = p.pipelineSchedule == PipelineSchedule::Interleaved;
+  const std::int64_t v = interleaved ? p.virtualStages : 1, stage = std::max<std::int64_t>(0, p.pipelineStage);
+  const std::int64_t inFlight = PipelinePeakInFlight(p.pipelineSchedule, p.pipelineParallel, stage,
+                                                     p.gradientAccumulationSteps, v);
+  std::string n = "Pipeline: stage " + std::to_string(stage) + " of " + std::to_string(p.pipelineParallel) + " runs " +
+                  std::to_string(setup.model.architecture.numLayers / p.pipelineParallel) + " of " +
+                  std::to_string(setup.model.architecture.numLayers) + " layers" +
+                  (stage == 0 ? " and the embeddings" : "") +
+                  (stage == p.pipelineParallel - 1 ? " and the final norm, head and loss" : "") + "; under " +
+                  std::string(LabelOf(p.pipelineSchedule)) + " with " + std::to_string(p.gradientAccumulationSteps) +
+                  " micro-batches it holds at most " + std::to_string(inFlight) +
+                  (interleaved ? " chunk-forwards" : " micro-batches") +
+                  "' activations at once; the p2p exchange receives b·s·h tensors in the parameters' dtype (inputs "
+                  "on every stage but the first, output gradients on every stage but the last). The bubble is " +
+                  FormatScientific(PipelineBubbleFraction(p.pipelineParallel, p.gradientAccumulationSteps, v)) +
+                  " of the step, (p − 1)/(m·v + p − 1).";
+  notes.push_back(std::move(n));
+  if (setup.model.architecture.tieWordEmbeddings) {
+    notes.push_back("Tied embeddings: Megatron keeps a copy of the word embeddings on the last stage for the head and "
+                    "all-reduces its gradient with the first stage's; both stages count it.");
+  }
+  return notes;
+}
+
+}  // namespace gpumem
