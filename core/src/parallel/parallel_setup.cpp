@@ -171,7 +171,21 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
   if (p.pipelineParallel != 1) bad("pipelineParallel", "Pipeline parallelism is not simulated yet (docs/parallel.md).");
   if (p.contextParallel != 1) bad("contextParallel", "Context parallelism is not simulated yet (docs/parallel.md).");
   if (p.expertParallel != 1) bad("expertParallel", "Expert parallelism is not simulated yet (docs/parallel.md).");
-  if (p.sequenceParallel) bad("sequenceParallel", "Sequence parallelism is not simulated yet (docs/parallel.md).");
+  if (p.sequenceParallel && p.tensorParallel > 1 && sizesOk) {
+    // Megatron splits the sequence evenly (mappings.py _split_along_first_dim asserts it) and
+    // the simulation writes the split in the Llama family's dense blocks.
+    if (setup.training.sequenceLength % p.tensorParallel != 0) {
+      bad("sequenceParallel", "Sequence parallelism splits the sequence length (" +
+                                  std::to_string(setup.training.sequenceLength) +
+                                  ") evenly over the tensor-parallel ranks: the tensor parallel size must divide it.");
+    }
+    if (setup.model.kind == ModelKind::Transformer && setup.model.architecture.numExperts > 0) {
+      bad("sequenceParallel", "Sequence parallelism with a mixture of experts is not simulated yet (docs/parallel.md).");
+    }
+    if (setup.training.lossImplementation == LossImplementation::Chunked) {
+      bad("sequenceParallel", "Sequence parallelism with the chunked output loss is not simulated yet: choose the plain loss.");
+    }
+  }
   // Gradient accumulation's work budget is checked with the rest of the budget (setup.cpp).
   if (p.tensorParallel > 1 && sizesOk) {
     if (setup.model.kind != ModelKind::Transformer) {

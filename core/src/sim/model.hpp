@@ -67,6 +67,10 @@ struct Model {
   ValueId labels = kNoValue;
   ValueId loss = kNoValue;
 
+  // Megatron --sequence-parallel: the tensor-parallel size t when on, else 1. What sits outside
+  // the column/row linears holds s/t tokens (core/src/parallel/sequence_split.cpp).
+  std::int64_t sequenceShards = 1;
+
   // A child module: "model.layers.3." + "self_attn.q_proj".
   Module Child(const Module& parent, std::string_view name);
   // The root of block i: prefix + i + "." ("model.layers.3.").

@@ -25,7 +25,8 @@ class TransformerPass final : public ModelPass {
         s_(setup.training.sequenceLength),
         parameters_(inventory, names, regime.weights, setup.finetune.computeDType),
         parameterCount_(inventory.parameters.size()),
-        inputRequiresGrad_(InputRequiresGrad(setup)), finetune_(setup.finetune) {}
+        inputRequiresGrad_(InputRequiresGrad(setup)), finetune_(setup.finetune),
+        sequenceShards_(setup.parallel.sequenceParallel ? setup.parallel.tensorParallel : 1) {}
 
   void Forward(TraceBuilder& b) override {
     tape_.emplace(b, regime_.compute, regime_.autocast, parameterCount_);
@@ -44,6 +45,7 @@ class TransformerPass final : public ModelPass {
     }
     parameters_.Reset();
     model_.emplace(Model{*tape_, a_, t_, parameters_, b_, s_, &finetune_});
+    model_->sequenceShards = sequenceShards_;
     Tape& t = *tape_;
     Model& m = *model_;
     m.Scope(-1, "batch");
@@ -158,6 +160,7 @@ class TransformerPass final : public ModelPass {
   std::vector<TensorHandle> batch_;
   ValueId ids_ = kNoValue, labels_ = kNoValue, tokenTypes_ = kNoValue, loss_ = kNoValue;
   LayerHook* layerHook_ = nullptr;
+  std::int64_t sequenceShards_ = 1;  // Megatron --sequence-parallel (core/src/parallel/sequence_split.hpp)
 };
 
 }  // namespace

@@ -1,0 +1,118 @@
+// Many GPUs: Megatron's sequence parallelism, context parallelism (Transformer Engine's ring
+// attention) and expert parallelism on the simulated rank (docs/parallel.md), each pinned
+// against hand formulas of what the rank saves and holds.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "gpumem/parallel.hpp"
+#include "gpumem/presets.hpp"
+#include "test_support.hpp"
+
+using namespace gpumem;
+using namespace gpumem::test;
+
+namespace {
+
+// Llama 2 7B's block (h 4096, 32 heads, SwiGLU 11008), bf16 with fp32 masters, SDPA, 1 × 512.
+Setup LlamaBlocks(std::int64_t layers) {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("llama-2-7b")->architecture;
+  s.model.architecture.numLayers = layers;
+  s.training.precision = Precision::BF16Mixed;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.batchSize = 1;
+  s.training.sequenceLength = 512;
+  return s;
+}
+
+Estimate Labelled(const Setup& s) {
+  EstimateOptions o;
+  o.timeline = EstimateOptions::Timeline::Labelled;
+  EstimateResult r = EstimateMemory(s, o);
+  REQUIRE(r.ok());
+  return r.estimate;
+}
+
+std::int64_t SavedAtForwardEnd(const Setup& s) { return BytesIn(MustEstimate(s).forwardEnd, Category::Activations); }
+
+// What one block saves for backward: the forward-end activations of two blocks less one's.
+std::int64_t SavedPerBlock(Setup s) {
+  s.model.architecture.numLayers = 2;
+  const std::int64_t two = SavedAtForwardEnd(s);
+  s.model.architecture.numLayers = 1;
+  return two - SavedAtForwardEnd(s);
+}
+
+std::int64_t EventBytes(const Estimate& e, Phase phase, const std::string& label) {
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.phase == phase && p.deltaBytes > 0 && p.label.find(label) != std::string::npos) return p.deltaBytes;
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("Sequence parallel: what a block saves is divided by the tensor parallel size", "[parallel][sequence]") {
+  const std::int64_t b = 1, s = 512, h = 4096;
+  const std::int64_t whole = SavedPerBlock(LlamaBlocks(2));
+  for (std::int64_t t : {2, 4, 8}) {
+    Setup tp = LlamaBlocks(2);
+    tp.parallel.tensorParallel = t;
+    Setup sp = tp;
+    sp.parallel.sequenceParallel = true;
+    const std::int64_t tensorOnly = SavedPerBlock(tp);
+    const std::int64_t sequence = SavedPerBlock(sp);
+    // Korthikanti et al. 2022 (Table 2): tensor parallelism leaves the norms, dropout and
+    // residual parts whole; sequence parallelism splits them too, so everything is 1/t
+    // (their sbh(10 + 24/t) → 34·sbh/t). Here: the block's whole saved bytes over t.
+    CHECK(sequence * t == whole);
+    // What tensor parallelism alone keeps whole: per RMSNorm (two per block) the fp32 copy of x
+    // (4·bsh), its rsqrt (4·bs), the bf16 cast (2·bsh) and the norm's output that the linears
+    // save (2·bsh): 2 · (8·bsh + 4·bs) · (1 − 1/t) more than with sequence parallelism.
+    CHECK((tensorOnly - sequence) * t == 2 * (8 * b * s * h + 4 * b * s) * (t - 1));
+  }
+}
+
+TEST_CASE("Sequence parallel: the all-gather buffer and backward's full grad_input", "[parallel][sequence]") {
+  const std::int64_t b = 4, s = 4096, h = 4096;
+  Setup sp = LlamaBlocks(2);
+  sp.training.batchSize = b;
+  sp.training.sequenceLength = s;
+  sp.parallel.tensorParallel = 4;
+  sp.parallel.sequenceParallel = true;
+  const Estimate e = Labelled(sp);
+  // Megatron's GlobalMemoryBuffer "mpu": b·s·h in bf16, made once and kept.
+  CHECK(EventBytes(e, Phase::Init, "all-gather buffer") == b * s * h * 2);
+  // LinearWithGradAccumulationAndAsyncCommunication.backward: grad_input [b, s, h] before its
+  // reduce-scatter (bf16).
+  CHECK(EventBytes(e, Phase::Backward, "before reduce-scatter") == b * s * h * 2);
+  // Model states do not change with sequence parallelism.
+  Setup tp = sp;
+  tp.parallel.sequenceParallel = false;
+  const Estimate plain = Labelled(tp);
+  CHECK(e.modelStates.parametersBytes == plain.modelStates.parametersBytes);
+  CHECK(e.modelStates.optimizerStatesBytes == plain.modelStates.optimizerStatesBytes);
+  CHECK(e.peak.totalBytes < plain.peak.totalBytes);
+}
+
+TEST_CASE("Sequence parallel: refused where it is not simulated or does not split", "[parallel][sequence]") {
+  Setup odd = LlamaBlocks(2);
+  odd.parallel.tensorParallel = 4;
+  odd.parallel.sequenceParallel = true;
+  odd.training.sequenceLength = 510;
+  CHECK(HasErrorOn(Validate(odd), "parallel.sequenceParallel"));
+  Setup alone = LlamaBlocks(2);
+  alone.parallel.sequenceParallel = true;
+  CHECK(HasErrorOn(Validate(alone), "parallel.sequenceParallel"));
+  Setup chunked = LlamaBlocks(2);
+  chunked.parallel.tensorParallel = 2;
+  chunked.parallel.sequenceParallel = true;
+  chunked.training.lossImplementation = LossImplementation::Chunked;
+  CHECK(HasErrorOn(Validate(chunked), "parallel.sequenceParallel"));
+  Setup fine = LlamaBlocks(2);
+  fine.parallel.tensorParallel = 2;
+  fine.parallel.sequenceParallel = true;
+  CHECK(Validate(fine).empty());
+}
