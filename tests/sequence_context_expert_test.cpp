@@ -116,3 +116,83 @@ TEST_CASE("Sequence parallel: refused where it is not simulated or does not spli
   fine.parallel.sequenceParallel = true;
   CHECK(Validate(fine).empty());
 }
+
+TEST_CASE("Context parallel: a block saves what one GPU saves on s/c tokens", "[parallel][context]") {
+  for (std::int64_t c : {2, 4}) {
+    Setup cp = LlamaBlocks(2);
+    cp.training.sequenceLength = 4096;
+    cp.parallel.contextParallel = c;
+    Setup local = LlamaBlocks(2);
+    local.training.sequenceLength = 4096 / c;
+    // Transformer Engine saves q, the last received k/v chunk (k and v sized), out and an fp32
+    // log-sum-exp: the bytes the SDPA kernel saves on the rank's own s/c tokens; the norms, MLP
+    // and projections run on s/c tokens.
+    CHECK(SavedPerBlock(cp) == SavedPerBlock(local));
+  }
+}
+
+TEST_CASE("Context parallel: the ring's k/v buffers and per-step outputs", "[parallel][context]") {
+  const std::int64_t b = 2, s = 8192, c = 4, heads = 32, d = 128, local = s / c;
+  Setup cp = LlamaBlocks(2);
+  cp.training.batchSize = b;
+  cp.training.sequenceLength = s;
+  cp.parallel.contextParallel = c;
+  const Estimate e = Labelled(cp);
+  const std::int64_t q = b * heads * local * d * 2;   // bf16
+  const std::int64_t kv = 2 * b * heads * local * d * 2;  // k and v of one chunk (no GQA in 7B)
+  // AttnFuncWithCPAndKVP2P.forward: c k/v buffers (the last one saved), c per-step outputs, c
+  // fp32 log-sum-exps, the fp32 corrected output.
+  CHECK(EventBytes(e, Phase::Forward, "p2p_comm_buffers[:-1]") == (c - 1) * kv);
+  CHECK(EventBytes(e, Phase::Forward, "out_per_step") == c * q);
+  CHECK(EventBytes(e, Phase::Forward, "softmax_lse_per_step") == c * b * heads * local * 4);
+  CHECK(EventBytes(e, Phase::Forward, "out (fp32, corrected)") == 2 * q);
+  CHECK(EventBytes(e, Phase::Forward, "kv = p2p_comm_buffers[-1]") == kv);
+  // backward: dq_buffer and a step's dq_; two (2, kv) p2p buffers and a step's dk_, dv_.
+  CHECK(EventBytes(e, Phase::Backward, "dq_buffer") == 2 * q);
+  CHECK(EventBytes(e, Phase::Backward, "p2p_comm_buffers 2") == 5 * kv);
+  CHECK(e.rank.why.find("context-parallel rank 3") != std::string::npos);
+}
+
+TEST_CASE("Context parallel: gradients and sharded states span dp × cp", "[parallel][context]") {
+  Setup cp = LlamaBlocks(2);
+  cp.parallel.dataParallel = 2;
+  cp.parallel.contextParallel = 4;
+  cp.parallel.zeroStage = 1;
+  Setup dp = LlamaBlocks(2);
+  dp.parallel.dataParallel = 8;
+  dp.parallel.zeroStage = 1;
+  const Estimate withContext = MustEstimate(cp);
+  const Estimate dataOnly = MustEstimate(dp);
+  CHECK(withContext.rank.shardWorld == 8);
+  CHECK(withContext.rank.worldSize == 8);
+  CHECK(withContext.modelStates.optimizerStatesBytes == dataOnly.modelStates.optimizerStatesBytes);
+  CHECK(withContext.modelStates.masterWeightsBytes == dataOnly.modelStates.masterWeightsBytes);
+  // dp = 1: the context-parallel ranks still all-reduce gradients (DDP's buckets).
+  Setup alone = LlamaBlocks(2);
+  alone.parallel.contextParallel = 2;
+  CHECK(MustEstimate(alone).rank.engine == ShardingEngine::DDP);
+}
+
+TEST_CASE("Context parallel: refused where the ring does not split or is not simulated", "[parallel][context]") {
+  Setup odd = LlamaBlocks(2);
+  odd.parallel.contextParallel = 3;  // 512 is not a multiple of 6
+  CHECK(HasErrorOn(Validate(odd), "parallel.contextParallel"));
+  Setup eager = LlamaBlocks(2);
+  eager.parallel.contextParallel = 2;
+  eager.training.attention = AttentionImplementation::Eager;
+  CHECK(HasErrorOn(Validate(eager), "parallel.contextParallel"));
+  Setup gpt2 = DefaultSetup();
+  gpt2.parallel.contextParallel = 2;
+  CHECK(HasErrorOn(Validate(gpt2), "parallel.contextParallel"));
+  Setup both = LlamaBlocks(2);
+  both.training.sequenceLength = 1024;
+  both.parallel.contextParallel = 4;  // 256 tokens per rank
+  both.parallel.tensorParallel = 32;  // heads split in 32, but 256 / 32 = 8 tokens: fine
+  both.parallel.sequenceParallel = true;
+  CHECK(Validate(both).empty());
+  both.training.sequenceLength = 8 * 24;  // 48 per rank, not a multiple of 32
+  CHECK(HasErrorOn(Validate(both), "parallel.sequenceParallel"));
+  Setup fine = LlamaBlocks(2);
+  fine.parallel.contextParallel = 2;
+  CHECK(Validate(fine).empty());
+}

@@ -169,7 +169,26 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
   }
   // What the simulation covers so far (docs/parallel.md, "Not yet simulated"): refused, not guessed.
   if (p.pipelineParallel != 1) bad("pipelineParallel", "Pipeline parallelism is not simulated yet (docs/parallel.md).");
-  if (p.contextParallel != 1) bad("contextParallel", "Context parallelism is not simulated yet (docs/parallel.md).");
+  if (p.contextParallel > 1 && sizesOk) {
+    // Transformer Engine splits each sequence into 2c chunks, two per rank (load balancing of
+    // the causal mask; AttnFuncWithCPAndKVP2P asserts "Sequence length per GPU needs to be
+    // divisible by 2"), and runs attention on its flash / fused kernels.
+    const std::int64_t c = p.contextParallel;
+    if (setup.training.sequenceLength % (2 * c) != 0) {
+      bad("contextParallel", "Context parallelism splits each sequence into 2 × " + std::to_string(c) +
+                                 " chunks: 2 × the context parallel size must divide the sequence length (" +
+                                 std::to_string(setup.training.sequenceLength) + ").");
+    } else if (p.sequenceParallel && p.tensorParallel > 1 && (setup.training.sequenceLength / c) % p.tensorParallel != 0) {
+      bad("sequenceParallel", "With context parallelism each rank holds s / c tokens, and sequence parallelism splits "
+                              "them again: the tensor parallel size must divide s / c.");
+    }
+    if (setup.model.kind != ModelKind::Transformer || setup.model.architecture.family != Family::Llama) {
+      bad("contextParallel", "Context parallelism is simulated for the Llama family's attention so far.");
+    } else if (setup.training.attention != AttentionImplementation::SDPA) {
+      bad("contextParallel", "Context parallelism runs Transformer Engine's ring attention on fused kernels: choose "
+                             "the fused attention (SDPA), not eager.");
+    }
+  }
   if (p.expertParallel != 1) bad("expertParallel", "Expert parallelism is not simulated yet (docs/parallel.md).");
   if (p.sequenceParallel && p.tensorParallel > 1 && sizesOk) {
     // Megatron splits the sequence evenly (mappings.py _split_along_first_dim asserts it) and

@@ -18,17 +18,22 @@ ShardingEngine EngineOf(const ParallelDef& p) {
   if (p.zeroStage > 0) return ShardingEngine::Zero;
   if (p.fsdp == FsdpMode::FullyShard) return ShardingEngine::Fsdp2;
   if (p.fsdp != FsdpMode::Off) return ShardingEngine::Fsdp;
-  return p.dataParallel > 1 ? ShardingEngine::DDP : ShardingEngine::None;
+  return p.dataParallel * p.contextParallel > 1 ? ShardingEngine::DDP : ShardingEngine::None;
 }
 
 std::int64_t ShardWorldOf(const ParallelDef& p) {
   switch (EngineOf(p)) {
     case ShardingEngine::None:
     case ShardingEngine::DDP: return 1;
+    // Context-parallel ranks see other tokens of the same samples: their gradients are reduced,
+    // and Megatron's distributed optimizer shards, over dp × cp
+    // (parallel_state.get_data_parallel_group(with_context_parallel=True)); torchtitan's FSDP
+    // shards over its dp_shard_cp mesh likewise.
     case ShardingEngine::Zero:
-    case ShardingEngine::Fsdp2: return p.dataParallel;
+    case ShardingEngine::Fsdp2: return p.dataParallel * p.contextParallel;
     case ShardingEngine::Fsdp:
-      return p.fsdp == FsdpMode::HybridShard ? std::min(p.fsdpShardGroupSize, p.dataParallel) : p.dataParallel;
+      return p.fsdp == FsdpMode::HybridShard ? std::min(p.fsdpShardGroupSize, p.dataParallel * p.contextParallel)
+                                             : p.dataParallel * p.contextParallel;
   }
   return 1;
 }
@@ -104,6 +109,13 @@ SimulatedRank SimulatedRankOf(const Setup& setup) {
   // divide evenly), so the first rank is as loaded as any.
   r.why = "data-parallel rank 0, tensor-parallel rank 0: every data-parallel rank holds a partition of the same "
           "(padded) size and every tensor-parallel rank a slice of the same size, so rank 0 is as loaded as any";
+  if (p.contextParallel > 1) {
+    // Transformer Engine's causal ring attention (AttnFuncWithCPAndKVP2P): context-parallel rank
+    // i computes its whole q against every k/v chunk only for steps ≤ i, so the last rank keeps
+    // a full-size out_per_step at every step and in backward a full-size dq_ per step.
+    r.why += "; context-parallel rank " + std::to_string(p.contextParallel - 1) +
+             " (the last): its ring attention runs every step on its whole query, the most per-step memory";
+  }
   if (p.zeroRedundancyOptimizer && r.engine == ShardingEngine::DDP) {
     r.engineLabel = "DDP + ZeroRedundancyOptimizer";
     const ZeroRedundancyAssignment a = AssignZeroRedundancy(BuildInventory(TensorParallelRankSetup(setup)), p.dataParallel);
@@ -115,7 +127,9 @@ SimulatedRank SimulatedRankOf(const Setup& setup) {
   return r;
 }
 
-Setup TensorParallelRankSetup(const Setup& setup) {
+namespace {
+
+Setup TensorSlices(const Setup& setup) {
   const std::int64_t t = setup.parallel.tensorParallel;
   if (t <= 1 || setup.model.kind != ModelKind::Transformer) return setup;
   Setup rank = setup;
@@ -132,6 +146,16 @@ Setup TensorParallelRankSetup(const Setup& setup) {
   // the vocabulary to a multiple of make-vocab-size-divisible-by (128) × t
   // (megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding).
   a.vocabSize = CeilDiv(full.vocabSize, 128 * t) * 128;
+  return rank;
+}
+
+}  // namespace
+
+Setup TensorParallelRankSetup(const Setup& setup) {
+  Setup rank = TensorSlices(setup);
+  // Context parallelism: the rank holds s/c tokens of every sequence (validation requires 2c to
+  // divide s: Transformer Engine's load-balanced split in two chunks per rank).
+  if (setup.parallel.contextParallel > 1) rank.training.sequenceLength /= setup.parallel.contextParallel;
   return rank;
 }
 

@@ -26,7 +26,8 @@ class TransformerPass final : public ModelPass {
         parameters_(inventory, names, regime.weights, setup.finetune.computeDType),
         parameterCount_(inventory.parameters.size()),
         inputRequiresGrad_(InputRequiresGrad(setup)), finetune_(setup.finetune),
-        sequenceShards_(setup.parallel.sequenceParallel ? setup.parallel.tensorParallel : 1) {}
+        sequenceShards_(setup.parallel.sequenceParallel ? setup.parallel.tensorParallel : 1),
+        contextShards_(setup.parallel.contextParallel) {}
 
   void Forward(TraceBuilder& b) override {
     tape_.emplace(b, regime_.compute, regime_.autocast, parameterCount_);
@@ -46,6 +47,7 @@ class TransformerPass final : public ModelPass {
     parameters_.Reset();
     model_.emplace(Model{*tape_, a_, t_, parameters_, b_, s_, &finetune_});
     model_->sequenceShards = sequenceShards_;
+    model_->contextShards = contextShards_;
     Tape& t = *tape_;
     Model& m = *model_;
     m.Scope(-1, "batch");
@@ -161,6 +163,7 @@ class TransformerPass final : public ModelPass {
   ValueId ids_ = kNoValue, labels_ = kNoValue, tokenTypes_ = kNoValue, loss_ = kNoValue;
   LayerHook* layerHook_ = nullptr;
   std::int64_t sequenceShards_ = 1;  // Megatron --sequence-parallel (core/src/parallel/sequence_split.hpp)
+  std::int64_t contextShards_ = 1;   // Megatron --context-parallel-size (core/src/parallel/context_split.hpp)
 };
 
 }  // namespace
