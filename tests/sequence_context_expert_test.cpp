@@ -196,3 +196,87 @@ TEST_CASE("Context parallel: refused where the ring does not split or is not sim
   fine.parallel.contextParallel = 2;
   CHECK(Validate(fine).empty());
 }
+
+namespace {
+
+// Mixtral 8x7B's blocks (h 4096, 8 experts of 14336, top-2), bf16 mixed, SDPA, 1 × 512.
+Setup MixtralBlocks(std::int64_t layers) {
+  Setup s = LlamaBlocks(layers);
+  s.model.architecture = FindPreset("mixtral-8x7b")->architecture;
+  s.model.architecture.numLayers = layers;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("Expert parallel: the rank holds E/e experts and the router stays whole", "[parallel][expert]") {
+  const std::int64_t h = 4096, inter = 14336, E = 8, layers = 2;
+  const Setup one = MixtralBlocks(layers);
+  for (std::int64_t e : {2, 4, 8}) {
+    Setup ep = one;
+    ep.parallel.dataParallel = 8;
+    ep.parallel.expertParallel = e;
+    const Estimate est = MustEstimate(ep);
+    CHECK(est.modelStates.parameterCount ==
+          MustEstimate(one).modelStates.parameterCount - layers * (E - E / e) * 3 * h * inter);
+    CHECK(est.rank.why.find("holds experts 0 to " + std::to_string(E / e - 1)) != std::string::npos);
+  }
+}
+
+TEST_CASE("Expert parallel: a block saves the single-GPU experts' activations and the dispatcher's", "[parallel][expert]") {
+  const std::int64_t h = 4096, T = 512, k = 2, TK = T * k;
+  Setup ep = MixtralBlocks(2);
+  ep.parallel.dataParallel = 4;
+  ep.parallel.expertParallel = 4;
+  // Balanced routing: the rank's experts get T·k rows in all, as the 8 experts do on one GPU,
+  // so the experts' MLPs save the same bytes. Hugging Face's loop also keeps per row its
+  // top_x and idx (int64), the expert output and the scaled output (bf16 [·, h]) and the
+  // routing weight (bf16); Megatron's unpermute keeps the sorted indices (int64), the returned
+  // rows (bf16 [·, h]) and their probabilities (bf16): T·k·(2h + 8) bytes fewer per block.
+  CHECK(SavedPerBlock(MixtralBlocks(2)) - SavedPerBlock(ep) == TK * (2 * h + 8));
+  const Estimate e = Labelled(ep);
+  CHECK(EventBytes(e, Phase::Forward, "dispatch: all-to-all") == TK * h * 2);
+  CHECK(EventBytes(e, Phase::Forward, "dispatch: sort_chunks_by_idxs") == TK * h * 2);
+  CHECK(EventBytes(e, Phase::Forward, "combine: all-to-all") == TK * h * 2);
+}
+
+TEST_CASE("Expert parallel: expert states are sharded over the expert-data-parallel ranks", "[parallel][expert]") {
+  Setup ep = MixtralBlocks(2);
+  ep.parallel.dataParallel = 8;
+  ep.parallel.expertParallel = 4;
+  ep.parallel.zeroStage = 1;
+  const Estimate est = MustEstimate(ep);
+  const std::int64_t h = 4096, inter = 14336, layers = 2;
+  const std::int64_t localExperts = layers * 2 * 3 * h * inter;  // E/e = 2 experts per block
+  const std::int64_t dense = est.modelStates.parameterCount - localExperts;
+  auto padded = [](std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; };
+  // Dense parameters over dp = 8 (padded to 2 × 8), the rank's experts over dp / e = 2 (to 2 × 2).
+  const std::int64_t partition = padded(dense, 16) / 8 + padded(localExperts, 4) / 2;
+  CHECK(est.modelStates.masterWeightsBytes == partition * 4);
+  CHECK(est.modelStates.optimizerStatesBytes == partition * 8);
+}
+
+TEST_CASE("Expert parallel: refused where it does not split or is not simulated", "[parallel][expert]") {
+  Setup dense = LlamaBlocks(2);
+  dense.parallel.dataParallel = 2;
+  dense.parallel.expertParallel = 2;
+  CHECK(HasErrorOn(Validate(dense), "parallel.expertParallel"));
+  Setup three = MixtralBlocks(2);
+  three.parallel.dataParallel = 3;
+  three.parallel.expertParallel = 3;  // 8 experts do not split in 3
+  CHECK(HasErrorOn(Validate(three), "parallel.expertParallel"));
+  Setup ranks = MixtralBlocks(2);
+  ranks.parallel.dataParallel = 2;
+  ranks.parallel.expertParallel = 4;  // 4 does not divide dp × cp = 2
+  CHECK(HasErrorOn(Validate(ranks), "parallel.expertParallel"));
+  Setup zero3 = MixtralBlocks(2);
+  zero3.parallel.dataParallel = 4;
+  zero3.parallel.expertParallel = 4;
+  zero3.parallel.zeroStage = 3;
+  CHECK(HasErrorOn(Validate(zero3), "parallel.expertParallel"));
+  Setup fine = MixtralBlocks(2);
+  fine.parallel.dataParallel = 2;
+  fine.parallel.contextParallel = 2;
+  fine.parallel.expertParallel = 4;  // divides dp × cp = 4
+  CHECK(Validate(fine).empty());
+}

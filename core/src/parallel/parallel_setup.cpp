@@ -189,7 +189,36 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
                              "the fused attention (SDPA), not eager.");
     }
   }
-  if (p.expertParallel != 1) bad("expertParallel", "Expert parallelism is not simulated yet (docs/parallel.md).");
+  if (p.expertParallel > 1 && sizesOk) {
+    // Megatron takes the expert-parallel ranks from the data- and context-parallel ones
+    // (parallel_state.initialize_model_parallel asserts that expert_model_parallel_size divides
+    // them) and gives each E/e whole experts.
+    const std::int64_t e = p.expertParallel;
+    const ArchitectureDef& a = setup.model.architecture;
+    if (setup.model.kind != ModelKind::Transformer || a.numExperts == 0) {
+      bad("expertParallel", "Expert parallelism splits a mixture of experts: the model has no experts.");
+    } else {
+      if (a.numExperts % e != 0) {
+        bad("expertParallel", "Each expert-parallel rank holds whole experts: the expert parallel size must divide the "
+                              "number of experts (" + std::to_string(a.numExperts) + ").");
+      }
+      if ((p.dataParallel * p.contextParallel) % e != 0) {
+        bad("expertParallel", "Expert-parallel ranks are data- (and context-) parallel ranks: the expert parallel size "
+                              "must divide data parallel × context parallel (" +
+                              std::to_string(p.dataParallel * p.contextParallel) + ").");
+      }
+      if (a.sharedExpertIntermediateSize > 0) {
+        bad("expertParallel", "Expert parallelism with a shared expert (Qwen2-MoE) is not simulated yet (docs/parallel.md).");
+      }
+    }
+    if (p.zeroStage == 3 || p.fsdp != FsdpMode::Off) {
+      bad("expertParallel", "Expert parallelism is simulated with DDP or ZeRO 1–2 (Megatron's distributed optimizer) so "
+                            "far, not with ZeRO-3 or FSDP.");
+    }
+    if (p.tensorParallel > 1) {
+      bad("expertParallel", "Expert parallelism with tensor parallelism (expert tensor parallel) is not simulated yet.");
+    }
+  }
   if (p.sequenceParallel && p.tensorParallel > 1 && sizesOk) {
     // Megatron splits the sequence evenly (mappings.py _split_along_first_dim asserts it) and
     // the simulation writes the split in the Llama family's dense blocks.

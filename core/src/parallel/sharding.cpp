@@ -7,6 +7,7 @@
 #include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
+#include "parallel/expert_split.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -116,6 +117,12 @@ SimulatedRank SimulatedRankOf(const Setup& setup) {
     r.why += "; context-parallel rank " + std::to_string(p.contextParallel - 1) +
              " (the last): its ring attention runs every step on its whole query, the most per-step memory";
   }
+  if (p.expertParallel > 1) {
+    // Every expert-parallel rank holds E/e experts and, with balanced routing, receives T·k rows.
+    r.why += "; expert-parallel rank 0 holds experts 0 to " +
+             std::to_string(setup.model.architecture.numExperts / p.expertParallel - 1) +
+             " of each block, and every expert-parallel rank as many experts and (routing balanced) as many tokens";
+  }
   if (p.zeroRedundancyOptimizer && r.engine == ShardingEngine::DDP) {
     r.engineLabel = "DDP + ZeroRedundancyOptimizer";
     const ZeroRedundancyAssignment a = AssignZeroRedundancy(BuildInventory(TensorParallelRankSetup(setup)), p.dataParallel);
@@ -218,7 +225,21 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
       break;
     }
     case ShardingEngine::Zero: {
-      if (plan.zeroStage <= 2) {
+      if (plan.zeroStage <= 2 && p.expertParallel > 1) {
+        // Expert parallelism: the experts' parameters are their own group, sharded over the
+        // expert-data-parallel ranks (dp·cp / e) and the rest over dp·cp, each flattened and
+        // padded on its own (DeepSpeed's MoE param groups, stage_1_and_2.py
+        // real_dp_process_group; Megatron's distributed optimizer per expert_data_parallel_group).
+        const std::int64_t de = d / p.expertParallel;
+        std::int64_t expertElements = 0;
+        for (const Tensor& t : inventory.parameters) {
+          if (t.trainable && expert_split::IsExpertTensor(t)) expertElements += t.Elements();
+        }
+        const std::int64_t dense = CeilDiv(plan.flatElements - expertElements, 2 * d) * 2 * d;
+        const std::int64_t expert = CeilDiv(expertElements, 2 * de) * 2 * de;
+        plan.paddedFlatElements = dense + expert;
+        plan.partitionElements = dense / d + expert / de;
+      } else if (plan.zeroStage <= 2) {
         // stage_1_and_2.py: flatten_dense_tensors_aligned(group, nccl_start_alignment_factor (2) × dp).
         plan.paddedFlatElements = CeilDiv(plan.flatElements, 2 * d) * 2 * d;
         plan.partitionElements = plan.paddedFlatElements / d;

@@ -27,7 +27,7 @@ class TransformerPass final : public ModelPass {
         parameterCount_(inventory.parameters.size()),
         inputRequiresGrad_(InputRequiresGrad(setup)), finetune_(setup.finetune),
         sequenceShards_(setup.parallel.sequenceParallel ? setup.parallel.tensorParallel : 1),
-        contextShards_(setup.parallel.contextParallel) {}
+        contextShards_(setup.parallel.contextParallel), expertShards_(setup.parallel.expertParallel) {}
 
   void Forward(TraceBuilder& b) override {
     tape_.emplace(b, regime_.compute, regime_.autocast, parameterCount_);
@@ -48,6 +48,7 @@ class TransformerPass final : public ModelPass {
     model_.emplace(Model{*tape_, a_, t_, parameters_, b_, s_, &finetune_});
     model_->sequenceShards = sequenceShards_;
     model_->contextShards = contextShards_;
+    model_->expertShards = expertShards_;
     Tape& t = *tape_;
     Model& m = *model_;
     m.Scope(-1, "batch");
@@ -164,6 +165,7 @@ class TransformerPass final : public ModelPass {
   LayerHook* layerHook_ = nullptr;
   std::int64_t sequenceShards_ = 1;  // Megatron --sequence-parallel (core/src/parallel/sequence_split.hpp)
   std::int64_t contextShards_ = 1;   // Megatron --context-parallel-size (core/src/parallel/context_split.hpp)
+  std::int64_t expertShards_ = 1;    // Megatron --expert-model-parallel-size (core/src/parallel/expert_split.hpp)
 };
 
 }  // namespace
