@@ -57,6 +57,18 @@ std::int64_t EventBytes(const Estimate& e, Phase phase, const std::string& label
 TEST_CASE("Sequence parallel: what a block saves is divided by the tensor parallel size", "[parallel][sequence]") {
   const std::int64_t b = 1, s = 512, h = 4096;
   const std::int64_t whole = SavedPerBlock(LlamaBlocks(2));
+  const std::int64_t ffn = 11008, a = 32;
+  // The block by hand: two RMSNorms (8·bsh + 4·bs each: fp32 x, rsqrt, bf16 cast, output), q, k,
+  // v and the attention output (8·bsh), the fp32 log-sum-exp (4·a·bs), SwiGLU's SiLU input, SiLU
+  // output, up output and product (8·bs·ffn).
+  CHECK(whole == 24 * b * s * h + 8 * b * s * ffn + (8 + 4 * a) * b * s);
+  // Megatron's theoretical_memory_usage.py compute_activation_memory: sbh·(18 + 4·ffn/h) per
+  // layer (then / t, as it assumes sequence parallelism). Hugging Face's ops keep 6·sbh +
+  // 4·sb·ffn + 136·sb more: RMSNorm's fp32 x and bf16 cast (+4·sbh per norm), no dropout masks
+  // in Llama (−2·sbh), SwiGLU's four ffn-wide tensors against the formula's two, the fp32
+  // log-sum-exp and rsqrt rows (docs/parallel.md).
+  const std::int64_t megatron = s * b * h * 18 + 4 * s * b * ffn;
+  CHECK(whole - megatron == 6 * b * s * h + 4 * b * s * ffn + 136 * b * s);
   for (std::int64_t t : {2, 4, 8}) {
     Setup tp = LlamaBlocks(2);
     tp.parallel.tensorParallel = t;
