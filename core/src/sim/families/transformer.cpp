@@ -174,7 +174,7 @@ std::unique_ptr<ModelPass> MakeTransformerPass(const Setup& setup, const Invento
                                                const std::vector<Text>& names, const Regime& regime,
                                                std::vector<std::string>& notes) {
   const ArchitectureDef& a = setup.model.architecture;
-  if (a.numExperts > 0) {
+  if (a.numExperts > 0 && setup.parallel.expertParallel == 1) {
     notes.push_back("Mixture of experts: tokens are taken as routed evenly (each expert gets b·s·k/E "
                     "of them); all expert weights are held. Saved activations depend only on the "
                     "total b·s·k, so imbalance changes the transients, not the saved total.");
