@@ -286,6 +286,17 @@ TEST_CASE("Expert parallel: refused where it does not split or is not simulated"
   zero3.parallel.expertParallel = 4;
   zero3.parallel.zeroStage = 3;
   CHECK(HasErrorOn(Validate(zero3), "parallel.expertParallel"));
+  Setup zro = MixtralBlocks(2);
+  zro.parallel.dataParallel = 4;
+  zro.parallel.expertParallel = 4;
+  zro.parallel.zeroRedundancyOptimizer = true;
+  zro.training.precision = Precision::BF16;
+  CHECK(HasErrorOn(Validate(zro), "parallel.expertParallel"));
+  Setup tensor = MixtralBlocks(2);
+  tensor.parallel.dataParallel = 4;
+  tensor.parallel.expertParallel = 4;
+  tensor.parallel.tensorParallel = 2;
+  CHECK(HasErrorOn(Validate(tensor), "parallel.expertParallel"));
   Setup fine = MixtralBlocks(2);
   fine.parallel.dataParallel = 2;
   fine.parallel.contextParallel = 2;

@@ -215,6 +215,9 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
       bad("expertParallel", "Expert parallelism is simulated with DDP or ZeRO 1–2 (Megatron's distributed optimizer) so "
                             "far, not with ZeRO-3 or FSDP.");
     }
+    if (p.zeroRedundancyOptimizer) {
+      bad("expertParallel", "Expert parallelism with ZeroRedundancyOptimizer is not simulated: use ZeRO 1–2.");
+    }
     if (p.tensorParallel > 1) {
       bad("expertParallel", "Expert parallelism with tensor parallelism (expert tensor parallel) is not simulated yet.");
     }
