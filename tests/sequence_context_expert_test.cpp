@@ -303,3 +303,41 @@ TEST_CASE("Expert parallel: refused where it does not split or is not simulated"
   fine.parallel.expertParallel = 4;  // divides dp × cp = 4
   CHECK(Validate(fine).empty());
 }
+
+TEST_CASE("Sequence context and expert parallel: checkpointed blocks keep the rank's share of their input", "[parallel][sequence][context][expert]") {
+  const std::int64_t b = 1, s = 512, h = 4096;
+  Setup sp = LlamaBlocks(2);
+  sp.training.checkpointing = Checkpointing::EveryBlock;
+  sp.parallel.tensorParallel = 4;
+  sp.parallel.sequenceParallel = true;
+  // A checkpointed block keeps its input only: the hidden states between blocks, s/t tokens.
+  CHECK(SavedPerBlock(sp) == b * (s / 4) * h * 2);
+  Setup cp = LlamaBlocks(2);
+  cp.training.checkpointing = Checkpointing::EveryBlock;
+  cp.parallel.contextParallel = 4;
+  CHECK(SavedPerBlock(cp) == b * (s / 4) * h * 2);
+  Setup ep = MixtralBlocks(2);
+  ep.training.checkpointing = Checkpointing::EveryBlock;
+  ep.parallel.dataParallel = 2;
+  ep.parallel.expertParallel = 2;
+  CHECK(SavedPerBlock(ep) == b * s * h * 2);
+  // Selective recomputation and every combination estimate.
+  for (Checkpointing mode : {Checkpointing::None, Checkpointing::Selective, Checkpointing::EveryBlock}) {
+    Setup all = MixtralBlocks(2);
+    all.training.checkpointing = mode;
+    all.parallel.dataParallel = 2;
+    all.parallel.contextParallel = 2;
+    all.parallel.expertParallel = 4;
+    all.parallel.zeroStage = 2;
+    all.parallel.gradientAccumulationSteps = 2;
+    CHECK(MustEstimate(all).peak.totalBytes > 0);
+    Setup dense = LlamaBlocks(2);
+    dense.training.checkpointing = mode;
+    dense.parallel.dataParallel = 2;
+    dense.parallel.tensorParallel = 2;
+    dense.parallel.sequenceParallel = true;
+    dense.parallel.contextParallel = 2;
+    dense.parallel.zeroStage = 3;
+    CHECK(MustEstimate(dense).peak.totalBytes > 0);
+  }
+}
