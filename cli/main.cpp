@@ -1,6 +1,7 @@
 // gpumem — command-line front end. Reads a setup (schema: docs/schema.md) from a file or
 // stdin and prints the Estimate as a table, or as JSON with --json.
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -37,6 +38,9 @@ constexpr const char* kUsage =
     "                                    (with its quantization_config as finetune fields)\n"
     "  --import-adapter-config FILE      print the finetune section a PEFT adapter_config.json describes\n"
     "  --import-deepspeed ds_config.json print the setup with a DeepSpeed config applied (to SETUP.json if given)\n"
+    "  --import-accelerate config.yaml  the same with accelerate's config (FSDP; docs/parallel.md)\n"
+    "  --import-megatron 'ARGS'         the same with Megatron-LM's arguments as one quoted string\n"
+    "  --layouts N                      the layouts of N GPUs of the setup's type that fit, ranked (JSON)\n"
     "  --fewest-gpus                     the fewest GPUs of the setup's type that train it (docs/parallel.md)\n"
     "  --import-safetensors FILE         count the tensors of a safetensors header or index JSON\n"
     "  --compare-snapshot FILE.pickle    a torch.cuda.memory._dump_snapshot() file measured: peak\n"
@@ -269,6 +273,9 @@ int main(int argc, char** argv) {
   const char* importAdapter = nullptr;
   const char* compareSnapshot = nullptr;
   const char* importDeepSpeed = nullptr;
+  const char* importAccelerate = nullptr;
+  const char* importMegatron = nullptr;
+  const char* layoutsFor = nullptr;
   bool fewestGpus = false;
   std::string presetSetup;
   for (int i = 1; i < argc; ++i) {
@@ -282,6 +289,9 @@ int main(int argc, char** argv) {
     else if (arg == "--compare-snapshot" && i + 1 < argc) compareSnapshot = argv[++i];
     else if (arg == "--import-deepspeed" && i + 1 < argc) importDeepSpeed = argv[++i];
     else if (arg == "--fewest-gpus") fewestGpus = true;
+    else if (arg == "--import-accelerate" && i + 1 < argc) importAccelerate = argv[++i];
+    else if (arg == "--import-megatron" && i + 1 < argc) importMegatron = argv[++i];
+    else if (arg == "--layouts" && i + 1 < argc) layoutsFor = argv[++i];
     else if (arg == "--defaults") { std::cout << gpumem::SetupToJson(gpumem::DefaultSetup(), 2) << "\n"; return 0; }
     else if (arg == "--options") { std::cout << gpumem::OptionsJson(2) << "\n"; return 0; }
     else if (arg == "--presets") {
@@ -335,14 +345,20 @@ int main(int argc, char** argv) {
     return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
   }
 
-  if (importDeepSpeed) {  // the DeepSpeed config applied to the setup given (or the defaults)
+  if (importDeepSpeed || importAccelerate || importMegatron) {  // applied to the setup given (or the defaults)
     std::string config, base;
-    if (const int status = ReadInput(importDeepSpeed, true, "DeepSpeed config", config)) return status;
+    if (importMegatron) config = importMegatron;  // the arguments themselves, one quoted string
+    else if (const int status = ReadInput(importDeepSpeed ? importDeepSpeed : importAccelerate, true,
+                                          importDeepSpeed ? "DeepSpeed config" : "accelerate config", config)) {
+      return status;
+    }
     if (!presetSetup.empty()) base = presetSetup;
     else if (path) {
       if (const int status = ReadInput(std::strcmp(path, "-") != 0 ? path : nullptr, true, "setup", base)) return status;
     }
-    const std::string out = gpumem::ImportDeepSpeedJson(config, base, 2);
+    const std::string out = importDeepSpeed    ? gpumem::ImportDeepSpeedJson(config, base, 2)
+                            : importAccelerate ? gpumem::ImportAccelerateJson(config, base, 2)
+                                               : gpumem::ImportMegatronJson(config, base, 2);
     std::cout << out << "\n";
     return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
   }
@@ -362,6 +378,14 @@ int main(int argc, char** argv) {
     return status;
   }
 
+  if (layoutsFor) {  // JSON either way: the layouts of N GPUs of the setup's type
+    char* end = nullptr;
+    const long long gpus = std::strtoll(layoutsFor, &end, 10);
+    if (*layoutsFor == '\0' || *end != '\0') { std::cerr << "gpumem: --layouts takes a number of GPUs\n"; return 2; }
+    const std::string out = gpumem::LayoutsJson("{\"setup\":" + text + ",\"gpus\":" + std::to_string(gpus) + "}", 2);
+    std::cout << out << "\n";
+    return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
+  }
   if (fewestGpus) {  // JSON either way: one small document
     const std::string out = gpumem::FewestGpusJson(text, true, 2);
     std::cout << out << "\n";

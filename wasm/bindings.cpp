@@ -46,6 +46,10 @@ std::string ImportMegatronJs(const std::string& commandLine, const std::string& 
   return gpumem::ImportMegatronJson(commandLine, setup);
 }
 std::string FewestGpusJs(const std::string& setup) { return gpumem::FewestGpusJson(setup); }
+std::string ImportAccelerateJs(const std::string& config, const std::string& setup) {
+  return gpumem::ImportAccelerateJson(config, setup);
+}
+std::string LayoutsJs(const std::string& request) { return gpumem::LayoutsJson(request); }
 
 }  // namespace
 
@@ -64,4 +68,6 @@ EMSCRIPTEN_BINDINGS(gpumem) {
   emscripten::function("importDeepSpeedJson", &ImportDeepSpeedJs);
   emscripten::function("importMegatronJson", &ImportMegatronJs);
   emscripten::function("fewestGpusJson", &FewestGpusJs);
+  emscripten::function("importAccelerateJson", &ImportAccelerateJs);
+  emscripten::function("layoutsJson", &LayoutsJs);
 }

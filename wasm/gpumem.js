@@ -128,6 +128,17 @@ function wrapModule(firstCore, make) {
     importMegatron(commandLine, setup) {
       return parallelImport((c, base) => c.importMegatronJson(String(commandLine), base), setup);
     },
+    // accelerate's config YAML (FSDP) onto `setup` → { setup, ignoredFields, notes }.
+    importAccelerate(text, setup) {
+      return parallelImport((c, base) => c.importAccelerateJson(String(text), base), setup);
+    },
+    // The layouts of `options.gpus` GPUs of the setup's type that fit, ranked → { gpus, rows,
+    // candidates, refused, dominated, estimates, notFitting, notEstimated } (docs/schema.md,
+    // LayoutsJson). Long: the page runs it in a worker (kind 'layouts').
+    layouts(setup, options) {
+      const text = layoutsRequest(setup, options);
+      return resultOfEnvelope(callCore((c) => c.layoutsJson(text), text), 'layouts');
+    },
     // The fewest GPUs of the setup's type that train it → { found, gpus, layout,
     // communicationParameters, offload, peakDeviceBytes, estimatesRun, setup }. Long: the page
     // runs it in a worker (kind 'fewestGpus').
@@ -198,12 +209,23 @@ export function resultOfEnvelope(text, key) {
 }
 
 // The core's long calls by kind, and the bound function each one uses (wasm/bindings.cpp).
-export const CALLS = Object.freeze({ solve: 'solveJson', heatMap: 'heatMapJson', gpuMatrix: 'gpuMatrixJson', curves: 'curvesJson', fewestGpus: 'fewestGpusJson' });
+export const CALLS = Object.freeze({ solve: 'solveJson', heatMap: 'heatMapJson', gpuMatrix: 'gpuMatrixJson', curves: 'curvesJson', fewestGpus: 'fewestGpusJson', layouts: 'layoutsJson' });
 
 // The text argument of one long call: the setup for solve and fewestGpus, a views request for
 // the others.
 export function requestText(kind, setup, options) {
+  if (kind === 'layouts') return layoutsRequest(setup, options);
   return kind === 'solve' || kind === 'fewestGpus' ? setupText(setup) : viewRequest(setup, options);
+}
+
+// {"setup":{…},"gpus":n,"allowOffload":b,"maxEstimates":n}: absent options take the core's
+// defaults; values go as they are, so the core names a bad one ("gpus").
+function layoutsRequest(setup, options = {}) {
+  const parts = [`"setup":${setup === undefined ? '{}' : setupText(setup)}`];
+  for (const key of ['gpus', 'allowOffload', 'maxEstimates']) {
+    if (options[key] !== undefined) parts.push(`${JSON.stringify(key)}:${JSON.stringify(options[key]) ?? 'null'}`);
+  }
+  return `{${parts.join(',')}}`;
 }
 
 // One request object: {"setup":{…},"axisValues":n,"curvePoints":n}. A setup given as text (an

@@ -21,7 +21,7 @@ import { applySetup, exportSetup, importSetup, ioStatus, loadExample, loadFromHa
 import { buildArchFields, onArchFieldInput, onFamilyChange, onPresetChange } from './model-panel.js';
 import { $, $$, MAX_TYPING_DELAY_MS, SLOW_UPDATE_MS, TYPING_DELAY_MS, state } from './page-state.js';
 import { drawCharts, markScrollingTables, render } from './results-panel.js';
-import { buildParallelFields, parallelImport, parallelRunFewest, renderParallel, wireParallelDrop } from './parallel-panel.js';
+import { buildParallelFields, parallelImport, parallelRunFewest, parallelRunLayouts, renderParallel, wireParallelDrop } from './parallel-panel.js';
 import { buildRuntimeFields } from './runtime-panel.js';
 import { buildSaverFields } from './savers-panel.js';
 import { fillSelect, readForm, showParameterHint, showTrainingOptions } from './setup-form.js';
@@ -183,7 +183,7 @@ function wireEvents() {
     if (target.id === 'gpu') onGpuChange();
     if (target.id === 'memoryGiB') syncGpuSelect();
     // The import box's text is not part of the setup.
-    if (target.id === 'config-text' || target.id === 'model-file' || target.id === 'parallel-deepspeed' || target.id === 'parallel-megatron') return;
+    if (target.id === 'config-text' || target.id === 'model-file' || target.id === 'parallel-deepspeed' || target.id === 'parallel-megatron' || target.id === 'parallel-accelerate' || target.id === 'parallel-layouts-gpus') return;
     if (target.type === 'text' || target.id === 'layer-json') scheduleUpdate();
     else update();
   });
@@ -215,6 +215,8 @@ function wireEvents() {
   $('#parallel-megatron-apply').addEventListener('click', () => parallelImport('megatron', $('#parallel-megatron').value, readForm().setup, applySetup));
   wireParallelDrop(() => readForm().setup, applySetup);
   $('#parallel-fewest').addEventListener('click', () => parallelRunFewest(readForm().setup, applySetup));
+  $('#parallel-accelerate-apply').addEventListener('click', () => parallelImport('accelerate', $('#parallel-accelerate').value, readForm().setup, applySetup));
+  $('#parallel-layouts-run').addEventListener('click', () => parallelRunLayouts(readForm().setup, applySetup));
   $('#export').addEventListener('click', exportSetup);
   $('#import').addEventListener('click', () => $('#import-file').click());
   $('#import-file').addEventListener('change', (e) => {

@@ -52,6 +52,7 @@ export function buildParallelFields() {
   $('#parallel-more').replaceChildren(...fields.filter((f) => !PARALLEL_MAIN_KEYS.includes(f.key)).map(parallelFieldElement));
   $('#parallel-fewest').hidden = typeof state.api.fewestGpus !== 'function' || !state.engine;
   $('#parallel-import').hidden = typeof state.api.importDeepSpeed !== 'function';
+  $('#parallel-layouts').hidden = typeof state.api.layouts !== 'function' || !state.engine;
 }
 
 export function readParallel() {
@@ -87,22 +88,29 @@ function parallelStatus(text, isError = false) {
   status.dataset.state = isError ? 'error' : 'ok';
 }
 
-// kind: 'deepspeed' (a ds_config.json's text) or 'megatron' (a command line).
-// onApplied(setup): the page fills its form with the setup and estimates it.
+const PARALLEL_IMPORTS = {
+  deepspeed: { call: 'importDeepSpeed', empty: 'Paste or drop a DeepSpeed config first.', done: 'Read the DeepSpeed config.' },
+  megatron: { call: 'importMegatron', empty: 'Paste Megatron-LM arguments first.', done: "Read Megatron-LM's arguments." },
+  accelerate: { call: 'importAccelerate', empty: 'Paste an accelerate config first.', done: 'Read the accelerate config.' },
+};
+
+// kind: 'deepspeed' (a ds_config.json's text), 'megatron' (a command line) or 'accelerate' (the
+// YAML accelerate config writes). onApplied(setup): the page fills its form and estimates it.
 export function parallelImport(kind, text, currentSetup, onApplied) {
+  const importer = PARALLEL_IMPORTS[kind];
   if (!String(text).trim()) {
-    parallelStatus(kind === 'deepspeed' ? 'Paste or drop a DeepSpeed config first.' : 'Paste Megatron-LM arguments first.', true);
+    parallelStatus(importer.empty, true);
     return;
   }
   let result;
   try {
-    result = kind === 'deepspeed' ? state.api.importDeepSpeed(text, currentSetup) : state.api.importMegatron(text, currentSetup);
+    result = state.api[importer.call](text, currentSetup);
   } catch (exception) {
     parallelStatus(errorsOf(exception).map(errorText).join(' '), true);
     return;
   }
   onApplied(result.setup);
-  const parts = [kind === 'deepspeed' ? 'Read the DeepSpeed config.' : "Read Megatron-LM's arguments."];
+  const parts = [importer.done];
   if (result.notes?.length) parts.push(result.notes.join(' '));
   if (result.ignoredFields?.length) parts.push(`Not modelled, ignored: ${result.ignoredFields.join(', ')}.`);
   parallelStatus(parts.join(' '));
@@ -155,6 +163,69 @@ export function parallelRunFewest(setup, onUse) {
     use.textContent = 'Use this layout';
     use.addEventListener('click', () => onUse(r.setup));
     out.replaceChildren(text, use);
+  });
+}
+
+// --- Layouts for N GPUs: the core's LayoutsForCluster in the 'parallel' worker lane ----------
+
+const PARALLEL_LAYOUT_COLUMNS = ['dp × tp × pp', 'sharding', 'offload', 'checkpointing', 'peak per rank / capacity', 'communication per step', 'host (PCIe)', 'bubble', 'compute ×'];
+
+function parallelLayoutRow(row, index, onUse) {
+  const tr = document.createElement('tr');
+  tr.dataset.index = String(index);
+  tr.dataset.peakDeviceBytes = String(row.peakDeviceBytes);
+  tr.dataset.communicationBytes = String(row.cost.communicationBytes);
+  tr.title = 'Use this layout';
+  const cells = [
+    `${row.dataParallel} × ${row.tensorParallel} × ${row.pipelineParallel}`,
+    row.sharding,
+    row.offload,
+    row.checkpointing ? 'every block' : 'none',
+    `${formatBytes(row.peakDeviceBytes)} / ${formatBytes(row.capacityBytes)}`,
+    formatBytes(row.cost.communicationBytes),
+    formatBytes(row.cost.hostBytes),
+    `${(100 * row.cost.bubbleFraction).toFixed(1)} %`,
+    row.cost.computeFactor.toFixed(3),
+  ];
+  for (const text of cells) tr.append(parallelElement('td', '', text));
+  tr.addEventListener('click', () => onUse(row.setup));
+  return tr;
+}
+
+export function parallelRunLayouts(setup, onUse) {
+  const out = $('#parallel-layouts-result');
+  const gpus = numberValue($('#parallel-layouts-gpus'));
+  out.replaceChildren(document.createTextNode('Simulating layouts…'));
+  out.dataset.state = 'running';
+  state.engine.run('parallel', [{ kind: 'layouts', setup, options: { gpus } }], (outcome) => {
+    if (outcome.errors) {
+      out.dataset.state = 'error';
+      out.replaceChildren(document.createTextNode(outcome.errors.map(errorText).join(' ')));
+      return;
+    }
+    const r = outcome.result;
+    out.dataset.state = 'done';
+    out.dataset.inWorker = String(Boolean(outcome.inWorker));
+    out.dataset.rows = String(r.rows.length);
+    const summary = parallelElement('p', 'hint', `${r.rows.length} layout${r.rows.length === 1 ? '' : 's'} of ${r.gpus} GPUs fit, best first ` +
+      `(no host offload, then bubble and recompute, then bytes communicated). ${r.candidates} candidates: ${r.estimates} simulated, ` +
+      `${r.notFitting} did not fit, ${r.refused} refused by validation, ${r.dominated} skipped as dominated` +
+      (r.notEstimated ? `, ${r.notEstimated} not simulated (limit reached)` : '') + '. Click a row to use it.');
+    summary.id = 'parallel-layouts-summary';
+    if (!r.rows.length) {
+      out.replaceChildren(summary);
+      return;
+    }
+    const table = parallelElement('table');
+    table.id = 'parallel-layouts-table';
+    const head = parallelElement('thead');
+    const headRow = parallelElement('tr');
+    for (const c of PARALLEL_LAYOUT_COLUMNS) headRow.append(parallelElement('th', '', c));
+    head.append(headRow);
+    const body = parallelElement('tbody');
+    r.rows.forEach((row, i) => body.append(parallelLayoutRow(row, i, onUse)));
+    table.append(head, body);
+    out.replaceChildren(summary, table);
   });
 }
 

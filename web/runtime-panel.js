@@ -17,7 +17,11 @@ const RUNTIME_FIELDS = {
   'allocator.roundupPower2Divisions': { label: 'roundup_power2_divisions', unit: 'divisions; 0 = off, the default', hint: 'Rounds request sizes to steps between powers of two.' },
   'allocator.garbageCollectionThreshold': { label: 'garbage_collection_threshold', unit: 'fraction 0–1; 0 = off', hint: 'Frees old cached blocks above this share of the memory (only with a memory fraction set, as in PyTorch).' },
   cudaContextMiB: { label: 'CUDA context', unit: 'MiB; 0 = gpumem\'s default for this GPU', hint: 'Enter what nvidia-smi shows for a process that only initialised CUDA.' },
+  ncclBuffersMiB: { label: 'NCCL buffers', unit: 'MiB per GPU; 0 = gpumem\'s estimate (none on one GPU)', hint: 'NCCL\'s communicator buffers, outside PyTorch\'s allocator: nvidia-smi after a step minus memory_reserved minus the context.' },
   cublasWorkspaceConfig: { label: 'CUBLAS_WORKSPACE_CONFIG', unit: 'e.g. :4096:8; empty = PyTorch\'s default', hint: 'Each :SIZE_KiB:COUNT pair adds SIZE × COUNT KiB per handle and stream.' },
+  pytorchVersion: { label: 'torch.__version__', unit: 'major.minor, e.g. 2.5 or 1.10', hint: 'Before 1.11 softmax kept its input for backward; before 2.0 one 4 MiB cuBLAS workspace and no SDPA.' },
+  cudaVersion: { label: 'torch.version.cuda', unit: 'major.minor, e.g. 12.4', hint: 'Before CUDA 11.7 every kernel image loads at start: a larger context.' },
+  lazyModuleLoading: { label: 'CUDA_MODULE_LOADING=LAZY', hint: 'PyTorch sets it since 1.13; off, the context loads every kernel image.' },
 };
 
 // [{path, value}] for every leaf of the core's default runtime, in its order.

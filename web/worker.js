@@ -5,7 +5,7 @@
 // data: URI inside the glue), so no file and no network is needed.
 //
 // Protocol: the page posts {id, kind, text} (kind: solve | heatMap | gpuMatrix | curves |
-// fewestGpus; text:
+// fewestGpus | layouts; text:
 // the request web/engine.js built with requestText()); the worker answers {type: 'result', id,
 // kind, envelope, ms} with the core's envelope text as it is, or {type: 'ready'} once, or
 // {type: 'failed', message} when the module cannot start. The core never throws for bad input.
@@ -13,7 +13,7 @@
 'use strict';
 
 // The same table as wasm/gpumem.js's CALLS (kind → bound function of wasm/bindings.cpp).
-const WORKER_CALLS = { solve: 'solveJson', heatMap: 'heatMapJson', gpuMatrix: 'gpuMatrixJson', curves: 'curvesJson', fewestGpus: 'fewestGpusJson' };
+const WORKER_CALLS = { solve: 'solveJson', heatMap: 'heatMapJson', gpuMatrix: 'gpuMatrixJson', curves: 'curvesJson', fewestGpus: 'fewestGpusJson', layouts: 'layoutsJson' };
 
 if (typeof GpumemCore !== 'function') importScripts('gpumem_core.cjs');
 

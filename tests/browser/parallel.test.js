@@ -204,3 +204,45 @@ test('<gpumem-calculator> takes data-parallel, zero-stage and fsdp', async () =>
     await browser.close();
   }
 });
+
+test('Layouts for N GPUs: the table is the core\'s ranking, run in the worker; clicking a row applies it', async () => {
+  const base = { model: { preset: 'llama-2-7b' }, training: { precision: 'bf16Mixed', batchSize: 1, sequenceLength: 512 }, gpu: { memoryGiB: 40 } };
+  const { page, finish } = await openPage({ hash: hashOf(base) });
+  await page.click('#parallel-fold > summary');
+  await page.fill('#parallel-layouts-gpus', '4');
+  await page.click('#parallel-layouts-run');
+  await page.waitForSelector('#parallel-layouts-result[data-state=done]', WAIT);
+  const c = await core();
+  const expected = c.layouts(base, { gpus: 4 });
+  assert.ok(expected.rows.length > 1);
+  assert.equal(await page.getAttribute('#parallel-layouts-result', 'data-in-worker'), 'true', 'the search ran in the worker');
+  const drawn = await page.$$eval('#parallel-layouts-table tbody tr', (rows) => rows.map((r) => ({ peak: Number(r.dataset.peakDeviceBytes), comm: Number(r.dataset.communicationBytes) })));
+  assert.deepEqual(drawn, expected.rows.map((r) => ({ peak: r.peakDeviceBytes, comm: r.cost.communicationBytes })));
+  const hashBefore = await page.evaluate(() => location.hash);
+  const pick = expected.rows[1];
+  await page.click('#parallel-layouts-table tbody tr[data-index="1"]');
+  await page.waitForFunction((p) => document.querySelector('#verdict')?.dataset.deviceBytes === String(p), pick.peakDeviceBytes, WAIT);
+  assert.equal(await page.getAttribute('#verdict', 'data-fits'), 'true');
+  assertClusterIs(await drawnCluster(page), c.estimate(pick.setup));
+  assert.equal(await page.inputValue('#parallel-tensorParallel'), String(pick.tensorParallel));
+  await page.waitForFunction((h) => location.hash !== h, hashBefore, WAIT);  // the layout is in the URL
+  await finish();
+});
+
+test('An accelerate config pasted in the Many GPUs fold sets FSDP and the data-parallel size', async () => {
+  const base = { model: { preset: 'gpt2' }, training: { sequenceLength: 256 } };
+  const { page, finish } = await openPage({ hash: hashOf(base) });
+  await page.click('#parallel-fold > summary');
+  const yaml = 'distributed_type: FSDP\nnum_processes: 4\nfsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_use_orig_params: true\n';
+  await page.fill('#parallel-accelerate', yaml);
+  await page.click('#parallel-accelerate-apply');
+  await page.waitForFunction(() => document.querySelector('#parallel-rank-where')?.dataset.worldSize === '4', null, WAIT);
+  assert.equal(await page.inputValue('#parallel-fsdp'), 'SHARD_GRAD_OP');
+  assert.ok((await page.textContent('#parallel-import-status')).includes('fsdp_config.fsdp_use_orig_params'));
+  const c = await core();
+  assertClusterIs(await drawnCluster(page), c.estimate(c.importAccelerate(yaml, base).setup));
+  await page.fill('#parallel-accelerate', 'a:\n  - 1\n');
+  await page.click('#parallel-accelerate-apply');
+  await page.waitForSelector('#parallel-import-status[data-state=error]', WAIT);
+  await finish();
+});

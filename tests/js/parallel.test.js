@@ -123,3 +123,33 @@ test('the embed attributes build the parallel section', () => {
   const fsdp = setupFromParams((name) => ({ 'data-parallel': '4', fsdp: 'SHARD_GRAD_OP' })[name] ?? null).setup;
   assert.equal(gpumem.estimate(fsdp).rank.engine, 'FSDP SHARD_GRAD_OP');
 });
+
+test('layouts: every row fits as the estimate says, and the worker runs the same request', () => {
+  const setup = { model: { preset: 'gpt2' }, training: { sequenceLength: 256 } };
+  const r = gpumem.layouts(setup, { gpus: 4 });
+  assert.ok(r.rows.length > 0);
+  assert.equal(r.candidates, r.refused + r.dominated + r.estimates + r.notEstimated);
+  for (const row of r.rows) {
+    assert.equal(row.dataParallel * row.tensorParallel * row.pipelineParallel, 4);
+    const check = gpumem.estimate(row.setup);
+    assert.equal(check.device.peakDeviceBytes, row.peakDeviceBytes);
+    assert.equal(check.gpu.fits, true);
+  }
+  assert.equal(CALLS.layouts, 'layoutsJson');
+  const text = requestText('layouts', setup, { gpus: 4 });
+  assert.equal(text, `{"setup":${JSON.stringify(setup)},"gpus":4}`);
+  const viaEnvelope = JSON.parse(gpumem.envelope('layouts', text));
+  assert.deepEqual(viaEnvelope.layouts, r);
+  assert.throws(() => gpumem.layouts(setup, { gpus: 0 }), (e) => e instanceof GpumemError && e.field === 'gpus');
+  assert.throws(() => gpumem.layouts(setup, { gpus: '8' }), (e) => e instanceof GpumemError && e.field === 'gpus');
+});
+
+test('importAccelerate reads accelerate\'s FSDP YAML onto the setup', () => {
+  const yaml = 'distributed_type: FSDP\nmixed_precision: bf16\nnum_processes: 8\nfsdp_config:\n  fsdp_sharding_strategy: SHARD_GRAD_OP\n  fsdp_use_orig_params: true\n';
+  const r = gpumem.importAccelerate(yaml, { model: { preset: 'gpt2' } });
+  assert.equal(r.setup.parallel.fsdp, 'SHARD_GRAD_OP');
+  assert.equal(r.setup.parallel.dataParallel, 8);
+  assert.equal(r.setup.training.precision, 'bf16Mixed');
+  assert.ok(r.ignoredFields.includes('fsdp_config.fsdp_use_orig_params'));
+  assert.throws(() => gpumem.importAccelerate('a:\n  - 1\n'), (e) => e instanceof GpumemError && e.field === 'line 2');
+});

@@ -54,5 +54,5 @@ test('errors are GpumemErrors naming the field; the worker path gives the same e
   const text = requestText('gpuMatrix', setup);
   assert.deepEqual(resultOfEnvelope(api.envelope('gpuMatrix', text), 'gpuMatrix'), api.gpuMatrix(setup));
   assert.deepEqual(resultOfEnvelope(api.envelope('solve', requestText('solve', setup)), 'solve'), api.solve(setup));
-  assert.deepEqual(Object.keys(CALLS).sort(), ['curves', 'fewestGpus', 'gpuMatrix', 'heatMap', 'solve']);
+  assert.deepEqual(Object.keys(CALLS).sort(), ['curves', 'fewestGpus', 'gpuMatrix', 'heatMap', 'layouts', 'solve']);
 });

@@ -190,7 +190,24 @@ struct RuntimeOptions {
   int cublasHandles = 2;
   int worldSize = 1;                 // GPUs in the job
   double ncclBuffersMiB = -1;        // an override of the NCCL buffers; < 0 = estimate
+  // NCCL communicators this rank takes part in (data-, tensor-, context-, expert-parallel groups
+  // and the pipeline's p2p neighbours: NcclCommunicatorsOf); < 0 = one when worldSize > 1.
+  int ncclCommunicators = -1;
+  int ncclChannels = 16;             // ring channels per communicator (topology-dependent: an estimate)
 };
+
+// NCCL's per-connection buffers, one per protocol (nccl src/init.cc computeBuffSizes, the
+// defaults of NCCL_BUFFSIZE / NCCL_LL_BUFFSIZE / NCCL_LL128_BUFFSIZE; src/include/device.h):
+// Simple 1 << 22; LL NCCL_LL_LINES_PER_THREAD 8 × NCCL_LL_MAX_NTHREADS 512 × NCCL_STEPS 8 ×
+// sizeof(ncclLLFifoLine) 16; LL128 NCCL_LL128_ELEMS_PER_THREAD 120 × NCCL_LL128_MAX_NTHREADS
+// 640 × NCCL_STEPS 8 × sizeof(uint64_t) 8.
+constexpr std::int64_t kNcclSimpleBufferBytes = std::int64_t{1} << 22;       // 4 MiB
+constexpr std::int64_t kNcclLlBufferBytes = 8 * 512 * 8 * 16;                // 524,288 B
+constexpr std::int64_t kNcclLl128BufferBytes = 120 * 640 * 8 * 8;            // 4,915,200 B
+struct ParallelDef;
+// The communicators of the simulated rank: one per parallel group of more than one rank
+// (data, tensor, context, expert) and one for the pipeline's p2p sends (docs/device.md).
+int NcclCommunicatorsOf(const ParallelDef& parallel);
 
 RuntimeOptions DefaultRuntimeOptions();
 

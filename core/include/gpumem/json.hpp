@@ -88,9 +88,14 @@ std::string EstimateAndSolveJson(std::string_view setupText, int indent = -1);
 // "notes":[…]} or {"ok":false,"errors":[…]}.
 std::string ImportDeepSpeedJson(std::string_view configText, std::string_view setupText = {}, int indent = -1);
 std::string ImportMegatronJson(std::string_view commandLine, std::string_view setupText = {}, int indent = -1);
+std::string ImportAccelerateJson(std::string_view configText, std::string_view setupText = {}, int indent = -1);
 // The fewest GPUs of the setup's type that train it: {"ok":true,"fewestGpus":{"found","gpus",
 // "layout","communicationParameters","offload","peakDeviceBytes","estimatesRun","setup"}}.
 std::string FewestGpusJson(std::string_view setupText, bool allowOffload = true, int indent = -1);
+// Layouts for N GPUs (LayoutsForCluster): the request {"setup":{…},"gpus":N,"allowOffload":bool,
+// "maxEstimates":n} → {"ok":true,"layouts":{"gpus","rows":[…],"candidates","refused","dominated",
+// "estimates","notFitting","notEstimated"}} (docs/schema.md, "Layouts").
+std::string LayoutsJson(std::string_view requestText, int indent = -1);
 
 // The estimator's version, "MAJOR.MINOR.PATCH" (CMake's PROJECT_VERSION).
 const char* Version();

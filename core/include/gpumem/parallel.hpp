@@ -168,6 +168,12 @@ struct ParallelImport {
 ParallelImport ImportDeepSpeedConfig(std::string_view text, const Setup& base);
 // Megatron-LM arguments pasted as a command line (--tensor-model-parallel-size 4 …).
 ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup& base);
+// accelerate's config YAML (`accelerate config`): distributed_type, num_processes (→ dataParallel),
+// mixed_precision, and fsdp_config (fsdp_sharding_strategy by name or 1–5, fsdp_offload_params,
+// fsdp_backward_prefetch, fsdp_forward_prefetch, fsdp_activation_checkpointing, fsdp_version 2 +
+// fsdp_reshard_after_forward). A YAML subset: flat keys and one level of nested mappings; anything
+// else is refused naming its line; other keys are listed, not refused.
+ParallelImport ImportAccelerateConfig(std::string_view text, const Setup& base);
 
 }  // namespace gpumem
 
@@ -197,5 +203,70 @@ struct FewestGpusResult {
 // `allowOffload`: whether layouts that move states to host memory count (they fit on fewer GPUs
 // at the cost of PCIe traffic and a CPU optimizer step).
 FewestGpusResult FewestGpus(const Setup& setup, std::int64_t maxGpus = 4096, bool allowOffload = true);
+
+}  // namespace gpumem
+
+namespace gpumem {
+
+// ---------------------------------------------------------------------------------------------
+// Layouts for a cluster (issue 12, "solve at scale"; docs/parallel.md, "Layouts for N GPUs"):
+// every dp × tp × pp = N of the setup's GPU type (tp ≤ 8, one node; tp and pp as validation
+// allows: tp divides heads, key/value heads and widths, pp divides the layers), × sharding (DDP,
+// ZeRO-1/2/3, FSDP FULL_SHARD) × offload × activation checkpointing; each simulated, and the ones
+// that fit ranked by what they cost. Setups that Validate refuses (today: pipeline, context
+// parallel) are skipped and counted.
+
+// What a layout costs per optimizer step and rank. Every figure is a formula of the setup
+// (core/src/parallel/layouts.cpp states each with its source); bytes are in the dtypes the
+// frameworks move (gradients, 16-bit or fp32 parameters, activations).
+struct LayoutCost {
+  double dataParallelBytes = 0;    // gradient reduction and parameter gathers over dp ranks (ring)
+  double tensorParallelBytes = 0;  // Megatron's all-reduces of b·s·h per layer (ring, t ranks)
+  double pipelineBytes = 0;        // p2p sends of b·s·h per micro-batch and stage boundary
+  double communicationBytes = 0;   // the three above: what goes over NVLink / the network
+  double hostBytes = 0;            // offload: PCIe traffic between the GPU and host memory
+  double bubbleFraction = 0;       // (p − 1) / (m·v + p − 1) of the step idle (Narayanan 2021)
+  double recomputeFactor = 1;      // step FLOPs relative to no checkpointing (4/3 with full)
+  // recomputeFactor / (1 − bubbleFraction): the step's compute time relative to one pass
+  // without bubble or recompute.
+  double computeFactor = 1;
+};
+
+struct LayoutRow {
+  std::int64_t dataParallel = 1, tensorParallel = 1, pipelineParallel = 1;
+  std::string sharding;   // "DDP", "ZeRO-2", "FSDP FULL_SHARD", "none" (one replica)
+  std::string offload;    // "none", "optimizer", "optimizer and parameters"
+  bool checkpointing = false;  // every block checkpointed (recomputed in backward)
+  std::int64_t peakDeviceBytes = 0;  // the simulated rank's device figure
+  std::int64_t capacityBytes = 0;
+  LayoutCost cost;
+  Setup setup;            // the whole setup of this layout (what the page applies)
+};
+
+struct LayoutSearchOptions {
+  bool allowOffload = true;
+  // At most this many estimates are run (each one a full simulation); candidates beyond are
+  // counted in `notEstimated`, not guessed.
+  std::int64_t maxEstimates = 256;
+};
+constexpr std::int64_t kMaxLayoutGpus = 1 << 20;
+constexpr std::int64_t kMaxLayoutEstimates = 4096;
+
+struct LayoutsResult {
+  std::int64_t gpus = 0;
+  std::vector<LayoutRow> layouts;       // the ones that fit, best first (ranking in layouts.cpp)
+  std::int64_t candidates = 0;          // layouts enumerated
+  std::int64_t refused = 0;             // refused by validation (not simulated yet, tp not dividing…)
+  std::int64_t dominated = 0;           // not estimated: a cheaper variant of the same layout fits
+  std::int64_t estimates = 0;           // simulated
+  std::int64_t notFitting = 0;          // simulated and did not fit
+  std::int64_t notEstimated = 0;        // beyond maxEstimates
+  std::vector<FieldError> errors;       // the setup or the request is invalid
+  bool ok() const { return errors.empty(); }
+};
+LayoutsResult LayoutsForCluster(const Setup& setup, std::int64_t gpus, const LayoutSearchOptions& options = {});
+
+// The cost of one layout (the setup's parallel section and checkpointing), as ranked above.
+LayoutCost LayoutCostOf(const Setup& setup);
 
 }  // namespace gpumem

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpumem/dtype.hpp"
@@ -256,7 +257,21 @@ struct RuntimeDef {
   double cudaContextMiB = 0;
   // CUBLAS_WORKSPACE_CONFIG (":4096:8"); empty = PyTorch's default for the GPU.
   std::string cublasWorkspaceConfig;
+  // The versions the run uses, "major.minor". They select version-dependent rules, each cited
+  // where it is applied: what autograd saves (softmax and log_softmax kept their input before
+  // PyTorch 1.11), the cuBLAS workspace default (one 4 MiB workspace before 2.0), the context
+  // (lazy module loading needs CUDA ≥ 11.7). docs/device.md lists them.
+  std::string pytorchVersion = "2.5";
+  std::string cudaVersion = "12.4";
+  bool lazyModuleLoading = true;  // CUDA_MODULE_LOADING=LAZY (PyTorch sets it since 1.13)
+  // NCCL communicator buffers (outside the allocator), MiB per GPU; 0 = the estimate from the
+  // job's communicators (docs/device.md, "NCCL buffers"; nothing on one GPU).
+  double ncclBuffersMiB = 0;
 };
+
+// "major.minor" (a patch part and a local suffix such as "2.5.1+cu124" are allowed and ignored).
+// False when the text is not such a version.
+bool ParseMajorMinor(std::string_view text, int& major, int& minor);
 
 // How the base model's linear weights are loaded (bitsandbytes through transformers'
 // BitsAndBytesConfig; layouts in finetune.hpp).

@@ -37,6 +37,11 @@ RuntimeOptions RuntimeOptionsOf(const RuntimeDef& runtime) {
   RuntimeOptions o = DefaultRuntimeOptions();
   o.cudaContextMiB = runtime.cudaContextMiB > 0 ? runtime.cudaContextMiB : -1;  // 0: the default
   o.cublasWorkspaceConfig = runtime.cublasWorkspaceConfig;
+  // Validation refuses text that does not parse; the defaults stay for a setup not validated.
+  ParseMajorMinor(runtime.pytorchVersion, o.pytorchMajor, o.pytorchMinor);
+  ParseMajorMinor(runtime.cudaVersion, o.cudaMajor, o.cudaMinor);
+  o.lazyModuleLoading = runtime.lazyModuleLoading;
+  o.ncclBuffersMiB = runtime.ncclBuffersMiB > 0 ? runtime.ncclBuffersMiB : -1;  // 0: the estimate
   return o;
 }
 
@@ -61,6 +66,22 @@ void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors) {
   const double context = setup.runtime.cudaContextMiB;
   if (!std::isfinite(context) || context < 0 || context > 1 << 20) {
     bad("runtime.cudaContextMiB", "The CUDA context must be 0 (the default) or a positive number of MiB up to 2^20.");
+  }
+  int major = 0;
+  int minor = 0;
+  if (!ParseMajorMinor(setup.runtime.pytorchVersion, major, minor) || major < 1 || major > 99) {
+    bad("runtime.pytorchVersion", "The PyTorch version must read major.minor, from 1.0 (such as \"2.5\" or \"1.10\").");
+  } else if (major < 2 && setup.training.attention == AttentionImplementation::SDPA) {
+    // F.scaled_dot_product_attention first shipped in PyTorch 2.0.
+    bad("training.attention", "SDPA attention needs PyTorch 2.0 or later (F.scaled_dot_product_attention); with PyTorch " +
+                                  setup.runtime.pytorchVersion + " choose eager attention.");
+  }
+  if (!ParseMajorMinor(setup.runtime.cudaVersion, major, minor) || major < 9 || major > 99) {
+    bad("runtime.cudaVersion", "The CUDA version must read major.minor, from 9.0 (such as \"12.4\" or \"11.2\").");
+  }
+  const double nccl = setup.runtime.ncclBuffersMiB;
+  if (!std::isfinite(nccl) || nccl < 0 || nccl > 1 << 20) {
+    bad("runtime.ncclBuffersMiB", "The NCCL buffers must be 0 (the estimate) or a positive number of MiB up to 2^20.");
   }
   if (setup.runtime.cublasWorkspaceConfig.size() > 256) {
     bad("runtime.cublasWorkspaceConfig", "CUBLAS_WORKSPACE_CONFIG longer than 256 characters is not meaningful.");
@@ -200,7 +221,10 @@ std::int64_t AllocatorLimit(std::int64_t capacityBytes, const DeviceOverheadsRes
 
 DeviceAllocatorInput DeviceAllocatorInputOf(const Setup& setup, const Trace& trace, std::int64_t capacityBytes) {
   DeviceAllocatorInput input;
-  const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, RuntimeOptionsOf(setup.runtime));
+  RuntimeOptions runtime = RuntimeOptionsOf(setup.runtime);
+  runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
+  runtime.ncclCommunicators = NcclCommunicatorsOf(setup.parallel);
+  const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, runtime);
   PlaceEvents(setup, trace, overheads, input.events);
   input.options = AllocatorOptionsOf(setup.runtime);
   input.limitBytes = AllocatorLimit(capacityBytes, overheads);
@@ -215,6 +239,7 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   RuntimeOptions runtime = RuntimeOptionsOf(setup.runtime);
   // Many GPUs: the job's size decides whether NCCL communicators exist (docs/parallel.md).
   runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
+  runtime.ncclCommunicators = NcclCommunicatorsOf(setup.parallel);
   const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, runtime);
   d.contextBytes = overheads.context.bytes;
   d.workspaceBytes = overheads.workspace.bytes;

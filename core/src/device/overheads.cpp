@@ -9,6 +9,7 @@
 
 #include "device/caching_allocator.hpp"
 #include "gpumem/device.hpp"
+#include "gpumem/setup.hpp"
 
 namespace gpumem {
 
@@ -367,9 +368,16 @@ DeviceOverheadsResult DeviceOverheads(std::string_view gpuId, const RuntimeOptio
     if (ltBytes > 0) r.workspaceAllocations.push_back(ltBytes);
   }
 
-  // --- NCCL: nothing on one GPU. Multi-GPU buffers depend on channels, peers and protocol
-  // (NCCL_BUFFSIZE, 4 MiB per channel and peer by default); until that is modelled, only a
-  // given figure is used.
+  // --- NCCL: nothing on one GPU. With several, every communicator the rank belongs to
+  // connects its ring: on each channel one receive connection from the previous rank, whose
+  // buffers (one per protocol: Simple, LL, LL128) are cudaMalloc'd on the receiving GPU (nccl
+  // src/transport/p2p.cc p2pRecvSetup / ncclConnInfo.buffs "Local for recv"; src/init.cc
+  // computeBuffSizes). They are outside PyTorch's caching allocator: nvidia-smi sees them,
+  // torch.cuda.memory_reserved does not. An estimate: the channel count depends on the topology
+  // NCCL finds (NVLink systems use 16–32, PCIe a few; NCCL_MIN/MAX_NCHANNELS), tree, NVLS and
+  // CollNet connections, the p2p transport's own channels and the proxy's host buffers are not
+  // counted, and NCCL ≥ 2.22 connects lazily (NCCL_RUNTIME_CONNECT), so a protocol never used
+  // allocates nothing. runtime.ncclBuffersMiB replaces it with a measured figure.
   if (o.ncclBuffersMiB >= 0) {
     r.communication.bytes = static_cast<std::int64_t>(std::llround(o.ncclBuffersMiB * static_cast<double>(kMiB)));
     r.communication.formula = "given: " + std::to_string(o.ncclBuffersMiB) + " MiB";
@@ -378,10 +386,32 @@ DeviceOverheadsResult DeviceOverheads(std::string_view gpuId, const RuntimeOptio
     r.communication.formula = "0 (one GPU: no NCCL communicator)";
     r.communication.source = "no process group";
   } else {
-    r.communication.formula = "not modelled: give runtime.ncclBuffersMiB";
-    r.communication.source = "NCCL buffers depend on channels, peers and NCCL_BUFFSIZE";
+    const int communicators = o.ncclCommunicators < 0 ? 1 : o.ncclCommunicators;
+    const std::int64_t perChannel = kNcclSimpleBufferBytes + kNcclLl128BufferBytes + kNcclLlBufferBytes;
+    r.communication.bytes = std::int64_t{communicators} * o.ncclChannels * perChannel;
+    r.communication.formula = Str(communicators) + " communicator" + (communicators == 1 ? "" : "s") + " × " +
+                              Str(o.ncclChannels) + " channels × (Simple 4,194,304 + LL128 4,915,200 + LL 524,288 B)";
+    r.communication.source =
+        "nccl src/init.cc DEFAULT_BUFFSIZE, DEFAULT_LL_BUFFSIZE, DEFAULT_LL128_BUFFSIZE (NCCL_BUFFSIZE, "
+        "NCCL_LL_BUFFSIZE, NCCL_LL128_BUFFSIZE); one ring receive connection per channel; the channel count is "
+        "an estimate (topology); give runtime.ncclBuffersMiB for a measured figure";
   }
   return r;
+}
+
+int NcclCommunicatorsOf(const ParallelDef& p) {
+  // A process group per parallel dimension of more than one rank (Megatron's
+  // parallel_state.initialize_model_parallel creates data, tensor, context, expert and pipeline
+  // groups; DDP / DeepSpeed / FSDP one data-parallel group). Each gets its own NCCL communicator
+  // at its first collective (torch ProcessGroupNCCL::getNCCLComm).
+  int n = 0;
+  for (std::int64_t size : {p.dataParallel, p.tensorParallel, p.contextParallel, p.expertParallel, p.pipelineParallel}) {
+    if (size > 1) ++n;
+  }
+  // HYBRID_SHARD: a shard group within the node and a replicate group across
+  // (torch/distributed/fsdp/_init_utils.py _init_intra_and_inter_node_groups).
+  if (p.fsdp == FsdpMode::HybridShard && p.dataParallel > p.fsdpShardGroupSize) ++n;
+  return n;
 }
 
 }  // namespace gpumem

@@ -334,7 +334,7 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
 void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
   const std::string path = "runtime";
   if (!r.ExpectObject(v, path)) return;
-  r.RejectUnknown(v, {"allocator", "cudaContextMiB", "cublasWorkspaceConfig"}, path);
+  r.RejectUnknown(v, {"allocator", "cudaContextMiB", "cublasWorkspaceConfig", "pytorchVersion", "cudaVersion", "lazyModuleLoading", "ncclBuffersMiB"}, path);
   if (auto it = v.find("allocator"); it != v.end() && r.ExpectObject(*it, "runtime.allocator")) {
     const std::string a = "runtime.allocator";
     r.RejectUnknown(*it, {"expandableSegments", "maxSplitSizeMiB", "roundupPower2Divisions", "garbageCollectionThreshold"}, a);
@@ -344,6 +344,7 @@ void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
     r.Number(*it, "garbageCollectionThreshold", a, runtime.allocator.garbageCollectionThreshold);
   }
   r.Number(v, "cudaContextMiB", path, runtime.cudaContextMiB);
+  r.Number(v, "ncclBuffersMiB", path, runtime.ncclBuffersMiB);
   if (auto it = v.find("cublasWorkspaceConfig"); it != v.end()) {
     if (!it->is_string()) {
       r.Fail(ErrorCode::InvalidField, "runtime.cublasWorkspaceConfig", "Must be a string such as \":4096:8\", got " + KindOf(*it) + ".");
@@ -351,6 +352,20 @@ void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
       runtime.cublasWorkspaceConfig = it->get<std::string>();
     }
   }
+  // Versions are strings: as a JSON number 1.10 would read as 1.1.
+  auto version = [&](const char* key, const char* example, std::string& out) {
+    auto it = v.find(key);
+    if (it == v.end()) return;
+    if (!it->is_string() || it->get_ref<const std::string&>().size() > 64) {
+      r.Fail(ErrorCode::InvalidField, path + "." + key,
+             std::string("Must be a version string such as \"") + example + "\", got " + KindOf(*it) + ".");
+    } else {
+      out = it->get<std::string>();
+    }
+  };
+  version("pytorchVersion", "2.5", runtime.pytorchVersion);
+  version("cudaVersion", "12.4", runtime.cudaVersion);
+  r.Bool(v, "lazyModuleLoading", path, runtime.lazyModuleLoading);
 }
 
 // A list of module names (finetune.targetModules, finetune.trainOnlyModules).
@@ -527,7 +542,11 @@ ojson SetupJson(const Setup& s) {
                                   {"roundupPower2Divisions", s.runtime.allocator.roundupPower2Divisions},
                                   {"garbageCollectionThreshold", s.runtime.allocator.garbageCollectionThreshold}}},
                    {"cudaContextMiB", s.runtime.cudaContextMiB},
-                   {"cublasWorkspaceConfig", s.runtime.cublasWorkspaceConfig}}},
+                   {"cublasWorkspaceConfig", s.runtime.cublasWorkspaceConfig},
+                   {"pytorchVersion", s.runtime.pytorchVersion},
+                   {"cudaVersion", s.runtime.cudaVersion},
+                   {"lazyModuleLoading", s.runtime.lazyModuleLoading},
+                   {"ncclBuffersMiB", s.runtime.ncclBuffersMiB}}},
       {"finetune", FinetuneJson(s.finetune)},
       {"parallel", ParallelJson(s.parallel)},
   };
@@ -813,6 +832,13 @@ std::string ImportMegatronJson(std::string_view commandLine, std::string_view se
   std::vector<FieldError> errors;
   if (!BaseSetup(setupText, base, errors)) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
   return ParallelImportJson(ImportMegatronArguments(commandLine, base), indent);
+}
+
+std::string ImportAccelerateJson(std::string_view configText, std::string_view setupText, int indent) {
+  Setup base;
+  std::vector<FieldError> errors;
+  if (!BaseSetup(setupText, base, errors)) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
+  return ParallelImportJson(ImportAccelerateConfig(configText, base), indent);
 }
 
 std::string FewestGpusJson(std::string_view setupText, bool allowOffload, int indent) {

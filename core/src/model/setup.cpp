@@ -563,6 +563,29 @@ std::int64_t OutputWidth(const std::vector<LayerDef>& layers, std::size_t index)
   return width;
 }
 
+bool ParseMajorMinor(std::string_view text, int& major, int& minor) {
+  // "2.5", "2.5.1", "2.5.1+cu124", "1.10": two numbers of at most four digits, then anything
+  // after a '.' or '+' (a patch, a local version).
+  auto number = [&](std::size_t& i, int& out) {
+    const std::size_t start = i;
+    int value = 0;
+    while (i < text.size() && i - start < 4 && text[i] >= '0' && text[i] <= '9') value = value * 10 + (text[i++] - '0');
+    if (i == start || (i < text.size() && text[i] >= '0' && text[i] <= '9')) return false;
+    out = value;
+    return true;
+  };
+  std::size_t i = 0;
+  int ma = 0;
+  int mi = 0;
+  if (!number(i, ma) || i >= text.size() || text[i] != '.') return false;
+  ++i;
+  if (!number(i, mi)) return false;
+  if (i < text.size() && text[i] != '.' && text[i] != '+') return false;
+  major = ma;
+  minor = mi;
+  return true;
+}
+
 std::vector<FieldError> Validate(const Setup& setup) {
   ErrorList errors;
   Validate(setup, errors);

@@ -1,5 +1,6 @@
 // Imports: a DeepSpeed config JSON and Megatron-LM's parallel arguments (docs/parallel.md).
 // Offline and exception-free: every value is type-checked before it is read.
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -240,6 +241,239 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
   }
   out.notes.push_back("The data-parallel size follows from the world size, which Megatron's arguments do not give: it "
                       "stays " + std::to_string(p.dataParallel) + ".");
+  return out;
+}
+
+}  // namespace gpumem
+
+// ---------------------------------------------------------------------------------------------
+// accelerate's config (the YAML `accelerate config` writes, accelerate/commands/config/
+// config_args.py ClusterConfig; FSDP keys as accelerate/utils/dataclasses.py
+// FullyShardedDataParallelPlugin reads them). A small YAML subset: top-level `key: value`
+// lines and one level of nested mappings (fsdp_config); comments, quotes, `[]` and `{}` as empty
+// values. Anything else (lists, flow collections, anchors, block scalars, deeper nesting, tabs)
+// is refused with the line it is on.
+namespace gpumem {
+namespace {
+
+constexpr std::size_t kMaxYamlText = 64 << 10;
+constexpr std::size_t kMaxYamlLines = 2000;
+
+struct YamlEntry {
+  std::string section;  // "" at the top level, else the nested mapping's key ("fsdp_config")
+  std::string key, value;
+  bool quoted = false;
+  int line = 0;
+};
+
+std::string Trim(std::string_view s) {
+  std::size_t a = 0, b = s.size();
+  while (a < b && (s[a] == ' ' || s[a] == '\r')) ++a;
+  while (b > a && (s[b - 1] == ' ' || s[b - 1] == '\r')) --b;
+  return std::string(s.substr(a, b - a));
+}
+
+// Parses the subset; on failure adds one error naming the line.
+bool ParseYamlSubset(std::string_view text, std::vector<YamlEntry>& entries, std::vector<FieldError>& errors) {
+  auto fail = [&](int line, const std::string& message) {
+    errors.push_back({ErrorCode::MalformedJson, "line " + std::to_string(line), message});
+    return false;
+  };
+  if (text.size() > kMaxYamlText) return fail(0, "The accelerate config is larger than 64 KiB.");
+  std::string section;
+  int sectionIndent = -1;
+  int lineNumber = 0;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t end = text.find('\n', start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string_view raw = text.substr(start, end - start);
+    start = end + 1;
+    if (++lineNumber > static_cast<int>(kMaxYamlLines)) return fail(lineNumber, "More than 2,000 lines.");
+    if (raw.find('\t') != std::string_view::npos) return fail(lineNumber, "Tabs are not allowed in YAML indentation.");
+    int indent = 0;
+    while (indent < static_cast<int>(raw.size()) && raw[indent] == ' ') ++indent;
+    std::string body = Trim(raw);
+    if (body.empty() || body[0] == '#' || body == "---" || body == "...") {
+      if (end == text.size()) break;
+      continue;
+    }
+    if (body[0] == '-') return fail(lineNumber, "Lists are not read (only key: value mappings).");
+    const std::size_t colon = body.find(':');
+    if (colon == std::string::npos || colon == 0) return fail(lineNumber, "Expected 'key: value'.");
+    YamlEntry e;
+    e.key = Trim(std::string_view(body).substr(0, colon));
+    std::string value = Trim(std::string_view(body).substr(colon + 1));
+    e.line = lineNumber;
+    if (!value.empty() && (value[0] == '"' || value[0] == '\'')) {
+      const char q = value[0];
+      const std::size_t close = value.find(q, 1);
+      if (close == std::string::npos) return fail(lineNumber, "Unterminated quoted string.");
+      const std::string rest = Trim(std::string_view(value).substr(close + 1));
+      if (!rest.empty() && rest[0] != '#') return fail(lineNumber, "Text after a quoted string.");
+      e.value = value.substr(1, close - 1);
+      e.quoted = true;
+    } else {
+      if (const std::size_t hash = value.find(" #"); hash != std::string::npos) value = Trim(std::string_view(value).substr(0, hash));
+      if (!value.empty() && value[0] == '#') value.clear();
+      if (value == "[]" || value == "{}") value.clear();
+      else if (!value.empty() && std::string_view("[{|>&*!%@`").find(value[0]) != std::string_view::npos) {
+        return fail(lineNumber, "Only plain scalars are read (no flow collections, block scalars, anchors or tags).");
+      }
+      e.value = value;
+    }
+    if (indent == 0) {
+      section.clear();
+      sectionIndent = -1;
+      if (e.value.empty() && !e.quoted && body.back() == ':') {
+        section = e.key;  // a nested mapping follows (or an empty one)
+        continue;
+      }
+    } else {
+      if (section.empty()) return fail(lineNumber, "Indented line outside a nested mapping.");
+      if (sectionIndent < 0) sectionIndent = indent;
+      if (indent != sectionIndent) return fail(lineNumber, "Only one level of nesting is read.");
+      if (e.value.empty() && !e.quoted && body.back() == ':') return fail(lineNumber, "Only one level of nesting is read.");
+      e.section = section;
+    }
+    entries.push_back(std::move(e));
+    if (end == text.size()) break;
+  }
+  return true;
+}
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// PyYAML (YAML 1.1) booleans.
+int YamlBool(const YamlEntry& e) {
+  if (e.quoted) return -1;
+  const std::string v = Lower(e.value);
+  if (v == "true" || v == "yes" || v == "on") return 1;
+  if (v == "false" || v == "no" || v == "off") return 0;
+  return -1;
+}
+
+}  // namespace
+
+ParallelImport ImportAccelerateConfig(std::string_view text, const Setup& base) {
+  ParallelImport out;
+  out.setup = base;
+  std::vector<YamlEntry> entries;
+  if (!ParseYamlSubset(text, entries, out.errors)) return out;
+  ParallelDef& p = out.setup.parallel;
+  TrainingDef& t = out.setup.training;
+  auto fail = [&](const YamlEntry& e, const std::string& message) {
+    out.errors.push_back({ErrorCode::InvalidField, e.section.empty() ? e.key : e.section + "." + e.key, message});
+  };
+  auto boolean = [&](const YamlEntry& e, bool& target) {
+    const int b = YamlBool(e);
+    if (b < 0) fail(e, "Must be true or false.");
+    else target = b == 1;
+  };
+  std::string distributedType = "FSDP";
+  bool offloadParams = false, sawFsdp = false;
+  std::int64_t fsdpVersion = 1;
+  const YamlEntry* reshard = nullptr;
+  const YamlEntry* strategy = nullptr;
+  for (const YamlEntry& e : entries) {
+    const std::string name = e.section.empty() ? e.key : e.section + "." + e.key;
+    if (e.section.empty()) {
+      if (e.key == "distributed_type") distributedType = e.value;
+      else if (e.key == "num_processes") {
+        char* endp = nullptr;
+        const long long n = std::strtoll(e.value.c_str(), &endp, 10);
+        if (e.value.empty() || *endp != '\0' || n < 1 || n > (1 << 20)) fail(e, "Must be a whole number of processes from 1 to 2^20.");
+        else p.dataParallel = n;
+      } else if (e.key == "mixed_precision") {
+        // accelerate's choices: no, fp16, bf16, fp8 (PyYAML reads an unquoted no as false).
+        const std::string v = Lower(e.value);
+        if (v == "no" || v == "false") t.precision = Precision::FP32;
+        else if (v == "bf16") t.precision = Precision::BF16Mixed;
+        else if (v == "fp16") t.precision = Precision::FP16Mixed;
+        else fail(e, "Must be no, fp16 or bf16 (fp8 is not simulated).");
+      } else {
+        out.ignoredFields.push_back(name);
+      }
+      continue;
+    }
+    if (e.section != "fsdp_config") {
+      out.ignoredFields.push_back(name);
+      continue;
+    }
+    sawFsdp = true;
+    if (e.key == "fsdp_sharding_strategy") strategy = &e;
+    else if (e.key == "fsdp_reshard_after_forward") reshard = &e;
+    else if (e.key == "fsdp_version") {
+      if (e.value == "1" || e.value == "2") fsdpVersion = e.value == "2" ? 2 : 1;
+      else fail(e, "Must be 1 or 2.");
+    } else if (e.key == "fsdp_offload_params") boolean(e, offloadParams);
+    else if (e.key == "fsdp_forward_prefetch") boolean(e, p.forwardPrefetch);
+    else if (e.key == "fsdp_backward_prefetch") {
+      // accelerate: BACKWARD_PRE, BACKWARD_POST, NO_PREFETCH (FSDP_BACKWARD_PREFETCH).
+      if (e.value == "BACKWARD_PRE") p.backwardPrefetch = true;
+      else if (e.value == "NO_PREFETCH") p.backwardPrefetch = false;
+      else if (e.value == "BACKWARD_POST") {
+        p.backwardPrefetch = false;
+        out.notes.push_back("fsdp_backward_prefetch: BACKWARD_POST is simulated as no prefetch (the next unit is gathered after the current one's gradient, not alongside).");
+      } else fail(e, "Must be BACKWARD_PRE, BACKWARD_POST or NO_PREFETCH.");
+    } else if (e.key == "fsdp_activation_checkpointing") {
+      bool on = false;
+      boolean(e, on);
+      if (on) t.checkpointing = Checkpointing::EveryBlock;
+    } else if (e.key == "fsdp_auto_wrap_policy") {
+      if (e.value != "TRANSFORMER_BASED_WRAP") {
+        out.notes.push_back("fsdp_auto_wrap_policy " + e.value + ": the simulation's wrap unit is the transformer block (TRANSFORMER_BASED_WRAP).");
+      }
+    } else {
+      // fsdp_state_dict_type, fsdp_use_orig_params, fsdp_cpu_ram_efficient_loading,
+      // fsdp_sync_module_states, fsdp_transformer_layer_cls_to_wrap, …: no effect on the step's
+      // memory that the simulation models.
+      out.ignoredFields.push_back(name);
+    }
+  }
+  if (distributedType == "MULTI_GPU" || distributedType == "NO") {
+    p.fsdp = FsdpMode::Off;
+    p.zeroStage = 0;
+    out.notes.push_back("distributed_type " + distributedType + ": DDP" + (sawFsdp ? " (fsdp_config not used)" : "") + ".");
+    return out;
+  }
+  if (distributedType != "FSDP") {
+    out.errors.push_back({ErrorCode::InvalidField, "distributed_type",
+                          distributedType + " is not read here (FSDP, MULTI_GPU or NO; DeepSpeed has its own import)."});
+    return out;
+  }
+  p.zeroStage = 0;
+  p.fsdp = FsdpMode::FullShard;
+  if (fsdpVersion == 2) {
+    // FSDP2 (accelerate fsdp_version 2): fully_shard with fsdp_reshard_after_forward (a bool).
+    p.fsdp = FsdpMode::FullyShard;
+    if (reshard) boolean(*reshard, p.reshardAfterForward);
+    if (strategy) out.ignoredFields.push_back("fsdp_config.fsdp_sharding_strategy");
+  } else {
+    // FSDP1: fsdp_sharding_strategy (newer accelerate also writes it as fsdp_reshard_after_forward),
+    // a name or its 1-based index in FSDP_SHARDING_STRATEGY.
+    const YamlEntry* s = strategy ? strategy : reshard;
+    if (s) {
+      static const char* kNames[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"};
+      std::string v = s->value;
+      if (v.size() == 1 && v[0] >= '1' && v[0] <= '5') v = kNames[v[0] - '1'];
+      if (v == "FULL_SHARD") p.fsdp = FsdpMode::FullShard;
+      else if (v == "SHARD_GRAD_OP") p.fsdp = FsdpMode::ShardGradOp;
+      else if (v == "HYBRID_SHARD") p.fsdp = FsdpMode::HybridShard;
+      else if (v == "NO_SHARD") {
+        p.fsdp = FsdpMode::Off;  // replicated like DDP (FSDP NO_SHARD all-reduces gradients)
+        out.notes.push_back("NO_SHARD: simulated as DDP (nothing sharded, gradients all-reduced).");
+      } else if (v == "HYBRID_SHARD_ZERO2") fail(*s, "HYBRID_SHARD_ZERO2 is not simulated yet.");
+      else fail(*s, "Must be FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD, HYBRID_SHARD_ZERO2 or 1-5.");
+    }
+  }
+  if (offloadParams) {
+    if (p.fsdp == FsdpMode::Off) out.notes.push_back("fsdp_offload_params with NO_SHARD is not simulated: no offload.");
+    else p.offload = OffloadKind::OptimizerAndParameters;  // CPUOffload(offload_params=True)
+  }
   return out;
 }
 

@@ -96,6 +96,11 @@ ValueId SavesOutput(Tape& t, ValueId x, TextPart name, DType type) {
   return t.Apply({.name = name, .inputs = {{x}}, .shape = t.ShapeOf(x), .type = type, .savesOutput = true});
 }
 
+ValueId Softmax(Tape& t, ValueId x, TextPart name, DType type) {
+  if (!t.softmaxSavesInput()) return SavesOutput(t, x, name, type);
+  return t.Apply({.name = name, .inputs = {{x}}, .shape = t.ShapeOf(x), .type = type, .saves = {x}, .savesOutput = true});
+}
+
 ValueId Dropout(Tape& t, ValueId x, double p, TextPart name) {
   if (p <= 0.0) return t.Keep(x);  // F.dropout with p = 0 returns its input
   return t.Apply({.name = name, .inputs = {{x}}, .shape = t.ShapeOf(x), .type = t.TypeOf(x),

@@ -4,10 +4,10 @@
 //
 // What each op keeps for backward (PyTorch derivatives.yaml, CUDA kernels):
 //   linear / matmul: both operands (under autocast: their 16-bit copies)
-//   softmax: its output        gelu, silu, pow: their input        tanh, sigmoid, rsqrt: output
+//   softmax: its output (and its input before PyTorch 1.11)        gelu, silu, pow: their input        tanh, sigmoid, rsqrt: output
 //   mul: each operand only if the other needs a gradient        add, scalar mul, views: nothing
 //   dropout (0 < p < 1): a 1-byte mask        layer_norm: input, mean and rstd (fp32)
-//   embedding: the ids        log_softmax: its output        nll_loss: target and total_weight
+//   embedding: the ids        log_softmax: as softmax        nll_loss: target and total_weight
 //   index (x[idx]): the indices        index_add_: the indices and its source
 // Autocast (CUDA lists): linear and matmul cast their inputs to 16-bit (weights once per
 // forward, cached); layer_norm, softmax, log_softmax and the loss run in fp32; elementwise
@@ -39,6 +39,10 @@ ValueId Mul(Tape& t, ValueId a, ValueId b, TextPart name);
 // Element-wise ops that keep their input (gelu, silu) or their output (tanh, sigmoid, softmax).
 ValueId SavesInput(Tape& t, ValueId x, TextPart name);
 ValueId SavesOutput(Tape& t, ValueId x, TextPart name, DType type);
+// softmax / log_softmax in `type`: the output is saved, and before PyTorch 1.11 the input too
+// (derivatives.yaml `_softmax_backward_data(grad, result, dim, self)`; PR #65242 replaced `self`
+// with its dtype). Tape::softmaxSavesInput says which.
+ValueId Softmax(Tape& t, ValueId x, TextPart name, DType type);
 // F.dropout: with p = 0 the input itself; else a 1-byte mask is saved.
 ValueId Dropout(Tape& t, ValueId x, double p, TextPart name);
 // native_layer_norm on x (already in its compute dtype): saves x, mean and rstd (fp32).

@@ -160,6 +160,12 @@ class Tape {
   ValueId ForMatmul(ValueId v);
   void EndAutocast();  // leaving the autocast context: the weight-copy cache lets go
 
+  // --- version-dependent autograd rules (runtime.pytorchVersion) ---
+  // Before PyTorch 1.11 softmax and log_softmax saved their input as well as their output
+  // (ops::Softmax reads this; pytorch/pytorch#64000, fixed by PR #65242).
+  bool softmaxSavesInput() const { return softmaxSavesInput_; }
+  void SetSoftmaxSavesInput(bool on) { softmaxSavesInput_ = on; }
+
   // --- checkpointing ---
   using Values = SmallVec<ValueId, 4>;
   using Block = std::function<Values(Tape&, const Values&)>;
@@ -235,6 +241,7 @@ class Tape {
   GradientSink* sink_ = nullptr;
   DType compute_;
   bool autocast_;
+  bool softmaxSavesInput_ = false;
   bool recording_ = true;
   // The scope and its three joins, made once per scope rather than once per event: "scope: ",
   // "scope." and "scope " (each empty when the scope is).

@@ -52,7 +52,7 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
     t.Drop(scaled);
     scaled = masked;
   }
-  const ValueId probs32 = ops::SavesOutput(t, scaled, "softmax (fp32)", DType::FP32);
+  const ValueId probs32 = ops::Softmax(t, scaled, "softmax (fp32)", DType::FP32);
   t.Drop(scaled);
   const ValueId probs = ops::To(t, probs32, t.TypeOf(q));
   t.Drop(probs32);

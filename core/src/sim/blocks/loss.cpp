@@ -26,7 +26,7 @@ ValueId CrossEntropy(Model& m, ValueId logits, ValueId labels, bool causal) {
     target = t.Fresh({m.b, m.s}, DType::Int64, "shift_labels (contiguous)");
     t.Drop(padded);
   }
-  const ValueId logProbs = ops::SavesOutput(t, input, "log_softmax", t.TypeOf(input));
+  const ValueId logProbs = ops::Softmax(t, input, "log_softmax", t.TypeOf(input));
   t.Drop(input);
   ValueId loss = t.Apply({.name = "nll_loss", .inputs = {{logProbs}, {target, In::NoGrad}}, .shape = {1},
                           .type = t.TypeOf(logProbs), .saves = {target},
@@ -79,7 +79,7 @@ ValueId ChunkedOutputLoss(Model& m, ValueId hidden, ValueId weight, ValueId labe
   for (int i = 0; i < logits.size(); ++i) {
     const ValueId target = targets[i];
     const ValueId input = upcast ? ops::To(t, logits[i], DType::FP32) : t.Keep(logits[i]);
-    const ValueId logProbs = ops::SavesOutput(t, input, "log_softmax", t.TypeOf(input));
+    const ValueId logProbs = ops::Softmax(t, input, "log_softmax", t.TypeOf(input));
     t.Drop(input);
     const ValueId chunkLoss = t.Apply({.name = "nll_loss (sum)", .inputs = {{logProbs}, {target, In::NoGrad}},
                                        .shape = {1}, .type = t.TypeOf(logProbs), .saves = {target},

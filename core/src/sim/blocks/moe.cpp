@@ -12,7 +12,7 @@ ValueId MoE(Model& m, ValueId x, const Module& block) {
   const std::int64_t h = a.hiddenSize, E = a.numExperts, k = a.expertsPerToken, T = m.b * m.s;
   const ValueId flat = ops::View(t, x, {T, h}, "view(-1, hidden)");
   const ValueId router = Linear(m, flat, m.Child(block, "block_sparse_moe.gate"), E, "router logits");
-  const ValueId probs = ops::SavesOutput(t, router, "router softmax (fp32)", DType::FP32);
+  const ValueId probs = ops::Softmax(t, router, "router softmax (fp32)", DType::FP32);
   t.Drop(router);
   const ValueId selected = t.Fresh({T, k}, DType::Int64, "selected_experts");
   const ValueId top = t.Apply({.name = "topk weights", .inputs = {{probs}}, .shape = {T, k},

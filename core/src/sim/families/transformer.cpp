@@ -17,6 +17,15 @@
 namespace gpumem {
 namespace {
 
+// PyTorch before 1.11 kept softmax's and log_softmax's input for backward (pytorch/pytorch#64000;
+// PR #65242 first released in 1.11 passes only the input's dtype to the backward).
+bool SoftmaxSavesInput(const RuntimeDef& runtime) {
+  int major = 2;
+  int minor = 5;
+  if (!ParseMajorMinor(runtime.pytorchVersion, major, minor)) return false;
+  return major < 1 || (major == 1 && minor < 11);
+}
+
 class TransformerPass final : public ModelPass {
  public:
   TransformerPass(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names,
@@ -26,12 +35,14 @@ class TransformerPass final : public ModelPass {
         parameters_(inventory, names, regime.weights, setup.finetune.computeDType),
         parameterCount_(inventory.parameters.size()),
         inputRequiresGrad_(InputRequiresGrad(setup)), finetune_(setup.finetune),
+        softmaxSavesInput_(SoftmaxSavesInput(setup.runtime)),
         sequenceShards_(setup.parallel.sequenceParallel ? setup.parallel.tensorParallel : 1),
         contextShards_(setup.parallel.contextParallel), expertShards_(setup.parallel.expertParallel) {}
 
   void Forward(TraceBuilder& b) override {
     tape_.emplace(b, regime_.compute, regime_.autocast, parameterCount_);
     tape_->SetLayerHook(layerHook_);
+    tape_->SetSoftmaxSavesInput(softmaxSavesInput_);
     // About 70 values per block and 25 per expert, two thirds as many nodes.
     const auto blocks = static_cast<std::size_t>(a_.numLayers);
     const auto experts = static_cast<std::size_t>(std::max<std::int64_t>(0, a_.numExperts));
@@ -159,6 +170,7 @@ class TransformerPass final : public ModelPass {
   bool inputRequiresGrad_;
   const FinetuneDef& finetune_;
   std::optional<Tape> tape_;
+  bool softmaxSavesInput_ = false;
   std::optional<Model> model_;
   std::vector<TensorHandle> batch_;
   ValueId ids_ = kNoValue, labels_ = kNoValue, tokenTypes_ = kNoValue, loss_ = kNoValue;
