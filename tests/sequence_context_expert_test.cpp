@@ -341,3 +341,24 @@ TEST_CASE("Sequence context and expert parallel: checkpointed blocks keep the ra
     CHECK(MustEstimate(dense).peak.totalBytes > 0);
   }
 }
+
+TEST_CASE("Sequence context and expert parallel: a pasted Megatron command line estimates", "[parallel][sequence][context][expert]") {
+  const ParallelImport dense = ImportMegatronArguments(
+      "--tensor-model-parallel-size 2 --sequence-parallel --context-parallel-size 2 --use-distributed-optimizer "
+      "--micro-batch-size 1 --seq-length 4096 --bf16",
+      LlamaBlocks(2));
+  REQUIRE(dense.ok());
+  Setup s = dense.setup;
+  s.parallel.dataParallel = 2;
+  const Estimate e = MustEstimate(s);
+  CHECK(e.rank.worldSize == 8);
+  CHECK(e.rank.shardWorld == 4);  // the distributed optimizer over dp × cp
+  const ParallelImport moe = ImportMegatronArguments(
+      "--expert-model-parallel-size 4 --use-distributed-optimizer --micro-batch-size 1 --seq-length 2048 --bf16",
+      MixtralBlocks(2));
+  REQUIRE(moe.ok());
+  Setup m = moe.setup;
+  CHECK(HasErrorOn(Validate(m), "parallel.expertParallel"));  // dp × cp = 1: no ranks to take experts from
+  m.parallel.dataParallel = 8;
+  CHECK(MustEstimate(m).modelStates.parameterCount < MustEstimate(MixtralBlocks(2)).modelStates.parameterCount);
+}
