@@ -211,6 +211,11 @@ def sequence_parallel_check(world, dims):
     # At the end of forward (besides init): x [s/t, b, h] (saved sharded, not the gathered [s, b, h]),
     # col and gelu(col) [s, b, f/t], out [s/t, b, h] and the loss scalar.
     forward_end = init + (s // t * b * h * 2 + s * b * f // t * 2) * four + four
+    # Backward's peak is in the column-parallel linear's backward (the forward's tensors are held
+    # by the test): the loss's gradient seed, both weight gradients, the gradient of its output
+    # [s, b, f/t], the full grad_input [s, b, h] before the reduce-scatter and the rank's share
+    # [s/t, b, h] (the all-gather again reuses the kept buffer: no allocation).
+    backward_peak = forward_end + four + (2 * f // t * h + s * b * f // t + s * b * h + s // t * b * h) * four
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(measure_sequence_parallel, args=(world, dims, free_port(), os.path.join(tmp, "rank")),
                  nprocs=world, join=True)
@@ -218,10 +223,12 @@ def sequence_parallel_check(world, dims):
             m = json.load(fh)
     measured_init = m["ends"]["init"]
     measured_forward = m["ends"]["forward:1"]
-    ok = measured_init == init and measured_forward == forward_end
+    measured_backward = m["peaks"]["backward:1"]
+    ok = measured_init == init and measured_forward == forward_end and measured_backward == backward_peak
     print(f"sequence-parallel pair t={t} s={s} b={b} h={h} f={f}: init {measured_init:,} (predicted {init:,}), "
           f"forward end {measured_forward:,} (predicted {forward_end:,}; the gathered input would add "
-          f"{(s - s // t) * b * h * four:,}), backward peak {m['peaks']['backward:1']:,}  {'exact' if ok else 'DIFF'}")
+          f"{(s - s // t) * b * h * four:,}), backward peak {measured_backward:,} (predicted {backward_peak:,})  "
+          f"{'exact' if ok else 'DIFF'}")
     return ok
 
 
