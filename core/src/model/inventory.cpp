@@ -2,6 +2,7 @@
 #include "gpumem/inventory.hpp"
 
 #include "gpumem/finetune.hpp"
+#include "parallel/expert_split.hpp"
 
 #include <initializer_list>
 #include <string>
@@ -189,6 +190,7 @@ Inventory BuildInventory(const Setup& setup) {
                                inv.parameters.push_back({prefix + name, std::vector<std::int64_t>(shape), true, block});
                              });
     ApplyFinetune(setup, inv);  // frozen parameters, adapters, quantized storage (finetune.hpp)
+    expert_split::KeepLocalExperts(setup, inv);  // expert parallelism: the rank's E/e experts
     return inv;
   }
   if (model.kind == ModelKind::ParameterCount) {

@@ -31,7 +31,10 @@ FewestGpusResult FewestGpus(const Setup& setup, std::int64_t maxGpus, bool allow
   r.errors = Validate(setup);
   if (!r.errors.empty()) return r;
   const EstimateOptions quiet{.timeline = EstimateOptions::Timeline::None, .explain = false};
-  const std::int64_t tp = setup.parallel.tensorParallel;
+  // GPUs per data-parallel rank: tensor × pipeline × context parallel (WorldSize at dp = 1).
+  Setup one = setup;
+  one.parallel.dataParallel = 1;
+  const std::int64_t tp = WorldSize(one.parallel);
   for (std::int64_t dp = 1; dp * tp <= maxGpus; dp *= 2) {
     for (const Layout& layout : kLayouts) {
       if (layout.candidate.offload && !allowOffload) continue;

@@ -194,11 +194,14 @@ LayoutsResult LayoutsForCluster(const Setup& setup, std::int64_t gpus, const Lay
   if (transformer) checkpointings = {Checkpointing::None, Checkpointing::EveryBlock};
 
   // tp within one node (≤ 8, NVLink), pp dividing the layers, dp the rest; context and expert
-  // parallel stay as the setup has them (1 unless given; not enumerated).
-  for (std::int64_t tp : DivisorsUpTo(gpus, 8)) {
-    for (std::int64_t pp : DivisorsUpTo(gpus / tp, layers)) {
+  // parallel stay as the setup has them (1 unless given; not enumerated), so the context-parallel
+  // ranks take their share of the GPUs first: dp × tp × pp × cp = N.
+  const std::int64_t cp = std::max<std::int64_t>(1, setup.parallel.contextParallel);
+  if (gpus % cp != 0) return r;  // no layout: the context parallel size does not divide N
+  for (std::int64_t tp : DivisorsUpTo(gpus / cp, 8)) {
+    for (std::int64_t pp : DivisorsUpTo(gpus / cp / tp, layers)) {
       if (layers % pp != 0) continue;
-      const std::int64_t dp = gpus / tp / pp;
+      const std::int64_t dp = gpus / cp / tp / pp;
       // Within one (dp, tp, pp): a layout that fits without offload makes the offloading ones
       // pointless (they rank after every layout without host traffic), and a layout that fits
       // without checkpointing makes its checkpointed twin pointless (more compute, as much or

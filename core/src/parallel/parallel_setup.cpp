@@ -171,9 +171,80 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
   }
   // What the simulation covers so far (docs/parallel.md, "Not yet simulated"): refused, not guessed.
   ValidatePipeline(setup, errors);  // parallel/pipeline.cpp
-  if (p.contextParallel != 1) bad("contextParallel", "Context parallelism is not simulated yet (docs/parallel.md).");
-  if (p.expertParallel != 1) bad("expertParallel", "Expert parallelism is not simulated yet (docs/parallel.md).");
-  if (p.sequenceParallel) bad("sequenceParallel", "Sequence parallelism is not simulated yet (docs/parallel.md).");
+  if (p.pipelineParallel > 1 && (p.sequenceParallel || p.contextParallel > 1 || p.expertParallel > 1)) {
+    // Each was built and checked on one stage's whole model; their p2p sizes (s/t with sequence
+    // parallelism) and stage splits together are not simulated yet.
+    bad("pipelineParallel", "Pipeline parallelism together with sequence, context or expert parallelism is not "
+                            "simulated yet (docs/parallel.md).");
+  }
+  if (p.contextParallel > 1 && sizesOk) {
+    // Transformer Engine splits each sequence into 2c chunks, two per rank (load balancing of
+    // the causal mask; AttnFuncWithCPAndKVP2P asserts "Sequence length per GPU needs to be
+    // divisible by 2"), and runs attention on its flash / fused kernels.
+    const std::int64_t c = p.contextParallel;
+    if (setup.training.sequenceLength % (2 * c) != 0) {
+      bad("contextParallel", "Context parallelism splits each sequence into 2 × " + std::to_string(c) +
+                                 " chunks: 2 × the context parallel size must divide the sequence length (" +
+                                 std::to_string(setup.training.sequenceLength) + ").");
+    } else if (p.sequenceParallel && p.tensorParallel > 1 && (setup.training.sequenceLength / c) % p.tensorParallel != 0) {
+      bad("sequenceParallel", "With context parallelism each rank holds s / c tokens, and sequence parallelism splits "
+                              "them again: the tensor parallel size must divide s / c.");
+    }
+    if (setup.model.kind != ModelKind::Transformer || setup.model.architecture.family != Family::Llama) {
+      bad("contextParallel", "Context parallelism is simulated for the Llama family's attention so far.");
+    } else if (setup.training.attention != AttentionImplementation::SDPA) {
+      bad("contextParallel", "Context parallelism runs Transformer Engine's ring attention on fused kernels: choose "
+                             "the fused attention (SDPA), not eager.");
+    }
+  }
+  if (p.expertParallel > 1 && sizesOk) {
+    // Megatron takes the expert-parallel ranks from the data- and context-parallel ones
+    // (parallel_state.initialize_model_parallel asserts that expert_model_parallel_size divides
+    // them) and gives each E/e whole experts.
+    const std::int64_t e = p.expertParallel;
+    const ArchitectureDef& a = setup.model.architecture;
+    if (setup.model.kind != ModelKind::Transformer || a.numExperts == 0) {
+      bad("expertParallel", "Expert parallelism splits a mixture of experts: the model has no experts.");
+    } else {
+      if (a.numExperts % e != 0) {
+        bad("expertParallel", "Each expert-parallel rank holds whole experts: the expert parallel size must divide the "
+                              "number of experts (" + std::to_string(a.numExperts) + ").");
+      }
+      if ((p.dataParallel * p.contextParallel) % e != 0) {
+        bad("expertParallel", "Expert-parallel ranks are data- (and context-) parallel ranks: the expert parallel size "
+                              "must divide data parallel × context parallel (" +
+                              std::to_string(p.dataParallel * p.contextParallel) + ").");
+      }
+      if (a.sharedExpertIntermediateSize > 0) {
+        bad("expertParallel", "Expert parallelism with a shared expert (Qwen2-MoE) is not simulated yet (docs/parallel.md).");
+      }
+    }
+    if (p.zeroStage == 3 || p.fsdp != FsdpMode::Off) {
+      bad("expertParallel", "Expert parallelism is simulated with DDP or ZeRO 1–2 (Megatron's distributed optimizer) so "
+                            "far, not with ZeRO-3 or FSDP.");
+    }
+    if (p.zeroRedundancyOptimizer) {
+      bad("expertParallel", "Expert parallelism with ZeroRedundancyOptimizer is not simulated: use ZeRO 1–2.");
+    }
+    if (p.tensorParallel > 1) {
+      bad("expertParallel", "Expert parallelism with tensor parallelism (expert tensor parallel) is not simulated yet.");
+    }
+  }
+  if (p.sequenceParallel && p.tensorParallel > 1 && sizesOk) {
+    // Megatron splits the sequence evenly (mappings.py _split_along_first_dim asserts it) and
+    // the simulation writes the split in the Llama family's dense blocks.
+    if (setup.training.sequenceLength % p.tensorParallel != 0) {
+      bad("sequenceParallel", "Sequence parallelism splits the sequence length (" +
+                                  std::to_string(setup.training.sequenceLength) +
+                                  ") evenly over the tensor-parallel ranks: the tensor parallel size must divide it.");
+    }
+    if (setup.model.kind == ModelKind::Transformer && setup.model.architecture.numExperts > 0) {
+      bad("sequenceParallel", "Sequence parallelism with a mixture of experts is not simulated yet (docs/parallel.md).");
+    }
+    if (setup.training.lossImplementation == LossImplementation::Chunked) {
+      bad("sequenceParallel", "Sequence parallelism with the chunked output loss is not simulated yet: choose the plain loss.");
+    }
+  }
   // Gradient accumulation's work budget is checked with the rest of the budget (setup.cpp).
   if (p.tensorParallel > 1 && sizesOk) {
     if (setup.model.kind != ModelKind::Transformer) {

@@ -1,6 +1,7 @@
 // The simulated rank's sharded model states and communication buffers (docs/parallel.md).
 #include "parallel/parallel_step.hpp"
 #include "parallel/pipeline.hpp"
+#include "parallel/sequence_split.hpp"
 
 #include <algorithm>
 #include <string>
@@ -152,6 +153,15 @@ void ParallelStep::Init(TraceBuilder& b) {
                           : text.Shape(Shape(p.shape), regime_.weights),
               p.layer);
     }
+  }
+  if (setup_.parallel.sequenceParallel) {
+    // Megatron's GlobalMemoryBuffer (megatron/core/utils.py get_tensor): the sequence-parallel
+    // linears all-gather into one "mpu" buffer, made at the first gather and kept for the run;
+    // allocated here so that both steps see it once.
+    const std::int64_t bytes = sequence_split::GatherBufferBytes(setup_, regime_);
+    b.Alloc(Category::Activations, bytes, text.Make({"global memory buffer \"mpu\" (sequence-parallel all-gather)"}),
+            text.Make({"sequence parallel: Megatron's all-gather buffer, b·s·h (kept)"}),
+            text.Make({TextPart::Count(bytes), " B"}), -1);
   }
   if (plan_.engine == ShardingEngine::Zero) {
     // stage_1_and_2.py: single_partition_of_fp32_groups = the rank's partition .clone().float()
@@ -360,7 +370,24 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
   }
   if (p.tensorParallel > 1) {
     notes.push_back("Tensor parallel: the rank runs the model with heads, MLP width and vocabulary divided by " +
-                    std::to_string(p.tensorParallel) + "; hidden states between blocks are whole (no sequence parallelism).");
+                    std::to_string(p.tensorParallel) +
+                    (p.sequenceParallel ? "; sequence parallel: norms, residuals and the hidden states between blocks hold "
+                                          "s/t tokens, each column-parallel linear all-gathers its input into Megatron's "
+                                          "b·s·h buffer and saves the sharded one."
+                                        : "; hidden states between blocks are whole (no sequence parallelism)."));
+  }
+  if (p.contextParallel > 1) {
+    notes.push_back("Context parallel: the rank holds s/" + std::to_string(p.contextParallel) +
+                    " tokens of each sequence; attention is Transformer Engine's ring (k/v chunks passed around the "
+                    "context-parallel ranks, per-step outputs kept until the forward returns); gradients are reduced "
+                    "over data × context parallel ranks.");
+  }
+  if (p.expertParallel > 1) {
+    notes.push_back("Expert parallel: the rank holds " +
+                    std::to_string(setup.model.architecture.numExperts / p.expertParallel) +
+                    " experts per block and exchanges tokens with all-to-alls; tokens are taken as routed evenly (each "
+                    "rank's experts receive b·s·k rows in all, as on one GPU); expert states are sharded over " +
+                    std::to_string(p.dataParallel * p.contextParallel / p.expertParallel) + " expert-data-parallel ranks.");
   }
   notes.push_back("NCCL's communicator buffers are not modelled yet (docs/parallel.md).");
   return notes;

@@ -7,6 +7,7 @@
 #include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
+#include "parallel/expert_split.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -18,17 +19,22 @@ ShardingEngine EngineOf(const ParallelDef& p) {
   if (p.zeroStage > 0) return ShardingEngine::Zero;
   if (p.fsdp == FsdpMode::FullyShard) return ShardingEngine::Fsdp2;
   if (p.fsdp != FsdpMode::Off) return ShardingEngine::Fsdp;
-  return p.dataParallel > 1 ? ShardingEngine::DDP : ShardingEngine::None;
+  return p.dataParallel * p.contextParallel > 1 ? ShardingEngine::DDP : ShardingEngine::None;
 }
 
 std::int64_t ShardWorldOf(const ParallelDef& p) {
   switch (EngineOf(p)) {
     case ShardingEngine::None:
     case ShardingEngine::DDP: return 1;
+    // Context-parallel ranks see other tokens of the same samples: their gradients are reduced,
+    // and Megatron's distributed optimizer shards, over dp × cp
+    // (parallel_state.get_data_parallel_group(with_context_parallel=True)); torchtitan's FSDP
+    // shards over its dp_shard_cp mesh likewise.
     case ShardingEngine::Zero:
-    case ShardingEngine::Fsdp2: return p.dataParallel;
+    case ShardingEngine::Fsdp2: return p.dataParallel * p.contextParallel;
     case ShardingEngine::Fsdp:
-      return p.fsdp == FsdpMode::HybridShard ? std::min(p.fsdpShardGroupSize, p.dataParallel) : p.dataParallel;
+      return p.fsdp == FsdpMode::HybridShard ? std::min(p.fsdpShardGroupSize, p.dataParallel * p.contextParallel)
+                                             : p.dataParallel * p.contextParallel;
   }
   return 1;
 }
@@ -112,6 +118,19 @@ SimulatedRank SimulatedRankOf(const Setup& setup) {
       r.why = "pipeline stage " + std::to_string(p.pipelineStage) + " of " + std::to_string(p.pipelineParallel) + "; " + r.why;
     }
   }
+  if (p.contextParallel > 1) {
+    // Transformer Engine's causal ring attention (AttnFuncWithCPAndKVP2P): context-parallel rank
+    // i computes its whole q against every k/v chunk only for steps ≤ i, so the last rank keeps
+    // a full-size out_per_step at every step and in backward a full-size dq_ per step.
+    r.why += "; context-parallel rank " + std::to_string(p.contextParallel - 1) +
+             " (the last): its ring attention runs every step on its whole query, the most per-step memory";
+  }
+  if (p.expertParallel > 1) {
+    // Every expert-parallel rank holds E/e experts and, with balanced routing, receives T·k rows.
+    r.why += "; expert-parallel rank 0 holds experts 0 to " +
+             std::to_string(setup.model.architecture.numExperts / p.expertParallel - 1) +
+             " of each block, and every expert-parallel rank as many experts and (routing balanced) as many tokens";
+  }
   if (p.zeroRedundancyOptimizer && r.engine == ShardingEngine::DDP) {
     r.engineLabel = "DDP + ZeroRedundancyOptimizer";
     const ZeroRedundancyAssignment a = AssignZeroRedundancy(BuildInventory(TensorParallelRankSetup(setup)), p.dataParallel);
@@ -123,7 +142,9 @@ SimulatedRank SimulatedRankOf(const Setup& setup) {
   return r;
 }
 
-Setup TensorParallelRankSetup(const Setup& setup) {
+namespace {
+
+Setup TensorSlices(const Setup& setup) {
   const std::int64_t t = setup.parallel.tensorParallel;
   if (t <= 1 || setup.model.kind != ModelKind::Transformer) return setup;
   Setup rank = setup;
@@ -140,6 +161,16 @@ Setup TensorParallelRankSetup(const Setup& setup) {
   // the vocabulary to a multiple of make-vocab-size-divisible-by (128) × t
   // (megatron/training/tokenizer/tokenizer.py _vocab_size_with_padding).
   a.vocabSize = CeilDiv(full.vocabSize, 128 * t) * 128;
+  return rank;
+}
+
+}  // namespace
+
+Setup TensorParallelRankSetup(const Setup& setup) {
+  Setup rank = TensorSlices(setup);
+  // Context parallelism: the rank holds s/c tokens of every sequence (validation requires 2c to
+  // divide s: Transformer Engine's load-balanced split in two chunks per rank).
+  if (setup.parallel.contextParallel > 1) rank.training.sequenceLength /= setup.parallel.contextParallel;
   return rank;
 }
 
@@ -202,7 +233,21 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
       break;
     }
     case ShardingEngine::Zero: {
-      if (plan.zeroStage <= 2) {
+      if (plan.zeroStage <= 2 && p.expertParallel > 1) {
+        // Expert parallelism: the experts' parameters are their own group, sharded over the
+        // expert-data-parallel ranks (dp·cp / e) and the rest over dp·cp, each flattened and
+        // padded on its own (DeepSpeed's MoE param groups, stage_1_and_2.py
+        // real_dp_process_group; Megatron's distributed optimizer per expert_data_parallel_group).
+        const std::int64_t de = d / p.expertParallel;
+        std::int64_t expertElements = 0;
+        for (const Tensor& t : inventory.parameters) {
+          if (t.trainable && expert_split::IsExpertTensor(t)) expertElements += t.Elements();
+        }
+        const std::int64_t dense = CeilDiv(plan.flatElements - expertElements, 2 * d) * 2 * d;
+        const std::int64_t expert = CeilDiv(expertElements, 2 * de) * 2 * de;
+        plan.paddedFlatElements = dense + expert;
+        plan.partitionElements = dense / d + expert / de;
+      } else if (plan.zeroStage <= 2) {
         // stage_1_and_2.py: flatten_dense_tensors_aligned(group, nccl_start_alignment_factor (2) × dp).
         plan.paddedFlatElements = CeilDiv(plan.flatElements, 2 * d) * 2 * d;
         plan.partitionElements = plan.paddedFlatElements / d;

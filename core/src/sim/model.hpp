@@ -67,6 +67,16 @@ struct Model {
   ValueId labels = kNoValue;
   ValueId loss = kNoValue;
 
+  // Megatron --sequence-parallel: the tensor-parallel size t when on, else 1. What sits outside
+  // the column/row linears holds s/t tokens (core/src/parallel/sequence_split.cpp).
+  std::int64_t sequenceShards = 1;
+  // Megatron --context-parallel-size c (else 1): `s` is already the rank's s/c tokens; attention
+  // runs as Transformer Engine's ring (core/src/parallel/context_split.cpp).
+  std::int64_t contextShards = 1;
+  // Megatron --expert-model-parallel-size e (else 1): the rank holds E/e experts and exchanges
+  // tokens with all-to-alls (core/src/parallel/expert_split.cpp).
+  std::int64_t expertShards = 1;
+
   // A child module: "model.layers.3." + "self_attn.q_proj".
   Module Child(const Module& parent, std::string_view name);
   // The root of block i: prefix + i + "." ("model.layers.3.").

@@ -22,6 +22,7 @@
 //     CB.to(dtype_A) · SCB/127 as the dequantized weight.
 #include "gpumem/finetune.hpp"
 #include "sim/blocks/blocks.hpp"
+#include "parallel/sequence_split.hpp"
 
 namespace gpumem::blocks {
 namespace {
@@ -157,6 +158,10 @@ ValueId DoraDelta(Model& m, ValueId x, const Module& module, const Module& base,
 }  // namespace
 
 ValueId Linear(Model& m, ValueId x, const Module& module, std::int64_t out, TextPart name) {
+  // Megatron --sequence-parallel: a column-parallel linear on a sequence-sharded input gathers it.
+  if (sequence_split::IsSequenceSharded(m, x)) {
+    return sequence_split::GatherLinear(m, x, m.P(module), m.POptional(module), out, name);
+  }
   // A module PEFT wrapped has no "<module>.weight": its weight is "<module>.base_layer.weight".
   if (m.parameters.TensorOf(module, "weight") != nullptr) return BaseLinear(m, x, module, out, name);
   Tape& t = m.t;

@@ -1,12 +1,15 @@
 // Attention: heads, rotary embeddings, the core (eager with its materialised scores, or the
 // fused SDPA kernel), selective recomputation, and the output projection.
 #include "sim/blocks/blocks.hpp"
+#include "parallel/context_split.hpp"
 
 namespace gpumem::blocks {
 namespace {
 
 // q: [b, heads, s, d]; k, v: [b, kvHeads, s, d]. Returns [b, s, heads, d] (contiguous).
 ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
+  // Context parallelism: Transformer Engine's ring attention on the rank's s/c tokens.
+  if (m.contextShards > 1) return context_split::RingAttention(m, q, k, v);
   Tape& t = m.t;
   const std::int64_t b = m.b, s = m.s, heads = m.a.numHeads, d = HeadDim(m.a), kv = KeyValueHeads(m.a);
   const Shape full = {b, heads, s, d};

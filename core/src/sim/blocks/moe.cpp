@@ -2,6 +2,7 @@
 // (T·k mod E) experts one more. Saved activations depend only on the total T·k, so imbalance
 // changes the transients, not the saved total. Qwen2-MoE adds a shared expert with a sigmoid gate.
 #include "sim/blocks/blocks.hpp"
+#include "parallel/expert_split.hpp"
 
 namespace gpumem::blocks {
 
@@ -24,6 +25,8 @@ ValueId MoE(Model& m, ValueId x, const Module& block) {
   t.Drop(top);
   const ValueId weights = ops::To(t, normed, t.TypeOf(flat));
   t.Drop(normed);
+  // Expert parallelism: Megatron's all-to-all dispatcher and the rank's E/e experts.
+  if (m.expertShards > 1) return expert_split::ExpertParallelTail(m, flat, weights, selected, block);
   ValueId final = t.Fresh({T, h}, t.TypeOf(flat), "final_hidden_states (zeros)");
   const ValueId expertMask = t.Fresh({E, k, T}, DType::Int64, "expert_mask (one_hot)");
   const std::int64_t inter = ExpertIntermediateSize(a);

@@ -1,8 +1,19 @@
 // LlamaForCausalLM and its relatives (Mistral, Qwen2 with QKV biases, Mixtral and Qwen2-MoE):
 // RMSNorm, rotary embeddings, grouped-query attention, a SwiGLU MLP or a mixture of experts.
 #include "sim/families/family.hpp"
+#include "parallel/sequence_split.hpp"
 
 namespace gpumem::families {
+namespace {
+
+// Sequence parallelism: y reduce-scattered to s/t tokens, the caller's reference moved to it.
+ValueId ScatterOwned(Model& m, ValueId y, const char* name) {
+  const ValueId sharded = sequence_split::ScatterSequence(m, y, TextPart::View(name));
+  m.t.Drop(y);
+  return sharded;
+}
+
+}  // namespace
 
 ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
   Tape& t = m.t;
@@ -25,17 +36,19 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
   const ValueId kr = blocks::Rope(m, k, c.cos, c.sin, "k");
   t.Drop(q);
   t.Drop(k);
-  const ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
+  ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
+  if (m.sequenceShards > 1) o = ScatterOwned(m, o, "o_proj reduce-scatter (s/t)");
   const ValueId x2 = ops::Add(t, residual, o, "residual add");
   t.Drop(residual);
   t.Drop(o);
   m.Scope(i, m.a.numExperts > 0 ? "moe" : "mlp");
   const ValueId n2 = blocks::RmsNorm(m, x2, m.Child(root, "post_attention_layernorm"));
-  const ValueId mlp = m.a.numExperts > 0
+  ValueId mlp = m.a.numExperts > 0
                           ? blocks::MoE(m, n2, root)
                           : blocks::GatedMlp(m, n2, m.Child(root, "mlp."), IntermediateSize(m.a), "gate_proj",
                                              "up_proj", "down_proj", "mlp");
   t.Drop(n2);
+  if (m.sequenceShards > 1) mlp = ScatterOwned(m, mlp, "down_proj reduce-scatter (s/t)");
   const ValueId y = ops::Add(t, x2, mlp, "residual add");
   t.Drop(x2);
   t.Drop(mlp);
@@ -48,6 +61,7 @@ ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block) {
   m.Scope(-1, "embeddings");
   ValueId x = ops::Embedding(t, ids, m.parameters.ByName(t, "model.embed_tokens.weight"), m.a.hiddenSize,
                              "embed_tokens(input_ids)");
+  if (m.sequenceShards > 1) x = ScatterOwned(m, x, "embeddings reduce-scatter (s/t)");
   // Rotary tables for this forward: cos and sin [1, 1, s, head_dim] in the hidden dtype.
   m.Scope(-1, "rotary embedding");
   c.cos = t.Fresh({1, 1, m.s, HeadDim(m.a)}, t.TypeOf(x), "cos");
@@ -56,6 +70,7 @@ ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block) {
   m.Scope(-1, "final norm");
   const ValueId normed = blocks::RmsNorm(m, x, RootModule(m, "model.norm"));
   t.Drop(x);
+  if (m.sequenceShards > 1) return sequence_split::LmHead(m, normed, "model.embed_tokens.weight", c);
   return LmHead(m, normed, "model.embed_tokens.weight", c);
 }
 

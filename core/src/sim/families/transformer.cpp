@@ -36,7 +36,9 @@ class TransformerPass final : public ModelPass {
         parameters_(inventory, names, regime.weights, setup.finetune.computeDType),
         parameterCount_(inventory.parameters.size()),
         inputRequiresGrad_(InputRequiresGrad(setup)), finetune_(setup.finetune),
-        softmaxSavesInput_(SoftmaxSavesInput(setup.runtime)) {}
+        softmaxSavesInput_(SoftmaxSavesInput(setup.runtime)),
+        sequenceShards_(setup.parallel.sequenceParallel ? setup.parallel.tensorParallel : 1),
+        contextShards_(setup.parallel.contextParallel), expertShards_(setup.parallel.expertParallel) {}
 
   void Forward(TraceBuilder& b) override {
     tape_.emplace(b, regime_.compute, regime_.autocast, parameterCount_);
@@ -56,6 +58,9 @@ class TransformerPass final : public ModelPass {
     }
     parameters_.Reset();
     model_.emplace(Model{*tape_, a_, t_, parameters_, b_, s_, &finetune_});
+    model_->sequenceShards = sequenceShards_;
+    model_->contextShards = contextShards_;
+    model_->expertShards = expertShards_;
     Tape& t = *tape_;
     Model& m = *model_;
     m.Scope(-1, "batch");
@@ -249,6 +254,9 @@ class TransformerPass final : public ModelPass {
   std::vector<TensorHandle> batch_;
   ValueId ids_ = kNoValue, labels_ = kNoValue, tokenTypes_ = kNoValue, loss_ = kNoValue;
   LayerHook* layerHook_ = nullptr;
+  std::int64_t sequenceShards_ = 1;  // Megatron --sequence-parallel (core/src/parallel/sequence_split.hpp)
+  std::int64_t contextShards_ = 1;   // Megatron --context-parallel-size (core/src/parallel/context_split.hpp)
+  std::int64_t expertShards_ = 1;    // Megatron --expert-model-parallel-size (core/src/parallel/expert_split.hpp)
 };
 
 }  // namespace
@@ -257,7 +265,7 @@ std::unique_ptr<ModelPass> MakeTransformerPass(const Setup& setup, const Invento
                                                const std::vector<Text>& names, const Regime& regime,
                                                std::vector<std::string>& notes) {
   const ArchitectureDef& a = setup.model.architecture;
-  if (a.numExperts > 0) {
+  if (a.numExperts > 0 && setup.parallel.expertParallel == 1) {
     notes.push_back("Mixture of experts: tokens are taken as routed evenly (each expert gets b·s·k/E "
                     "of them); all expert weights are held. Saved activations depend only on the "
                     "total b·s·k, so imbalance changes the transients, not the saved total.");
