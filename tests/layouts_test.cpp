@@ -122,16 +122,24 @@ TEST_CASE("Layouts: a small model on 4 GPUs ranks the 2Ψ layouts before the 3Ψ
   s.training.sequenceLength = 256;
   const LayoutsResult r = LayoutsForCluster(s, 4);
   REQUIRE(r.ok());
-  // GPT-2 has no tensor parallel yet: tp 2 and 4 are refused; pipeline parallel too.
+  // GPT-2 has no tensor parallel yet: tp 2 and 4 are refused; so are ZeRO-2/3 and FSDP with
+  // pipeline stages (DeepSpeed refuses them).
   CHECK(r.refused > 0);
   // Everything fits: every checkpointed and offloaded twin is dominated.
   CHECK(r.notFitting == 0);
   CHECK(r.dominated > 0);
   CHECK(r.estimates == static_cast<std::int64_t>(r.layouts.size()));
   CHECK(r.candidates == r.refused + r.dominated + r.estimates + r.notEstimated);
-  REQUIRE(r.layouts.size() == 5);  // DDP, ZeRO-1, ZeRO-2, ZeRO-3, FSDP FULL_SHARD with dp = 4
-  for (const LayoutRow& row : r.layouts) {
-    CHECK(row.dataParallel == 4);
+  // DDP, ZeRO-1, ZeRO-2, ZeRO-3, FSDP FULL_SHARD with dp = 4; then the pipelines: pp 2 × dp 2
+  // with DDP or ZeRO-1, and pp 4 alone.
+  REQUIRE(r.layouts.size() == 8);
+  for (std::size_t i = 0; i < r.layouts.size(); ++i) {
+    const LayoutRow& row = r.layouts[i];
+    INFO(i << ": " << row.sharding << " dp " << row.dataParallel << " pp " << row.pipelineParallel);
+    CHECK(row.dataParallel * row.pipelineParallel == 4);
+    // Without a bubble first: the five pp = 1 layouts rank before every pipeline.
+    CHECK((row.pipelineParallel == 1) == (i < 5));
+    if (row.pipelineParallel > 1) CHECK(row.cost.bubbleFraction > 0);
     CHECK_FALSE(row.checkpointing);
     CHECK(row.offload == "none");
     const Estimate e = MustEstimate(row.setup);
@@ -143,6 +151,26 @@ TEST_CASE("Layouts: a small model on 4 GPUs ranks the 2Ψ layouts before the 3Ψ
   CHECK(r.layouts[0].peakDeviceBytes <= r.layouts[1].peakDeviceBytes);
   CHECK(r.layouts[3].cost.communicationBytes == Approx(1.5 * r.layouts[0].cost.communicationBytes));
   CHECK((r.layouts[3].sharding == "ZeRO-3" || r.layouts[3].sharding == "FSDP FULL_SHARD"));
+}
+
+TEST_CASE("Layouts: the context-parallel ranks take their share of the GPUs", "[layouts]") {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("tinyllama-1.1b")->architecture;
+  s.training.precision = Precision::BF16Mixed;
+  s.training.sequenceLength = 512;
+  s.training.attention = AttentionImplementation::SDPA;  // ring attention runs on fused kernels
+  s.parallel.contextParallel = 2;
+  const LayoutsResult r = LayoutsForCluster(s, 8, {.allowOffload = false});
+  REQUIRE(r.ok());
+  REQUIRE_FALSE(r.layouts.empty());
+  for (const LayoutRow& row : r.layouts) {
+    CHECK(row.dataParallel * row.tensorParallel * row.pipelineParallel * 2 == 8);
+    CHECK(row.setup.parallel.contextParallel == 2);
+    CHECK(WorldSize(row.setup.parallel) == 8);
+  }
+  // An odd N cannot hold two context-parallel ranks per replica: no layout.
+  CHECK(LayoutsForCluster(s, 3, {.allowOffload = false}).layouts.empty());
 }
 
 TEST_CASE("Layouts: Llama 2 7B on 4 × 80 GiB prefers tensor parallel within the node to ZeRO-3", "[layouts]") {
