@@ -43,13 +43,10 @@ struct Moment {
   }
 };
 
-// Fills every moment: one sweep over the events keeps the live tensors in a list in tensor
-// order (appended on allocation, unlinked on free), and each moment reads the list as it
-// stands (a few thousand tensors, where a pass over every tensor for every moment read tens
-// of thousands).
-void Describe(const Trace& trace, std::vector<Moment*>& moments) {
-  if (moments.empty()) return;
-  std::sort(moments.begin(), moments.end(), [](const Moment* a, const Moment* b) { return a->at < b->at; });
+// Fills every moment (sorted by event) in allocation order: one sweep over the events keeps
+// the live tensors in a list (appended on allocation, unlinked on free), and each moment reads
+// the list as it stands. Used only for a trace whose ids are not in event order.
+void DescribeBySweep(const Trace& trace, std::vector<Moment*>& moments) {
   const std::size_t tensors = trace.allocAt.size();
   constexpr int kNone = -1;
   std::vector<int> next(tensors, kNone), prev(tensors, kNone);
@@ -80,6 +77,39 @@ void Describe(const Trace& trace, std::vector<Moment*>& moments) {
     }
     for (++m; m < moments.size() && moments[m]->at == i; ++m) moments[m]->rows = first.rows;
     if (m < moments.size()) nextAt = moments[m]->at;
+  }
+}
+
+// Fills every moment with the tensors live at it, in tensor order. Tensor ids are handed out
+// in event order (TraceBuilder::Alloc and Repeat), so allocAt rises with the id: the tensors
+// live at event `at` are those with allocAt ≤ at < freeAt, read by one scan over the ids
+// allocated by then. A handful of moments (at most six, fewer distinct) each scan a prefix of
+// the tensors: about two loads and two compares per tensor, where a sweep over every event
+// keeping a linked list of the live tensors cost about 30 instructions per event.
+void Describe(const Trace& trace, std::vector<Moment*>& moments) {
+  if (moments.empty()) return;
+  std::sort(moments.begin(), moments.end(), [](const Moment* a, const Moment* b) { return a->at < b->at; });
+  const std::size_t tensors = trace.allocAt.size();
+  const std::uint32_t* allocAt = trace.allocAt.data();
+  const std::uint32_t* freeAt = trace.freeAt.data();
+  // A trace built elsewhere could hand ids out of event order: then the sweep below, which
+  // keeps allocation order, is the one that is right.
+  bool ordered = true;
+  for (std::size_t t = 1; t < tensors && ordered; ++t) ordered = allocAt[t - 1] < allocAt[t];
+  if (!ordered) {
+    DescribeBySweep(trace, moments);
+    return;
+  }
+  for (std::size_t m = 0; m < moments.size();) {
+    Moment& first = *moments[m];
+    const std::size_t at = first.at;
+    if (at < trace.events.size()) {
+      for (std::size_t t = 0; t < tensors && allocAt[t] <= at; ++t) {
+        if (freeAt[t] > at) first.Add(&trace.events[allocAt[t]]);
+      }
+    }
+    // Moments at the same event (the peak is always one phase's peak) read the scan once.
+    for (++m; m < moments.size() && moments[m]->at == at; ++m) moments[m]->rows = first.rows;
   }
 }
 
@@ -184,12 +214,18 @@ Estimate Replay(const Trace& trace, const EstimateOptions& options) {
   std::array<std::size_t, kPhases> phaseIndex{};
   phaseMax.fill(-1);
   std::size_t lastForward = n;  // the end of step 1's forward pass
+  int previousPhase = -1;
   for (std::size_t i = 0; i < n; ++i) {
     const Event& e = trace.events[i];
     const int phase = static_cast<int>(e.phase);
-    if (i > 0 && total > phaseMax[phase]) {  // total before this event
-      phaseMax[phase] = total;
-      phaseIndex[phase] = i - 1;
+    // The total before this event counts for its phase only on entering the phase: after an
+    // event of the same phase, that phase's maximum already holds the total.
+    if (phase != previousPhase) {
+      if (i > 0 && total > phaseMax[phase]) {
+        phaseMax[phase] = total;
+        phaseIndex[phase] = i - 1;
+      }
+      previousPhase = phase;
     }
     total += Signed(e);
     if (points) {
