@@ -9,6 +9,7 @@
 #include "gpumem/estimate.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
+#include "replay/replay.hpp"
 
 namespace gpumem {
 namespace {
@@ -113,7 +114,16 @@ void Describe(const Trace& trace, std::vector<Moment*>& moments) {
   }
 }
 
-Snapshot ToSnapshot(const Trace& trace, const Moment& m) {
+// Whether `known` (the model states' rows) holds this row: EstimateMemory then replaces its
+// formula with the model state's (UseModelStateFormulas), so the tensor list is not rendered.
+bool Replaced(std::span<const CategoryBytes> known, Category category, std::int64_t bytes) {
+  for (const CategoryBytes& row : known) {
+    if (row.category == category && row.bytes == bytes) return true;
+  }
+  return false;
+}
+
+Snapshot ToSnapshot(const Trace& trace, const Moment& m, std::span<const CategoryBytes> known) {
   Snapshot s;
   s.phase = m.phase;
   s.eventIndex = m.at;
@@ -127,7 +137,7 @@ Snapshot ToSnapshot(const Trace& trace, const Moment& m) {
     CategoryBytes row;
     row.category = static_cast<Category>(c);
     row.bytes = r.bytes;
-    if (trace.text.enabled()) {
+    if (trace.text.enabled() && !Replaced(known, row.category, row.bytes)) {
       std::int64_t rest = r.bytes;
       const int shown = static_cast<int>(std::min<std::int64_t>(r.tensors, 4));
       for (int k = 0; k < shown; ++k) {
@@ -198,7 +208,9 @@ class TimelineWriter {
 
 }  // namespace
 
-Estimate Replay(const Trace& trace, const EstimateOptions& options) {
+Estimate Replay(const Trace& trace, const EstimateOptions& options) { return Replay(trace, options, {}); }
+
+Estimate Replay(const Trace& trace, const EstimateOptions& options, std::span<const CategoryBytes> known) {
   Estimate est;
   const std::size_t n = trace.events.size();
   est.eventCount = n;
@@ -270,17 +282,17 @@ Estimate Replay(const Trace& trace, const EstimateOptions& options) {
     moments.push_back(&forwardEnd);
   }
   Describe(trace, moments);
-  if (n > 0) est.peak = ToSnapshot(trace, peak);
+  if (n > 0) est.peak = ToSnapshot(trace, peak, known);
   for (int p = 0; p < kPhases; ++p) {
     if (phaseMax[p] < 0) {
       Snapshot empty;
       empty.phase = static_cast<Phase>(p);
       est.phasePeaks.push_back(empty);
     } else {
-      est.phasePeaks.push_back(ToSnapshot(trace, phases[p]));
+      est.phasePeaks.push_back(ToSnapshot(trace, phases[p], known));
     }
   }
-  if (lastForward < n) est.forwardEnd = ToSnapshot(trace, forwardEnd);
+  if (lastForward < n) est.forwardEnd = ToSnapshot(trace, forwardEnd, known);
   est.notes = trace.notes;
   return est;
 }
