@@ -122,16 +122,18 @@ std::int64_t BoundLimit(std::int64_t hardLimit, const std::function<double(doubl
 }
 
 // A lower bound of a setup's device peak (Overall of its phase peaks) found without simulating
-// it, or -1 when none is known. On one GPU, BuildTrace allocates every parameter and every fp32
-// master copy at init and never frees them, so each allocated total is at least their bytes;
-// the caching allocator's reserved memory holds every allocated block (rounded up), and the
-// device figure adds the context to it (ComputeDeviceEstimate). ComputeModelStates sums the two
-// per tensor with the trace's own rules (StoredBytes, HasMasterCopy). With many GPUs parameters
-// are sharded or offloaded: no bound. A refused setup has none either.
-std::int64_t ResidentLowerBound(const Setup& s) {
+// it, or -1 when none is known: its model states (ComputeModelStates, which sums them per tensor
+// with the trace's own rules). On one GPU all of them are allocated together when step 2's
+// optimizer step begins: the parameters and fp32 master copies from init, never freed; every
+// optimizer state, created by step 1's step (or its per-parameter steps in backward) and never
+// freed; and every .grad, complete once backward has run (ComputeModelStates counts none with
+// the optimizer in backward, which frees each one as it is applied). So the allocated peak is at
+// least their sum; the caching allocator's reserved memory holds every allocated block (rounded
+// up), and the device figure adds the context to it (ComputeDeviceEstimate). With many GPUs
+// states are sharded or offloaded: no bound. A refused setup has none either.
+std::int64_t ModelStatesLowerBound(const Setup& s) {
   if (IsParallel(s.parallel) || !Validate(s).empty()) return -1;
-  const ModelStates m = ComputeModelStates(s, BuildInventory(s));
-  return m.parametersBytes + m.masterWeightsBytes;
+  return ComputeModelStates(s, BuildInventory(s)).totalBytes;
 }
 
 const char* kBoundReason =
@@ -184,10 +186,9 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   const TrainingDef& t = setup.training;
   const bool transformer = setup.model.kind == ModelKind::Transformer;
   const SizeBound bound = EstimateSizeBound(setup);
-  // Batch size and sequence length change neither the parameters nor their master copies: when
-  // those alone pass the capacity, no batch and no sequence fits, and neither search simulates.
-  const std::int64_t resident = ResidentLowerBound(setup);
-  const bool nothingFits = resident > capacity;
+  // Batch size and sequence length do not change the model states: when those alone pass the
+  // capacity, no batch and no sequence fits, and neither search simulates.
+  const bool nothingFits = ModelStatesLowerBound(setup) > capacity;
   auto largestFitting = [&](std::int64_t limit, std::int64_t known, const PeakFn& peak) {
     if (!nothingFits) return LargestFitting(limit, known, currentPeaks, peak, capacity);
     SolvedLimit none;  // what LargestFitting returns when not even 1 fits
@@ -448,14 +449,14 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         if (f == "training.activationOffloading") next.training.activationOffloading = s.setup.training.activationOffloading;
         if (f.rfind("finetune.", 0) == 0) next.finetune = s.setup.finetune;  // only LoRA / QLoRA touch it
       }
-      // A step whose parameters and master copies alone pass the capacity cannot fit: it is
+      // A step whose model states alone pass the capacity cannot fit: it is
       // taken unsimulated (only the last step's peak is reported, and only a fit ends the loop),
       // and the combination is simulated once at the end if its last step was such a one.
       std::optional<std::int64_t> peak;
       bool simulated = true;
       if (labels.empty()) {
         peak = s.peakBytes;
-      } else if (const std::int64_t least = ResidentLowerBound(next); least > capacity) {
+      } else if (const std::int64_t least = ModelStatesLowerBound(next); least > capacity) {
         peak = least;  // refused setups have no bound (-1), so they are simulated and skipped as before
         simulated = false;
       } else {
