@@ -87,9 +87,35 @@ void DescribeBySweep(const Trace& trace, std::vector<Moment*>& moments) {
 // allocated by then. A handful of moments (at most six, fewer distinct) each scan a prefix of
 // the tensors: about two loads and two compares per tensor, where a sweep over every event
 // keeping a linked list of the live tensors cost about 30 instructions per event.
+// Without words (the solver's and the views' estimates) a moment needs only each category's
+// bytes and tensor count, not its largest tensors: running sums over one sweep of the events up
+// to the last moment give them (a few instructions per event, where the scans below read every
+// live tensor at every moment).
+void DescribeTotals(const Trace& trace, std::vector<Moment*>& moments) {
+  std::array<Moment::Row, kCategoryCount> rows{};
+  std::size_t m = 0;
+  const std::size_t last = std::min(moments.back()->at + 1, trace.events.size());
+  for (std::size_t i = 0; i < last; ++i) {
+    const Event& e = trace.events[i];
+    Moment::Row& r = rows[static_cast<int>(e.category)];
+    if (e.kind == EventKind::Alloc) {
+      r.bytes += e.bytes;
+      ++r.tensors;
+    } else {
+      r.bytes -= e.bytes;
+      --r.tensors;
+    }
+    for (; m < moments.size() && moments[m]->at == i; ++m) moments[m]->rows = rows;
+  }
+}
+
 void Describe(const Trace& trace, std::vector<Moment*>& moments) {
   if (moments.empty()) return;
   std::sort(moments.begin(), moments.end(), [](const Moment* a, const Moment* b) { return a->at < b->at; });
+  if (!trace.text.enabled()) {
+    DescribeTotals(trace, moments);
+    return;
+  }
   const std::size_t tensors = trace.allocAt.size();
   const std::uint32_t* allocAt = trace.allocAt.data();
   const std::uint32_t* freeAt = trace.freeAt.data();
