@@ -141,3 +141,67 @@ TEST_CASE("a setup already adapted is offered no second LoRA", "[solve]") {
   REQUIRE(r.ok());
   for (const FitSuggestion& f : r.suggestions) CHECK(f.id.find("finetune-") == std::string::npos);
 }
+
+TEST_CASE("the model states bound every device peak from below", "[solve]") {
+  // The solver skips simulating a setup whose model states alone pass the capacity (solve.cpp
+  // ModelStatesLowerBound): that holds only if every one-GPU estimate's allocated peak is at
+  // least its model states, and its device peak at least the allocated one. Across families,
+  // precisions, adapters, 8-bit and paged optimizers, the optimizer in backward, offloading and
+  // gradient accumulation.
+  int checked = 0;
+  for (const char* preset : {"gpt2", "llama-3.2-1b", "bert-base-uncased", "mixtral-8x7b"})
+    for (Precision precision : {Precision::FP32, Precision::BF16Mixed, Precision::BF16, Precision::AmpBF16})
+      for (int variant = 0; variant < 7; ++variant) {
+        Setup s = DefaultSetup();
+        s.model.kind = ModelKind::Transformer;
+        s.model.architecture = FindPreset(preset)->architecture;
+        s.training.batchSize = 1;
+        s.training.sequenceLength = 256;
+        s.training.precision = precision;
+        if (variant == 1 || variant == 2) {
+          s.finetune.lora = true;
+          s.finetune.targetModules = {"all-linear"};
+        }
+        if (variant == 2) s.finetune.quantization = Quantization::NF4;
+        if (variant == 3) s.training.optimizer = OptimizerKind::PagedAdamW8bit;
+        if (variant == 4) {
+          s.training.optimizerInBackward = true;
+          s.training.zeroGradSetToNone = true;
+        }
+        if (variant == 5) s.training.activationOffloading = true;
+        if (variant == 6) {
+          s.parallel.gradientAccumulationSteps = 2;
+          s.training.zeroGradSetToNone = false;
+        }
+        const EstimateResult r = EstimateMemory(s);
+        if (!r.ok()) continue;  // some combinations are refused (QLoRA in fp32, …)
+        ++checked;
+        const Estimate& e = r.estimate;
+        INFO(preset << " precision " << static_cast<int>(precision) << " variant " << variant);
+        CHECK(e.modelStates.totalBytes > 0);
+        CHECK(e.peak.totalBytes >= e.modelStates.totalBytes);
+        CHECK(e.device.peakDeviceBytes >= e.peak.totalBytes);
+      }
+  CHECK(checked >= 80);
+}
+
+TEST_CASE("model states past the capacity: no size fits and the combination's peak is simulated", "[solve]") {
+  // GPT-2 in fp32 with AdamW: 124 M parameters × 16 B = 2.0 GB of model states, on a 1.5 GiB card.
+  Setup s = Gpt2(2, 512, 1.5);
+  s.training.precision = Precision::FP32;
+  const SolveResult r = Solve(s);
+  REQUIRE(r.ok());
+  CHECK_FALSE(r.maxBatchSize.found);
+  CHECK_FALSE(r.maxSequenceLength.found);
+  // The smallest step does not fit either (what the skipped searches would have found).
+  CHECK(Peak(Gpt2(1, 1, 1.5)) > r.capacityBytes);
+  REQUIRE_FALSE(r.suggestions.empty());
+  for (const FitSuggestion& f : r.suggestions) {
+    INFO(f.id);
+    CHECK(Peak(f.setup) == f.peakBytes);
+    CHECK(f.fits == (f.peakBytes <= r.capacityBytes));
+  }
+  // 24 simulations without the bound, 18 with it: the two searches' probes and the
+  // combination's steps whose model states alone pass the capacity are not simulated.
+  CHECK(r.estimatesRun <= 18);
+}

@@ -13,6 +13,7 @@
 #include "gpumem/names.hpp"
 #include "gpumem/presets.hpp"
 #include "device/device_stage.hpp"
+#include "replay/replay.hpp"
 #include "sim/savers.hpp"
 #include "parallel/parallel_step.hpp"
 #include "parallel/pipeline.hpp"
@@ -213,16 +214,20 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
   const Setup& simulated = parallel ? rankSetup : setup;
   const Inventory inventory = parallel ? PipelineStageInventory(BuildInventory(simulated), simulated) : BuildInventory(simulated);
   const Trace trace = BuildTrace(simulated, inventory, options.explain);
-  Estimate est = Replay(trace, options);
-  est.modelStates = ComputeModelStates(simulated, inventory);
+  // The model states first: snapshot rows they replace below are not rendered by Replay.
+  ModelStates states = ComputeModelStates(simulated, inventory);
   if (parallel) {
     // The rank's own states (sharded, with buffers' padding), keeping the count's explanation.
     ModelStates rank = ParallelModelStates(simulated, inventory);
-    rank.parameterFormula = est.modelStates.parameterFormula;
-    rank.presetId = est.modelStates.presetId;
-    rank.publishedParameters = est.modelStates.publishedParameters;
-    rank.differenceFromPublished = est.modelStates.differenceFromPublished;
-    est.modelStates = std::move(rank);
+    rank.parameterFormula = states.parameterFormula;
+    rank.presetId = states.presetId;
+    rank.publishedParameters = states.publishedParameters;
+    rank.differenceFromPublished = states.differenceFromPublished;
+    states = std::move(rank);
+  }
+  Estimate est = Replay(trace, options, states.rows);
+  est.modelStates = std::move(states);
+  if (parallel) {
     est.rank = SimulatedRankOf(setup);
     for (std::string& note : ParallelNotes(setup)) est.notes.push_back(std::move(note));
   }

@@ -9,6 +9,7 @@
 #include "gpumem/estimate.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
+#include "replay/replay.hpp"
 
 namespace gpumem {
 namespace {
@@ -43,13 +44,10 @@ struct Moment {
   }
 };
 
-// Fills every moment: one sweep over the events keeps the live tensors in a list in tensor
-// order (appended on allocation, unlinked on free), and each moment reads the list as it
-// stands (a few thousand tensors, where a pass over every tensor for every moment read tens
-// of thousands).
-void Describe(const Trace& trace, std::vector<Moment*>& moments) {
-  if (moments.empty()) return;
-  std::sort(moments.begin(), moments.end(), [](const Moment* a, const Moment* b) { return a->at < b->at; });
+// Fills every moment (sorted by event) in allocation order: one sweep over the events keeps
+// the live tensors in a list (appended on allocation, unlinked on free), and each moment reads
+// the list as it stands. Used only for a trace whose ids are not in event order.
+void DescribeBySweep(const Trace& trace, std::vector<Moment*>& moments) {
   const std::size_t tensors = trace.allocAt.size();
   constexpr int kNone = -1;
   std::vector<int> next(tensors, kNone), prev(tensors, kNone);
@@ -83,7 +81,75 @@ void Describe(const Trace& trace, std::vector<Moment*>& moments) {
   }
 }
 
-Snapshot ToSnapshot(const Trace& trace, const Moment& m) {
+// Fills every moment with the tensors live at it, in tensor order. Tensor ids are handed out
+// in event order (TraceBuilder::Alloc and Repeat), so allocAt rises with the id: the tensors
+// live at event `at` are those with allocAt ≤ at < freeAt, read by one scan over the ids
+// allocated by then. A handful of moments (at most six, fewer distinct) each scan a prefix of
+// the tensors: about two loads and two compares per tensor, where a sweep over every event
+// keeping a linked list of the live tensors cost about 30 instructions per event.
+// Without words (the solver's and the views' estimates) a moment needs only each category's
+// bytes and tensor count, not its largest tensors: running sums over one sweep of the events up
+// to the last moment give them (a few instructions per event, where the scans below read every
+// live tensor at every moment).
+void DescribeTotals(const Trace& trace, std::vector<Moment*>& moments) {
+  std::array<Moment::Row, kCategoryCount> rows{};
+  std::size_t m = 0;
+  const std::size_t last = std::min(moments.back()->at + 1, trace.events.size());
+  for (std::size_t i = 0; i < last; ++i) {
+    const Event& e = trace.events[i];
+    Moment::Row& r = rows[static_cast<int>(e.category)];
+    if (e.kind == EventKind::Alloc) {
+      r.bytes += e.bytes;
+      ++r.tensors;
+    } else {
+      r.bytes -= e.bytes;
+      --r.tensors;
+    }
+    for (; m < moments.size() && moments[m]->at == i; ++m) moments[m]->rows = rows;
+  }
+}
+
+void Describe(const Trace& trace, std::vector<Moment*>& moments) {
+  if (moments.empty()) return;
+  std::sort(moments.begin(), moments.end(), [](const Moment* a, const Moment* b) { return a->at < b->at; });
+  if (!trace.text.enabled()) {
+    DescribeTotals(trace, moments);
+    return;
+  }
+  const std::size_t tensors = trace.allocAt.size();
+  const std::uint32_t* allocAt = trace.allocAt.data();
+  const std::uint32_t* freeAt = trace.freeAt.data();
+  // A trace built elsewhere could hand ids out of event order: then the sweep below, which
+  // keeps allocation order, is the one that is right.
+  bool ordered = true;
+  for (std::size_t t = 1; t < tensors && ordered; ++t) ordered = allocAt[t - 1] < allocAt[t];
+  if (!ordered) {
+    DescribeBySweep(trace, moments);
+    return;
+  }
+  for (std::size_t m = 0; m < moments.size();) {
+    Moment& first = *moments[m];
+    const std::size_t at = first.at;
+    if (at < trace.events.size()) {
+      for (std::size_t t = 0; t < tensors && allocAt[t] <= at; ++t) {
+        if (freeAt[t] > at) first.Add(&trace.events[allocAt[t]]);
+      }
+    }
+    // Moments at the same event (the peak is always one phase's peak) read the scan once.
+    for (++m; m < moments.size() && moments[m]->at == at; ++m) moments[m]->rows = first.rows;
+  }
+}
+
+// Whether `known` (the model states' rows) holds this row: EstimateMemory then replaces its
+// formula with the model state's (UseModelStateFormulas), so the tensor list is not rendered.
+bool Replaced(std::span<const CategoryBytes> known, Category category, std::int64_t bytes) {
+  for (const CategoryBytes& row : known) {
+    if (row.category == category && row.bytes == bytes) return true;
+  }
+  return false;
+}
+
+Snapshot ToSnapshot(const Trace& trace, const Moment& m, std::span<const CategoryBytes> known) {
   Snapshot s;
   s.phase = m.phase;
   s.eventIndex = m.at;
@@ -97,7 +163,7 @@ Snapshot ToSnapshot(const Trace& trace, const Moment& m) {
     CategoryBytes row;
     row.category = static_cast<Category>(c);
     row.bytes = r.bytes;
-    if (trace.text.enabled()) {
+    if (trace.text.enabled() && !Replaced(known, row.category, row.bytes)) {
       std::int64_t rest = r.bytes;
       const int shown = static_cast<int>(std::min<std::int64_t>(r.tensors, 4));
       for (int k = 0; k < shown; ++k) {
@@ -168,7 +234,9 @@ class TimelineWriter {
 
 }  // namespace
 
-Estimate Replay(const Trace& trace, const EstimateOptions& options) {
+Estimate Replay(const Trace& trace, const EstimateOptions& options) { return Replay(trace, options, {}); }
+
+Estimate Replay(const Trace& trace, const EstimateOptions& options, std::span<const CategoryBytes> known) {
   Estimate est;
   const std::size_t n = trace.events.size();
   est.eventCount = n;
@@ -184,12 +252,18 @@ Estimate Replay(const Trace& trace, const EstimateOptions& options) {
   std::array<std::size_t, kPhases> phaseIndex{};
   phaseMax.fill(-1);
   std::size_t lastForward = n;  // the end of step 1's forward pass
+  int previousPhase = -1;
   for (std::size_t i = 0; i < n; ++i) {
     const Event& e = trace.events[i];
     const int phase = static_cast<int>(e.phase);
-    if (i > 0 && total > phaseMax[phase]) {  // total before this event
-      phaseMax[phase] = total;
-      phaseIndex[phase] = i - 1;
+    // The total before this event counts for its phase only on entering the phase: after an
+    // event of the same phase, that phase's maximum already holds the total.
+    if (phase != previousPhase) {
+      if (i > 0 && total > phaseMax[phase]) {
+        phaseMax[phase] = total;
+        phaseIndex[phase] = i - 1;
+      }
+      previousPhase = phase;
     }
     total += Signed(e);
     if (points) {
@@ -234,17 +308,17 @@ Estimate Replay(const Trace& trace, const EstimateOptions& options) {
     moments.push_back(&forwardEnd);
   }
   Describe(trace, moments);
-  if (n > 0) est.peak = ToSnapshot(trace, peak);
+  if (n > 0) est.peak = ToSnapshot(trace, peak, known);
   for (int p = 0; p < kPhases; ++p) {
     if (phaseMax[p] < 0) {
       Snapshot empty;
       empty.phase = static_cast<Phase>(p);
       est.phasePeaks.push_back(empty);
     } else {
-      est.phasePeaks.push_back(ToSnapshot(trace, phases[p]));
+      est.phasePeaks.push_back(ToSnapshot(trace, phases[p], known));
     }
   }
-  if (lastForward < n) est.forwardEnd = ToSnapshot(trace, forwardEnd);
+  if (lastForward < n) est.forwardEnd = ToSnapshot(trace, forwardEnd, known);
   est.notes = trace.notes;
   return est;
 }

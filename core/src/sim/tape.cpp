@@ -34,10 +34,7 @@ ValueId Tape::NewValue(const Value& v) {
   return static_cast<ValueId>(values_.size() - 1);
 }
 
-TensorHandle& Tape::GradOf(ValueId v) {
-  if (grads_.size() < values_.size()) grads_.resize(values_.size() + 1024, kNoTensor);
-  return grads_[static_cast<std::size_t>(v)];
-}
+void Tape::GrowGrads() { grads_.resize(values_.size() + 1024, kNoTensor); }
 
 void Tape::SetScopeText(Text scope) {
   scope_ = scope;

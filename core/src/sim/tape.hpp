@@ -222,7 +222,12 @@ class Tape {
   void RunCheckpoint(int node);
   void Deliver(ValueId value, TensorHandle grad, Text label);
   bool NeedsGrad(const In& in) const;
-  TensorHandle& GradOf(ValueId v);
+  // The gradient slot of value v (inline: backward reads it several times per node).
+  TensorHandle& GradOf(ValueId v) {
+    if (static_cast<std::size_t>(v) >= grads_.size()) GrowGrads();
+    return grads_[static_cast<std::size_t>(v)];
+  }
+  void GrowGrads();  // room for every value made so far, and 1024 more
   // Releases `h` with the label `make()` builds, built only when the release frees it.
   template <typename MakeLabel>
   void ReleaseWith(TensorHandle h, MakeLabel make) {

@@ -11,7 +11,9 @@
 
 #include "gpumem/estimate.hpp"
 #include "gpumem/format.hpp"
+#include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
+#include "gpumem/parallel.hpp"
 
 namespace gpumem {
 namespace {
@@ -119,6 +121,21 @@ std::int64_t BoundLimit(std::int64_t hardLimit, const std::function<double(doubl
   return lo;
 }
 
+// A lower bound of a setup's device peak (Overall of its phase peaks) found without simulating
+// it, or -1 when none is known: its model states (ComputeModelStates, which sums them per tensor
+// with the trace's own rules). On one GPU all of them are allocated together when step 2's
+// optimizer step begins: the parameters and fp32 master copies from init, never freed; every
+// optimizer state, created by step 1's step (or its per-parameter steps in backward) and never
+// freed; and every .grad, complete once backward has run (ComputeModelStates counts none with
+// the optimizer in backward, which frees each one as it is applied). So the allocated peak is at
+// least their sum; the caching allocator's reserved memory holds every allocated block (rounded
+// up), and the device figure adds the context to it (ComputeDeviceEstimate). With many GPUs
+// states are sharded or offloaded: no bound. A refused setup has none either.
+std::int64_t ModelStatesLowerBound(const Setup& s) {
+  if (IsParallel(s.parallel) || !Validate(s).empty()) return -1;
+  return ComputeModelStates(s, BuildInventory(s)).totalBytes;
+}
+
 const char* kBoundReason =
     "the estimator's size bound: beyond it, this setup's upper bound of memory passes 2^53 bytes "
     "(≈ 9.0e15), the largest the estimator represents";
@@ -169,16 +186,25 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   const TrainingDef& t = setup.training;
   const bool transformer = setup.model.kind == ModelKind::Transformer;
   const SizeBound bound = EstimateSizeBound(setup);
+  // Batch size and sequence length do not change the model states: when those alone pass the
+  // capacity, no batch and no sequence fits, and neither search simulates.
+  const bool nothingFits = ModelStatesLowerBound(setup) > capacity;
+  auto largestFitting = [&](std::int64_t limit, std::int64_t known, const PeakFn& peak) {
+    if (!nothingFits) return LargestFitting(limit, known, currentPeaks, peak, capacity);
+    SolvedLimit none;  // what LargestFitting returns when not even 1 fits
+    none.limit = limit;
+    return none;
+  };
 
   // Largest micro-batch: the estimator's limits, then the size bound.
   {
     const std::int64_t hard = std::min(Limits::maxBatchSize, Limits::maxTokens / t.sequenceLength);
     const std::int64_t limit = BoundLimit(hard, [&](double b) { return bound.Total(b, double(t.sequenceLength)); });
-    out.maxBatchSize = LargestFitting(limit, t.batchSize, currentPeaks, [&](std::int64_t b) {
+    out.maxBatchSize = largestFitting(limit, t.batchSize, [&](std::int64_t b) {
       Setup s = setup;
       s.training.batchSize = b;
       return phasePeaksOf(s);
-    }, capacity);
+    });
     out.maxBatchSize.limitReason = limit < hard ? kBoundReason
                                                 : "the estimator's limits (batch ≤ 1e6, batch × sequence ≤ 1e10 tokens)";
   }
@@ -189,11 +215,11 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
     const std::int64_t estimatorLimit = std::min(Limits::maxSequenceLength, Limits::maxTokens / t.batchSize);
     const std::int64_t hard = positionTable ? std::min(estimatorLimit, a.maxPositionEmbeddings) : estimatorLimit;
     const std::int64_t limit = BoundLimit(hard, [&](double n) { return bound.Total(double(t.batchSize), n); });
-    out.maxSequenceLength = LargestFitting(limit, t.sequenceLength, currentPeaks, [&](std::int64_t n) {
+    out.maxSequenceLength = largestFitting(limit, t.sequenceLength, [&](std::int64_t n) {
       Setup s = setup;
       s.training.sequenceLength = n;
       return phasePeaksOf(s);
-    }, capacity);
+    });
     out.maxSequenceLength.limitReason =
         limit < hard ? kBoundReason
         : positionTable && a.maxPositionEmbeddings <= estimatorLimit
@@ -394,6 +420,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
     FitSuggestion combo;
     combo.setup = setup;
     std::vector<std::string> labels;
+    bool comboSimulated = true;  // combo.peakBytes is the simulated peak of combo.setup
     int steps = 0;
     for (const FitSuggestion& s : out.suggestions) {
       bool clash = false;
@@ -422,8 +449,21 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         if (f == "training.activationOffloading") next.training.activationOffloading = s.setup.training.activationOffloading;
         if (f.rfind("finetune.", 0) == 0) next.finetune = s.setup.finetune;  // only LoRA / QLoRA touch it
       }
-      const auto peak = labels.empty() ? std::optional(s.peakBytes) : peakOf(next);
+      // A step whose model states alone pass the capacity cannot fit: it is
+      // taken unsimulated (only the last step's peak is reported, and only a fit ends the loop),
+      // and the combination is simulated once at the end if its last step was such a one.
+      std::optional<std::int64_t> peak;
+      bool simulated = true;
+      if (labels.empty()) {
+        peak = s.peakBytes;
+      } else if (const std::int64_t least = ModelStatesLowerBound(next); least > capacity) {
+        peak = least;  // refused setups have no bound (-1), so they are simulated and skipped as before
+        simulated = false;
+      } else {
+        peak = peakOf(next);
+      }
       if (!peak) continue;
+      comboSimulated = simulated;
       combo.setup = next;
       combo.changedFields.insert(combo.changedFields.end(), s.changedFields.begin(), s.changedFields.end());
       combo.peakBytes = *peak;
@@ -432,6 +472,10 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
       combo.tradeoff += (combo.tradeoff.empty() ? "" : "; ") + s.tradeoff;
       combo.cost = std::max(combo.cost, s.cost);
       if (*peak <= capacity) break;
+    }
+    if (labels.size() > 1 && !comboSimulated) {
+      // Validated when its bound was taken, so the estimate runs.
+      if (const auto peak = peakOf(combo.setup)) combo.peakBytes = *peak;
     }
     if (labels.size() > 1) {
       combo.fits = combo.peakBytes <= capacity;
