@@ -406,3 +406,124 @@ TEST_CASE("activation offloading is refused outside transformers", "[savers]") {
   t.training.activationOffloading = true;
   CHECK(ParseSetupJson(SetupToJson(t)).setup.training.activationOffloading);
 }
+
+namespace {
+
+// The bytes of the first event whose label contains `text` (0 when none).
+std::int64_t FirstEventBytes(const Estimate& e, const std::string& text) {
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.label.find(text) != std::string::npos) return p.deltaBytes;
+  }
+  return 0;
+}
+
+std::int64_t ExactEventBytes(const Estimate& e, const std::string& label) {
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.label == label) return p.deltaBytes;
+  }
+  return 0;
+}
+
+Estimate Labelled(const Setup& s) {
+  EstimateOptions labelled;
+  labelled.timeline = EstimateOptions::Timeline::Labelled;
+  EstimateResult r = EstimateMemory(s, labelled);
+  REQUIRE(r.ok());
+  return r.estimate;
+}
+
+}  // namespace
+
+TEST_CASE("Liger's chunk size is the next power of two of BT over ceil(V over H)", "[savers]") {
+  // fused_linear_cross_entropy_forward: inc_factor = cdiv(V, H), chunk_size =
+  // min(next_power_of_2(cdiv(BT, inc_factor)), BT), num_chunks = cdiv(BT, chunk_size).
+  // Its own comment's example: BT = 4096·4, V = 32000, H = 4096 → inc_factor 8, chunk 2048.
+  CHECK(LigerChunks(16384, 32000, 4096).chunkSize == 2048);
+  CHECK(LigerChunks(16384, 32000, 4096).chunks == 8);
+  // Llama 3 8B, 2 × 2048 tokens: cdiv(128256, 4096) = 32, 4096 / 32 = 128.
+  CHECK(LigerChunks(4096, 128256, 4096).chunkSize == 128);
+  CHECK(LigerChunks(4096, 128256, 4096).chunks == 32);
+  // Not a power of two: cdiv(1000, 64) = 16, cdiv(100, 16) = 7 → 8; 13 chunks, the last of 4.
+  CHECK(LigerChunks(100, 1000, 64).chunkSize == 8);
+  CHECK(LigerChunks(100, 1000, 64).chunks == 13);
+  // Never more than BT: V < H gives inc_factor 1, next_power_of_2(3) = 4 → 3, one chunk.
+  CHECK(LigerChunks(3, 10, 64).chunkSize == 3);
+  CHECK(LigerChunks(3, 10, 64).chunks == 1);
+}
+
+TEST_CASE("the fused linear cross-entropy never makes the logits and makes the gradients in forward", "[savers]") {
+  // TinyGpt2 in pure bf16, b·s = 2 × 64 = 128 tokens, V = 1000, H = 64: chunk 8 (16 chunks).
+  Setup standard = TinyGpt2(2, 64);
+  Setup fused = standard;
+  fused.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  const Estimate a = Labelled(standard), b = Labelled(fused);
+  // The buffers of fused_linear_cross_entropy_forward, by hand:
+  CHECK(FirstEventBytes(b, "logits_storage (chunk_size × V)") == 8 * 1000 * 2);  // [chunk, V] bf16
+  CHECK(FirstEventBytes(b, "grad_input (zeros_like)") == 128 * 64 * 2);         // [BT, H] bf16
+  CHECK(FirstEventBytes(b, "grad_weight (zeros_like)") == 1000 * 64 * 2);        // [V, H] bf16
+  CHECK(FirstEventBytes(b, "loss_1d") == 128 * 4);                              // fp32
+  CHECK(FirstEventBytes(b, "target != ignore_index") == 128);                   // bool
+  // The full logits (b·s·V bf16 = 256,000 B) exist in the standard run only.
+  CHECK(ExactEventBytes(a, "lm_head: logits") == 128 * 1000 * 2);
+  CHECK(ExactEventBytes(b, "lm_head: logits") == 0);
+  CHECK(FirstEventBytes(b, "legacy") == 0);  // bf16: addmm(out=grad_weight) in place
+  // grad_weight is a gradient from forward on; backward hands it over as .grad (one per step),
+  // then the embedding's use of the tied weight is added into it.
+  CHECK(BytesIn(b.forwardEnd, Category::Gradients) >= 1000 * 64 * 2);
+  CHECK(BytesIn(a.forwardEnd, Category::Gradients) == 0);
+  CHECK(CountLabels(b, "accumulated into transformer.wte.weight.grad") == 2);
+  // The same model states; a lower peak (the logits, their fp32 copy and log_softmax are gone).
+  CHECK(a.modelStates.totalBytes == b.modelStates.totalBytes);
+  CHECK(b.peak.totalBytes < a.peak.totalBytes);
+  CHECK(AnyNoteContains(b, "LigerFusedLinearCrossEntropyLoss"));
+}
+
+TEST_CASE("the fused linear cross-entropy in fp32 takes Liger's fallback for the weight gradient", "[savers]") {
+  // fp32 logits gradient: grad_weight += mm(grad_logits_chunk.t(), _input_chunk).float(), a
+  // [V, H] fp32 product per chunk (16 chunks, 2 steps).
+  Setup s = TinyGpt2(2, 64);
+  s.training.precision = Precision::FP32;
+  s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  const Estimate e = Labelled(s);
+  CHECK(FirstEventBytes(e, "mm(grad_logits_chunk.t(), _input_chunk)") == 1000 * 64 * 4);
+  CHECK(CountLabels(e, "mm(grad_logits_chunk.t(), _input_chunk)") == 2 * 16 * 2);  // alloc + free
+  CHECK(FirstEventBytes(e, "logits_storage (chunk_size × V)") == 8 * 1000 * 4);
+}
+
+TEST_CASE("a frozen head gets no grad_weight from the fused loss", "[savers]") {
+  Setup s = TinyGpt2(2, 64);
+  s.model.architecture.tieWordEmbeddings = false;
+  s.finetune.lora = true;  // PEFT defaults (c_attn): lm_head frozen
+  s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  const Estimate e = Labelled(s);
+  CHECK(FirstEventBytes(e, "grad_weight (zeros_like)") == 0);
+  CHECK(FirstEventBytes(e, "grad_input (zeros_like)") == 128 * 64 * 2);
+  Setup standard = s;
+  standard.training.lossImplementation = LossImplementation::Standard;
+  CHECK(MustEstimate(standard).modelStates.totalBytes == e.modelStates.totalBytes);
+}
+
+TEST_CASE("the fused linear cross-entropy is refused where Liger does not apply", "[savers]") {
+  Setup s = TinyGpt2(1, 16);
+  s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  CHECK(Validate(s).empty());
+  Setup bert = s;
+  bert.model.architecture = DefaultArchitecture(Family::BERT);
+  CHECK(HasErrorOn(Validate(bert), "training.lossImplementation"));
+  Setup layers = LayerSetup({Linear(4, 3)}, LossKind::CrossEntropy, 1, 1, Precision::FP32, OptimizerKind::SGD);
+  layers.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  CHECK(HasErrorOn(Validate(layers), "training.lossImplementation"));
+  Setup amp = s;
+  amp.training.precision = Precision::AmpBF16;
+  CHECK(HasErrorOn(Validate(amp), "training.lossImplementation"));
+  Setup head = s;
+  head.model.architecture.tieWordEmbeddings = false;
+  head.finetune.lora = true;
+  head.finetune.targetModules = {"c_attn", "lm_head"};
+  CHECK(HasErrorOn(Validate(head), "training.lossImplementation"));
+  Setup parsed;
+  REQUIRE(ParseAndValidate(R"({"model":{"preset":"gpt2"},"training":{"lossImplementation":"fusedLinearCrossEntropy"}})",
+                           parsed).empty());
+  CHECK(parsed.training.lossImplementation == LossImplementation::FusedLinearCrossEntropy);
+  CHECK(OptionsJson(-1).find("\"fusedLinearCrossEntropy\"") != std::string::npos);
+}

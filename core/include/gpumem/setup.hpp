@@ -101,6 +101,10 @@ enum class LossImplementation {
   // split into lossChunks chunks along the sequence, the output projection runs per chunk, and
   // each chunk's logits are upcast to fp32 and reduced in turn.
   Chunked,
+  // Liger's fused linear + cross-entropy (liger_kernel/ops/fused_linear_cross_entropy.py,
+  // LigerFusedLinearCrossEntropyFunction; HF: use_liger_kernel=True): the full logits never
+  // exist; the head's input and weight gradients are made in forward, one token chunk at a time.
+  FusedLinearCrossEntropy,
 };
 
 // How the optimizer step is executed; decides its temporaries ("intermediates").

@@ -78,6 +78,8 @@ constexpr Named<LossImplementation> kLossImplementations[] = {
     {LossImplementation::Standard, "standard", "full logits (Hugging Face ForCausalLMLoss)"},
     {LossImplementation::Chunked, "chunked",
      "chunked output and cross-entropy (torchtune CEWithChunkedOutputLoss, num_output_chunks)"},
+    {LossImplementation::FusedLinearCrossEntropy, "fusedLinearCrossEntropy",
+     "fused linear + cross-entropy (Liger LigerFusedLinearCrossEntropyLoss, use_liger_kernel)"},
 };
 constexpr Named<OptimizerImplementation> kImplementations[] = {
     {OptimizerImplementation::ForEach, "forEach", "foreach (multi-tensor, PyTorch default)"},

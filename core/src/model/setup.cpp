@@ -593,6 +593,22 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
                       "The chunked loss (torchtune's CEWithChunkedOutputLoss) is simulated for decoder "
                       "transformers (GPT-2, Llama family); choose standard."});
   }
+  if (t.lossImplementation == LossImplementation::FusedLinearCrossEntropy) {
+    // Liger patches the causal-LM forward of decoders (liger_kernel/transformers/monkey_patch.py);
+    // under autocast its amp_custom_fwd casts and mm(out=) paths are not simulated; with a LoRA
+    // adapter on lm_head the head is no plain weight for it to read (lm_head.weight).
+    const Precision p = t.precision;
+    std::string why;
+    if (!decoder) why = "is simulated for decoder transformers (GPT-2, Llama family)";
+    else if (p == Precision::AmpBF16 || p == Precision::AmpFP16) why = "is not simulated under autocast; choose a 16-bit or fp32 precision";
+    else if (setup.finetune.lora && !m.architecture.tieWordEmbeddings &&
+             IsLoraTarget(setup.finetune, m.architecture.family, "lm_head"))
+      why = "reads lm_head.weight, which a LoRA adapter on lm_head replaces; drop lm_head from the target modules";
+    if (!why.empty()) {
+      errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",
+                        "The fused linear + cross-entropy loss (Liger) " + why + "."});
+    }
+  }
   if (t.lossInModelDtype && (m.kind == ModelKind::ParameterCount ||
                              (m.kind == ModelKind::LayerList && m.loss != LossKind::CrossEntropy))) {
     errors.push_back({ErrorCode::InvalidField, "training.lossInModelDtype",

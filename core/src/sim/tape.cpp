@@ -164,6 +164,21 @@ ValueId Tape::Apply(const OpSpec& spec) {
   return id;
 }
 
+ValueId Tape::ApplyPrecomputed(const OpSpec& spec, const SmallVec<ValueId, 4>& gradients) {
+  const std::size_t before = nodes_.size();
+  const ValueId id = Apply(spec);
+  if (nodes_.size() == before) return id;  // no autograd node: the caller's tensors just go
+  SmallVec<TensorHandle, 4> held;
+  for (int i = 0; i < spec.inputs.size(); ++i) {
+    const ValueId g = i < gradients.size() ? gradients[i] : kNoValue;
+    held.push_back(g != kNoValue && NeedsGrad(spec.inputs[i]) ? b_.Retain(values_[static_cast<std::size_t>(g)].storage)
+                                                                : kNoTensor);
+  }
+  nodes_.back().precomputed = static_cast<int>(precomputed_.size());
+  precomputed_.push_back(held);
+  return id;
+}
+
 SmallVec<ValueId, 4> Tape::Split(TextPart name, ValueId input, std::initializer_list<Shape> shapes) {
   const bool grad = recording_ && values_[static_cast<std::size_t>(input)].requiresGrad;
   const Text base = T({name});
@@ -405,9 +420,19 @@ void Tape::Execute(int index) {
       temps.push_back(b_.Alloc(Category::ActivationGradients, t.shape.Elements() * BytesPerElement(t.type),
                                T({name}), T({label, ": ", name}), text().Shape(t.shape, t.type), layer_));
     }
-    for (const In& in : node.inputs) {
+    for (int i = 0; i < node.inputs.size(); ++i) {
+      const In& in = node.inputs[i];
       if (!NeedsGrad(in)) continue;
       const Value& v = values_[static_cast<std::size_t>(in.value)];
+      if (node.precomputed >= 0) {  // made in forward (ApplyPrecomputed): handed over as it is
+        TensorHandle& made = precomputed_[static_cast<std::size_t>(node.precomputed)][i];
+        if (made != kNoTensor) {
+          if (v.parameter >= 0) sink_->Adopt(static_cast<std::size_t>(v.parameter), made, label);
+          else Deliver(in.value, made, label);
+          made = kNoTensor;
+          continue;
+        }
+      }
       if (v.parameter >= 0) {
         sink_->Produce(static_cast<std::size_t>(v.parameter), label);
         continue;
@@ -428,6 +453,12 @@ void Tape::Execute(int index) {
   }
   if (unpacks) offload_->AfterOp(label);  // the node's post-hook
   Node& done = nodes_[static_cast<std::size_t>(index)];
+  if (done.precomputed >= 0) {  // gradients made in forward that no input took
+    for (TensorHandle& made : precomputed_[static_cast<std::size_t>(done.precomputed)]) {
+      if (made != kNoTensor) ReleaseWith(made, [&] { return T({label, ": precomputed gradient not needed"}); });
+      made = kNoTensor;
+    }
+  }
   Text savedFreed;  // one label for every saved tensor this node frees, made on the first
   for (TensorHandle s : done.saved) {
     ReleaseWith(s, [&] {

@@ -146,6 +146,12 @@ class Tape {
     ValueId viewOf = kNoValue;           // output shares this value's storage (no allocation)
   };
   ValueId Apply(const OpSpec& spec);
+  // An op whose input gradients are made in forward and held by its node until backward (Liger's
+  // fused linear + cross-entropy computes them beside the loss): `gradients[i]` is input i's
+  // gradient (kNoValue: the usual rule), a tensor the caller made and still holds. In backward
+  // the node hands it over instead of allocating one — as the input's incoming gradient, or as a
+  // parameter's .grad (GradientSink::Adopt: AccumulateGrad steals a buffer no one else holds).
+  ValueId ApplyPrecomputed(const OpSpec& spec, const SmallVec<ValueId, 4>& gradients);
   // An op with several outputs sharing one node (split): outputs are views of `input`.
   SmallVec<ValueId, 4> Split(TextPart name, ValueId input, std::initializer_list<Shape> shapes);
   // torch.chunk(input, chunks, dim): ceil(size / chunks) along `dim` each (the last smaller, and
@@ -196,6 +202,7 @@ class Tape {
     int block = -1;           // index into blocks_ for checkpoint nodes
     Values blockInputs;       // checkpoint: all inputs, in order
     int packed = -1;          // index into packed_ when a saved tensor was offloaded
+    int precomputed = -1;     // index into precomputed_ (ApplyPrecomputed)
     bool done = false;
   };
   // autocast's weight-copy cache: parameter → its 16-bit copy, and which are set (in order).
@@ -252,6 +259,7 @@ class Tape {
   std::vector<CastCache> caches_;    // [0] the forward's; deeper ones for recomputes
   ActivationOffload* offload_ = nullptr;
   std::vector<SmallVec<int, 5>> packed_;  // per offloading node: each slot's packed id, or -1
+  std::vector<SmallVec<TensorHandle, 4>> precomputed_;  // per ApplyPrecomputed node: by input
   int cacheDepth_ = 0;
 };
 

@@ -98,6 +98,11 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) 
     t.Drop(normed);
     return kNoValue;
   }
+  if (m.training.lossImplementation == LossImplementation::FusedLinearCrossEntropy) {
+    m.loss = blocks::FusedLinearCrossEntropyLoss(m, normed, weight);  // Liger: no logits (loss.cpp)
+    t.Drop(normed);
+    return kNoValue;
+  }
   const ValueId logits = ops::Linear(t, normed, weight, kNoValue, m.a.vocabSize, "logits");
   t.Drop(normed);
   return logits;
