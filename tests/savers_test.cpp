@@ -527,3 +527,72 @@ TEST_CASE("the fused linear cross-entropy is refused where Liger does not apply"
   CHECK(parsed.training.lossImplementation == LossImplementation::FusedLinearCrossEntropy);
   CHECK(OptionsJson(-1).find("\"fusedLinearCrossEntropy\"") != std::string::npos);
 }
+
+TEST_CASE("packed sequences under SDPA: the memory-efficient kernel saves a float mask per layer", "[savers]") {
+  // TinyGpt2: b 2, s 64, 4 heads, 2 layers, pure bf16, SDPA.
+  Setup plain = TinyGpt2(2, 64);
+  plain.training.attention = AttentionImplementation::SDPA;
+  Setup packed = plain;
+  packed.training.packedSequences = PackedSequences::BlockCausalMask;
+  const Estimate a = Labelled(plain), b = Labelled(packed);
+  // masking_utils' bool [b, 1, s, s], once per forward.
+  CHECK(FirstEventBytes(b, "block-causal mask, packed (b, 1, s, s) bool") == 2 * 64 * 64);
+  // convert_boolean_attn_mask: [b, 1, s, s] in bf16 per layer (s = 64 is aligned: no pad),
+  // beside a transient bool logical_not().
+  CHECK(FirstEventBytes(b, "attn_mask as float (convert_boolean_attn_mask)") == 2 * 64 * 64 * 2);
+  CHECK(FirstEventBytes(b, "attn_mask.logical_not()") == 2 * 64 * 64);
+  CHECK(CountLabels(b, "attn_mask as float (convert_boolean_attn_mask)") == 2 * 2);  // made by each layer, each step
+  CHECK(CountLabels(b, "memory-efficient") > 0);
+  CHECK(CountLabels(a, "memory-efficient") == 0);
+  // Saved until backward: at the end of forward the two layers' float masks (2 × 16,384 B) are
+  // what packing adds (the bool mask is gone with the decoder's forward; the logsumexp of 64
+  // rows is 32-aligned already).
+  CHECK(b.forwardEnd.totalBytes - a.forwardEnd.totalBytes == 2 * 2 * 64 * 64 * 2);
+  CHECK(AnyNoteContains(b, "memory-efficient"));
+  // s = 60: the mask is padded to 64 columns (pad_bias, alignment 8) and the logsumexp to 64 rows.
+  Setup odd = packed;
+  odd.training.sequenceLength = 60;
+  const Estimate c = Labelled(odd);
+  CHECK(FirstEventBytes(c, "attn_mask padded to 8 (pad_bias)") == 2 * 60 * 64 * 2);
+  CHECK(FirstEventBytes(c, "logsumexp") == 2 * 4 * 64 * 4);
+}
+
+TEST_CASE("packed sequences under eager attention or flash varlen cost no more memory", "[savers]") {
+  Setup eager = TinyGpt2(2, 64);
+  Setup packedEager = eager;
+  packedEager.training.packedSequences = PackedSequences::BlockCausalMask;
+  CHECK(MustEstimate(packedEager).peak.totalBytes == MustEstimate(eager).peak.totalBytes);
+  Setup sdpa = eager;
+  sdpa.training.attention = AttentionImplementation::SDPA;
+  Setup varlen = sdpa;
+  varlen.training.packedSequences = PackedSequences::FlashVarlen;
+  CHECK(MustEstimate(varlen).peak.totalBytes == MustEstimate(sdpa).peak.totalBytes);
+  CHECK(AnyNoteContains(MustEstimate(varlen), "varlen"));
+}
+
+TEST_CASE("packed sequences are validated and round-trip through JSON", "[savers]") {
+  Setup s = TinyGpt2(1, 16);
+  s.training.packedSequences = PackedSequences::FlashVarlen;  // eager attention: refused
+  CHECK(HasErrorOn(Validate(s), "training.packedSequences"));
+  s.training.attention = AttentionImplementation::SDPA;
+  CHECK(Validate(s).empty());
+  Setup bert = s;
+  bert.model.architecture = DefaultArchitecture(Family::BERT);
+  bert.training.packedSequences = PackedSequences::BlockCausalMask;
+  CHECK(HasErrorOn(Validate(bert), "training.packedSequences"));
+  Setup layers = LayerSetup({Linear(4, 3)}, LossKind::MSE, 1, 1, Precision::FP32, OptimizerKind::SGD);
+  layers.training.packedSequences = PackedSequences::BlockCausalMask;
+  CHECK(HasErrorOn(Validate(layers), "training.packedSequences"));
+  Setup parsed;
+  REQUIRE(ParseAndValidate(R"({"model":{"preset":"gpt2"},"training":{"attention":"sdpa","packedSequences":"blockCausalMask"}})",
+                           parsed).empty());
+  CHECK(parsed.training.packedSequences == PackedSequences::BlockCausalMask);
+  Setup again;
+  REQUIRE(ParseAndValidate(SetupToJson(parsed, -1), again).empty());
+  CHECK(again.training.packedSequences == PackedSequences::BlockCausalMask);
+  Setup bad;
+  CHECK(HasErrorOn(ParseAndValidate(R"({"training":{"packedSequences":true}})", bad), "training.packedSequences"));
+  const std::string options = OptionsJson(-1);
+  CHECK(options.find("\"flashVarlen\"") != std::string::npos);
+  CHECK(options.find("DataCollatorWithFlattening") != std::string::npos);
+}

@@ -50,6 +50,22 @@ enum class AttentionImplementation {
   SDPA,   // fused flash / memory-efficient kernel: keeps only its output and an fp32 log-sum-exp
 };
 
+// Several sequences packed into each row of the batch, their positions restarting at each one
+// (HF DataCollatorWithFlattening / position_ids resets; torchtune's PackedDataset): tokens attend
+// only within their own sequence. Decoder transformers.
+enum class PackedSequences {
+  None,
+  // A 4D block-causal mask: transformers' masking_utils (find_packed_sequence_indices, then
+  // sdpa_mask: a bool [b, 1, s, s]); under SDPA an explicit mask rules out the flash kernel, so
+  // PyTorch runs the memory-efficient one on a float copy of the mask made by every layer
+  // (convert_boolean_attn_mask) and saved for its backward. Eager attention already holds a
+  // [b, 1, s, s] mask in the model's dtype: unchanged.
+  BlockCausalMask,
+  // Flash-attention varlen (HF attn_implementation="flash_attention_2" with position_ids:
+  // flash_attn_varlen_func on cu_seqlens): no s² mask, what the SDPA flash path holds.
+  FlashVarlen,
+};
+
 // Activation checkpointing (Hugging Face's gradient checkpointing, reentrant).
 enum class Checkpointing {
   None,
@@ -236,6 +252,8 @@ struct TrainingDef {
   // activations of at least 1,024 B are copied to pinned host memory in forward and brought back
   // in backward; the output head and the loss stay on the GPU (transformers only).
   bool activationOffloading = false;
+  // Packed sequences (see PackedSequences): what the attention mask costs.
+  PackedSequences packedSequences = PackedSequences::None;
 };
 
 struct GpuDef {

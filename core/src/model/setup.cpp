@@ -609,6 +609,19 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
                         "The fused linear + cross-entropy loss (Liger) " + why + "."});
     }
   }
+  if (t.packedSequences != PackedSequences::None) {
+    // Packing with position_ids resets is what transformers' decoders and torchtune's
+    // PackedDataset do (masking_utils.find_packed_sequence_indices); the varlen path is the flash
+    // kernel, which gpumem simulates as its SDPA attention.
+    if (!decoder) {
+      errors.push_back({ErrorCode::InvalidField, "training.packedSequences",
+                        "Packed sequences are simulated for decoder transformers (GPT-2, Llama family); choose none."});
+    } else if (t.packedSequences == PackedSequences::FlashVarlen && t.attention != AttentionImplementation::SDPA) {
+      errors.push_back({ErrorCode::InvalidField, "training.packedSequences",
+                        "Flash-attention varlen is the flash kernel: set attention to SDPA (or choose blockCausalMask "
+                        "for eager attention)."});
+    }
+  }
   if (t.lossInModelDtype && (m.kind == ModelKind::ParameterCount ||
                              (m.kind == ModelKind::LayerList && m.loss != LossKind::CrossEntropy))) {
     errors.push_back({ErrorCode::InvalidField, "training.lossInModelDtype",

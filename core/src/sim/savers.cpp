@@ -69,6 +69,18 @@ void AddSaverNotes(const Setup& setup, const Inventory& inventory, std::vector<s
                     "are made in forward and held until backward, where the weight's becomes .grad.");
     if (t.lossInModelDtype) notes.push_back("Liger's kernel computes the loss in fp32 registers: the loss dtype changes nothing here.");
   }
+  if (t.packedSequences == PackedSequences::BlockCausalMask) {
+    notes.push_back(t.attention == AttentionImplementation::SDPA
+                        ? "Packed sequences with a block-causal mask: SDPA cannot use the flash kernel with an explicit "
+                          "mask and runs the memory-efficient one; every layer converts the bool mask to a float one "
+                          "in the query's dtype and saves it for backward (b × s² elements per layer)."
+                        : "Packed sequences under eager attention: the block-causal mask is as large as the causal one "
+                          "(b × s² in the model's dtype); nothing else changes.");
+  }
+  if (t.packedSequences == PackedSequences::FlashVarlen) {
+    notes.push_back("Packed sequences with flash-attention varlen: no s² mask (cu_seqlens only); the memory is that of "
+                    "the flash kernel on b × s tokens.");
+  }
   if (t.lossInModelDtype && RegimeOf(t.precision).autocast) {
     notes.push_back("Under autocast log_softmax runs in fp32 whatever the logits' dtype: the loss in the model "
                     "dtype changes nothing here.");

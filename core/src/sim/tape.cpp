@@ -138,9 +138,9 @@ ValueId Tape::Apply(const OpSpec& spec) {
   if (spec.savesOutput) node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(id)].storage));
   for (TensorHandle h : made) node.saved.push_back(h);
   if (offload_ && offload_->active()) {
-    SmallVec<std::int64_t, 5> bytes;
-    SmallVec<bool, 5> parameter;
-    SmallVec<Text, 5> names;
+    SmallVec<std::int64_t, 6> bytes;
+    SmallVec<bool, 6> parameter;
+    SmallVec<Text, 6> names;
     auto slot = [&](ValueId v) {
       const Value& value = values_[static_cast<std::size_t>(v)];
       bytes.push_back(value.shape.Elements() * BytesPerElement(value.type));
@@ -306,9 +306,9 @@ Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block) 
   node.blockInputs = inputs;
   for (ValueId v : outs) node.outputs.push_back(v);
   if (offload_ && offload_->active()) {  // save_for_backward of the inputs runs under the hooks
-    SmallVec<std::int64_t, 5> bytes;
-    SmallVec<bool, 5> parameter;
-    SmallVec<Text, 5> names;
+    SmallVec<std::int64_t, 6> bytes;
+    SmallVec<bool, 6> parameter;
+    SmallVec<Text, 6> names;
     for (ValueId v : inputs) {
       const Value& value = values_[static_cast<std::size_t>(v)];
       bytes.push_back(value.shape.Elements() * BytesPerElement(value.type));
@@ -490,7 +490,7 @@ void Tape::RunCheckpoint(int index) {
   const bool unpacks = any && offload_ && node.packed >= 0;
   if (any) {
     // ctx.saved_tensors: brought back from host where they were offloaded.
-    const SmallVec<TensorHandle, 5> unpacked = unpacks ? UnpackSaved(node) : SmallVec<TensorHandle, 5>{};
+    const SmallVec<TensorHandle, 6> unpacked = unpacks ? UnpackSaved(node) : SmallVec<TensorHandle, 6>{};
     // Detached copies of the inputs (same storage) as leaves, then the block again, recorded.
     Values detached;
     for (int i = 0; i < node.blockInputs.size(); ++i) {
@@ -553,9 +553,9 @@ void Tape::RunCheckpoint(int index) {
   }
 }
 
-void Tape::PackSaved(Node& node, const SmallVec<std::int64_t, 5>& bytes, const SmallVec<bool, 5>& parameter,
-                     const SmallVec<Text, 5>& names) {
-  SmallVec<int, 5> ids;
+void Tape::PackSaved(Node& node, const SmallVec<std::int64_t, 6>& bytes, const SmallVec<bool, 6>& parameter,
+                     const SmallVec<Text, 6>& names) {
+  SmallVec<int, 6> ids;
   bool any = false;
   for (int i = 0; i < node.saved.size(); ++i) {
     const int id = offload_->Pack(node.saved[i], bytes[i], parameter[i], names[i]);
@@ -570,8 +570,8 @@ void Tape::PackSaved(Node& node, const SmallVec<std::int64_t, 5>& bytes, const S
   packed_.push_back(ids);
 }
 
-SmallVec<TensorHandle, 5> Tape::UnpackSaved(const Node& node) {
-  SmallVec<TensorHandle, 5> out;
+SmallVec<TensorHandle, 6> Tape::UnpackSaved(const Node& node) {
+  SmallVec<TensorHandle, 6> out;
   offload_->BeginOp();
   for (int id : packed_[static_cast<std::size_t>(node.packed)]) {
     out.push_back(id >= 0 ? offload_->Unpack(id, node.label, node.layer) : kNoTensor);

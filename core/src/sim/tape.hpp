@@ -197,7 +197,7 @@ class Tape {
     int layer = -1;
     SmallVec<In, 4> inputs;
     SmallVec<ValueId, 8> outputs;  // Chunk makes up to 8
-    SmallVec<TensorHandle, 5> saved;
+    SmallVec<TensorHandle, 6> saved;  // 6: SDPA's memory-efficient kernel keeps q, k, v, mask, out, lse
     int temps = -1;           // index into temps_ (backward temporaries are rare: SDPA's)
     int block = -1;           // index into blocks_ for checkpoint nodes
     Values blockInputs;       // checkpoint: all inputs, in order
@@ -233,10 +233,10 @@ class Tape {
   CastCache& cache() { return caches_[static_cast<std::size_t>(cacheDepth_)]; }
   // Activation offloading's pack of a node's saved tensors (slot i: its bytes, whether it is a
   // parameter's storage, its name): an offloaded slot's reference goes to the offloader.
-  void PackSaved(Node& node, const SmallVec<std::int64_t, 5>& bytes, const SmallVec<bool, 5>& parameter,
-                 const SmallVec<Text, 5>& names);
+  void PackSaved(Node& node, const SmallVec<std::int64_t, 6>& bytes, const SmallVec<bool, 6>& parameter,
+                 const SmallVec<Text, 6>& names);
   // Unpacks a node's offloaded tensors as its backward starts: slot → the GPU tensor it reads.
-  SmallVec<TensorHandle, 5> UnpackSaved(const Node& node);
+  SmallVec<TensorHandle, 6> UnpackSaved(const Node& node);
 
   TraceBuilder& b_;
   GradientSink* sink_ = nullptr;
@@ -258,7 +258,7 @@ class Tape {
   std::vector<TensorHandle> grads_;  // gradient buffer of each value, during backward
   std::vector<CastCache> caches_;    // [0] the forward's; deeper ones for recomputes
   ActivationOffload* offload_ = nullptr;
-  std::vector<SmallVec<int, 5>> packed_;  // per offloading node: each slot's packed id, or -1
+  std::vector<SmallVec<int, 6>> packed_;  // per offloading node: each slot's packed id, or -1
   std::vector<SmallVec<TensorHandle, 4>> precomputed_;  // per ApplyPrecomputed node: by input
   int cacheDepth_ = 0;
 };

@@ -62,6 +62,12 @@ ValueId DecoderBlocks(Model& m, ValueId x, Context& c, const RunBlock& block) {
   if (m.training.attention == AttentionImplementation::Eager) {
     m.Scope(-1, "causal mask");
     c.mask = t.Fresh({m.b, 1, m.s, m.s}, t.TypeOf(x), "causal mask (b, 1, s, s)");
+  } else if (m.training.packedSequences == PackedSequences::BlockCausalMask) {
+    // transformers masking_utils.create_causal_mask with packed position_ids under sdpa: sdpa_mask
+    // returns a bool [b, 1, s, s] (True: attend), made once and passed to every layer. (Eager
+    // makes the dtype's mask above: packing changes its values, not its size.)
+    m.Scope(-1, "causal mask");
+    c.mask = t.Fresh({m.b, 1, m.s, m.s}, DType::Bool, "block-causal mask, packed (b, 1, s, s) bool");
   }
   for (int i = 0; i < static_cast<int>(m.a.numLayers); ++i) {
     const ValueId y = block(x, c, i);
