@@ -22,6 +22,7 @@
 #include "gpumem/inventory.hpp"
 #include "gpumem/presets.hpp"
 #include "gpumem/solve.hpp"
+#include "gpumem/training_modes.hpp"
 
 namespace gpumem {
 namespace {
@@ -1004,6 +1005,18 @@ ojson SaverFields() {
 }
 }  // namespace
 
+// The training modes of "What you will do" (model/training_modes.cpp), each with the whole
+// finetune section it sets for every family (the recipe's targets depend on the family).
+static ojson TrainingModesJson() {
+  ojson out = ojson::array();
+  for (const TrainingMode& m : TrainingModes()) {
+    ojson byFamily = ojson::object();
+    for (const auto& family : NamesOf(Family{})) byFamily[family.id] = FinetuneJson(TrainingModeFinetune(m, family.value));
+    out.push_back({{"id", m.id}, {"label", m.label}, {"source", m.source}, {"finetuneByFamily", byFamily}});
+  }
+  return out;
+}
+
 std::string OptionsJson(int indent) {
   ojson examples = ojson::array();
   examples.push_back({{"id", "quick-1.5b"}, {"label", "1.5B parameters, quick mode (fp16 mixed, Adam)"},
@@ -1067,6 +1080,7 @@ std::string OptionsJson(int indent) {
                {"optimizerImplementations", NameList<OptimizerImplementation>()},
                {"lossImplementations", NameList<LossImplementation>()},
                {"packedSequences", NameList<PackedSequences>()},
+               {"trainingModes", TrainingModesJson()},
                {"savers", SaverFields()},
                {"phases", NameList<Phase>()},
                {"categories", NameList<Category>()},
