@@ -596,3 +596,26 @@ TEST_CASE("packed sequences are validated and round-trip through JSON", "[savers
   CHECK(options.find("\"flashVarlen\"") != std::string::npos);
   CHECK(options.find("DataCollatorWithFlattening") != std::string::npos);
 }
+
+TEST_CASE("the work budget bounds the fused loss's token chunks", "[savers][budget]") {
+  // cdiv(V, H) chunks at most: a tiny hidden size over a large vocabulary means one chunk per
+  // token (here 2^19 of them), refused before simulating; the same with the standard loss runs.
+  Setup s = TinyGpt2(64, 8192);
+  s.model.architecture.maxPositionEmbeddings = 8192;
+  s.model.architecture.vocabSize = 4'000'000;
+  s.model.architecture.hiddenSize = 8;
+  s.model.architecture.numHeads = 2;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  CHECK(PredictEvents(s).predictedEvents > kMaxPredictedEvents);
+  CHECK(HasErrorOn(Validate(s), "model.architecture.vocabSize"));
+  s.training.lossImplementation = LossImplementation::Standard;
+  CHECK(PredictEvents(s).predictedEvents < kMaxPredictedEvents);
+  // A real model stays far below: Llama 3 8B at 8 × 8192 tokens has 32 chunks.
+  Setup llama = TinyGpt2(8, 8192);
+  llama.model.architecture = DefaultArchitecture(Family::Llama);
+  llama.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  Setup plain = llama;
+  plain.training.lossImplementation = LossImplementation::Standard;
+  CHECK(PredictEvents(llama).predictedEvents - PredictEvents(plain).predictedEvents <= 2 * 4 * 32);
+}

@@ -375,6 +375,15 @@ EventBudget PredictEventsOf(const Setup& setup) {
   // The experts drive it when they make most of a block's events.
   budget.field = events::kExpert * experts > block / 2 ? "model.architecture.numExperts"
                                                        : "model.architecture.numLayers";
+  if (t.lossImplementation == LossImplementation::FusedLinearCrossEntropy && a.hiddenSize > 0) {
+    // Liger's token chunks (sim/blocks/loss.cpp): at most cdiv(V, H) of them, and never more than
+    // the tokens; each makes at most 4 events, in each of the 2 steps.
+    const double chunks = std::min(double((a.vocabSize + a.hiddenSize - 1) / a.hiddenSize),
+                                   double(t.batchSize) * double(t.sequenceLength));
+    const double loss = 2 * 4 * chunks;
+    if (loss > budget.predictedEvents) budget.field = "model.architecture.vocabSize";
+    budget.predictedEvents += loss;
+  }
   return budget;
 }
 
@@ -382,6 +391,9 @@ FieldError TooManyEventsError(const EventBudget& budget) {
   const char* change = budget.field == "model.layers"             ? "Use fewer layers."
                        : budget.field == "model.largestMatrices"  ? "List fewer matrices."
                        : budget.field == "model.architecture.numExperts" ? "Use fewer experts or layers."
+                       : budget.field == "model.architecture.vocabSize"
+                           ? "The fused loss's token chunks (about vocabulary / hidden size of them) are too many: use a "
+                             "larger hidden size, fewer tokens or the chunked loss."
                                                                   : "Use fewer layers.";
   return {ErrorCode::TooLarge, budget.field,
           "This setup would simulate about " + FormatScientific(budget.predictedEvents) +
