@@ -619,3 +619,31 @@ TEST_CASE("the work budget bounds the fused loss's token chunks", "[savers][budg
   plain.training.lossImplementation = LossImplementation::Standard;
   CHECK(PredictEvents(llama).predictedEvents - PredictEvents(plain).predictedEvents <= 2 * 4 * 32);
 }
+
+TEST_CASE("make it fit offers the fused loss as free where the logits matter", "[savers][solve]") {
+  // Llama 3.2 1B in pure bf16 with SDPA and checkpointing at 4 × 2048 tokens on 12 GiB: the
+  // logits and their fp32 copies hold the peak.
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("llama-3.2-1b")->architecture;
+  s.training.batchSize = 4;
+  s.training.sequenceLength = 2048;
+  s.training.precision = Precision::BF16;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.checkpointing = Checkpointing::EveryBlock;
+  s.gpu.memoryGiB = 12;
+  const SolveResult r = Solve(s);
+  REQUIRE(r.ok());
+  const auto fused = std::find_if(r.suggestions.begin(), r.suggestions.end(), [](const FitSuggestion& f) { return f.id == "loss-fused"; });
+  const auto chunked = std::find_if(r.suggestions.begin(), r.suggestions.end(), [](const FitSuggestion& f) { return f.id == "loss-chunked"; });
+  REQUIRE(fused != r.suggestions.end());
+  REQUIRE(chunked != r.suggestions.end());
+  CHECK(fused->cost == FitCost::Free);
+  CHECK(fused->setup.training.lossImplementation == LossImplementation::FusedLinearCrossEntropy);
+  CHECK(MustEstimate(fused->setup).device.peakDeviceBytes == fused->peakBytes);
+  CHECK(fused->savedBytes > chunked->savedBytes);  // no logits at all against chunked ones
+  // Under autocast Liger is refused: not offered.
+  s.training.precision = Precision::AmpBF16;
+  const SolveResult amp = Solve(s);
+  CHECK(std::none_of(amp.suggestions.begin(), amp.suggestions.end(), [](const FitSuggestion& f) { return f.id == "loss-fused"; }));
+}

@@ -314,6 +314,15 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
           s.training.lossChunks = 8;
         });
   }
+  // Liger's fused linear + cross-entropy: the same loss (reduced in fp32 in the kernel), the
+  // logits one token chunk at a time. Refused setups (autocast, a LoRA lm_head) fail validation
+  // and are not offered.
+  if (decoder && activationsMatter && t.lossImplementation != LossImplementation::FusedLinearCrossEntropy) {
+    add(FitCost::Free, "loss-fused", "Fuse the output projection and the loss (Liger use_liger_kernel=True)",
+        "free: the same loss; the logits exist one token chunk at a time and the head's gradients are made in forward",
+        {"training.lossImplementation"},
+        [](Setup& s) { s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy; });
+  }
   if (!t.optimizerInBackward && heldAtPeak({Category::Gradients, Category::OptimizerIntermediates})) {
     add(FitCost::Free, "optimizer-in-backward", "Step the optimizer in backward (torchtune optimizer_in_bwd=True)",
         "the same update; each gradient is freed once applied, so gradient accumulation is not possible",
