@@ -306,22 +306,27 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   // The fine-tuning changes (issue 11). Free: the chunked loss and the optimizer in backward
   // compute the same numbers; an 8-bit optimizer changes the update's precision.
   const bool decoder = transformer && setup.model.architecture.family != Family::BERT;
-  if (decoder && activationsMatter && t.lossImplementation == LossImplementation::Standard) {
+  // The loss: Liger's fused linear + cross-entropy where it applies (no logits at all, reduced
+  // in fp32 in the kernel), else torchtune's chunked loss. One of the two, so that the solver
+  // runs no more estimates than before; the fused one is refused under autocast and with a LoRA
+  // lm_head (a validation, no estimate).
+  Setup fusedLoss = setup;
+  fusedLoss.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  const bool fusedApplies = decoder && activationsMatter &&
+                            t.lossImplementation != LossImplementation::FusedLinearCrossEntropy &&
+                            Validate(fusedLoss).empty();
+  if (fusedApplies) {
+    add(FitCost::Free, "loss-fused", "Fuse the output projection and the loss (Liger use_liger_kernel=True)",
+        "free: the same loss; the logits exist one token chunk at a time and the head's gradients are made in forward",
+        {"training.lossImplementation"},
+        [](Setup& s) { s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy; });
+  } else if (decoder && activationsMatter && t.lossImplementation == LossImplementation::Standard) {
     add(FitCost::Free, "loss-chunked", "Chunk the output projection and the loss (torchtune CEWithChunkedOutputLoss, 8 chunks)",
         "free: the same loss; the logits are upcast to fp32 one chunk at a time",
         {"training.lossImplementation", "training.lossChunks"}, [](Setup& s) {
           s.training.lossImplementation = LossImplementation::Chunked;
           s.training.lossChunks = 8;
         });
-  }
-  // Liger's fused linear + cross-entropy: the same loss (reduced in fp32 in the kernel), the
-  // logits one token chunk at a time. Refused setups (autocast, a LoRA lm_head) fail validation
-  // and are not offered.
-  if (decoder && activationsMatter && t.lossImplementation != LossImplementation::FusedLinearCrossEntropy) {
-    add(FitCost::Free, "loss-fused", "Fuse the output projection and the loss (Liger use_liger_kernel=True)",
-        "free: the same loss; the logits exist one token chunk at a time and the head's gradients are made in forward",
-        {"training.lossImplementation"},
-        [](Setup& s) { s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy; });
   }
   if (!t.optimizerInBackward && heldAtPeak({Category::Gradients, Category::OptimizerIntermediates})) {
     add(FitCost::Free, "optimizer-in-backward", "Step the optimizer in backward (torchtune optimizer_in_bwd=True)",
