@@ -406,3 +406,249 @@ TEST_CASE("activation offloading is refused outside transformers", "[savers]") {
   t.training.activationOffloading = true;
   CHECK(ParseSetupJson(SetupToJson(t)).setup.training.activationOffloading);
 }
+
+namespace {
+
+// The bytes of the first event whose label contains `text` (0 when none).
+std::int64_t FirstEventBytes(const Estimate& e, const std::string& text) {
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.label.find(text) != std::string::npos) return p.deltaBytes;
+  }
+  return 0;
+}
+
+std::int64_t ExactEventBytes(const Estimate& e, const std::string& label) {
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.label == label) return p.deltaBytes;
+  }
+  return 0;
+}
+
+Estimate Labelled(const Setup& s) {
+  EstimateOptions labelled;
+  labelled.timeline = EstimateOptions::Timeline::Labelled;
+  EstimateResult r = EstimateMemory(s, labelled);
+  REQUIRE(r.ok());
+  return r.estimate;
+}
+
+}  // namespace
+
+TEST_CASE("Liger's chunk size is the next power of two of BT over ceil(V over H)", "[savers]") {
+  // fused_linear_cross_entropy_forward: inc_factor = cdiv(V, H), chunk_size =
+  // min(next_power_of_2(cdiv(BT, inc_factor)), BT), num_chunks = cdiv(BT, chunk_size).
+  // Its own comment's example: BT = 4096·4, V = 32000, H = 4096 → inc_factor 8, chunk 2048.
+  CHECK(LigerChunks(16384, 32000, 4096).chunkSize == 2048);
+  CHECK(LigerChunks(16384, 32000, 4096).chunks == 8);
+  // Llama 3 8B, 2 × 2048 tokens: cdiv(128256, 4096) = 32, 4096 / 32 = 128.
+  CHECK(LigerChunks(4096, 128256, 4096).chunkSize == 128);
+  CHECK(LigerChunks(4096, 128256, 4096).chunks == 32);
+  // Not a power of two: cdiv(1000, 64) = 16, cdiv(100, 16) = 7 → 8; 13 chunks, the last of 4.
+  CHECK(LigerChunks(100, 1000, 64).chunkSize == 8);
+  CHECK(LigerChunks(100, 1000, 64).chunks == 13);
+  // Never more than BT: V < H gives inc_factor 1, next_power_of_2(3) = 4 → 3, one chunk.
+  CHECK(LigerChunks(3, 10, 64).chunkSize == 3);
+  CHECK(LigerChunks(3, 10, 64).chunks == 1);
+}
+
+TEST_CASE("the fused linear cross-entropy never makes the logits and makes the gradients in forward", "[savers]") {
+  // TinyGpt2 in pure bf16, b·s = 2 × 64 = 128 tokens, V = 1000, H = 64: chunk 8 (16 chunks).
+  Setup standard = TinyGpt2(2, 64);
+  Setup fused = standard;
+  fused.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  const Estimate a = Labelled(standard), b = Labelled(fused);
+  // The buffers of fused_linear_cross_entropy_forward, by hand:
+  CHECK(FirstEventBytes(b, "logits_storage (chunk_size × V)") == 8 * 1000 * 2);  // [chunk, V] bf16
+  CHECK(FirstEventBytes(b, "grad_input (zeros_like)") == 128 * 64 * 2);         // [BT, H] bf16
+  CHECK(FirstEventBytes(b, "grad_weight (zeros_like)") == 1000 * 64 * 2);        // [V, H] bf16
+  CHECK(FirstEventBytes(b, "loss_1d") == 128 * 4);                              // fp32
+  CHECK(FirstEventBytes(b, "target != ignore_index") == 128);                   // bool
+  // The full logits (b·s·V bf16 = 256,000 B) exist in the standard run only.
+  CHECK(ExactEventBytes(a, "lm_head: logits") == 128 * 1000 * 2);
+  CHECK(ExactEventBytes(b, "lm_head: logits") == 0);
+  CHECK(FirstEventBytes(b, "legacy") == 0);  // bf16: addmm(out=grad_weight) in place
+  // grad_weight is a gradient from forward on; backward hands it over as .grad (one per step),
+  // then the embedding's use of the tied weight is added into it.
+  CHECK(BytesIn(b.forwardEnd, Category::Gradients) >= 1000 * 64 * 2);
+  CHECK(BytesIn(a.forwardEnd, Category::Gradients) == 0);
+  CHECK(CountLabels(b, "accumulated into transformer.wte.weight.grad") == 2);
+  // The same model states; a lower peak (the logits, their fp32 copy and log_softmax are gone).
+  CHECK(a.modelStates.totalBytes == b.modelStates.totalBytes);
+  CHECK(b.peak.totalBytes < a.peak.totalBytes);
+  CHECK(AnyNoteContains(b, "LigerFusedLinearCrossEntropyLoss"));
+}
+
+TEST_CASE("the fused linear cross-entropy in fp32 takes Liger's fallback for the weight gradient", "[savers]") {
+  // fp32 logits gradient: grad_weight += mm(grad_logits_chunk.t(), _input_chunk).float(), a
+  // [V, H] fp32 product per chunk (16 chunks, 2 steps).
+  Setup s = TinyGpt2(2, 64);
+  s.training.precision = Precision::FP32;
+  s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  const Estimate e = Labelled(s);
+  CHECK(FirstEventBytes(e, "mm(grad_logits_chunk.t(), _input_chunk)") == 1000 * 64 * 4);
+  CHECK(CountLabels(e, "mm(grad_logits_chunk.t(), _input_chunk)") == 2 * 16 * 2);  // alloc + free
+  CHECK(FirstEventBytes(e, "logits_storage (chunk_size × V)") == 8 * 1000 * 4);
+}
+
+TEST_CASE("a frozen head gets no grad_weight from the fused loss", "[savers]") {
+  Setup s = TinyGpt2(2, 64);
+  s.model.architecture.tieWordEmbeddings = false;
+  s.finetune.lora = true;  // PEFT defaults (c_attn): lm_head frozen
+  s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  const Estimate e = Labelled(s);
+  CHECK(FirstEventBytes(e, "grad_weight (zeros_like)") == 0);
+  CHECK(FirstEventBytes(e, "grad_input (zeros_like)") == 128 * 64 * 2);
+  Setup standard = s;
+  standard.training.lossImplementation = LossImplementation::Standard;
+  CHECK(MustEstimate(standard).modelStates.totalBytes == e.modelStates.totalBytes);
+}
+
+TEST_CASE("the fused linear cross-entropy is refused where Liger does not apply", "[savers]") {
+  Setup s = TinyGpt2(1, 16);
+  s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  CHECK(Validate(s).empty());
+  Setup bert = s;
+  bert.model.architecture = DefaultArchitecture(Family::BERT);
+  CHECK(HasErrorOn(Validate(bert), "training.lossImplementation"));
+  Setup layers = LayerSetup({Linear(4, 3)}, LossKind::CrossEntropy, 1, 1, Precision::FP32, OptimizerKind::SGD);
+  layers.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  CHECK(HasErrorOn(Validate(layers), "training.lossImplementation"));
+  Setup amp = s;
+  amp.training.precision = Precision::AmpBF16;
+  CHECK(HasErrorOn(Validate(amp), "training.lossImplementation"));
+  Setup head = s;
+  head.model.architecture.tieWordEmbeddings = false;
+  head.finetune.lora = true;
+  head.finetune.targetModules = {"c_attn", "lm_head"};
+  CHECK(HasErrorOn(Validate(head), "training.lossImplementation"));
+  Setup parsed;
+  REQUIRE(ParseAndValidate(R"({"model":{"preset":"gpt2"},"training":{"lossImplementation":"fusedLinearCrossEntropy"}})",
+                           parsed).empty());
+  CHECK(parsed.training.lossImplementation == LossImplementation::FusedLinearCrossEntropy);
+  CHECK(OptionsJson(-1).find("\"fusedLinearCrossEntropy\"") != std::string::npos);
+}
+
+TEST_CASE("packed sequences under SDPA: the memory-efficient kernel saves a float mask per layer", "[savers]") {
+  // TinyGpt2: b 2, s 64, 4 heads, 2 layers, pure bf16, SDPA.
+  Setup plain = TinyGpt2(2, 64);
+  plain.training.attention = AttentionImplementation::SDPA;
+  Setup packed = plain;
+  packed.training.packedSequences = PackedSequences::BlockCausalMask;
+  const Estimate a = Labelled(plain), b = Labelled(packed);
+  // masking_utils' bool [b, 1, s, s], once per forward.
+  CHECK(FirstEventBytes(b, "block-causal mask, packed (b, 1, s, s) bool") == 2 * 64 * 64);
+  // convert_boolean_attn_mask: [b, 1, s, s] in bf16 per layer (s = 64 is aligned: no pad),
+  // beside a transient bool logical_not().
+  CHECK(FirstEventBytes(b, "attn_mask as float (convert_boolean_attn_mask)") == 2 * 64 * 64 * 2);
+  CHECK(FirstEventBytes(b, "attn_mask.logical_not()") == 2 * 64 * 64);
+  CHECK(CountLabels(b, "attn_mask as float (convert_boolean_attn_mask)") == 2 * 2);  // made by each layer, each step
+  CHECK(CountLabels(b, "memory-efficient") > 0);
+  CHECK(CountLabels(a, "memory-efficient") == 0);
+  // Saved until backward: at the end of forward the two layers' float masks (2 × 16,384 B) are
+  // what packing adds (the bool mask is gone with the decoder's forward; the logsumexp of 64
+  // rows is 32-aligned already).
+  CHECK(b.forwardEnd.totalBytes - a.forwardEnd.totalBytes == 2 * 2 * 64 * 64 * 2);
+  CHECK(AnyNoteContains(b, "memory-efficient"));
+  // s = 60: the mask is padded to 64 columns (pad_bias, alignment 8) and the logsumexp to 64 rows.
+  Setup odd = packed;
+  odd.training.sequenceLength = 60;
+  const Estimate c = Labelled(odd);
+  CHECK(FirstEventBytes(c, "attn_mask padded to 8 (pad_bias)") == 2 * 60 * 64 * 2);
+  CHECK(FirstEventBytes(c, "logsumexp") == 2 * 4 * 64 * 4);
+}
+
+TEST_CASE("packed sequences under eager attention or flash varlen cost no more memory", "[savers]") {
+  Setup eager = TinyGpt2(2, 64);
+  Setup packedEager = eager;
+  packedEager.training.packedSequences = PackedSequences::BlockCausalMask;
+  CHECK(MustEstimate(packedEager).peak.totalBytes == MustEstimate(eager).peak.totalBytes);
+  Setup sdpa = eager;
+  sdpa.training.attention = AttentionImplementation::SDPA;
+  Setup varlen = sdpa;
+  varlen.training.packedSequences = PackedSequences::FlashVarlen;
+  CHECK(MustEstimate(varlen).peak.totalBytes == MustEstimate(sdpa).peak.totalBytes);
+  CHECK(AnyNoteContains(MustEstimate(varlen), "varlen"));
+}
+
+TEST_CASE("packed sequences are validated and round-trip through JSON", "[savers]") {
+  Setup s = TinyGpt2(1, 16);
+  s.training.packedSequences = PackedSequences::FlashVarlen;  // eager attention: refused
+  CHECK(HasErrorOn(Validate(s), "training.packedSequences"));
+  s.training.attention = AttentionImplementation::SDPA;
+  CHECK(Validate(s).empty());
+  Setup bert = s;
+  bert.model.architecture = DefaultArchitecture(Family::BERT);
+  bert.training.packedSequences = PackedSequences::BlockCausalMask;
+  CHECK(HasErrorOn(Validate(bert), "training.packedSequences"));
+  Setup layers = LayerSetup({Linear(4, 3)}, LossKind::MSE, 1, 1, Precision::FP32, OptimizerKind::SGD);
+  layers.training.packedSequences = PackedSequences::BlockCausalMask;
+  CHECK(HasErrorOn(Validate(layers), "training.packedSequences"));
+  Setup parsed;
+  REQUIRE(ParseAndValidate(R"({"model":{"preset":"gpt2"},"training":{"attention":"sdpa","packedSequences":"blockCausalMask"}})",
+                           parsed).empty());
+  CHECK(parsed.training.packedSequences == PackedSequences::BlockCausalMask);
+  Setup again;
+  REQUIRE(ParseAndValidate(SetupToJson(parsed, -1), again).empty());
+  CHECK(again.training.packedSequences == PackedSequences::BlockCausalMask);
+  Setup bad;
+  CHECK(HasErrorOn(ParseAndValidate(R"({"training":{"packedSequences":true}})", bad), "training.packedSequences"));
+  const std::string options = OptionsJson(-1);
+  CHECK(options.find("\"flashVarlen\"") != std::string::npos);
+  CHECK(options.find("DataCollatorWithFlattening") != std::string::npos);
+}
+
+TEST_CASE("the work budget bounds the fused loss's token chunks", "[savers][budget]") {
+  // cdiv(V, H) chunks at most: a tiny hidden size over a large vocabulary means one chunk per
+  // token (here 2^19 of them), refused before simulating; the same with the standard loss runs.
+  Setup s = TinyGpt2(64, 8192);
+  s.model.architecture.maxPositionEmbeddings = 8192;
+  s.model.architecture.vocabSize = 4'000'000;
+  s.model.architecture.hiddenSize = 8;
+  s.model.architecture.numHeads = 2;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  CHECK(PredictEvents(s).predictedEvents > kMaxPredictedEvents);
+  CHECK(HasErrorOn(Validate(s), "model.architecture.vocabSize"));
+  s.training.lossImplementation = LossImplementation::Standard;
+  CHECK(PredictEvents(s).predictedEvents < kMaxPredictedEvents);
+  // A real model stays far below: Llama 3 8B at 8 × 8192 tokens has 32 chunks.
+  Setup llama = TinyGpt2(8, 8192);
+  llama.model.architecture = DefaultArchitecture(Family::Llama);
+  llama.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  Setup plain = llama;
+  plain.training.lossImplementation = LossImplementation::Standard;
+  CHECK(PredictEvents(llama).predictedEvents - PredictEvents(plain).predictedEvents <= 2 * 4 * 32);
+}
+
+TEST_CASE("make it fit offers the fused loss as free where the logits matter", "[savers][solve]") {
+  // Llama 3.2 1B in pure bf16 with SDPA and checkpointing at 4 × 2048 tokens on 12 GiB: the
+  // logits and their fp32 copies hold the peak.
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("llama-3.2-1b")->architecture;
+  s.training.batchSize = 4;
+  s.training.sequenceLength = 2048;
+  s.training.precision = Precision::BF16;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.checkpointing = Checkpointing::EveryBlock;
+  s.gpu.memoryGiB = 12;
+  const SolveResult r = Solve(s);
+  REQUIRE(r.ok());
+  const auto has = [](const SolveResult& result, const char* id) {
+    return std::find_if(result.suggestions.begin(), result.suggestions.end(), [&](const FitSuggestion& f) { return f.id == id; });
+  };
+  const auto fused = has(r, "loss-fused");
+  REQUIRE(fused != r.suggestions.end());
+  CHECK(has(r, "loss-chunked") == r.suggestions.end());  // one loss change: the fused one where it applies
+  CHECK(fused->cost == FitCost::Free);
+  CHECK(fused->setup.training.lossImplementation == LossImplementation::FusedLinearCrossEntropy);
+  CHECK(MustEstimate(fused->setup).device.peakDeviceBytes == fused->peakBytes);
+  Setup chunked = s;
+  chunked.training.lossImplementation = LossImplementation::Chunked;
+  CHECK(fused->peakBytes < MustEstimate(chunked).device.peakDeviceBytes);  // no logits at all against chunked ones
+  // Under autocast Liger is refused: the chunked loss is offered instead.
+  s.training.precision = Precision::AmpBF16;
+  const SolveResult amp = Solve(s);
+  CHECK(has(amp, "loss-fused") == amp.suggestions.end());
+  CHECK(has(amp, "loss-chunked") != amp.suggestions.end());
+}

@@ -66,32 +66,46 @@ export function showFinetuneFields() {
   }
 }
 
-// What you will do: full training, LoRA or QLoRA, each a set of the core's fine-tuning fields.
-// LoRA is peft's LoraConfig with its defaults (the core's); QLoRA is the QLoRA paper's recipe
-// (Dettmers et al. 2023, arXiv 2305.14314, §2 and §4: NF4 base weights with double
-// quantization, bf16 compute, LoRA on every linear layer of the blocks) as transformers'
-// BitsAndBytesConfig and peft's prepare_model_for_kbit_training write it.
-const MODES = [
-  { id: 'full', label: 'Full training (every parameter learns)', finetune: {} },
-  { id: 'lora', label: 'LoRA adapters (peft LoraConfig; base weights frozen)', finetune: { lora: true } },
-  { id: 'qlora', label: 'QLoRA (4-bit NF4 base weights + LoRA on every linear layer)', finetune: { lora: true, quantization: 'nf4', doubleQuant: true, computeDType: 'bf16', prepareForKbitTraining: true, targetModules: ['all-linear'] } },
-];
+// What you will do: the core's one list of training modes (options.trainingModes: full
+// training, torchtune's LoRA and QLoRA recipes; core/src/model/training_modes.cpp), the list
+// "Make it fit" suggests from. Each mode carries the whole finetune section it sets for each
+// family (the recipe's target modules depend on the family's module names).
+export function trainingModes() {
+  return Array.isArray(state.options.trainingModes) ? state.options.trainingModes : [];
+}
+
+// The family whose module names a mode's targets use: the model form's (a preset fills it).
+function currentFamily() {
+  return $('#arch-family')?.value || state.options.defaultSetup?.model?.architecture?.family;
+}
+
+// The finetune section a mode sets for the current family, or null when it has none.
+export function modeFinetune(mode, family = currentFamily()) {
+  const byFamily = mode?.finetuneByFamily;
+  return isPlainObject(byFamily) && isPlainObject(byFamily[family]) ? byFamily[family] : null;
+}
 
 function availableModes() {
   const keys = new Set(finetuneFields().map((f) => f.key));
-  return MODES.filter((m) => Object.keys(m.finetune).every((k) => keys.has(k)));
+  return trainingModes().filter((m) => {
+    const section = modeFinetune(m);
+    return section && Object.keys(section).every((k) => keys.has(k));
+  });
 }
 
 function buildModeSelect() {
-  if (Array.isArray(state.options.trainingModes) && state.options.trainingModes.length) return;  // the core's own list wins
   const modes = finetuneFields().length ? availableModes() : [];
   if (!modes.length) return;
   const select = $('#training-mode');
-  select.replaceChildren(...modes.map((m) => new Option(m.label, m.id)), new Option('Custom fine-tuning (see the fine-tuning fold)', 'custom'));
+  select.replaceChildren(...modes.map((m) => {
+    const option = new Option(m.label, m.id);
+    option.title = m.source;
+    return option;
+  }), new Option('Custom fine-tuning (see the fine-tuning fold)', 'custom'));
   select.disabled = false;
   select.dataset.field = 'finetune';
   $('#training-mode-hint').hidden = false;
-  $('#training-mode-hint').textContent = 'LoRA and QLoRA set the fine-tuning fields below (PEFT and bitsandbytes names); every one stays editable.';
+  $('#training-mode-hint').textContent = 'LoRA and QLoRA follow torchtune\'s recipes and set the fine-tuning fields below (PEFT and bitsandbytes names); every one stays editable.';
 }
 
 export function modeSelectIsFinetune() {
@@ -99,18 +113,18 @@ export function modeSelectIsFinetune() {
 }
 
 export function onModeChange() {
-  const mode = MODES.find((m) => m.id === $('#training-mode').value);
-  if (!mode) {
+  const section = modeFinetune(trainingModes().find((m) => m.id === $('#training-mode').value));
+  if (!section) {
     $('#finetune-fold').open = true;
     return;
   }
-  fillFinetune(mode.finetune);
+  fillFinetune(section);
 }
 
 function syncMode() {
   if (!modeSelectIsFinetune()) return;
   const current = JSON.stringify(readFinetune());
-  const mode = availableModes().find((m) => JSON.stringify(mergeSetup(state.options.defaultSetup.finetune, m.finetune)) === current);
+  const mode = availableModes().find((m) => JSON.stringify(mergeSetup(state.options.defaultSetup.finetune, modeFinetune(m))) === current);
   $('#training-mode').value = mode ? mode.id : 'custom';
 }
 

@@ -50,13 +50,6 @@ export function precisionItems(precisions) {
   return precisions.map((p) => ({ id: p.id, label: PRECISION_FLAGS[p.id] ? `${PRECISION_FLAGS[p.id]} — ${p.label}` : p.label }));
 }
 
-// What you will do: the core's training modes when it offers them (options.trainingModes,
-// [{id, label}], written as training.mode), else full training, the one mode it models now.
-export function trainingModes() {
-  return Array.isArray(state.options.trainingModes) && state.options.trainingModes.length
-    ? state.options.trainingModes : null;
-}
-
 export function buildFirstScreen() {
   const list = $('#preset-names');
   list.replaceChildren(...(state.options.presets ?? []).map((p) => {
@@ -65,11 +58,11 @@ export function buildFirstScreen() {
     option.label = p.id;
     return option;
   }));
-  const modes = trainingModes();
+  // What you will do: full training until the fine-tuning panel fills it from the core's
+  // training modes (finetune-panel.js, options.trainingModes: they set the finetune section).
   const select = $('#training-mode');
-  select.replaceChildren(...(modes ?? [{ id: '', label: 'Full training (every parameter learns)' }]).map((m) => new Option(m.label, m.id)));
-  select.disabled = !modes;
-  $('#training-mode-hint').hidden = Boolean(modes);
+  select.replaceChildren(new Option('Full training (every parameter learns)', ''));
+  select.disabled = true;
 }
 
 // The preset a search text names: its label or id exactly, else the one preset whose label or id

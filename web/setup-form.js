@@ -3,7 +3,7 @@
 // Split out of app.js by panel; every byte it shows comes from the core's estimate.
 
 import { formatInteger } from './charts.js';
-import { syncModelSearch, trainingModes } from './first-screen.js';
+import { syncModelSearch } from './first-screen.js';
 import { fillFinetune, finetuneFields, readFinetune } from './finetune-panel.js';
 import { gpuById, syncGpuSelect } from './gpu-panel.js';
 import { readLayers, renderLayers } from './layers-panel.js';
@@ -99,7 +99,6 @@ export function fillForm(setup, presetId) {
   showKindPanels();
   showParameterHint();
   syncGpuSelect();
-  if (trainingModes()) setSelectValue($('#training-mode'), training.mode);
   syncModelSearch();
   // Quick mode, a layer list or a custom architecture are described in the fold: it opens for
   // them; a preset's fields stay folded (the search box names the preset).
@@ -146,7 +145,6 @@ export function readForm() {
     // same without the list.
     gpu: state.gpuId ? { id: state.gpuId, memoryGiB: numberValue($('#memoryGiB')) } : { memoryGiB: numberValue($('#memoryGiB')) },
   };
-  if (trainingModes()) setup.training.mode = $('#training-mode').value;
   Object.assign(setup.training, readSavers());
   setup.runtime = readRuntime();
   if (finetuneFields().length && isPlainObject(state.options.defaultSetup.finetune)) setup.finetune = readFinetune();

@@ -98,20 +98,38 @@ test('the model details fold opens for quick mode, a layer list, and an error in
   await second.finish();
 });
 
+// The core's options, as the page reads them (options.trainingModes: the one list of modes).
+async function coreOptions() {
+  const { createRequire } = await import('node:module');
+  const require = createRequire(import.meta.url);
+  const { root } = await import('./harness.js');
+  const { pathToFileURL } = await import('node:url');
+  const factory = require(process.env.GPUMEM_GLUE ?? join(root, 'build/wasm/wasm/gpumem_core.cjs'));
+  const { loadGpumem } = await import(pathToFileURL(join(root, 'wasm/gpumem.js')).href);
+  return (await loadGpumem({ factory })).options();
+}
+
 test('what you will do: LoRA and QLoRA set the core\'s fine-tuning fields; the estimate and the link follow', async () => {
   const { page, finish } = await openPage({ viewport: LAPTOP });
   await page.waitForSelector('#verdict[data-verdict]', WAIT);
+  // The select is the core's list of training modes (and custom), labelled as the core labels them.
+  const modes = (await coreOptions()).trainingModes;
+  const shown = await page.$$eval('#training-mode option', (options) => options.map((o) => [o.value, o.textContent]));
+  assert.deepEqual(shown, [...modes.map((m) => [m.id, m.label]), ['custom', 'Custom fine-tuning (see the fine-tuning fold)']]);
+  const section = (id) => modes.find((m) => m.id === id).finetuneByFamily.llama;
   const seq = Number(await page.inputValue('#sequenceLength'));
   const base = { model: { preset: 'llama-3.2-1b' }, training: { precision: 'ampBf16', attention: 'sdpa', sequenceLength: seq }, gpu: { id: 'nvidia-rtx-4090' } };
 
   await page.selectOption('#training-mode', 'lora');
-  const lora = await coreEstimate({ ...base, finetune: { lora: true } });
+  const lora = await coreEstimate({ ...base, finetune: section('lora') });
+  assert.deepEqual(section('lora').targetModules, ['q_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj']);
+  assert.equal(await page.inputValue('#finetune-loraAlpha'), '16');
   await waitForAttr(page, '#peak-total', 'data-bytes', String(lora.peak.totalBytes));
   assert.equal(await page.isChecked('#finetune-lora'), true);
   assert.equal(await page.isVisible('#finetune-r'), true, 'the rank shows with LoRA');
 
   await page.selectOption('#training-mode', 'qlora');
-  const qlora = await coreEstimate({ ...base, finetune: { lora: true, quantization: 'nf4', doubleQuant: true, computeDType: 'bf16', prepareForKbitTraining: true, targetModules: ['all-linear'] } });
+  const qlora = await coreEstimate({ ...base, finetune: section('qlora') });
   await waitForAttr(page, '#peak-total', 'data-bytes', String(qlora.peak.totalBytes));
   assert.equal(await page.inputValue('#finetune-quantization'), 'nf4');
   assert.ok(qlora.peak.totalBytes < lora.peak.totalBytes, 'QLoRA holds less than LoRA');

@@ -48,3 +48,28 @@ test('Llama 3 8B on a 24 GB card: the first suggestion is LoRA or QLoRA and appl
   const qlora = result.suggestions.find((x) => x.id === 'finetune-qlora');
   assert.deepEqual([qlora.change.finetune.quantization, qlora.change.finetune.doubleQuant, qlora.change.finetune.computeDType], ['nf4', true, 'bf16']);
 });
+
+test('one list of training modes: the page\'s options.trainingModes are what make it fit applies', () => {
+  const modes = gpumem.options().trainingModes;
+  assert.deepEqual(modes.map((m) => m.id), ['full', 'lora', 'qlora']);
+  for (const m of modes) {
+    assert.ok(m.label && m.source, `${m.id}: label and source`);
+    assert.deepEqual(Object.keys(m.finetuneByFamily).sort(), ['bert', 'gpt2', 'llama']);
+  }
+  // full is the default finetune section.
+  for (const section of Object.values(modes[0].finetuneByFamily)) assert.deepEqual(section, gpumem.defaultSetup().finetune);
+  for (const [preset, family, gpu] of [['llama-3-8b', 'llama', { id: 'nvidia-rtx-4090' }], ['gpt2-xl', 'gpt2', { memoryGiB: 8 }]]) {
+    const setup = mergeSetup(gpumem.defaultSetup(), { model: { kind: 'transformer', preset }, gpu });
+    delete setup.model.architecture;
+    const result = gpumem.solve(setup);
+    for (const id of ['lora', 'qlora']) {
+      const mode = modes.find((m) => m.id === id);
+      const suggestion = result.suggestions.find((x) => x.id === `finetune-${id}`);
+      assert.ok(suggestion, `${preset}: finetune-${id} offered`);
+      // What the page's "What you will do" writes (the whole section) and what the solver's
+      // suggestion gives once applied are the same finetune section.
+      assert.deepEqual(mergeSetup(setup, suggestion.change).finetune, mode.finetuneByFamily[family], `${preset} ${id}`);
+      assert.ok(suggestion.label.includes(mode.label), `${preset} ${id}: labelled as the mode`);
+    }
+  }
+});

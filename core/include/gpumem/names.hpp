@@ -31,6 +31,7 @@ std::span<const Named<HiddenAct>> NamesOf(HiddenAct);
 std::span<const Named<EncoderHead>> NamesOf(EncoderHead);
 std::span<const Named<AttentionImplementation>> NamesOf(AttentionImplementation);
 std::span<const Named<Checkpointing>> NamesOf(Checkpointing);
+std::span<const Named<PackedSequences>> NamesOf(PackedSequences);
 std::span<const Named<Quantization>> NamesOf(Quantization);   // finetune.cpp
 std::span<const Named<AdapterDType>> NamesOf(AdapterDType);   // finetune.cpp
 // The parallel section's enums (core/src/parallel/parallel_setup.cpp).

@@ -51,6 +51,22 @@ enum class AttentionImplementation {
   SDPA,   // fused flash / memory-efficient kernel: keeps only its output and an fp32 log-sum-exp
 };
 
+// Several sequences packed into each row of the batch, their positions restarting at each one
+// (HF DataCollatorWithFlattening / position_ids resets; torchtune's PackedDataset): tokens attend
+// only within their own sequence. Decoder transformers.
+enum class PackedSequences {
+  None,
+  // A 4D block-causal mask: transformers' masking_utils (find_packed_sequence_indices, then
+  // sdpa_mask: a bool [b, 1, s, s]); under SDPA an explicit mask rules out the flash kernel, so
+  // PyTorch runs the memory-efficient one on a float copy of the mask made by every layer
+  // (convert_boolean_attn_mask) and saved for its backward. Eager attention already holds a
+  // [b, 1, s, s] mask in the model's dtype: unchanged.
+  BlockCausalMask,
+  // Flash-attention varlen (HF attn_implementation="flash_attention_2" with position_ids:
+  // flash_attn_varlen_func on cu_seqlens): no s² mask, what the SDPA flash path holds.
+  FlashVarlen,
+};
+
 // Activation checkpointing (Hugging Face's gradient checkpointing, reentrant).
 enum class Checkpointing {
   None,
@@ -102,6 +118,10 @@ enum class LossImplementation {
   // split into lossChunks chunks along the sequence, the output projection runs per chunk, and
   // each chunk's logits are upcast to fp32 and reduced in turn.
   Chunked,
+  // Liger's fused linear + cross-entropy (liger_kernel/ops/fused_linear_cross_entropy.py,
+  // LigerFusedLinearCrossEntropyFunction; HF: use_liger_kernel=True): the full logits never
+  // exist; the head's input and weight gradients are made in forward, one token chunk at a time.
+  FusedLinearCrossEntropy,
 };
 
 // How the optimizer step is executed; decides its temporaries ("intermediates").
@@ -233,6 +253,8 @@ struct TrainingDef {
   // activations of at least 1,024 B are copied to pinned host memory in forward and brought back
   // in backward; the output head and the loss stay on the GPU (transformers only).
   bool activationOffloading = false;
+  // Packed sequences (see PackedSequences): what the attention mask costs.
+  PackedSequences packedSequences = PackedSequences::None;
 };
 
 struct GpuDef {

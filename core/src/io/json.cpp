@@ -22,6 +22,7 @@
 #include "gpumem/inventory.hpp"
 #include "gpumem/presets.hpp"
 #include "gpumem/solve.hpp"
+#include "gpumem/training_modes.hpp"
 
 namespace gpumem {
 namespace {
@@ -308,12 +309,13 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
                                           "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
                                           "attention", "checkpointing", "checkpointInterval",
                                           "lossImplementation", "lossChunks", "lossInModelDtype",
-                                          "optimizerInBackward", "activationOffloading"};
+                                          "optimizerInBackward", "activationOffloading", "packedSequences"};
   for (const char* key : kKeys) if (v.contains(key)) given.trainingKeys.push_back(key);
   r.RejectUnknown(v, {"batchSize", "sequenceLength", "precision", "optimizer",
                       "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
                       "attention", "checkpointing", "checkpointInterval", "lossImplementation",
-                      "lossChunks", "lossInModelDtype", "optimizerInBackward", "activationOffloading"}, path);
+                      "lossChunks", "lossInModelDtype", "optimizerInBackward", "activationOffloading",
+                      "packedSequences"}, path);
   r.Enum(v, "attention", path, t.attention);
   r.Enum(v, "checkpointing", path, t.checkpointing);
   r.Int(v, "checkpointInterval", path, t.checkpointInterval);
@@ -329,6 +331,7 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
   r.Bool(v, "lossInModelDtype", path, t.lossInModelDtype);
   r.Bool(v, "optimizerInBackward", path, t.optimizerInBackward);
   r.Bool(v, "activationOffloading", path, t.activationOffloading);
+  r.Enum(v, "packedSequences", path, t.packedSequences);
 }
 
 void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
@@ -535,7 +538,8 @@ ojson SetupJson(const Setup& s) {
                     {"lossChunks", s.training.lossChunks},
                     {"lossInModelDtype", s.training.lossInModelDtype},
                     {"optimizerInBackward", s.training.optimizerInBackward},
-                    {"activationOffloading", s.training.activationOffloading}}},
+                    {"activationOffloading", s.training.activationOffloading},
+                    {"packedSequences", IdOf(s.training.packedSequences)}}},
       {"gpu", s.gpu.id.empty() ? ojson{{"memoryGiB", s.gpu.memoryGiB}}
                                : ojson{{"memoryGiB", s.gpu.memoryGiB}, {"id", s.gpu.id}}},
       {"runtime", {{"allocator", {{"expandableSegments", s.runtime.allocator.expandableSegments},
@@ -996,8 +1000,10 @@ ojson SaverFields() {
                  const char* framework; const char* hint; };
   static constexpr Saver kSavers[] = {
       {"lossImplementation", "Loss", "select", "lossImplementations",
-       "torchtune: loss=CEWithChunkedOutputLoss (model.set_num_output_chunks)",
-       "chunked: logits made and upcast to fp32 one chunk at a time in the forward; transformer decoders only"},
+       "torchtune: loss=CEWithChunkedOutputLoss (model.set_num_output_chunks); Liger: use_liger_kernel=True "
+       "(LigerFusedLinearCrossEntropyLoss)",
+       "chunked: logits made and upcast to fp32 one chunk at a time in the forward; fused linear + cross-entropy: "
+       "no full logits, the head's gradients made in forward; transformer decoders only"},
       {"lossChunks", "Loss chunks", "count", "",
        "torchtune: CEWithChunkedOutputLoss(num_output_chunks=8)",
        "chunks along the sequence, 1–8 (torch.chunk: ceil(s / n) tokens each)"},
@@ -1011,6 +1017,10 @@ ojson SaverFields() {
        "torchtune: enable_activation_offloading=True (OffloadActivations); TRL: activation_offloading=True",
        "saved activations ≥ 1 KiB copied to pinned host memory in forward (the last 5 kept while the copy runs) "
        "and brought back one backward op at a time; the output head and the loss stay on the GPU"},
+      {"packedSequences", "Packed sequences", "select", "packedSequences",
+       "transformers: DataCollatorWithFlattening (position_ids); torchtune: dataset.packed=True",
+       "blockCausalMask: a bool [b, 1, s, s] mask, and under SDPA the memory-efficient kernel with a float copy "
+       "of it saved by every layer; flashVarlen: no mask (needs SDPA here, as the flash kernel)"},
   };
   ojson out = ojson::array();
   for (const Saver& f : kSavers) {
@@ -1021,6 +1031,18 @@ ojson SaverFields() {
   return out;
 }
 }  // namespace
+
+// The training modes of "What you will do" (model/training_modes.cpp), each with the whole
+// finetune section it sets for every family (the recipe's targets depend on the family).
+static ojson TrainingModesJson() {
+  ojson out = ojson::array();
+  for (const TrainingMode& m : TrainingModes()) {
+    ojson byFamily = ojson::object();
+    for (const auto& family : NamesOf(Family{})) byFamily[family.id] = FinetuneJson(TrainingModeFinetune(m, family.value));
+    out.push_back({{"id", m.id}, {"label", m.label}, {"source", m.source}, {"finetuneByFamily", byFamily}});
+  }
+  return out;
+}
 
 std::string OptionsJson(int indent) {
   ojson examples = ojson::array();
@@ -1084,6 +1106,8 @@ std::string OptionsJson(int indent) {
                {"optimizers", NameList<OptimizerKind>()},
                {"optimizerImplementations", NameList<OptimizerImplementation>()},
                {"lossImplementations", NameList<LossImplementation>()},
+               {"packedSequences", NameList<PackedSequences>()},
+               {"trainingModes", TrainingModesJson()},
                {"savers", SaverFields()},
                {"phases", NameList<Phase>()},
                {"categories", NameList<Category>()},

@@ -78,6 +78,15 @@ constexpr Named<LossImplementation> kLossImplementations[] = {
     {LossImplementation::Standard, "standard", "full logits (Hugging Face ForCausalLMLoss)"},
     {LossImplementation::Chunked, "chunked",
      "chunked output and cross-entropy (torchtune CEWithChunkedOutputLoss, num_output_chunks)"},
+    {LossImplementation::FusedLinearCrossEntropy, "fusedLinearCrossEntropy",
+     "fused linear + cross-entropy (Liger LigerFusedLinearCrossEntropyLoss, use_liger_kernel)"},
+};
+constexpr Named<PackedSequences> kPackedSequences[] = {
+    {PackedSequences::None, "none", "one sequence per row (no packing)"},
+    {PackedSequences::BlockCausalMask, "blockCausalMask",
+     "packed, 4D block-causal mask (transformers masking_utils from position_ids; SDPA runs its memory-efficient kernel)"},
+    {PackedSequences::FlashVarlen, "flashVarlen",
+     "packed, flash-attention varlen (attn_implementation=flash_attention_2 with DataCollatorWithFlattening)"},
 };
 constexpr Named<OptimizerImplementation> kImplementations[] = {
     {OptimizerImplementation::ForEach, "forEach", "foreach (multi-tensor, PyTorch default)"},
@@ -120,6 +129,7 @@ std::span<const Named<HiddenAct>> NamesOf(HiddenAct) { return kHiddenActs; }
 std::span<const Named<EncoderHead>> NamesOf(EncoderHead) { return kEncoderHeads; }
 std::span<const Named<AttentionImplementation>> NamesOf(AttentionImplementation) { return kAttentions; }
 std::span<const Named<Checkpointing>> NamesOf(Checkpointing) { return kCheckpointings; }
+std::span<const Named<PackedSequences>> NamesOf(PackedSequences) { return kPackedSequences; }
 std::span<const Named<Category>> NamesOf(Category) { return kCategories; }
 
 const char* DTypeId(DType type) {

@@ -375,6 +375,15 @@ EventBudget PredictEventsOf(const Setup& setup) {
   // The experts drive it when they make most of a block's events.
   budget.field = events::kExpert * experts > block / 2 ? "model.architecture.numExperts"
                                                        : "model.architecture.numLayers";
+  if (t.lossImplementation == LossImplementation::FusedLinearCrossEntropy && a.hiddenSize > 0) {
+    // Liger's token chunks (sim/blocks/loss.cpp): at most cdiv(V, H) of them, and never more than
+    // the tokens; each makes at most 4 events, in each of the 2 steps.
+    const double chunks = std::min(double((a.vocabSize + a.hiddenSize - 1) / a.hiddenSize),
+                                   double(t.batchSize) * double(t.sequenceLength));
+    const double loss = 2 * 4 * chunks;
+    if (loss > budget.predictedEvents) budget.field = "model.architecture.vocabSize";
+    budget.predictedEvents += loss;
+  }
   return budget;
 }
 
@@ -382,6 +391,9 @@ FieldError TooManyEventsError(const EventBudget& budget) {
   const char* change = budget.field == "model.layers"             ? "Use fewer layers."
                        : budget.field == "model.largestMatrices"  ? "List fewer matrices."
                        : budget.field == "model.architecture.numExperts" ? "Use fewer experts or layers."
+                       : budget.field == "model.architecture.vocabSize"
+                           ? "The fused loss's token chunks (about vocabulary / hidden size of them) are too many: use a "
+                             "larger hidden size, fewer tokens or the chunked loss."
                                                                   : "Use fewer layers.";
   return {ErrorCode::TooLarge, budget.field,
           "This setup would simulate about " + FormatScientific(budget.predictedEvents) +
@@ -615,6 +627,35 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
     errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",
                       "The chunked loss (torchtune's CEWithChunkedOutputLoss) is simulated for decoder "
                       "transformers (GPT-2, Llama family); choose standard."});
+  }
+  if (t.lossImplementation == LossImplementation::FusedLinearCrossEntropy) {
+    // Liger patches the causal-LM forward of decoders (liger_kernel/transformers/monkey_patch.py);
+    // under autocast its amp_custom_fwd casts and mm(out=) paths are not simulated; with a LoRA
+    // adapter on lm_head the head is no plain weight for it to read (lm_head.weight).
+    const Precision p = t.precision;
+    std::string why;
+    if (!decoder) why = "is simulated for decoder transformers (GPT-2, Llama family)";
+    else if (p == Precision::AmpBF16 || p == Precision::AmpFP16) why = "is not simulated under autocast; choose a 16-bit or fp32 precision";
+    else if (setup.finetune.lora && !m.architecture.tieWordEmbeddings &&
+             IsLoraTarget(setup.finetune, m.architecture.family, "lm_head"))
+      why = "reads lm_head.weight, which a LoRA adapter on lm_head replaces; drop lm_head from the target modules";
+    if (!why.empty()) {
+      errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",
+                        "The fused linear + cross-entropy loss (Liger) " + why + "."});
+    }
+  }
+  if (t.packedSequences != PackedSequences::None) {
+    // Packing with position_ids resets is what transformers' decoders and torchtune's
+    // PackedDataset do (masking_utils.find_packed_sequence_indices); the varlen path is the flash
+    // kernel, which gpumem simulates as its SDPA attention.
+    if (!decoder) {
+      errors.push_back({ErrorCode::InvalidField, "training.packedSequences",
+                        "Packed sequences are simulated for decoder transformers (GPT-2, Llama family); choose none."});
+    } else if (t.packedSequences == PackedSequences::FlashVarlen && t.attention != AttentionImplementation::SDPA) {
+      errors.push_back({ErrorCode::InvalidField, "training.packedSequences",
+                        "Flash-attention varlen is the flash kernel: set attention to SDPA (or choose blockCausalMask "
+                        "for eager attention)."});
+    }
   }
   if (t.lossInModelDtype && (m.kind == ModelKind::ParameterCount ||
                              (m.kind == ModelKind::LayerList && m.loss != LossKind::CrossEntropy))) {

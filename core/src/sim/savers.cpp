@@ -2,6 +2,8 @@
 // the same per-tensor rules the simulation uses (optimizer.cpp).
 #include "sim/savers.hpp"
 
+#include <algorithm>
+
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 #include "sim/trace_builder.hpp"
@@ -61,10 +63,37 @@ void AddSaverNotes(const Setup& setup, const Inventory& inventory, std::vector<s
                     " chunks): the output projection and the fp32 upcast run one chunk at a time; the saved "
                     "log_softmax outputs and the 16-bit logits are as large as unchunked.");
   }
+  if (t.lossImplementation == LossImplementation::FusedLinearCrossEntropy) {
+    notes.push_back("Fused linear + cross-entropy (Liger LigerFusedLinearCrossEntropyLoss): the logits exist one "
+                    "token chunk at a time (about tokens × hidden elements); the head's input and weight gradients "
+                    "are made in forward and held until backward, where the weight's becomes .grad.");
+    if (t.lossInModelDtype) notes.push_back("Liger's kernel computes the loss in fp32 registers: the loss dtype changes nothing here.");
+  }
+  if (t.packedSequences == PackedSequences::BlockCausalMask) {
+    notes.push_back(t.attention == AttentionImplementation::SDPA
+                        ? "Packed sequences with a block-causal mask: SDPA cannot use the flash kernel with an explicit "
+                          "mask and runs the memory-efficient one; every layer converts the bool mask to a float one "
+                          "in the query's dtype and saves it for backward (b × s² elements per layer)."
+                        : "Packed sequences under eager attention: the block-causal mask is as large as the causal one "
+                          "(b × s² in the model's dtype); nothing else changes.");
+  }
+  if (t.packedSequences == PackedSequences::FlashVarlen) {
+    notes.push_back("Packed sequences with flash-attention varlen: no s² mask (cu_seqlens only); the memory is that of "
+                    "the flash kernel on b × s tokens.");
+  }
   if (t.lossInModelDtype && RegimeOf(t.precision).autocast) {
     notes.push_back("Under autocast log_softmax runs in fp32 whatever the logits' dtype: the loss in the model "
                     "dtype changes nothing here.");
   }
+}
+
+LigerChunking LigerChunks(std::int64_t tokens, std::int64_t vocab, std::int64_t hidden) {
+  const auto cdiv = [](std::int64_t a, std::int64_t b) { return (a + b - 1) / b; };
+  const std::int64_t incFactor = cdiv(vocab, hidden);
+  std::int64_t chunk = 1;  // triton.next_power_of_2
+  while (chunk < cdiv(tokens, incFactor)) chunk *= 2;
+  chunk = std::min(chunk, tokens);
+  return {chunk, cdiv(tokens, chunk)};
 }
 
 void ActivationOffload::ReleaseFreeing(TensorHandle h, Text label) {

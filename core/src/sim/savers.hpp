@@ -17,6 +17,17 @@ namespace gpumem {
 // (cudaMallocManaged): evictable to host memory by the driver. 0 for other optimizers.
 std::int64_t PagedOptimizerStateBytes(const Setup& setup, const Inventory& inventory);
 
+// Liger's token chunks for the fused linear + cross-entropy
+// (liger_kernel/ops/fused_linear_cross_entropy.py, fused_linear_cross_entropy_forward, with
+// chunk_mem_const = 1): inc_factor = cdiv(V, H); chunk_size = min(next_power_of_2(cdiv(BT,
+// inc_factor)), BT); num_chunks = cdiv(BT, chunk_size). So one chunk's logits, chunk_size × V,
+// are about BT × H elements whatever the vocabulary.
+struct LigerChunking {
+  std::int64_t chunkSize = 0;  // tokens per chunk
+  std::int64_t chunks = 0;
+};
+LigerChunking LigerChunks(std::int64_t tokens, std::int64_t vocab, std::int64_t hidden);
+
 // Notes for the estimate: paged states, 8-bit layouts, the savers in use and what they change.
 void AddSaverNotes(const Setup& setup, const Inventory& inventory, std::vector<std::string>& notes);
 

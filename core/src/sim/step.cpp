@@ -185,6 +185,29 @@ void GradientSink::Produce(std::size_t index, Text label) {
                                         t.Make({label, ": new gradient of ", name}), formula, p.layer);
     builder_.Release(fresh, t.Make({label, ": accumulated into ", name, ".grad"}));
   }
+  Received(index, label);
+}
+
+void GradientSink::Adopt(std::size_t index, TensorHandle grad, Text label) {
+  TextStore& t = builder_.text();
+  const Tensor& p = inventory_.parameters[index];
+  if (!p.trainable) {
+    builder_.Release(grad, t.Make({label, ": gradient of a frozen parameter dropped"}));
+    return;
+  }
+  if (hook_ && hook_->Produce(builder_, index, label)) {  // the hook's buffer takes a copy
+    builder_.Release(grad, t.Make({label, ": gradient copied for ", names_[index]}));
+    return;
+  }
+  if (grads_[index] == kNoTensor) {
+    grads_[index] = grad;  // stolen: the buffer becomes .grad, no copy
+  } else {
+    builder_.Release(grad, t.Make({label, ": accumulated into ", names_[index], ".grad"}));
+  }
+  Received(index, label);
+}
+
+void GradientSink::Received(std::size_t index, Text label) {
   if (!ready_ || ++received_[index] < expected_[index]) return;
   received_[index] = 0;
   expected_[index] = 1;

@@ -135,9 +135,9 @@ ValueId Tape::Apply(const OpSpec& spec) {
   if (spec.savesOutput) node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(id)].storage));
   for (TensorHandle h : made) node.saved.push_back(h);
   if (offload_ && offload_->active()) {
-    SmallVec<std::int64_t, 5> bytes;
-    SmallVec<bool, 5> parameter;
-    SmallVec<Text, 5> names;
+    SmallVec<std::int64_t, 6> bytes;
+    SmallVec<bool, 6> parameter;
+    SmallVec<Text, 6> names;
     auto slot = [&](ValueId v) {
       const Value& value = values_[static_cast<std::size_t>(v)];
       bytes.push_back(value.shape.Elements() * BytesPerElement(value.type));
@@ -158,6 +158,21 @@ ValueId Tape::Apply(const OpSpec& spec) {
     temps_.push_back(spec.backwardTemps);
   }
   values_[static_cast<std::size_t>(id)].producer = static_cast<int>(nodes_.size() - 1);
+  return id;
+}
+
+ValueId Tape::ApplyPrecomputed(const OpSpec& spec, const SmallVec<ValueId, 4>& gradients) {
+  const std::size_t before = nodes_.size();
+  const ValueId id = Apply(spec);
+  if (nodes_.size() == before) return id;  // no autograd node: the caller's tensors just go
+  SmallVec<TensorHandle, 4> held;
+  for (int i = 0; i < spec.inputs.size(); ++i) {
+    const ValueId g = i < gradients.size() ? gradients[i] : kNoValue;
+    held.push_back(g != kNoValue && NeedsGrad(spec.inputs[i]) ? b_.Retain(values_[static_cast<std::size_t>(g)].storage)
+                                                                : kNoTensor);
+  }
+  nodes_.back().precomputed = static_cast<int>(precomputed_.size());
+  precomputed_.push_back(held);
   return id;
 }
 
@@ -288,9 +303,9 @@ Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block) 
   node.blockInputs = inputs;
   for (ValueId v : outs) node.outputs.push_back(v);
   if (offload_ && offload_->active()) {  // save_for_backward of the inputs runs under the hooks
-    SmallVec<std::int64_t, 5> bytes;
-    SmallVec<bool, 5> parameter;
-    SmallVec<Text, 5> names;
+    SmallVec<std::int64_t, 6> bytes;
+    SmallVec<bool, 6> parameter;
+    SmallVec<Text, 6> names;
     for (ValueId v : inputs) {
       const Value& value = values_[static_cast<std::size_t>(v)];
       bytes.push_back(value.shape.Elements() * BytesPerElement(value.type));
@@ -402,9 +417,19 @@ void Tape::Execute(int index) {
       temps.push_back(b_.Alloc(Category::ActivationGradients, t.shape.Elements() * BytesPerElement(t.type),
                                T({name}), T({label, ": ", name}), text().Shape(t.shape, t.type), layer_));
     }
-    for (const In& in : node.inputs) {
+    for (int i = 0; i < node.inputs.size(); ++i) {
+      const In& in = node.inputs[i];
       if (!NeedsGrad(in)) continue;
       const Value& v = values_[static_cast<std::size_t>(in.value)];
+      if (node.precomputed >= 0) {  // made in forward (ApplyPrecomputed): handed over as it is
+        TensorHandle& made = precomputed_[static_cast<std::size_t>(node.precomputed)][i];
+        if (made != kNoTensor) {
+          if (v.parameter >= 0) sink_->Adopt(static_cast<std::size_t>(v.parameter), made, label);
+          else Deliver(in.value, made, label);
+          made = kNoTensor;
+          continue;
+        }
+      }
       if (v.parameter >= 0) {
         sink_->Produce(static_cast<std::size_t>(v.parameter), label);
         continue;
@@ -425,6 +450,12 @@ void Tape::Execute(int index) {
   }
   if (unpacks) offload_->AfterOp(label);  // the node's post-hook
   Node& done = nodes_[static_cast<std::size_t>(index)];
+  if (done.precomputed >= 0) {  // gradients made in forward that no input took
+    for (TensorHandle& made : precomputed_[static_cast<std::size_t>(done.precomputed)]) {
+      if (made != kNoTensor) ReleaseWith(made, [&] { return T({label, ": precomputed gradient not needed"}); });
+      made = kNoTensor;
+    }
+  }
   Text savedFreed;  // one label for every saved tensor this node frees, made on the first
   for (TensorHandle s : done.saved) {
     ReleaseWith(s, [&] {
@@ -456,7 +487,7 @@ void Tape::RunCheckpoint(int index) {
   const bool unpacks = any && offload_ && node.packed >= 0;
   if (any) {
     // ctx.saved_tensors: brought back from host where they were offloaded.
-    const SmallVec<TensorHandle, 5> unpacked = unpacks ? UnpackSaved(node) : SmallVec<TensorHandle, 5>{};
+    const SmallVec<TensorHandle, 6> unpacked = unpacks ? UnpackSaved(node) : SmallVec<TensorHandle, 6>{};
     // Detached copies of the inputs (same storage) as leaves, then the block again, recorded.
     Values detached;
     for (int i = 0; i < node.blockInputs.size(); ++i) {
@@ -519,9 +550,9 @@ void Tape::RunCheckpoint(int index) {
   }
 }
 
-void Tape::PackSaved(Node& node, const SmallVec<std::int64_t, 5>& bytes, const SmallVec<bool, 5>& parameter,
-                     const SmallVec<Text, 5>& names) {
-  SmallVec<int, 5> ids;
+void Tape::PackSaved(Node& node, const SmallVec<std::int64_t, 6>& bytes, const SmallVec<bool, 6>& parameter,
+                     const SmallVec<Text, 6>& names) {
+  SmallVec<int, 6> ids;
   bool any = false;
   for (int i = 0; i < node.saved.size(); ++i) {
     const int id = offload_->Pack(node.saved[i], bytes[i], parameter[i], names[i]);
@@ -536,8 +567,8 @@ void Tape::PackSaved(Node& node, const SmallVec<std::int64_t, 5>& bytes, const S
   packed_.push_back(ids);
 }
 
-SmallVec<TensorHandle, 5> Tape::UnpackSaved(const Node& node) {
-  SmallVec<TensorHandle, 5> out;
+SmallVec<TensorHandle, 6> Tape::UnpackSaved(const Node& node) {
+  SmallVec<TensorHandle, 6> out;
   offload_->BeginOp();
   for (int id : packed_[static_cast<std::size_t>(node.packed)]) {
     out.push_back(id >= 0 ? offload_->Unpack(id, node.label, node.layer) : kNoTensor);

@@ -146,6 +146,12 @@ class Tape {
     ValueId viewOf = kNoValue;           // output shares this value's storage (no allocation)
   };
   ValueId Apply(const OpSpec& spec);
+  // An op whose input gradients are made in forward and held by its node until backward (Liger's
+  // fused linear + cross-entropy computes them beside the loss): `gradients[i]` is input i's
+  // gradient (kNoValue: the usual rule), a tensor the caller made and still holds. In backward
+  // the node hands it over instead of allocating one — as the input's incoming gradient, or as a
+  // parameter's .grad (GradientSink::Adopt: AccumulateGrad steals a buffer no one else holds).
+  ValueId ApplyPrecomputed(const OpSpec& spec, const SmallVec<ValueId, 4>& gradients);
   // An op with several outputs sharing one node (split): outputs are views of `input`.
   SmallVec<ValueId, 4> Split(TextPart name, ValueId input, std::initializer_list<Shape> shapes);
   // torch.chunk(input, chunks, dim): ceil(size / chunks) along `dim` each (the last smaller, and
@@ -197,11 +203,12 @@ class Tape {
     int layer = -1;
     SmallVec<In, 4> inputs;
     SmallVec<ValueId, 8> outputs;  // Chunk makes up to 8
-    SmallVec<TensorHandle, 5> saved;
+    SmallVec<TensorHandle, 6> saved;  // 6: SDPA's memory-efficient kernel keeps q, k, v, mask, out, lse
     int temps = -1;           // index into temps_ (backward temporaries are rare: SDPA's)
     int block = -1;           // index into blocks_ for checkpoint nodes
     Values blockInputs;       // checkpoint: all inputs, in order
     int packed = -1;          // index into packed_ when a saved tensor was offloaded
+    int precomputed = -1;     // index into precomputed_ (ApplyPrecomputed)
     bool done = false;
   };
   // autocast's weight-copy cache: parameter → its 16-bit copy, and which are set (in order).
@@ -237,10 +244,10 @@ class Tape {
   CastCache& cache() { return caches_[static_cast<std::size_t>(cacheDepth_)]; }
   // Activation offloading's pack of a node's saved tensors (slot i: its bytes, whether it is a
   // parameter's storage, its name): an offloaded slot's reference goes to the offloader.
-  void PackSaved(Node& node, const SmallVec<std::int64_t, 5>& bytes, const SmallVec<bool, 5>& parameter,
-                 const SmallVec<Text, 5>& names);
+  void PackSaved(Node& node, const SmallVec<std::int64_t, 6>& bytes, const SmallVec<bool, 6>& parameter,
+                 const SmallVec<Text, 6>& names);
   // Unpacks a node's offloaded tensors as its backward starts: slot → the GPU tensor it reads.
-  SmallVec<TensorHandle, 5> UnpackSaved(const Node& node);
+  SmallVec<TensorHandle, 6> UnpackSaved(const Node& node);
 
   TraceBuilder& b_;
   GradientSink* sink_ = nullptr;
@@ -263,7 +270,8 @@ class Tape {
   std::vector<TensorHandle> grads_;  // gradient buffer of each value, during backward
   std::vector<CastCache> caches_;    // [0] the forward's; deeper ones for recomputes
   ActivationOffload* offload_ = nullptr;
-  std::vector<SmallVec<int, 5>> packed_;  // per offloading node: each slot's packed id, or -1
+  std::vector<SmallVec<int, 6>> packed_;  // per offloading node: each slot's packed id, or -1
+  std::vector<SmallVec<TensorHandle, 4>> precomputed_;  // per ApplyPrecomputed node: by input
   int cacheDepth_ = 0;
 };
 

@@ -113,6 +113,11 @@ class GradientSink {
   GradientSink(TraceBuilder& builder, const Inventory& inventory, const std::vector<Text>& names,
                const Regime& regime);
   void Produce(std::size_t parameterIndex, Text label);
+  // The parameter's gradient is `grad`, a buffer made earlier (Liger's fused linear +
+  // cross-entropy makes grad_weight in forward): AccumulateGrad steals it as .grad when there is
+  // none (torch/csrc/autograd/functions/accumulate_grad.h, accumulateGrad: no other reference),
+  // else adds it in place and it is freed. The reference to `grad` passes to the sink.
+  void Adopt(std::size_t parameterIndex, TensorHandle grad, Text label);
   // zero_grad(set_to_none=True): every .grad released.
   void ReleaseAll(Text label);
   const std::vector<TensorHandle>& handles() const { return grads_; }
@@ -141,6 +146,7 @@ class GradientSink {
   std::vector<int> expected_, received_;
   std::vector<std::size_t> pending_;  // complete, hook not yet run
   std::vector<Text> pendingLabels_;
+  void Received(std::size_t index, Text label);  // one more contribution: hook when complete
 };
 
 // One model family's forward and backward over a micro-batch.

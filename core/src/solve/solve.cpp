@@ -14,6 +14,7 @@
 #include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
+#include "gpumem/training_modes.hpp"
 
 namespace gpumem {
 namespace {
@@ -331,7 +332,21 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   // The fine-tuning changes (issue 11). Free: the chunked loss and the optimizer in backward
   // compute the same numbers; an 8-bit optimizer changes the update's precision.
   const bool decoder = transformer && setup.model.architecture.family != Family::BERT;
-  if (decoder && activationsMatter && t.lossImplementation == LossImplementation::Standard) {
+  // The loss: Liger's fused linear + cross-entropy where it applies (no logits at all, reduced
+  // in fp32 in the kernel), else torchtune's chunked loss. One of the two, so that the solver
+  // runs no more estimates than before; the fused one is refused under autocast and with a LoRA
+  // lm_head (a validation, no estimate).
+  Setup fusedLoss = setup;
+  fusedLoss.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
+  const bool fusedApplies = decoder && activationsMatter &&
+                            t.lossImplementation != LossImplementation::FusedLinearCrossEntropy &&
+                            Validate(fusedLoss).empty();
+  if (fusedApplies) {
+    add(FitCost::Free, "loss-fused", "Fuse the output projection and the loss (Liger use_liger_kernel=True)",
+        "free: the same loss; the logits exist one token chunk at a time and the head's gradients are made in forward",
+        {"training.lossImplementation"},
+        [](Setup& s) { s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy; });
+  } else if (decoder && activationsMatter && t.lossImplementation == LossImplementation::Standard) {
     add(FitCost::Free, "loss-chunked", "Chunk the output projection and the loss (torchtune CEWithChunkedOutputLoss, 8 chunks)",
         "free: the same loss; the logits are upcast to fp32 one chunk at a time",
         {"training.lossImplementation", "training.lossChunks"}, [](Setup& s) {
@@ -361,47 +376,23 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         {"training.optimizer"}, [](Setup& s) { s.training.optimizer = OptimizerKind::AdamW8bit; });
   }
   // LoRA and QLoRA (the `finetune` section): adapters change what trains, so they change the
-  // results. Both follow torchtune's single-device recipes (recipes/configs/llama3/
-  // 8B_lora_single_device.yaml and 8B_qlora_single_device.yaml: lora_attn_modules q_proj, v_proj,
-  // output_proj; apply_lora_to_mlp True; apply_lora_to_output False; lora_rank 8, lora_alpha 16,
-  // lora_dropout 0). For Llama these are HF's q_proj, v_proj, o_proj, gate_proj, up_proj,
-  // down_proj; GPT-2 and BERT have no such split names, so "all-linear" (PEFT: every linear but
-  // the output layer) adapts their attention and MLP projections alike. QLoRA
-  // (torchtune.models.llama3.qlora_llama3_8b, the QLoRA paper's recipe) puts the frozen base
-  // linears in NF4 with double quantization and bf16 compute (BitsAndBytesConfig load_in_4bit,
-  // bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=bf16).
-  // Offered only when the setup does not fit (they change what is trained, not how: a setup
-  // that fits is not told to train something else) and nothing is adapted yet.
+  // results. The recipes are the core's one list of training modes (model/training_modes.cpp:
+  // torchtune's single-device LoRA and QLoRA recipes), the list the page's "What you will do"
+  // offers. Offered only when the setup does not fit (they change what is trained, not how: a
+  // setup that fits is not told to train something else) and nothing is adapted yet.
   if (transformer && out.currentPeakBytes > capacity && !setup.finetune.lora &&
       setup.finetune.quantization == Quantization::None) {
     const Family family = setup.model.architecture.family;
-    const std::vector<std::string> targets =
-        family == Family::Llama ? std::vector<std::string>{"q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-                                : std::vector<std::string>{"all-linear"};
-    auto lora = [targets](Setup& s) {
-      s.finetune.lora = true;
-      s.finetune.r = 8;
-      s.finetune.loraAlpha = 16;
-      s.finetune.loraDropout = 0;
-      s.finetune.targetModules = targets;
-    };
-    const std::vector<std::string> loraFields = {"finetune.lora", "finetune.r", "finetune.loraAlpha", "finetune.loraDropout",
-                                                 "finetune.targetModules"};
-    add(FitCost::ChangesResults, "finetune-lora", "Fine-tune with LoRA adapters (r 8, alpha 16, attention and MLP projections)",
+    const TrainingMode* lora = FindTrainingMode("lora");
+    const TrainingMode* qlora = FindTrainingMode("qlora");
+    add(FitCost::ChangesResults, "finetune-lora", std::string("Fine-tune with ") + lora->label,
         "the base weights are frozen and only low-rank adapters train (peft LoraConfig / torchtune lora recipes): "
         "a different, smaller update than full fine-tuning",
-        loraFields, lora);
-    std::vector<std::string> qloraFields = loraFields;
-    qloraFields.insert(qloraFields.end(), {"finetune.quantization", "finetune.doubleQuant", "finetune.computeDType"});
-    add(FitCost::ChangesResults, "finetune-qlora", "Fine-tune with QLoRA (NF4 base weights with double quantization, bf16 compute, LoRA r 8)",
+        TrainingModeFields(*lora), [lora, family](Setup& s) { ApplyTrainingMode(*lora, family, s.finetune); });
+    add(FitCost::ChangesResults, "finetune-qlora", std::string("Fine-tune with ") + qlora->label,
         "LoRA on base weights stored in 4 bits (bitsandbytes NF4): the frozen weights are approximated, "
         "and each linear dequantizes its weight in forward and backward",
-        qloraFields, [lora](Setup& s) {
-          lora(s);
-          s.finetune.quantization = Quantization::NF4;
-          s.finetune.doubleQuant = true;
-          s.finetune.computeDType = DType::BF16;
-        });
+        TrainingModeFields(*qlora), [qlora, family](Setup& s) { ApplyTrainingMode(*qlora, family, s.finetune); });
   }
 
   // Those that fit first; then the cheapest kind of change; then the largest saving.

@@ -17,6 +17,39 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
   const ValueId keys = kv == heads ? t.Keep(k) : ops::Copy(t, k, full, "repeat_kv(key)", In::Compute);
   const ValueId vals = kv == heads ? t.Keep(v) : ops::Copy(t, v, full, "repeat_kv(value)", In::Compute);
   ValueId out = kNoValue;
+  if (m.training.attention == AttentionImplementation::SDPA && mask != kNoValue) {
+    // An explicit mask (packed sequences' block-causal one): scaled_dot_product_attention
+    // (aten/src/ATen/native/transformers/attention.cpp) cannot pick flash, which takes no mask
+    // (sdp_utils check_for_attn_mask), and runs the memory-efficient kernel on
+    // convert_boolean_attn_mask(mask, query dtype): zeros_like in q's dtype, then
+    // masked_fill_(mask.logical_not(), -inf) (a transient bool). preprocess_mask pads the last
+    // dim to a multiple of 8 when the strides are not aligned (pad_bias: a new, wider tensor) and
+    // expands to [b, heads, s, s] (a view). _scaled_dot_product_efficient_attention saves that
+    // bias with q, k, v, the output and a logsumexp of ceil(s / 32)·32 per row (kAlignLSE).
+    const ValueId q16 = t.ForMatmul(q);
+    const ValueId k16 = t.ForMatmul(keys);
+    const ValueId v16 = t.ForMatmul(vals);
+    const DType qt = t.TypeOf(q16);
+    ValueId bias = t.Fresh({b, 1, s, s}, qt, "attn_mask as float (convert_boolean_attn_mask)");
+    t.Drop(t.Fresh({b, 1, s, s}, DType::Bool, "attn_mask.logical_not()"));
+    if (s % 8 != 0) {
+      const ValueId padded = t.Fresh({b, 1, s, s + 8 - s % 8}, qt, "attn_mask padded to 8 (pad_bias)");
+      t.Drop(bias);
+      bias = padded;
+    }
+    const std::int64_t lse = (s + 31) / 32 * 32;
+    out = t.Apply({.name = "scaled_dot_product_attention (memory-efficient, mask)",
+                   .inputs = {{q16}, {k16}, {v16}, {bias, In::NoGrad}},
+                   .shape = {b, s, heads, d},
+                   .type = qt,
+                   .saves = {q16, k16, v16, bias},
+                   .savesOutput = true,
+                   .saveNew = {{{b, heads, lse}, DType::FP32, "logsumexp"}},
+                   .backwardTemps = {{full, DType::FP32, "dq accumulator (fp32)"},
+                                     {{b, heads, s}, DType::FP32, "delta = rowsum(dO·O)"}}});
+    for (ValueId x : {bias, q16, k16, v16, keys, vals}) t.Drop(x);
+    return out;
+  }
   if (m.training.attention == AttentionImplementation::SDPA) {
     const ValueId q16 = t.ForMatmul(q);
     const ValueId k16 = t.ForMatmul(keys);

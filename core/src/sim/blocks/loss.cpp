@@ -2,6 +2,7 @@
 // Causal LMs (HF's ForCausalLMLoss) upcast the logits to fp32 and shift the labels by padding;
 // BERT's heads call CrossEntropyLoss on the logits as they are (autocast runs it in fp32).
 #include "sim/blocks/blocks.hpp"
+#include "sim/savers.hpp"
 
 namespace gpumem::blocks {
 namespace {
@@ -100,6 +101,79 @@ ValueId ChunkedOutputLoss(Model& m, ValueId hidden, ValueId weight, ValueId labe
   t.Drop(shifted);
   for (ValueId l : logits) t.Drop(l);  // del logits
   return ScaledLoss(m, loss);
+}
+
+}  // namespace gpumem::blocks
+
+namespace gpumem::blocks {
+
+// Liger's fused linear + cross-entropy, as HF models patched by Liger call it
+// (liger_kernel/transformers/model/loss_utils.py LigerForCausalLMLoss: labels padded with -100
+// and shifted, hidden_states.view(-1, H); then liger_kernel/ops/fused_linear_cross_entropy.py
+// LigerFusedLinearCrossEntropyFunction.forward → fused_linear_cross_entropy_forward, reduction
+// "mean", accum_dtype None, no bias, on CUDA). In forward, inside one autograd.Function:
+//   grad_input = zeros_like(_input)                 [BT, H], the input's dtype
+//   grad_weight = zeros_like(weight)                [V, H], the weight's dtype (when it trains)
+//   loss_1d = zeros(BT, float32); target_mask = target != ignore_index (.sum().item())
+//   logits_storage = empty((chunk_size, V))         when input and weight share a dtype (mm(out=))
+//   per chunk: mm(out=logits) → the CE kernel writes the logits' gradient over them → mm(out=
+//   grad_input[rows]) and addmm(out=grad_weight) in place. An fp32 gradient of the logits takes
+//   the "legacy fallback", grad_weight += mm(grad_logits.t(), input_chunk).float(): a new [V, H]
+//   fp32 product per chunk. With mismatched dtypes each chunk's logits (and grad_logits @ weight)
+//   are new tensors instead of the buffer.
+//   save_for_backward(grad_input, grad_weight); loss = torch.sum(loss_1d).
+// Backward multiplies the saved buffers by grad_output in place (a no-op at 1.0) and returns
+// them: the input's incoming gradient, and .grad of the weight (stolen by AccumulateGrad).
+ValueId FusedLinearCrossEntropyLoss(Model& m, ValueId hidden, ValueId weight) {
+  Tape& t = m.t;
+  const DType i64 = DType::Int64;
+  const Shape& hs = t.ShapeOf(hidden);
+  const std::int64_t tokens = hs.Elements() / hs.back();
+  const std::int64_t h = hs.back();
+  const std::int64_t v = m.a.vocabSize;
+  // LigerForCausalLMLoss: F.pad(labels, (0, 1), value=-100), then [..., 1:].contiguous().
+  const ValueId padded = t.Fresh({m.b, m.s + 1}, i64, "labels padded with -100");
+  const ValueId target = t.Fresh({m.b, m.s}, i64, "shift_labels (contiguous)");
+  t.Drop(padded);
+
+  const DType in = t.TypeOf(hidden);
+  const DType w = t.TypeOf(weight);
+  const bool weightGrad = t.RequiresGrad(hidden) && t.RequiresGrad(weight);
+  const ValueId gradInput = t.Fresh({tokens, h}, in, "grad_input (zeros_like)", Category::ActivationGradients);
+  const ValueId gradWeight =
+      weightGrad ? t.Fresh({v, h}, w, "grad_weight (zeros_like)", Category::Gradients) : kNoValue;
+  const ValueId loss1d = t.Fresh({tokens}, DType::FP32, "loss_1d");
+  const ValueId mask = t.Fresh({tokens}, DType::Bool, "target != ignore_index");
+  t.Drop(t.Fresh({1}, i64, "target_mask.sum()"));  // .item()
+
+  const LigerChunking plan = LigerChunks(tokens, v, h);
+  const bool mmOut = in == w;  // _can_use_mm_out: the same dtype (CUDA, grad mode off)
+  const DType logitsType = Promote(in, w);
+  const ValueId buffer = mmOut ? t.Fresh({plan.chunkSize, v}, in, "logits_storage (chunk_size × V)") : kNoValue;
+  for (std::int64_t c = 0; c < plan.chunks; ++c) {
+    const std::int64_t rows = std::min(plan.chunkSize, tokens - c * plan.chunkSize);
+    const ValueId logits = mmOut ? kNoValue : t.Fresh({rows, v}, logitsType, "logits_chunk (_input_chunk @ weight.t())");
+    if (!mmOut) {  // grad_input[rows] = grad_logits_chunk @ weight
+      t.Drop(t.Fresh({rows, h}, logitsType, "grad_logits_chunk @ weight"));
+    }
+    if (gradWeight != kNoValue && logitsType == DType::FP32 && w == DType::FP32) {
+      t.Drop(t.Fresh({v, h}, DType::FP32, "mm(grad_logits_chunk.t(), _input_chunk)"));  // legacy fallback
+    }
+    t.Drop(logits);
+  }
+  t.Drop(buffer);  // del logits_storage
+
+  Tape::OpSpec spec{.name = "fused linear + cross-entropy (Liger)",
+                    .inputs = {{hidden}, {weight}, {target, In::NoGrad}},
+                    .shape = {1},
+                    .type = DType::FP32};
+  const ValueId loss = t.ApplyPrecomputed(spec, {gradInput, gradWeight, kNoValue});
+  t.Drop(gradInput);  // the node's saved buffers now
+  t.Drop(gradWeight);
+  t.Drop(loss1d);
+  t.Drop(mask);
+  t.Drop(target);
+  return loss;
 }
 
 }  // namespace gpumem::blocks

@@ -62,6 +62,12 @@ ValueId DecoderBlocks(Model& m, ValueId x, Context& c, const RunBlock& block) {
   if (m.training.attention == AttentionImplementation::Eager) {
     m.Scope(-1, "causal mask");
     c.mask = t.Fresh({m.b, 1, m.s, m.s}, t.TypeOf(x), "causal mask (b, 1, s, s)");
+  } else if (m.training.packedSequences == PackedSequences::BlockCausalMask) {
+    // transformers masking_utils.create_causal_mask with packed position_ids under sdpa: sdpa_mask
+    // returns a bool [b, 1, s, s] (True: attend), made once and passed to every layer. (Eager
+    // makes the dtype's mask above: packing changes its values, not its size.)
+    m.Scope(-1, "causal mask");
+    c.mask = t.Fresh({m.b, 1, m.s, m.s}, DType::Bool, "block-causal mask, packed (b, 1, s, s) bool");
   }
   for (int i = 0; i < static_cast<int>(m.a.numLayers); ++i) {
     const ValueId y = block(x, c, i);
@@ -95,6 +101,11 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) 
   if (m.training.lossImplementation == LossImplementation::Chunked) {
     // torchtune: the output projection runs per chunk and the loss follows (loss.cpp).
     m.loss = blocks::ChunkedOutputLoss(m, normed, weight, m.labels);
+    t.Drop(normed);
+    return kNoValue;
+  }
+  if (m.training.lossImplementation == LossImplementation::FusedLinearCrossEntropy) {
+    m.loss = blocks::FusedLinearCrossEntropyLoss(m, normed, weight);  // Liger: no logits (loss.cpp)
     t.Drop(normed);
     return kNoValue;
   }
