@@ -15,7 +15,7 @@ import { $, displayNumber, numberValue, state } from './page-state.js';
 import { isPlainObject, mergeSetup, setSelectValue } from './setup-form.js';
 
 // The fields shown first: the ones people set; the rest are the frameworks' tuning knobs.
-const PARALLEL_MAIN_KEYS = ['dataParallel', 'zeroStage', 'fsdp', 'offload', 'tensorParallel', 'gradientAccumulationSteps'];
+const PARALLEL_MAIN_KEYS = ['dataParallel', 'zeroStage', 'fsdp', 'offload', 'tensorParallel', 'sequenceParallel', 'pipelineParallel', 'gradientAccumulationSteps', 'contextParallel', 'expertParallel'];
 // Boxes drawn at most; a larger job is drawn as its first boxes and a count.
 const PARALLEL_MAX_BOXES = 64;
 const PARALLEL_STATES = [

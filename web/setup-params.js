@@ -11,6 +11,8 @@ export const SETUP_PARAMS = [
   'setup', 'preset', 'parameter-count', 'batch-size', 'sequence-length', 'precision', 'optimizer',
   'optimizer-implementation', 'attention', 'checkpointing', 'gpu', 'gpu-memory-gib',
   'data-parallel', 'zero-stage', 'fsdp', 'offload', 'tensor-parallel', 'gradient-accumulation-steps',
+  'sequence-parallel', 'pipeline-parallel', 'pipeline-schedule', 'virtual-stages', 'context-parallel',
+  'expert-parallel',
 ];
 
 // Many GPUs (docs/parallel.md): the parallel section's fields by the names of issue 12.
@@ -21,7 +23,22 @@ const PARALLEL_PARAMS = {
   offload: ['offload', 'text'],
   'tensor-parallel': ['tensorParallel', 'number'],
   'gradient-accumulation-steps': ['gradientAccumulationSteps', 'number'],
+  'sequence-parallel': ['sequenceParallel', 'bool'],
+  'pipeline-parallel': ['pipelineParallel', 'number'],
+  'pipeline-schedule': ['pipelineSchedule', 'text'],
+  'virtual-stages': ['virtualStages', 'number'],
+  'context-parallel': ['contextParallel', 'number'],
+  'expert-parallel': ['expertParallel', 'number'],
 };
+
+// "true" / "1" / "yes" and "false" / "0" / "no"; any other text is passed on as it is, so the
+// core's error names the field.
+function paramBool(text) {
+  const t = String(text).trim().toLowerCase();
+  if (['true', '1', 'yes', 'on'].includes(t)) return true;
+  if (['false', '0', 'no', 'off'].includes(t)) return false;
+  return String(text).trim();
+}
 
 const TRAINING_PARAMS = {
   'batch-size': ['batchSize', 'number'],
@@ -122,7 +139,7 @@ export function setupFromParams(get) {
     if (v === null || v.trim() === '') continue;
     given = true;
     setup.parallel = isPlainObject(setup.parallel) ? setup.parallel : {};
-    setup.parallel[field] = kind === 'number' ? paramNumber(v) : v.trim();
+    setup.parallel[field] = kind === 'number' ? paramNumber(v) : kind === 'bool' ? paramBool(v) : v.trim();
   }
   // A GPU of the core's list sets the capacity (gpu.id); a size sets it directly and drops the id.
   const id = value('gpu');

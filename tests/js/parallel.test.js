@@ -124,6 +124,22 @@ test('the embed attributes build the parallel section', () => {
   assert.equal(gpumem.estimate(fsdp).rank.engine, 'FSDP SHARD_GRAD_OP');
 });
 
+test('the embed attributes reach pipeline, sequence, context and expert parallelism', () => {
+  const attributes = { preset: 'llama-2-7b', precision: 'bf16Mixed', attention: 'sdpa', 'sequence-length': '1024', 'data-parallel': '2', 'tensor-parallel': '2', 'sequence-parallel': 'true', 'pipeline-parallel': '1', 'context-parallel': '2' };
+  const { setup, problems } = setupFromParams((name) => attributes[name] ?? null);
+  assert.deepEqual(problems, []);
+  assert.deepEqual(setup.parallel, { dataParallel: 2, tensorParallel: 2, sequenceParallel: true, pipelineParallel: 1, contextParallel: 2 });
+  const est = gpumem.estimate(setup);
+  assert.equal(est.rank.worldSize, 8);
+  const pipeline = setupFromParams((name) => ({ preset: 'gpt2', 'pipeline-parallel': '2', 'pipeline-schedule': 'gpipe', 'gradient-accumulation-steps': '4' })[name] ?? null).setup;
+  assert.deepEqual(pipeline.parallel, { pipelineParallel: 2, pipelineSchedule: 'gpipe', gradientAccumulationSteps: 4 });
+  assert.equal(gpumem.estimate(pipeline).rank.worldSize, 2);
+  // A value that is no boolean goes to the core, whose error names the field.
+  const bad = setupFromParams((name) => ({ preset: 'gpt2', 'sequence-parallel': 'maybe' })[name] ?? null).setup;
+  assert.equal(bad.parallel.sequenceParallel, 'maybe');
+  assert.throws(() => gpumem.estimate(bad), (e) => e instanceof GpumemError && e.field === 'parallel.sequenceParallel');
+});
+
 test('layouts: every row fits as the estimate says, and the worker runs the same request', () => {
   const setup = { model: { preset: 'gpt2' }, training: { sequenceLength: 256 } };
   const r = gpumem.layouts(setup, { gpus: 4 });
