@@ -238,3 +238,49 @@ TEST_CASE("host memory: offloaded activations peak between their pack and their 
   ids.push_back(offload.Pack(alloc(4096), 4096, false, name));
   CHECK(trace.offloadedActivationsPeakBytes == 20'480);
 }
+
+TEST_CASE("host memory: a GPT-2's offloaded activations counted by hand", "[host]") {
+  // GPT-2, h 64, 4 heads, fp32, SDPA, dropout 0.1, batch 4 × 128 tokens: u = b·s·h·4 B = 131,072.
+  // Everything packed under the context of at least 1,024 B gets a pinned copy; each is held
+  // from its pack to its unpack in backward, so the peak is every pack of the forward:
+  //   per block: ln_1 x, mean, rstd (u + 2·b·s·4) · c_attn input (u) · SDPA q, k, v, out (4u) and
+  //   the fp32 logsumexp (b·heads·s·4 = u/16) · c_proj input (u) · dropout mask (b·s·h bool = u/4)
+  //   · ln_2 (u + 2·b·s·4) · c_fc input (u) · gelu_new: pow's input, tanh's output, 0.5·x and
+  //   1 + tanh (4 × 4u) · mlp c_proj input (4u) · dropout mask (u/4) = 29.625 u = 3,883,008 B;
+  //   outside: input_ids (b·s·8 = 4,096 B) and position_ids (s·8 = 1,024 B) saved by the
+  //   embeddings, the embedding dropout mask (u/4), ln_f (u + 2·b·s·4); the head and loss run
+  //   outside the context. Parameters and tensors under 1,024 B (SDPA's seeds) stay on the GPU.
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  ArchitectureDef a = DefaultArchitecture(Family::GPT2);
+  a.vocabSize = 1000;
+  a.hiddenSize = 64;
+  a.numLayers = 2;
+  a.numHeads = 4;
+  a.maxPositionEmbeddings = 128;
+  a.tieWordEmbeddings = true;
+  s.model.architecture = a;
+  s.training.batchSize = 4;
+  s.training.sequenceLength = 128;
+  s.training.precision = Precision::FP32;
+  s.training.optimizer = OptimizerKind::SGD;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.activationOffloading = true;
+  const std::int64_t u = 4 * 128 * 64 * 4, rows = 2 * 4 * 128 * 4;
+  const std::int64_t block = (u + rows) + u + 4 * u + u / 16 + u + u / 4 + (u + rows) + u + 4 * 4 * u + 4 * u + u / 4;
+  CHECK(block == 3'883'008);
+  const std::int64_t outside = 4 * 128 * 8 + 128 * 8 + u / 4 + (u + rows);
+  const Estimate e = MustEstimate(s);
+  CHECK(RowBytes(e.host, "offloaded activations (peak)") == 2 * block + outside);
+  CHECK(RowOf(e.host, "offloaded activations (peak)")->memory == "pinned");
+  CHECK(e.host.pinnedBytes == 2 * block + outside);
+  CHECK(e.host.rankBytes == e.host.pinnedBytes);
+  CHECK(e.host.ranksPerNode == 1);
+  CHECK(e.host.nodeBytes == e.host.rankBytes);
+  // One block more adds one block's packs.
+  s.model.architecture.numLayers = 3;
+  CHECK(RowBytes(MustEstimate(s).host, "offloaded activations (peak)") == 3 * block + outside);
+  // Off, nothing is on the host.
+  s.training.activationOffloading = false;
+  CHECK(MustEstimate(s).host.rows.empty());
+}
