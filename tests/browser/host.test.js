@@ -4,7 +4,8 @@
 // offload in the Many GPUs fold shows it.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { coreEstimate, openPage, useBrowser } from './harness.js';
+import { join } from 'node:path';
+import { coreEstimate, openPage, root, useBrowser } from './harness.js';
 
 useBrowser();
 const WAIT = { timeout: 60000 };
@@ -43,5 +44,6 @@ test('host memory: hidden without offloading, the core\'s rows and totals with Z
   assert.equal(drawn.rank, est.host.rankBytes);
   assert.equal(drawn.node, est.host.nodeBytes);
   assert.equal(est.host.nodeBytes, 8 * est.host.rankBytes);
+  await page.locator('#host').screenshot({ path: join(root, 'build/screenshots/host-memory.png') });
   await finish();
 });

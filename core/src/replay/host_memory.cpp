@@ -72,7 +72,7 @@ void ZeroRows(const Setup& simulated, const Inventory& inventory, const ShardPla
   std::int64_t values = 0;
   const std::int64_t states = StateBytes(simulated, OptimizerRegimeOnHost(regime), plan.optimizerTensors, values);
   if (states > 0) {
-    host.rows.push_back({"optimizer states", states, FormatCount(values) + " values on the fp32 partition",
+    host.rows.push_back({"optimizer states", states, FormatCount(values) + " values on the fp32 partition = " + FormatCount(states) + " B",
                          "DeepSpeedCPUAdam (deepspeed/ops/adam/cpu_adam.py) steps the host partition; its states are "
                          "made on the host beside it",
                          kPageable});
@@ -129,7 +129,7 @@ void FsdpRows(const Setup& simulated, const ShardPlan& plan, HostMemory& host) {
                          kPinned});
   }
   host.rows.push_back({"gradient shards", n * BytesPerElement(optimizer.gradients), Times(n, optimizer.gradients) + per,
-                       fsdp2 ? "torch fully_shard CPUOffloadPolicy (_fsdp_collectives.py: reduce-scattered gradient copied "
+                       fsdp2 ? "torch fully_shard CPUOffloadPolicy (_fsdp_collectives.py foreach_reduce: reduce-scattered gradient copied "
                                "to the host, pinned)"
                              : "torch FSDP _flat_param.py init_flat_param_attributes: flat_param._cpu_grad = "
                                "zeros_like(_local_shard).pin_memory()",
@@ -137,7 +137,7 @@ void FsdpRows(const Setup& simulated, const ShardPlan& plan, HostMemory& host) {
   std::int64_t values = 0;
   const std::int64_t states = StateBytes(simulated, optimizer, plan.optimizerTensors, values);
   if (states > 0) {
-    host.rows.push_back({"optimizer states", states, FormatCount(values) + " values on the host shards",
+    host.rows.push_back({"optimizer states", states, FormatCount(values) + " values on the host shards = " + FormatCount(states) + " B",
                          "torch.optim on host parameters: states made with torch.zeros_like on the host (ordinary memory)",
                          kPageable});
   }
