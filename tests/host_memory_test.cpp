@@ -284,3 +284,16 @@ TEST_CASE("host memory: a GPT-2's offloaded activations counted by hand", "[host
   s.training.activationOffloading = false;
   CHECK(MustEstimate(s).host.rows.empty());
 }
+
+TEST_CASE("host memory: a paged optimizer under ZeRO pages the rank's fp32 partition", "[host]") {
+  // ZeRO-2 over 4 ranks hands bitsandbytes the fp32 flat partition: 2,500,000 elements (≥ 1e5),
+  // state1 and state2 in fp32 — the bytes the rank's GPU states count.
+  Setup s = QuickSetup(10'000'000, Precision::BF16Mixed, OptimizerKind::PagedAdamW);
+  s.parallel.dataParallel = 4;
+  s.parallel.zeroStage = 2;
+  const Estimate e = MustEstimate(s);
+  CHECK(e.host.unifiedBytes == 2'500'000 * 8);
+  CHECK(e.host.unifiedBytes == e.modelStates.optimizerStatesBytes);
+  CHECK(e.host.rankBytes == 0);
+  CHECK(e.host.ranksPerNode == 4);
+}

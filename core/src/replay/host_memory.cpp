@@ -154,9 +154,12 @@ std::int64_t RanksPerNode(const ParallelDef& p) {
 HostMemory ComputeHostMemory(const Setup& setup, const Setup& simulated, const Inventory& inventory,
                              std::int64_t offloadedActivationsPeakBytes) {
   HostMemory host;
-  host.ranksPerNode = IsParallel(setup.parallel) ? RanksPerNode(setup.parallel) : 1;
+  const bool parallel = IsParallel(setup.parallel);
+  host.ranksPerNode = parallel ? RanksPerNode(setup.parallel) : 1;
+  // What torch.optim steps on this rank (ZeRO's flat partition, FSDP's shards, the parameters).
+  ShardPlan plan;
+  if (parallel) plan = PlanShards(simulated, inventory);
   if (setup.parallel.offload != OffloadKind::None) {
-    const ShardPlan plan = PlanShards(simulated, inventory);
     if (plan.engine == ShardingEngine::Zero) ZeroRows(simulated, inventory, plan, host);
     if (plan.engine == ShardingEngine::Fsdp || plan.engine == ShardingEngine::Fsdp2) FsdpRows(simulated, plan, host);
   }
@@ -168,7 +171,11 @@ HostMemory ComputeHostMemory(const Setup& setup, const Setup& simulated, const I
                          "torch.empty_like(…, pin_memory=True), del self.tracker[id] in unpack",
                          kPinned});
   }
-  if (const std::int64_t paged = PagedOptimizerStateBytes(simulated, inventory); paged > 0) {
+  // Paged states are where the optimizer runs: on the GPU unless the optimizer is offloaded.
+  const std::int64_t paged = !parallel ? PagedOptimizerStateBytes(simulated, inventory)
+                             : plan.offloadOptimizer ? 0
+                                                     : PagedOptimizerStateBytes(simulated, plan.optimizerTensors);
+  if (paged > 0) {
     host.rows.push_back({"paged optimizer states (may move to the host)", paged,
                          "state1 and state2 of every trainable tensor with at least 100,000 elements; on the GPU unless "
                          "the driver evicts them",
