@@ -146,6 +146,22 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
   std::printf("  %-26s %12s  %s\n", "  of it cuBLAS workspaces", HumanBytes(d.workspaceBytes).c_str(), d.workspaceFormula.c_str());
   std::printf("  %-26s %12s  %s\n", "CUDA context", HumanBytes(d.contextBytes).c_str(), d.contextFormula.c_str());
   std::printf("  %-26s %12s  %s\n", "Device total", HumanBytes(d.peakDeviceBytes).c_str(), d.peakDeviceFormula.c_str());
+  if (!e.host.rows.empty()) {  // only when offloading or paging puts (or may put) bytes there
+    const HostMemory& h = e.host;
+    std::printf("\nHost memory (CPU RAM, per rank):\n");
+    for (const HostRow& r : h.rows) {
+      std::printf("  %-48s %12s  %-8s  %s\n", r.label.c_str(), HumanBytes(r.bytes).c_str(), r.memory.c_str(), r.formula.c_str());
+      std::printf("  %-48s %12s            source: %s\n", "", "", r.source.c_str());
+    }
+    std::printf("  %-48s %12s  (%s pinned)\n", "Host total per rank", HumanBytes(h.rankBytes).c_str(),
+                HumanBytes(h.pinnedBytes).c_str());
+    std::printf("  %-48s %12s  (%lld ranks per node)\n", "Host total per node", HumanBytes(h.nodeBytes).c_str(),
+                static_cast<long long>(h.ranksPerNode));
+    if (h.unifiedBytes > 0) {
+      std::printf("  %-48s %12s  counted on the GPU above; pageable: may move to host\n", "Paged (unified memory)",
+                  HumanBytes(h.unifiedBytes).c_str());
+    }
+  }
   std::printf("\nModel states (persistent):\n");
   PrintRows(e.modelStates.rows);
   std::printf("  %-26s %12s  %20s B\n", "Total", HumanBytes(e.modelStates.totalBytes).c_str(),

@@ -121,7 +121,7 @@ function moduleToIife(file, code, available) {
 // per-file IIFEs cannot. They share one function scope in the bundle instead: imports dropped,
 // `export` dropped, and two files declaring the same top-level name fail the build.
 const PAGE_MODULES = ['page-state.js', 'setup-form.js', 'runtime-panel.js', 'model-panel.js', 'layers-panel.js',
-  'errors.js', 'link.js', 'first-screen.js', 'option-field.js', 'finetune-panel.js', 'savers-panel.js', 'parallel-panel.js', 'results-panel.js', 'gpu-panel.js', 'compare-panel.js', 'export-panel.js',
+  'errors.js', 'link.js', 'first-screen.js', 'option-field.js', 'finetune-panel.js', 'savers-panel.js', 'parallel-panel.js', 'host-panel.js', 'results-panel.js', 'gpu-panel.js', 'compare-panel.js', 'export-panel.js',
   'import-panel.js', 'solve-panel.js', 'views-panel.js', 'app.js'].filter((f) => existsSync(join(paths.web, f)));
 const LIBRARY_MODULES = ['charts.js', 'setup-params.js', 'exports.js', 'engine.js', 'views.js', 'snapshot.js'];
 for (const name of readdirSync(paths.web)) {

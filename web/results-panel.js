@@ -7,6 +7,7 @@ import { describeSetup, drawCompareChart, renderCompare } from './compare-panel.
 import { gpuById } from './gpu-panel.js';
 import { presetById } from './model-panel.js';
 import { $, $$, LARGEST_EVENTS, state } from './page-state.js';
+import { renderHost } from './host-panel.js';
 
 // ---------- estimate and rendering ----------
 
@@ -235,6 +236,7 @@ export function render(est) {
   }));
   showDominant(est);
   renderDevice(est);
+  renderHost(est);
   fillBytesTable($('#peak-table'), peak.byCategory, peak.totalBytes, 'Total at the peak', 'peak-table-total', heuristic);
 
   // Model states.

@@ -169,3 +169,19 @@ test('importAccelerate reads accelerate\'s FSDP YAML onto the setup', () => {
   assert.ok(r.ignoredFields.includes('fsdp_config.fsdp_use_orig_params'));
   assert.throws(() => gpumem.importAccelerate('a:\n  - 1\n'), (e) => e instanceof GpumemError && e.field === 'line 2');
 });
+
+test('host memory crosses the boundary: ZeRO-2 offload of 1.5B on 8 ranks, none without offload', () => {
+  const base = { model: { kind: 'parameterCount', parameterCount: 1.5e9 }, training: { precision: 'fp16Mixed', optimizer: 'adam' } };
+  assert.equal(gpumem.estimate({ ...base, parallel: { dataParallel: 8, zeroStage: 2 } }).host, undefined);
+  const host = gpumem.estimate({ ...base, parallel: { dataParallel: 8, zeroStage: 2, offload: 'optimizer' } }).host;
+  // 1.5e9 / 8 = 187,500,000 per rank (already a multiple of 2 × 8): master 4 + Adam 8 + fp32 gradients 4 B.
+  assert.deepEqual(host.rows.map((r) => [r.label, r.bytes, r.memory]), [
+    ['fp32 master partition', 750_000_000, 'pageable'],
+    ['optimizer states', 1_500_000_000, 'pageable'],
+    ['fp32 gradient partition', 750_000_000, 'pageable'],
+  ]);
+  assert.equal(host.rankBytes, 3_000_000_000);
+  assert.equal(host.pinnedBytes, 0);
+  assert.equal(host.ranksPerNode, 8);
+  assert.equal(host.nodeBytes, 24_000_000_000);
+});

@@ -80,6 +80,27 @@ struct ModelStates {
   std::int64_t differenceFromPublished = 0;  // parameterCount − publishedParameters
 };
 
+// Host (CPU) memory of one rank and of one node: what offloading moves off the GPU and what a
+// paged optimizer may let the driver move there (docs/device.md "Host memory"; computed in
+// core/src/replay/host_memory.cpp from the same shard plan and trace as the GPU figures).
+struct HostRow {
+  std::string label;      // "fp32 master partition", "optimizer states", "offloaded activations (peak)"
+  std::int64_t bytes = 0;  // on one rank
+  std::string formula;    // "196,412,672 × 4 B (fp32)"
+  std::string source;     // the framework file and function that puts it there
+  // "pinned" (page-locked: cudaHostAlloc), "pageable" (ordinary), or "unified" (cudaMallocManaged:
+  // on the GPU unless the driver evicts it; not counted in the host totals).
+  std::string memory;
+};
+struct HostMemory {
+  std::int64_t rankBytes = 0;     // pinned + pageable bytes one rank keeps on the host
+  std::int64_t pinnedBytes = 0;   // of rankBytes, page-locked
+  std::int64_t ranksPerNode = 1;  // ranks sharing one host: min(8, world size), or the HYBRID_SHARD group
+  std::int64_t nodeBytes = 0;     // rankBytes × ranksPerNode (every rank holds as much: equal partitions)
+  std::int64_t unifiedBytes = 0;  // paged optimizer states: may move to the host, counted on the GPU
+  std::vector<HostRow> rows;      // empty when nothing lives on the host
+};
+
 struct Estimate {
   ModelStates modelStates;
   Snapshot peak;                     // the largest total of the whole simulation
@@ -110,6 +131,8 @@ struct Estimate {
   // Many GPUs: the rank this estimate simulates and why (worldSize 1 on one GPU). modelStates,
   // the peak and the device figure are that rank's.
   SimulatedRank rank;
+  // Host memory: empty rows (and zeros) when nothing is offloaded or paged.
+  HostMemory host;
 };
 
 struct EstimateResult {

@@ -63,6 +63,10 @@ struct Trace {
   // to the end), kept by the builder so replay needs no search.
   static constexpr std::uint32_t kNeverFreed = 0xffffffffu;
   std::vector<std::uint32_t> allocAt, freeAt;
+  // Activation offloading (sim/savers.hpp ActivationOffload): the most bytes of saved
+  // activations held at once in pinned host memory over the simulation (0 without it). Host
+  // memory is no event of the GPU trace; the estimate's `host` section reports it.
+  std::int64_t offloadedActivationsPeakBytes = 0;
 
   std::string Label(const Event& e) const { return text.Render(e.label); }
   std::string TensorName(const Event& e) const { return text.Render(e.tensor); }

@@ -218,6 +218,25 @@ void WriteEstimate(JsonWriter& w, const Estimate& e) {
         .EndObject()
         .EndObject();
   }
+  if (!e.host.rows.empty()) {  // only when something lives (or may move) on the host: other estimates keep their JSON
+    w.Key("host").BeginObject()
+        .Key("rankBytes").Int(e.host.rankBytes)
+        .Key("pinnedBytes").Int(e.host.pinnedBytes)
+        .Key("ranksPerNode").Int(e.host.ranksPerNode)
+        .Key("nodeBytes").Int(e.host.nodeBytes)
+        .Key("unifiedBytes").Int(e.host.unifiedBytes)
+        .Key("rows").BeginArray();
+    for (const HostRow& r : e.host.rows) {
+      w.BeginObject()
+          .Key("label").String(r.label)
+          .Key("bytes").Int(r.bytes)
+          .Key("formula").String(r.formula)
+          .Key("source").String(r.source)
+          .Key("memory").String(r.memory)
+          .EndObject();
+    }
+    w.EndArray().EndObject();
+  }
   w.Key("notes").Strings(e.notes)
       .EndObject();
 }

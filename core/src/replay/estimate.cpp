@@ -13,6 +13,7 @@
 #include "gpumem/names.hpp"
 #include "gpumem/presets.hpp"
 #include "device/device_stage.hpp"
+#include "replay/host_memory.hpp"
 #include "replay/replay.hpp"
 #include "sim/savers.hpp"
 #include "parallel/parallel_step.hpp"
@@ -231,6 +232,8 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
     est.rank = SimulatedRankOf(setup);
     for (std::string& note : ParallelNotes(setup)) est.notes.push_back(std::move(note));
   }
+  // Host memory: what offloading keeps there and what paging may move there (host_memory.cpp).
+  est.host = ComputeHostMemory(setup, simulated, inventory, trace.offloadedActivationsPeakBytes);
   UseModelStateFormulas(est.peak, est.modelStates);
   for (Snapshot& s : est.phasePeaks) UseModelStateFormulas(s, est.modelStates);
   UseModelStateFormulas(est.forwardEnd, est.modelStates);

@@ -115,6 +115,8 @@ int ActivationOffload::Pack(TensorHandle held, std::int64_t bytes, bool paramete
   Packed& p = packed_[static_cast<std::size_t>(id - 1)];
   p.bytes = bytes;
   p.onGpu = held;
+  p.onHost = true;  // cpu_tensor = torch.empty_like(…, pin_memory=True); tracker[id] = (cpu_tensor, True)
+  b_.HostActivationBytes(bytes);
   p.name = label;
   forwardStash_.push_back(id);
   return id;
@@ -123,7 +125,11 @@ int ActivationOffload::Pack(TensorHandle held, std::int64_t bytes, bool paramete
 void ActivationOffload::BeginOp() { previousOp_ = backwardStash_.size(); }
 
 TensorHandle ActivationOffload::Unpack(int id, Text label, int layer) {
-  const Packed& p = packed_[static_cast<std::size_t>(id - 1)];
+  Packed& p = packed_[static_cast<std::size_t>(id - 1)];
+  if (p.onHost) {  // del self.tracker[unpack_tensor_id]: the pinned host copy is let go
+    p.onHost = false;
+    b_.HostActivationBytes(-p.bytes);
+  }
   if (p.onGpu != kNoTensor) return p.onGpu;  // still in fwd_stash: no copy
   TextStore& t = b_.text();
   const TensorHandle back = b_.Alloc(Category::Activations, p.bytes, t.Make({p.name, " (brought back)"}),

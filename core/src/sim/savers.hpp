@@ -47,7 +47,11 @@ void AddSaverNotes(const Setup& setup, const Inventory& inventory, std::vector<s
 //     drops what is left when backward ends.
 // The parameter test follows TRL's port (trl/models/activation_offloading.py: a tensor whose
 // storage is a parameter's); torchtune's isinstance(activation, nn.Parameter) would also offload
-// views of weights (a linear's saved weight.t()), not simulated. The view case of the post-hook
+// views of weights (a linear's saved weight.t()), not simulated.
+// Host side: each offloaded tensor's copy is torch.empty_like(activation, pin_memory=True,
+// device="cpu") (use_pin_memory=True by default), kept in self.tracker from pack_tensor until its
+// unpack (`del self.tracker[unpack_tensor_id]`); the builder counts these pinned bytes
+// (TraceBuilder::HostActivationBytes) and the trace keeps their peak. The view case of the post-hook
 // (an op output sharing the unpacked tensor's storage: record_stream) does not arise here.
 class ActivationOffload {
  public:
@@ -76,6 +80,7 @@ class ActivationOffload {
   struct Packed {
     std::int64_t bytes = 0;
     TensorHandle onGpu = kNoTensor;  // while in fwd_stash
+    bool onHost = false;             // its pinned host copy is still in the tracker
     Text name;
   };
   void ReleaseFreeing(TensorHandle h, Text label);

@@ -56,6 +56,12 @@ class TraceBuilder {
   // nothing, when the range frees a tensor it did not allocate (then it does not repeat).
   bool Repeat(std::size_t from, std::size_t to, int step, Category skip);
   std::size_t size() const { return trace_.events.size(); }
+  // Pinned host bytes of offloaded activations: + when a copy is made, − when it is let go;
+  // the trace keeps the highest total (Trace::offloadedActivationsPeakBytes).
+  void HostActivationBytes(std::int64_t delta) {
+    hostActivationBytes_ += delta;
+    if (hostActivationBytes_ > trace_.offloadedActivationsPeakBytes) trace_.offloadedActivationsPeakBytes = hostActivationBytes_;
+  }
   // How many holders a live tensor has (0 when freed or kNoTensor).
   int Holders(TensorHandle handle) const {
     return handle < 0 ? 0 : holders_[static_cast<std::size_t>(handle)];
@@ -65,6 +71,7 @@ class TraceBuilder {
   Trace& trace_;
   Phase phase_ = Phase::Init;
   int step_ = 0;
+  std::int64_t hostActivationBytes_ = 0;
   // By tensor id (ids are handed out in order): holders left. The events' indices are the
   // trace's allocAt / freeAt.
   std::vector<int> holders_;

@@ -1,0 +1,49 @@
+// Browser test of the host-memory block (web/host-panel.js) in the single-file page: hidden on one
+// GPU without offloading; with ZeRO-2 and the optimizer offloaded over 8 ranks, every row and
+// both totals are the core's figures (the core run under node for the same setup); choosing the
+// offload in the Many GPUs fold shows it.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import { coreEstimate, openPage, root, useBrowser } from './harness.js';
+
+useBrowser();
+const WAIT = { timeout: 60000 };
+
+function hashOf(setup) {
+  return `#s=${Buffer.from(JSON.stringify(setup)).toString('base64url')}`;
+}
+
+async function drawnHost(page) {
+  return page.evaluate(() => ({
+    hidden: document.querySelector('#host').hidden,
+    rows: [...document.querySelectorAll('#host-table tbody tr')].map((tr) => ({
+      label: tr.children[0].textContent,
+      bytes: Number(tr.children[2].dataset.bytes),
+      memory: tr.dataset.memory,
+    })),
+    rank: Number(document.querySelector('#host-rank-total')?.dataset.bytes),
+    node: Number(document.querySelector('#host-node-total')?.dataset.bytes),
+  }));
+}
+
+const BASE = { model: { kind: 'parameterCount', parameterCount: 1.5e9 }, training: { precision: 'fp16Mixed', optimizer: 'adam' } };
+
+test('host memory: hidden without offloading, the core\'s rows and totals with ZeRO-2 offload', async () => {
+  const { page, finish } = await openPage({ hash: hashOf(BASE) });
+  assert.equal((await drawnHost(page)).hidden, true, 'nothing offloaded: no host block');
+  await page.click('#parallel-fold > summary');
+  await page.fill('#parallel-dataParallel', '8');
+  await page.fill('#parallel-zeroStage', '2');
+  await page.selectOption('#parallel-offload', 'optimizer');
+  await page.waitForFunction(() => document.querySelector('#host')?.hidden === false, null, WAIT);
+  const est = await coreEstimate({ ...BASE, parallel: { dataParallel: 8, zeroStage: 2, offload: 'optimizer' } });
+  assert.ok(est.host.rankBytes > 0);
+  const drawn = await drawnHost(page);
+  assert.deepEqual(drawn.rows, est.host.rows.map((r) => ({ label: r.label, bytes: r.bytes, memory: r.memory })));
+  assert.equal(drawn.rank, est.host.rankBytes);
+  assert.equal(drawn.node, est.host.nodeBytes);
+  assert.equal(est.host.nodeBytes, 8 * est.host.rankBytes);
+  await page.locator('#host').screenshot({ path: join(root, 'build/screenshots/host-memory.png') });
+  await finish();
+});
