@@ -42,115 +42,199 @@ std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 // ---------------------------------------------------------------------------------------------
 // FreeBlockIndex
 
-namespace {
-
-// A node's priority: a fixed bijective mix of its block id (Chris Wellons' "lowbias32" hash),
-// so distinct blocks get distinct, well-spread priorities, and a run is deterministic (the
-// same events give the same tree on every platform). The order of keys never depends on it;
-// only the shape of the tree, hence the cost, does.
-std::uint32_t PriorityOf(int block) {
-  auto x = static_cast<std::uint32_t>(block);
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
+// Thirty-two bins per octave: sizes below 32 have a bin each; above, the octave and the next
+// five bits. Monotonic in size, so that the bins' order is the sizes' order.
+int FreeBlockIndex::BinOf(std::int64_t size) {
+  const auto u = static_cast<std::uint64_t>(size);
+  if (u < kSubBins) return static_cast<int>(u);
+  const int log = 63 - std::countl_zero(u);
+  return (log - 4) * kSubBins + static_cast<int>((u >> (log - 5)) & (kSubBins - 1));
 }
 
-}  // namespace
+void FreeBlockIndex::SortByAddress(std::vector<Dup>& dups) {
+  std::sort(dups.begin(), dups.end(), [](const Dup& a, const Dup& b) { return a.ptr < b.ptr; });
+}
 
 void FreeBlockIndex::Clear() {
   // Every node out, so that EraseBlock of a block cached before the Clear finds nothing.
-  for (Node& n : nodes_) n.parent = kOut;
-  root_ = -1;
+  for (Node& n : nodes_) n.bin = -1;
+  for (int bin = NextBin(0); bin >= 0; bin = NextBin(bin + 1)) bins_[static_cast<std::size_t>(bin)].clear();
+  binBits_.fill(0);
+  binSummary_ = 0;
+  freeHeaps_.clear();
+  for (std::size_t h = 0; h < heaps_.size(); ++h) {
+    heaps_[h].clear();
+    freeHeaps_.push_back(static_cast<int>(h));
+  }
   size_ = 0;
 }
 
-// Top-down treap insertion: walk down while the nodes on the path outrank the new one, then
-// split the rest of the path by the new key into its left and right subtrees.
+FreeBlockIndex::Entry* FreeBlockIndex::EntryOf(int bin, std::int64_t size) {
+  Entry* e = bins_[static_cast<std::size_t>(bin)].data();
+  while (e->size != size) ++e;
+  return e;
+}
+
+const FreeBlockIndex::Entry* FreeBlockIndex::EntryOf(int bin, std::int64_t size) const {
+  const Entry* e = bins_[static_cast<std::size_t>(bin)].data();
+  while (e->size != size) ++e;
+  return e;
+}
+
+void FreeBlockIndex::SetBinBit(int bin) {
+  binBits_[static_cast<std::size_t>(bin) >> 6] |= std::uint64_t{1} << (bin & 63);
+  binSummary_ |= std::uint64_t{1} << (bin >> 6);
+}
+
+void FreeBlockIndex::ClearBinBit(int bin) {
+  const auto word = static_cast<std::size_t>(bin) >> 6;
+  binBits_[word] &= ~(std::uint64_t{1} << (bin & 63));
+  if (binBits_[word] == 0) binSummary_ &= ~(std::uint64_t{1} << word);
+}
+
+int FreeBlockIndex::NewHeap() {
+  if (freeHeaps_.empty()) {
+    heaps_.emplace_back();
+    return static_cast<int>(heaps_.size()) - 1;
+  }
+  const int h = freeHeaps_.back();
+  freeHeaps_.pop_back();
+  return h;
+}
+
+void FreeBlockIndex::SiftUp(std::vector<Dup>& heap, std::size_t i) {
+  const Dup d = heap[i];
+  while (i > 0) {
+    const std::size_t parent = (i - 1) / 2;
+    if (heap[parent].ptr < d.ptr) break;
+    Place(heap, i, heap[parent]);
+    i = parent;
+  }
+  Place(heap, i, d);
+}
+
+void FreeBlockIndex::SiftDown(std::vector<Dup>& heap, std::size_t i) {
+  const Dup d = heap[i];
+  const std::size_t n = heap.size();
+  for (;;) {
+    std::size_t child = 2 * i + 1;
+    if (child >= n) break;
+    if (child + 1 < n && heap[child + 1].ptr < heap[child].ptr) ++child;
+    if (d.ptr < heap[child].ptr) break;
+    Place(heap, i, heap[child]);
+    i = child;
+  }
+  Place(heap, i, d);
+}
+
+void FreeBlockIndex::HeapPush(int h, const Dup& d) {
+  std::vector<Dup>& heap = heaps_[static_cast<std::size_t>(h)];
+  heap.push_back(d);
+  SiftUp(heap, heap.size() - 1);
+}
+
+FreeBlockIndex::Dup FreeBlockIndex::HeapPop(int h) {
+  std::vector<Dup>& heap = heaps_[static_cast<std::size_t>(h)];
+  const Dup top = heap[0];
+  HeapErase(h, 0);
+  return top;
+}
+
+void FreeBlockIndex::HeapErase(int h, std::size_t i) {
+  std::vector<Dup>& heap = heaps_[static_cast<std::size_t>(h)];
+  const Dup last = heap.back();
+  heap.pop_back();
+  if (i >= heap.size()) return;
+  Place(heap, i, last);
+  if (i > 0 && last.ptr < heap[(i - 1) / 2].ptr) {
+    SiftUp(heap, i);
+  } else {
+    SiftDown(heap, i);
+  }
+}
+
 void FreeBlockIndex::Insert(const Key& key) {
   const auto b = static_cast<std::size_t>(key.block);
   if (b >= nodes_.size()) nodes_.resize(std::max<std::size_t>(b + 1, nodes_.size() * 2));
-  Node& node = nodes_[b];
-  node.key = Pack(key.size, key.ptr);
-  node.priority = PriorityOf(key.block);
+  const int bin = BinOf(key.size);
+  nodes_[b] = {key.size, key.ptr, bin, -1};
   ++size_;
-  // child index 1 when `n` comes before the new key (the key goes right of it).
-  const Packed packed = node.key;
-  auto after = [packed](const Node& n) { return static_cast<int>(n.key < packed); };
-  int owner = -1;  // the node whose child slot `link` is (−1: the root slot)
-  int* link = &root_;
-  while (*link >= 0 && N(*link).priority > node.priority) {
-    owner = *link;
-    link = &N(owner).child[after(N(owner))];
-  }
-  int rest = *link;
-  *link = key.block;
-  node.parent = owner;
-  int* left = &node.child[0];
-  int* right = &node.child[1];
-  int leftOwner = key.block, rightOwner = key.block;
-  while (rest >= 0) {
-    Node& n = N(rest);
-    if (after(n)) {
-      *left = rest;
-      n.parent = leftOwner;
-      leftOwner = rest;
-      left = &n.child[1];
-      rest = n.child[1];
+  std::vector<Entry>& list = bins_[static_cast<std::size_t>(bin)];
+  Entry* e = list.data();
+  Entry* const end = e + list.size();
+  while (e != end && e->size < key.size) ++e;
+  if (e != end && e->size == key.size) {  // another block of this size: one of the two waits
+    if (e->more < 0) e->more = NewHeap();
+    if (key.ptr < e->ptr) {
+      HeapPush(e->more, {e->ptr, e->block});
+      e->ptr = key.ptr;
+      e->block = key.block;
     } else {
-      *right = rest;
-      n.parent = rightOwner;
-      rightOwner = rest;
-      right = &n.child[0];
-      rest = n.child[0];
+      HeapPush(e->more, {key.ptr, key.block});
     }
+    return;
   }
-  *left = -1;
-  *right = -1;
+  // A new size in the bin: one insertion-sort step.
+  const auto at = static_cast<std::size_t>(e - list.data());
+  if (list.empty()) SetBinBit(bin);
+  list.push_back({});
+  Entry* const first = list.data();
+  for (std::size_t i = list.size() - 1; i > at; --i) first[i] = first[i - 1];
+  first[at] = {key.size, key.ptr, key.block, -1};
 }
 
 void FreeBlockIndex::EraseNode(int x) {
-  int owner = N(x).parent;
-  int* link = owner < 0 ? &root_ : &N(owner).child[N(owner).child[1] == x ? 1 : 0];
-  // The merge of the two subtrees (every key of the left one before every key of the right
-  // one), higher priority on top.
-  int a = N(x).child[0];
-  int c = N(x).child[1];
-  while (a >= 0 && c >= 0) {
-    if (N(a).priority > N(c).priority) {
-      *link = a;
-      N(a).parent = owner;
-      owner = a;
-      link = &N(a).child[1];
-      a = *link;
-    } else {
-      *link = c;
-      N(c).parent = owner;
-      owner = c;
-      link = &N(c).child[0];
-      c = *link;
-    }
-  }
-  const int rest = a >= 0 ? a : c;
-  *link = rest;
-  if (rest >= 0) N(rest).parent = owner;
-  N(x).parent = kOut;
+  Node& node = nodes_[static_cast<std::size_t>(x)];
+  const int bin = node.bin;
+  node.bin = -1;
   --size_;
+  Entry* e = EntryOf(bin, node.size);
+  if (node.heapIndex >= 0) {  // a waiting block
+    HeapErase(e->more, static_cast<std::size_t>(node.heapIndex));
+    node.heapIndex = -1;
+  } else if (e->more >= 0) {  // the entry's block: the next address takes its place
+    const Dup next = HeapPop(e->more);
+    e->ptr = next.ptr;
+    e->block = next.block;
+    nodes_[static_cast<std::size_t>(next.block)].heapIndex = -1;
+  } else {  // the size's last block
+    std::vector<Entry>& list = bins_[static_cast<std::size_t>(bin)];
+    Entry* const last = list.data() + list.size() - 1;
+    for (; e != last; ++e) *e = *(e + 1);
+    list.pop_back();
+    if (list.empty()) ClearBinBit(bin);
+    return;
+  }
+  if (heaps_[static_cast<std::size_t>(e->more)].empty()) {
+    freeHeaps_.push_back(e->more);
+    e->more = -1;
+  }
 }
 
 void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
-  const Packed key = Pack(size, ptr);
-  int t = root_;
-  while (t >= 0 && N(t).key != key) t = N(t).child[static_cast<int>(N(t).key < key)];
-  if (t >= 0) EraseNode(t);  // else not cached (std::set::erase of a missing key)
+  const int bin = BinOf(size);
+  for (const Entry& e : bins_[static_cast<std::size_t>(bin)]) {
+    if (e.size != size) continue;
+    if (e.ptr == ptr) {
+      EraseNode(e.block);
+      return;
+    }
+    if (e.more < 0) return;
+    for (const Dup& d : heaps_[static_cast<std::size_t>(e.more)]) {
+      if (d.ptr == ptr) {
+        EraseNode(d.block);
+        return;
+      }
+    }
+    return;
+  }
+  // else not cached (std::set::erase of a missing key)
 }
 
 void FreeBlockIndex::EraseBlock(int block, std::int64_t size, std::uint64_t ptr) {
   if (block >= 0 && static_cast<std::size_t>(block) < nodes_.size()) {
-    const Node& n = N(block);
-    if (n.parent != kOut && n.key == Pack(size, ptr)) {
+    const Node& n = nodes_[static_cast<std::size_t>(block)];
+    if (n.bin >= 0 && n.size == size && n.ptr == ptr) {
       EraseNode(block);
       return;
     }
@@ -158,57 +242,90 @@ void FreeBlockIndex::EraseBlock(int block, std::int64_t size, std::uint64_t ptr)
   Erase(size, ptr);
 }
 
+int FreeBlockIndex::NextBin(int bin) const {
+  if (bin >= kBins) return -1;
+  const auto word = static_cast<std::size_t>(bin) >> 6;
+  const std::uint64_t here = binBits_[word] & (~std::uint64_t{0} << (bin & 63));
+  if (here != 0) return static_cast<int>(word * 64) + std::countr_zero(here);
+  if (word + 1 >= kBinWords) return -1;
+  const std::uint64_t later = binSummary_ & (~std::uint64_t{0} << (word + 1));
+  if (later == 0) return -1;
+  const auto w = static_cast<std::size_t>(std::countr_zero(later));
+  return static_cast<int>(w * 64) + std::countr_zero(binBits_[w]);
+}
+
+int FreeBlockIndex::PrevBin(int bin) const {
+  if (bin < 0) return -1;
+  const auto word = static_cast<std::size_t>(bin) >> 6;
+  const std::uint64_t here = binBits_[word] & (~std::uint64_t{0} >> (63 - (bin & 63)));
+  if (here != 0) return static_cast<int>(word * 64) + 63 - std::countl_zero(here);
+  if (word == 0) return -1;
+  const std::uint64_t earlier = binSummary_ & ((std::uint64_t{1} << word) - 1);
+  if (earlier == 0) return -1;
+  const auto w = static_cast<std::size_t>(63 - std::countl_zero(earlier));
+  return static_cast<int>(w * 64) + 63 - std::countl_zero(binBits_[w]);
+}
+
+int FreeBlockIndex::MaxBlockOf(const Entry& e) const {
+  if (e.more < 0) return e.block;
+  const std::vector<Dup>& heap = heaps_[static_cast<std::size_t>(e.more)];
+  const Dup* top = &heap[0];
+  for (const Dup& d : heap) top = d.ptr > top->ptr ? &d : top;
+  return top->block;
+}
+
 FreeBlockIndex::Position FreeBlockIndex::LowerBound(std::int64_t size) const {
-  int found = -1;
-  for (int t = root_; t >= 0;) {
-    const Node& n = N(t);
-    const bool fits = n.size() >= size;
-    found = fits ? t : found;
-    t = n.child[fits ? 0 : 1];
+  const int bin = BinOf(size);
+  for (const Entry& e : bins_[static_cast<std::size_t>(bin)]) {
+    if (e.size >= size) return {e.block};  // the smallest fit, lowest address among equals
   }
-  return {found};
+  const int next = NextBin(bin + 1);
+  return {next < 0 ? -1 : bins_[static_cast<std::size_t>(next)].front().block};
 }
 
 FreeBlockIndex::Position FreeBlockIndex::First() const {
-  int t = root_;
-  if (t >= 0) {
-    while (N(t).child[0] >= 0) t = N(t).child[0];
-  }
-  return {t};
+  const int bin = NextBin(0);
+  return {bin < 0 ? -1 : bins_[static_cast<std::size_t>(bin)].front().block};
 }
 
 FreeBlockIndex::Position FreeBlockIndex::Last() const {
-  int t = root_;
-  if (t >= 0) {
-    while (N(t).child[1] >= 0) t = N(t).child[1];
-  }
-  return {t};
+  const int bin = PrevBin(kBins - 1);
+  return {bin < 0 ? -1 : MaxBlockOf(bins_[static_cast<std::size_t>(bin)].back())};
 }
 
-// The successor (or predecessor) by a search from the root: the index keeps no parent links,
-// and these walks are rare (expandable segments, max_split_size releases).
+// The successor (or predecessor): the next address among the blocks of the same size (a scan
+// of its heap: these walks are rare, expandable segments and max_split_size releases), else
+// the next size's first.
 FreeBlockIndex::Position FreeBlockIndex::Next(Position p) const {
-  const Node& key = N(p.node);
-  int found = -1;
-  for (int t = root_; t >= 0;) {
-    const Node& n = N(t);
-    const bool later = n.key > key.key;
-    found = later ? t : found;
-    t = n.child[later ? 0 : 1];
+  const Node& n = nodes_[static_cast<std::size_t>(p.node)];
+  const Entry* e = EntryOf(n.bin, n.size);
+  if (e->more >= 0) {
+    const Dup* found = nullptr;
+    for (const Dup& d : heaps_[static_cast<std::size_t>(e->more)]) {
+      if (d.ptr > n.ptr && (found == nullptr || d.ptr < found->ptr)) found = &d;
+    }
+    if (found != nullptr) return {found->block};
   }
-  return {found};
+  const std::vector<Entry>& list = bins_[static_cast<std::size_t>(n.bin)];
+  if (e + 1 != list.data() + list.size()) return {(e + 1)->block};
+  const int next = NextBin(n.bin + 1);
+  return {next < 0 ? -1 : bins_[static_cast<std::size_t>(next)].front().block};
 }
 
 FreeBlockIndex::Position FreeBlockIndex::Prev(Position p) const {
-  const Node& key = N(p.node);
-  int found = -1;
-  for (int t = root_; t >= 0;) {
-    const Node& n = N(t);
-    const bool earlier = n.key < key.key;
-    found = earlier ? t : found;
-    t = n.child[earlier ? 1 : 0];
+  const Node& n = nodes_[static_cast<std::size_t>(p.node)];
+  const Entry* e = EntryOf(n.bin, n.size);
+  if (n.heapIndex >= 0) {  // a waiting block: the entry's block comes before it at least
+    const Dup* found = nullptr;
+    for (const Dup& d : heaps_[static_cast<std::size_t>(e->more)]) {
+      if (d.ptr < n.ptr && (found == nullptr || d.ptr > found->ptr)) found = &d;
+    }
+    return {found != nullptr ? found->block : e->block};
   }
-  return {found};
+  const std::vector<Entry>& list = bins_[static_cast<std::size_t>(n.bin)];
+  if (e != list.data()) return {MaxBlockOf(*(e - 1))};
+  const int before = PrevBin(n.bin - 1);
+  return {before < 0 ? -1 : MaxBlockOf(bins_[static_cast<std::size_t>(before)].back())};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -219,31 +336,22 @@ void LiveTensors::Clear() {
   sparse_.clear();
 }
 
-int LiveTensors::Find(int tensorId) const {
-  if (tensorId >= 0 && tensorId < kDenseIds) {
-    return static_cast<std::size_t>(tensorId) < dense_.size() ? dense_[static_cast<std::size_t>(tensorId)] : kNotLive;
-  }
+int LiveTensors::FindSparse(int tensorId) const {
   const auto it = sparse_.find(tensorId);
   return it == sparse_.end() ? kNotLive : it->second;
 }
 
-void LiveTensors::Set(int tensorId, int block) {
+void LiveTensors::SetSlow(int tensorId, int block) {
   if (tensorId >= 0 && tensorId < kDenseIds) {
     const auto id = static_cast<std::size_t>(tensorId);
-    if (id >= dense_.size()) dense_.resize(std::max<std::size_t>(id + 1, dense_.size() * 2), kNotLive);
+    dense_.resize(std::max<std::size_t>(id + 1, dense_.size() * 2), kNotLive);
     dense_[id] = block;
   } else {
     sparse_[tensorId] = block;
   }
 }
 
-void LiveTensors::Erase(int tensorId) {
-  if (tensorId >= 0 && tensorId < kDenseIds) {
-    if (static_cast<std::size_t>(tensorId) < dense_.size()) dense_[static_cast<std::size_t>(tensorId)] = kNotLive;
-  } else {
-    sparse_.erase(tensorId);
-  }
-}
+void LiveTensors::EraseSparse(int tensorId) { sparse_.erase(tensorId); }
 
 // ---------------------------------------------------------------------------------------------
 // BlockPool
@@ -277,6 +385,8 @@ void CachingAllocatorModel::Reset(const AllocatorOptions& options, std::int64_t 
   maxNonSplitRounding_ = options.maxNonSplitRoundingMiB * kMiB;
   setFraction_ = options.perProcessMemoryFraction > 0;
   gcEnabled_ = setFraction_ && options.garbageCollectionThreshold > 0;
+  roundupDivisions_ = std::any_of(options.roundupPower2Divisions.begin(), options.roundupPower2Divisions.end(),
+                                  [](std::int32_t d) { return d > 1; });
   SetCapacity(capacityBytes);
   blocks_.clear();
   freeSlots_.clear();
@@ -328,6 +438,7 @@ void CachingAllocatorModel::EraseFromBlocks(BlockPool& pool, int b) {
 // the request's interval (and the request above 512 × divisions) → the next of `divisions`
 // equal steps between two powers of two; otherwise the next multiple of 512.
 std::int64_t CachingAllocatorModel::RoundSize(std::int64_t size) const {
+  if (!roundupDivisions_) return size < kMinBlockSize ? kMinBlockSize : (size + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
   return RoundAllocationSize(size, options_);
 }
 

@@ -27,16 +27,17 @@ constexpr std::int64_t kRoundLarge = 2 * kMiB;    // larger requests round up to
 constexpr std::int64_t kLargeBuffer = 20 * kMiB;  // "large" requests may be packed in 20 MiB
 
 // The cached free blocks of one pool in BlockComparatorSize order (size, then address; one
-// stream), as PyTorch's std::set<Block*> keeps them, without a heap node per block: a treap
-// (a binary search tree that is also a heap on a pseudo-random priority per node, so that its
-// expected depth is about 2 ln n whatever the order of inserts) whose nodes sit in a vector
-// indexed by the allocator's block id. A search or an insert walks one root-to-leaf path; the
-// erase of a known block walks none (parent links); no operation moves keys. Why not sorted sequences: a cached block comes and goes on nearly every event (the
-// 405B bench: 200,000 inserts, 197,000 erases and 154,000 best-fit searches over about 220
-// cached blocks, 1,000 in Mixtral), and the previous index (sorted chunks of 32 keys, the
-// B-tree of height two that replaced std::set) spent 375 instructions per insert shifting keys
-// (callgrind; in WebAssembly such moves are slower still). Why not size-class bins: a trace
-// caches many blocks of equal or close sizes, which land in a few bins.
+// stream), as PyTorch's std::set<Block*> keeps them, as two-level segregated bins (TLSF):
+// thirty-two bins per octave of size, each a short list of the distinct sizes cached in it, in
+// order, and a bitmap of the non-empty bins with a summary word over its words. A size's entry
+// holds its block of lowest address (the one get_free_block takes); the other blocks of that
+// size wait in a binary heap on address. So an insert or erase is one insertion-sort step in a
+// short list or one heap step, and a best-fit search scans the request's bin, then finds the
+// next non-empty bin in two bit scans. Cheap because the cached blocks are a few hundred (the
+// 405B bench: 660 at most; Mixtral 2,300, a thousand of them of one size) over few distinct
+// sizes per bin. (The treap this replaced took about 160 instructions per insert on the GPT-2
+// bench, callgrind, most of them walking and comparing 128-bit keys; the B-tree before it
+// 375, shifting keys.)
 class FreeBlockIndex {
  public:
   struct Key {
@@ -66,54 +67,76 @@ class FreeBlockIndex {
   static bool AtEnd(Position p) { return p.node < 0; }
   Key At(Position p) const {
     const Node& n = nodes_[static_cast<std::size_t>(p.node)];
-    return {n.size(), n.ptr(), p.node};
+    return {n.size, n.ptr, p.node};
   }
   std::size_t size() const { return size_; }
   bool empty() const { return size_ == 0; }
   // Calls f(key) for every key in order; f must not change the index.
   template <typename F>
   void ForEach(F&& f) const {
-    // An in-order walk with an explicit stack (kept for its capacity).
-    std::vector<int>& stack = walk_;
-    stack.clear();
-    int t = root_;
-    while (t >= 0 || !stack.empty()) {
-      while (t >= 0) {
-        stack.push_back(t);
-        t = nodes_[static_cast<std::size_t>(t)].child[0];
+    std::vector<Dup>& sorted = walk_;
+    for (int bin = NextBin(0); bin >= 0; bin = NextBin(bin + 1)) {
+      for (const Entry& e : bins_[static_cast<std::size_t>(bin)]) {
+        f(Key{e.size, e.ptr, e.block});
+        if (e.more < 0) continue;
+        sorted = heaps_[static_cast<std::size_t>(e.more)];
+        SortByAddress(sorted);
+        for (const Dup& d : sorted) f(Key{e.size, d.ptr, d.block});
       }
-      t = stack.back();
-      stack.pop_back();
-      f(At({t}));
-      t = nodes_[static_cast<std::size_t>(t)].child[1];
     }
   }
 
  private:
-  // (size, ptr) as one unsigned 128-bit number, so that the key order is one comparison
-  // (sizes are positive).
-  __extension__ using Packed = unsigned __int128;
-  static Packed Pack(std::int64_t size, std::uint64_t ptr) {
-    return (static_cast<Packed>(static_cast<std::uint64_t>(size)) << 64) | ptr;
-  }
-  struct Node {
-    Packed key = 0;
-    std::int64_t size() const { return static_cast<std::int64_t>(key >> 64); }
-    std::uint64_t ptr() const { return static_cast<std::uint64_t>(key); }
-    int child[2] = {-1, -1};  // [0] keys before this one, [1] keys after
-    int parent = kOut;           // −1 for the root
-    std::uint32_t priority = 0;  // a parent's is above its children's
+  struct Entry {  // one size in its bin
+    std::int64_t size;
+    std::uint64_t ptr;  // its block of lowest address
+    int block;
+    int more;  // the heap of its other blocks, or −1
   };
-  static constexpr int kOut = -2;  // Node::parent of a block not in the index
-  // Takes node x out: its place goes to the merge of its two subtrees.
+  struct Dup {
+    std::uint64_t ptr;
+    int block;
+  };
+  struct Node {  // by block id
+    std::int64_t size = 0;
+    std::uint64_t ptr = 0;
+    int bin = -1;        // −1: not in the index
+    int heapIndex = -1;  // −1: its size's entry holds it
+  };
+  static constexpr int kSubBins = 32;              // per octave
+  static constexpr int kBins = 60 * kSubBins;      // sizes up to 2^63
+  static constexpr int kBinWords = kBins / 64;     // ≤ 64: one summary word
+  static int BinOf(std::int64_t size);
+  static void SortByAddress(std::vector<Dup>& dups);
+  Entry* EntryOf(int bin, std::int64_t size);  // the entry of a size that is in the index
+  const Entry* EntryOf(int bin, std::int64_t size) const;
+  void SetBinBit(int bin);
+  void ClearBinBit(int bin);
+  int NextBin(int bin) const;  // the first non-empty bin ≥ bin, or −1
+  int PrevBin(int bin) const;  // the last non-empty bin ≤ bin, or −1
+  int MaxBlockOf(const Entry& e) const;  // its block of highest address
+  // The heap of one size's other blocks, on address.
+  int NewHeap();
+  void HeapPush(int heap, const Dup& d);
+  Dup HeapPop(int heap);  // the lowest address
+  void HeapErase(int heap, std::size_t i);
+  void SiftUp(std::vector<Dup>& heap, std::size_t i);
+  void SiftDown(std::vector<Dup>& heap, std::size_t i);
+  void Place(std::vector<Dup>& heap, std::size_t i, const Dup& d) {
+    heap[i] = d;
+    nodes_[static_cast<std::size_t>(d.block)].heapIndex = static_cast<int>(i);
+  }
+  // Takes block x out.
   void EraseNode(int x);
-  Node& N(int i) { return nodes_[static_cast<std::size_t>(i)]; }
-  const Node& N(int i) const { return nodes_[static_cast<std::size_t>(i)]; }
 
-  std::vector<Node> nodes_;  // by block id; only those in the tree are meaningful
-  int root_ = -1;
+  std::vector<Node> nodes_;
+  std::array<std::vector<Entry>, kBins> bins_;
+  std::array<std::uint64_t, kBinWords> binBits_{};  // bit b: bin b is not empty
+  std::uint64_t binSummary_ = 0;                    // bit w: binBits_[w] is not zero
+  std::vector<std::vector<Dup>> heaps_;
+  std::vector<int> freeHeaps_;
   std::size_t size_ = 0;
-  mutable std::vector<int> walk_;  // ForEach's stack
+  mutable std::vector<Dup> walk_;  // ForEach's sorted heap
 };
 
 // Tensor id → its allocated block: a vector for the ids traces use (0, 1, 2, …), a hash map
@@ -122,11 +145,30 @@ class LiveTensors {
  public:
   static constexpr int kNotLive = -2;
   void Clear();
-  int Find(int tensorId) const;  // the block, −1 for a 0-byte tensor, kNotLive
-  void Set(int tensorId, int block);
-  void Erase(int tensorId);
+  // The block, −1 for a 0-byte tensor, kNotLive.
+  int Find(int tensorId) const {
+    if (static_cast<unsigned>(tensorId) < dense_.size()) return dense_[static_cast<std::size_t>(tensorId)];
+    return tensorId >= 0 && tensorId < kDenseIds ? kNotLive : FindSparse(tensorId);
+  }
+  void Set(int tensorId, int block) {
+    if (static_cast<unsigned>(tensorId) < dense_.size()) {
+      dense_[static_cast<std::size_t>(tensorId)] = block;
+    } else {
+      SetSlow(tensorId, block);
+    }
+  }
+  void Erase(int tensorId) {
+    if (static_cast<unsigned>(tensorId) < dense_.size()) {
+      dense_[static_cast<std::size_t>(tensorId)] = kNotLive;
+    } else if (tensorId < 0 || tensorId >= kDenseIds) {
+      EraseSparse(tensorId);
+    }
+  }
 
  private:
+  int FindSparse(int tensorId) const;
+  void SetSlow(int tensorId, int block);
+  void EraseSparse(int tensorId);
   static constexpr int kDenseIds = 1 << 22;
   std::vector<int> dense_;
   std::unordered_map<int, int> sparse_;
@@ -245,6 +287,7 @@ class CachingAllocatorModel {
   bool setFraction_;
   std::int64_t allowedMemoryMaximum_;
   bool gcEnabled_;
+  bool roundupDivisions_;  // roundup_power2_divisions set for some interval
 
   std::vector<Block> blocks_;
   std::vector<int> freeSlots_;
