@@ -8,6 +8,14 @@
 #include <bit>
 #include <limits>
 
+// The few functions of every event, inlined into Malloc and Free (a call costs a dozen
+// instructions of register saves; an event costs about a hundred and fifty in all).
+#if defined(__GNUC__)
+#define GPUMEM_EVENT_PATH [[gnu::always_inline]] inline
+#else
+#define GPUMEM_EVENT_PATH inline
+#endif
+
 namespace gpumem::device {
 
 namespace {
@@ -44,7 +52,7 @@ std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 // Thirty-two bins per octave: sizes below 32 have a bin each; above, the octave and the next
 // five bits. Monotonic in size, so that the bins' order is the sizes' order.
-int FreeBlockIndex::BinOf(std::int64_t size) {
+GPUMEM_EVENT_PATH int FreeBlockIndex::BinOf(std::int64_t size) {
   const auto u = static_cast<std::uint64_t>(size);
   if (u < kSubBins) return static_cast<int>(u);
   const int log = 63 - std::countl_zero(u);
@@ -407,7 +415,7 @@ void CachingAllocatorModel::SetCapacity(std::int64_t capacityBytes) {
   allowedMemoryMaximum_ = static_cast<std::int64_t>(options_.perProcessMemoryFraction * static_cast<double>(capacity_));
 }
 
-int CachingAllocatorModel::NewBlock() {
+GPUMEM_EVENT_PATH int CachingAllocatorModel::NewBlock() {
   if (!freeSlots_.empty()) {
     const int b = freeSlots_.back();
     freeSlots_.pop_back();
@@ -425,12 +433,12 @@ void CachingAllocatorModel::DeleteBlock(int b) {
 
 // BlockPool::insert_into_blocks: stamps the block with the pool's get_free_block call count,
 // the clock garbage_collect_cached_blocks measures ages with.
-void CachingAllocatorModel::InsertIntoBlocks(BlockPool& pool, int b) {
+GPUMEM_EVENT_PATH void CachingAllocatorModel::InsertIntoBlocks(BlockPool& pool, int b) {
   blocks_[b].gcCountBase = pool.getFreeBlocksCallCount;
   pool.blocks.Insert({blocks_[b].size, blocks_[b].ptr, b});
 }
 
-void CachingAllocatorModel::EraseFromBlocks(BlockPool& pool, int b) {
+GPUMEM_EVENT_PATH void CachingAllocatorModel::EraseFromBlocks(BlockPool& pool, int b) {
   pool.blocks.EraseBlock(b, blocks_[b].size, blocks_[b].ptr);
 }
 
@@ -445,7 +453,7 @@ std::int64_t CachingAllocatorModel::RoundSize(std::int64_t size) const {
 // DeviceCachingAllocator::should_split: the small pool (and every expandable segment) splits
 // off any remainder of at least 512 B; the large pool only a remainder above 1 MiB, and never
 // for a request at or above max_split_size.
-bool CachingAllocatorModel::ShouldSplit(int b, std::int64_t size) const {
+GPUMEM_EVENT_PATH bool CachingAllocatorModel::ShouldSplit(int b, std::int64_t size) const {
   const std::int64_t remaining = blocks_[b].size - size;
   if (blocks_[b].small || options_.expandableSegments) return remaining >= kMinBlockSize;
   return size < maxSplitSize_ && remaining > kSmallSize;
@@ -453,7 +461,7 @@ bool CachingAllocatorModel::ShouldSplit(int b, std::int64_t size) const {
 
 // DeviceCachingAllocator::get_free_block: the best fit — the smallest cached block at least as
 // large as the request, lowest address first among equals — with the oversize rules.
-bool CachingAllocatorModel::GetFreeBlock(AllocParams& p) {
+GPUMEM_EVENT_PATH bool CachingAllocatorModel::GetFreeBlock(AllocParams& p) {
   BlockPool& pool = *p.pool;
   if (gcEnabled_) ++pool.getFreeBlocksCallCount;  // ages only tick while GC is enabled
   FreeBlockIndex::Position it = pool.blocks.LowerBound(p.size);
@@ -621,7 +629,7 @@ void CachingAllocatorModel::GarbageCollectCachedBlocks() {
 
 // DeviceCachingAllocator::alloc_found_block: split off the remainder when should_split says so
 // (the request takes the low addresses) and keep inactive_split_bytes as PyTorch does.
-int CachingAllocatorModel::AllocFoundBlock(const AllocParams& p, std::int64_t origSize, bool splitRemainder,
+GPUMEM_EVENT_PATH int CachingAllocatorModel::AllocFoundBlock(const AllocParams& p, std::int64_t origSize, bool splitRemainder,
                                            int tensorId) {
   int b = p.block;
   const bool alreadySplit = IsSplit(b);
@@ -707,7 +715,7 @@ bool CachingAllocatorModel::Free(int tensorId) {
 }
 
 // DeviceCachingAllocator::free_block: merge with free neighbours of the same segment, cache.
-void CachingAllocatorModel::FreeBlock(int b) {
+GPUMEM_EVENT_PATH void CachingAllocatorModel::FreeBlock(int b) {
   BlockPool& pool = PoolOf(b);
   std::int64_t netInactiveSplit = 0;
   const int candidates[2] = {blocks_[b].prev, blocks_[b].next};
@@ -720,7 +728,7 @@ void CachingAllocatorModel::FreeBlock(int b) {
 
 // DeviceCachingAllocator::try_merge_blocks: src joins dst when free and in the same mapped
 // state; returns the bytes subsumed.
-std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, int src, BlockPool& pool) {
+GPUMEM_EVENT_PATH std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, int src, BlockPool& pool) {
   if (src == kNone || blocks_[src].allocated || blocks_[dst].mapped != blocks_[src].mapped) return 0;
   Block& d = blocks_[dst];
   const Block s = blocks_[src];
