@@ -8,14 +8,6 @@
 #include <bit>
 #include <limits>
 
-// The few functions of every event, inlined into Malloc and Free (a call costs a dozen
-// instructions of register saves; an event costs about a hundred and fifty in all).
-#if defined(__GNUC__)
-#define GPUMEM_EVENT_PATH [[gnu::always_inline]] inline
-#else
-#define GPUMEM_EVENT_PATH inline
-#endif
-
 namespace gpumem::device {
 
 namespace {
@@ -49,15 +41,6 @@ std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 
 // ---------------------------------------------------------------------------------------------
 // FreeBlockIndex
-
-// Thirty-two bins per octave: sizes below 32 have a bin each; above, the octave and the next
-// five bits. Monotonic in size, so that the bins' order is the sizes' order.
-GPUMEM_EVENT_PATH int FreeBlockIndex::BinOf(std::int64_t size) {
-  const auto u = static_cast<std::uint64_t>(size);
-  if (u < kSubBins) return static_cast<int>(u);
-  const int log = 63 - std::countl_zero(u);
-  return (log - 4) * kSubBins + static_cast<int>((u >> (log - 5)) & (kSubBins - 1));
-}
 
 void FreeBlockIndex::SortByAddress(std::vector<Dup>& dups) {
   std::sort(dups.begin(), dups.end(), [](const Dup& a, const Dup& b) { return a.ptr < b.ptr; });
@@ -161,36 +144,6 @@ void FreeBlockIndex::HeapErase(int h, std::size_t i) {
   }
 }
 
-void FreeBlockIndex::Insert(const Key& key) {
-  const auto b = static_cast<std::size_t>(key.block);
-  if (b >= nodes_.size()) nodes_.resize(std::max<std::size_t>(b + 1, nodes_.size() * 2));
-  const int bin = BinOf(key.size);
-  nodes_[b] = {key.size, key.ptr, bin, -1};
-  ++size_;
-  std::vector<Entry>& list = bins_[static_cast<std::size_t>(bin)];
-  Entry* e = list.data();
-  Entry* const end = e + list.size();
-  while (e != end && e->size < key.size) ++e;
-  if (e != end && e->size == key.size) {  // another block of this size: one of the two waits
-    if (e->more < 0) e->more = NewHeap();
-    if (key.ptr < e->ptr) {
-      HeapPush(e->more, {e->ptr, e->block});
-      e->ptr = key.ptr;
-      e->block = key.block;
-    } else {
-      HeapPush(e->more, {key.ptr, key.block});
-    }
-    return;
-  }
-  // A new size in the bin: one insertion-sort step.
-  const auto at = static_cast<std::size_t>(e - list.data());
-  if (list.empty()) SetBinBit(bin);
-  list.push_back({});
-  Entry* const first = list.data();
-  for (std::size_t i = list.size() - 1; i > at; --i) first[i] = first[i - 1];
-  first[at] = {key.size, key.ptr, key.block, -1};
-}
-
 void FreeBlockIndex::EraseNode(int x) {
   Node& node = nodes_[static_cast<std::size_t>(x)];
   const int bin = node.bin;
@@ -280,15 +233,6 @@ int FreeBlockIndex::MaxBlockOf(const Entry& e) const {
   const Dup* top = &heap[0];
   for (const Dup& d : heap) top = d.ptr > top->ptr ? &d : top;
   return top->block;
-}
-
-FreeBlockIndex::Position FreeBlockIndex::LowerBound(std::int64_t size) const {
-  const int bin = BinOf(size);
-  for (const Entry& e : bins_[static_cast<std::size_t>(bin)]) {
-    if (e.size >= size) return {e.block};  // the smallest fit, lowest address among equals
-  }
-  const int next = NextBin(bin + 1);
-  return {next < 0 ? -1 : bins_[static_cast<std::size_t>(next)].front().block};
 }
 
 FreeBlockIndex::Position FreeBlockIndex::First() const {
