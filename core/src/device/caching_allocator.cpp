@@ -42,20 +42,16 @@ std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 // ---------------------------------------------------------------------------------------------
 // FreeBlockIndex
 
-void FreeBlockIndex::SortByAddress(std::vector<Dup>& dups) {
-  std::sort(dups.begin(), dups.end(), [](const Dup& a, const Dup& b) { return a.ptr < b.ptr; });
-}
-
 void FreeBlockIndex::Clear() {
   // Every node out, so that EraseBlock of a block cached before the Clear finds nothing.
   for (Node& n : nodes_) n.bin = -1;
   for (int bin = NextBin(0); bin >= 0; bin = NextBin(bin + 1)) bins_[static_cast<std::size_t>(bin)].clear();
   binBits_.fill(0);
   binSummary_ = 0;
-  freeHeaps_.clear();
-  for (std::size_t h = 0; h < heaps_.size(); ++h) {
-    heaps_[h].clear();
-    freeHeaps_.push_back(static_cast<int>(h));
+  freeWaiting_.clear();
+  for (std::size_t w = 0; w < waiting_.size(); ++w) {
+    waiting_[w].clear();
+    freeWaiting_.push_back(static_cast<int>(w));
   }
   size_ = 0;
 }
@@ -83,65 +79,29 @@ void FreeBlockIndex::ClearBinBit(int bin) {
   if (binBits_[word] == 0) binSummary_ &= ~(std::uint64_t{1} << word);
 }
 
-int FreeBlockIndex::NewHeap() {
-  if (freeHeaps_.empty()) {
-    heaps_.emplace_back();
-    return static_cast<int>(heaps_.size()) - 1;
+int FreeBlockIndex::NewWaiting() {
+  if (freeWaiting_.empty()) {
+    waiting_.emplace_back();
+    return static_cast<int>(waiting_.size()) - 1;
   }
-  const int h = freeHeaps_.back();
-  freeHeaps_.pop_back();
-  return h;
+  const int w = freeWaiting_.back();
+  freeWaiting_.pop_back();
+  return w;
 }
 
-void FreeBlockIndex::SiftUp(std::vector<Dup>& heap, std::size_t i) {
-  const Dup d = heap[i];
-  while (i > 0) {
-    const std::size_t parent = (i - 1) / 2;
-    if (heap[parent].ptr < d.ptr) break;
-    Place(heap, i, heap[parent]);
-    i = parent;
-  }
-  Place(heap, i, d);
+void FreeBlockIndex::Wait(int w, const Dup& d) {
+  std::vector<Dup>& list = waiting_[static_cast<std::size_t>(w)];
+  list.push_back(d);
+  Dup* const first = list.data();
+  std::size_t i = list.size() - 1;
+  for (; i > 0 && first[i - 1].ptr < d.ptr; --i) first[i] = first[i - 1];
+  first[i] = d;
 }
 
-void FreeBlockIndex::SiftDown(std::vector<Dup>& heap, std::size_t i) {
-  const Dup d = heap[i];
-  const std::size_t n = heap.size();
-  for (;;) {
-    std::size_t child = 2 * i + 1;
-    if (child >= n) break;
-    if (child + 1 < n && heap[child + 1].ptr < heap[child].ptr) ++child;
-    if (d.ptr < heap[child].ptr) break;
-    Place(heap, i, heap[child]);
-    i = child;
-  }
-  Place(heap, i, d);
-}
-
-void FreeBlockIndex::HeapPush(int h, const Dup& d) {
-  std::vector<Dup>& heap = heaps_[static_cast<std::size_t>(h)];
-  heap.push_back(d);
-  SiftUp(heap, heap.size() - 1);
-}
-
-FreeBlockIndex::Dup FreeBlockIndex::HeapPop(int h) {
-  std::vector<Dup>& heap = heaps_[static_cast<std::size_t>(h)];
-  const Dup top = heap[0];
-  HeapErase(h, 0);
-  return top;
-}
-
-void FreeBlockIndex::HeapErase(int h, std::size_t i) {
-  std::vector<Dup>& heap = heaps_[static_cast<std::size_t>(h)];
-  const Dup last = heap.back();
-  heap.pop_back();
-  if (i >= heap.size()) return;
-  Place(heap, i, last);
-  if (i > 0 && last.ptr < heap[(i - 1) / 2].ptr) {
-    SiftUp(heap, i);
-  } else {
-    SiftDown(heap, i);
-  }
+void FreeBlockIndex::StopWaiting(int w, std::uint64_t ptr) {
+  std::vector<Dup>& list = waiting_[static_cast<std::size_t>(w)];
+  const auto at = std::partition_point(list.begin(), list.end(), [ptr](const Dup& d) { return d.ptr > ptr; });
+  list.erase(at);
 }
 
 void FreeBlockIndex::EraseNode(int x) {
@@ -150,14 +110,13 @@ void FreeBlockIndex::EraseNode(int x) {
   node.bin = -1;
   --size_;
   Entry* e = EntryOf(bin, node.size);
-  if (node.heapIndex >= 0) {  // a waiting block
-    HeapErase(e->more, static_cast<std::size_t>(node.heapIndex));
-    node.heapIndex = -1;
+  if (e->block != x) {  // a waiting block
+    StopWaiting(e->more, node.ptr);
   } else if (e->more >= 0) {  // the entry's block: the next address takes its place
-    const Dup next = HeapPop(e->more);
-    e->ptr = next.ptr;
-    e->block = next.block;
-    nodes_[static_cast<std::size_t>(next.block)].heapIndex = -1;
+    std::vector<Dup>& waiting = waiting_[static_cast<std::size_t>(e->more)];
+    e->ptr = waiting.back().ptr;
+    e->block = waiting.back().block;
+    waiting.pop_back();
   } else {  // the size's last block
     std::vector<Entry>& list = bins_[static_cast<std::size_t>(bin)];
     Entry* const last = list.data() + list.size() - 1;
@@ -166,8 +125,8 @@ void FreeBlockIndex::EraseNode(int x) {
     if (list.empty()) ClearBinBit(bin);
     return;
   }
-  if (heaps_[static_cast<std::size_t>(e->more)].empty()) {
-    freeHeaps_.push_back(e->more);
+  if (waiting_[static_cast<std::size_t>(e->more)].empty()) {
+    freeWaiting_.push_back(e->more);
     e->more = -1;
   }
 }
@@ -181,7 +140,7 @@ void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
       return;
     }
     if (e.more < 0) return;
-    for (const Dup& d : heaps_[static_cast<std::size_t>(e.more)]) {
+    for (const Dup& d : waiting_[static_cast<std::size_t>(e.more)]) {
       if (d.ptr == ptr) {
         EraseNode(d.block);
         return;
@@ -229,10 +188,7 @@ int FreeBlockIndex::PrevBin(int bin) const {
 
 int FreeBlockIndex::MaxBlockOf(const Entry& e) const {
   if (e.more < 0) return e.block;
-  const std::vector<Dup>& heap = heaps_[static_cast<std::size_t>(e.more)];
-  const Dup* top = &heap[0];
-  for (const Dup& d : heap) top = d.ptr > top->ptr ? &d : top;
-  return top->block;
+  return waiting_[static_cast<std::size_t>(e.more)].front().block;  // the highest address
 }
 
 FreeBlockIndex::Position FreeBlockIndex::First() const {
@@ -246,14 +202,14 @@ FreeBlockIndex::Position FreeBlockIndex::Last() const {
 }
 
 // The successor (or predecessor): the next address among the blocks of the same size (a scan
-// of its heap: these walks are rare, expandable segments and max_split_size releases), else
+// of its list: these walks are rare, expandable segments and max_split_size releases), else
 // the next size's first.
 FreeBlockIndex::Position FreeBlockIndex::Next(Position p) const {
   const Node& n = nodes_[static_cast<std::size_t>(p.node)];
   const Entry* e = EntryOf(n.bin, n.size);
   if (e->more >= 0) {
     const Dup* found = nullptr;
-    for (const Dup& d : heaps_[static_cast<std::size_t>(e->more)]) {
+    for (const Dup& d : waiting_[static_cast<std::size_t>(e->more)]) {
       if (d.ptr > n.ptr && (found == nullptr || d.ptr < found->ptr)) found = &d;
     }
     if (found != nullptr) return {found->block};
@@ -267,9 +223,9 @@ FreeBlockIndex::Position FreeBlockIndex::Next(Position p) const {
 FreeBlockIndex::Position FreeBlockIndex::Prev(Position p) const {
   const Node& n = nodes_[static_cast<std::size_t>(p.node)];
   const Entry* e = EntryOf(n.bin, n.size);
-  if (n.heapIndex >= 0) {  // a waiting block: the entry's block comes before it at least
+  if (e->block != p.node) {  // a waiting block: the entry's block comes before it at least
     const Dup* found = nullptr;
-    for (const Dup& d : heaps_[static_cast<std::size_t>(e->more)]) {
+    for (const Dup& d : waiting_[static_cast<std::size_t>(e->more)]) {
       if (d.ptr < n.ptr && (found == nullptr || d.ptr > found->ptr)) found = &d;
     }
     return {found != nullptr ? found->block : e->block};

@@ -41,13 +41,13 @@ constexpr std::int64_t kLargeBuffer = 20 * kMiB;  // "large" requests may be pac
 // thirty-two bins per octave of size, each a short list of the distinct sizes cached in it, in
 // order, and a bitmap of the non-empty bins with a summary word over its words. A size's entry
 // holds its block of lowest address (the one get_free_block takes); the other blocks of that
-// size wait in a binary heap on address. So an insert or erase is one insertion-sort step in a
-// short list or one heap step, and a best-fit search scans the request's bin, then finds the
-// next non-empty bin in two bit scans. Cheap because the cached blocks are a few hundred (the
-// 405B bench: 660 at most; Mixtral 2,300, a thousand of them of one size) over few distinct
-// sizes per bin. (The treap this replaced took about 160 instructions per insert on the GPT-2
-// bench, callgrind, most of them walking and comparing 128-bit keys; the B-tree before it
-// 375, shifting keys.)
+// size wait in a list by address. So an insert or erase is one insertion-sort step in a short
+// list, and a best-fit search scans the request's bin, then finds the next non-empty bin in
+// two bit scans. Cheap because the cached blocks are a few hundred (the 405B bench: 660 at
+// most; Mixtral 2,300, a thousand of them of one size) over few distinct sizes per bin, and
+// blocks of one size come and go in stack order (see Wait). (The treap this replaced took
+// about 160 instructions per insert on the GPT-2 bench, callgrind, most of them walking and
+// comparing 128-bit keys; the B-tree before it 375, shifting keys.)
 class FreeBlockIndex {
  public:
   struct Key {
@@ -84,14 +84,12 @@ class FreeBlockIndex {
   // Calls f(key) for every key in order; f must not change the index.
   template <typename F>
   void ForEach(F&& f) const {
-    std::vector<Dup>& sorted = walk_;
     for (int bin = NextBin(0); bin >= 0; bin = NextBin(bin + 1)) {
       for (const Entry& e : bins_[static_cast<std::size_t>(bin)]) {
         f(Key{e.size, e.ptr, e.block});
         if (e.more < 0) continue;
-        sorted = heaps_[static_cast<std::size_t>(e.more)];
-        SortByAddress(sorted);
-        for (const Dup& d : sorted) f(Key{e.size, d.ptr, d.block});
+        const std::vector<Dup>& waiting = waiting_[static_cast<std::size_t>(e.more)];
+        for (auto d = waiting.rbegin(); d != waiting.rend(); ++d) f(Key{e.size, d->ptr, d->block});
       }
     }
   }
@@ -101,7 +99,7 @@ class FreeBlockIndex {
     std::int64_t size;
     std::uint64_t ptr;  // its block of lowest address
     int block;
-    int more;  // the heap of its other blocks, or −1
+    int more;  // the list of its other blocks, or −1
   };
   struct Dup {
     std::uint64_t ptr;
@@ -110,14 +108,12 @@ class FreeBlockIndex {
   struct Node {  // by block id
     std::int64_t size = 0;
     std::uint64_t ptr = 0;
-    int bin = -1;        // −1: not in the index
-    int heapIndex = -1;  // −1: its size's entry holds it
+    int bin = -1;  // −1: not in the index
   };
   static constexpr int kSubBins = 32;              // per octave
   static constexpr int kBins = 60 * kSubBins;      // sizes up to 2^63
   static constexpr int kBinWords = kBins / 64;     // ≤ 64: one summary word
   static int BinOf(std::int64_t size);
-  static void SortByAddress(std::vector<Dup>& dups);
   Entry* EntryOf(int bin, std::int64_t size);  // the entry of a size that is in the index
   const Entry* EntryOf(int bin, std::int64_t size) const;
   void SetBinBit(int bin);
@@ -125,17 +121,14 @@ class FreeBlockIndex {
   int NextBin(int bin) const;  // the first non-empty bin ≥ bin, or −1
   int PrevBin(int bin) const;  // the last non-empty bin ≤ bin, or −1
   int MaxBlockOf(const Entry& e) const;  // its block of highest address
-  // The heap of one size's other blocks, on address.
-  int NewHeap();
-  void HeapPush(int heap, const Dup& d);
-  Dup HeapPop(int heap);  // the lowest address
-  void HeapErase(int heap, std::size_t i);
-  void SiftUp(std::vector<Dup>& heap, std::size_t i);
-  void SiftDown(std::vector<Dup>& heap, std::size_t i);
-  void Place(std::vector<Dup>& heap, std::size_t i, const Dup& d) {
-    heap[i] = d;
-    nodes_[static_cast<std::size_t>(d.block)].heapIndex = static_cast<int>(i);
-  }
+  // The other blocks of one size, by address from the highest down: the lowest, which takes
+  // the entry's place when its block goes, is the last. Blocks of one size are cached and
+  // taken again in stack order (the backward frees what the forward took, from the highest
+  // address down; the next forward takes the lowest first), so that the insert scan, which
+  // starts at the end, stops at once.
+  int NewWaiting();
+  void Wait(int list, const Dup& d);
+  void StopWaiting(int list, std::uint64_t ptr);
   // Takes block x out.
   void EraseNode(int x);
 
@@ -143,10 +136,9 @@ class FreeBlockIndex {
   std::array<std::vector<Entry>, kBins> bins_;
   std::array<std::uint64_t, kBinWords> binBits_{};  // bit b: bin b is not empty
   std::uint64_t binSummary_ = 0;                    // bit w: binBits_[w] is not zero
-  std::vector<std::vector<Dup>> heaps_;
-  std::vector<int> freeHeaps_;
+  std::vector<std::vector<Dup>> waiting_;
+  std::vector<int> freeWaiting_;
   std::size_t size_ = 0;
-  mutable std::vector<Dup> walk_;  // ForEach's sorted heap
 };
 
 // The index's operations of every event (see GPUMEM_EVENT_PATH).
@@ -160,26 +152,26 @@ GPUMEM_EVENT_PATH int FreeBlockIndex::BinOf(std::int64_t size) {
   return (log - 4) * kSubBins + static_cast<int>((u >> (log - 5)) & (kSubBins - 1));
 }
 
-// Another block of a size in the index waits in its heap; a new size is one insertion-sort step
+// Another block of a size in the index waits in its list; a new size is one insertion-sort step
 // in its bin.
 GPUMEM_EVENT_PATH void FreeBlockIndex::Insert(const Key& key) {
   const auto b = static_cast<std::size_t>(key.block);
   if (b >= nodes_.size()) nodes_.resize(std::max<std::size_t>(b + 1, nodes_.size() * 2));
   const int bin = BinOf(key.size);
-  nodes_[b] = {key.size, key.ptr, bin, -1};
+  nodes_[b] = {key.size, key.ptr, bin};
   ++size_;
   std::vector<Entry>& list = bins_[static_cast<std::size_t>(bin)];
   Entry* e = list.data();
   Entry* const end = e + list.size();
   while (e != end && e->size < key.size) ++e;
   if (e != end && e->size == key.size) {  // another block of this size: one of the two waits
-    if (e->more < 0) e->more = NewHeap();
-    if (key.ptr < e->ptr) {
-      HeapPush(e->more, {e->ptr, e->block});
+    if (e->more < 0) e->more = NewWaiting();
+    if (key.ptr < e->ptr) {  // the entry's block, below every waiting one, waits last
+      waiting_[static_cast<std::size_t>(e->more)].push_back({e->ptr, e->block});
       e->ptr = key.ptr;
       e->block = key.block;
     } else {
-      HeapPush(e->more, {key.ptr, key.block});
+      Wait(e->more, {key.ptr, key.block});
     }
     return;
   }
