@@ -50,7 +50,7 @@ void FreeBlockIndex::Clear() {
   binSummary_ = 0;
   freeWaiting_.clear();
   for (std::size_t w = 0; w < waiting_.size(); ++w) {
-    waiting_[w].clear();
+    waiting_[w].Clear();
     freeWaiting_.push_back(static_cast<int>(w));
   }
   size_ = 0;
@@ -89,19 +89,54 @@ int FreeBlockIndex::NewWaiting() {
   return w;
 }
 
-void FreeBlockIndex::Wait(int w, const Dup& d) {
-  std::vector<Dup>& list = waiting_[static_cast<std::size_t>(w)];
-  list.push_back(d);
-  Dup* const first = list.data();
-  std::size_t i = list.size() - 1;
-  for (; i > 0 && first[i - 1].ptr < d.ptr; --i) first[i] = first[i - 1];
-  first[i] = d;
+void FreeBlockIndex::Waiting::Recenter() {
+  const std::size_t n = hi_ - lo_;
+  std::vector<Dup> buf(std::max<std::size_t>(16, 2 * n + 8));
+  const std::size_t lo = (buf.size() - n) / 2;
+  std::copy(buf_.begin() + static_cast<std::ptrdiff_t>(lo_), buf_.begin() + static_cast<std::ptrdiff_t>(hi_),
+            buf.begin() + static_cast<std::ptrdiff_t>(lo));
+  buf_.swap(buf);
+  lo_ = lo;
+  hi_ = lo + n;
 }
 
-void FreeBlockIndex::StopWaiting(int w, std::uint64_t ptr) {
-  std::vector<Dup>& list = waiting_[static_cast<std::size_t>(w)];
-  const auto at = std::partition_point(list.begin(), list.end(), [ptr](const Dup& d) { return d.ptr > ptr; });
-  list.erase(at);
+void FreeBlockIndex::Waiting::PushFront(const Dup& d) {
+  if (lo_ == 0) Recenter();
+  buf_[--lo_] = d;
+}
+
+void FreeBlockIndex::Waiting::Insert(const Dup& d) {
+  if (lo_ == hi_ || d.ptr > buf_[hi_ - 1].ptr) {  // above every one
+    if (hi_ == buf_.size()) Recenter();
+    buf_[hi_++] = d;
+  } else if (d.ptr < buf_[lo_].ptr) {
+    PushFront(d);
+  } else {  // between: the fewer of the lower and the higher ones move
+    if (lo_ == 0 || hi_ == buf_.size()) Recenter();
+    auto i = static_cast<std::size_t>(
+        std::partition_point(begin(), end(), [&d](const Dup& x) { return x.ptr < d.ptr; }) - buf_.data());
+    if (i - lo_ < hi_ - i) {  // the lower ones, buf_[lo_, i), move down
+      for (std::size_t j = lo_; j < i; ++j) buf_[j - 1] = buf_[j];
+      --lo_;
+      buf_[i - 1] = d;
+    } else {
+      for (std::size_t j = hi_; j > i; --j) buf_[j] = buf_[j - 1];
+      ++hi_;
+      buf_[i] = d;
+    }
+  }
+}
+
+void FreeBlockIndex::Waiting::Erase(std::uint64_t ptr) {
+  std::size_t i = static_cast<std::size_t>(
+      std::partition_point(begin(), end(), [ptr](const Dup& d) { return d.ptr < ptr; }) - buf_.data());
+  if (i - lo_ < hi_ - 1 - i) {  // the lower ones move up
+    for (; i > lo_; --i) buf_[i] = buf_[i - 1];
+    ++lo_;
+  } else {
+    for (; i + 1 < hi_; ++i) buf_[i] = buf_[i + 1];
+    --hi_;
+  }
 }
 
 void FreeBlockIndex::EraseNode(int x) {
@@ -111,12 +146,12 @@ void FreeBlockIndex::EraseNode(int x) {
   --size_;
   Entry* e = EntryOf(bin, node.size);
   if (e->block != x) {  // a waiting block
-    StopWaiting(e->more, node.ptr);
+    waiting_[static_cast<std::size_t>(e->more)].Erase(node.ptr);
   } else if (e->more >= 0) {  // the entry's block: the next address takes its place
-    std::vector<Dup>& waiting = waiting_[static_cast<std::size_t>(e->more)];
-    e->ptr = waiting.back().ptr;
-    e->block = waiting.back().block;
-    waiting.pop_back();
+    Waiting& waiting = waiting_[static_cast<std::size_t>(e->more)];
+    e->ptr = waiting.front().ptr;
+    e->block = waiting.front().block;
+    waiting.PopFront();
   } else {  // the size's last block
     std::vector<Entry>& list = bins_[static_cast<std::size_t>(bin)];
     Entry* const last = list.data() + list.size() - 1;
@@ -188,7 +223,7 @@ int FreeBlockIndex::PrevBin(int bin) const {
 
 int FreeBlockIndex::MaxBlockOf(const Entry& e) const {
   if (e.more < 0) return e.block;
-  return waiting_[static_cast<std::size_t>(e.more)].front().block;  // the highest address
+  return waiting_[static_cast<std::size_t>(e.more)].back().block;  // the highest address
 }
 
 FreeBlockIndex::Position FreeBlockIndex::First() const {

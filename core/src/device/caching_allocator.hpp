@@ -88,8 +88,7 @@ class FreeBlockIndex {
       for (const Entry& e : bins_[static_cast<std::size_t>(bin)]) {
         f(Key{e.size, e.ptr, e.block});
         if (e.more < 0) continue;
-        const std::vector<Dup>& waiting = waiting_[static_cast<std::size_t>(e.more)];
-        for (auto d = waiting.rbegin(); d != waiting.rend(); ++d) f(Key{e.size, d->ptr, d->block});
+        for (const Dup& d : waiting_[static_cast<std::size_t>(e.more)]) f(Key{e.size, d.ptr, d.block});
       }
     }
   }
@@ -121,14 +120,29 @@ class FreeBlockIndex {
   int NextBin(int bin) const;  // the first non-empty bin ≥ bin, or −1
   int PrevBin(int bin) const;  // the last non-empty bin ≤ bin, or −1
   int MaxBlockOf(const Entry& e) const;  // its block of highest address
-  // The other blocks of one size, by address from the highest down: the lowest, which takes
-  // the entry's place when its block goes, is the last. Blocks of one size are cached and
-  // taken again in stack order (the backward frees what the forward took, from the highest
-  // address down; the next forward takes the lowest first), so that the insert scan, which
-  // starts at the end, stops at once.
+  // The other blocks of one size, by address, in the middle of a buffer with room at both
+  // ends: blocks of one size come and go in stack order at either end (the entry's block is
+  // taken from the low end; the backward frees from the highest address down or, elsewhere,
+  // up), so that an insert or erase seldom moves anything.
+  class Waiting {
+   public:
+    bool empty() const { return lo_ == hi_; }
+    const Dup* begin() const { return buf_.data() + lo_; }
+    const Dup* end() const { return buf_.data() + hi_; }
+    const Dup& front() const { return buf_[lo_]; }     // the lowest address
+    const Dup& back() const { return buf_[hi_ - 1]; }  // the highest
+    void Clear() { lo_ = hi_ = buf_.size() / 2; }
+    void PushFront(const Dup& d);  // below every one
+    void PopFront() { ++lo_; }
+    void Insert(const Dup& d);
+    void Erase(std::uint64_t ptr);  // a ptr that is there
+
+   private:
+    void Recenter();  // room at both ends
+    std::vector<Dup> buf_;
+    std::size_t lo_ = 0, hi_ = 0;  // the blocks are buf_[lo_, hi_)
+  };
   int NewWaiting();
-  void Wait(int list, const Dup& d);
-  void StopWaiting(int list, std::uint64_t ptr);
   // Takes block x out.
   void EraseNode(int x);
 
@@ -136,7 +150,7 @@ class FreeBlockIndex {
   std::array<std::vector<Entry>, kBins> bins_;
   std::array<std::uint64_t, kBinWords> binBits_{};  // bit b: bin b is not empty
   std::uint64_t binSummary_ = 0;                    // bit w: binBits_[w] is not zero
-  std::vector<std::vector<Dup>> waiting_;
+  std::vector<Waiting> waiting_;
   std::vector<int> freeWaiting_;
   std::size_t size_ = 0;
 };
@@ -167,11 +181,11 @@ GPUMEM_EVENT_PATH void FreeBlockIndex::Insert(const Key& key) {
   if (e != end && e->size == key.size) {  // another block of this size: one of the two waits
     if (e->more < 0) e->more = NewWaiting();
     if (key.ptr < e->ptr) {  // the entry's block, below every waiting one, waits last
-      waiting_[static_cast<std::size_t>(e->more)].push_back({e->ptr, e->block});
+      waiting_[static_cast<std::size_t>(e->more)].PushFront({e->ptr, e->block});
       e->ptr = key.ptr;
       e->block = key.block;
     } else {
-      Wait(e->more, {key.ptr, key.block});
+      waiting_[static_cast<std::size_t>(e->more)].Insert({key.ptr, key.block});
     }
     return;
   }
