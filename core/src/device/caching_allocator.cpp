@@ -166,6 +166,17 @@ void FreeBlockIndex::EraseNode(int x) {
   }
 }
 
+void FreeBlockIndex::EraseBlock(int block, std::int64_t size, std::uint64_t ptr) {
+  if (block >= 0 && static_cast<std::size_t>(block) < nodes_.size()) {
+    const Node& n = nodes_[static_cast<std::size_t>(block)];
+    if (n.bin >= 0 && n.size == size && n.ptr == ptr) {
+      EraseNode(block);
+      return;
+    }
+  }
+  Erase(size, ptr);
+}
+
 void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
   const int bin = BinOf(size);
   for (const Entry& e : bins_[static_cast<std::size_t>(bin)]) {
@@ -186,16 +197,6 @@ void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
   // else not cached (std::set::erase of a missing key)
 }
 
-void FreeBlockIndex::EraseBlock(int block, std::int64_t size, std::uint64_t ptr) {
-  if (block >= 0 && static_cast<std::size_t>(block) < nodes_.size()) {
-    const Node& n = nodes_[static_cast<std::size_t>(block)];
-    if (n.bin >= 0 && n.size == size && n.ptr == ptr) {
-      EraseNode(block);
-      return;
-    }
-  }
-  Erase(size, ptr);
-}
 
 int FreeBlockIndex::NextBin(int bin) const {
   if (bin >= kBins) return -1;
@@ -922,65 +923,75 @@ Model& ThreadModel(int which) {
   return models[which];
 }
 
-enum class EventOutcome : std::uint8_t { Done, OutOfMemory, CapacityMiss };
-
-// Applies one event to the model and records the figures after it.
-EventOutcome Apply(Model& model, AllocatorResult& result, const AllocatorEvent& e, int index,
-                   const AllocatorRecording& recording) {
-  if (e.kind == AllocatorEventKind::Alloc) {
-    if (e.bytes < 0) {
-      ++result.invalidEvents;
-    } else if (model.IsLive(e.tensorId)) {
-      ++result.duplicateAllocs;
-    } else {
-      switch (model.Malloc(e.tensorId, e.bytes)) {
-        case Model::MallocOutcome::Allocated:
-          break;
-        case Model::MallocOutcome::OutOfMemory:
-          result.oom = model.DescribeOom(e.tensorId, e.bytes, recording.segmentsAtOom);
-          result.oom.eventIndex = index;
-          return EventOutcome::OutOfMemory;
-        case Model::MallocOutcome::CapacityMiss:
-          return EventOutcome::CapacityMiss;
-      }
-    }
-  } else if (!model.Free(e.tensorId)) {
-    ++result.unmatchedFrees;
-  }
-  result.eventsSimulated = index + 1;
-  if (model.reserved() > result.peakReservedBytes) {
-    result.peakReservedBytes = model.reserved();
-    result.peakReservedEvent = index;
-    result.allocatedAtPeakReservedBytes = model.allocated();
-    result.unallocatedAtPeakReservedBytes = model.reserved() - model.allocated();
-    result.inactiveSplitAtPeakReservedBytes = model.inactiveSplit();
-  }
-  if (model.allocated() > result.peakAllocatedBytes) {
-    result.peakAllocatedBytes = model.allocated();
-    result.peakAllocatedEvent = index;
-  }
-  result.peakRequestedBytes = std::max(result.peakRequestedBytes, model.requested());
-  if (recording.timeline) {
-    result.reservedBytesAfterEvent.push_back(model.reserved());
-    result.allocatedBytesAfterEvent.push_back(model.allocated());
-  }
-  return EventOutcome::Done;
-}
-
-// Runs events [from, end) until the end or an OOM; returns the index of a capacity miss (the
-// model watching), else −1.
-int RunFrom(Model& model, AllocatorResult& result, std::span<const AllocatorEvent> events, std::size_t from,
-            const AllocatorRecording& recording) {
-  if (recording.timeline) {
+// Runs events [from, end) until the end or an OOM, keeping the figures after each event (the
+// running peaks in locals, written back once); returns the index of a capacity miss (the
+// model watching), else −1. A template on the timeline so that the loop without one has no
+// test for it.
+template <bool kTimeline>
+int RunEvents(Model& model, AllocatorResult& result, std::span<const AllocatorEvent> events, std::size_t from,
+              const AllocatorRecording& recording) {
+  if (kTimeline) {
     result.reservedBytesAfterEvent.reserve(events.size());
     result.allocatedBytesAfterEvent.reserve(events.size());
   }
-  for (std::size_t i = from; i < events.size(); ++i) {
-    const EventOutcome outcome = Apply(model, result, events[i], static_cast<int>(i), recording);
-    if (outcome == EventOutcome::OutOfMemory) break;
-    if (outcome == EventOutcome::CapacityMiss) return static_cast<int>(i);
+  std::int64_t peakReserved = result.peakReservedBytes;
+  std::int64_t peakAllocated = result.peakAllocatedBytes;
+  std::int64_t peakRequested = result.peakRequestedBytes;
+  int miss = -1;
+  std::size_t i = from;
+  for (; i < events.size(); ++i) {
+    const AllocatorEvent& e = events[i];
+    const int index = static_cast<int>(i);
+    if (e.kind == AllocatorEventKind::Alloc) {
+      if (e.bytes < 0) {
+        ++result.invalidEvents;
+      } else if (model.IsLive(e.tensorId)) {
+        ++result.duplicateAllocs;
+      } else {
+        const Model::MallocOutcome outcome = model.Malloc(e.tensorId, e.bytes);
+        if (outcome == Model::MallocOutcome::OutOfMemory) {
+          result.oom = model.DescribeOom(e.tensorId, e.bytes, recording.segmentsAtOom);
+          result.oom.eventIndex = index;
+          break;
+        }
+        if (outcome == Model::MallocOutcome::CapacityMiss) {
+          miss = index;
+          break;
+        }
+      }
+    } else if (!model.Free(e.tensorId)) {
+      ++result.unmatchedFrees;
+    }
+    const std::int64_t reserved = model.reserved();
+    const std::int64_t allocated = model.allocated();
+    if (reserved > peakReserved) {
+      peakReserved = reserved;
+      result.peakReservedEvent = index;
+      result.allocatedAtPeakReservedBytes = allocated;
+      result.unallocatedAtPeakReservedBytes = reserved - allocated;
+      result.inactiveSplitAtPeakReservedBytes = model.inactiveSplit();
+    }
+    if (allocated > peakAllocated) {
+      peakAllocated = allocated;
+      result.peakAllocatedEvent = index;
+    }
+    peakRequested = std::max(peakRequested, model.requested());
+    if (kTimeline) {
+      result.reservedBytesAfterEvent.push_back(reserved);
+      result.allocatedBytesAfterEvent.push_back(allocated);
+    }
   }
-  return -1;
+  if (i > from) result.eventsSimulated = static_cast<int>(i);  // the events done: all before i
+  result.peakReservedBytes = peakReserved;
+  result.peakAllocatedBytes = peakAllocated;
+  result.peakRequestedBytes = peakRequested;
+  return miss;
+}
+
+int RunFrom(Model& model, AllocatorResult& result, std::span<const AllocatorEvent> events, std::size_t from,
+            const AllocatorRecording& recording) {
+  return recording.timeline ? RunEvents<true>(model, result, events, from, recording)
+                            : RunEvents<false>(model, result, events, from, recording);
 }
 
 void Finish(const Model& model, AllocatorResult& result) {
