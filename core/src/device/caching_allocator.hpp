@@ -2,8 +2,8 @@
 // default pools (no CUDA graph private pools). Names follow c10/cuda/CUDACachingAllocator.cpp
 // so that each rule can be compared with its source. Built for speed (an estimate runs it over
 // 10^4 events, a solver over 10^6): blocks live in one vector and refer to each other by index,
-// the cached free blocks of each pool sit in a FreeBlockIndex (a chunked sorted sequence, no
-// heap node per block) ordered like BlockComparatorSize, live tensors are found
+// the cached free blocks of each pool sit in a FreeBlockIndex (segregated size bins, no heap
+// node per block) ordered like BlockComparatorSize, live tensors are found
 // through a vector indexed by tensor id, and a model is reused (Reset) so that its buffers keep
 // their capacity from one run to the next.
 #pragma once
