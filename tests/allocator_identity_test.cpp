@@ -6,10 +6,14 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <random>
+#include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "allocator_reference.hpp"
+#include "device/caching_allocator.hpp"
 #include "gpumem/device.hpp"
 #include "gpumem/estimate.hpp"
 #include "gpumem/inventory.hpp"
@@ -168,6 +172,84 @@ AllocatorResult Reference(std::span<const AllocatorEvent> events, const Allocato
 }
 
 }  // namespace
+
+TEST_CASE("the free block index keeps std::set's order under every operation", "[allocator][identity]") {
+  // FreeBlockIndex against the std::set<(size, ptr)> PyTorch keeps: random inserts and erases
+  // over a few sizes with many blocks each (the heaps of equal sizes), over many sizes (the
+  // bins' lists), and sizes that fill one bin; after each step the best fit for a random
+  // request, the first and last keys, and (now and then) the whole order walked by ForEach,
+  // Next and Prev.
+  using Index = device::FreeBlockIndex;
+  using Tuple = std::tuple<std::int64_t, std::uint64_t, int>;
+  for (const int sizes : {1, 3, 40, 5000}) {
+    std::mt19937_64 rng(static_cast<std::uint64_t>(sizes) * 7919);
+    Index index;
+    std::set<Tuple> reference;
+    std::vector<Tuple> in;  // the same keys, for picking one at random
+    auto sizeOf = [&](std::uint64_t r) -> std::int64_t {
+      // 512-byte steps near 1 MiB: 40 sizes share a few bins; 5,000 spread over many.
+      return sizes == 1 ? 4096 : (std::int64_t{1} << 20) + 512 * static_cast<std::int64_t>(r % static_cast<std::uint64_t>(sizes));
+    };
+    int nextBlock = 0;
+    int checks = 0;
+    for (int step = 0; step < 6000; ++step) {
+      const std::uint64_t r = rng();
+      if (in.empty() || (r % 100) < (step < 3000 ? 60u : 40u)) {
+        const std::int64_t size = sizeOf(rng());
+        const std::uint64_t ptr = (rng() % 1000000) * 512;
+        if (reference.count({size, ptr, 0}) != 0) continue;
+        const int block = nextBlock++;
+        index.Insert({size, ptr, block});
+        reference.insert({size, ptr, 0});
+        in.emplace_back(size, ptr, block);
+      } else {
+        const std::size_t k = static_cast<std::size_t>(rng() % in.size());
+        const auto [size, ptr, block] = in[k];
+        switch (r % 3) {
+          case 0: index.EraseBlock(block, size, ptr); break;
+          case 1: index.Erase(size, ptr); break;
+          default: index.EraseAt({block}); break;
+        }
+        reference.erase({size, ptr, 0});
+        in[k] = in.back();
+        in.pop_back();
+        index.Erase(size, ptr + 1);  // a key not in the index (addresses step by 512): nothing happens
+      }
+      REQUIRE(index.size() == reference.size());
+      const std::int64_t want = sizeOf(rng()) - 256;
+      const auto fit = reference.lower_bound({want, 0, 0});
+      const Index::Position found = index.LowerBound(want);
+      REQUIRE(Index::AtEnd(found) == (fit == reference.end()));
+      if (fit != reference.end()) {
+        CHECK(index.At(found).size == std::get<0>(*fit));
+        CHECK(index.At(found).ptr == std::get<1>(*fit));
+      }
+      if (!reference.empty()) {
+        CHECK(index.At(index.First()).ptr == std::get<1>(*reference.begin()));
+        CHECK(index.At(index.Last()).ptr == std::get<1>(*reference.rbegin()));
+      }
+      if (step % 500 == 0) {
+        std::vector<Tuple> walked, forward, backward;
+        index.ForEach([&](const Index::Key& key) { walked.emplace_back(key.size, key.ptr, 0); });
+        for (Index::Position p = index.First(); !Index::AtEnd(p); p = index.Next(p)) {
+          forward.emplace_back(index.At(p).size, index.At(p).ptr, 0);
+        }
+        for (Index::Position p = index.Last(); !Index::AtEnd(p); p = index.Prev(p)) {
+          backward.emplace_back(index.At(p).size, index.At(p).ptr, 0);
+        }
+        const std::vector<Tuple> expected(reference.begin(), reference.end());
+        CHECK(walked == expected);
+        CHECK(forward == expected);
+        CHECK(std::vector<Tuple>(backward.rbegin(), backward.rend()) == expected);
+        ++checks;
+      }
+    }
+    CHECK(checks == 12);
+    index.Clear();
+    CHECK(index.empty());
+    CHECK(Index::AtEnd(index.LowerBound(1)));
+  }
+}
 
 TEST_CASE("the fast allocator model equals the reference on random streams", "[allocator][identity]") {
   const std::int64_t capacities[] = {48 * MiB, 300 * MiB, 2 * GiB, 12 * GiB, kUnlimitedDeviceBytes};

@@ -42,115 +42,134 @@ std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 // ---------------------------------------------------------------------------------------------
 // FreeBlockIndex
 
-namespace {
-
-// A node's priority: a fixed bijective mix of its block id (Chris Wellons' "lowbias32" hash),
-// so distinct blocks get distinct, well-spread priorities, and a run is deterministic (the
-// same events give the same tree on every platform). The order of keys never depends on it;
-// only the shape of the tree, hence the cost, does.
-std::uint32_t PriorityOf(int block) {
-  auto x = static_cast<std::uint32_t>(block);
-  x ^= x >> 16;
-  x *= 0x7feb352dU;
-  x ^= x >> 15;
-  x *= 0x846ca68bU;
-  x ^= x >> 16;
-  return x;
-}
-
-}  // namespace
-
 void FreeBlockIndex::Clear() {
   // Every node out, so that EraseBlock of a block cached before the Clear finds nothing.
-  for (Node& n : nodes_) n.parent = kOut;
-  root_ = -1;
+  for (Node& n : nodes_) n.bin = -1;
+  for (int bin = NextBin(0); bin >= 0; bin = NextBin(bin + 1)) bins_[static_cast<std::size_t>(bin)].clear();
+  binBits_.fill(0);
+  binSummary_ = 0;
+  freeWaiting_.clear();
+  for (std::size_t w = 0; w < waiting_.size(); ++w) {
+    waiting_[w].Clear();
+    freeWaiting_.push_back(static_cast<int>(w));
+  }
   size_ = 0;
 }
 
-// Top-down treap insertion: walk down while the nodes on the path outrank the new one, then
-// split the rest of the path by the new key into its left and right subtrees.
-void FreeBlockIndex::Insert(const Key& key) {
-  const auto b = static_cast<std::size_t>(key.block);
-  if (b >= nodes_.size()) nodes_.resize(std::max<std::size_t>(b + 1, nodes_.size() * 2));
-  Node& node = nodes_[b];
-  node.key = Pack(key.size, key.ptr);
-  node.priority = PriorityOf(key.block);
-  ++size_;
-  // child index 1 when `n` comes before the new key (the key goes right of it).
-  const Packed packed = node.key;
-  auto after = [packed](const Node& n) { return static_cast<int>(n.key < packed); };
-  int owner = -1;  // the node whose child slot `link` is (−1: the root slot)
-  int* link = &root_;
-  while (*link >= 0 && N(*link).priority > node.priority) {
-    owner = *link;
-    link = &N(owner).child[after(N(owner))];
+FreeBlockIndex::Entry* FreeBlockIndex::EntryOf(int bin, std::int64_t size) {
+  Entry* e = bins_[static_cast<std::size_t>(bin)].data();
+  while (e->size != size) ++e;
+  return e;
+}
+
+const FreeBlockIndex::Entry* FreeBlockIndex::EntryOf(int bin, std::int64_t size) const {
+  const Entry* e = bins_[static_cast<std::size_t>(bin)].data();
+  while (e->size != size) ++e;
+  return e;
+}
+
+void FreeBlockIndex::SetBinBit(int bin) {
+  binBits_[static_cast<std::size_t>(bin) >> 6] |= std::uint64_t{1} << (bin & 63);
+  binSummary_ |= std::uint64_t{1} << (bin >> 6);
+}
+
+void FreeBlockIndex::ClearBinBit(int bin) {
+  const auto word = static_cast<std::size_t>(bin) >> 6;
+  binBits_[word] &= ~(std::uint64_t{1} << (bin & 63));
+  if (binBits_[word] == 0) binSummary_ &= ~(std::uint64_t{1} << word);
+}
+
+int FreeBlockIndex::NewWaiting() {
+  if (freeWaiting_.empty()) {
+    waiting_.emplace_back();
+    return static_cast<int>(waiting_.size()) - 1;
   }
-  int rest = *link;
-  *link = key.block;
-  node.parent = owner;
-  int* left = &node.child[0];
-  int* right = &node.child[1];
-  int leftOwner = key.block, rightOwner = key.block;
-  while (rest >= 0) {
-    Node& n = N(rest);
-    if (after(n)) {
-      *left = rest;
-      n.parent = leftOwner;
-      leftOwner = rest;
-      left = &n.child[1];
-      rest = n.child[1];
+  const int w = freeWaiting_.back();
+  freeWaiting_.pop_back();
+  return w;
+}
+
+void FreeBlockIndex::Waiting::Recenter() {
+  const std::size_t n = hi_ - lo_;
+  std::vector<Dup> buf(std::max<std::size_t>(16, 2 * n + 8));
+  const std::size_t lo = (buf.size() - n) / 2;
+  std::copy(buf_.begin() + static_cast<std::ptrdiff_t>(lo_), buf_.begin() + static_cast<std::ptrdiff_t>(hi_),
+            buf.begin() + static_cast<std::ptrdiff_t>(lo));
+  buf_.swap(buf);
+  lo_ = lo;
+  hi_ = lo + n;
+}
+
+void FreeBlockIndex::Waiting::PushFront(const Dup& d) {
+  if (lo_ == 0) Recenter();
+  buf_[--lo_] = d;
+}
+
+void FreeBlockIndex::Waiting::Insert(const Dup& d) {
+  if (lo_ == hi_ || d.ptr > buf_[hi_ - 1].ptr) {  // above every one
+    if (hi_ == buf_.size()) Recenter();
+    buf_[hi_++] = d;
+  } else if (d.ptr < buf_[lo_].ptr) {
+    PushFront(d);
+  } else {  // between: the fewer of the lower and the higher ones move
+    if (lo_ == 0 || hi_ == buf_.size()) Recenter();
+    auto i = static_cast<std::size_t>(
+        std::partition_point(begin(), end(), [&d](const Dup& x) { return x.ptr < d.ptr; }) - buf_.data());
+    if (i - lo_ < hi_ - i) {  // the lower ones, buf_[lo_, i), move down
+      for (std::size_t j = lo_; j < i; ++j) buf_[j - 1] = buf_[j];
+      --lo_;
+      buf_[i - 1] = d;
     } else {
-      *right = rest;
-      n.parent = rightOwner;
-      rightOwner = rest;
-      right = &n.child[0];
-      rest = n.child[0];
+      for (std::size_t j = hi_; j > i; --j) buf_[j] = buf_[j - 1];
+      ++hi_;
+      buf_[i] = d;
     }
   }
-  *left = -1;
-  *right = -1;
+}
+
+void FreeBlockIndex::Waiting::Erase(std::uint64_t ptr) {
+  std::size_t i = static_cast<std::size_t>(
+      std::partition_point(begin(), end(), [ptr](const Dup& d) { return d.ptr < ptr; }) - buf_.data());
+  if (i - lo_ < hi_ - 1 - i) {  // the lower ones move up
+    for (; i > lo_; --i) buf_[i] = buf_[i - 1];
+    ++lo_;
+  } else {
+    for (; i + 1 < hi_; ++i) buf_[i] = buf_[i + 1];
+    --hi_;
+  }
 }
 
 void FreeBlockIndex::EraseNode(int x) {
-  int owner = N(x).parent;
-  int* link = owner < 0 ? &root_ : &N(owner).child[N(owner).child[1] == x ? 1 : 0];
-  // The merge of the two subtrees (every key of the left one before every key of the right
-  // one), higher priority on top.
-  int a = N(x).child[0];
-  int c = N(x).child[1];
-  while (a >= 0 && c >= 0) {
-    if (N(a).priority > N(c).priority) {
-      *link = a;
-      N(a).parent = owner;
-      owner = a;
-      link = &N(a).child[1];
-      a = *link;
-    } else {
-      *link = c;
-      N(c).parent = owner;
-      owner = c;
-      link = &N(c).child[0];
-      c = *link;
-    }
-  }
-  const int rest = a >= 0 ? a : c;
-  *link = rest;
-  if (rest >= 0) N(rest).parent = owner;
-  N(x).parent = kOut;
+  Node& node = nodes_[static_cast<std::size_t>(x)];
+  const int bin = node.bin;
+  node.bin = -1;
   --size_;
-}
-
-void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
-  const Packed key = Pack(size, ptr);
-  int t = root_;
-  while (t >= 0 && N(t).key != key) t = N(t).child[static_cast<int>(N(t).key < key)];
-  if (t >= 0) EraseNode(t);  // else not cached (std::set::erase of a missing key)
+  Entry* e = EntryOf(bin, node.size);
+  if (e->block != x) {  // a waiting block
+    waiting_[static_cast<std::size_t>(e->more)].Erase(node.ptr);
+  } else if (e->more >= 0) {  // the entry's block: the next address takes its place
+    Waiting& waiting = waiting_[static_cast<std::size_t>(e->more)];
+    e->ptr = waiting.front().ptr;
+    e->block = waiting.front().block;
+    waiting.PopFront();
+  } else {  // the size's last block
+    std::vector<Entry>& list = bins_[static_cast<std::size_t>(bin)];
+    Entry* const last = list.data() + list.size() - 1;
+    for (; e != last; ++e) *e = *(e + 1);
+    list.pop_back();
+    if (list.empty()) ClearBinBit(bin);
+    return;
+  }
+  if (waiting_[static_cast<std::size_t>(e->more)].empty()) {
+    freeWaiting_.push_back(e->more);
+    e->more = -1;
+  }
 }
 
 void FreeBlockIndex::EraseBlock(int block, std::int64_t size, std::uint64_t ptr) {
   if (block >= 0 && static_cast<std::size_t>(block) < nodes_.size()) {
-    const Node& n = N(block);
-    if (n.parent != kOut && n.key == Pack(size, ptr)) {
+    const Node& n = nodes_[static_cast<std::size_t>(block)];
+    if (n.bin >= 0 && n.size == size && n.ptr == ptr) {
       EraseNode(block);
       return;
     }
@@ -158,57 +177,99 @@ void FreeBlockIndex::EraseBlock(int block, std::int64_t size, std::uint64_t ptr)
   Erase(size, ptr);
 }
 
-FreeBlockIndex::Position FreeBlockIndex::LowerBound(std::int64_t size) const {
-  int found = -1;
-  for (int t = root_; t >= 0;) {
-    const Node& n = N(t);
-    const bool fits = n.size() >= size;
-    found = fits ? t : found;
-    t = n.child[fits ? 0 : 1];
+void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
+  const int bin = BinOf(size);
+  for (const Entry& e : bins_[static_cast<std::size_t>(bin)]) {
+    if (e.size != size) continue;
+    if (e.ptr == ptr) {
+      EraseNode(e.block);
+      return;
+    }
+    if (e.more < 0) return;
+    for (const Dup& d : waiting_[static_cast<std::size_t>(e.more)]) {
+      if (d.ptr == ptr) {
+        EraseNode(d.block);
+        return;
+      }
+    }
+    return;
   }
-  return {found};
+  // else not cached (std::set::erase of a missing key)
+}
+
+
+int FreeBlockIndex::NextBin(int bin) const {
+  if (bin >= kBins) return -1;
+  const auto word = static_cast<std::size_t>(bin) >> 6;
+  const std::uint64_t here = binBits_[word] & (~std::uint64_t{0} << (bin & 63));
+  if (here != 0) return static_cast<int>(word * 64) + std::countr_zero(here);
+  if (word + 1 >= kBinWords) return -1;
+  const std::uint64_t later = binSummary_ & (~std::uint64_t{0} << (word + 1));
+  if (later == 0) return -1;
+  const auto w = static_cast<std::size_t>(std::countr_zero(later));
+  return static_cast<int>(w * 64) + std::countr_zero(binBits_[w]);
+}
+
+int FreeBlockIndex::PrevBin(int bin) const {
+  if (bin < 0) return -1;
+  const auto word = static_cast<std::size_t>(bin) >> 6;
+  const std::uint64_t here = binBits_[word] & (~std::uint64_t{0} >> (63 - (bin & 63)));
+  if (here != 0) return static_cast<int>(word * 64) + 63 - std::countl_zero(here);
+  if (word == 0) return -1;
+  const std::uint64_t earlier = binSummary_ & ((std::uint64_t{1} << word) - 1);
+  if (earlier == 0) return -1;
+  const auto w = static_cast<std::size_t>(63 - std::countl_zero(earlier));
+  return static_cast<int>(w * 64) + 63 - std::countl_zero(binBits_[w]);
+}
+
+int FreeBlockIndex::MaxBlockOf(const Entry& e) const {
+  if (e.more < 0) return e.block;
+  return waiting_[static_cast<std::size_t>(e.more)].back().block;  // the highest address
 }
 
 FreeBlockIndex::Position FreeBlockIndex::First() const {
-  int t = root_;
-  if (t >= 0) {
-    while (N(t).child[0] >= 0) t = N(t).child[0];
-  }
-  return {t};
+  const int bin = NextBin(0);
+  return {bin < 0 ? -1 : bins_[static_cast<std::size_t>(bin)].front().block};
 }
 
 FreeBlockIndex::Position FreeBlockIndex::Last() const {
-  int t = root_;
-  if (t >= 0) {
-    while (N(t).child[1] >= 0) t = N(t).child[1];
-  }
-  return {t};
+  const int bin = PrevBin(kBins - 1);
+  return {bin < 0 ? -1 : MaxBlockOf(bins_[static_cast<std::size_t>(bin)].back())};
 }
 
-// The successor (or predecessor) by a search from the root: the index keeps no parent links,
-// and these walks are rare (expandable segments, max_split_size releases).
+// The successor (or predecessor): the next address among the blocks of the same size (a scan
+// of its list: these walks are rare, expandable segments and max_split_size releases), else
+// the next size's first.
 FreeBlockIndex::Position FreeBlockIndex::Next(Position p) const {
-  const Node& key = N(p.node);
-  int found = -1;
-  for (int t = root_; t >= 0;) {
-    const Node& n = N(t);
-    const bool later = n.key > key.key;
-    found = later ? t : found;
-    t = n.child[later ? 0 : 1];
+  const Node& n = nodes_[static_cast<std::size_t>(p.node)];
+  const Entry* e = EntryOf(n.bin, n.size);
+  if (e->more >= 0) {
+    const Dup* found = nullptr;
+    for (const Dup& d : waiting_[static_cast<std::size_t>(e->more)]) {
+      if (d.ptr > n.ptr && (found == nullptr || d.ptr < found->ptr)) found = &d;
+    }
+    if (found != nullptr) return {found->block};
   }
-  return {found};
+  const std::vector<Entry>& list = bins_[static_cast<std::size_t>(n.bin)];
+  if (e + 1 != list.data() + list.size()) return {(e + 1)->block};
+  const int next = NextBin(n.bin + 1);
+  return {next < 0 ? -1 : bins_[static_cast<std::size_t>(next)].front().block};
 }
 
 FreeBlockIndex::Position FreeBlockIndex::Prev(Position p) const {
-  const Node& key = N(p.node);
-  int found = -1;
-  for (int t = root_; t >= 0;) {
-    const Node& n = N(t);
-    const bool earlier = n.key < key.key;
-    found = earlier ? t : found;
-    t = n.child[earlier ? 1 : 0];
+  const Node& n = nodes_[static_cast<std::size_t>(p.node)];
+  const Entry* e = EntryOf(n.bin, n.size);
+  if (e->block != p.node) {  // a waiting block: the entry's block comes before it at least
+    const Dup* found = nullptr;
+    for (const Dup& d : waiting_[static_cast<std::size_t>(e->more)]) {
+      if (d.ptr < n.ptr && (found == nullptr || d.ptr > found->ptr)) found = &d;
+    }
+    return {found != nullptr ? found->block : e->block};
   }
-  return {found};
+  const std::vector<Entry>& list = bins_[static_cast<std::size_t>(n.bin)];
+  if (e != list.data()) return {MaxBlockOf(*(e - 1))};
+  const int before = PrevBin(n.bin - 1);
+  return {before < 0 ? -1 : MaxBlockOf(bins_[static_cast<std::size_t>(before)].back())};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -219,31 +280,22 @@ void LiveTensors::Clear() {
   sparse_.clear();
 }
 
-int LiveTensors::Find(int tensorId) const {
-  if (tensorId >= 0 && tensorId < kDenseIds) {
-    return static_cast<std::size_t>(tensorId) < dense_.size() ? dense_[static_cast<std::size_t>(tensorId)] : kNotLive;
-  }
+int LiveTensors::FindSparse(int tensorId) const {
   const auto it = sparse_.find(tensorId);
   return it == sparse_.end() ? kNotLive : it->second;
 }
 
-void LiveTensors::Set(int tensorId, int block) {
+void LiveTensors::SetSlow(int tensorId, int block) {
   if (tensorId >= 0 && tensorId < kDenseIds) {
     const auto id = static_cast<std::size_t>(tensorId);
-    if (id >= dense_.size()) dense_.resize(std::max<std::size_t>(id + 1, dense_.size() * 2), kNotLive);
+    dense_.resize(std::max<std::size_t>(id + 1, dense_.size() * 2), kNotLive);
     dense_[id] = block;
   } else {
     sparse_[tensorId] = block;
   }
 }
 
-void LiveTensors::Erase(int tensorId) {
-  if (tensorId >= 0 && tensorId < kDenseIds) {
-    if (static_cast<std::size_t>(tensorId) < dense_.size()) dense_[static_cast<std::size_t>(tensorId)] = kNotLive;
-  } else {
-    sparse_.erase(tensorId);
-  }
-}
+void LiveTensors::EraseSparse(int tensorId) { sparse_.erase(tensorId); }
 
 // ---------------------------------------------------------------------------------------------
 // BlockPool
@@ -277,6 +329,8 @@ void CachingAllocatorModel::Reset(const AllocatorOptions& options, std::int64_t 
   maxNonSplitRounding_ = options.maxNonSplitRoundingMiB * kMiB;
   setFraction_ = options.perProcessMemoryFraction > 0;
   gcEnabled_ = setFraction_ && options.garbageCollectionThreshold > 0;
+  roundupDivisions_ = std::any_of(options.roundupPower2Divisions.begin(), options.roundupPower2Divisions.end(),
+                                  [](std::int32_t d) { return d > 1; });
   SetCapacity(capacityBytes);
   blocks_.clear();
   freeSlots_.clear();
@@ -297,7 +351,7 @@ void CachingAllocatorModel::SetCapacity(std::int64_t capacityBytes) {
   allowedMemoryMaximum_ = static_cast<std::int64_t>(options_.perProcessMemoryFraction * static_cast<double>(capacity_));
 }
 
-int CachingAllocatorModel::NewBlock() {
+GPUMEM_EVENT_PATH int CachingAllocatorModel::NewBlock() {
   if (!freeSlots_.empty()) {
     const int b = freeSlots_.back();
     freeSlots_.pop_back();
@@ -315,12 +369,12 @@ void CachingAllocatorModel::DeleteBlock(int b) {
 
 // BlockPool::insert_into_blocks: stamps the block with the pool's get_free_block call count,
 // the clock garbage_collect_cached_blocks measures ages with.
-void CachingAllocatorModel::InsertIntoBlocks(BlockPool& pool, int b) {
+GPUMEM_EVENT_PATH void CachingAllocatorModel::InsertIntoBlocks(BlockPool& pool, int b) {
   blocks_[b].gcCountBase = pool.getFreeBlocksCallCount;
   pool.blocks.Insert({blocks_[b].size, blocks_[b].ptr, b});
 }
 
-void CachingAllocatorModel::EraseFromBlocks(BlockPool& pool, int b) {
+GPUMEM_EVENT_PATH void CachingAllocatorModel::EraseFromBlocks(BlockPool& pool, int b) {
   pool.blocks.EraseBlock(b, blocks_[b].size, blocks_[b].ptr);
 }
 
@@ -328,13 +382,14 @@ void CachingAllocatorModel::EraseFromBlocks(BlockPool& pool, int b) {
 // the request's interval (and the request above 512 × divisions) → the next of `divisions`
 // equal steps between two powers of two; otherwise the next multiple of 512.
 std::int64_t CachingAllocatorModel::RoundSize(std::int64_t size) const {
+  if (!roundupDivisions_) return size < kMinBlockSize ? kMinBlockSize : (size + kMinBlockSize - 1) & ~(kMinBlockSize - 1);
   return RoundAllocationSize(size, options_);
 }
 
 // DeviceCachingAllocator::should_split: the small pool (and every expandable segment) splits
 // off any remainder of at least 512 B; the large pool only a remainder above 1 MiB, and never
 // for a request at or above max_split_size.
-bool CachingAllocatorModel::ShouldSplit(int b, std::int64_t size) const {
+GPUMEM_EVENT_PATH bool CachingAllocatorModel::ShouldSplit(int b, std::int64_t size) const {
   const std::int64_t remaining = blocks_[b].size - size;
   if (blocks_[b].small || options_.expandableSegments) return remaining >= kMinBlockSize;
   return size < maxSplitSize_ && remaining > kSmallSize;
@@ -342,7 +397,7 @@ bool CachingAllocatorModel::ShouldSplit(int b, std::int64_t size) const {
 
 // DeviceCachingAllocator::get_free_block: the best fit — the smallest cached block at least as
 // large as the request, lowest address first among equals — with the oversize rules.
-bool CachingAllocatorModel::GetFreeBlock(AllocParams& p) {
+GPUMEM_EVENT_PATH bool CachingAllocatorModel::GetFreeBlock(AllocParams& p) {
   BlockPool& pool = *p.pool;
   if (gcEnabled_) ++pool.getFreeBlocksCallCount;  // ages only tick while GC is enabled
   FreeBlockIndex::Position it = pool.blocks.LowerBound(p.size);
@@ -510,7 +565,7 @@ void CachingAllocatorModel::GarbageCollectCachedBlocks() {
 
 // DeviceCachingAllocator::alloc_found_block: split off the remainder when should_split says so
 // (the request takes the low addresses) and keep inactive_split_bytes as PyTorch does.
-int CachingAllocatorModel::AllocFoundBlock(const AllocParams& p, std::int64_t origSize, bool splitRemainder,
+GPUMEM_EVENT_PATH int CachingAllocatorModel::AllocFoundBlock(const AllocParams& p, std::int64_t origSize, bool splitRemainder,
                                            int tensorId) {
   int b = p.block;
   const bool alreadySplit = IsSplit(b);
@@ -596,7 +651,7 @@ bool CachingAllocatorModel::Free(int tensorId) {
 }
 
 // DeviceCachingAllocator::free_block: merge with free neighbours of the same segment, cache.
-void CachingAllocatorModel::FreeBlock(int b) {
+GPUMEM_EVENT_PATH void CachingAllocatorModel::FreeBlock(int b) {
   BlockPool& pool = PoolOf(b);
   std::int64_t netInactiveSplit = 0;
   const int candidates[2] = {blocks_[b].prev, blocks_[b].next};
@@ -609,7 +664,7 @@ void CachingAllocatorModel::FreeBlock(int b) {
 
 // DeviceCachingAllocator::try_merge_blocks: src joins dst when free and in the same mapped
 // state; returns the bytes subsumed.
-std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, int src, BlockPool& pool) {
+GPUMEM_EVENT_PATH std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, int src, BlockPool& pool) {
   if (src == kNone || blocks_[src].allocated || blocks_[dst].mapped != blocks_[src].mapped) return 0;
   Block& d = blocks_[dst];
   const Block s = blocks_[src];
@@ -868,65 +923,75 @@ Model& ThreadModel(int which) {
   return models[which];
 }
 
-enum class EventOutcome : std::uint8_t { Done, OutOfMemory, CapacityMiss };
-
-// Applies one event to the model and records the figures after it.
-EventOutcome Apply(Model& model, AllocatorResult& result, const AllocatorEvent& e, int index,
-                   const AllocatorRecording& recording) {
-  if (e.kind == AllocatorEventKind::Alloc) {
-    if (e.bytes < 0) {
-      ++result.invalidEvents;
-    } else if (model.IsLive(e.tensorId)) {
-      ++result.duplicateAllocs;
-    } else {
-      switch (model.Malloc(e.tensorId, e.bytes)) {
-        case Model::MallocOutcome::Allocated:
-          break;
-        case Model::MallocOutcome::OutOfMemory:
-          result.oom = model.DescribeOom(e.tensorId, e.bytes, recording.segmentsAtOom);
-          result.oom.eventIndex = index;
-          return EventOutcome::OutOfMemory;
-        case Model::MallocOutcome::CapacityMiss:
-          return EventOutcome::CapacityMiss;
-      }
-    }
-  } else if (!model.Free(e.tensorId)) {
-    ++result.unmatchedFrees;
-  }
-  result.eventsSimulated = index + 1;
-  if (model.reserved() > result.peakReservedBytes) {
-    result.peakReservedBytes = model.reserved();
-    result.peakReservedEvent = index;
-    result.allocatedAtPeakReservedBytes = model.allocated();
-    result.unallocatedAtPeakReservedBytes = model.reserved() - model.allocated();
-    result.inactiveSplitAtPeakReservedBytes = model.inactiveSplit();
-  }
-  if (model.allocated() > result.peakAllocatedBytes) {
-    result.peakAllocatedBytes = model.allocated();
-    result.peakAllocatedEvent = index;
-  }
-  result.peakRequestedBytes = std::max(result.peakRequestedBytes, model.requested());
-  if (recording.timeline) {
-    result.reservedBytesAfterEvent.push_back(model.reserved());
-    result.allocatedBytesAfterEvent.push_back(model.allocated());
-  }
-  return EventOutcome::Done;
-}
-
-// Runs events [from, end) until the end or an OOM; returns the index of a capacity miss (the
-// model watching), else −1.
-int RunFrom(Model& model, AllocatorResult& result, std::span<const AllocatorEvent> events, std::size_t from,
-            const AllocatorRecording& recording) {
-  if (recording.timeline) {
+// Runs events [from, end) until the end or an OOM, keeping the figures after each event (the
+// running peaks in locals, written back once); returns the index of a capacity miss (the
+// model watching), else −1. A template on the timeline so that the loop without one has no
+// test for it.
+template <bool kTimeline>
+int RunEvents(Model& model, AllocatorResult& result, std::span<const AllocatorEvent> events, std::size_t from,
+              const AllocatorRecording& recording) {
+  if (kTimeline) {
     result.reservedBytesAfterEvent.reserve(events.size());
     result.allocatedBytesAfterEvent.reserve(events.size());
   }
-  for (std::size_t i = from; i < events.size(); ++i) {
-    const EventOutcome outcome = Apply(model, result, events[i], static_cast<int>(i), recording);
-    if (outcome == EventOutcome::OutOfMemory) break;
-    if (outcome == EventOutcome::CapacityMiss) return static_cast<int>(i);
+  std::int64_t peakReserved = result.peakReservedBytes;
+  std::int64_t peakAllocated = result.peakAllocatedBytes;
+  std::int64_t peakRequested = result.peakRequestedBytes;
+  int miss = -1;
+  std::size_t i = from;
+  for (; i < events.size(); ++i) {
+    const AllocatorEvent& e = events[i];
+    const int index = static_cast<int>(i);
+    if (e.kind == AllocatorEventKind::Alloc) {
+      if (e.bytes < 0) {
+        ++result.invalidEvents;
+      } else if (model.IsLive(e.tensorId)) {
+        ++result.duplicateAllocs;
+      } else {
+        const Model::MallocOutcome outcome = model.Malloc(e.tensorId, e.bytes);
+        if (outcome == Model::MallocOutcome::OutOfMemory) {
+          result.oom = model.DescribeOom(e.tensorId, e.bytes, recording.segmentsAtOom);
+          result.oom.eventIndex = index;
+          break;
+        }
+        if (outcome == Model::MallocOutcome::CapacityMiss) {
+          miss = index;
+          break;
+        }
+      }
+    } else if (!model.Free(e.tensorId)) {
+      ++result.unmatchedFrees;
+    }
+    const std::int64_t reserved = model.reserved();
+    const std::int64_t allocated = model.allocated();
+    if (reserved > peakReserved) {
+      peakReserved = reserved;
+      result.peakReservedEvent = index;
+      result.allocatedAtPeakReservedBytes = allocated;
+      result.unallocatedAtPeakReservedBytes = reserved - allocated;
+      result.inactiveSplitAtPeakReservedBytes = model.inactiveSplit();
+    }
+    if (allocated > peakAllocated) {
+      peakAllocated = allocated;
+      result.peakAllocatedEvent = index;
+    }
+    peakRequested = std::max(peakRequested, model.requested());
+    if (kTimeline) {
+      result.reservedBytesAfterEvent.push_back(reserved);
+      result.allocatedBytesAfterEvent.push_back(allocated);
+    }
   }
-  return -1;
+  if (i > from) result.eventsSimulated = static_cast<int>(i);  // the events done: all before i
+  result.peakReservedBytes = peakReserved;
+  result.peakAllocatedBytes = peakAllocated;
+  result.peakRequestedBytes = peakRequested;
+  return miss;
+}
+
+int RunFrom(Model& model, AllocatorResult& result, std::span<const AllocatorEvent> events, std::size_t from,
+            const AllocatorRecording& recording) {
+  return recording.timeline ? RunEvents<true>(model, result, events, from, recording)
+                            : RunEvents<false>(model, result, events, from, recording);
 }
 
 void Finish(const Model& model, AllocatorResult& result) {

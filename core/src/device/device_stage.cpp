@@ -112,24 +112,6 @@ std::vector<WorkspaceGroup> PlaceEvents(const Setup& setup, const Trace& trace, 
   const std::vector<std::int64_t>& work = overheads.workspaceAllocations;
   const int handles = RuntimeOptionsOf(setup.runtime).cublasHandles;
   const std::size_t perHandle = handles > 0 ? work.size() / static_cast<std::size_t>(handles) : 0;
-  int nextId = 0;
-  for (const Event& e : trace.events) nextId = std::max(nextId, e.tensorId + 1);
-  events.clear();
-  events.reserve(trace.events.size() + work.size());
-  std::vector<WorkspaceGroup> groups;
-  std::size_t placed = 0;
-  auto place = [&](std::size_t count, std::size_t before) {
-    const std::size_t n = std::min(count, work.size() - placed);
-    if (n == 0) return;
-    groups.push_back({before, n});
-    for (std::size_t k = 0; k < n; ++k, ++placed) events.push_back({AllocatorEventKind::Alloc, nextId++, work[placed]});
-  };
-  auto copy = [&](std::size_t from, std::size_t to) {  // trace events [from, to), one tight loop
-    for (std::size_t i = from; i < to; ++i) {
-      const Event& e = trace.events[i];
-      events.push_back({e.kind == EventKind::Alloc ? AllocatorEventKind::Alloc : AllocatorEventKind::Free, e.tensorId, e.bytes});
-    }
-  };
   const std::size_t n = trace.events.size();
   auto firstOf = [&](Phase phase) {
     return static_cast<std::size_t>(std::find_if(trace.events.begin(), trace.events.end(),
@@ -139,12 +121,36 @@ std::vector<WorkspaceGroup> PlaceEvents(const Setup& setup, const Trace& trace, 
   const std::size_t forward = firstOf(Phase::Forward), backward = firstOf(Phase::Backward);
   // The first forward event (before the first backward one: a backward comes after a forward).
   const std::size_t first = std::min(forward, backward), second = std::max(forward, backward);
+  // One pass: the trace's events written in place (no push_back per event) and, on the way,
+  // the largest tensor id, after which the workspaces are numbered once all are placed.
+  events.resize(n + work.size());
+  AllocatorEvent* out = events.data();
+  int nextId = 0;
+  auto copy = [&](std::size_t from, std::size_t to) {  // trace events [from, to)
+    for (std::size_t i = from; i < to; ++i) {
+      const Event& e = trace.events[i];
+      nextId = std::max(nextId, e.tensorId + 1);
+      *out++ = {e.kind == EventKind::Alloc ? AllocatorEventKind::Alloc : AllocatorEventKind::Free, e.tensorId, e.bytes};
+    }
+  };
+  std::vector<WorkspaceGroup> groups;
+  std::vector<AllocatorEvent*> workspaces;  // where each goes, in order
+  std::size_t placed = 0;
+  auto place = [&](std::size_t count, std::size_t before) {
+    const std::size_t k = std::min(count, work.size() - placed);
+    if (k == 0) return;
+    groups.push_back({before, k});
+    for (std::size_t j = 0; j < k; ++j, ++placed) workspaces.push_back(out++);
+  };
   copy(0, first);
   if (first < n) place(first == forward ? (perHandle == 0 ? work.size() : perHandle) : work.size() - placed, first);
   copy(first, second);
   if (second < n && second != first) place(work.size() - placed, second);
   copy(second, n);
-  place(work.size() - placed, trace.events.size());  // no forward or backward phase
+  place(work.size() - placed, n);  // no forward or backward phase
+  for (std::size_t j = 0; j < workspaces.size(); ++j) {
+    *workspaces[j] = {AllocatorEventKind::Alloc, nextId++, work[j]};
+  }
   return groups;
 }
 
