@@ -85,6 +85,7 @@ struct ShardPlan {
   std::int64_t rootUnitElements = 0;
   // DDP: the reducer's buckets in elements of the gradient type, in the order they fill.
   std::vector<std::int64_t> ddpBucketElements;
+  std::vector<DType> ddpBucketTypes;  // each bucket's gradient dtype (one per dtype: reducer.cpp BucketKey)
   // ZeRO: the contiguous-gradient reduce buckets (ipg_buffer), elements, and how many (2 with
   // overlap_comm).
   std::int64_t reduceBucketElements = 0;

@@ -69,6 +69,43 @@ constexpr ParallelField kFields[] = {
 
 constexpr std::int64_t kMaxRanks = 1'000'000;  // GPUs in one job, far above any cluster
 
+// Fine-tuning on many GPUs (docs/parallel.md, "Fine-tuning on many GPUs"): data parallelism with
+// DDP (the reducer's buckets cover the trainable parameters only) and ZeRO 1–2 (the flat fp32
+// partition holds them only; frozen and quantized weights stay whole on every rank) are
+// simulated. What is not yet is refused by the field that asks for it.
+void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& errors) {
+  const ParallelDef& p = setup.parallel;
+  const FinetuneDef& f = setup.finetune;
+  auto bad = [&](const char* field, std::string message) {
+    errors.push_back({ErrorCode::InvalidField, std::string("parallel.") + field, std::move(message)});
+  };
+  const char* notYet = " with frozen weights, adapters or quantized weights (the finetune section) is not simulated "
+                       "yet: use data parallelism (DDP or ZeRO 1–2), or estimate one GPU.";
+  if (p.zeroStage == 3) bad("zeroStage", std::string("ZeRO-3") + notYet);
+  if (p.fsdp != FsdpMode::Off) bad("fsdp", std::string("FSDP") + notYet);
+  if (p.tensorParallel > 1) bad("tensorParallel", std::string("Tensor parallelism") + notYet);
+  if (p.pipelineParallel > 1) bad("pipelineParallel", std::string("Pipeline parallelism") + notYet);
+  if (p.contextParallel > 1) bad("contextParallel", std::string("Context parallelism") + notYet);
+  if (p.expertParallel > 1) bad("expertParallel", std::string("Expert parallelism") + notYet);
+  if (p.zeroStage == 1 || p.zeroStage == 2) {
+    // DeepSpeed casts the whole module to the training dtype before it builds its groups
+    // (deepspeed/runtime/engine.py _configure_distributed_model: module.half() / module.bfloat16()),
+    // so fp32 adapters or prepare_model_for_kbit_training's fp32 upcasts do not survive, and its
+    // flat groups hold one dtype (stage_1_and_2.py flattens each bit16 group into one tensor).
+    // Simulated where the trainable parameters are already in the weights' dtype.
+    const bool sixteenBit = RegimeOf(setup.training.precision).weights != DType::FP32;
+    if (sixteenBit && f.lora && f.adapterDType == AdapterDType::FP32) {
+      bad("zeroStage", "DeepSpeed casts the module to 16 bits (engine.py module.bfloat16()/half()), so fp32 adapters "
+                       "become 16-bit: set the adapters' dtype to the weights' dtype (finetune.adapterDType) to simulate it.");
+    }
+    if (sixteenBit && f.prepareForKbitTraining) {
+      bad("zeroStage", "DeepSpeed casts the module to 16 bits (engine.py module.bfloat16()/half()), undoing "
+                       "prepare_model_for_kbit_training's fp32 upcasts: turn finetune.prepareForKbitTraining off to "
+                       "simulate it.");
+    }
+  }
+}
+
 }  // namespace
 
 std::span<const Named<FsdpMode>> NamesOf(FsdpMode) { return kFsdpModes; }
@@ -128,10 +165,7 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
   // Combinations the sharded step does not simulate yet: refused by name rather than estimated
   // with one GPU's rules (the sharding code assumes every parameter trains in the regime's dtype,
   // and its gradient hooks replace the optimizer-in-backward's).
-  if (IsParallel(p) && FinetuneActive(setup.finetune)) {
-    bad("dataParallel", "Many GPUs with frozen weights, adapters or quantized weights (the finetune section) are not "
-                        "simulated yet: estimate one GPU, or train every parameter.");
-  }
+  if (IsParallel(p) && FinetuneActive(setup.finetune)) ValidateParallelFinetune(setup, errors);
   if (IsParallel(p) && setup.training.optimizerInBackward) {
     bad("dataParallel", "Many GPUs with the optimizer step in backward are not simulated yet: estimate one GPU, or "
                         "turn the optimizer in backward off.");

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 
@@ -146,11 +147,13 @@ void ParallelStep::Init(TraceBuilder& b) {
       const std::int64_t held = plan_.parameterElementsHeld[i];
       if (held <= 0) continue;
       const bool partitioned = held != p.Elements();
-      b.Alloc(Category::Parameters, held * w, names_[i],
+      // A whole parameter is stored as on one GPU: its own dtype or bitsandbytes layout
+      // (finetune.hpp StoredBytes; N × the regime's bytes without fine-tuning).
+      b.Alloc(Category::Parameters, partitioned ? held * w : StoredBytes(p, regime_.weights), names_[i],
               partitioned ? text.Make({"ZeRO-3 init: partition of ", names_[i], " (⌈n / ", TextPart::Int(d), "⌉)"})
                           : text.Make({"model init: ", names_[i]}),
               partitioned ? text.Make({TextPart::Count(held), " × ", TextPart::Bytes(regime_.weights)})
-                          : text.Shape(Shape(p.shape), regime_.weights),
+                          : StorageFormula(text, p, regime_.weights),
               p.layer);
     }
   }
@@ -181,7 +184,7 @@ void ParallelStep::Init(TraceBuilder& b) {
   } else if (!fsdp && regime_.masterWeights) {
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
       const Tensor& p = inventory_.parameters[i];
-      if (!p.trainable) continue;
+      if (!p.trainable || !HasMasterCopy(p, regime_.masterWeights)) continue;  // fp32 adapters need none
       b.Alloc(Category::MasterWeights, p.Elements() * 4, text.Make({names_[i], " (fp32 master)"}),
               text.Make({"optimizer construction: fp32 master copy of ", names_[i]}),
               text.Shape(Shape(p.shape), DType::FP32), p.layer);
@@ -191,10 +194,11 @@ void ParallelStep::Init(TraceBuilder& b) {
   // bucket.gradients = at::empty({total numel})); they live as long as the model.
   for (std::size_t k = 0; k < plan_.ddpBucketElements.size(); ++k) {
     const std::int64_t n = plan_.ddpBucketElements[k];
-    b.Alloc(Category::Gradients, n * g, text.Make({"DDP bucket ", TextPart::Int(static_cast<std::int64_t>(k))}),
+    const DType type = plan_.ddpBucketTypes[k];  // fp32 adapters' buckets are fp32 (sharding.cpp)
+    b.Alloc(Category::Gradients, n * BytesPerElement(type), text.Make({"DDP bucket ", TextPart::Int(static_cast<std::int64_t>(k))}),
             text.Make({"DDP init: reducer bucket ", TextPart::Int(static_cast<std::int64_t>(k)),
                        TextPart::View(k == 0 ? " (first bucket: 1 MiB)" : " (bucket_cap_mb)")}),
-            text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.gradients)}));
+            text.Make({TextPart::Count(n), " × ", TextPart::Bytes(type)}));
   }
 }
 
@@ -228,9 +232,10 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
       // gradient (it was None after zero_grad(set_to_none=True)); the reducer's hook copies it
       // into its bucket view and makes .grad that view (reducer.cpp mark_variable_ready_dense:
       // bucket_view.copy_(grad); grad = bucket_view), so the gradient lives for an instant.
-      const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
-                                        text.Make({label, ": ", names_[index], ".grad"}),
-                                        text.Shape(Shape(p.shape), regime_.gradients), p.layer);
+      const DType type = GradientTypeOf(p, regime_.gradients);  // a parameter's own dtype (finetune.hpp)
+      const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * BytesPerElement(type),
+                                        text.Make({names_[index], ".grad"}), text.Make({label, ": ", names_[index], ".grad"}),
+                                        text.Shape(Shape(p.shape), type), p.layer);
       b.Release(grad, text.Make({label, ": ", names_[index], ".grad copied into its DDP bucket (now a view)"}));
       return true;
     }
@@ -409,9 +414,17 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
     case ShardingEngine::DDP:
     case ShardingEngine::Zero: {
       std::int64_t held = 0;
-      for (std::int64_t n : plan.parameterElementsHeld) held += n;
-      m.parametersBytes = held * BytesPerElement(regime.weights);
-      params = count(held, regime.weights) + (held != m.parameterCount ? " (ZeRO-3 partitions" + per + " and persistent parameters)" : "");
+      for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+        const std::int64_t n = plan.parameterElementsHeld[i];
+        held += n;
+        // Whole parameters as on one GPU (their own dtype or bitsandbytes layout), partitions
+        // in the regime's dtype (ZeRO-3).
+        const Tensor& t = inventory.parameters[i];
+        m.parametersBytes += n == t.Elements() ? StoredBytes(t, regime.weights) : n * BytesPerElement(regime.weights);
+      }
+      params = FinetuneActive(setup.finetune) && held == m.parameterCount
+                   ? FinetuneParameterFormula(setup, inventory) + " (whole on every rank)"
+                   : count(held, regime.weights) + (held != m.parameterCount ? " (ZeRO-3 partitions" + per + " and persistent parameters)" : "");
       if (plan.engine == ShardingEngine::Zero) {
         m.masterWeightsBytes = plan.offloadOptimizer ? 0 : plan.partitionElements * 4;
         master = plan.offloadOptimizer ? "offloaded to the host" : count(plan.partitionElements, DType::FP32) + " flat partition" + per;
@@ -420,13 +433,26 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
         m.gradientsBytes = n * BytesPerElement(regime.gradients);
         grads = count(n, regime.gradients) + (partitioned ? " gradient partition" + per : "");
       } else {
-        m.masterWeightsBytes = regime.masterWeights ? trainable * 4 : 0;
-        master = count(regime.masterWeights ? trainable : 0, DType::FP32);
-        std::int64_t buckets = 0;
-        for (std::int64_t n : plan.ddpBucketElements) buckets += n;
-        const std::int64_t n = (setup.parallel.gradientAsBucketView && plan.engine == ShardingEngine::DDP ? 0 : trainable) + buckets;
-        m.gradientsBytes = n * BytesPerElement(regime.gradients);
-        grads = count(n, regime.gradients) +
+        // Per tensor, as the trace allocates them: fp32 adapters keep their own gradients and
+        // no master copy (finetune.hpp); without fine-tuning N × the regime's bytes.
+        std::int64_t masterElements = 0, gradientBytes = 0;
+        for (const Tensor& t : inventory.parameters) {
+          if (!t.trainable) continue;
+          if (HasMasterCopy(t, regime.masterWeights)) masterElements += t.Elements();
+          gradientBytes += t.Elements() * BytesPerElement(GradientTypeOf(t, regime.gradients));
+        }
+        m.masterWeightsBytes = masterElements * 4;
+        master = count(masterElements, DType::FP32);
+        std::int64_t buckets = 0, bucketBytes = 0;
+        for (std::size_t k = 0; k < plan.ddpBucketElements.size(); ++k) {
+          buckets += plan.ddpBucketElements[k];
+          bucketBytes += plan.ddpBucketElements[k] * BytesPerElement(plan.ddpBucketTypes[k]);
+        }
+        const bool views = setup.parallel.gradientAsBucketView && plan.engine == ShardingEngine::DDP;
+        const std::int64_t n = (views ? 0 : trainable) + buckets;
+        m.gradientsBytes = (views ? 0 : gradientBytes) + bucketBytes;
+        grads = (FinetuneActive(setup.finetune) ? FormatCount(n) + " trainable values in their own dtypes"
+                                                : count(n, regime.gradients)) +
                 (buckets > 0 ? " (DDP buckets " + FormatCount(buckets) +
                                    (setup.parallel.gradientAsBucketView ? ", .grad views of them)" : " + .grad)")
                              : "");

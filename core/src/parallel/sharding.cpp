@@ -4,6 +4,7 @@
 #include <vector>
 #include <string>
 
+#include "gpumem/finetune.hpp"
 #include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
@@ -206,21 +207,35 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
         // parameters in reverse order with limits [dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB),
         // bucket_cap_mb × 2^20]; a bucket closes once its bytes reach its limit
         // (torch/csrc/distributed/c10d/reducer.cpp compute_bucket_assignment_by_size).
-        const std::int64_t gradBytes = BytesPerElement(RegimeOf(setup.training.precision).gradients);
+        // Only parameters with requires_grad reach the reducer (distributed.py
+        // _build_params_for_reducer keeps `param.requires_grad`), so frozen and quantized base
+        // weights have no bucket; and tensors of different dtypes never share one (reducer.cpp
+        // compute_bucket_assignment_by_size keys its open buckets by BucketKey(dtype, device),
+        // each key with its own walk through the limits), e.g. fp32 adapters beside bf16 norms.
+        const DType regimeGradients = RegimeOf(setup.training.precision).gradients;
         const std::int64_t firstLimit = 1 << 20;
         const auto capLimit = static_cast<std::int64_t>(p.bucketCapMB * 1048576.0);
-        std::int64_t limit = firstLimit, bucket = 0;
+        struct OpenBucket { DType type; std::int64_t limit; std::int64_t elements; };
+        std::vector<OpenBucket> open;
         for (std::size_t i = n; i-- > 0;) {
           const Tensor& t = inventory.parameters[i];
           if (!t.trainable) continue;
-          bucket += t.Elements();
-          if (bucket * gradBytes >= limit) {
-            plan.ddpBucketElements.push_back(bucket);
-            bucket = 0;
-            limit = capLimit;
+          const DType type = GradientTypeOf(t, regimeGradients);
+          auto it = std::find_if(open.begin(), open.end(), [&](const OpenBucket& o) { return o.type == type; });
+          if (it == open.end()) it = open.insert(open.end(), OpenBucket{type, firstLimit, 0});
+          it->elements += t.Elements();
+          if (it->elements * BytesPerElement(type) >= it->limit) {
+            plan.ddpBucketElements.push_back(it->elements);
+            plan.ddpBucketTypes.push_back(type);
+            it->elements = 0;
+            it->limit = capLimit;
           }
         }
-        if (bucket > 0) plan.ddpBucketElements.push_back(bucket);
+        for (const OpenBucket& o : open) {
+          if (o.elements == 0) continue;
+          plan.ddpBucketElements.push_back(o.elements);
+          plan.ddpBucketTypes.push_back(o.type);
+        }
         if (p.zeroRedundancyOptimizer) {
           // The local optimizer of the heaviest rank sees only its parameters.
           const ZeroRedundancyAssignment a = AssignZeroRedundancy(inventory, p.dataParallel);
