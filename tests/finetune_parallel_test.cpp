@@ -3,11 +3,15 @@
 // a hand formula on a small Llama whose adapters can be counted by hand.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 
 #include "gpumem/finetune.hpp"
+#include "gpumem/import.hpp"
+#include "gpumem/json.hpp"
 #include "gpumem/inventory.hpp"
 #include "gpumem/parallel.hpp"
+#include "gpumem/trace.hpp"
 #include "test_support.hpp"
 
 using namespace gpumem;
@@ -176,6 +180,100 @@ TEST_CASE("ZeRO-1 with QLoRA: 16-bit adapters partitioned and 4-bit weights whol
   CHECK(AllocBytes(s, "ZeRO-1: gradients flattened") == kAdapterElements * 2);
 }
 
+TEST_CASE("ZeRO-3 with LoRA: frozen weights partitioned too and the fp32 partition of the adapters", "[finetune-parallel]") {
+  Setup s = TinyLlamaLora();
+  s.finetune.adapterDType = AdapterDType::Weights;
+  s.parallel.dataParallel = 4;
+  s.parallel.zeroStage = 3;
+  s.parallel.stage3ParamPersistenceThreshold = 0;  // every parameter partitioned
+  s.parallel.reduceBucketSize = 1000;
+  REQUIRE(Validate(s).empty());
+  const Inventory inv = BuildInventory(s);
+  std::int64_t shards = 0;
+  for (const Tensor& t : inv.parameters) shards += (t.Elements() + 3) / 4;
+  const Estimate rank = MustEstimate(s);
+  CHECK(rank.modelStates.parametersBytes == shards * 2);
+  // Each adapter tensor has 512 elements: ⌈512 / 4⌉ = 128 per rank, 8 tensors.
+  CHECK(PlanShards(s, inv).partitionElements == 1024);
+  CHECK(rank.modelStates.masterWeightsBytes == 1024 * 4);
+  CHECK(rank.modelStates.gradientsBytes == 1024 * 2);
+  CHECK(rank.modelStates.optimizerStatesBytes == 2 * 1024 * 4);
+  // A block is gathered whole, frozen weights, norms and adapters:
+  // 4 × 64·64 + 3 × 64·128 + 2 × 64 + 2,048 adapter elements, in bf16.
+  CHECK(AllocBytes(s, "all-gather of layers.0") == (4 * 4096 + 3 * 8192 + 128 + 2048) * 2);
+}
+
+TEST_CASE("ZeRO-3 with QLoRA: 4-bit codes in bf16 storage partitioned, statistics whole", "[finetune-parallel]") {
+  Setup s = TinyLlamaLora();
+  s.finetune.adapterDType = AdapterDType::Weights;
+  s.finetune.quantization = Quantization::NF4;
+  s.finetune.computeDType = DType::BF16;
+  s.finetune.quantStorage = DType::BF16;
+  s.parallel.dataParallel = 4;
+  s.parallel.zeroStage = 3;
+  s.parallel.stage3ParamPersistenceThreshold = 0;
+  REQUIRE(Validate(s).empty());
+  const Inventory inv = BuildInventory(s);
+  const Tensor& q = inv.parameters[static_cast<std::size_t>(inv.IndexOf("model.layers.0.self_attn.q_proj.base_layer.weight"))];
+  // _quantize_4bit_impl: (n + 1) // (2 · itemsize) bf16 elements hold the codes: 4,096 → 1,024.
+  CHECK(StorageElements(q) == 1024);
+  CHECK(StoredBytes(q, DType::BF16) == 1024 * 2 + 64 * 4 + 16 * 4);  // codes + absmax per 64 + code table
+  CHECK(QuantStatisticsBytes(q, DType::BF16) == 64 * 4 + 16 * 4);
+  // The rank's 4-bit shard: ⌈1,024 / 4⌉ = 256 bf16 elements, beside the whole statistics.
+  const ShardPlan plan = PlanShards(s, inv);
+  CHECK(plan.parameterElementsHeld[static_cast<std::size_t>(inv.IndexOf(q.name))] == 256);
+  std::int64_t expected = 0;
+  for (const Tensor& t : inv.parameters) expected += (StorageElements(t) + 3) / 4 * 2 + QuantStatisticsBytes(t, DType::BF16);
+  const Estimate rank = MustEstimate(s);
+  CHECK(rank.modelStates.parametersBytes == expected);
+  // Gathered block: 4 square weights of 1,024 and 3 wide of 2,048 bf16 elements of codes, the
+  // norms and the adapters; then each linear dequantized to a transient bf16 weight as on one GPU.
+  CHECK(AllocBytes(s, "all-gather of layers.0") == (4 * 1024 + 3 * 2048 + 128 + 2048) * 2);
+  const Trace trace = BuildTrace(s, inv, false);
+  std::int64_t dequantized = 0;
+  for (const Event& e : trace.events) {
+    if (e.kind == EventKind::Alloc && e.category == Category::WeightCopies && e.phase == Phase::Forward)
+      dequantized = std::max(dequantized, e.bytes);
+  }
+  CHECK(dequantized == 128 * 64 * 2);
+  // Offload of parameters: the codes go to the host, the statistics stay with the module.
+  s.parallel.offload = OffloadKind::OptimizerAndParameters;
+  REQUIRE(Validate(s).empty());
+  std::int64_t statistics = 0;
+  for (const Tensor& t : inv.parameters) statistics += QuantStatisticsBytes(t, DType::BF16);
+  CHECK(MustEstimate(s).modelStates.parametersBytes == statistics);
+}
+
+TEST_CASE("Quant storage: uint8 by default and validated", "[finetune-parallel]") {
+  CHECK(DefaultSetup().finetune.quantStorage == DType::UInt8);
+  Setup s = TinyLlamaLora();
+  s.finetune.quantStorage = DType::BF16;
+  CHECK(HasErrorOn(Validate(s), "finetune.quantStorage"));  // no 4-bit weights
+  s.finetune.quantization = Quantization::Int8;
+  CHECK(HasErrorOn(Validate(s), "finetune.quantStorage"));
+  s.finetune.quantization = Quantization::NF4;
+  s.finetune.quantStorage = DType::Int64;
+  CHECK(HasErrorOn(Validate(s), "finetune.quantStorage"));
+  s.finetune.quantStorage = DType::BF16;
+  CHECK(Validate(s).empty());
+  // On one GPU bf16 storage changes nothing for even sizes: the same bytes, two codes per byte.
+  Setup u8 = s;
+  u8.finetune.quantStorage = DType::UInt8;
+  CHECK(MustEstimate(s).modelStates.parametersBytes == MustEstimate(u8).modelStates.parametersBytes);
+  // ZeRO-3 needs the storage to be the weights' dtype.
+  s.finetune.adapterDType = AdapterDType::Weights;
+  s.parallel.dataParallel = 2;
+  s.parallel.zeroStage = 3;
+  CHECK(Validate(s).empty());
+  s.finetune.quantStorage = DType::UInt8;
+  CHECK(HasErrorOn(Validate(s), "parallel.zeroStage"));
+  s.finetune.quantStorage = DType::FP16;
+  CHECK(HasErrorOn(Validate(s), "parallel.zeroStage"));
+  s.finetune.quantization = Quantization::Int8;
+  s.finetune.quantStorage = DType::UInt8;
+  CHECK(HasErrorOn(Validate(s), "parallel.zeroStage"));
+}
+
 TEST_CASE("Fine-tuning on many GPUs: what is not simulated is refused by its field", "[finetune-parallel]") {
   auto errorsOf = [](auto change) {
     Setup s = TinyLlamaLora();
@@ -186,7 +284,7 @@ TEST_CASE("Fine-tuning on many GPUs: what is not simulated is refused by its fie
   };
   CHECK(errorsOf([](Setup&) {}).empty());
   CHECK(errorsOf([](Setup& s) { s.parallel.zeroStage = 2; }).empty());
-  CHECK(HasErrorOn(errorsOf([](Setup& s) { s.parallel.zeroStage = 3; }), "parallel.zeroStage"));
+  CHECK(errorsOf([](Setup& s) { s.parallel.zeroStage = 3; }).empty());
   CHECK(HasErrorOn(errorsOf([](Setup& s) { s.parallel.fsdp = FsdpMode::FullShard; }), "parallel.fsdp"));
   CHECK(HasErrorOn(errorsOf([](Setup& s) { s.parallel.fsdp = FsdpMode::FullyShard; }), "parallel.fsdp"));
   CHECK(HasErrorOn(errorsOf([](Setup& s) { s.parallel.tensorParallel = 2; }), "parallel.tensorParallel"));
@@ -210,4 +308,24 @@ TEST_CASE("Fine-tuning on many GPUs: what is not simulated is refused by its fie
           s.finetune.adapterDType = AdapterDType::FP32;
           s.parallel.zeroStage = 2;
         }).empty());
+}
+
+TEST_CASE("Quant storage: JSON round trip and bnb_4bit_quant_storage import", "[finetune-parallel]") {
+  Setup s = TinyLlamaLora();
+  s.finetune.quantization = Quantization::NF4;
+  s.finetune.quantStorage = DType::BF16;
+  const std::string text = SetupToJson(s);
+  CHECK(text.find("\"quantStorage\":\"bf16\"") != std::string::npos);
+  const SetupParseResult back = ParseSetupJson(text);
+  REQUIRE(back.errors.empty());
+  CHECK(back.setup.finetune.quantStorage == DType::BF16);
+  const SetupParseResult wrong = ParseSetupJson(R"({"finetune": {"quantStorage": "int4"}})");
+  CHECK(HasErrorOn(wrong.errors, "finetune.quantStorage"));
+  const QuantizationImport q = ImportQuantizationConfig(R"({"quantization_config": {"load_in_4bit": true,
+      "bnb_4bit_quant_type": "nf4", "bnb_4bit_quant_storage": "bfloat16"}})");
+  REQUIRE(q.errors.empty());
+  CHECK(q.finetune.quantStorage == DType::BF16);
+  CHECK(ImportQuantizationConfig(R"({"quantization_config": {"load_in_4bit": true}})").finetune.quantStorage == DType::UInt8);
+  CHECK(HasErrorOn(ImportQuantizationConfig(R"({"quantization_config": {"load_in_4bit": true,
+      "bnb_4bit_quant_storage": "int4"}})").errors, "config.quantization_config.bnb_4bit_quant_storage"));
 }

@@ -502,8 +502,9 @@ TEST_CASE("Parallel: combinations the sharded step does not simulate are refused
   CHECK(HasErrorOn(Validate(lora), "parallel.zeroStage"));
   lora.finetune.adapterDType = AdapterDType::Weights;
   CHECK(Validate(lora).empty());
-  lora.parallel.zeroStage = 3;
-  CHECK(HasErrorOn(Validate(lora), "parallel.zeroStage"));
+  lora.parallel.zeroStage = 0;
+  lora.parallel.fsdp = FsdpMode::FullShard;
+  CHECK(HasErrorOn(Validate(lora), "parallel.fsdp"));
   lora.parallel = ParallelDef{};
   CHECK(Validate(lora).empty());  // one GPU with adapters is simulated
 

@@ -81,13 +81,12 @@ void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& error
   };
   const char* notYet = " with frozen weights, adapters or quantized weights (the finetune section) is not simulated "
                        "yet: use data parallelism (DDP or ZeRO 1–2), or estimate one GPU.";
-  if (p.zeroStage == 3) bad("zeroStage", std::string("ZeRO-3") + notYet);
   if (p.fsdp != FsdpMode::Off) bad("fsdp", std::string("FSDP") + notYet);
   if (p.tensorParallel > 1) bad("tensorParallel", std::string("Tensor parallelism") + notYet);
   if (p.pipelineParallel > 1) bad("pipelineParallel", std::string("Pipeline parallelism") + notYet);
   if (p.contextParallel > 1) bad("contextParallel", std::string("Context parallelism") + notYet);
   if (p.expertParallel > 1) bad("expertParallel", std::string("Expert parallelism") + notYet);
-  if (p.zeroStage == 1 || p.zeroStage == 2) {
+  if (p.zeroStage >= 1) {
     // DeepSpeed casts the whole module to the training dtype before it builds its groups
     // (deepspeed/runtime/engine.py _configure_distributed_model: module.half() / module.bfloat16()),
     // so fp32 adapters or prepare_model_for_kbit_training's fp32 upcasts do not survive, and its
@@ -102,6 +101,18 @@ void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& error
       bad("zeroStage", "DeepSpeed casts the module to 16 bits (engine.py module.bfloat16()/half()), undoing "
                        "prepare_model_for_kbit_training's fp32 upcasts: turn finetune.prepareForKbitTraining off to "
                        "simulate it.");
+    }
+  }
+  if (p.zeroStage == 3 && f.quantization != Quantization::None) {
+    // ZeRO-3 partitions every parameter, the quantized ones too, and gathers a block's in one
+    // flat buffer of the weights' dtype: PEFT's "DeepSpeed ZeRO-3 + QLoRA" guide sets
+    // bnb_4bit_quant_storage to that dtype so the packed codes travel as its elements.
+    const DType weights = RegimeOf(setup.training.precision).weights;
+    if (f.quantization == Quantization::Int8) {
+      bad("zeroStage", "ZeRO-3 with 8-bit (LLM.int8) weights is not simulated: use 4-bit weights with a float quant storage.");
+    } else if (f.quantStorage != weights) {
+      bad("zeroStage", std::string("ZeRO-3 partitions the 4-bit weights with the others: set bnb_4bit_quant_storage ") +
+                           "(finetune.quantStorage) to the weights' dtype, " + DTypeId(weights) + " (PEFT's ZeRO-3 QLoRA guide).");
     }
   }
 }

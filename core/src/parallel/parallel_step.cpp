@@ -33,6 +33,15 @@ Regime OptimizerRegimeOf(const ShardPlan& plan, const Regime& regime) {
   return r;
 }
 
+// Bytes of parameter `t` this rank holds when it keeps `held` of its storage elements: a whole
+// parameter as on one GPU (its own dtype or bitsandbytes layout: finetune.hpp StoredBytes), a
+// ZeRO-3 partition in the regime's dtype, plus a quantized weight's statistics, which are no
+// parameter and stay whole on every rank (its QuantState).
+std::int64_t HeldBytes(const Tensor& t, std::int64_t held, DType weights) {
+  if (held == StorageElements(t)) return StoredBytes(t, weights);
+  return held * BytesPerElement(weights) + QuantStatisticsBytes(t, weights);
+}
+
 // FSDP unit of a parameter: 0 = root, 1 + block.
 int UnitOf(const Tensor& t) { return t.layer < 0 ? 0 : t.layer + 1; }
 
@@ -66,9 +75,9 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
   for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
     const Tensor& t = inventory_.parameters[i];
     // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole.
-    const bool whole = plan_.engine == ShardingEngine::Zero && t.Elements() < p.stage3ParamPersistenceThreshold &&
+    const bool whole = plan_.engine == ShardingEngine::Zero && StorageElements(t) < p.stage3ParamPersistenceThreshold &&
                        !plan_.offloadParameters;
-    if (!whole) gatherElements_[static_cast<std::size_t>(UnitOf(t))] += t.Elements();
+    if (!whole) gatherElements_[static_cast<std::size_t>(UnitOf(t))] += StorageElements(t);
   }
 }
 
@@ -145,11 +154,11 @@ void ParallelStep::Init(TraceBuilder& b) {
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
       const Tensor& p = inventory_.parameters[i];
       const std::int64_t held = plan_.parameterElementsHeld[i];
-      if (held <= 0) continue;
-      const bool partitioned = held != p.Elements();
+      if (HeldBytes(p, held, regime_.weights) <= 0) continue;  // offload_param keeps only 4-bit statistics
+      const bool partitioned = held != StorageElements(p);
       // A whole parameter is stored as on one GPU: its own dtype or bitsandbytes layout
       // (finetune.hpp StoredBytes; N × the regime's bytes without fine-tuning).
-      b.Alloc(Category::Parameters, partitioned ? held * w : StoredBytes(p, regime_.weights), names_[i],
+      b.Alloc(Category::Parameters, HeldBytes(p, held, regime_.weights), names_[i],
               partitioned ? text.Make({"ZeRO-3 init: partition of ", names_[i], " (⌈n / ", TextPart::Int(d), "⌉)"})
                           : text.Make({"model init: ", names_[i]}),
               partitioned ? text.Make({TextPart::Count(held), " × ", TextPart::Bytes(regime_.weights)})
@@ -398,6 +407,14 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
   return notes;
 }
 
+namespace {
+std::vector<std::int64_t> StorageElementsOf(const Inventory& inventory) {
+  std::vector<std::int64_t> out;
+  for (const Tensor& t : inventory.parameters) out.push_back(StorageElements(t));
+  return out;
+}
+}  // namespace
+
 ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) {
   ModelStates m;
   const Regime regime = RegimeOf(setup.training.precision);
@@ -419,10 +436,9 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
         held += n;
         // Whole parameters as on one GPU (their own dtype or bitsandbytes layout), partitions
         // in the regime's dtype (ZeRO-3).
-        const Tensor& t = inventory.parameters[i];
-        m.parametersBytes += n == t.Elements() ? StoredBytes(t, regime.weights) : n * BytesPerElement(regime.weights);
+        m.parametersBytes += HeldBytes(inventory.parameters[i], n, regime.weights);
       }
-      params = FinetuneActive(setup.finetune) && held == m.parameterCount
+      params = FinetuneActive(setup.finetune) && plan.parameterElementsHeld == StorageElementsOf(inventory)
                    ? FinetuneParameterFormula(setup, inventory) + " (whole on every rank)"
                    : count(held, regime.weights) + (held != m.parameterCount ? " (ZeRO-3 partitions" + per + " and persistent parameters)" : "");
       if (plan.engine == ShardingEngine::Zero) {

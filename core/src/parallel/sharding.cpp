@@ -186,7 +186,8 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
   const std::int64_t d = plan.shardWorld;
   const std::size_t n = inventory.parameters.size();
   plan.parameterElementsHeld.resize(n);
-  for (std::size_t i = 0; i < n; ++i) plan.parameterElementsHeld[i] = inventory.parameters[i].Elements();
+  // In the elements torch holds (a 4-bit weight's packed codes in its quant storage type).
+  for (std::size_t i = 0; i < n; ++i) plan.parameterElementsHeld[i] = StorageElements(inventory.parameters[i]);
 
   // Wrap units: one per transformer block, the rest in the root (transformer_auto_wrap_policy
   // over the decoder layer class, as accelerate and HF Trainer configure FSDP).
@@ -270,15 +271,21 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
         // partition_parameters.py _partition_param: each parameter padded to a multiple of the
         // world (_padding_size) and split, ds_tensor = ⌈n / dp⌉; the fp32 partition is the flat
         // of this rank's ds_tensors (stage3.py _create_fp32_partitions).
+        // Frozen parameters are partitioned too (zero.Init / _convert_to_zero_parameters take
+        // every module parameter), but only trainable ones enter the fp32 partition (stage3.py
+        // _get_trainable_parameter_groups keeps `p.requires_grad`). A 4-bit weight is partitioned
+        // as its packed codes in the quant storage type (bnb_4bit_quant_storage = the weights'
+        // dtype, which validation requires); its QuantState statistics stay whole.
         for (std::size_t i = 0; i < n; ++i) {
           const Tensor& t = inventory.parameters[i];
-          const std::int64_t shard = CeilDiv(t.Elements(), d);
+          const std::int64_t elements = StorageElements(t);
+          const std::int64_t shard = CeilDiv(elements, d);
           if (t.trainable) plan.partitionElements += shard;
           plan.paddedFlatElements += shard * d;
           // stage3_param_persistence_threshold: small parameters stay whole on every rank
           // (parameter_offload.py persistent_parameters) besides their partition.
           plan.parameterElementsHeld[i] =
-              plan.offloadParameters ? 0 : (t.Elements() < p.stage3ParamPersistenceThreshold ? t.Elements() + shard : shard);
+              plan.offloadParameters ? 0 : (elements < p.stage3ParamPersistenceThreshold ? elements + shard : shard);
         }
       }
       Tensor flat;
