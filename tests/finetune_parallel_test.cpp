@@ -244,6 +244,69 @@ TEST_CASE("ZeRO-3 with QLoRA: 4-bit codes in bf16 storage partitioned, statistic
   CHECK(MustEstimate(s).modelStates.parametersBytes == statistics);
 }
 
+TEST_CASE("FSDP with LoRA: one FlatParameter per block, a gradient only for blocks that train", "[finetune-parallel]") {
+  Setup s = TinyLlamaLora();  // bf16 mixed: FSDP keeps fp32 shards, so fp32 adapters are uniform with them
+  s.parallel.dataParallel = 4;
+  s.parallel.fsdp = FsdpMode::FullShard;
+  REQUIRE(Validate(s).empty());
+  const Inventory inv = BuildInventory(s);
+  // The block's FlatParameter in module order: q_proj's base, lora_A, lora_B, then k_proj, v_proj …
+  REQUIRE(inv.IndexOf("model.layers.0.self_attn.q_proj.lora_B.default.weight") <
+          inv.IndexOf("model.layers.0.self_attn.k_proj.weight"));
+  REQUIRE(inv.IndexOf("model.layers.0.self_attn.k_proj.weight") <
+          inv.IndexOf("model.layers.0.self_attn.v_proj.base_layer.weight"));
+  // Block: 4 × 64·64 + 3 × 64·128 + 2 norms × 64 + 2,048 adapters = 43,136 → ⌈/4⌉ = 10,784.
+  // Root (embeddings, final norm, lm_head): 64,000 + 64 + 64,000 = 128,064 → 32,016; all frozen.
+  const std::int64_t block = 43136, blockShard = 10784, rootShard = 32016;
+  const ShardPlan plan = PlanShards(s, inv);
+  CHECK(plan.partitionElements == rootShard + 2 * blockShard);
+  CHECK(plan.gradientShardElements == 2 * blockShard);  // the frozen root unit gets no gradient
+  // Rank 0 holds elements [0, 10,784) of each block: q_proj's base (4,096) and its adapters
+  // (512 + 512) end at 5,120, k_proj's weight at 9,216, v_proj's base starts after: only q_proj's
+  // adapters are rank 0's to step.
+  std::int64_t parts = 0;
+  for (const Tensor& t : plan.trainableShardParts.parameters) parts += t.Elements();
+  CHECK(parts == 2 * 1024);
+  const Estimate rank = MustEstimate(s);
+  CHECK(rank.modelStates.parametersBytes == (rootShard + 2 * blockShard) * 4);
+  CHECK(rank.modelStates.gradientsBytes == 2 * blockShard * 4);
+  CHECK(rank.modelStates.optimizerStatesBytes == 2 * 2 * 1024 * 4);
+  // Backward: the whole block's gradient (frozen parts zero) before its reduce-scatter.
+  CHECK(AllocBytes(s, "unsharded gradient of its FSDP unit") == block * 2);
+  CHECK(AllocBytes(s, "FSDP reduce-scatter of layers.1") == blockShard * 2);
+  CHECK(AllocBytes(s, "FSDP reduce-scatter of root unit") == -1);
+}
+
+TEST_CASE("FSDP with QLoRA: bf16 quant storage sharded with the block, statistics whole", "[finetune-parallel]") {
+  Setup s = TinyLlamaLora(Precision::BF16);  // FSDP-QLoRA keeps the model in bf16
+  s.finetune.adapterDType = AdapterDType::Weights;
+  s.finetune.quantization = Quantization::NF4;
+  s.finetune.computeDType = DType::BF16;
+  s.finetune.quantStorage = DType::BF16;
+  s.parallel.dataParallel = 4;
+  s.parallel.fsdp = FsdpMode::FullShard;
+  REQUIRE(Validate(s).empty());
+  // Block: codes 4 × 1,024 + 3 × 2,048 bf16 elements, norms 128, adapters 2,048 = 12,416 → 3,104.
+  const std::int64_t block = 12416, blockShard = 3104, rootShard = 32016;
+  // Statistics per block: 4 × (64 absmax × 4 B + 64 B code) + 3 × (128 × 4 + 64).
+  const std::int64_t statistics = 2 * (4 * (256 + 64) + 3 * (512 + 64));
+  const Estimate rank = MustEstimate(s);
+  CHECK(rank.modelStates.parametersBytes == (rootShard + 2 * blockShard) * 2 + statistics);
+  CHECK(AllocBytes(s, "all-gather of layers.0") == block * 2);
+  CHECK(AllocBytes(s, "unsharded gradient of its FSDP unit") == block * 2);
+
+  auto errorsOf = [&](auto change) {
+    Setup t = s;
+    change(t);
+    return Validate(t);
+  };
+  CHECK(HasErrorOn(errorsOf([](Setup& t) { t.finetune.quantStorage = DType::UInt8; }), "parallel.fsdp"));
+  CHECK(HasErrorOn(errorsOf([](Setup& t) { t.finetune.adapterDType = AdapterDType::FP32; }), "parallel.fsdp"));
+  CHECK(HasErrorOn(errorsOf([](Setup& t) { t.training.precision = Precision::BF16Mixed; }), "parallel.fsdp"));
+  CHECK(HasErrorOn(errorsOf([](Setup& t) { t.parallel.fsdp = FsdpMode::FullyShard; }), "parallel.fsdp"));
+  CHECK(errorsOf([](Setup& t) { t.parallel.fsdp = FsdpMode::ShardGradOp; }).empty());
+}
+
 TEST_CASE("Quant storage: uint8 by default and validated", "[finetune-parallel]") {
   CHECK(DefaultSetup().finetune.quantStorage == DType::UInt8);
   Setup s = TinyLlamaLora();
@@ -285,7 +348,7 @@ TEST_CASE("Fine-tuning on many GPUs: what is not simulated is refused by its fie
   CHECK(errorsOf([](Setup&) {}).empty());
   CHECK(errorsOf([](Setup& s) { s.parallel.zeroStage = 2; }).empty());
   CHECK(errorsOf([](Setup& s) { s.parallel.zeroStage = 3; }).empty());
-  CHECK(HasErrorOn(errorsOf([](Setup& s) { s.parallel.fsdp = FsdpMode::FullShard; }), "parallel.fsdp"));
+  CHECK(errorsOf([](Setup& s) { s.parallel.fsdp = FsdpMode::FullShard; }).empty());
   CHECK(HasErrorOn(errorsOf([](Setup& s) { s.parallel.fsdp = FsdpMode::FullyShard; }), "parallel.fsdp"));
   CHECK(HasErrorOn(errorsOf([](Setup& s) { s.parallel.tensorParallel = 2; }), "parallel.tensorParallel"));
   CHECK(HasErrorOn(errorsOf([](Setup& s) { s.parallel.pipelineParallel = 2; }), "parallel.pipelineParallel"));

@@ -81,7 +81,36 @@ void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& error
   };
   const char* notYet = " with frozen weights, adapters or quantized weights (the finetune section) is not simulated "
                        "yet: use data parallelism (DDP or ZeRO 1–2), or estimate one GPU.";
-  if (p.fsdp != FsdpMode::Off) bad("fsdp", std::string("FSDP") + notYet);
+  if (p.fsdp == FsdpMode::FullyShard) bad("fsdp", std::string("FSDP2 fully_shard") + notYet);
+  if (p.fsdp != FsdpMode::Off && p.fsdp != FsdpMode::FullyShard) {
+    // FSDP (use_orig_params=True) flattens a unit's parameters, frozen and trainable, into one
+    // FlatParameter of one dtype (_flat_param.py _validate_tensors_to_flatten: "Must flatten
+    // tensors with uniform dtype"): the model's fp32 copy under MixedPrecision (the regime's fp32
+    // shards), else the weights' dtype.
+    const Regime regime = RegimeOf(setup.training.precision);
+    const DType flat = regime.masterWeights ? DType::FP32 : regime.weights;
+    if (f.lora && f.adapterDType == AdapterDType::FP32 && flat != DType::FP32) {
+      bad("fsdp", std::string("FSDP flattens a block's parameters into one FlatParameter of one dtype: fp32 adapters beside ") +
+                      DTypeId(flat) + " weights are refused by FSDP; set the adapters' dtype to the weights' (finetune.adapterDType).");
+    }
+    if (f.prepareForKbitTraining && flat != DType::FP32) {
+      bad("fsdp", "FSDP flattens a block's parameters into one FlatParameter of one dtype: prepare_model_for_kbit_training's "
+                  "fp32 upcasts beside 16-bit weights are refused by FSDP; turn finetune.prepareForKbitTraining off.");
+    }
+    if (f.quantization == Quantization::Int8) {
+      bad("fsdp", "FSDP with 8-bit (LLM.int8) weights is not simulated: use 4-bit weights with a float quant storage.");
+    } else if (f.quantization != Quantization::None) {
+      if (regime.masterWeights) {
+        // MixedPrecision casts the FlatParameter to param_dtype at each all-gather; packed codes
+        // stored as fp32 would not survive the cast. FSDP-QLoRA keeps the model in bf16.
+        bad("fsdp", "FSDP with 4-bit weights is simulated with the model kept in 16 bits (precision bf16 or fp16, "
+                    "quant storage the same), as FSDP-QLoRA runs it: MixedPrecision would cast the packed codes.");
+      } else if (f.quantStorage != flat) {
+        bad("fsdp", std::string("FSDP flattens the 4-bit weights with the others: set bnb_4bit_quant_storage ") +
+                        "(finetune.quantStorage) to " + DTypeId(flat) + " (PEFT's FSDP-QLoRA guide).");
+      }
+    }
+  }
   if (p.tensorParallel > 1) bad("tensorParallel", std::string("Tensor parallelism") + notYet);
   if (p.pipelineParallel > 1) bad("pipelineParallel", std::string("Pipeline parallelism") + notYet);
   if (p.contextParallel > 1) bad("contextParallel", std::string("Context parallelism") + notYet);

@@ -42,6 +42,11 @@ std::int64_t HeldBytes(const Tensor& t, std::int64_t held, DType weights) {
   return held * BytesPerElement(weights) + QuantStatisticsBytes(t, weights);
 }
 
+// FSDP (use_orig_params=True) with frozen parameters: torch.optim sees the trainable parts only.
+bool UsesTrainableParts(const Setup& setup, const ShardPlan& plan) {
+  return plan.engine == ShardingEngine::Fsdp && FinetuneActive(setup.finetune);
+}
+
 // FSDP unit of a parameter: 0 = root, 1 + block.
 int UnitOf(const Tensor& t) { return t.layer < 0 ? 0 : t.layer + 1; }
 
@@ -57,7 +62,8 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
       optimizerNames_ = names_;
       optimizerInventory_ = inventory_;
     } else {
-      optimizerInventory_ = plan_.optimizerTensors;
+      // FSDP with frozen parameters: the trainable parts of the rank's shard (sharding.cpp).
+      optimizerInventory_ = UsesTrainableParts(setup_, plan_) ? plan_.trainableShardParts : plan_.optimizerTensors;
       for (const Tensor& t : optimizerInventory_.parameters) optimizerNames_.push_back(text.Own(t.name));
     }
   }
@@ -149,6 +155,16 @@ void ParallelStep::Init(TraceBuilder& b) {
                 text.Make({"FSDP init: ", text.Own(s.name), " (1/", TextPart::Int(d), ", padded)"}),
                 text.Shape(Shape(s.shape), type), s.layer);
       }
+    }
+    // A 4-bit weight's QuantState (absmax, code) is no parameter: FSDP flattens the packed codes
+    // only, and every rank keeps the statistics whole (PEFT "FSDP-QLoRA").
+    for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+      const Tensor& p = inventory_.parameters[i];
+      const std::int64_t statistics = QuantStatisticsBytes(p, regime_.weights);
+      if (statistics == 0) continue;
+      b.Alloc(Category::Parameters, statistics, text.Make({names_[i], " quantization statistics"}),
+              text.Make({"model init: QuantState of ", names_[i], " (whole on every rank)"}),
+              text.Make({TextPart::Count(statistics), " B"}), p.layer);
     }
   } else {
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
@@ -403,6 +419,21 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
                     "rank's experts receive b·s·k rows in all, as on one GPU); expert states are sharded over " +
                     std::to_string(p.dataParallel * p.contextParallel / p.expertParallel) + " expert-data-parallel ranks.");
   }
+  if (FinetuneActive(setup.finetune)) {
+    // docs/parallel.md, "Fine-tuning on many GPUs".
+    notes.push_back(
+        p.fsdp != FsdpMode::Off
+            ? "Fine-tuning under FSDP (use_orig_params=True): each block's frozen and trainable parameters share one "
+              "FlatParameter, a block with a trainable parameter gets a gradient for all of it and a wholly frozen unit "
+              "none; optimizer states are those of the trainable parts in rank 0's shard (another rank's share of the "
+              "adapters can differ by a few tensors); 4-bit statistics stay whole on every rank."
+        : p.zeroStage == 3
+            ? "Fine-tuning under ZeRO-3: every parameter, frozen or 4-bit, is partitioned and gathered per block; the "
+              "fp32 partition, gradients and optimizer states cover the trainable parameters only; 4-bit statistics "
+              "stay whole on every rank."
+            : "Fine-tuning on many GPUs: frozen and quantized weights are replicated whole on every rank; only the "
+              "trainable parameters have gradients, reducer buckets or ZeRO partitions.");
+  }
   notes.push_back("NCCL's communicator buffers are not modelled yet (docs/parallel.md).");
   return notes;
 }
@@ -479,18 +510,23 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
     case ShardingEngine::Fsdp2: {
       const std::int64_t shards = plan.partitionElements;
       const DType type = regime.masterWeights ? DType::FP32 : regime.weights;
-      m.parametersBytes = plan.offloadParameters ? 0 : shards * BytesPerElement(type);
+      std::int64_t statistics = 0;  // 4-bit QuantState, whole on every rank
+      for (const Tensor& t : inventory.parameters) statistics += QuantStatisticsBytes(t, regime.weights);
+      m.parametersBytes = (plan.offloadParameters ? 0 : shards * BytesPerElement(type)) + statistics;
       params = plan.offloadParameters ? "offloaded to the host" : count(shards, type) + " sharded" + per + ", padded";
       m.masterWeightsBytes = 0;
       master = "the fp32 shards are the parameters";
-      m.gradientsBytes = plan.offloadOptimizer ? 0 : shards * BytesPerElement(optimizer.gradients);
-      grads = plan.offloadOptimizer ? "offloaded to the host" : count(shards, optimizer.gradients) + " sharded" + per;
+      // Units with no trainable parameter get no gradient (FSDP with frozen parameters).
+      const std::int64_t gradShards = plan.engine == ShardingEngine::Fsdp ? plan.gradientShardElements : shards;
+      m.gradientsBytes = plan.offloadOptimizer ? 0 : gradShards * BytesPerElement(optimizer.gradients);
+      grads = plan.offloadOptimizer ? "offloaded to the host" : count(gradShards, optimizer.gradients) + " sharded" + per;
       break;
     }
   }
   std::int64_t values = 0;
   if (!plan.offloadOptimizer || plan.engine == ShardingEngine::None || plan.engine == ShardingEngine::DDP) {
-    const Inventory& seen = plan.optimizerTensors;  // the parameters themselves for DDP
+    // The parameters themselves for DDP; FSDP with frozen parameters: the trainable parts.
+    const Inventory& seen = UsesTrainableParts(setup, plan) ? plan.trainableShardParts : plan.optimizerTensors;
     for (const Tensor& t : seen.parameters) {
       for (const StateTensor& s : OptimizerStateTensors(setup.training, optimizer, t)) {
         m.optimizerStatesBytes += s.elements * BytesPerElement(s.type);

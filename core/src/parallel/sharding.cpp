@@ -40,6 +40,45 @@ std::int64_t ShardWorldOf(const ParallelDef& p) {
   return 1;
 }
 
+// FSDP with use_orig_params=True (what PEFT and accelerate require for LoRA: without it
+// _flat_param.py _validate_tensors_to_flatten refuses "FlatParameter requires uniform
+// requires_grad"): a unit's frozen and trainable parameters share one FlatParameter. Its
+// requires_grad is that of any of them, so a unit with a trainable parameter gets a gradient for
+// the whole FlatParameter (the parameters are views into it and autograd accumulates into the
+// flat tensor: frozen parts receive zeros), reduce-scattered to a whole shard; a wholly frozen
+// unit gets none. torch.optim sees the original parameters as views into the rank's shard
+// (_use_sharded_views), so its states cover the trainable parameters' parts inside the shard.
+// The FlatParameter lists the unit's parameters in module order (the inventory's order); rank 0
+// holds elements [0, ⌈n / world⌉).
+void PlanFsdpTrainableParts(const Inventory& inventory, ShardPlan& plan) {
+  const std::int64_t d = plan.shardWorld;
+  const std::size_t units = 1 + plan.unitElements.size();
+  std::vector<std::int64_t> offset(units, 0);
+  std::vector<bool> trains(units, false);
+  for (const Tensor& t : inventory.parameters) {
+    const std::size_t u = t.layer < 0 ? 0 : static_cast<std::size_t>(t.layer) + 1;
+    const std::int64_t n = StorageElements(t);
+    const std::int64_t unitElements = u == 0 ? plan.rootUnitElements : plan.unitElements[u - 1];
+    const std::int64_t shardEnd = CeilDiv(unitElements, d);
+    if (t.trainable) {
+      trains[u] = true;
+      const std::int64_t inside = std::max<std::int64_t>(0, std::min(offset[u] + n, shardEnd) - offset[u]);
+      if (inside > 0) {
+        Tensor part;
+        part.name = t.name + " (part in rank 0's shard)";
+        part.shape = {inside};
+        part.layer = t.layer;
+        plan.trainableShardParts.parameters.push_back(part);
+      }
+    }
+    offset[u] += n;
+  }
+  for (std::size_t u = 0; u < units; ++u) {
+    const std::int64_t unitElements = u == 0 ? plan.rootUnitElements : plan.unitElements[u - 1];
+    if (trains[u] && unitElements > 0) plan.gradientShardElements += CeilDiv(unitElements, d);
+  }
+}
+
 }  // namespace
 
 ZeroRedundancyAssignment AssignZeroRedundancy(const Inventory& inventory, std::int64_t world) {
@@ -191,10 +230,11 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
 
   // Wrap units: one per transformer block, the rest in the root (transformer_auto_wrap_policy
   // over the decoder layer class, as accelerate and HF Trainer configure FSDP).
+  // In the elements torch flattens (a 4-bit weight's packed codes in its quant storage type).
   for (const Tensor& t : inventory.parameters) {
-    if (t.layer < 0) { plan.rootUnitElements += t.Elements(); continue; }
+    if (t.layer < 0) { plan.rootUnitElements += StorageElements(t); continue; }
     if (plan.unitElements.size() <= static_cast<std::size_t>(t.layer)) plan.unitElements.resize(static_cast<std::size_t>(t.layer) + 1, 0);
-    plan.unitElements[static_cast<std::size_t>(t.layer)] += t.Elements();
+    plan.unitElements[static_cast<std::size_t>(t.layer)] += StorageElements(t);
   }
 
   for (const Tensor& t : inventory.parameters) if (t.trainable) plan.flatElements += t.Elements();
@@ -323,6 +363,7 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
         if (plan.unitElements[l] > 0) unit(plan.unitElements[l], static_cast<int>(l), "layers." + std::to_string(l) + " FlatParameter shard");
       }
       std::fill(plan.parameterElementsHeld.begin(), plan.parameterElementsHeld.end(), 0);
+      PlanFsdpTrainableParts(inventory, plan);
       break;
     }
     case ShardingEngine::Fsdp2: {
