@@ -304,7 +304,9 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
         plan.paddedFlatElements = dense + expert;
         plan.partitionElements = dense / d + expert / de;
       } else if (plan.zeroStage <= 2) {
-        // stage_1_and_2.py: flatten_dense_tensors_aligned(group, nccl_start_alignment_factor (2) × dp).
+        // stage_1_and_2.py: flatten_dense_tensors_aligned(group, nccl_start_alignment_factor (2) × dp)
+        // over bit16_groups, which hold only parameters with requires_grad (DeepSpeedZeroOptimizer
+        // __init__: trainable_parameters): frozen and quantized weights stay whole, outside it.
         plan.paddedFlatElements = CeilDiv(plan.flatElements, 2 * d) * 2 * d;
         plan.partitionElements = plan.paddedFlatElements / d;
       } else {
