@@ -434,8 +434,8 @@ ojson FinetuneJson(const FinetuneDef& f) {
           {"lora", f.lora}, {"r", f.r}, {"loraAlpha", f.loraAlpha}, {"loraDropout", f.loraDropout},
           {"targetModules", f.targetModules}, {"useDora", f.useDora}, {"adapterDType", IdOf(f.adapterDType)},
           {"quantization", IdOf(f.quantization)}, {"doubleQuant", f.doubleQuant},
-          {"computeDType", DTypeId(f.computeDType)}, {"prepareForKbitTraining", f.prepareForKbitTraining},
-          {"quantStorage", DTypeId(f.quantStorage)}};
+          {"computeDType", DTypeId(f.computeDType)}, {"quantStorage", DTypeId(f.quantStorage)},
+          {"prepareForKbitTraining", f.prepareForKbitTraining}};  // the order of the page's fields
 }
 
 // The parallel section (docs/parallel.md); every key optional, defaults from DefaultSetup().
