@@ -5,6 +5,8 @@ started; each builds the same model, wraps it in DistributedDataParallel and run
 training steps under the same byte-exact allocation tracker as scripts/validate.py. Rank 0's
 figures are compared with the CLI's estimate of the simulated rank (docs/parallel.md).
 
+FINETUNE_CASES run DDP over a small fine-tuned Llama (frozen blocks, LoRA) the same way.
+
 Usage: /usr/bin/python3 scripts/validate_parallel.py [--cli PATH] [--only NAME]
 """
 import argparse
@@ -92,6 +94,65 @@ def measure_rank(rank, world, setup, port, out_path):
     dist.destroy_process_group()
 
 
+def measure_finetune_rank(rank, world, setup, port, out_path):
+    """DDP over a fine-tuned transformer (fp32): frozen parameters and LoRA written op for op as
+    PEFT does (finetune_reference.py); DistributedDataParallel registers only the parameters
+    with requires_grad (distributed.py _build_params_for_reducer), so its buckets hold the
+    adapters only (docs/parallel.md, "Fine-tuning on many GPUs")."""
+    import finetune_reference
+    import torch_reference as R
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    p, t = setup["parallel"], setup["training"]
+    cfg = R.read_config(setup)
+    b, s = t["batchSize"], t["sequenceLength"]
+    torch.manual_seed(0)
+    state = {}
+
+    def run():
+        with record_function("gpumem:init"):
+            model = R.build_model(cfg, torch.float32)
+            if finetune_reference.apply(model, setup, torch.float32, R.Dropout):
+                finetune_reference.hook_input_grads(model, cfg.family)
+            all_params = list(model.parameters())
+            params = [q for q in all_params if q.requires_grad]
+            ddp = torch.nn.parallel.DistributedDataParallel(
+                model, bucket_cap_mb=p.get("bucketCapMB", 25),
+                gradient_as_bucket_view=p.get("gradientAsBucketView", False))
+            opt = V.make_optimizer(t["optimizer"], t["optimizerImplementation"], params)
+        for step in (1, 2):
+            with record_function(f"gpumem:forward:{step}"):
+                batch = R.make_batch(cfg, b, s)
+                loss = R.compute_loss(ddp, batch)
+            with record_function(f"gpumem:backward:{step}"):
+                loss.backward()
+            if step == 1:
+                own = [g for g in (q.grad for q in params) if g is not None]
+                state["gradViews"] = sum(1 for g in own if g._base is not None)
+                del own
+            with record_function(f"gpumem:optimizerStep:{step}"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                del loss, batch
+        state["parameters"] = sum(q.numel() * q.element_size() for q in all_params)
+        state["optimizerStates"] = sum(v.numel() * v.element_size() for st in opt.state.values()
+                                       for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+        # The reducer's bucket bytes (its flat gradient buffers), from the buckets' parameters.
+        state["bucketElements"] = sum(q.numel() for q in params)
+        state["keep"] = (ddp, opt)
+
+    memory, ranges = R.fast_allocation_events(run)
+    del state["keep"]
+    state["peak"], state["phasePeaks"] = V.summarise(memory, ranges)
+    state["phaseEnds"] = {}
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump(state, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -103,6 +164,20 @@ def case(name, widths, world=2, batch=32, **parallel):
     setup["parallel"] = {"dataParallel": world, **parallel}
     return name, setup
 
+
+def ftcase(name, finetune, world=2, **parallel):
+    """A small Llama (validate.arch) fine-tuned under DDP, fp32 (torch 1.13 CPU)."""
+    _, setup = V.tcase(name, V.arch("llama", numLayers=2), batch=4, seq=256)
+    setup["finetune"] = finetune
+    setup["parallel"] = {"dataParallel": world, **parallel}
+    return name, setup
+
+
+FINETUNE_CASES = [
+    ftcase("ddp-llama-lora-qv", {"lora": True, "r": 8, "loraAlpha": 16}),
+    ftcase("ddp-llama-lora-views", {"lora": True, "r": 8, "loraAlpha": 16}, gradientAsBucketView=True),
+    ftcase("ddp-llama-frozen-first", {"freezeEmbeddings": True, "freezeFirstBlocks": 1}, bucketCapMB=1),
+]
 
 CASES = [
     case("ddp-mlp-copies", [512, 1024, 1024, 512]),
@@ -241,7 +316,7 @@ def main():
     V.prove_tracker()
     worst = 0.0
     exact_all = True
-    for name, setup in CASES:
+    for name, setup in CASES + FINETUNE_CASES:
         if args.only and args.only not in name:
             continue
         world = setup["parallel"]["dataParallel"]
@@ -249,7 +324,8 @@ def main():
         out = subprocess.run([args.cli, "--json", "-"], input=json.dumps(setup), capture_output=True, text=True)
         rank = json.loads(out.stdout)["estimate"]["rank"]["dataParallelRank"]  # the simulated rank
         with tempfile.TemporaryDirectory() as tmp:
-            mp.spawn(measure_rank, args=(world, setup, free_port(), os.path.join(tmp, "rank")), nprocs=world, join=True)
+            measure = measure_finetune_rank if "finetune" in setup else measure_rank
+            mp.spawn(measure, args=(world, setup, free_port(), os.path.join(tmp, "rank")), nprocs=world, join=True)
             with open(os.path.join(tmp, f"rank.{rank}")) as f:
                 m = json.load(f)
         states = pred["parameters"] == m["parameters"] and pred["optimizerStates"] == m["optimizerStates"]

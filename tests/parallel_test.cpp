@@ -497,7 +497,14 @@ TEST_CASE("Parallel: combinations the sharded step does not simulate are refused
   lora.parallel.dataParallel = 8;
   lora.parallel.zeroStage = 2;
   lora.finetune.lora = true;
-  CHECK(HasErrorOn(Validate(lora), "parallel.dataParallel"));
+  // Fine-tuning with ZeRO 1–2 is simulated (finetune_parallel_test.cpp) where the adapters are in
+  // the weights' dtype, as DeepSpeed's module.bfloat16() makes them; fp32 adapters are refused.
+  CHECK(HasErrorOn(Validate(lora), "parallel.zeroStage"));
+  lora.finetune.adapterDType = AdapterDType::Weights;
+  CHECK(Validate(lora).empty());
+  lora.parallel.zeroStage = 0;
+  lora.parallel.fsdp = FsdpMode::FullyShard;  // FSDP2 with frozen parameters: not yet
+  CHECK(HasErrorOn(Validate(lora), "parallel.fsdp"));
   lora.parallel = ParallelDef{};
   CHECK(Validate(lora).empty());  // one GPU with adapters is simulated
 

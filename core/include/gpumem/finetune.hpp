@@ -47,12 +47,23 @@ constexpr std::int64_t kBnb4BitCodeEntries = 16;      // get_4bit_type: the NF4 
 //           → 0.5 + 4/64 = 0.5625 B per weight
 //   double: ⌈n/2⌉ + ⌈n/64⌉ uint8 absmax + one fp32 offset + ⌈⌈n/64⌉/256⌉ fp32 nested absmax
 //           + the code → 0.5 + 1/64 + 4/16384 ≈ 0.5159 B per weight (0.127 bit of statistics)
-std::int64_t Nf4WeightBytes(std::int64_t elements, bool doubleQuant);
+// With bnb_4bit_quant_storage of `storageBytes` per element the packed codes are
+// (n + 1) / (2 · storageBytes) elements of that type (bitsandbytes backends/cuda/ops.py
+// _quantize_4bit_impl: out = empty(((n + 1) // (quant_storage.itemsize * 2), 1))).
+std::int64_t Nf4WeightBytes(std::int64_t elements, bool doubleQuant, std::int64_t storageBytes = 1);
 // LLM.int8 weight [rows, cols]: rows·cols int8 + rows fp32 scales (SCB).
 std::int64_t Int8WeightBytes(std::int64_t rows, std::int64_t cols);
 
 // Bytes a parameter occupies on the GPU under the regime's weight dtype.
 std::int64_t StoredBytes(const Tensor& p, DType regimeWeights);
+// Whether it is a bitsandbytes weight (NF4 / FP4 / int8).
+bool IsQuantized(const Tensor& p);
+// Elements of the tensor torch holds as the parameter (what FSDP / ZeRO-3 flatten and shard):
+// a 4-bit weight's packed codes in its quant storage type, an int8 weight's n values, else n.
+std::int64_t StorageElements(const Tensor& p);
+// Bytes of a quantized weight's statistics (absmax, nested absmax, code, int8 row scales), held
+// beside the parameter in its QuantState (not a parameter: never flattened or sharded); 0 else.
+std::int64_t QuantStatisticsBytes(const Tensor& p, DType regimeWeights);
 // The dtype a parameter is read as by the forward: its own float dtype, the regime's, or for a
 // quantized weight the compute dtype it is dequantized to.
 DType ParameterType(const Tensor& p, DType regimeWeights, DType quantCompute);

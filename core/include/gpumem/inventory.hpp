@@ -19,6 +19,9 @@ struct Tensor {
   // bitsandbytes layout (always frozen).
   enum class Storage : std::uint8_t { Regime, FP32, BF16, FP16, NF4, NF4Double, Int8 } storage = Storage::Regime;
   bool adapter = false;            // a LoRA / DoRA tensor PEFT adds
+  // NF4 / FP4: bytes of the element type the packed codes are stored in (bnb_4bit_quant_storage:
+  // 1 for uint8, bitsandbytes' default; 2 for bf16 / fp16, 4 for fp32, as FSDP / ZeRO-3 QLoRA use).
+  std::uint8_t quantStorageBytes = 1;
 
   std::int64_t Elements() const;
 };

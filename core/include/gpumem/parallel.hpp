@@ -85,6 +85,13 @@ struct ShardPlan {
   std::int64_t rootUnitElements = 0;
   // DDP: the reducer's buckets in elements of the gradient type, in the order they fill.
   std::vector<std::int64_t> ddpBucketElements;
+  std::vector<DType> ddpBucketTypes;
+  // FSDP (use_orig_params=True) with frozen parameters (docs/parallel.md, "Fine-tuning on many
+  // GPUs"): the shard elements of units that get a gradient (a unit with no trainable parameter
+  // gets none), and the parts of trainable parameters inside rank 0's shard, which are what
+  // torch.optim steps; without fine-tuning every unit and its whole shard.
+  std::int64_t gradientShardElements = 0;
+  Inventory trainableShardParts;  // each bucket's gradient dtype (one per dtype: reducer.cpp BucketKey)
   // ZeRO: the contiguous-gradient reduce buckets (ipg_buffer), elements, and how many (2 with
   // overlap_comm).
   std::int64_t reduceBucketElements = 0;

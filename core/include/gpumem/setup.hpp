@@ -341,6 +341,10 @@ struct FinetuneDef {
   // peft.prepare_model_for_kbit_training: every other 16-bit parameter upcast to fp32, gradient
   // checkpointing on every block, and the embeddings' output made to require a gradient.
   bool prepareForKbitTraining = false;
+  // bnb_4bit_quant_storage (transformers BitsAndBytesConfig): the element type the packed 4-bit
+  // codes are stored in; uint8 by default, a float type (bf16) so that FSDP and DeepSpeed ZeRO-3
+  // can flatten and shard them with the other parameters (PEFT docs, "FSDP-QLoRA").
+  DType quantStorage = DType::UInt8;
 
   bool operator==(const FinetuneDef&) const = default;
 };

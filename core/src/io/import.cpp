@@ -292,6 +292,14 @@ QuantizationImport ImportQuantizationConfig(std::string_view configText) {
     else if (compute == "float16") f.computeDType = DType::FP16;
     else out.errors.push_back({ErrorCode::InvalidField, path + ".bnb_4bit_compute_dtype",
                                "Must be float32, bfloat16 or float16."});
+    // bnb_4bit_quant_storage (BitsAndBytesConfig, default "uint8"): what FSDP-QLoRA sets to bf16.
+    const std::string storage = text("bnb_4bit_quant_storage");
+    if (storage.empty() || storage == "uint8") f.quantStorage = DType::UInt8;
+    else if (storage == "bfloat16") f.quantStorage = DType::BF16;
+    else if (storage == "float16") f.quantStorage = DType::FP16;
+    else if (storage == "float32") f.quantStorage = DType::FP32;
+    else out.errors.push_back({ErrorCode::InvalidField, path + ".bnb_4bit_quant_storage",
+                               "Must be uint8, bfloat16, float16 or float32."});
   }
   if (!four && !eight) out.notes.push_back("quantization_config loads neither 4-bit nor 8-bit weights: nothing quantized.");
   if (auto it = block->find("llm_int8_skip_modules"); it != block->end() && !it->is_null()) {

@@ -396,7 +396,7 @@ void ReadFinetune(Reader& r, const json& v, FinetuneDef& f) {
   if (!r.ExpectObject(v, path)) return;
   r.RejectUnknown(v, {"freezeEmbeddings", "freezeHead", "freezeFirstBlocks", "trainOnlyModules", "lora", "r",
                       "loraAlpha", "loraDropout", "targetModules", "useDora", "adapterDType", "quantization",
-                      "doubleQuant", "computeDType", "prepareForKbitTraining"}, path);
+                      "doubleQuant", "computeDType", "prepareForKbitTraining", "quantStorage"}, path);
   r.Bool(v, "freezeEmbeddings", path, f.freezeEmbeddings);
   r.Bool(v, "freezeHead", path, f.freezeHead);
   r.Int(v, "freezeFirstBlocks", path, f.freezeFirstBlocks);
@@ -418,6 +418,14 @@ void ReadFinetune(Reader& r, const json& v, FinetuneDef& f) {
     else r.Fail(ErrorCode::InvalidField, "finetune.computeDType", "Must be one of fp32, bf16, fp16 (got " + Echo(*it) + ").");
   }
   r.Bool(v, "prepareForKbitTraining", path, f.prepareForKbitTraining);
+  if (auto it = v.find("quantStorage"); it != v.end()) {
+    const std::string id = it->is_string() ? it->get<std::string>() : "";
+    if (id == "uint8") f.quantStorage = DType::UInt8;
+    else if (id == "bf16") f.quantStorage = DType::BF16;
+    else if (id == "fp16") f.quantStorage = DType::FP16;
+    else if (id == "fp32") f.quantStorage = DType::FP32;
+    else r.Fail(ErrorCode::InvalidField, "finetune.quantStorage", "Must be one of uint8, bf16, fp16, fp32 (got " + Echo(*it) + ").");
+  }
 }
 
 ojson FinetuneJson(const FinetuneDef& f) {
@@ -426,7 +434,8 @@ ojson FinetuneJson(const FinetuneDef& f) {
           {"lora", f.lora}, {"r", f.r}, {"loraAlpha", f.loraAlpha}, {"loraDropout", f.loraDropout},
           {"targetModules", f.targetModules}, {"useDora", f.useDora}, {"adapterDType", IdOf(f.adapterDType)},
           {"quantization", IdOf(f.quantization)}, {"doubleQuant", f.doubleQuant},
-          {"computeDType", DTypeId(f.computeDType)}, {"prepareForKbitTraining", f.prepareForKbitTraining}};
+          {"computeDType", DTypeId(f.computeDType)}, {"quantStorage", DTypeId(f.quantStorage)},
+          {"prepareForKbitTraining", f.prepareForKbitTraining}};  // the order of the page's fields
 }
 
 // The parallel section (docs/parallel.md); every key optional, defaults from DefaultSetup().
@@ -786,6 +795,7 @@ std::string ImportConfigJson(std::string_view configText, int indent) {
     const ojson f = FinetuneJson(q.finetune);
     setup["finetune"] = {{"quantization", f["quantization"]}, {"doubleQuant", f["doubleQuant"]},
                          {"computeDType", f["computeDType"]}};
+    if (q.finetune.quantStorage != DType::UInt8) setup["finetune"]["quantStorage"] = f["quantStorage"];
     notes.insert(notes.end(), q.notes.begin(), q.notes.end());
     notes.push_back("quantization_config read: bitsandbytes weights cannot be trained, so add LoRA adapters "
                     "(and prepare_model_for_kbit_training) before estimating.");
@@ -981,6 +991,7 @@ ojson FinetuneFieldsJson() {
       {"quantization", "Quantized base weights", "select", "quantizations", "bitsandbytes load_in_4bit (nf4 / fp4) or load_in_8bit", ""},
       {"doubleQuant", "Double quantization", "bool", "", "bnb_4bit_use_double_quant: 8-bit absmax + fp32 per 256 blocks", "quantization"},
       {"computeDType", "Compute dtype", "select", "computeDTypes", "bnb_4bit_compute_dtype: the dequantized weight's dtype", "quantization"},
+      {"quantStorage", "Quant storage", "select", "quantStorages", "bnb_4bit_quant_storage: the packed codes' element type (bf16 for FSDP / ZeRO-3)", "quantization"},
       {"prepareForKbitTraining", "prepare_model_for_kbit_training", "bool", "", "other 16-bit parameters upcast to fp32, checkpointing on every block, input gradients", ""},
   };
   ojson out = ojson::array();
@@ -1096,6 +1107,10 @@ std::string OptionsJson(int indent) {
                {"computeDTypes", ojson::array({{{"id", "fp32"}, {"label", "fp32 (bitsandbytes' default)"}},
                                                {{"id", "bf16"}, {"label", "bf16"}},
                                                {{"id", "fp16"}, {"label", "fp16"}}})},
+               {"quantStorages", ojson::array({{{"id", "uint8"}, {"label", "uint8 (bitsandbytes' default)"}},
+                                               {{"id", "bf16"}, {"label", "bf16 (FSDP / ZeRO-3 QLoRA)"}},
+                                               {{"id", "fp16"}, {"label", "fp16"}},
+                                               {{"id", "fp32"}, {"label", "fp32"}}})},
                {"finetuneFields", FinetuneFieldsJson()},
                {"defaultSetup", SetupJson(DefaultSetup())},
                {"examples", examples},

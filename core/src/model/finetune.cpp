@@ -86,10 +86,11 @@ bool IsLoraTarget(const FinetuneDef& f, Family family, std::string_view module) 
   return false;
 }
 
-std::int64_t Nf4WeightBytes(std::int64_t elements, bool doubleQuant) {
+std::int64_t Nf4WeightBytes(std::int64_t elements, bool doubleQuant, std::int64_t storageBytes) {
   // bitsandbytes functional.py quantize_4bit: out = uint8 [(n + 1) // 2, 1] (two 4-bit codes per
-  // byte); code = get_4bit_type(quant_type) — a new 16-entry fp32 tensor in every QuantState.
-  const std::int64_t packed = (elements + 1) / 2;
+  // byte), or quant_storage [(n + 1) // (2 · itemsize), 1]; code = get_4bit_type(quant_type) — a
+  // new 16-entry fp32 tensor in every QuantState.
+  const std::int64_t packed = (elements + 1) / (2 * storageBytes) * storageBytes;
   const std::int64_t blocks = (elements + kBnb4BitBlockSize - 1) / kBnb4BitBlockSize;
   const std::int64_t code = kBnb4BitCodeEntries * 4;
   if (!doubleQuant) return packed + blocks * 4 + code;  // absmax: fp32 [blocks]
@@ -123,14 +124,29 @@ bool Quantized(Tensor::Storage s) {
 
 std::int64_t StoredBytes(const Tensor& p, DType regimeWeights) {
   switch (p.storage) {
-    case Tensor::Storage::NF4: return Nf4WeightBytes(p.Elements(), false);
-    case Tensor::Storage::NF4Double: return Nf4WeightBytes(p.Elements(), true);
+    case Tensor::Storage::NF4: return Nf4WeightBytes(p.Elements(), false, p.quantStorageBytes);
+    case Tensor::Storage::NF4Double: return Nf4WeightBytes(p.Elements(), true, p.quantStorageBytes);
     case Tensor::Storage::Int8: {
       const std::int64_t rows = OutputRows(p);
       return Int8WeightBytes(rows, p.Elements() / std::max<std::int64_t>(1, rows));
     }
     default: return p.Elements() * BytesPerElement(OwnType(p.storage, regimeWeights));
   }
+}
+
+bool IsQuantized(const Tensor& p) { return Quantized(p.storage); }
+
+std::int64_t StorageElements(const Tensor& p) {
+  if (p.storage == Tensor::Storage::NF4 || p.storage == Tensor::Storage::NF4Double) {
+    return (p.Elements() + 1) / (2 * p.quantStorageBytes);
+  }
+  return p.Elements();
+}
+
+std::int64_t QuantStatisticsBytes(const Tensor& p, DType regimeWeights) {
+  if (!Quantized(p.storage)) return 0;
+  const std::int64_t element = p.storage == Tensor::Storage::Int8 ? 1 : p.quantStorageBytes;
+  return StoredBytes(p, regimeWeights) - StorageElements(p) * element;
 }
 
 DType ParameterType(const Tensor& p, DType regimeWeights, DType quantCompute) {
@@ -221,6 +237,7 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory) {
                   : f.doubleQuant                      ? Tensor::Storage::NF4Double
                                                        : Tensor::Storage::NF4;
       p.trainable = false;  // Params4bit / Int8Params: requires_grad=False
+      if (f.quantization != Quantization::Int8) p.quantStorageBytes = static_cast<std::uint8_t>(BytesPerElement(f.quantStorage));
     } else if (f.prepareForKbitTraining && sixteenBit) {
       // prepare_model_for_kbit_training: fp16 / bf16 parameters (not Params4bit) → fp32.
       p.storage = Tensor::Storage::FP32;
@@ -304,6 +321,12 @@ void ValidateFinetune(const Setup& setup, std::vector<FieldError>& errors, bool 
     }
   } else if (f.useDora || !f.targetModules.empty()) {
     fail("finetune.lora", "Adapter settings (targetModules, useDora) need lora switched on.");
+  }
+  if (f.quantStorage != DType::UInt8 && f.quantStorage != DType::BF16 && f.quantStorage != DType::FP16 &&
+      f.quantStorage != DType::FP32) {
+    fail("finetune.quantStorage", "bnb_4bit_quant_storage must be uint8, bf16, fp16 or fp32.");
+  } else if (f.quantStorage != DType::UInt8 && f.quantization != Quantization::NF4 && f.quantization != Quantization::FP4) {
+    fail("finetune.quantStorage", "bnb_4bit_quant_storage applies to 4-bit weights (load_in_4bit): keep uint8.");
   }
   if (f.quantization == Quantization::None) {
     if (f.doubleQuant) fail("finetune.doubleQuant", "Double quantization needs 4-bit weights (load_in_4bit).");

@@ -69,6 +69,83 @@ constexpr ParallelField kFields[] = {
 
 constexpr std::int64_t kMaxRanks = 1'000'000;  // GPUs in one job, far above any cluster
 
+// Fine-tuning on many GPUs (docs/parallel.md, "Fine-tuning on many GPUs"): data parallelism with
+// DDP (the reducer's buckets cover the trainable parameters only) and ZeRO 1–2 (the flat fp32
+// partition holds them only; frozen and quantized weights stay whole on every rank) are
+// simulated. What is not yet is refused by the field that asks for it.
+void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& errors) {
+  const ParallelDef& p = setup.parallel;
+  const FinetuneDef& f = setup.finetune;
+  auto bad = [&](const char* field, std::string message) {
+    errors.push_back({ErrorCode::InvalidField, std::string("parallel.") + field, std::move(message)});
+  };
+  const char* notYet = " with frozen weights, adapters or quantized weights (the finetune section) is not simulated "
+                       "yet: use data parallelism (DDP or ZeRO 1–2), or estimate one GPU.";
+  if (p.fsdp == FsdpMode::FullyShard) bad("fsdp", std::string("FSDP2 fully_shard") + notYet);
+  if (p.fsdp != FsdpMode::Off && p.fsdp != FsdpMode::FullyShard) {
+    // FSDP (use_orig_params=True) flattens a unit's parameters, frozen and trainable, into one
+    // FlatParameter of one dtype (_flat_param.py _validate_tensors_to_flatten: "Must flatten
+    // tensors with uniform dtype"): the model's fp32 copy under MixedPrecision (the regime's fp32
+    // shards), else the weights' dtype.
+    const Regime regime = RegimeOf(setup.training.precision);
+    const DType flat = regime.masterWeights ? DType::FP32 : regime.weights;
+    if (f.lora && f.adapterDType == AdapterDType::FP32 && flat != DType::FP32) {
+      bad("fsdp", std::string("FSDP flattens a block's parameters into one FlatParameter of one dtype: fp32 adapters beside ") +
+                      DTypeId(flat) + " weights are refused by FSDP; set the adapters' dtype to the weights' (finetune.adapterDType).");
+    }
+    if (f.prepareForKbitTraining && flat != DType::FP32) {
+      bad("fsdp", "FSDP flattens a block's parameters into one FlatParameter of one dtype: prepare_model_for_kbit_training's "
+                  "fp32 upcasts beside 16-bit weights are refused by FSDP; turn finetune.prepareForKbitTraining off.");
+    }
+    if (f.quantization == Quantization::Int8) {
+      bad("fsdp", "FSDP with 8-bit (LLM.int8) weights is not simulated: use 4-bit weights with a float quant storage.");
+    } else if (f.quantization != Quantization::None) {
+      if (regime.masterWeights) {
+        // MixedPrecision casts the FlatParameter to param_dtype at each all-gather; packed codes
+        // stored as fp32 would not survive the cast. FSDP-QLoRA keeps the model in bf16.
+        bad("fsdp", "FSDP with 4-bit weights is simulated with the model kept in 16 bits (precision bf16 or fp16, "
+                    "quant storage the same), as FSDP-QLoRA runs it: MixedPrecision would cast the packed codes.");
+      } else if (f.quantStorage != flat) {
+        bad("fsdp", std::string("FSDP flattens the 4-bit weights with the others: set bnb_4bit_quant_storage ") +
+                        "(finetune.quantStorage) to " + DTypeId(flat) + " (PEFT's FSDP-QLoRA guide).");
+      }
+    }
+  }
+  if (p.tensorParallel > 1) bad("tensorParallel", std::string("Tensor parallelism") + notYet);
+  if (p.pipelineParallel > 1) bad("pipelineParallel", std::string("Pipeline parallelism") + notYet);
+  if (p.contextParallel > 1) bad("contextParallel", std::string("Context parallelism") + notYet);
+  if (p.expertParallel > 1) bad("expertParallel", std::string("Expert parallelism") + notYet);
+  if (p.zeroStage >= 1) {
+    // DeepSpeed casts the whole module to the training dtype before it builds its groups
+    // (deepspeed/runtime/engine.py _configure_distributed_model: module.half() / module.bfloat16()),
+    // so fp32 adapters or prepare_model_for_kbit_training's fp32 upcasts do not survive, and its
+    // flat groups hold one dtype (stage_1_and_2.py flattens each bit16 group into one tensor).
+    // Simulated where the trainable parameters are already in the weights' dtype.
+    const bool sixteenBit = RegimeOf(setup.training.precision).weights != DType::FP32;
+    if (sixteenBit && f.lora && f.adapterDType == AdapterDType::FP32) {
+      bad("zeroStage", "DeepSpeed casts the module to 16 bits (engine.py module.bfloat16()/half()), so fp32 adapters "
+                       "become 16-bit: set the adapters' dtype to the weights' dtype (finetune.adapterDType) to simulate it.");
+    }
+    if (sixteenBit && f.prepareForKbitTraining) {
+      bad("zeroStage", "DeepSpeed casts the module to 16 bits (engine.py module.bfloat16()/half()), undoing "
+                       "prepare_model_for_kbit_training's fp32 upcasts: turn finetune.prepareForKbitTraining off to "
+                       "simulate it.");
+    }
+  }
+  if (p.zeroStage == 3 && f.quantization != Quantization::None) {
+    // ZeRO-3 partitions every parameter, the quantized ones too, and gathers a block's in one
+    // flat buffer of the weights' dtype: PEFT's "DeepSpeed ZeRO-3 + QLoRA" guide sets
+    // bnb_4bit_quant_storage to that dtype so the packed codes travel as its elements.
+    const DType weights = RegimeOf(setup.training.precision).weights;
+    if (f.quantization == Quantization::Int8) {
+      bad("zeroStage", "ZeRO-3 with 8-bit (LLM.int8) weights is not simulated: use 4-bit weights with a float quant storage.");
+    } else if (f.quantStorage != weights) {
+      bad("zeroStage", std::string("ZeRO-3 partitions the 4-bit weights with the others: set bnb_4bit_quant_storage ") +
+                           "(finetune.quantStorage) to the weights' dtype, " + DTypeId(weights) + " (PEFT's ZeRO-3 QLoRA guide).");
+    }
+  }
+}
+
 }  // namespace
 
 std::span<const Named<FsdpMode>> NamesOf(FsdpMode) { return kFsdpModes; }
@@ -128,10 +205,7 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
   // Combinations the sharded step does not simulate yet: refused by name rather than estimated
   // with one GPU's rules (the sharding code assumes every parameter trains in the regime's dtype,
   // and its gradient hooks replace the optimizer-in-backward's).
-  if (IsParallel(p) && FinetuneActive(setup.finetune)) {
-    bad("dataParallel", "Many GPUs with frozen weights, adapters or quantized weights (the finetune section) are not "
-                        "simulated yet: estimate one GPU, or train every parameter.");
-  }
+  if (IsParallel(p) && FinetuneActive(setup.finetune)) ValidateParallelFinetune(setup, errors);
   if (IsParallel(p) && setup.training.optimizerInBackward) {
     bad("dataParallel", "Many GPUs with the optimizer step in backward are not simulated yet: estimate one GPU, or "
                         "turn the optimizer in backward off.");

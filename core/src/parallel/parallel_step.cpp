@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <string>
 
+#include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 
@@ -32,6 +33,20 @@ Regime OptimizerRegimeOf(const ShardPlan& plan, const Regime& regime) {
   return r;
 }
 
+// Bytes of parameter `t` this rank holds when it keeps `held` of its storage elements: a whole
+// parameter as on one GPU (its own dtype or bitsandbytes layout: finetune.hpp StoredBytes), a
+// ZeRO-3 partition in the regime's dtype, plus a quantized weight's statistics, which are no
+// parameter and stay whole on every rank (its QuantState).
+std::int64_t HeldBytes(const Tensor& t, std::int64_t held, DType weights) {
+  if (held == StorageElements(t)) return StoredBytes(t, weights);
+  return held * BytesPerElement(weights) + QuantStatisticsBytes(t, weights);
+}
+
+// FSDP (use_orig_params=True) with frozen parameters: torch.optim sees the trainable parts only.
+bool UsesTrainableParts(const Setup& setup, const ShardPlan& plan) {
+  return plan.engine == ShardingEngine::Fsdp && FinetuneActive(setup.finetune);
+}
+
 // FSDP unit of a parameter: 0 = root, 1 + block.
 int UnitOf(const Tensor& t) { return t.layer < 0 ? 0 : t.layer + 1; }
 
@@ -47,7 +62,8 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
       optimizerNames_ = names_;
       optimizerInventory_ = inventory_;
     } else {
-      optimizerInventory_ = plan_.optimizerTensors;
+      // FSDP with frozen parameters: the trainable parts of the rank's shard (sharding.cpp).
+      optimizerInventory_ = UsesTrainableParts(setup_, plan_) ? plan_.trainableShardParts : plan_.optimizerTensors;
       for (const Tensor& t : optimizerInventory_.parameters) optimizerNames_.push_back(text.Own(t.name));
     }
   }
@@ -65,9 +81,9 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
   for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
     const Tensor& t = inventory_.parameters[i];
     // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole.
-    const bool whole = plan_.engine == ShardingEngine::Zero && t.Elements() < p.stage3ParamPersistenceThreshold &&
+    const bool whole = plan_.engine == ShardingEngine::Zero && StorageElements(t) < p.stage3ParamPersistenceThreshold &&
                        !plan_.offloadParameters;
-    if (!whole) gatherElements_[static_cast<std::size_t>(UnitOf(t))] += t.Elements();
+    if (!whole) gatherElements_[static_cast<std::size_t>(UnitOf(t))] += StorageElements(t);
   }
 }
 
@@ -140,17 +156,29 @@ void ParallelStep::Init(TraceBuilder& b) {
                 text.Shape(Shape(s.shape), type), s.layer);
       }
     }
+    // A 4-bit weight's QuantState (absmax, code) is no parameter: FSDP flattens the packed codes
+    // only, and every rank keeps the statistics whole (PEFT "FSDP-QLoRA").
+    for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+      const Tensor& p = inventory_.parameters[i];
+      const std::int64_t statistics = QuantStatisticsBytes(p, regime_.weights);
+      if (statistics == 0) continue;
+      b.Alloc(Category::Parameters, statistics, text.Make({names_[i], " quantization statistics"}),
+              text.Make({"model init: QuantState of ", names_[i], " (whole on every rank)"}),
+              text.Make({TextPart::Count(statistics), " B"}), p.layer);
+    }
   } else {
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
       const Tensor& p = inventory_.parameters[i];
       const std::int64_t held = plan_.parameterElementsHeld[i];
-      if (held <= 0) continue;
-      const bool partitioned = held != p.Elements();
-      b.Alloc(Category::Parameters, held * w, names_[i],
+      if (HeldBytes(p, held, regime_.weights) <= 0) continue;  // offload_param keeps only 4-bit statistics
+      const bool partitioned = held != StorageElements(p);
+      // A whole parameter is stored as on one GPU: its own dtype or bitsandbytes layout
+      // (finetune.hpp StoredBytes; N × the regime's bytes without fine-tuning).
+      b.Alloc(Category::Parameters, HeldBytes(p, held, regime_.weights), names_[i],
               partitioned ? text.Make({"ZeRO-3 init: partition of ", names_[i], " (⌈n / ", TextPart::Int(d), "⌉)"})
                           : text.Make({"model init: ", names_[i]}),
               partitioned ? text.Make({TextPart::Count(held), " × ", TextPart::Bytes(regime_.weights)})
-                          : text.Shape(Shape(p.shape), regime_.weights),
+                          : StorageFormula(text, p, regime_.weights),
               p.layer);
     }
   }
@@ -181,7 +209,7 @@ void ParallelStep::Init(TraceBuilder& b) {
   } else if (!fsdp && regime_.masterWeights) {
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
       const Tensor& p = inventory_.parameters[i];
-      if (!p.trainable) continue;
+      if (!p.trainable || !HasMasterCopy(p, regime_.masterWeights)) continue;  // fp32 adapters need none
       b.Alloc(Category::MasterWeights, p.Elements() * 4, text.Make({names_[i], " (fp32 master)"}),
               text.Make({"optimizer construction: fp32 master copy of ", names_[i]}),
               text.Shape(Shape(p.shape), DType::FP32), p.layer);
@@ -191,10 +219,11 @@ void ParallelStep::Init(TraceBuilder& b) {
   // bucket.gradients = at::empty({total numel})); they live as long as the model.
   for (std::size_t k = 0; k < plan_.ddpBucketElements.size(); ++k) {
     const std::int64_t n = plan_.ddpBucketElements[k];
-    b.Alloc(Category::Gradients, n * g, text.Make({"DDP bucket ", TextPart::Int(static_cast<std::int64_t>(k))}),
+    const DType type = plan_.ddpBucketTypes[k];  // fp32 adapters' buckets are fp32 (sharding.cpp)
+    b.Alloc(Category::Gradients, n * BytesPerElement(type), text.Make({"DDP bucket ", TextPart::Int(static_cast<std::int64_t>(k))}),
             text.Make({"DDP init: reducer bucket ", TextPart::Int(static_cast<std::int64_t>(k)),
                        TextPart::View(k == 0 ? " (first bucket: 1 MiB)" : " (bucket_cap_mb)")}),
-            text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.gradients)}));
+            text.Make({TextPart::Count(n), " × ", TextPart::Bytes(type)}));
   }
 }
 
@@ -228,9 +257,10 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
       // gradient (it was None after zero_grad(set_to_none=True)); the reducer's hook copies it
       // into its bucket view and makes .grad that view (reducer.cpp mark_variable_ready_dense:
       // bucket_view.copy_(grad); grad = bucket_view), so the gradient lives for an instant.
-      const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
-                                        text.Make({label, ": ", names_[index], ".grad"}),
-                                        text.Shape(Shape(p.shape), regime_.gradients), p.layer);
+      const DType type = GradientTypeOf(p, regime_.gradients);  // a parameter's own dtype (finetune.hpp)
+      const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * BytesPerElement(type),
+                                        text.Make({names_[index], ".grad"}), text.Make({label, ": ", names_[index], ".grad"}),
+                                        text.Shape(Shape(p.shape), type), p.layer);
       b.Release(grad, text.Make({label, ": ", names_[index], ".grad copied into its DDP bucket (now a view)"}));
       return true;
     }
@@ -389,9 +419,32 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
                     "rank's experts receive b·s·k rows in all, as on one GPU); expert states are sharded over " +
                     std::to_string(p.dataParallel * p.contextParallel / p.expertParallel) + " expert-data-parallel ranks.");
   }
+  if (FinetuneActive(setup.finetune)) {
+    // docs/parallel.md, "Fine-tuning on many GPUs".
+    notes.push_back(
+        p.fsdp != FsdpMode::Off
+            ? "Fine-tuning under FSDP (use_orig_params=True): each block's frozen and trainable parameters share one "
+              "FlatParameter, a block with a trainable parameter gets a gradient for all of it and a wholly frozen unit "
+              "none; optimizer states are those of the trainable parts in rank 0's shard (another rank's share of the "
+              "adapters can differ by a few tensors); 4-bit statistics stay whole on every rank."
+        : p.zeroStage == 3
+            ? "Fine-tuning under ZeRO-3: every parameter, frozen or 4-bit, is partitioned and gathered per block; the "
+              "fp32 partition, gradients and optimizer states cover the trainable parameters only; 4-bit statistics "
+              "stay whole on every rank."
+            : "Fine-tuning on many GPUs: frozen and quantized weights are replicated whole on every rank; only the "
+              "trainable parameters have gradients, reducer buckets or ZeRO partitions.");
+  }
   notes.push_back("NCCL's communicator buffers are not modelled yet (docs/parallel.md).");
   return notes;
 }
+
+namespace {
+std::vector<std::int64_t> StorageElementsOf(const Inventory& inventory) {
+  std::vector<std::int64_t> out;
+  for (const Tensor& t : inventory.parameters) out.push_back(StorageElements(t));
+  return out;
+}
+}  // namespace
 
 ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) {
   ModelStates m;
@@ -409,9 +462,16 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
     case ShardingEngine::DDP:
     case ShardingEngine::Zero: {
       std::int64_t held = 0;
-      for (std::int64_t n : plan.parameterElementsHeld) held += n;
-      m.parametersBytes = held * BytesPerElement(regime.weights);
-      params = count(held, regime.weights) + (held != m.parameterCount ? " (ZeRO-3 partitions" + per + " and persistent parameters)" : "");
+      for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+        const std::int64_t n = plan.parameterElementsHeld[i];
+        held += n;
+        // Whole parameters as on one GPU (their own dtype or bitsandbytes layout), partitions
+        // in the regime's dtype (ZeRO-3).
+        m.parametersBytes += HeldBytes(inventory.parameters[i], n, regime.weights);
+      }
+      params = FinetuneActive(setup.finetune) && plan.parameterElementsHeld == StorageElementsOf(inventory)
+                   ? FinetuneParameterFormula(setup, inventory) + " (whole on every rank)"
+                   : count(held, regime.weights) + (held != m.parameterCount ? " (ZeRO-3 partitions" + per + " and persistent parameters)" : "");
       if (plan.engine == ShardingEngine::Zero) {
         m.masterWeightsBytes = plan.offloadOptimizer ? 0 : plan.partitionElements * 4;
         master = plan.offloadOptimizer ? "offloaded to the host" : count(plan.partitionElements, DType::FP32) + " flat partition" + per;
@@ -420,13 +480,26 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
         m.gradientsBytes = n * BytesPerElement(regime.gradients);
         grads = count(n, regime.gradients) + (partitioned ? " gradient partition" + per : "");
       } else {
-        m.masterWeightsBytes = regime.masterWeights ? trainable * 4 : 0;
-        master = count(regime.masterWeights ? trainable : 0, DType::FP32);
-        std::int64_t buckets = 0;
-        for (std::int64_t n : plan.ddpBucketElements) buckets += n;
-        const std::int64_t n = (setup.parallel.gradientAsBucketView && plan.engine == ShardingEngine::DDP ? 0 : trainable) + buckets;
-        m.gradientsBytes = n * BytesPerElement(regime.gradients);
-        grads = count(n, regime.gradients) +
+        // Per tensor, as the trace allocates them: fp32 adapters keep their own gradients and
+        // no master copy (finetune.hpp); without fine-tuning N × the regime's bytes.
+        std::int64_t masterElements = 0, gradientBytes = 0;
+        for (const Tensor& t : inventory.parameters) {
+          if (!t.trainable) continue;
+          if (HasMasterCopy(t, regime.masterWeights)) masterElements += t.Elements();
+          gradientBytes += t.Elements() * BytesPerElement(GradientTypeOf(t, regime.gradients));
+        }
+        m.masterWeightsBytes = masterElements * 4;
+        master = count(masterElements, DType::FP32);
+        std::int64_t buckets = 0, bucketBytes = 0;
+        for (std::size_t k = 0; k < plan.ddpBucketElements.size(); ++k) {
+          buckets += plan.ddpBucketElements[k];
+          bucketBytes += plan.ddpBucketElements[k] * BytesPerElement(plan.ddpBucketTypes[k]);
+        }
+        const bool views = setup.parallel.gradientAsBucketView && plan.engine == ShardingEngine::DDP;
+        const std::int64_t n = (views ? 0 : trainable) + buckets;
+        m.gradientsBytes = (views ? 0 : gradientBytes) + bucketBytes;
+        grads = (FinetuneActive(setup.finetune) ? FormatCount(n) + " trainable values in their own dtypes"
+                                                : count(n, regime.gradients)) +
                 (buckets > 0 ? " (DDP buckets " + FormatCount(buckets) +
                                    (setup.parallel.gradientAsBucketView ? ", .grad views of them)" : " + .grad)")
                              : "");
@@ -437,18 +510,23 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
     case ShardingEngine::Fsdp2: {
       const std::int64_t shards = plan.partitionElements;
       const DType type = regime.masterWeights ? DType::FP32 : regime.weights;
-      m.parametersBytes = plan.offloadParameters ? 0 : shards * BytesPerElement(type);
+      std::int64_t statistics = 0;  // 4-bit QuantState, whole on every rank
+      for (const Tensor& t : inventory.parameters) statistics += QuantStatisticsBytes(t, regime.weights);
+      m.parametersBytes = (plan.offloadParameters ? 0 : shards * BytesPerElement(type)) + statistics;
       params = plan.offloadParameters ? "offloaded to the host" : count(shards, type) + " sharded" + per + ", padded";
       m.masterWeightsBytes = 0;
       master = "the fp32 shards are the parameters";
-      m.gradientsBytes = plan.offloadOptimizer ? 0 : shards * BytesPerElement(optimizer.gradients);
-      grads = plan.offloadOptimizer ? "offloaded to the host" : count(shards, optimizer.gradients) + " sharded" + per;
+      // Units with no trainable parameter get no gradient (FSDP with frozen parameters).
+      const std::int64_t gradShards = plan.engine == ShardingEngine::Fsdp ? plan.gradientShardElements : shards;
+      m.gradientsBytes = plan.offloadOptimizer ? 0 : gradShards * BytesPerElement(optimizer.gradients);
+      grads = plan.offloadOptimizer ? "offloaded to the host" : count(gradShards, optimizer.gradients) + " sharded" + per;
       break;
     }
   }
   std::int64_t values = 0;
   if (!plan.offloadOptimizer || plan.engine == ShardingEngine::None || plan.engine == ShardingEngine::DDP) {
-    const Inventory& seen = plan.optimizerTensors;  // the parameters themselves for DDP
+    // The parameters themselves for DDP; FSDP with frozen parameters: the trainable parts.
+    const Inventory& seen = UsesTrainableParts(setup, plan) ? plan.trainableShardParts : plan.optimizerTensors;
     for (const Tensor& t : seen.parameters) {
       for (const StateTensor& s : OptimizerStateTensors(setup.training, optimizer, t)) {
         m.optimizerStatesBytes += s.elements * BytesPerElement(s.type);

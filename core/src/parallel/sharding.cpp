@@ -4,6 +4,7 @@
 #include <vector>
 #include <string>
 
+#include "gpumem/finetune.hpp"
 #include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
@@ -37,6 +38,45 @@ std::int64_t ShardWorldOf(const ParallelDef& p) {
                                              : p.dataParallel * p.contextParallel;
   }
   return 1;
+}
+
+// FSDP with use_orig_params=True (what PEFT and accelerate require for LoRA: without it
+// _flat_param.py _validate_tensors_to_flatten refuses "FlatParameter requires uniform
+// requires_grad"): a unit's frozen and trainable parameters share one FlatParameter. Its
+// requires_grad is that of any of them, so a unit with a trainable parameter gets a gradient for
+// the whole FlatParameter (the parameters are views into it and autograd accumulates into the
+// flat tensor: frozen parts receive zeros), reduce-scattered to a whole shard; a wholly frozen
+// unit gets none. torch.optim sees the original parameters as views into the rank's shard
+// (_use_sharded_views), so its states cover the trainable parameters' parts inside the shard.
+// The FlatParameter lists the unit's parameters in module order (the inventory's order); rank 0
+// holds elements [0, ⌈n / world⌉).
+void PlanFsdpTrainableParts(const Inventory& inventory, ShardPlan& plan) {
+  const std::int64_t d = plan.shardWorld;
+  const std::size_t units = 1 + plan.unitElements.size();
+  std::vector<std::int64_t> offset(units, 0);
+  std::vector<bool> trains(units, false);
+  for (const Tensor& t : inventory.parameters) {
+    const std::size_t u = t.layer < 0 ? 0 : static_cast<std::size_t>(t.layer) + 1;
+    const std::int64_t n = StorageElements(t);
+    const std::int64_t unitElements = u == 0 ? plan.rootUnitElements : plan.unitElements[u - 1];
+    const std::int64_t shardEnd = CeilDiv(unitElements, d);
+    if (t.trainable) {
+      trains[u] = true;
+      const std::int64_t inside = std::max<std::int64_t>(0, std::min(offset[u] + n, shardEnd) - offset[u]);
+      if (inside > 0) {
+        Tensor part;
+        part.name = t.name + " (part in rank 0's shard)";
+        part.shape = {inside};
+        part.layer = t.layer;
+        plan.trainableShardParts.parameters.push_back(part);
+      }
+    }
+    offset[u] += n;
+  }
+  for (std::size_t u = 0; u < units; ++u) {
+    const std::int64_t unitElements = u == 0 ? plan.rootUnitElements : plan.unitElements[u - 1];
+    if (trains[u] && unitElements > 0) plan.gradientShardElements += CeilDiv(unitElements, d);
+  }
 }
 
 }  // namespace
@@ -185,14 +225,16 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
   const std::int64_t d = plan.shardWorld;
   const std::size_t n = inventory.parameters.size();
   plan.parameterElementsHeld.resize(n);
-  for (std::size_t i = 0; i < n; ++i) plan.parameterElementsHeld[i] = inventory.parameters[i].Elements();
+  // In the elements torch holds (a 4-bit weight's packed codes in its quant storage type).
+  for (std::size_t i = 0; i < n; ++i) plan.parameterElementsHeld[i] = StorageElements(inventory.parameters[i]);
 
   // Wrap units: one per transformer block, the rest in the root (transformer_auto_wrap_policy
   // over the decoder layer class, as accelerate and HF Trainer configure FSDP).
+  // In the elements torch flattens (a 4-bit weight's packed codes in its quant storage type).
   for (const Tensor& t : inventory.parameters) {
-    if (t.layer < 0) { plan.rootUnitElements += t.Elements(); continue; }
+    if (t.layer < 0) { plan.rootUnitElements += StorageElements(t); continue; }
     if (plan.unitElements.size() <= static_cast<std::size_t>(t.layer)) plan.unitElements.resize(static_cast<std::size_t>(t.layer) + 1, 0);
-    plan.unitElements[static_cast<std::size_t>(t.layer)] += t.Elements();
+    plan.unitElements[static_cast<std::size_t>(t.layer)] += StorageElements(t);
   }
 
   for (const Tensor& t : inventory.parameters) if (t.trainable) plan.flatElements += t.Elements();
@@ -206,21 +248,35 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
         // parameters in reverse order with limits [dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB),
         // bucket_cap_mb × 2^20]; a bucket closes once its bytes reach its limit
         // (torch/csrc/distributed/c10d/reducer.cpp compute_bucket_assignment_by_size).
-        const std::int64_t gradBytes = BytesPerElement(RegimeOf(setup.training.precision).gradients);
+        // Only parameters with requires_grad reach the reducer (distributed.py
+        // _build_params_for_reducer keeps `param.requires_grad`), so frozen and quantized base
+        // weights have no bucket; and tensors of different dtypes never share one (reducer.cpp
+        // compute_bucket_assignment_by_size keys its open buckets by BucketKey(dtype, device),
+        // each key with its own walk through the limits), e.g. fp32 adapters beside bf16 norms.
+        const DType regimeGradients = RegimeOf(setup.training.precision).gradients;
         const std::int64_t firstLimit = 1 << 20;
         const auto capLimit = static_cast<std::int64_t>(p.bucketCapMB * 1048576.0);
-        std::int64_t limit = firstLimit, bucket = 0;
+        struct OpenBucket { DType type; std::int64_t limit; std::int64_t elements; };
+        std::vector<OpenBucket> open;
         for (std::size_t i = n; i-- > 0;) {
           const Tensor& t = inventory.parameters[i];
           if (!t.trainable) continue;
-          bucket += t.Elements();
-          if (bucket * gradBytes >= limit) {
-            plan.ddpBucketElements.push_back(bucket);
-            bucket = 0;
-            limit = capLimit;
+          const DType type = GradientTypeOf(t, regimeGradients);
+          auto it = std::find_if(open.begin(), open.end(), [&](const OpenBucket& o) { return o.type == type; });
+          if (it == open.end()) it = open.insert(open.end(), OpenBucket{type, firstLimit, 0});
+          it->elements += t.Elements();
+          if (it->elements * BytesPerElement(type) >= it->limit) {
+            plan.ddpBucketElements.push_back(it->elements);
+            plan.ddpBucketTypes.push_back(type);
+            it->elements = 0;
+            it->limit = capLimit;
           }
         }
-        if (bucket > 0) plan.ddpBucketElements.push_back(bucket);
+        for (const OpenBucket& o : open) {
+          if (o.elements == 0) continue;
+          plan.ddpBucketElements.push_back(o.elements);
+          plan.ddpBucketTypes.push_back(o.type);
+        }
         if (p.zeroRedundancyOptimizer) {
           // The local optimizer of the heaviest rank sees only its parameters.
           const ZeroRedundancyAssignment a = AssignZeroRedundancy(inventory, p.dataParallel);
@@ -248,22 +304,30 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
         plan.paddedFlatElements = dense + expert;
         plan.partitionElements = dense / d + expert / de;
       } else if (plan.zeroStage <= 2) {
-        // stage_1_and_2.py: flatten_dense_tensors_aligned(group, nccl_start_alignment_factor (2) × dp).
+        // stage_1_and_2.py: flatten_dense_tensors_aligned(group, nccl_start_alignment_factor (2) × dp)
+        // over bit16_groups, which hold only parameters with requires_grad (DeepSpeedZeroOptimizer
+        // __init__: trainable_parameters): frozen and quantized weights stay whole, outside it.
         plan.paddedFlatElements = CeilDiv(plan.flatElements, 2 * d) * 2 * d;
         plan.partitionElements = plan.paddedFlatElements / d;
       } else {
         // partition_parameters.py _partition_param: each parameter padded to a multiple of the
         // world (_padding_size) and split, ds_tensor = ⌈n / dp⌉; the fp32 partition is the flat
         // of this rank's ds_tensors (stage3.py _create_fp32_partitions).
+        // Frozen parameters are partitioned too (zero.Init / _convert_to_zero_parameters take
+        // every module parameter), but only trainable ones enter the fp32 partition (stage3.py
+        // _get_trainable_parameter_groups keeps `p.requires_grad`). A 4-bit weight is partitioned
+        // as its packed codes in the quant storage type (bnb_4bit_quant_storage = the weights'
+        // dtype, which validation requires); its QuantState statistics stay whole.
         for (std::size_t i = 0; i < n; ++i) {
           const Tensor& t = inventory.parameters[i];
-          const std::int64_t shard = CeilDiv(t.Elements(), d);
+          const std::int64_t elements = StorageElements(t);
+          const std::int64_t shard = CeilDiv(elements, d);
           if (t.trainable) plan.partitionElements += shard;
           plan.paddedFlatElements += shard * d;
           // stage3_param_persistence_threshold: small parameters stay whole on every rank
           // (parameter_offload.py persistent_parameters) besides their partition.
           plan.parameterElementsHeld[i] =
-              plan.offloadParameters ? 0 : (t.Elements() < p.stage3ParamPersistenceThreshold ? t.Elements() + shard : shard);
+              plan.offloadParameters ? 0 : (elements < p.stage3ParamPersistenceThreshold ? elements + shard : shard);
         }
       }
       Tensor flat;
@@ -301,6 +365,7 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
         if (plan.unitElements[l] > 0) unit(plan.unitElements[l], static_cast<int>(l), "layers." + std::to_string(l) + " FlatParameter shard");
       }
       std::fill(plan.parameterElementsHeld.begin(), plan.parameterElementsHeld.end(), 0);
+      PlanFsdpTrainableParts(inventory, plan);
       break;
     }
     case ShardingEngine::Fsdp2: {
