@@ -8,6 +8,7 @@
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
 #include "parallel/pipeline.hpp"
+#include "parallel/parallel_fidelity.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -45,6 +46,9 @@ constexpr ParallelField kFields[] = {
     {"limitAllGathers", "limit_all_gathers", "bool", "", "FSDP: at most two units gathered ahead (default true)"},
     {"forwardPrefetch", "forward_prefetch", "bool", "", "FSDP: gather the next unit during forward (default false)"},
     {"backwardPrefetch", "backward_prefetch", "bool", "", "FSDP BACKWARD_PRE: gather the next unit before the current one's backward (default true)"},
+    {"fsdpReduceInFp32", "reduce_dtype=float32", "bool", "", "FSDP2 MixedPrecisionPolicy: reduce-scatter gradients in fp32 (default false: the param dtype)"},
+    {"fsdpShardEmbeddingsAndHead", "shard embeddings and output apart", "bool", "", "FSDP2: tok_embeddings and output as units of their own (torchtune custom_sharded_layers; default false)"},
+    {"gradReduceInFp32", "grad_reduce_in_fp32", "bool", "", "Megatron: one fp32 gradient buffer for the whole model (on with --bf16; default false)"},
     {"bucketCapMB", "bucket_cap_mb", "number", "", "DDP gradient bucket, MiB (default 25; the first bucket is 1 MiB)"},
     {"gradientAsBucketView", "gradient_as_bucket_view", "bool", "", "DDP: .grad are views of the buckets (default false: gradients twice)"},
     {"zeroRedundancyOptimizer", "ZeroRedundancyOptimizer", "bool", "", "torch's ZeRO-1 over DDP: states of whole parameters split across ranks (default false)"},
@@ -150,6 +154,7 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
       bad("zeroRedundancyOptimizer", "ZeroRedundancyOptimizer is simulated without fp32 master copies: choose fp32, bf16 or autocast.");
     }
   }
+  ValidateParallelFidelity(setup, errors);
   if (p.fsdp != FsdpMode::Off && p.zeroStage != 0) {
     bad("fsdp", "FSDP and DeepSpeed ZeRO shard the same states: choose one (zeroStage 0 with FSDP).");
   }

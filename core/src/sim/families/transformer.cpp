@@ -84,6 +84,7 @@ class TransformerPass final : public ModelPass {
     tokenTypes_ = bert ? t.External(batch_[2], {b_, s_}, i64, "token_type_ids") : kNoValue;
     m.labels = labels_;
 
+    if (layerHook_) layerHook_->ForwardStart(b);  // Many GPUs: FSDP2 embedding unit
     const families::RunBlock block = [this](ValueId x, const Context& c, int i) { return Block(x, c, i); };
     ValueId logits = kNoValue;
     if (chunk_.active) {
@@ -98,6 +99,7 @@ class TransformerPass final : public ModelPass {
       case Family::Llama: logits = families::LlamaForward(m, ids_, block); break;
       case Family::BERT: logits = families::BertForward(m, ids_, tokenTypes_, block); break;
     }
+    if (layerHook_) layerHook_->ForwardEnd(b);  // Many GPUs: FSDP2 output unit resharded
     m.Scope(-1, "loss");
     if (offload_) offload_->SetActive(false);  // the loss runs outside the context
     loss_ = m.loss != kNoValue ? m.loss : blocks::CrossEntropy(m, logits, labels_, !bert);
