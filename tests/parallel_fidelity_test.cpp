@@ -139,6 +139,16 @@ TEST_CASE("Parallel fidelity: FSDP2 embedding and output units gathered around t
   CHECK(Allocated(apart, "all-gather of output unit") == 2 * vh);
   CHECK(Allocated(apart, "reduce-scatter input of output unit") == 2 * vh);
   CHECK(apart.peak.totalBytes < root.peak.totalBytes);
+  // post_backward reshards the output unit before its foreach_reduce allocates the input.
+  std::size_t freed = 0, reduced = 0;
+  for (std::size_t i = 0; i < apart.timeline.size(); ++i) {
+    const TimelinePoint& p = apart.timeline[i];
+    if (p.phase != Phase::Backward) continue;
+    if (freed == 0 && p.label.find("reshard: output unit freed") != std::string::npos) freed = i;
+    if (reduced == 0 && p.label.find("reduce-scatter input of output unit") != std::string::npos) reduced = i;
+  }
+  CHECK(freed > 0);
+  CHECK(reduced > freed);
 }
 
 TEST_CASE("Parallel fidelity: the new fields are refused where they are not simulated", "[parallel][fidelity]") {

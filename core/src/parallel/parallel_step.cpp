@@ -375,6 +375,9 @@ void ParallelStep::ReduceScatterFsdp2(TraceBuilder& b, int unit) {
   const DType reduce = setup_.parallel.fsdpReduceInFp32 ? DType::FP32 : regime_.gradients;
   const std::int64_t padded = fsdp2PaddedElements_[static_cast<std::size_t>(unit)];
   const std::int64_t shard = fsdp2ShardElements_[static_cast<std::size_t>(unit)];
+  // post_backward: reshard (reshard_after_backward) first, then the previous reduce's input is
+  // let go and foreach_reduce runs.
+  if (unit > blocks) Free(b, unit);
   ReleaseHeldReduceInput(b);
   const TensorHandle input = b.Alloc(Category::Gradients, padded * BytesPerElement(reduce), text.Make({"reduce-scatter input"}),
                                      text.Make({"FSDP2 foreach_reduce: reduce-scatter input of ", what}),
@@ -388,7 +391,6 @@ void ParallelStep::ReduceScatterFsdp2(TraceBuilder& b, int unit) {
                              text.Make({"FSDP2 reduce-scatter of ", what}),
                              text.Make({TextPart::Count(shard), " × ", TextPart::Bytes(reduce)}), layer);
   heldReduceInput_ = input;
-  if (unit > blocks) Free(b, unit);  // post_backward reshards the unit
   if (plan_.offloadOptimizer) {
     b.Release(out, text.Make({"FSDP2: gradient shard of ", what, " copied to the host"}));
     return;
