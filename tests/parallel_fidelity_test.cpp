@@ -171,3 +171,50 @@ TEST_CASE("Parallel fidelity: the new fields are refused where they are not simu
   CHECK_FALSE(DefaultSetup().parallel.fsdpReduceInFp32);
   CHECK_FALSE(DefaultSetup().parallel.fsdpShardEmbeddingsAndHead);
 }
+
+TEST_CASE("Parallel fidelity: op-level selective checkpointing keeps every other mm and SDPA", "[parallel][fidelity]") {
+  Setup s = SmallLlama3();
+  s.parallel.dataParallel = 1;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.checkpointing = Checkpointing::EveryBlock;
+  const Estimate every = Labelled(s);
+  s.training.checkpointing = Checkpointing::SelectiveOp;
+  const Estimate op = Labelled(s);
+  s.training.checkpointing = Checkpointing::None;
+  const Estimate none = MustEstimate(s);
+  // Per token and block, besides the checkpoint's input: q_proj (1st mm, 4096), v_proj (3rd,
+  // 1024), gate_proj (5th, 14336), down_proj (7th, 4096) and SDPA's output (4096) in bf16 and
+  // its fp32 logsumexp (32 heads); k_proj, o_proj and up_proj (even mms) are recomputed.
+  const std::int64_t tokens = 256, perToken = (4096 + 1024 + 14336 + 4096 + 4096) * 2 + 32 * 4;
+  CHECK(op.forwardEnd.totalBytes - every.forwardEnd.totalBytes == 2 * tokens * perToken);
+  CHECK(op.forwardEnd.totalBytes < none.forwardEnd.totalBytes);
+  // The recompute takes the kept outputs back: backward allocates k_proj's output again but not
+  // q_proj's.
+  auto allocatedInBackward = [](const Estimate& e, const std::string& op) {
+    const std::string suffix = ": " + op;  // an op's output ("layers.0 attention: q_proj")
+    for (const TimelinePoint& p : e.timeline) {
+      if (p.phase == Phase::Backward && p.deltaBytes > 0 && p.category == Category::Activations &&
+          p.label.size() >= suffix.size() && p.label.compare(p.label.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        return true;
+      }
+    }
+    return false;
+  };
+  CHECK(allocatedInBackward(every, "q_proj"));
+  CHECK(allocatedInBackward(every, "scaled_dot_product_attention (saved)"));
+  CHECK(allocatedInBackward(every, "mlp gate_proj"));
+  CHECK(allocatedInBackward(every, "mlp down_proj"));
+  CHECK(allocatedInBackward(every, "v_proj"));
+  CHECK(allocatedInBackward(op, "k_proj"));
+  CHECK(allocatedInBackward(op, "o_proj"));
+  CHECK(allocatedInBackward(op, "mlp up_proj"));
+  CHECK_FALSE(allocatedInBackward(op, "mlp gate_proj"));
+  CHECK_FALSE(allocatedInBackward(op, "mlp down_proj"));
+  CHECK_FALSE(allocatedInBackward(op, "q_proj"));
+  CHECK_FALSE(allocatedInBackward(op, "v_proj"));
+  CHECK_FALSE(allocatedInBackward(op, "scaled_dot_product_attention (saved)"));
+  // Refused where it is not simulated.
+  s.training.checkpointing = Checkpointing::SelectiveOp;
+  s.training.activationOffloading = true;
+  CHECK(HasErrorOn(EstimateMemory(s).errors, "training.checkpointing"));
+}

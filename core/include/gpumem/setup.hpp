@@ -73,6 +73,9 @@ enum class Checkpointing {
   EveryBlock,     // each block keeps only its input; recomputed during backward
   EveryKthBlock,  // blocks 0, k, 2k, … checkpointed; the others keep everything
   Selective,      // only the attention core (scores, softmax, dropout, ·V) is recomputed
+  // torchtitan's op-level selective AC (ac_mode selective, selective_ac_option op): every block
+  // checkpointed, the outputs of every other mm and of SDPA kept, the rest recomputed.
+  SelectiveOp,
 };
 
 enum class LayerKind { Embedding, Linear, ReLU, GELU, Tanh, Sigmoid, Dropout };

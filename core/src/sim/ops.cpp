@@ -27,6 +27,9 @@ ValueId Linear(Tape& t, ValueId x, ValueId weight, ValueId bias, std::int64_t ou
   // copy of its input, an input with no gradient keeps no weight (checked in PyTorch 1.13:
   // MmBackward0._saved_self is None when the weight does not require grad).
   Tape::OpSpec spec{.name = name, .inputs = {{x16}, {w16}}, .shape = WithLast(t.ShapeOf(x), out), .type = type};
+  // F.linear on a [b, s, in] input runs aten.mm on the flattened input (op-level selective
+  // checkpointing counts it).
+  spec.sac = Tape::OpSpec::Sac::Mm;
   if (Grad(t, w16)) spec.saves.push_back(x16);
   if (Grad(t, x16)) spec.saves.push_back(w16);
   if (b16 != kNoValue) spec.inputs.push_back({b16});

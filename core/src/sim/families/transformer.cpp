@@ -204,8 +204,9 @@ class TransformerPass final : public ModelPass {
       }
       return m.t.Keep(in);
     };
+    const bool selectiveOps = t_.checkpointing == Checkpointing::SelectiveOp;
     const bool checkpoint =
-        t_.checkpointing == Checkpointing::EveryBlock ||
+        t_.checkpointing == Checkpointing::EveryBlock || selectiveOps ||
         (t_.checkpointing == Checkpointing::EveryKthBlock && i % t_.checkpointInterval == 0);
     if (!checkpoint) return run(x, c);
     m.t.SetScope(m.t.T({"layers.", TextPart::Int(i)}), i);
@@ -219,7 +220,7 @@ class TransformerPass final : public ModelPass {
       if (c.cos != kNoValue) local.cos = in[next++];
       if (c.sin != kNoValue) local.sin = in[next++];
       return Tape::Values{run(in[0], local)};
-    });
+    }, selectiveOps);
     return outs.front();
   }
 
