@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "gpumem/json.hpp"
 #include "gpumem/parallel.hpp"
 #include "gpumem/presets.hpp"
 #include "parallel/parallel_fidelity.hpp"
@@ -217,4 +218,23 @@ TEST_CASE("Parallel fidelity: op-level selective checkpointing keeps every other
   s.training.checkpointing = Checkpointing::SelectiveOp;
   s.training.activationOffloading = true;
   CHECK(HasErrorOn(EstimateMemory(s).errors, "training.checkpointing"));
+}
+
+TEST_CASE("Parallel fidelity: the new fields read and write as JSON", "[parallel][fidelity]") {
+  const SetupParseResult r = ParseSetupJson(
+      R"({"parallel": {"dataParallel": 8, "fsdp": "fully_shard", "fsdpReduceInFp32": true,
+          "fsdpShardEmbeddingsAndHead": true, "gradReduceInFp32": false},
+          "training": {"checkpointing": "selectiveOp"}})");
+  REQUIRE(r.errors.empty());
+  CHECK(r.setup.parallel.fsdpReduceInFp32);
+  CHECK(r.setup.parallel.fsdpShardEmbeddingsAndHead);
+  CHECK_FALSE(r.setup.parallel.gradReduceInFp32);
+  CHECK(r.setup.training.checkpointing == Checkpointing::SelectiveOp);
+  const std::string written = SetupToJson(r.setup);
+  CHECK(written.find(R"("fsdpReduceInFp32":true)") != std::string::npos);
+  CHECK(written.find(R"("fsdpShardEmbeddingsAndHead":true)") != std::string::npos);
+  CHECK(written.find(R"("gradReduceInFp32":false)") != std::string::npos);
+  CHECK(written.find(R"("checkpointing":"selectiveOp")") != std::string::npos);
+  // A wrong type is refused naming the field.
+  CHECK(HasErrorOn(ParseSetupJson(R"({"parallel": {"gradReduceInFp32": 1}})").errors, "parallel.gradReduceInFp32"));
 }
