@@ -238,3 +238,19 @@ TEST_CASE("Parallel fidelity: the new fields read and write as JSON", "[parallel
   // A wrong type is refused naming the field.
   CHECK(HasErrorOn(ParseSetupJson(R"({"parallel": {"gradReduceInFp32": 1}})").errors, "parallel.gradReduceInFp32"));
 }
+
+TEST_CASE("Parallel fidelity: the panel's fields follow the parallel section's JSON key order", "[parallel][fidelity]") {
+  // web/parallel-panel.js opens the Many GPUs fold when the form's values, read in
+  // ParallelFields() order, differ as JSON text from the default parallel section.
+  const std::string json = SetupToJson(DefaultSetup());
+  const std::size_t section = json.find(R"("parallel":{)");
+  REQUIRE(section != std::string::npos);
+  std::size_t last = section;
+  for (const ParallelField& f : ParallelFields()) {
+    const std::size_t at = json.find("\"" + std::string(f.key) + "\":", section);
+    INFO(f.key);
+    REQUIRE(at != std::string::npos);
+    CHECK(at > last);
+    last = at;
+  }
+}

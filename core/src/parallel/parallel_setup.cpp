@@ -37,6 +37,8 @@ constexpr Named<OverlapComm> kOverlaps[] = {
     {OverlapComm::Off, "false", "off"},
 };
 
+// In ParallelJson's key order (core/src/io/json.cpp): the page compares the form's values with
+// the default parallel section as JSON text (web/parallel-panel.js fillParallel).
 constexpr ParallelField kFields[] = {
     {"dataParallel", "data parallel size", "count", "", "GPUs that each see other samples; 1 = one GPU"},
     {"zeroStage", "ZeRO stage", "count", "", "DeepSpeed zero_optimization.stage 0–3; 0 = DDP"},
@@ -46,9 +48,6 @@ constexpr ParallelField kFields[] = {
     {"limitAllGathers", "limit_all_gathers", "bool", "", "FSDP: at most two units gathered ahead (default true)"},
     {"forwardPrefetch", "forward_prefetch", "bool", "", "FSDP: gather the next unit during forward (default false)"},
     {"backwardPrefetch", "backward_prefetch", "bool", "", "FSDP BACKWARD_PRE: gather the next unit before the current one's backward (default true)"},
-    {"fsdpReduceInFp32", "reduce_dtype=float32", "bool", "", "FSDP2 MixedPrecisionPolicy: reduce-scatter gradients in fp32 (default false: the param dtype)"},
-    {"fsdpShardEmbeddingsAndHead", "shard embeddings and output apart", "bool", "", "FSDP2: tok_embeddings and output as units of their own (torchtune custom_sharded_layers; default false)"},
-    {"gradReduceInFp32", "grad_reduce_in_fp32", "bool", "", "Megatron: one fp32 gradient buffer for the whole model (on with --bf16; default false)"},
     {"bucketCapMB", "bucket_cap_mb", "number", "", "DDP gradient bucket, MiB (default 25; the first bucket is 1 MiB)"},
     {"gradientAsBucketView", "gradient_as_bucket_view", "bool", "", "DDP: .grad are views of the buckets (default false: gradients twice)"},
     {"zeroRedundancyOptimizer", "ZeroRedundancyOptimizer", "bool", "", "torch's ZeRO-1 over DDP: states of whole parameters split across ranks (default false)"},
@@ -69,6 +68,9 @@ constexpr ParallelField kFields[] = {
     {"contextParallel", "context parallel size", "count", "", "Megatron --context-parallel-size"},
     {"expertParallel", "expert parallel size", "count", "", "Megatron --expert-model-parallel-size"},
     {"gradientAccumulationSteps", "gradient accumulation steps", "count", "", "micro-batches per optimizer step (the pipeline's m)"},
+    {"fsdpReduceInFp32", "reduce_dtype=float32", "bool", "", "FSDP2 MixedPrecisionPolicy: reduce-scatter gradients in fp32 (default false: the param dtype)"},
+    {"fsdpShardEmbeddingsAndHead", "shard embeddings and output apart", "bool", "", "FSDP2: tok_embeddings and output as units of their own (torchtune custom_sharded_layers; default false)"},
+    {"gradReduceInFp32", "grad_reduce_in_fp32", "bool", "", "Megatron: one fp32 gradient buffer for the whole model (on with --bf16; default false)"},
 };
 
 constexpr std::int64_t kMaxRanks = 1'000'000;  // GPUs in one job, far above any cluster
