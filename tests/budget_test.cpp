@@ -45,6 +45,7 @@ const char* NameOf(Checkpointing c) {
     case Checkpointing::EveryBlock: return "everyBlock";
     case Checkpointing::EveryKthBlock: return "everyKthBlock";
     case Checkpointing::Selective: return "selective";
+    case Checkpointing::SelectiveOp: return "selectiveOp";
   }
   return "?";
 }
@@ -101,7 +102,7 @@ TEST_CASE("the predicted events bound activation offloading too", "[budget]") {
 TEST_CASE("the predicted events bound every preset and checkpointing mode within 2x", "[budget]") {
   for (const Preset& p : Presets()) {
     for (Checkpointing c : {Checkpointing::None, Checkpointing::EveryBlock, Checkpointing::EveryKthBlock,
-                            Checkpointing::Selective}) {
+                            Checkpointing::Selective, Checkpointing::SelectiveOp}) {
       Setup s = PresetSetup(p);
       s.training.checkpointing = c;
       const EstimateResult r = EstimateMemory(s, Lean());

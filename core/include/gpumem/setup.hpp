@@ -73,6 +73,9 @@ enum class Checkpointing {
   EveryBlock,     // each block keeps only its input; recomputed during backward
   EveryKthBlock,  // blocks 0, k, 2k, … checkpointed; the others keep everything
   Selective,      // only the attention core (scores, softmax, dropout, ·V) is recomputed
+  // torchtitan's op-level selective AC (ac_mode selective, selective_ac_option op): every block
+  // checkpointed, the outputs of every other mm and of SDPA kept, the rest recomputed.
+  SelectiveOp,
 };
 
 enum class LayerKind { Embedding, Linear, ReLU, GELU, Tanh, Sigmoid, Dropout };
@@ -391,7 +394,17 @@ struct ParallelDef {
   bool limitAllGathers = true;        // FSDP limit_all_gathers (≤ 2 units gathered ahead)
   bool forwardPrefetch = false;       // FSDP forward_prefetch
   bool backwardPrefetch = true;       // FSDP backward_prefetch=BACKWARD_PRE (the default)
+  // FSDP2 MixedPrecisionPolicy(reduce_dtype=torch.float32): the reduce-scatter input and output in
+  // fp32 (torchtitan's default); false = reduce_dtype None, the gradients' (param) dtype.
+  bool fsdpReduceInFp32 = false;
+  // FSDP2: tok_embeddings and output (lm_head) wrapped as units of their own, resharded after
+  // forward (torchtune custom_sharded_layers; torchtitan apply_fsdp); false = in the root unit.
+  bool fsdpShardEmbeddingsAndHead = false;
   // torch.nn.parallel.DistributedDataParallel
+  // Megatron's grad_reduce_in_fp32 (accumulate_allreduce_grads_in_fp32, on for --bf16): its
+  // DistributedDataParallel keeps one fp32 gradient buffer for the whole model from init;
+  // with the distributed optimizer (zeroStage 1) its ends padded (param_and_grad_buffer.py).
+  bool gradReduceInFp32 = false;
   double bucketCapMB = 25;            // bucket_cap_mb, MiB (the first bucket is 1 MiB: dist._DEFAULT_FIRST_BUCKET_BYTES)
   bool gradientAsBucketView = false;  // gradient_as_bucket_view
   // torch.distributed.optim.ZeroRedundancyOptimizer over DDP: each rank keeps optimizer states

@@ -448,7 +448,8 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
                       "contiguousGradients", "stage3PrefetchBucketSize", "stage3MaxLiveParameters",
                       "stage3ParamPersistenceThreshold", "offload", "tensorParallel", "sequenceParallel",
                       "pipelineParallel", "pipelineSchedule", "virtualStages", "pipelineStage", "contextParallel",
-                      "expertParallel", "gradientAccumulationSteps"}, path);
+                      "expertParallel", "gradientAccumulationSteps", "fsdpReduceInFp32",
+                      "fsdpShardEmbeddingsAndHead", "gradReduceInFp32"}, path);
   r.Int(v, "dataParallel", path, p.dataParallel);
   r.Int(v, "zeroStage", path, p.zeroStage);
   r.Enum(v, "fsdp", path, p.fsdp);
@@ -477,6 +478,9 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.Int(v, "contextParallel", path, p.contextParallel);
   r.Int(v, "expertParallel", path, p.expertParallel);
   r.Int(v, "gradientAccumulationSteps", path, p.gradientAccumulationSteps);
+  r.Bool(v, "fsdpReduceInFp32", path, p.fsdpReduceInFp32);
+  r.Bool(v, "fsdpShardEmbeddingsAndHead", path, p.fsdpShardEmbeddingsAndHead);
+  r.Bool(v, "gradReduceInFp32", path, p.gradReduceInFp32);
 }
 
 ojson ParallelJson(const ParallelDef& p) {
@@ -493,7 +497,9 @@ ojson ParallelJson(const ParallelDef& p) {
           {"tensorParallel", p.tensorParallel}, {"sequenceParallel", p.sequenceParallel},
           {"pipelineParallel", p.pipelineParallel}, {"pipelineSchedule", IdOf(p.pipelineSchedule)},
           {"virtualStages", p.virtualStages}, {"pipelineStage", p.pipelineStage}, {"contextParallel", p.contextParallel},
-          {"expertParallel", p.expertParallel}, {"gradientAccumulationSteps", p.gradientAccumulationSteps}};
+          {"expertParallel", p.expertParallel}, {"gradientAccumulationSteps", p.gradientAccumulationSteps},
+          {"fsdpReduceInFp32", p.fsdpReduceInFp32}, {"fsdpShardEmbeddingsAndHead", p.fsdpShardEmbeddingsAndHead},
+          {"gradReduceInFp32", p.gradReduceInFp32}};
 }
 
 ojson LayerToJson(const LayerDef& l) {

@@ -43,6 +43,8 @@ constexpr Named<Checkpointing> kCheckpointings[] = {
     {Checkpointing::EveryKthBlock, "everyKthBlock", "every k-th block (a peak at layer 0's backward can rise)"},
     {Checkpointing::Selective, "selective",
      "selective (attention core; with SDPA under autocast it keeps q, k in fp32 and can cost more)"},
+    {Checkpointing::SelectiveOp, "selectiveOp",
+     "op-level selective (torchtitan: every block, the outputs of every other matmul and of SDPA kept)"},
 };
 constexpr Named<LayerKind> kLayerKinds[] = {
     {LayerKind::Embedding, "embedding", "Embedding"}, {LayerKind::Linear, "linear", "Linear"},

@@ -265,6 +265,8 @@ SizeBound SizeBoundOf(const Setup& setup, const std::optional<ParameterSplit>& s
       case Checkpointing::None: break;
       case Checkpointing::Selective: scoreBlocks = 1; break;  // the attention core is recomputed
       case Checkpointing::EveryBlock: fullBlocks = 1; scoreBlocks = 1; inputBlocks = L; break;
+      // Keeps its inputs and a subset of every block's outputs: no more than without checkpointing.
+      case Checkpointing::SelectiveOp: scoreBlocks = 1; inputBlocks = L; break;
       case Checkpointing::EveryKthBlock: {
         const double k = double(std::max<std::int64_t>(1, t.checkpointInterval));
         inputBlocks = std::ceil(L / k);  // blocks 0, k, 2k, …
@@ -361,6 +363,7 @@ EventBudget PredictEventsOf(const Setup& setup) {
     case Checkpointing::None: break;
     case Checkpointing::Selective: block *= events::kSelectiveFactor; break;
     case Checkpointing::EveryBlock:
+    case Checkpointing::SelectiveOp:
     case Checkpointing::EveryKthBlock: block *= events::kRecomputeFactor; break;
   }
   if (t.activationOffloading) {
@@ -617,6 +620,13 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
     errors.push_back({ErrorCode::InvalidField, "training.lossChunks",
                       "Loss chunks must be a whole number from 1 to 8 (torchtune's default is 8), got " +
                           FormatCount(t.lossChunks) + "."});
+  }
+  // Op-level selective checkpointing is simulated on transformer blocks, without the saved-tensor
+  // hooks of activation offloading (the two are not combined in torchtitan or torchtune).
+  if (t.checkpointing == Checkpointing::SelectiveOp && (m.kind != ModelKind::Transformer || t.activationOffloading)) {
+    errors.push_back({ErrorCode::InvalidField, "training.checkpointing",
+                      "Op-level selective checkpointing (torchtitan's) is simulated for transformer blocks "
+                      "without activation offloading."});
   }
   if (t.activationOffloading && m.kind != ModelKind::Transformer) {
     errors.push_back({ErrorCode::InvalidField, "training.activationOffloading",

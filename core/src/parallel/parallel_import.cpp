@@ -189,6 +189,7 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
   ParallelDef& p = out.setup.parallel;
   TrainingDef& t = out.setup.training;
   std::int64_t layersPerVirtualStage = 0;
+  bool fp32GradBuffer = false;
   for (std::size_t i = 0; i < words.size(); ++i) {
     std::string flag = words[i];
     if (flag.rfind("--", 0) != 0) continue;
@@ -224,9 +225,23 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
       // stays whole).
       p.zeroStage = 1;
       out.notes.push_back("--use-distributed-optimizer is simulated as ZeRO-1 (sharded fp32 parameters and states)");
+    } else if (flag == "--accumulate-allreduce-grads-in-fp32") {
+      fp32GradBuffer = true;
     } else {
       out.ignoredFields.push_back(flag);
     }
+  }
+  // megatron/training/arguments.py validate_args: "bfloat16 requires gradient accumulation and
+  // all-reduce to be done in fp32" (args.accumulate_allreduce_grads_in_fp32 = True with --bf16),
+  // passed to DistributedDataParallelConfig as grad_reduce_in_fp32 (training.py get_model): one
+  // whole fp32 gradient buffer. Simulated with the distributed optimizer (zeroStage 1).
+  if ((fp32GradBuffer || t.precision == Precision::BF16Mixed) && p.zeroStage == 1) {
+    p.gradReduceInFp32 = true;
+    out.notes.push_back("Megatron keeps a whole fp32 gradient buffer (grad_reduce_in_fp32, on with --bf16): "
+                        "parallel.gradReduceInFp32");
+  } else if (fp32GradBuffer) {
+    out.notes.push_back("--accumulate-allreduce-grads-in-fp32 without --use-distributed-optimizer: Megatron's DDP "
+                        "gradient buffer is not simulated yet (DDP's rules are used)");
   }
   if (layersPerVirtualStage > 0) {
     p.pipelineSchedule = PipelineSchedule::Interleaved;

@@ -8,6 +8,7 @@
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
 #include "parallel/pipeline.hpp"
+#include "parallel/parallel_fidelity.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -36,6 +37,8 @@ constexpr Named<OverlapComm> kOverlaps[] = {
     {OverlapComm::Off, "false", "off"},
 };
 
+// In ParallelJson's key order (core/src/io/json.cpp): the page compares the form's values with
+// the default parallel section as JSON text (web/parallel-panel.js fillParallel).
 constexpr ParallelField kFields[] = {
     {"dataParallel", "data parallel size", "count", "", "GPUs that each see other samples; 1 = one GPU"},
     {"zeroStage", "ZeRO stage", "count", "", "DeepSpeed zero_optimization.stage 0–3; 0 = DDP"},
@@ -65,6 +68,9 @@ constexpr ParallelField kFields[] = {
     {"contextParallel", "context parallel size", "count", "", "Megatron --context-parallel-size"},
     {"expertParallel", "expert parallel size", "count", "", "Megatron --expert-model-parallel-size"},
     {"gradientAccumulationSteps", "gradient accumulation steps", "count", "", "micro-batches per optimizer step (the pipeline's m)"},
+    {"fsdpReduceInFp32", "reduce_dtype=float32", "bool", "", "FSDP2 MixedPrecisionPolicy: reduce-scatter gradients in fp32 (default false: the param dtype)"},
+    {"fsdpShardEmbeddingsAndHead", "shard embeddings and output apart", "bool", "", "FSDP2: tok_embeddings and output as units of their own (torchtune custom_sharded_layers; default false)"},
+    {"gradReduceInFp32", "grad_reduce_in_fp32", "bool", "", "Megatron: one fp32 gradient buffer for the whole model (on with --bf16; default false)"},
 };
 
 constexpr std::int64_t kMaxRanks = 1'000'000;  // GPUs in one job, far above any cluster
@@ -224,6 +230,7 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
       bad("zeroRedundancyOptimizer", "ZeroRedundancyOptimizer is simulated without fp32 master copies: choose fp32, bf16 or autocast.");
     }
   }
+  ValidateParallelFidelity(setup, errors);
   if (p.fsdp != FsdpMode::Off && p.zeroStage != 0) {
     bad("fsdp", "FSDP and DeepSpeed ZeRO shard the same states: choose one (zeroStage 0 with FSDP).");
   }

@@ -1,5 +1,6 @@
 // The simulated rank's sharded model states and communication buffers (docs/parallel.md).
 #include "parallel/parallel_step.hpp"
+#include "parallel/parallel_fidelity.hpp"
 #include "parallel/pipeline.hpp"
 #include "parallel/sequence_split.hpp"
 
@@ -67,7 +68,24 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
       for (const Tensor& t : optimizerInventory_.parameters) optimizerNames_.push_back(text.Own(t.name));
     }
   }
-  const std::size_t units = 1 + plan_.unitElements.size();
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  // FSDP2 with the embedding and the output layer as units of their own: two more units.
+  const std::size_t units = 1 + plan_.unitElements.size() +
+                            (plan_.engine == ShardingEngine::Fsdp2 && setup_.parallel.fsdpShardEmbeddingsAndHead ? 2 : 0);
+  for (const Tensor& t : inventory_.parameters) unitOf_.push_back(UnitOf(t));
+  if (plan_.engine == ShardingEngine::Fsdp2) {
+    unitOf_ = Fsdp2UnitOfParameter(setup_, inventory_, blocks);
+    // _fsdp_collectives.py foreach_reduce: each gradient padded on dim 0 to a multiple of the
+    // world (_get_dim0_padded_size), i.e. the parameter's padded shard (sharding.cpp) × world.
+    fsdp2PaddedElements_.assign(units, 0);
+    fsdp2ShardElements_.assign(units, 0);
+    for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+      const std::int64_t shard = plan_.optimizerTensors.parameters[i].Elements();
+      fsdp2ShardElements_[static_cast<std::size_t>(unitOf_[i])] += shard;
+      fsdp2PaddedElements_[static_cast<std::size_t>(unitOf_[i])] += shard * plan_.shardWorld;
+    }
+    parameterGrads_.assign(units, {});
+  }
   unsharded_.assign(units, kNoTensor);
   sharded_.assign(units, kNoTensor);
   const ParallelDef& p = setup_.parallel;
@@ -83,7 +101,7 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole.
     const bool whole = plan_.engine == ShardingEngine::Zero && StorageElements(t) < p.stage3ParamPersistenceThreshold &&
                        !plan_.offloadParameters;
-    if (!whole) gatherElements_[static_cast<std::size_t>(UnitOf(t))] += StorageElements(t);
+    if (!whole) gatherElements_[static_cast<std::size_t>(unitOf_[i])] += StorageElements(t);
   }
 }
 
@@ -93,8 +111,11 @@ void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
   const std::int64_t n = gatherElements_[static_cast<std::size_t>(unit)];
   if (h != kNoTensor || n == 0) return;
   TextStore& text = b.text();
-  const Text what = unit == 0 ? text.Make({"root unit (embeddings, final norm, head)"})
-                              : text.Make({"layers.", TextPart::Int(unit - 1)});
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  const Text what = unit == 0             ? text.Make({"root unit (embeddings, final norm, head)"})
+                    : unit == blocks + 1 ? text.Make({"embedding unit"})
+                    : unit == blocks + 2 ? text.Make({"output unit"})
+                                         : text.Make({"layers.", TextPart::Int(unit - 1)});
   h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights), text.Make({"gathered ", what}),
               text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what}),
               text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
@@ -105,8 +126,11 @@ void ParallelStep::Free(TraceBuilder& b, int unit) {
   TensorHandle& h = gathered_[static_cast<std::size_t>(unit)];
   if (h == kNoTensor) return;
   TextStore& text = b.text();
-  b.Release(h, unit == 0 ? text.Make({"reshard: root unit freed"})
-                         : text.Make({"reshard: layers.", TextPart::Int(unit - 1), " freed"}));
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  b.Release(h, unit == 0             ? text.Make({"reshard: root unit freed"})
+               : unit == blocks + 1 ? text.Make({"reshard: embedding unit freed"})
+               : unit == blocks + 2 ? text.Make({"reshard: output unit freed"})
+                                    : text.Make({"reshard: layers.", TextPart::Int(unit - 1), " freed"}));
   h = kNoTensor;
 }
 
@@ -114,7 +138,16 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   if (!gathers_) return;
   const int unit = layer < 0 ? 0 : layer + 1;
   const int units = static_cast<int>(gathered_.size());
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  const bool apart = units > blocks + 1;  // FSDP2 embedding and output units
   if (!backward) {
+    if (layer >= 0) forwardSawBlock_ = true;
+    // The output unit's pre-forward: the final norm and head run after the last block.
+    if (apart && layer < 0 && forwardSawBlock_) {
+      for (int u = 1; u <= blocks; ++u) if (reshardAfterForward_) Free(b, u);
+      Gather(b, blocks + 2, false);
+      return;
+    }
     // Forward: the root is gathered first and (as FSDP's root) kept to the end of backward;
     // a block's unit is freed when the next one is entered, unless it stays gathered.
     Gather(b, 0, false);
@@ -129,14 +162,15 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
         if (ahead > setup_.parallel.stage3PrefetchBucketSize) break;
         Gather(b, u, true);
       }
-    } else if (setup_.parallel.forwardPrefetch && unit > 0 && unit + 1 < units) {
+    } else if (setup_.parallel.forwardPrefetch && unit > 0 && unit + 1 <= blocks) {
       Gather(b, unit + 1, true);
     }
     return;
   }
   // Backward: blocks run last to first. The unit just finished is freed (reshard after
   // backward), the entered one gathered, and with BACKWARD_PRE the one before it prefetched.
-  for (int u = unit + 1; u < units; ++u) Free(b, u);
+  for (int u = unit + 1; u <= blocks; ++u) Free(b, u);
+  if (unit == 0 && apart) return;  // the output and embedding units are gathered at their gradients
   Gather(b, unit, false);
   const bool prefetch = plan_.engine == ShardingEngine::Zero || setup_.parallel.backwardPrefetch;
   if (prefetch && unit > 1) Gather(b, unit - 1, true);
@@ -215,6 +249,15 @@ void ParallelStep::Init(TraceBuilder& b) {
               text.Shape(Shape(p.shape), DType::FP32), p.layer);
     }
   }
+  if (setup_.parallel.gradReduceInFp32) {
+    // Megatron DistributedDataParallel (distributed_data_parallel.py): grad_dtype = float32 when
+    // grad_reduce_in_fp32; _ParamAndGradBuffer allocates grad_data = torch.zeros(numel, fp32) for
+    // the whole model at construction (param_and_grad_buffer.py).
+    const std::int64_t n = MegatronGradBufferElements(inventory_, plan_.shardWorld);
+    gradBuffer_ = b.Alloc(Category::Gradients, n * 4, text.Make({"Megatron grad buffer (fp32)"}),
+                          text.Make({"Megatron DDP init: fp32 gradient buffer (grad_reduce_in_fp32), padded"}),
+                          text.Make({TextPart::Count(n), " × ", TextPart::Bytes(DType::FP32)}));
+  }
   // DDP's reducer allocates every bucket at construction (reducer.cpp initialize_buckets:
   // bucket.gradients = at::empty({total numel})); they live as long as the model.
   for (std::size_t k = 0; k < plan_.ddpBucketElements.size(); ++k) {
@@ -265,6 +308,16 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
       return true;
     }
     case ShardingEngine::Zero: {
+      if (setup_.parallel.gradReduceInFp32) {
+        // Megatron's DDP: the parameter's gradient is added into its main_grad, a view of the fp32
+        // buffer, and let go (distributed_data_parallel.py _make_backward_post_hook:
+        // param.main_grad.add_(param.grad.data); param.grad = None).
+        const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
+                                          text.Make({label, ": ", names_[index], ".grad"}),
+                                          text.Shape(Shape(p.shape), regime_.gradients), p.layer);
+        b.Release(grad, text.Make({label, ": ", names_[index], ".grad added into main_grad (fp32 buffer)"}));
+        return true;
+      }
       if (plan_.zeroStage < 2) return false;
       // The gradient is copied into the reduce bucket and freed (reduce_independent_p_g_buckets_
       // and_remove_grads); after the reduce-scatter this rank's part lands in grads_in_partition.
@@ -279,8 +332,8 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
       b.Release(grad, text.Make({label, ": ", names_[index], ".grad copied to the reduce bucket"}));
       return true;
     }
-    case ShardingEngine::Fsdp:
-    case ShardingEngine::Fsdp2: {
+    case ShardingEngine::Fsdp2: return ProduceFsdp2(b, index, label);
+    case ShardingEngine::Fsdp: {
       const int unit = UnitOf(p);
       if (unit != 0 && unit != openUnit_) {
         if (openUnit_ > 0) ReduceScatterUnit(b, openUnit_);
@@ -299,7 +352,108 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
   return false;
 }
 
+bool ParallelStep::ProduceFsdp2(TraceBuilder& b, std::size_t index, Text label) {
+  // FSDP2 keeps no flat gradient: each unsharded parameter gets its own .grad when its gradient
+  // is produced (AccumulateGrad on FSDPParam's unsharded param; _fsdp_param.py
+  // unsharded_grad_data), a second gradient (a tied weight) is added into it.
+  TextStore& text = b.text();
+  const Tensor& p = inventory_.parameters[index];
+  const std::int64_t g = BytesPerElement(regime_.gradients);
+  const int unit = unitOf_[index];
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  // The embedding and output units' pre-backward all-gather (their output's gradient arrived).
+  if (unit > blocks) Gather(b, unit, false);
+  if (unit != 0 && unit != openUnit_) {
+    if (openUnit_ > 0) ReduceScatterUnit(b, openUnit_);
+    openUnit_ = unit;
+  }
+  const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
+                                    text.Make({label, ": ", names_[index], ".grad (unsharded)"}),
+                                    text.Shape(Shape(p.shape), regime_.gradients), p.layer);
+  if (gradOfParameter_.empty()) gradOfParameter_.assign(inventory_.parameters.size(), kNoTensor);
+  if (gradOfParameter_[index] != kNoTensor) {
+    b.Release(grad, text.Make({label, ": ", names_[index], ".grad accumulated"}));
+  } else {
+    gradOfParameter_[index] = grad;
+    parameterGrads_[static_cast<std::size_t>(unit)].push_back(index);
+  }
+  return true;
+}
+
+void ParallelStep::ReleaseHeldReduceInput(TraceBuilder& b) {
+  b.Release(heldReduceInput_, b.text().Make({"FSDP2: previous reduce-scatter input freed"}));
+  heldReduceInput_ = kNoTensor;
+}
+
+void ParallelStep::ReduceScatterFsdp2(TraceBuilder& b, int unit) {
+  // torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce: one reduce-scatter
+  // input of the unit's padded gradients in reduce_dtype (reduce_dtype or the gradients' dtype),
+  // the gradients copied in and freed (unsharded_grads.clear()), the output (1/world) in
+  // reduce_dtype, cast to the sharded parameter's dtype when it differs (_to_dtype_if_needed)
+  // and kept as the shard's .grad, or added into it. The input is held until the next unit's
+  // reduce (_fsdp_param_group.py post_backward: comm_ctx.reduce_scatter_state) or the end of
+  // backward (_root_post_backward_final_callback).
+  std::vector<std::size_t>& grads = parameterGrads_[static_cast<std::size_t>(unit)];
+  if (grads.empty()) return;
+  TextStore& text = b.text();
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  const int layer = unit >= 1 && unit <= blocks ? unit - 1 : -1;
+  const Text what = unit == 0             ? text.Make({"root unit"})
+                    : unit == blocks + 1 ? text.Make({"embedding unit"})
+                    : unit == blocks + 2 ? text.Make({"output unit"})
+                                         : text.Make({"layers.", TextPart::Int(layer)});
+  const DType reduce = setup_.parallel.fsdpReduceInFp32 ? DType::FP32 : regime_.gradients;
+  const std::int64_t padded = fsdp2PaddedElements_[static_cast<std::size_t>(unit)];
+  const std::int64_t shard = fsdp2ShardElements_[static_cast<std::size_t>(unit)];
+  // post_backward: reshard (reshard_after_backward) first, then the previous reduce's input is
+  // let go and foreach_reduce runs.
+  if (unit > blocks) Free(b, unit);
+  ReleaseHeldReduceInput(b);
+  const TensorHandle input = b.Alloc(Category::Gradients, padded * BytesPerElement(reduce), text.Make({"reduce-scatter input"}),
+                                     text.Make({"FSDP2 foreach_reduce: reduce-scatter input of ", what}),
+                                     text.Make({TextPart::Count(padded), " × ", TextPart::Bytes(reduce)}), layer);
+  for (std::size_t i : grads) {
+    b.Release(gradOfParameter_[i], text.Make({"FSDP2: ", names_[i], ".grad copied into the reduce-scatter input"}));
+    gradOfParameter_[i] = kNoTensor;
+  }
+  grads.clear();
+  TensorHandle out = b.Alloc(Category::Gradients, shard * BytesPerElement(reduce), text.Make({"gradient shard"}),
+                             text.Make({"FSDP2 reduce-scatter of ", what}),
+                             text.Make({TextPart::Count(shard), " × ", TextPart::Bytes(reduce)}), layer);
+  heldReduceInput_ = input;
+  if (plan_.offloadOptimizer) {
+    b.Release(out, text.Make({"FSDP2: gradient shard of ", what, " copied to the host"}));
+    return;
+  }
+  if (optimizerRegime_.gradients != reduce) {
+    const TensorHandle cast = b.Alloc(Category::Gradients, shard * BytesPerElement(optimizerRegime_.gradients),
+                                      text.Make({"gradient shard (cast)"}), text.Make({"FSDP2: gradient shard of ", what, " cast to the parameter dtype"}),
+                                      text.Make({TextPart::Count(shard), " × ", TextPart::Bytes(optimizerRegime_.gradients)}), layer);
+    b.Release(out, text.Make({"FSDP2: reduce-dtype gradient shard freed"}));
+    out = cast;
+  }
+  TensorHandle& kept = sharded_[static_cast<std::size_t>(unit)];
+  if (kept == kNoTensor) kept = out;
+  else b.Release(out, text.Make({"FSDP2: gradient shard accumulated"}));
+}
+
+void ParallelStep::ForwardStart(TraceBuilder& b) {
+  forwardSawBlock_ = false;
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  if (static_cast<int>(gathered_.size()) > blocks + 1) Gather(b, blocks + 1, false);  // the embedding unit
+}
+
+void ParallelStep::ForwardEnd(TraceBuilder& b) {
+  // The output unit's post-forward reshard (reshard_after_forward), before the loss.
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  if (static_cast<int>(gathered_.size()) > blocks + 2 && reshardAfterForward_) Free(b, blocks + 2);
+}
+
 void ParallelStep::ReduceScatterUnit(TraceBuilder& b, int unit) {
+  if (plan_.engine == ShardingEngine::Fsdp2) {
+    ReduceScatterFsdp2(b, unit);
+    return;
+  }
   // _runtime_utils.py _post_backward_hook → _reduce_grad: reduce-scatter into a new shard,
   // the unsharded gradient freed, the shard cast to the parameter's dtype and kept (or added to
   // the kept one) in _saved_grad_shard / .grad; with CPU offload copied to the host.
@@ -338,8 +492,12 @@ void ParallelStep::EndBackward(TraceBuilder& b) {
     if (openUnit_ > 0) ReduceScatterUnit(b, openUnit_);
     ReduceScatterUnit(b, 0);  // the root's post-backward runs last
     openUnit_ = -2;
+    ReleaseHeldReduceInput(b);
   }
-  if (plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 1 && plan_.reduceBuckets > 0) {
+  // Megatron reduce-scatters its fp32 buffer in place (param_and_grad_buffer.py
+  // start_grad_sync: reduce_scatter_tensor into a view of bucket.grad_data): no flat bucket.
+  if (plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 1 && plan_.reduceBuckets > 0 &&
+      !setup_.parallel.gradReduceInFp32) {
     // stage_1_and_2.py reduce_gradients → buffered_reduce_fallback: gradients flattened into a
     // new tensor of at most reduce_bucket_size elements, all-reduced, copied back, freed.
     const TensorHandle flat = b.Alloc(Category::Gradients, plan_.reduceBucketElements * BytesPerElement(regime_.gradients),
@@ -355,7 +513,9 @@ void ParallelStep::BeforeOptimizerStep(TraceBuilder& b) {
   TextStore& text = b.text();
   // stage_1_and_2.py step(): the rank's gradients flattened and cast to fp32 (the fused fp32
   // gradient buffer, single_grad_partition), then the 16-bit ones and the buckets let go.
-  if (!plan_.offloadOptimizer) {
+  // Megatron: the fp32 main grads are views of the fp32 buffer (distrib_optimizer.py
+  // _copy_model_grads_to_main_grads: shard_main_param.grad = shard_model_grad.float(), no copy).
+  if (!plan_.offloadOptimizer && !setup_.parallel.gradReduceInFp32) {
     fp32GradPartition_ = b.Alloc(Category::Gradients, plan_.partitionElements * 4, text.Make({"fp32 gradient partition"}),
                                  text.Make({"ZeRO step: fp32 gradient partition"}),
                                  text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(DType::FP32)}));
@@ -479,6 +639,11 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
         const std::int64_t n = partitioned ? (plan.offloadOptimizer ? 0 : plan.partitionElements) : trainable;
         m.gradientsBytes = n * BytesPerElement(regime.gradients);
         grads = count(n, regime.gradients) + (partitioned ? " gradient partition" + per : "");
+        if (setup.parallel.gradReduceInFp32) {  // Megatron's whole fp32 buffer (parallel_fidelity.hpp)
+          const std::int64_t buffer = MegatronGradBufferElements(inventory, plan.shardWorld);
+          m.gradientsBytes = buffer * 4;
+          grads = count(buffer, DType::FP32) + " Megatron gradient buffer (whole model, padded)";
+        }
       } else {
         // Per tensor, as the trace allocates them: fp32 adapters keep their own gradients and
         // no master copy (finetune.hpp); without fine-tuning N × the regime's bytes.

@@ -38,12 +38,18 @@ class ParallelStep final : public GradientHook, public LayerHook {
   // LayerHook: ZeRO-3 and FSDP gather a unit's parameters when it is entered and free them
   // after it (forward: unless the unit stays gathered; backward: always).
   void Enter(TraceBuilder& b, int layer, bool backward) override;
+  void ForwardStart(TraceBuilder& b) override;
+  void ForwardEnd(TraceBuilder& b) override;
   bool gathers() const { return gathers_; }
 
  private:
   void ReduceScatterUnit(TraceBuilder& b, int unit);  // FSDP: a unit's gradients are complete
   void Gather(TraceBuilder& b, int unit, bool prefetch);
   void Free(TraceBuilder& b, int unit);
+  // FSDP2 (fully_shard): per-parameter gradients and foreach_reduce (parallel_fidelity.hpp).
+  bool ProduceFsdp2(TraceBuilder& b, std::size_t index, Text label);
+  void ReduceScatterFsdp2(TraceBuilder& b, int unit);
+  void ReleaseHeldReduceInput(TraceBuilder& b);
 
   const Setup& setup_;
   const Inventory& inventory_;
@@ -65,6 +71,17 @@ class ParallelStep final : public GradientHook, public LayerHook {
   bool reshardAfterForward_ = true;
   std::vector<std::int64_t> gatherElements_;
   std::vector<TensorHandle> gathered_;
+  // FSDP2: each parameter's unit (Fsdp2UnitOfParameter); per unit its padded unsharded and
+  // sharded elements and the live per-parameter gradients; the last reduce-scatter input, held
+  // until the next unit's reduce (FSDPParamGroup comm_ctx.reduce_scatter_state).
+  std::vector<int> unitOf_;
+  std::vector<std::int64_t> fsdp2PaddedElements_, fsdp2ShardElements_;
+  std::vector<std::vector<std::size_t>> parameterGrads_;  // parameter indices with a live .grad
+  std::vector<TensorHandle> gradOfParameter_;
+  TensorHandle heldReduceInput_ = kNoTensor;
+  bool forwardSawBlock_ = false;
+  // Megatron grad_reduce_in_fp32: the whole fp32 gradient buffer, from init on.
+  TensorHandle gradBuffer_ = kNoTensor;
 };
 
 // What a person should know about the simulated rank's estimate (Estimate::notes).

@@ -27,6 +27,11 @@ ValueId Linear(Tape& t, ValueId x, ValueId weight, ValueId bias, std::int64_t ou
   // copy of its input, an input with no gradient keeps no weight (checked in PyTorch 1.13:
   // MmBackward0._saved_self is None when the weight does not require grad).
   Tape::OpSpec spec{.name = name, .inputs = {{x16}, {w16}}, .shape = WithLast(t.ShapeOf(x), out), .type = type};
+  // What op-level selective checkpointing counts as aten.mm: F.linear without a bias runs
+  // matmul → mm on the flattened input; with a bias it runs aten.addmm (aten/src/ATen/native/
+  // Linear.cpp linear: addmm for 2-D input, _flatten_nd_linear for contiguous 3-D), which
+  // torchtitan's _save_list does not name.
+  if (b16 == kNoValue) spec.sac = Tape::OpSpec::Sac::Mm;
   if (Grad(t, w16)) spec.saves.push_back(x16);
   if (Grad(t, x16)) spec.saves.push_back(w16);
   if (b16 != kNoValue) spec.inputs.push_back({b16});

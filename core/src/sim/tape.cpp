@@ -95,6 +95,13 @@ bool Tape::NeedsGrad(const In& in) const {
   return in.rule != In::NoGrad && in.value != kNoValue && values_[static_cast<std::size_t>(in.value)].requiresGrad;
 }
 
+bool Tape::SacSaves(OpSpec::Sac kind) {
+  if (kind == OpSpec::Sac::None || (!sacCollect_ && sacReplay_ == nullptr)) return false;
+  // _custom_policy: mm counted per mode (forward / recompute); every second one recomputed.
+  if (kind == OpSpec::Sac::Mm) return ++sacMmCount_ % 2 == 1;
+  return true;
+}
+
 ValueId Tape::Apply(const OpSpec& spec) {
   bool grad = false;
   for (const In& in : spec.inputs) grad = grad || NeedsGrad(in);
@@ -105,8 +112,14 @@ ValueId Tape::Apply(const OpSpec& spec) {
   out.type = spec.type;
   out.name = TextOf(spec.name);
   out.requiresGrad = grad;
+  const bool sacSaved = spec.viewOf == kNoValue && SacSaves(spec.sac);
+  // The recompute of an op-level selective checkpoint takes the kept output (and the tensors
+  // made beside it) back instead of computing them.
+  const bool sacTaken = sacSaved && sacReplay_ != nullptr && sacNext_ + 1 + spec.saveNew.size() <= sacReplay_->size();
   if (spec.viewOf != kNoValue) {
     out.storage = b_.Retain(values_[static_cast<std::size_t>(spec.viewOf)].storage);
+  } else if (sacTaken) {
+    out.storage = (*sacReplay_)[sacNext_++];
   } else {
     out.storage = AllocStorage(spec.shape, spec.type, Category::Activations, out.name, out.name,
                                grad && spec.savesOutput ? TextPart(" (saved)") : TextPart(""));
@@ -115,9 +128,18 @@ ValueId Tape::Apply(const OpSpec& spec) {
   // node when recording, freed at once otherwise.
   SmallVec<TensorHandle, 2> made;
   for (const BackwardTemp& t : spec.saveNew) {
+    if (sacTaken) {
+      made.push_back((*sacReplay_)[sacNext_++]);
+      continue;
+    }
     const TextPart name = TextPart::View(t.name);
     made.push_back(AllocStorage(t.shape, t.type, Category::Activations, T({out.name, " ", name}),
                                 T({out.name, ": ", name}), grad ? TextPart(" (saved)") : TextPart("")));
+  }
+  if (sacSaved && sacCollect_ && !recording_) {
+    // MUST_SAVE: the checkpoint keeps the op's outputs (all of them: SDPA's logsumexp too).
+    sacBuilding_.push_back(b_.Retain(out.storage));
+    for (TensorHandle h : made) sacBuilding_.push_back(b_.Retain(h));
   }
   const ValueId id = NewValue(out);
   if (!grad) {
@@ -284,15 +306,22 @@ void Tape::EndAutocast() {
   c.cached.clear();
 }
 
-Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block) {
+Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block, bool selectiveOps) {
   const bool outer = recording_;
   recording_ = false;
+  sacCollect_ = selectiveOps && outer;
+  sacMmCount_ = 0;
   Values outs = block(*this, inputs);
+  sacCollect_ = false;
+  std::vector<TensorHandle> kept;
+  kept.swap(sacBuilding_);
   recording_ = outer;
-  if (!outer) return outs;
   bool grad = false;
   for (ValueId v : inputs) grad = grad || values_[static_cast<std::size_t>(v)].requiresGrad;
-  if (!grad) return outs;
+  if (!outer || !grad) {  // no backward will recompute the block: nothing to keep
+    for (TensorHandle h : kept) ReleaseWith(h, [&] { return T({scope_, ": selective checkpoint output not needed"}); });
+    return outs;
+  }
   Node node;
   node.label = T({scope_, " ", name, " (checkpoint) backward"});
   node.layer = layer_;
@@ -316,6 +345,8 @@ Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block) 
   }
   blocks_.push_back(std::move(block));
   node.block = static_cast<int>(blocks_.size() - 1);
+  if (sacKept_.size() < blocks_.size()) sacKept_.resize(blocks_.size());
+  sacKept_.back() = std::move(kept);
   nodes_.push_back(node);
   for (ValueId v : outs) {
     values_[static_cast<std::size_t>(v)].requiresGrad = true;
@@ -505,7 +536,22 @@ void Tape::RunCheckpoint(int index) {
     ++cacheDepth_;
     if (caches_.size() <= static_cast<std::size_t>(cacheDepth_)) caches_.emplace_back();
     if (autocast_) cache().byParameter.assign(parameterCount_, kNoValue);
+    const bool replays = static_cast<std::size_t>(node.block) < sacKept_.size() &&
+                         !sacKept_[static_cast<std::size_t>(node.block)].empty();
+    if (replays) {
+      sacReplay_ = &sacKept_[static_cast<std::size_t>(node.block)];
+      sacNext_ = 0;
+      sacMmCount_ = 0;
+    }
     Values outs = blocks_[static_cast<std::size_t>(node.block)](*this, detached);
+    if (replays) {
+      // Kept outputs the recompute did not take back (none when the policy ran the same ops).
+      for (std::size_t k = sacNext_; k < sacReplay_->size(); ++k) {
+        ReleaseWith((*sacReplay_)[k], [&] { return T({label, ": selective checkpoint output freed"}); });
+      }
+      sacKept_[static_cast<std::size_t>(node.block)].clear();
+      sacReplay_ = nullptr;
+    }
     EndAutocast();  // the recompute's autocast context ends before its backward
     --cacheDepth_;
     // torch.autograd.backward(recomputed outputs, incoming gradients)

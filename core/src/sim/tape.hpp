@@ -144,6 +144,9 @@ class Tape {
     SmallVec<BackwardTemp, 2> saveNew;   // extra tensors made and saved (dropout mask, stats)
     SmallVec<BackwardTemp, 2> backwardTemps;
     ValueId viewOf = kNoValue;           // output shares this value's storage (no allocation)
+    // What op-level selective checkpointing sees (torchtitan's _save_list): aten.mm (a Linear on
+    // a 3-D input) or an SDPA kernel; other ops are recomputed.
+    enum class Sac : std::uint8_t { None, Mm, Attention } sac = Sac::None;
   };
   ValueId Apply(const OpSpec& spec);
   // An op whose input gradients are made in forward and held by its node until backward (Liger's
@@ -178,7 +181,13 @@ class Tape {
   // Runs `block` without recording; the returned outputs get a checkpoint node that keeps
   // `inputs` and recomputes the block at backward. Inputs that need no gradient (masks, cos)
   // are kept too, as torch.utils.checkpoint's save_for_backward does.
-  Values Checkpoint(TextPart name, const Values& inputs, Block block);
+  //
+  // selectiveOps: torch.utils.checkpoint with torchtitan's op-level policy
+  // (torchtitan/models/llama3/parallelize_llama.py _save_list, _custom_policy): while the block
+  // runs, the outputs of SDPA and of every odd-numbered mm (1st, 3rd, …) are kept by the
+  // checkpoint (torch/utils/checkpoint.py _CachingTorchDispatchMode: MUST_SAVE outputs stored);
+  // the recompute takes them back instead of computing them (_CachedTorchDispatchMode pops them).
+  Values Checkpoint(TextPart name, const Values& inputs, Block block, bool selectiveOps = false);
 
   // --- activation offloading (sim/savers.hpp): the saved-tensor hooks, when set ---
   void SetOffload(ActivationOffload* offload) { offload_ = offload; }
@@ -266,6 +275,15 @@ class Tape {
   std::vector<Value> values_;
   std::vector<Node> nodes_;
   std::vector<Block> blocks_;
+  // Op-level selective checkpointing: per checkpoint block, the kept outputs in op order; the
+  // block being run (building: collect; replaying: take back) and its mm count.
+  std::vector<std::vector<TensorHandle>> sacKept_;
+  std::vector<TensorHandle> sacBuilding_;
+  const std::vector<TensorHandle>* sacReplay_ = nullptr;
+  std::size_t sacNext_ = 0;
+  bool sacCollect_ = false;
+  int sacMmCount_ = 0;
+  bool SacSaves(Tape::OpSpec::Sac kind);
   std::vector<SmallVec<BackwardTemp, 2>> temps_;
   std::vector<TensorHandle> grads_;  // gradient buffer of each value, during backward
   std::vector<CastCache> caches_;    // [0] the forward's; deeper ones for recomputes

@@ -109,6 +109,10 @@ class LayerHook {
  public:
   virtual ~LayerHook() = default;
   virtual void Enter(TraceBuilder& builder, int layer, bool backward) = 0;
+  // A transformer's forward starts (before the embeddings) and its model forward ends (before
+  // the loss): FSDP2 units of their own for the embedding and the output layer (parallel_step.cpp).
+  virtual void ForwardStart(TraceBuilder&) {}
+  virtual void ForwardEnd(TraceBuilder&) {}
 };
 
 // Receives parameter gradients as backward produces them. The first gradient of a tensor

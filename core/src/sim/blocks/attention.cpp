@@ -46,7 +46,8 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
                    .savesOutput = true,
                    .saveNew = {{{b, heads, lse}, DType::FP32, "logsumexp"}},
                    .backwardTemps = {{full, DType::FP32, "dq accumulator (fp32)"},
-                                     {{b, heads, s}, DType::FP32, "delta = rowsum(dO·O)"}}});
+                                     {{b, heads, s}, DType::FP32, "delta = rowsum(dO·O)"}},
+                   .sac = Tape::OpSpec::Sac::Attention});
     for (ValueId x : {bias, q16, k16, v16, keys, vals}) t.Drop(x);
     return out;
   }
@@ -66,7 +67,8 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
                    .savesOutput = true,
                    .saveNew = {{{b, heads, s}, DType::FP32, "logsumexp"}},
                    .backwardTemps = {{full, DType::FP32, "dq accumulator (fp32)"},
-                                     {{b, heads, s}, DType::FP32, "softmax_d = rowsum(dO·O)"}}});
+                                     {{b, heads, s}, DType::FP32, "softmax_d = rowsum(dO·O)"}},
+                   .sac = Tape::OpSpec::Sac::Attention});
     t.Drop(q16);
     t.Drop(k16);
     t.Drop(v16);

@@ -84,6 +84,7 @@ class TransformerPass final : public ModelPass {
     tokenTypes_ = bert ? t.External(batch_[2], {b_, s_}, i64, "token_type_ids") : kNoValue;
     m.labels = labels_;
 
+    if (layerHook_) layerHook_->ForwardStart(b);  // Many GPUs: FSDP2 embedding unit
     const families::RunBlock block = [this](ValueId x, const Context& c, int i) { return Block(x, c, i); };
     ValueId logits = kNoValue;
     if (chunk_.active) {
@@ -98,6 +99,7 @@ class TransformerPass final : public ModelPass {
       case Family::Llama: logits = families::LlamaForward(m, ids_, block); break;
       case Family::BERT: logits = families::BertForward(m, ids_, tokenTypes_, block); break;
     }
+    if (layerHook_) layerHook_->ForwardEnd(b);  // Many GPUs: FSDP2 output unit resharded
     m.Scope(-1, "loss");
     if (offload_) offload_->SetActive(false);  // the loss runs outside the context
     loss_ = m.loss != kNoValue ? m.loss : blocks::CrossEntropy(m, logits, labels_, !bert);
@@ -202,8 +204,9 @@ class TransformerPass final : public ModelPass {
       }
       return m.t.Keep(in);
     };
+    const bool selectiveOps = t_.checkpointing == Checkpointing::SelectiveOp;
     const bool checkpoint =
-        t_.checkpointing == Checkpointing::EveryBlock ||
+        t_.checkpointing == Checkpointing::EveryBlock || selectiveOps ||
         (t_.checkpointing == Checkpointing::EveryKthBlock && i % t_.checkpointInterval == 0);
     if (!checkpoint) return run(x, c);
     m.t.SetScope(m.t.T({"layers.", TextPart::Int(i)}), i);
@@ -217,7 +220,7 @@ class TransformerPass final : public ModelPass {
       if (c.cos != kNoValue) local.cos = in[next++];
       if (c.sin != kNoValue) local.sin = in[next++];
       return Tape::Values{run(in[0], local)};
-    });
+    }, selectiveOps);
     return outs.front();
   }
 
