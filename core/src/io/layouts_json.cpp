@@ -7,7 +7,7 @@
 
 #include "gpumem/json.hpp"
 #include "gpumem/parallel.hpp"
-#include "io/json_text.hpp"
+#include "io/setup_request.hpp"
 
 namespace gpumem {
 namespace {
@@ -33,23 +33,9 @@ struct LayoutsRequest {
 // Setup errors keep the setup's own paths ("training.batchSize"); the request's own fields are
 // named as they are ("gpus").
 std::vector<FieldError> ParseLayoutsRequest(std::string_view text, LayoutsRequest& request) {
-  std::vector<FieldError> errors;
-  if (text.size() > kMaxJsonTextBytes || !NestingWithin(text, kMaxJsonDepth)) {
-    return {{ErrorCode::TooLarge, "", "The request is too large or too deeply nested."}};
-  }
-  const nlohmann::json doc = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
-  if (doc.is_discarded()) return {{ErrorCode::MalformedJson, "", "The request is not valid JSON."}};
-  if (!doc.is_object()) return {{ErrorCode::InvalidField, "", "The request must be a JSON object."}};
-  for (const auto& [key, value] : doc.items()) {
-    if (key == "setup") {
-      if (!value.is_object()) {
-        errors.push_back({ErrorCode::InvalidField, "setup", "The setup must be a JSON object."});
-        continue;
-      }
-      const std::string setupText = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-      std::vector<FieldError> setupErrors = ParseAndValidate(setupText, request.setup);
-      errors.insert(errors.end(), setupErrors.begin(), setupErrors.end());
-    } else if (key == "gpus" || key == "maxEstimates") {
+  return ReadSetupRequest(text, request.setup, [&](const std::string& key, const nlohmann::json& value,
+                                                   std::vector<FieldError>& errors) {
+    if (key == "gpus" || key == "maxEstimates") {
       std::int64_t& target = key == "gpus" ? request.gpus : request.options.maxEstimates;
       if (!value.is_number_integer()) {
         errors.push_back({ErrorCode::InvalidField, key, "'" + key + "' must be a whole number."});
@@ -63,8 +49,7 @@ std::vector<FieldError> ParseLayoutsRequest(std::string_view text, LayoutsReques
       errors.push_back({ErrorCode::UnknownField, key,
                         "Unknown field '" + key + "' (a layouts request has setup, gpus, allowOffload, maxEstimates)."});
     }
-  }
-  return errors;
+  });
 }
 
 }  // namespace

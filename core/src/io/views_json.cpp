@@ -9,7 +9,7 @@
 #include "gpumem/json.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/views.hpp"
-#include "io/json_text.hpp"
+#include "io/setup_request.hpp"
 
 namespace gpumem {
 namespace {
@@ -33,25 +33,11 @@ std::string ErrorsEnvelope(const std::vector<FieldError>& errors, int indent) {
 // Reads {"setup":{…},"axisValues":n,"curvePoints":n}. Setup errors keep the setup's own paths
 // ("training.batchSize"), so the page points at the same controls as for an estimate.
 std::vector<FieldError> ParseRequest(std::string_view text, ViewOptions& options) {
-  std::vector<FieldError> errors;
   options = ViewOptions{};
   options.setup = DefaultSetup();
-  if (text.size() > kMaxJsonTextBytes || !NestingWithin(text, kMaxJsonDepth)) {
-    return {{ErrorCode::TooLarge, "", "The request is too large or too deeply nested."}};
-  }
-  const nlohmann::json doc = nlohmann::json::parse(text.begin(), text.end(), nullptr, false);
-  if (doc.is_discarded()) return {{ErrorCode::MalformedJson, "", "The request is not valid JSON."}};
-  if (!doc.is_object()) return {{ErrorCode::InvalidField, "", "The request must be a JSON object."}};
-  for (const auto& [key, value] : doc.items()) {
-    if (key == "setup") {
-      if (!value.is_object()) {
-        errors.push_back({ErrorCode::InvalidField, "setup", "The setup must be a JSON object."});
-        continue;
-      }
-      const std::string setupText = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-      std::vector<FieldError> setupErrors = ParseAndValidate(setupText, options.setup);
-      errors.insert(errors.end(), setupErrors.begin(), setupErrors.end());
-    } else if (key == "axisValues" || key == "curvePoints") {
+  return ReadSetupRequest(text, options.setup, [&](const std::string& key, const nlohmann::json& value,
+                                                   std::vector<FieldError>& errors) {
+    if (key == "axisValues" || key == "curvePoints") {
       int& target = key == "axisValues" ? options.axisValues : options.curvePoints;
       if (!value.is_number_integer()) {
         errors.push_back({ErrorCode::InvalidField, key, "'" + key + "' must be a whole number."});
@@ -63,8 +49,7 @@ std::vector<FieldError> ParseRequest(std::string_view text, ViewOptions& options
       errors.push_back({ErrorCode::UnknownField, key,
                         "Unknown field '" + key + "' (a views request has setup, axisValues, curvePoints)."});
     }
-  }
-  return errors;
+  });
 }
 
 ojson PointJson(const PeakPoint& p) {
