@@ -208,10 +208,18 @@ test('the allocator\'s segments at the reserved peak are drawn under the timelin
   // Hovering an allocated block names its tensor in the readout.
   const tensor = picture.segments.flatMap((s) => s.blocks).find((b) => b.allocated && b.label !== 'cuBLAS workspace');
   assert.ok(tensor, 'a tensor block');
-  await page.hover(`#segments-chart rect.seg-block[data-label="${tensor.label.replace(/"/g, '\\"')}"]`, { force: true });
-  // The readout follows the pointer event; wait for it rather than read it at once (a race in CI).
+  // The readout follows the pointer event. When the page re-renders the chart after the hover (a
+  // late worker answer on a loaded CI machine), the readout starts over and the resting pointer
+  // sends no new event: move away and hover again, a few times, before reading it.
+  const selector = `#segments-chart rect.seg-block[data-label="${tensor.label.replace(/"/g, '\\"')}"]`;
   const named = new RegExp(`^${tensor.label.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:`);
-  await page.waitForFunction((source) => new RegExp(source).test(document.querySelector('#segments-chart .chart-readout')?.textContent ?? ''), named.source, WAIT).catch(() => {});
+  for (let attempt = 0; attempt < 5; ++attempt) {
+    await page.mouse.move(0, 0);
+    await page.hover(selector, { force: true });
+    const shown = await page.waitForFunction((source) => new RegExp(source).test(document.querySelector('#segments-chart .chart-readout')?.textContent ?? ''), named.source, { timeout: 2000 })
+      .then(() => true, () => false);
+    if (shown) break;
+  }
   assert.match(await page.textContent('#segments-chart .chart-readout'), named);
   assert.match(await page.textContent('#segments-chart .segments-caption'), new RegExp(`${picture.segmentCount} segments`));
   assert.equal(await page.$('#segments-chart .segments-more'), null, 'nothing left out, so no count of it');
