@@ -21,19 +21,6 @@ bool ShardsFp32(const ShardPlan& plan) {
          plan.engine == ShardingEngine::Fsdp2;
 }
 
-// The regime torch.optim sees. ZeRO hands it the fp32 flat partition with an fp32 gradient;
-// FSDP with MixedPrecision keeps the sharded parameters (and their gradients) in fp32 and
-// casts to param_dtype only for the gathered copy (torch/distributed/fsdp/_flat_param.py
-// _use_low_precision_shard). No further upcast happens in the step.
-Regime OptimizerRegimeOf(const ShardPlan& plan, const Regime& regime) {
-  if (!ShardsFp32(plan) || !regime.masterWeights) return regime;
-  Regime r = regime;
-  r.weights = DType::FP32;
-  r.gradients = DType::FP32;
-  r.masterWeights = false;
-  return r;
-}
-
 // Bytes of parameter `t` this rank holds when it keeps `held` of its storage elements: a whole
 // parameter as on one GPU (its own dtype or bitsandbytes layout: finetune.hpp StoredBytes), a
 // ZeRO-3 partition in the regime's dtype, plus a quantized weight's statistics, which are no
@@ -52,6 +39,19 @@ bool UsesTrainableParts(const Setup& setup, const ShardPlan& plan) {
 int UnitOf(const Tensor& t) { return t.layer < 0 ? 0 : t.layer + 1; }
 
 }  // namespace
+
+// The regime torch.optim sees. ZeRO hands it the fp32 flat partition with an fp32 gradient;
+// FSDP with MixedPrecision keeps the sharded parameters (and their gradients) in fp32 and
+// casts to param_dtype only for the gathered copy (torch/distributed/fsdp/_flat_param.py
+// _use_low_precision_shard). No further upcast happens in the step.
+Regime OptimizerRegimeOf(const ShardPlan& plan, const Regime& regime) {
+  if (!ShardsFp32(plan) || !regime.masterWeights) return regime;
+  Regime r = regime;
+  r.weights = DType::FP32;
+  r.gradients = DType::FP32;
+  r.masterWeights = false;
+  return r;
+}
 
 ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names,
                            const Regime& regime, TextStore& text)
@@ -178,7 +178,7 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
 
 void ParallelStep::Init(TraceBuilder& b) {
   TextStore& text = b.text();
-  const std::int64_t w = BytesPerElement(regime_.weights), g = BytesPerElement(regime_.gradients);
+  const std::int64_t g = BytesPerElement(regime_.gradients);
   const std::int64_t d = plan_.shardWorld;
   const bool fsdp = plan_.engine == ShardingEngine::Fsdp || plan_.engine == ShardingEngine::Fsdp2;
   if (fsdp) {

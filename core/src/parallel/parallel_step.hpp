@@ -84,6 +84,10 @@ class ParallelStep final : public GradientHook, public LayerHook {
   TensorHandle gradBuffer_ = kNoTensor;
 };
 
+// The regime torch.optim sees on the simulated rank: ZeRO's fp32 flat partition and FSDP's fp32
+// shards under mixed precision, with fp32 gradients; else the training's own regime.
+Regime OptimizerRegimeOf(const ShardPlan& plan, const Regime& regime);
+
 // What a person should know about the simulated rank's estimate (Estimate::notes).
 std::vector<std::string> ParallelNotes(const Setup& setup);
 

@@ -8,6 +8,7 @@
 
 #include "gpumem/format.hpp"
 #include "gpumem/parallel.hpp"
+#include "parallel/parallel_step.hpp"
 #include "sim/savers.hpp"
 #include "sim/trace_builder.hpp"
 
@@ -19,18 +20,6 @@ constexpr const char* kPageable = "pageable";
 constexpr const char* kUnified = "unified";
 
 std::string Times(std::int64_t elements, DType type) { return FormatCount(elements) + " × " + BytesOf(type); }
-
-// The regime torch.optim sees on a sharded rank: ZeRO's fp32 flat partition and FSDP's fp32
-// shards under mixed precision, with fp32 gradients (the rule of parallel_step.cpp
-// OptimizerRegimeOf, which the simulated step applies; repeated here for the host side).
-Regime OptimizerRegimeOnHost(const Regime& regime) {
-  if (!regime.masterWeights) return regime;
-  Regime r = regime;
-  r.weights = DType::FP32;
-  r.gradients = DType::FP32;
-  r.masterWeights = false;
-  return r;
-}
 
 std::int64_t StateBytes(const Setup& simulated, const Regime& regime, const Inventory& tensors, std::int64_t& values) {
   std::int64_t bytes = 0;
@@ -70,7 +59,7 @@ void ZeroRows(const Setup& simulated, const Inventory& inventory, const ShardPla
                                              "host with offload_optimizer)",
                        kPageable});
   std::int64_t values = 0;
-  const std::int64_t states = StateBytes(simulated, OptimizerRegimeOnHost(regime), plan.optimizerTensors, values);
+  const std::int64_t states = StateBytes(simulated, OptimizerRegimeOf(plan, regime), plan.optimizerTensors, values);
   if (states > 0) {
     host.rows.push_back({"optimizer states", states, FormatCount(values) + " values on the fp32 partition = " + FormatCount(states) + " B",
                          "DeepSpeedCPUAdam (deepspeed/ops/adam/cpu_adam.py) steps the host partition; its states are "
@@ -113,7 +102,7 @@ void ZeroRows(const Setup& simulated, const Inventory& inventory, const ShardPla
 
 void FsdpRows(const Setup& simulated, const ShardPlan& plan, HostMemory& host) {
   const Regime regime = RegimeOf(simulated.training.precision);
-  const Regime optimizer = OptimizerRegimeOnHost(regime);
+  const Regime optimizer = OptimizerRegimeOf(plan, regime);
   const std::int64_t n = plan.partitionElements;
   const bool fsdp2 = plan.engine == ShardingEngine::Fsdp2;
   const std::string per = " (1/" + std::to_string(plan.shardWorld) + ", padded)";
