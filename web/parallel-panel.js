@@ -131,21 +131,28 @@ export function wireParallelDrop(getSetup, onApplied) {
   });
 }
 
-// --- Fewest GPUs: the core's FewestGpus in the 'parallel' worker lane ---------------------------
-
-export function parallelRunFewest(setup, onUse) {
-  const out = $('#parallel-fewest-result');
+// Runs one request in the 'parallel' worker lane into `out`: "running" while it works, the
+// core's errors when it refuses, else `onResult(result)` with the state "done".
+function runInParallelLane(out, request, onResult) {
   out.replaceChildren(document.createTextNode('Simulating layouts…'));
   out.dataset.state = 'running';
-  state.engine.run('parallel', [{ kind: 'fewestGpus', setup }], (outcome) => {
+  state.engine.run('parallel', [request], (outcome) => {
     if (outcome.errors) {
       out.dataset.state = 'error';
       out.replaceChildren(document.createTextNode(outcome.errors.map(errorText).join(' ')));
       return;
     }
-    const r = outcome.result;
     out.dataset.state = 'done';
     out.dataset.inWorker = String(Boolean(outcome.inWorker));
+    onResult(outcome.result);
+  });
+}
+
+// --- Fewest GPUs: the core's FewestGpus in the 'parallel' worker lane ---------------------------
+
+export function parallelRunFewest(setup, onUse) {
+  const out = $('#parallel-fewest-result');
+  runInParallelLane(out, { kind: 'fewestGpus', setup }, (r) => {
     out.dataset.found = String(r.found);
     if (!r.found) {
       out.replaceChildren(document.createTextNode(`No layout of up to 4,096 GPUs of this type fits (${r.estimatesRun} setups simulated).`));
@@ -195,17 +202,7 @@ function parallelLayoutRow(row, index, onUse) {
 export function parallelRunLayouts(setup, onUse) {
   const out = $('#parallel-layouts-result');
   const gpus = numberValue($('#parallel-layouts-gpus'));
-  out.replaceChildren(document.createTextNode('Simulating layouts…'));
-  out.dataset.state = 'running';
-  state.engine.run('parallel', [{ kind: 'layouts', setup, options: { gpus } }], (outcome) => {
-    if (outcome.errors) {
-      out.dataset.state = 'error';
-      out.replaceChildren(document.createTextNode(outcome.errors.map(errorText).join(' ')));
-      return;
-    }
-    const r = outcome.result;
-    out.dataset.state = 'done';
-    out.dataset.inWorker = String(Boolean(outcome.inWorker));
+  runInParallelLane(out, { kind: 'layouts', setup, options: { gpus } }, (r) => {
     out.dataset.rows = String(r.rows.length);
     const summary = parallelElement('p', 'hint', `${r.rows.length} layout${r.rows.length === 1 ? '' : 's'} of ${r.gpus} GPUs fit, best first ` +
       `(no host offload, then bubble and recompute, then bytes communicated). ${r.candidates} candidates: ${r.estimates} simulated, ` +
