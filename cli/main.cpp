@@ -221,8 +221,11 @@ void PrintSolve(const gpumem::SolveResult& r) {
   limit("Longest sequence:", r.maxSequenceLength, "tokens");
   std::printf("  Changes, by memory saved:\n");
   for (const FitSuggestion& s : r.suggestions) {
-    std::printf("    %-4s %12s saved → peak %12s  %s (%s)\n", s.fits ? "fits" : "", HumanBytes(s.savedBytes).c_str(),
-                HumanBytes(s.peakBytes).c_str(), s.label.c_str(), s.tradeoff.c_str());
+    // An unsimulated change (its model states alone pass the capacity): a floor and a ceiling.
+    const char* atMost = s.peakIsLowerBound ? "≤" : " ";
+    const char* atLeast = s.peakIsLowerBound ? "≥" : " ";
+    std::printf("    %-4s %s%12s saved → peak %s%12s  %s (%s)\n", s.fits ? "fits" : "", atMost, HumanBytes(s.savedBytes).c_str(),
+                atLeast, HumanBytes(s.peakBytes).c_str(), s.label.c_str(), s.tradeoff.c_str());
   }
 }
 

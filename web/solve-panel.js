@@ -162,8 +162,13 @@ export function renderSolve() {
     const label = document.createElement('strong');
     label.textContent = s.label;
     const saved = document.createElement('span');
-    saved.textContent = ` — saves ${formatBytes(s.savedBytes)}, peak ${formatBytes(s.peakBytes)} `;
-    saved.title = `${bytesTitle(s.savedBytes)} saved; peak ${bytesTitle(s.peakBytes)}`;
+    // Unsimulated: its model states alone pass the capacity (the core's peakIsLowerBound).
+    saved.textContent = s.peakIsLowerBound
+      ? ` — saves at most ${formatBytes(s.savedBytes)}, peak at least ${formatBytes(s.peakBytes)} (its model states alone) `
+      : ` — saves ${formatBytes(s.savedBytes)}, peak ${formatBytes(s.peakBytes)} `;
+    saved.title = s.peakIsLowerBound
+      ? `not simulated: its model states alone (${bytesTitle(s.peakBytes)}) pass the GPU's capacity`
+      : `${bytesTitle(s.savedBytes)} saved; peak ${bytesTitle(s.peakBytes)}`;
     const fits = document.createElement('span');
     fits.className = s.fits ? 'fits-yes' : 'fits-no';
     fits.textContent = s.fits ? 'fits' : 'still does not fit';
@@ -191,7 +196,7 @@ function showSamePeak(suggestions) {
   const note = $('#solve-same-peak');
   const groups = new Map();
   for (const s of suggestions) {
-    if (!(s.savedBytes > 0)) continue;
+    if (!(s.savedBytes > 0) || s.peakIsLowerBound) continue;  // a ceiling, not a saving measured
     const list = groups.get(s.savedBytes) ?? [];
     list.push(s);
     groups.set(s.savedBytes, list);

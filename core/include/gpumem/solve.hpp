@@ -42,6 +42,9 @@ struct FitSuggestion {
   std::int64_t peakBytes = 0;
   std::int64_t savedBytes = 0;  // current peak − this peak
   bool fits = false;
+  // Not simulated: its model states alone pass the capacity, so peakBytes is their sum (a floor
+  // of the peak) and savedBytes the most the change could save.
+  bool peakIsLowerBound = false;
 };
 
 struct SolveResult {

@@ -255,7 +255,19 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
     s.changedFields = std::move(fields);
     s.setup = setup;
     change(s.setup);
-    const auto peak = knownPeak ? knownPeak : peakOf(s.setup);
+    // A change whose model states alone pass the capacity cannot fit (ModelStatesLowerBound):
+    // it is listed unsimulated, its peak the floor those states set and its saving the most it
+    // could save (a 405B model on one GPU: each change is one simulation fewer). Refused setups
+    // have no bound (-1): they are simulated and dropped as before.
+    std::optional<std::int64_t> peak = knownPeak;
+    if (!peak) {
+      if (const std::int64_t least = ModelStatesLowerBound(s.setup); least > capacity) {
+        peak = least;
+        s.peakIsLowerBound = true;
+      } else {
+        peak = peakOf(s.setup);
+      }
+    }
     if (!peak) return;
     s.peakBytes = *peak;
     s.savedBytes = out.currentPeakBytes - *peak;
@@ -447,6 +459,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
       bool simulated = true;
       if (labels.empty()) {
         peak = s.peakBytes;
+        simulated = !s.peakIsLowerBound;
       } else if (const std::int64_t least = ModelStatesLowerBound(next); least > capacity) {
         peak = least;  // refused setups have no bound (-1), so they are simulated and skipped as before
         simulated = false;
