@@ -182,12 +182,27 @@ export function renderSolve() {
     return li;
   }));
   showSamePeak(suggestions);
+  showManyGpus(suggestions, result.capacityBytes);
   if (!suggestions.length) {
     const li = document.createElement('li');
     li.textContent = 'No single change found.';
     list.append(li);
   }
   box.dataset.stale = String(state.solvedFor !== JSON.stringify(readForm().setup));
+}
+
+// When nothing fits and the model states alone pass the GPU (the core's modelStates and
+// capacity), no change on one GPU can help: point at the Many GPUs fold's fewest-GPUs search.
+function showManyGpus(suggestions, capacityBytes) {
+  const note = $('#solve-many-gpus');
+  const states = state.lastGood?.modelStates?.totalBytes;
+  const over = !suggestions.some((s) => s.fits) && Number.isFinite(states) && states > capacityBytes;
+  note.hidden = !over;
+  if (over) {
+    note.textContent = `The model states alone (${formatBytes(states)}) pass this GPU's ${formatBytes(capacityBytes)}: `
+      + 'changes marked “at least” were not simulated, since none of them can fit on one GPU. '
+      + 'Sharding the states across GPUs can: see Many GPUs → “Fewest GPUs of this type”.';
+  }
 }
 
 // Suggestions that save exactly the same bytes act on the same peak: each removes the part of

@@ -1271,6 +1271,31 @@ test('solve: the largest batch and sequence that fit, and what would make it fit
   await finish();
 });
 
+test('solve: Llama 3.1 405B on one H100 lists unsimulated changes as floors and points at many GPUs', async () => {
+  const { page, finish } = await openPage();
+  await choosePreset(page, 'llama-3.1-405b');
+  await waitForAttr(page, '#verdict', 'data-fits', 'false');
+  await settled(page);
+  const expected = (await core()).solve(setupFromUrl(page.url()));
+  const bounded = expected.suggestions.filter((s) => s.peakIsLowerBound);
+  assert.ok(bounded.length >= 5, JSON.stringify(expected.suggestions.map((s) => [s.id, s.peakIsLowerBound])));
+  assert.ok(expected.estimatesRun <= 3, `estimates run: ${expected.estimatesRun}`);
+  await page.click('#solve-run');
+  await page.waitForSelector('#solve-results:not([hidden])', WAIT);
+  const ids = await page.$$eval('#solve-suggestions li', (lis) => lis.map((li) => li.dataset.id));
+  assert.deepEqual(ids, expected.suggestions.map((s) => s.id));
+  const text = await page.textContent(`#solve-suggestions li[data-id="${bounded[0].id}"]`);
+  assert.match(text, /saves at most .* peak at least .* \(its model states alone\)/);
+  const simulated = expected.suggestions.find((s) => !s.peakIsLowerBound);
+  if (simulated) assert.doesNotMatch(await page.textContent(`#solve-suggestions li[data-id="${simulated.id}"]`), /at least/);
+  assert.equal(await page.isVisible('#solve-many-gpus'), true);
+  assert.match(await page.textContent('#solve-many-gpus'), /model states alone .* pass this GPU.*Fewest GPUs of this type/);
+  // Floors share their bytes without attacking the same peak: no "save the same" note for them.
+  assert.doesNotMatch(await page.textContent('#solve-same-peak'), new RegExp(bounded[0].label.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')));
+  assert.equal(await pageHasNoNaN(page), true);
+  await finish();
+});
+
 test('solve: Llama 3 8B on a 4090 gets a fine-tuning answer that fits once applied', async () => {
   const { page, finish } = await openPage();
   await choosePreset(page, 'llama-3-8b');
