@@ -216,8 +216,14 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory) {
   std::sort(linears.begin(), linears.end());
   std::vector<Tensor> out;
   out.reserve(inventory.parameters.size() * 2);
-  for (Tensor p : inventory.parameters) {
-    const std::string module(ModuleOf(p.name));
+  // Two passes, so that no tensor is copied: the first decides in place (module names stay views
+  // into the names, which `linears` also views, so nothing is renamed or moved yet); the second
+  // moves each tensor out and renames the adapted ones (an inventory of 405B's 1,137 tensors is
+  // rebuilt for every solver candidate).
+  std::vector<std::uint8_t> adaptedAt(inventory.parameters.size(), 0);
+  for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+    Tensor& p = inventory.parameters[i];
+    const std::string_view module = ModuleOf(p.name);
     // Frozen by the person's choices (requires_grad_(False) on those modules).
     if (f.freezeEmbeddings && IsEmbedding(p.name)) p.trainable = false;
     if (f.freezeHead && IsHead(p.name)) p.trainable = false;
@@ -242,27 +248,31 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory) {
       // prepare_model_for_kbit_training: fp16 / bf16 parameters (not Params4bit) → fp32.
       p.storage = Tensor::Storage::FP32;
     }
-    const bool adapted = std::binary_search(linears.begin(), linears.end(), std::string_view(module)) &&
-                         (linear || p.name.ends_with(".bias")) && IsLoraTarget(f, family, module);
-    if (!adapted) {
+    adaptedAt[i] = f.lora && (linear || p.name.ends_with(".bias")) && IsLoraTarget(f, family, module) &&
+                   std::binary_search(linears.begin(), linears.end(), module);
+  }
+  for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+    Tensor& p = inventory.parameters[i];
+    if (!adaptedAt[i]) {
       out.push_back(std::move(p));
       continue;
     }
     const bool bias = p.name.ends_with(".bias");
-    p.name = module + (bias ? ".base_layer.bias" : ".base_layer.weight");
-    const std::vector<std::int64_t> shape = p.shape;
+    const std::string moduleName(ModuleOf(p.name));
+    p.name = moduleName + (bias ? ".base_layer.bias" : ".base_layer.weight");
     const int layer = p.layer;
     out.push_back(std::move(p));
     if (bias) continue;
+    const std::vector<std::int64_t>& shape = out.back().shape;
     // LoraLayer.update_layer: lora_A = nn.Linear(in, r), lora_B = nn.Linear(r, out), no biases.
-    const bool conv1d = family == Family::GPT2 && module.starts_with("transformer.h.");
+    const bool conv1d = family == Family::GPT2 && moduleName.starts_with("transformer.h.");
     const std::int64_t in = conv1d ? shape[0] : shape[1], outFeatures = conv1d ? shape[1] : shape[0];
     const Tensor::Storage own = f.adapterDType == AdapterDType::FP32 ? Tensor::Storage::FP32 : Tensor::Storage::Regime;
-    out.push_back({module + ".lora_A.default.weight", {f.r, in}, true, layer, own, true});
-    out.push_back({module + ".lora_B.default.weight", {outFeatures, f.r}, true, layer, own, true});
+    out.push_back({moduleName + ".lora_A.default.weight", {f.r, in}, true, layer, own, true});
+    out.push_back({moduleName + ".lora_B.default.weight", {outFeatures, f.r}, true, layer, own, true});
     if (f.useDora) {
       // DoraLinearLayer.weight: the magnitude, one value per output feature (the weight norm).
-      out.push_back({module + ".lora_magnitude_vector.default.weight", {outFeatures}, true, layer, own, true});
+      out.push_back({moduleName + ".lora_magnitude_vector.default.weight", {outFeatures}, true, layer, own, true});
     }
   }
   inventory.parameters = std::move(out);

@@ -189,7 +189,26 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   const SizeBound bound = EstimateSizeBound(setup);
   // Batch size and sequence length do not change the model states: when those alone pass the
   // capacity, no batch and no sequence fits, and neither search simulates.
-  const bool nothingFits = ModelStatesLowerBound(setup) > capacity;
+  const std::int64_t statesBound = ModelStatesLowerBound(setup);
+  const bool nothingFits = statesBound > capacity;
+  // A change of these fields alone leaves every model state as it is (they shape activations,
+  // the loss's temporaries and the allocator, not parameters, gradients or optimizer states): its
+  // bound is the setup's own, not computed again.
+  auto statesUnchanged = [](const std::vector<std::string>& fields) {
+    static constexpr std::string_view kStatesUnchanged[] = {
+        "training.checkpointing",       "training.attention",   "training.batchSize",
+        "training.lossImplementation",  "training.lossChunks",  "training.activationOffloading",
+        "runtime.allocator.expandableSegments"};
+    return std::all_of(fields.begin(), fields.end(), [](const std::string& f) {
+      return std::find(std::begin(kStatesUnchanged), std::end(kStatesUnchanged), f) != std::end(kStatesUnchanged);
+    });
+  };
+  // `known`: the bound of the setup `changed` was made from by changing `fields` (a refused
+  // setup has none, as ModelStatesLowerBound says).
+  auto boundOf = [&](const Setup& changed, const std::vector<std::string>& fields, std::int64_t known) {
+    if (!statesUnchanged(fields)) return ModelStatesLowerBound(changed);
+    return Validate(changed).empty() ? known : std::int64_t{-1};
+  };
   auto largestFitting = [&](std::int64_t limit, std::int64_t known, const PeakFn& peak) {
     if (!nothingFits) return LargestFitting(limit, known, currentPeaks, peak, capacity);
     SolvedLimit none;  // what LargestFitting returns when not even 1 fits
@@ -261,7 +280,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
     // have no bound (-1): they are simulated and dropped as before.
     std::optional<std::int64_t> peak = knownPeak;
     if (!peak) {
-      if (const std::int64_t least = ModelStatesLowerBound(s.setup); least > capacity) {
+      if (const std::int64_t least = boundOf(s.setup, s.changedFields, statesBound); least > capacity) {
         peak = least;
         s.peakIsLowerBound = true;
       } else {
@@ -424,6 +443,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
     combo.setup = setup;
     std::vector<std::string> labels;
     bool comboSimulated = true;  // combo.peakBytes is the simulated peak of combo.setup
+    std::int64_t comboBound = statesBound;  // ModelStatesLowerBound(combo.setup)
     int steps = 0;
     for (const FitSuggestion& s : out.suggestions) {
       bool clash = false;
@@ -457,10 +477,11 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
       // and the combination is simulated once at the end if its last step was such a one.
       std::optional<std::int64_t> peak;
       bool simulated = true;
+      const std::int64_t nextBound = boundOf(next, s.changedFields, comboBound);
       if (labels.empty()) {
         peak = s.peakBytes;
         simulated = !s.peakIsLowerBound;
-      } else if (const std::int64_t least = ModelStatesLowerBound(next); least > capacity) {
+      } else if (const std::int64_t least = nextBound; least > capacity) {
         peak = least;  // refused setups have no bound (-1), so they are simulated and skipped as before
         simulated = false;
       } else {
@@ -468,6 +489,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
       }
       if (!peak) continue;
       comboSimulated = simulated;
+      comboBound = nextBound;
       combo.setup = next;
       combo.changedFields.insert(combo.changedFields.end(), s.changedFields.begin(), s.changedFields.end());
       combo.peakBytes = *peak;
