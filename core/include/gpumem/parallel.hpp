@@ -91,7 +91,11 @@ struct ShardPlan {
   // gets none), and the parts of trainable parameters inside rank 0's shard, which are what
   // torch.optim steps; without fine-tuning every unit and its whole shard.
   std::int64_t gradientShardElements = 0;
-  Inventory trainableShardParts;  // each bucket's gradient dtype (one per dtype: reducer.cpp BucketKey)
+  Inventory trainableShardParts;
+  // FSDP with parallel.fsdpWrapAdaptersApart (PEFT's fsdp_auto_wrap_policy): every trainable
+  // parameter (a lora_A / lora_B weight) is a unit of its own; rootUnitElements and unitElements
+  // then hold only the frozen parameters, which get no gradient.
+  bool adaptersApart = false;  // each bucket's gradient dtype (one per dtype: reducer.cpp BucketKey)
   // ZeRO: the contiguous-gradient reduce buckets (ipg_buffer), elements, and how many (2 with
   // overlap_comm).
   std::int64_t reduceBucketElements = 0;

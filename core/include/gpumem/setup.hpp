@@ -400,6 +400,15 @@ struct ParallelDef {
   // FSDP2: tok_embeddings and output (lm_head) wrapped as units of their own, resharded after
   // forward (torchtune custom_sharded_layers; torchtitan apply_fsdp); false = in the root unit.
   bool fsdpShardEmbeddingsAndHead = false;
+  // FSDP1 with LoRA: PEFT's fsdp_auto_wrap_policy (peft/utils/other.py: _or_policy of
+  // lambda_auto_wrap_policy over leaf modules whose weight requires grad, and
+  // transformer_auto_wrap_policy over the decoder layer), which HF's Trainer applies to LoRA
+  // models under FSDP (transformers Trainer._fsdp_qlora_plugin_updates, later update_fsdp_plugin_peft) and PEFT's FSDP guide
+  // uses with fsdp_use_orig_params: false. Every lora_A / lora_B Linear is an FSDP unit of its own
+  // (its own small FlatParameter, gradient shard and optimizer state) and the block's
+  // FlatParameter holds only frozen weights (no gradient). false = one FlatParameter per block,
+  // frozen and trainable together (use_orig_params=True).
+  bool fsdpWrapAdaptersApart = false;
   // torch.nn.parallel.DistributedDataParallel
   // Megatron's grad_reduce_in_fp32 (accumulate_allreduce_grads_in_fp32, on for --bf16): its
   // DistributedDataParallel keeps one fp32 gradient buffer for the whole model from init;

@@ -449,7 +449,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
                       "stage3ParamPersistenceThreshold", "offload", "tensorParallel", "sequenceParallel",
                       "pipelineParallel", "pipelineSchedule", "virtualStages", "pipelineStage", "contextParallel",
                       "expertParallel", "gradientAccumulationSteps", "fsdpReduceInFp32",
-                      "fsdpShardEmbeddingsAndHead", "gradReduceInFp32"}, path);
+                      "fsdpShardEmbeddingsAndHead", "gradReduceInFp32", "fsdpWrapAdaptersApart"}, path);
   r.Int(v, "dataParallel", path, p.dataParallel);
   r.Int(v, "zeroStage", path, p.zeroStage);
   r.Enum(v, "fsdp", path, p.fsdp);
@@ -481,6 +481,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.Bool(v, "fsdpReduceInFp32", path, p.fsdpReduceInFp32);
   r.Bool(v, "fsdpShardEmbeddingsAndHead", path, p.fsdpShardEmbeddingsAndHead);
   r.Bool(v, "gradReduceInFp32", path, p.gradReduceInFp32);
+  r.Bool(v, "fsdpWrapAdaptersApart", path, p.fsdpWrapAdaptersApart);
 }
 
 ojson ParallelJson(const ParallelDef& p) {
@@ -499,7 +500,7 @@ ojson ParallelJson(const ParallelDef& p) {
           {"virtualStages", p.virtualStages}, {"pipelineStage", p.pipelineStage}, {"contextParallel", p.contextParallel},
           {"expertParallel", p.expertParallel}, {"gradientAccumulationSteps", p.gradientAccumulationSteps},
           {"fsdpReduceInFp32", p.fsdpReduceInFp32}, {"fsdpShardEmbeddingsAndHead", p.fsdpShardEmbeddingsAndHead},
-          {"gradReduceInFp32", p.gradReduceInFp32}};
+          {"gradReduceInFp32", p.gradReduceInFp32}, {"fsdpWrapAdaptersApart", p.fsdpWrapAdaptersApart}};
 }
 
 ojson LayerToJson(const LayerDef& l) {

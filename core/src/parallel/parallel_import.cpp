@@ -393,6 +393,7 @@ ParallelImport ImportAccelerateConfig(std::string_view text, const Setup& base) 
   std::int64_t fsdpVersion = 1;
   const YamlEntry* reshard = nullptr;
   const YamlEntry* strategy = nullptr;
+  int useOrigParams = -1;  // fsdp_use_orig_params: -1 unstated, 0 false, 1 true
   for (const YamlEntry& e : entries) {
     const std::string name = e.section.empty() ? e.key : e.section + "." + e.key;
     if (e.section.empty()) {
@@ -442,8 +443,13 @@ ParallelImport ImportAccelerateConfig(std::string_view text, const Setup& base) 
       if (e.value != "TRANSFORMER_BASED_WRAP") {
         out.notes.push_back("fsdp_auto_wrap_policy " + e.value + ": the simulation's wrap unit is the transformer block (TRANSFORMER_BASED_WRAP).");
       }
+    } else if (e.key == "fsdp_use_orig_params") {
+      useOrigParams = YamlBool(e);
+      if (useOrigParams < 0) fail(e, "Must be true or false.");
+      // Listed as ignored unless it turns PEFT's wrap policy on (below).
+      if (useOrigParams != 0) out.ignoredFields.push_back(name);
     } else {
-      // fsdp_state_dict_type, fsdp_use_orig_params, fsdp_cpu_ram_efficient_loading,
+      // fsdp_state_dict_type, fsdp_cpu_ram_efficient_loading,
       // fsdp_sync_module_states, fsdp_transformer_layer_cls_to_wrap, …: no effect on the step's
       // memory that the simulation models.
       out.ignoredFields.push_back(name);
@@ -452,6 +458,7 @@ ParallelImport ImportAccelerateConfig(std::string_view text, const Setup& base) 
   if (distributedType == "MULTI_GPU" || distributedType == "NO") {
     p.fsdp = FsdpMode::Off;
     p.zeroStage = 0;
+    p.fsdpWrapAdaptersApart = false;  // an FSDP wrap policy
     out.notes.push_back("distributed_type " + distributedType + ": DDP" + (sawFsdp ? " (fsdp_config not used)" : "") + ".");
     return out;
   }
@@ -489,6 +496,31 @@ ParallelImport ImportAccelerateConfig(std::string_view text, const Setup& base) 
     if (p.fsdp == FsdpMode::Off) out.notes.push_back("fsdp_offload_params with NO_SHARD is not simulated: no offload.");
     else p.offload = OffloadKind::OptimizerAndParameters;  // CPUOffload(offload_params=True)
   }
+  // PEFT's wrap policy (parallel.fsdpWrapAdaptersApart). The YAML names no PEFT policy: HF's
+  // Trainer installs peft's fsdp_auto_wrap_policy over accelerate's TRANSFORMER_BASED_WRAP for any
+  // LoRA model (transformers trainer.py _fsdp_qlora_plugin_updates), and PEFT's FSDP guide pairs
+  // it with fsdp_use_orig_params: false, without which a block mixing frozen and trainable
+  // parameters is refused by FSDP (_flat_param.py _validate_tensors_to_flatten: uniform
+  // requires_grad). So use_orig_params false on a LoRA setup means the adapters are wrapped
+  // apart; with true (or unstated) it depends on the training script, and the field is left as it was.
+  const bool fsdp1 = p.fsdp == FsdpMode::FullShard || p.fsdp == FsdpMode::ShardGradOp || p.fsdp == FsdpMode::HybridShard;
+  const FinetuneDef& f = out.setup.finetune;
+  if (fsdp1 && useOrigParams == 0) {
+    if (f.lora && !f.useDora && out.setup.model.kind == ModelKind::Transformer) {
+      p.fsdpWrapAdaptersApart = true;
+      out.notes.push_back("fsdp_use_orig_params: false with LoRA: the adapters are FSDP units of their own, as PEFT's "
+                          "fsdp_auto_wrap_policy wraps them (parallel.fsdpWrapAdaptersApart).");
+    } else {
+      out.ignoredFields.push_back("fsdp_config.fsdp_use_orig_params");
+      out.notes.push_back("fsdp_use_orig_params: false: FSDP then needs every unit wholly trainable or wholly frozen; "
+                          "with LoRA set (finetune.lora) the adapters are wrapped apart (PEFT's policy).");
+    }
+  } else if (fsdp1 && f.lora && !p.fsdpWrapAdaptersApart) {
+    out.notes.push_back("LoRA under FSDP: HF's Trainer / TRL's SFTTrainer wrap each adapter as an FSDP unit of its own "
+                        "(peft's fsdp_auto_wrap_policy); if your script trains with them, set "
+                        "parallel.fsdpWrapAdaptersApart.");
+  }
+  if (!fsdp1) p.fsdpWrapAdaptersApart = false;
   return out;
 }
 

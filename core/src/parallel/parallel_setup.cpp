@@ -71,6 +71,7 @@ constexpr ParallelField kFields[] = {
     {"fsdpReduceInFp32", "reduce_dtype=float32", "bool", "", "FSDP2 MixedPrecisionPolicy: reduce-scatter gradients in fp32 (default false: the param dtype)"},
     {"fsdpShardEmbeddingsAndHead", "shard embeddings and output apart", "bool", "", "FSDP2: tok_embeddings and output as units of their own (torchtune custom_sharded_layers; default false)"},
     {"gradReduceInFp32", "grad_reduce_in_fp32", "bool", "", "Megatron: one fp32 gradient buffer for the whole model (on with --bf16; default false)"},
+    {"fsdpWrapAdaptersApart", "PEFT wrap: adapters in FSDP units of their own", "bool", "", "FSDP with LoRA: peft's fsdp_auto_wrap_policy (use_orig_params=False), each lora_A / lora_B an FSDP unit, the blocks' frozen weights get no gradient (default false)"},
 };
 
 constexpr std::int64_t kMaxRanks = 1'000'000;  // GPUs in one job, far above any cluster
@@ -231,6 +232,26 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
     }
   }
   ValidateParallelFidelity(setup, errors);
+  if (p.fsdpWrapAdaptersApart) {
+    // PEFT's fsdp_auto_wrap_policy (peft/utils/other.py) is an FSDP1 auto_wrap_policy over a LoRA
+    // model: FSDP2's fully_shard takes no such policy, and without LoRA there is no adapter to wrap.
+    const FinetuneDef& f = setup.finetune;
+    if (p.fsdp != FsdpMode::FullShard && p.fsdp != FsdpMode::ShardGradOp && p.fsdp != FsdpMode::HybridShard) {
+      bad("fsdpWrapAdaptersApart", "PEFT's FSDP wrap policy (adapters in units of their own) applies to FSDP "
+                                   "(FULL_SHARD, SHARD_GRAD_OP or HYBRID_SHARD) only.");
+    } else if (setup.model.kind != ModelKind::Transformer || !f.lora) {
+      bad("fsdpWrapAdaptersApart", "PEFT's FSDP wrap policy wraps LoRA adapters: it needs a transformer with LoRA "
+                                   "(finetune.lora).");
+    } else if (f.useDora) {
+      // With use_orig_params=False a FlatParameter needs uniform requires_grad
+      // (_flat_param.py _validate_tensors_to_flatten): a trainable parameter outside a leaf
+      // Linear (DoRA's lora_magnitude_vector, a ParameterDict) would share its block's
+      // FlatParameter with frozen weights, which FSDP refuses.
+      bad("fsdpWrapAdaptersApart", "With PEFT's FSDP wrap policy only lora_A / lora_B may train: DoRA's magnitude "
+                                   "vectors would share a block's FlatParameter with frozen weights, which FSDP refuses "
+                                   "without use_orig_params (turn finetune.useDora off).");
+    }
+  }
   if (p.fsdp != FsdpMode::Off && p.zeroStage != 0) {
     bad("fsdp", "FSDP and DeepSpeed ZeRO shard the same states: choose one (zeroStage 0 with FSDP).");
   }

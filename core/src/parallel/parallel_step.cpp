@@ -334,6 +334,7 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
     }
     case ShardingEngine::Fsdp2: return ProduceFsdp2(b, index, label);
     case ShardingEngine::Fsdp: {
+      if (plan_.adaptersApart) return ProduceAdapterUnit(b, index, label);
       const int unit = UnitOf(p);
       if (unit != 0 && unit != openUnit_) {
         if (openUnit_ > 0) ReduceScatterUnit(b, openUnit_);
@@ -461,9 +462,33 @@ void ParallelStep::ReduceScatterUnit(TraceBuilder& b, int unit) {
   TensorHandle& full = unsharded_[static_cast<std::size_t>(unit)];
   if (full == kNoTensor) return;
   const std::int64_t elements = unit == 0 ? plan_.rootUnitElements : plan_.unitElements[static_cast<std::size_t>(unit - 1)];
-  const std::int64_t shard = CeilDiv(elements, plan_.shardWorld);
   const int layer = unit - 1;
   const Text what = unit == 0 ? text.Make({"root unit"}) : text.Make({"layers.", TextPart::Int(layer)});
+  ReduceScatterFlat(b, full, elements, layer, what, sharded_[static_cast<std::size_t>(unit)]);
+}
+
+// PEFT's fsdp_auto_wrap_policy (parallel.fsdpWrapAdaptersApart, sharding.cpp
+// PlanFsdpAdapterUnits): the adapter is a unit of its own, so its gradient is its FlatParameter's
+// (the unpadded n elements, _flat_param.py _use_unpadded_unsharded_flat_param), and FSDP's
+// post-backward hook on that FlatParameter's AccumulateGrad (_runtime_utils.py
+// _register_post_backward_hook) reduce-scatters it as soon as it is produced.
+bool ParallelStep::ProduceAdapterUnit(TraceBuilder& b, std::size_t index, Text label) {
+  TextStore& text = b.text();
+  const Tensor& p = inventory_.parameters[index];
+  const std::int64_t elements = StorageElements(p);
+  TensorHandle full = b.Alloc(Category::Gradients, elements * BytesPerElement(regime_.gradients),
+                              text.Make({"unsharded gradient"}),
+                              text.Make({label, ": unsharded gradient of ", names_[index], "'s FSDP unit"}),
+                              text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(regime_.gradients)}), p.layer);
+  if (adapterShards_.empty()) adapterShards_.assign(inventory_.parameters.size(), kNoTensor);
+  ReduceScatterFlat(b, full, elements, p.layer, names_[index], adapterShards_[index]);
+  return true;
+}
+
+void ParallelStep::ReduceScatterFlat(TraceBuilder& b, TensorHandle& full, std::int64_t elements, int layer, Text what,
+                                     TensorHandle& kept) {
+  TextStore& text = b.text();
+  const std::int64_t shard = CeilDiv(elements, plan_.shardWorld);
   TensorHandle out = b.Alloc(Category::Gradients, shard * BytesPerElement(regime_.gradients), text.Make({"gradient shard"}),
                              text.Make({"FSDP reduce-scatter of ", what}),
                              text.Make({TextPart::Count(shard), " × ", TextPart::Bytes(regime_.gradients)}), layer);
@@ -480,7 +505,6 @@ void ParallelStep::ReduceScatterUnit(TraceBuilder& b, int unit) {
     b.Release(out, text.Make({"FSDP: 16-bit gradient shard freed"}));
     out = cast;
   }
-  TensorHandle& kept = sharded_[static_cast<std::size_t>(unit)];
   if (kept == kNoTensor) kept = out;
   else b.Release(out, text.Make({"FSDP: gradient shard accumulated"}));
 }
@@ -538,6 +562,10 @@ void ParallelStep::ReleaseAll(TraceBuilder& b, Text label) {
     b.Release(h, label);
     h = kNoTensor;
   }
+  for (TensorHandle& h : adapterShards_) {
+    b.Release(h, label);
+    h = kNoTensor;
+  }
   b.Release(gradPartition_, label);
   gradPartition_ = kNoTensor;
 }
@@ -582,7 +610,12 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
   if (FinetuneActive(setup.finetune)) {
     // docs/parallel.md, "Fine-tuning on many GPUs".
     notes.push_back(
-        p.fsdp != FsdpMode::Off
+        p.fsdp != FsdpMode::Off && p.fsdpWrapAdaptersApart
+            ? "Fine-tuning under FSDP with PEFT's fsdp_auto_wrap_policy (use_orig_params=False): each lora_A / lora_B is "
+              "an FSDP unit of its own with its own padded shard, gradient shard and optimizer state; the blocks' and the "
+              "root's FlatParameters hold the frozen weights only and get no gradient; an adapter's gathered copy is "
+              "counted with its block's; 4-bit statistics stay whole on every rank."
+        : p.fsdp != FsdpMode::Off
             ? "Fine-tuning under FSDP (use_orig_params=True): each block's frozen and trainable parameters share one "
               "FlatParameter, a block with a trainable parameter gets a gradient for all of it and a wholly frozen unit "
               "none; optimizer states are those of the trainable parts in rank 0's shard (another rank's share of the "

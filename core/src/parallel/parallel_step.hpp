@@ -44,6 +44,10 @@ class ParallelStep final : public GradientHook, public LayerHook {
 
  private:
   void ReduceScatterUnit(TraceBuilder& b, int unit);  // FSDP: a unit's gradients are complete
+  // FSDP: reduce-scatter an unsharded flat gradient of `elements` into a kept shard.
+  void ReduceScatterFlat(TraceBuilder& b, TensorHandle& full, std::int64_t elements, int layer, Text what,
+                         TensorHandle& kept);
+  bool ProduceAdapterUnit(TraceBuilder& b, std::size_t index, Text label);  // fsdpWrapAdaptersApart
   void Gather(TraceBuilder& b, int unit, bool prefetch);
   void Free(TraceBuilder& b, int unit);
   // FSDP2 (fully_shard): per-parameter gradients and foreach_reduce (parallel_fidelity.hpp).
@@ -65,6 +69,7 @@ class ParallelStep final : public GradientHook, public LayerHook {
   // FSDP: per unit (index 0 = root, 1 + block), the unsharded gradient during backward and the
   // sharded fp32 gradient kept to zero_grad.
   std::vector<TensorHandle> unsharded_, sharded_;
+  std::vector<TensorHandle> adapterShards_;  // fsdpWrapAdaptersApart: each adapter unit's gradient shard
   int openUnit_ = -2;  // the non-root unit whose gradients are arriving
   // Gathering (ZeRO-3, FSDP): per unit (0 = root, 1 + block) its gathered elements and handle.
   bool gathers_ = false;

@@ -79,6 +79,27 @@ void PlanFsdpTrainableParts(const Inventory& inventory, ShardPlan& plan) {
   }
 }
 
+// FSDP with PEFT's fsdp_auto_wrap_policy (parallel.fsdpWrapAdaptersApart): peft/utils/other.py
+// fsdp_auto_wrap_policy's lambda_policy_fn wraps every leaf module whose weight requires grad (the
+// lora_A / lora_B nn.Linear) beside transformer_auto_wrap_policy over the decoder layer
+// (torch/distributed/fsdp/wrap.py _or_policy). FSDP wraps bottom-up, so each adapter gets a
+// FlatParameter of its own, padded to a multiple of the world (_flat_param.py _get_shard: chunk,
+// then pad: ⌈n / world⌉ on every rank), and the block's FlatParameter keeps what is left: frozen
+// weights only, flat_param.requires_grad False, no gradient. With use_orig_params=False
+// torch.optim sees the adapters' FlatParameters, each rank its padded shard.
+void PlanFsdpAdapterUnits(const Inventory& inventory, ShardPlan& plan) {
+  const std::int64_t d = plan.shardWorld;
+  for (const Tensor& t : inventory.parameters) {
+    if (!t.trainable) continue;
+    Tensor part;
+    part.name = t.name + " FlatParameter shard";
+    part.shape = {CeilDiv(StorageElements(t), d)};
+    part.layer = t.layer;
+    plan.trainableShardParts.parameters.push_back(part);
+    plan.gradientShardElements += part.shape[0];
+  }
+}
+
 }  // namespace
 
 ZeroRedundancyAssignment AssignZeroRedundancy(const Inventory& inventory, std::int64_t world) {
@@ -360,12 +381,30 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
         plan.partitionElements += shard.shape[0];
         plan.paddedFlatElements += shard.shape[0] * d;
       };
+      plan.adaptersApart = p.fsdpWrapAdaptersApart;
+      if (plan.adaptersApart) {
+        // The adapters leave their block's (or the root's) FlatParameter for units of their own.
+        for (const Tensor& t : inventory.parameters) {
+          if (!t.trainable) continue;
+          (t.layer < 0 ? plan.rootUnitElements : plan.unitElements[static_cast<std::size_t>(t.layer)]) -= StorageElements(t);
+        }
+      }
+      // Each adapter unit of `layer` (-1 = the root's), after its parent's unit.
+      auto adapters = [&](int layer) {
+        if (!plan.adaptersApart) return;
+        for (const Tensor& t : inventory.parameters) {
+          if (t.trainable && t.layer == layer) unit(StorageElements(t), layer, t.name + " FlatParameter shard");
+        }
+      };
       if (plan.rootUnitElements > 0) unit(plan.rootUnitElements, -1, "root FlatParameter shard");
+      adapters(-1);
       for (std::size_t l = 0; l < plan.unitElements.size(); ++l) {
         if (plan.unitElements[l] > 0) unit(plan.unitElements[l], static_cast<int>(l), "layers." + std::to_string(l) + " FlatParameter shard");
+        adapters(static_cast<int>(l));
       }
       std::fill(plan.parameterElementsHeld.begin(), plan.parameterElementsHeld.end(), 0);
-      PlanFsdpTrainableParts(inventory, plan);
+      if (plan.adaptersApart) PlanFsdpAdapterUnits(inventory, plan);
+      else PlanFsdpTrainableParts(inventory, plan);
       break;
     }
     case ShardingEngine::Fsdp2: {
