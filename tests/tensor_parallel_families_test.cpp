@@ -281,12 +281,20 @@ TEST_CASE("Tensor parallel GPT-2 and BERT: with data parallelism, pipelines and 
   CHECK(HasErrorOn(Validate(PresetRank("gpt2-xl", 2)), "parallel.tensorParallel"));
   CHECK(HasErrorOn(Validate(PresetRank("bert-base-uncased", 8)), "parallel.tensorParallel"));
   CHECK(Validate(PresetRank("bert-base-uncased", 4)).empty());
-  // Layouts on 4 GPUs now offer tensor parallel rows for GPT-2.
-  Setup small = PresetRank("gpt2", 1);
-  small.training.sequenceLength = 256;
-  const LayoutsResult layouts = LayoutsForCluster(small, 4);
-  REQUIRE(layouts.ok());
-  bool tensorRows = false;
-  for (const LayoutRow& row : layouts.layouts) tensorRows |= row.tensorParallel > 1;
-  CHECK(tensorRows);
+  // Layouts on 4 GPUs now offer tensor parallel rows for GPT-2 and BERT, each the estimate of
+  // its rank.
+  for (const char* preset : {"gpt2", "bert-base-uncased"}) {
+    INFO(preset);
+    Setup small = PresetRank(preset, 1);
+    small.training.sequenceLength = 256;
+    const LayoutsResult layouts = LayoutsForCluster(small, 4);
+    REQUIRE(layouts.ok());
+    int tensorRows = 0;
+    for (const LayoutRow& row : layouts.layouts) {
+      if (row.tensorParallel == 1) continue;
+      ++tensorRows;
+      CHECK(MustEstimate(row.setup).device.peakDeviceBytes == row.peakDeviceBytes);
+    }
+    CHECK(tensorRows >= 2);  // at least tp 4 alone and tp 2 × dp 2
+  }
 }

@@ -51,10 +51,10 @@ ValueId Gpt2Forward(Model& m, ValueId ids, const RunBlock& block) {
   ValueId sum = ops::Add(t, tokens, pos, "inputs_embeds + position_embeds");
   t.Drop(tokens);
   t.Drop(pos);
-  // Sequence parallelism: Megatron's LanguageModelEmbedding (learned positions, so no
+  // Sequence parallelism: Megatron's LanguageModelEmbedding.forward (learned positions, so no
   // reduce_scatter_embeddings) all-reduces the word embeddings, adds the positions on all s
-  // tokens, then scatter_to_sequence_parallel_region keeps this rank's s/t (a new tensor) and
-  // the dropout runs on them.
+  // tokens, then scatter_to_sequence_parallel_region keeps this rank's s/t (a view, cloned by
+  // clone_scatter_output_in_embedding, default on: a new tensor) and the dropout runs on them.
   sum = sequence_split::RowParallelOutput(m, sum, "embeddings scatter (s/t)");
   ValueId x = ops::Dropout(t, sum, m.a.hiddenDropout, "embedding dropout");
   t.Drop(sum);
