@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <string>
+#include <vector>
 
 #include "gpumem/json.hpp"
 #include "gpumem/parallel.hpp"
@@ -122,23 +123,22 @@ TEST_CASE("Layouts: a small model on 4 GPUs ranks the 2Ψ layouts before the 3Ψ
   s.training.sequenceLength = 256;
   const LayoutsResult r = LayoutsForCluster(s, 4);
   REQUIRE(r.ok());
-  // GPT-2 has no tensor parallel yet: tp 2 and 4 are refused; so are ZeRO-2/3 and FSDP with
-  // pipeline stages (DeepSpeed refuses them).
+  // ZeRO-2/3 and FSDP with pipeline stages are refused (DeepSpeed refuses them).
   CHECK(r.refused > 0);
   // Everything fits: every checkpointed and offloaded twin is dominated.
   CHECK(r.notFitting == 0);
   CHECK(r.dominated > 0);
   CHECK(r.estimates == static_cast<std::int64_t>(r.layouts.size()));
   CHECK(r.candidates == r.refused + r.dominated + r.estimates + r.notEstimated);
-  // DDP, ZeRO-1, ZeRO-2, ZeRO-3, FSDP FULL_SHARD with dp = 4; then the pipelines: pp 2 × dp 2
-  // with DDP or ZeRO-1, and pp 4 alone.
-  REQUIRE(r.layouts.size() == 8);
+  // pp = 1: tp 4 alone; tp 2 × dp 2 and dp 4 with DDP, ZeRO-1, ZeRO-2, ZeRO-3, FSDP FULL_SHARD;
+  // then the pipelines: pp 2 × tp 2, pp 2 × dp 2 with DDP or ZeRO-1, and pp 4 alone.
+  REQUIRE(r.layouts.size() == 15);
   for (std::size_t i = 0; i < r.layouts.size(); ++i) {
     const LayoutRow& row = r.layouts[i];
-    INFO(i << ": " << row.sharding << " dp " << row.dataParallel << " pp " << row.pipelineParallel);
-    CHECK(row.dataParallel * row.pipelineParallel == 4);
-    // Without a bubble first: the five pp = 1 layouts rank before every pipeline.
-    CHECK((row.pipelineParallel == 1) == (i < 5));
+    INFO(i << ": " << row.sharding << " dp " << row.dataParallel << " tp " << row.tensorParallel << " pp " << row.pipelineParallel);
+    CHECK(row.dataParallel * row.tensorParallel * row.pipelineParallel == 4);
+    // Without a bubble first: the eleven pp = 1 layouts rank before every pipeline.
+    CHECK((row.pipelineParallel == 1) == (i < 11));
     if (row.pipelineParallel > 1) CHECK(row.cost.bubbleFraction > 0);
     CHECK_FALSE(row.checkpointing);
     CHECK(row.offload == "none");
@@ -146,11 +146,17 @@ TEST_CASE("Layouts: a small model on 4 GPUs ranks the 2Ψ layouts before the 3Ψ
     CHECK(e.fits);
     CHECK(e.device.peakDeviceBytes == row.peakDeviceBytes);
   }
-  // 2Ψ first (the smallest device figure first among equal costs), then 3Ψ.
-  CHECK(r.layouts[0].cost.communicationBytes == r.layouts[2].cost.communicationBytes);
-  CHECK(r.layouts[0].peakDeviceBytes <= r.layouts[1].peakDeviceBytes);
-  CHECK(r.layouts[3].cost.communicationBytes == Approx(1.5 * r.layouts[0].cost.communicationBytes));
-  CHECK((r.layouts[3].sharding == "ZeRO-3" || r.layouts[3].sharding == "FSDP FULL_SHARD"));
+  // At 256 tokens tensor parallelism moves the fewest bytes: tp 4 first, then tp 2 × dp 2.
+  CHECK(r.layouts[0].tensorParallel == 4);
+  CHECK(r.layouts[1].tensorParallel == 2);
+  // Among the dp = 4 rows: 2Ψ first (the smallest device figure first among equal costs), then 3Ψ.
+  std::vector<LayoutRow> dp4;
+  for (const LayoutRow& row : r.layouts) if (row.dataParallel == 4) dp4.push_back(row);
+  REQUIRE(dp4.size() == 5);
+  CHECK(dp4[0].cost.communicationBytes == dp4[2].cost.communicationBytes);
+  CHECK(dp4[0].peakDeviceBytes <= dp4[1].peakDeviceBytes);
+  CHECK(dp4[3].cost.communicationBytes == Approx(1.5 * dp4[0].cost.communicationBytes));
+  CHECK((dp4[3].sharding == "ZeRO-3" || dp4[3].sharding == "FSDP FULL_SHARD"));
 }
 
 TEST_CASE("Layouts: the context-parallel ranks take their share of the GPUs", "[layouts]") {

@@ -43,6 +43,7 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
   const std::string none;
   const std::int64_t h = a.hiddenSize, V = a.vocabSize, inter = IntermediateSize(a);
   const std::int64_t d = HeadDim(a), heads = a.numHeads, kv = KeyValueHeads(a);
+  const std::int64_t attn = heads * d;  // GPT-2 / BERT attention width: h, or h/t on a tensor-parallel rank
   switch (a.family) {
     case Family::GPT2: {
       add(none, "transformer.wte.weight", {V, h});
@@ -52,9 +53,13 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
         const int L = static_cast<int>(i);
         add(b, "ln_1.weight", {h}, L);
         add(b, "ln_1.bias", {h}, L);
-        add(b, "attn.c_attn.weight", {h, 3 * h}, L);
-        add(b, "attn.c_attn.bias", {3 * h}, L);
-        add(b, "attn.c_proj.weight", {h, h}, L);
+        // The attention width is heads · head_dim (= h on one GPU): under tensor parallelism the
+        // rank's slimmer architecture (parallel/sharding.cpp TensorSlices) holds heads/t of it
+        // (ColumnParallelLinear c_attn) while c_proj's output and bias stay h wide
+        // (RowParallelLinear adds its whole bias after the all-reduce).
+        add(b, "attn.c_attn.weight", {h, 3 * attn}, L);
+        add(b, "attn.c_attn.bias", {3 * attn}, L);
+        add(b, "attn.c_proj.weight", {attn, h}, L);
         add(b, "attn.c_proj.bias", {h}, L);
         add(b, "ln_2.weight", {h}, L);
         add(b, "ln_2.bias", {h}, L);
@@ -119,10 +124,10 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
         const int L = static_cast<int>(i);
         for (const char* m : {"query", "key", "value"}) {
           const bool q = m[0] == 'q', k = m[0] == 'k';
-          add(b, q ? "attention.self.query.weight" : k ? "attention.self.key.weight" : "attention.self.value.weight", {h, h}, L);
-          add(b, q ? "attention.self.query.bias" : k ? "attention.self.key.bias" : "attention.self.value.bias", {h}, L);
+          add(b, q ? "attention.self.query.weight" : k ? "attention.self.key.weight" : "attention.self.value.weight", {attn, h}, L);
+          add(b, q ? "attention.self.query.bias" : k ? "attention.self.key.bias" : "attention.self.value.bias", {attn}, L);
         }
-        add(b, "attention.output.dense.weight", {h, h}, L);
+        add(b, "attention.output.dense.weight", {h, attn}, L);  // its bias is whole (row-parallel)
         add(b, "attention.output.dense.bias", {h}, L);
         add(b, "attention.output.LayerNorm.weight", {h}, L);
         add(b, "attention.output.LayerNorm.bias", {h}, L);

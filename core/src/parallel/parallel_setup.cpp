@@ -333,8 +333,8 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
     }
   }
   if (p.sequenceParallel && p.tensorParallel > 1 && sizesOk) {
-    // Megatron splits the sequence evenly (mappings.py _split_along_first_dim asserts it) and
-    // the simulation writes the split in the Llama family's dense blocks.
+    // Megatron splits the sequence evenly (mappings.py _split_along_first_dim asserts it); the
+    // shared blocks and each family's embeddings and head write the split.
     if (setup.training.sequenceLength % p.tensorParallel != 0) {
       bad("sequenceParallel", "Sequence parallelism splits the sequence length (" +
                                   std::to_string(setup.training.sequenceLength) +
@@ -363,11 +363,9 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
       divides(IntermediateSize(a), "the MLP width");
       if (a.numExperts > 0) divides(ExpertIntermediateSize(a), "each expert's width");
       if (a.sharedExpertIntermediateSize > 0) divides(a.sharedExpertIntermediateSize, "the shared expert's width");
-      if (a.family != Family::Llama) {
-        // GPT-2's fused c_attn is written as 3·hidden wide; splitting it needs the family to
-        // read its width from the head count (docs/parallel.md, "Not yet simulated").
-        bad("tensorParallel", "Tensor parallelism is simulated for the Llama family so far.");
-      }
+      // Every family splits the same way (TensorSlices, parallel/sharding.cpp): GPT-2's fused
+      // c_attn and BERT's query/key/value read their width from heads · head_dim, so the rank's
+      // slimmer architecture gives Megatron's column/row shards.
     }
   }
 }

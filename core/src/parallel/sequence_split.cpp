@@ -41,6 +41,13 @@ ValueId ScatterSequence(Model& m, ValueId y, TextPart name) {
   return t.Apply({.name = name, .inputs = {{y}}, .shape = sharded, .type = t.TypeOf(y)});
 }
 
+ValueId RowParallelOutput(Model& m, ValueId y, TextPart name) {
+  if (m.sequenceShards <= 1) return y;
+  const ValueId sharded = ScatterSequence(m, y, name);
+  m.t.Drop(y);
+  return sharded;
+}
+
 ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) {
   Tape& t = m.t;
   t.Drop(c.mask);

@@ -2,7 +2,8 @@
 // parallelism"). With --sequence-parallel and tensor parallel t, what sits outside the column /
 // row linears (norms, residual adds, dropout, the hidden states between blocks) holds s/t tokens
 // per rank; a column-parallel linear all-gathers its input, a row-parallel one reduce-scatters
-// its output. Hooks called from the Llama family and blocks::Linear when Model::sequenceShards > 1.
+// its output. Hooks called from the families (embeddings, head), blocks::Linear and the
+// attention / MLP blocks (RowParallelOutput) when Model::sequenceShards > 1.
 #pragma once
 
 #include "sim/families/family.hpp"
@@ -24,6 +25,12 @@ ValueId GatherLinear(Model& m, ValueId x, ValueId weight, ValueId bias, std::int
 // VocabParallelEmbedding with reduce_scatter_embeddings): [b, s, h] → a new [b, s/t, h]; its
 // backward (_gather_along_first_dim) allocates a new [b, s, h] gradient.
 ValueId ScatterSequence(Model& m, ValueId y, TextPart name);
+
+// A row-parallel linear's output in the shared blocks (attention output, MLP down projection):
+// with sequence parallelism reduce-scattered to s/t tokens before its dropout and residual add
+// (Megatron's bias-dropout-add runs on the sharded tensor), the caller's reference moved to the
+// sharded one; without it (or on one GPU) y itself, all-reduced in place.
+ValueId RowParallelOutput(Model& m, ValueId y, TextPart name);
 
 // The output layer (a ColumnParallelLinear over the vocabulary) on the sequence-sharded final
 // norm: LmHead's work with the all-gathering linear; the rotary tables and the mask go first.

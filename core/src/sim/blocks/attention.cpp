@@ -2,6 +2,7 @@
 // fused SDPA kernel), selective recomputation, and the output projection.
 #include "sim/blocks/blocks.hpp"
 #include "parallel/context_split.hpp"
+#include "parallel/sequence_split.hpp"
 
 namespace gpumem::blocks {
 namespace {
@@ -165,8 +166,10 @@ ValueId AttentionOutput(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask,
   const ValueId merged = ops::View(t, core, {m.b, m.s, m.a.numHeads * HeadDim(m.a)}, "merge heads");
   t.Drop(core);
   const TextPart n = TextPart::View(name);
-  const ValueId projected = Linear(m, merged, out, m.a.hiddenSize, n);
+  // A RowParallelLinear under tensor parallelism: heads/t · head_dim in, the whole h out.
+  ValueId projected = Linear(m, merged, out, m.a.hiddenSize, n);
   t.Drop(merged);
+  projected = sequence_split::RowParallelOutput(m, projected, t.T({n, " reduce-scatter (s/t)"}));
   const ValueId dropped = ops::Dropout(t, projected, dropout, t.T({n, " dropout"}));
   t.Drop(projected);
   return dropped;

@@ -1,5 +1,6 @@
 // MLPs: the activation, GPT-2/BERT's plain MLP, and the gated (SwiGLU) MLP of the Llama family.
 #include "sim/blocks/blocks.hpp"
+#include "parallel/sequence_split.hpp"
 
 namespace gpumem::blocks {
 
@@ -45,8 +46,11 @@ ValueId PlainMlp(Model& m, ValueId x, const Module& up, const Module& down, cons
   const ValueId wide = Linear(m, x, up, IntermediateSize(m.a), t.T({l, " up"}));
   const ValueId act = Activation(m, wide, t.T({l, " activation"}));
   t.Drop(wide);
-  const ValueId narrow = Linear(m, act, down, m.a.hiddenSize, t.T({l, " down"}));
+  // Tensor parallelism: `up` is column-parallel (IntermediateSize is the rank's 1/t), `down`
+  // row-parallel (its whole h output, reduce-scattered to s/t tokens under sequence parallelism).
+  ValueId narrow = Linear(m, act, down, m.a.hiddenSize, t.T({l, " down"}));
   t.Drop(act);
+  narrow = sequence_split::RowParallelOutput(m, narrow, t.T({l, " down reduce-scatter (s/t)"}));
   const ValueId dropped = ops::Dropout(t, narrow, m.a.hiddenDropout, t.T({l, " dropout"}));
   t.Drop(narrow);
   return dropped;
@@ -65,7 +69,7 @@ ValueId GatedMlp(Model& m, ValueId x, const Module& module, std::int64_t inter, 
   t.Drop(u);
   const ValueId y = Linear(m, prod, m.Child(module, down), m.a.hiddenSize, t.T({label, " ", d_}));
   t.Drop(prod);
-  return y;
+  return sequence_split::RowParallelOutput(m, y, t.T({d_, " reduce-scatter (s/t)"}));
 }
 
 }  // namespace gpumem::blocks

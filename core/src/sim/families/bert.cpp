@@ -1,13 +1,16 @@
 // BertForSequenceClassification / BertForMaskedLM: word + token-type + position embeddings,
 // post-LayerNorm layers with a GELU MLP, and the task head.
 #include "sim/families/family.hpp"
+#include "parallel/sequence_split.hpp"
 
 namespace gpumem::families {
 
 ValueId BertLayer(Model& m, ValueId x, const Context& c, int i) {
   Tape& t = m.t;
   const Module root = m.BlockRoot("bert.encoder.layer.", i);
-  const std::int64_t h = m.a.hiddenSize;
+  // The query / key / value width: heads · head_dim, h on one GPU and h/t on a tensor-parallel
+  // rank (column-parallel; the attention output dense and output.dense are row-parallel).
+  const std::int64_t h = m.a.numHeads * HeadDim(m.a);
   m.Scope(i, "attention");
   const ValueId qp = blocks::Linear(m, x, m.Child(root, "attention.self.query"), h, "query");
   const ValueId q = blocks::Heads(m, qp, m.a.numHeads, "query");
@@ -42,6 +45,15 @@ ValueId ClassificationHead(Model& m, ValueId x) {
   Tape& t = m.t;
   const std::int64_t h = m.a.hiddenSize;
   m.Scope(-1, "pooler");
+  if (m.sequenceShards > 1) {
+    // Sequence parallelism: Megatron's Pooler (megatron/legacy/model/language_model.py) first
+    // gathers the whole sequence (gather_from_sequence_parallel_region, a new [b, s, h]) and
+    // takes its first token; the replicated dense sees a view of that gathered tensor.
+    const ValueId gathered = t.Apply({.name = "pooler all-gather (s)", .inputs = {{x}}, .shape = {m.b, m.s, h},
+                                      .type = t.TypeOf(x)});
+    t.Drop(x);
+    x = gathered;
+  }
   const ValueId first = t.Apply({.name = "hidden_states[:, 0]", .inputs = {{x}}, .shape = {m.b, h},
                                  .type = t.TypeOf(x), .viewOf = x});
   const ValueId dense = blocks::Linear(m, first, RootModule(m, "bert.pooler.dense"), h, "pooler dense");
@@ -62,15 +74,26 @@ ValueId ClassificationHead(Model& m, ValueId x) {
 ValueId MaskedLmHead(Model& m, ValueId x) {
   Tape& t = m.t;
   m.Scope(-1, "mlm head");
-  const ValueId dense = blocks::Linear(m, x, RootModule(m, "cls.predictions.transform.dense"), m.a.hiddenSize, "transform dense");
+  // The transform is replicated on every tensor-parallel rank (Megatron's BertLMHead: a plain
+  // get_linear_layer dense and a LayerNorm, run on the s/t tokens under sequence parallelism,
+  // megatron/legacy/model/bert_model.py), so its dense never gathers its input.
+  const Module transform = RootModule(m, "cls.predictions.transform.dense");
+  const ValueId dense = m.sequenceShards > 1
+                            ? ops::Linear(t, x, m.P(transform), m.POptional(transform), m.a.hiddenSize, "transform dense")
+                            : blocks::Linear(m, x, transform, m.a.hiddenSize, "transform dense");
   t.Drop(x);
   const ValueId act = blocks::Activation(m, dense, "transform activation");
   t.Drop(dense);
   const ValueId normed = blocks::LayerNorm(m, act, RootModule(m, "cls.predictions.transform.LayerNorm"));
   t.Drop(act);
   const ValueId weight = m.parameters.ByName(t, "bert.embeddings.word_embeddings.weight");
+  // The decoder is a column-parallel product over the rank's vocabulary with its bias of V/t
+  // (BertLMHead's bias is mpu_vocab_size long; parallel_lm_logits all-gathers the s/t input
+  // under sequence parallelism).
   const ValueId bias = m.parameters.ByName(t, "cls.predictions.bias");
-  const ValueId logits = ops::Linear(t, normed, weight, bias, m.a.vocabSize, "logits");
+  const ValueId logits = m.sequenceShards > 1
+                             ? sequence_split::GatherLinear(m, normed, weight, bias, m.a.vocabSize, "logits (all-gathered input)")
+                             : ops::Linear(t, normed, weight, bias, m.a.vocabSize, "logits");
   t.Drop(normed);
   return logits;
 }
@@ -93,9 +116,15 @@ ValueId BertForward(Model& m, ValueId ids, ValueId tokenTypes, const RunBlock& b
   const ValueId pos = ops::Embedding(t, positions, m.parameters.ByName(t, "bert.embeddings.position_embeddings.weight"),
                                      h, "position_embeddings");
   t.Drop(positions);
-  const ValueId sum2 = ops::Add(t, sum, pos, "+ positions");
+  ValueId sum2 = ops::Add(t, sum, pos, "+ positions");
   t.Drop(sum);
   t.Drop(pos);
+  // Sequence parallelism: the summed embeddings (word embeddings all-reduced, token types and
+  // positions replicated) are scattered to s/t tokens before the LayerNorm and dropout, as
+  // Megatron's LanguageModelEmbedding scatters before its dropout (num_tokentypes > 0: no
+  // reduce_scatter_embeddings). HF BERT's embedding LayerNorm, which Megatron's pre-LN BERT
+  // does not have, runs in that sharded region like every other norm.
+  sum2 = sequence_split::RowParallelOutput(m, sum2, "embeddings scatter (s/t)");
   const ValueId normed = blocks::LayerNorm(m, sum2, RootModule(m, "bert.embeddings.LayerNorm"));
   t.Drop(sum2);
   ValueId x = ops::Dropout(t, normed, m.a.hiddenDropout, "embedding dropout");

@@ -2,19 +2,22 @@
 // the head tied to the token embedding.
 #include "sim/families/family.hpp"
 #include "sim/savers.hpp"
+#include "parallel/sequence_split.hpp"
 
 namespace gpumem::families {
 
 ValueId Gpt2Block(Model& m, ValueId x, const Context& c, int i) {
   Tape& t = m.t;
   const Module root = m.BlockRoot("transformer.h.", i);
-  const std::int64_t h = m.a.hiddenSize;
+  // c_attn's width per part: heads · head_dim, h on one GPU and h/t on a tensor-parallel rank
+  // (Megatron's ColumnParallelLinear linear_qkv); c_proj and the MLP are the shared blocks'.
+  const std::int64_t w = m.a.numHeads * HeadDim(m.a);
   m.Scope(i, "attention");
   const ValueId residual = t.Keep(x);
   const ValueId n1 = blocks::LayerNorm(m, x, m.Child(root, "ln_1"));
-  const ValueId qkv = blocks::Linear(m, n1, m.Child(root, "attn.c_attn"), 3 * h, "c_attn (qkv)");
+  const ValueId qkv = blocks::Linear(m, n1, m.Child(root, "attn.c_attn"), 3 * w, "c_attn (qkv)");
   t.Drop(n1);
-  const auto parts = t.Split("qkv.split", qkv, {{m.b, m.s, h}, {m.b, m.s, h}, {m.b, m.s, h}});
+  const auto parts = t.Split("qkv.split", qkv, {{m.b, m.s, w}, {m.b, m.s, w}, {m.b, m.s, w}});
   t.Drop(qkv);
   const ValueId q = blocks::Heads(m, parts[0], m.a.numHeads, "query");
   const ValueId k = blocks::Heads(m, parts[1], m.a.numHeads, "key");
@@ -45,15 +48,22 @@ ValueId Gpt2Forward(Model& m, ValueId ids, const RunBlock& block) {
   const ValueId pos = ops::Embedding(t, positions, m.parameters.ByName(t, "transformer.wpe.weight"), m.a.hiddenSize,
                                      "wpe(position_ids)");
   t.Drop(positions);
-  const ValueId sum = ops::Add(t, tokens, pos, "inputs_embeds + position_embeds");
+  ValueId sum = ops::Add(t, tokens, pos, "inputs_embeds + position_embeds");
   t.Drop(tokens);
   t.Drop(pos);
+  // Sequence parallelism: Megatron's LanguageModelEmbedding.forward (learned positions, so no
+  // reduce_scatter_embeddings) all-reduces the word embeddings, adds the positions on all s
+  // tokens, then scatter_to_sequence_parallel_region keeps this rank's s/t (a view, cloned by
+  // clone_scatter_output_in_embedding, default on: a new tensor) and the dropout runs on them.
+  sum = sequence_split::RowParallelOutput(m, sum, "embeddings scatter (s/t)");
   ValueId x = ops::Dropout(t, sum, m.a.hiddenDropout, "embedding dropout");
   t.Drop(sum);
   x = DecoderBlocks(m, x, c, block);
   m.Scope(-1, "final norm");
   const ValueId normed = blocks::LayerNorm(m, x, RootModule(m, "transformer.ln_f"));
   t.Drop(x);
+  // The head is a column-parallel linear over the rank's vocabulary (wte is a VocabParallelEmbedding).
+  if (m.sequenceShards > 1) return sequence_split::LmHead(m, normed, "transformer.wte.weight", c);
   return LmHead(m, normed, "transformer.wte.weight", c);
 }
 

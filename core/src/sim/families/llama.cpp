@@ -36,19 +36,18 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
   const ValueId kr = blocks::Rope(m, k, c.cos, c.sin, "k");
   t.Drop(q);
   t.Drop(k);
-  ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
-  if (m.sequenceShards > 1) o = ScatterOwned(m, o, "o_proj reduce-scatter (s/t)");
+  // Sequence parallelism: AttentionOutput and GatedMlp reduce-scatter their row-parallel output.
+  const ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
   const ValueId x2 = ops::Add(t, residual, o, "residual add");
   t.Drop(residual);
   t.Drop(o);
   m.Scope(i, m.a.numExperts > 0 ? "moe" : "mlp");
   const ValueId n2 = blocks::RmsNorm(m, x2, m.Child(root, "post_attention_layernorm"));
-  ValueId mlp = m.a.numExperts > 0
+  const ValueId mlp = m.a.numExperts > 0
                           ? blocks::MoE(m, n2, root)
                           : blocks::GatedMlp(m, n2, m.Child(root, "mlp."), IntermediateSize(m.a), "gate_proj",
                                              "up_proj", "down_proj", "mlp");
   t.Drop(n2);
-  if (m.sequenceShards > 1) mlp = ScatterOwned(m, mlp, "down_proj reduce-scatter (s/t)");
   const ValueId y = ops::Add(t, x2, mlp, "residual add");
   t.Drop(x2);
   t.Drop(mlp);
