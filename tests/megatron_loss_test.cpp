@@ -141,6 +141,14 @@ TEST_CASE("Megatron's loss on a tensor-parallel rank works on its V over t slice
   const LossBackward node = MegatronNode(e, 2);
   CHECK(node.gradient == 2 * n * vt);
   CHECK(node.savedFreed == 4 * n * vt + 9 * n);
+  // Sequence parallel: the output layer all-gathers its input (s/t tokens a rank → s), so the
+  // logits and the loss cover every token of the rank's vocabulary slice, as without it.
+  Setup sp = s;
+  sp.parallel.sequenceParallel = true;
+  const Estimate gathered = Labelled(sp);
+  CHECK(FirstEventBytes(gathered, "vocab_parallel_logits.float()") == 4 * n * vt);
+  CHECK(LossRegion(gathered, 2, Phase::Forward).rise == ForwardRise(n, vt));
+  CHECK(MegatronNode(gathered, 2).gradient == 2 * n * vt);
   // t = 1 on the same model: the whole (unpadded) vocabulary.
   s.parallel.tensorParallel = 1;
   const Estimate whole = Labelled(s);
