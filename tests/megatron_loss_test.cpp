@@ -9,6 +9,8 @@
 
 #include "gpumem/json.hpp"
 #include "gpumem/parallel.hpp"
+#include "gpumem/presets.hpp"
+#include "gpumem/solve.hpp"
 #include "test_support.hpp"
 
 using namespace gpumem;
@@ -206,4 +208,27 @@ TEST_CASE("the Megatron import sets Megatron's loss", "[megatron-loss]") {
   CHECK(noted(ImportMegatronArguments("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te", base),
               "not simulated"));
   CHECK(r.ignoredFields.empty());
+}
+
+TEST_CASE("make it fit offers no other framework's loss to a Megatron run", "[megatron-loss][solve]") {
+  // The setup where make it fit offers Liger's fused loss (savers_test.cpp), with Megatron's loss:
+  // Liger's kernel is not something a Megatron run switches on, so neither loss change is offered.
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("llama-3.2-1b")->architecture;
+  s.training.batchSize = 4;
+  s.training.sequenceLength = 2048;
+  s.training.precision = Precision::BF16;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.checkpointing = Checkpointing::EveryBlock;
+  s.gpu.memoryGiB = 12;
+  const auto has = [](const SolveResult& result, const char* id) {
+    return std::any_of(result.suggestions.begin(), result.suggestions.end(), [&](const FitSuggestion& f) { return f.id == id; });
+  };
+  REQUIRE(has(Solve(s), "loss-fused"));
+  s.training.lossImplementation = LossImplementation::MegatronVocabParallel;
+  const SolveResult r = Solve(s);
+  REQUIRE(r.ok());
+  CHECK_FALSE(has(r, "loss-fused"));
+  CHECK_FALSE(has(r, "loss-chunked"));
 }
