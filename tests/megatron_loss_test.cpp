@@ -208,6 +208,13 @@ TEST_CASE("the Megatron import sets Megatron's loss", "[megatron-loss]") {
   CHECK(noted(ImportMegatronArguments("--cross-entropy-loss-fusion --cross-entropy-fusion-impl te", base),
               "not simulated"));
   CHECK(r.ignoredFields.empty());
+  // A BERT base keeps its own loss (Megatron's is simulated for decoders): no refusal of the loss.
+  Setup bert = DefaultSetup();
+  bert.model.kind = ModelKind::Transformer;
+  bert.model.architecture = DefaultArchitecture(Family::BERT);
+  const ParallelImport fromBert = ImportMegatronArguments("--bf16", bert);
+  CHECK(fromBert.setup.training.lossImplementation == LossImplementation::Standard);
+  CHECK_FALSE(HasErrorOn(Validate(fromBert.setup), "training.lossImplementation"));
 }
 
 TEST_CASE("make it fit offers no other framework's loss to a Megatron run", "[megatron-loss][solve]") {

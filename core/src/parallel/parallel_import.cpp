@@ -193,7 +193,9 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
   // Megatron's GPTModel computes its loss with the vocab-parallel cross-entropy
   // (language_module.py compute_language_model_loss → tensor_parallel.vocab_parallel_cross_entropy)
   // on the output layer's bf16/fp16/fp32 logits (parallel_output=True): sim/blocks/loss.cpp.
-  t.lossImplementation = LossImplementation::MegatronVocabParallel;
+  // Simulated for decoders; another base model keeps its loss.
+  const bool decoder = base.model.kind == ModelKind::Transformer && base.model.architecture.family != Family::BERT;
+  if (decoder) t.lossImplementation = LossImplementation::MegatronVocabParallel;
   std::string crossEntropyFusion;  // --cross-entropy-fusion-impl (default "native")
   bool crossEntropyFused = false;
   for (std::size_t i = 0; i < words.size(); ++i) {
@@ -263,7 +265,7 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
     out.notes.push_back("--cross-entropy-loss-fusion (native): the fused vocab-parallel cross-entropy keeps the same "
                         "tensors as the unfused one (fp32 softmax saved, bf16 gradient)");
   }
-  out.notes.push_back("Megatron's loss: training.lossImplementation megatronVocabParallel (vocab_parallel_cross_entropy)");
+  if (decoder) out.notes.push_back("Megatron's loss: training.lossImplementation megatronVocabParallel (vocab_parallel_cross_entropy)");
   if (layersPerVirtualStage > 0) {
     p.pipelineSchedule = PipelineSchedule::Interleaved;
     const std::int64_t perStage = base.model.kind == ModelKind::Transformer && p.pipelineParallel > 0
