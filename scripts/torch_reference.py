@@ -103,6 +103,7 @@ def read_config(setup):
         # fp32 upcast.
         loss_chunks=(t.get("lossChunks") or 8) if t.get("lossImplementation") == "chunked" else 0,
         loss_upcast=not t.get("lossInModelDtype", False),
+        loss_megatron=t.get("lossImplementation") == "megatronVocabParallel",
     )
     if family in ("gpt2", "bert") and cfg.max_pos <= 0:
         raise ValueError(f"{family}: maxPositionEmbeddings is required")
@@ -479,10 +480,76 @@ def causal_lm_loss(logits, labels, vocab_size, ignore_index=-100, upcast=True):
     return F.cross_entropy(logits, shift_labels, ignore_index=ignore_index)
 
 
+class MegatronVocabParallelCrossEntropy(torch.autograd.Function):
+    """Megatron-LM's _VocabParallelCrossEntropy (megatron/core/tensor_parallel/cross_entropy.py,
+    d98e8a6: VocabParallelCrossEntropy.calculate_logits_max, calculate_predicted_logits,
+    calculate_cross_entropy_loss, prepare_gradient_calculation_operands, calculate_gradients;
+    forward l.121-183, backward l.186-210) on one tensor-parallel rank (t = 1: the vocabulary
+    range is the whole slice and the all-reduces, in place, change nothing), no label smoothing."""
+
+    @staticmethod
+    def forward(ctx, vocab_parallel_logits, target):
+        vocab_parallel_logits = vocab_parallel_logits.float()
+        logits_max = torch.max(vocab_parallel_logits, dim=-1)[0]
+        vocab_start_index, vocab_end_index = 0, vocab_parallel_logits.size(-1)
+        vocab_parallel_logits -= logits_max.unsqueeze(dim=-1)
+        target_mask = (target < vocab_start_index) | (target >= vocab_end_index)
+        masked_target = target.clone() - vocab_start_index
+        masked_target[target_mask] = 0
+        partition_vocab_size = vocab_parallel_logits.size()[-1]
+        logits_2d = vocab_parallel_logits.view(-1, partition_vocab_size)
+        masked_target_1d = masked_target.view(-1)
+        arange_1d = torch.arange(start=0, end=logits_2d.size()[0], device=logits_2d.device)
+        predicted_logits_1d = logits_2d[arange_1d, masked_target_1d]
+        predicted_logits_1d = predicted_logits_1d.clone().contiguous()
+        predicted_logits = predicted_logits_1d.view_as(target)
+        predicted_logits[target_mask] = 0.0
+        exp_logits = vocab_parallel_logits
+        torch.exp(vocab_parallel_logits, out=exp_logits)
+        sum_exp_logits = exp_logits.sum(dim=-1)
+        del logits_2d, arange_1d, predicted_logits_1d, masked_target, vocab_parallel_logits
+        loss = torch.log(sum_exp_logits) - predicted_logits
+        exp_logits.div_(sum_exp_logits.unsqueeze(dim=-1))
+        ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        softmax, target_mask, masked_target_1d = ctx.saved_tensors
+        grad_input = softmax
+        partition_vocab_size = softmax.size()[-1]
+        grad_2d = grad_input.view(-1, partition_vocab_size)
+        arange_1d = torch.arange(start=0, end=grad_2d.size()[0], device=grad_2d.device)
+        softmax_update = 1.0 - target_mask.view(-1).float()
+        grad_2d[arange_1d, masked_target_1d] -= softmax_update
+        grad_input.mul_(grad_output.unsqueeze(dim=-1))
+        return grad_input, None
+
+
+def megatron_language_model_loss(logits, labels):
+    """GPTModel's loss: LanguageModule.compute_language_model_loss (language_module.py l.172,
+    l.200, l.205), then pretrain_gpt.py loss_func (l.254-256) with the batch's fp32 loss_mask
+    (made here, with the loss). Megatron's logits are [s, b, V]; the harness's are [b, s, V], so
+    the [s, b] labels are viewed as [b, s] (no copy) to meet them: the same bytes, another token
+    order (the loss value is not Megatron's; its memory is)."""
+    labels = labels.transpose(0, 1).contiguous()
+    loss = MegatronVocabParallelCrossEntropy.apply(logits, labels.view(logits.shape[:-1]))
+    del labels
+    loss = loss.transpose(0, 1).contiguous()
+    loss_mask = torch.ones(loss.shape, dtype=torch.float)
+    losses = loss.view(-1).float()
+    del loss
+    loss_mask = loss_mask.view(-1).float()
+    return torch.sum(losses * loss_mask)
+
+
 def decoder_head_and_loss(cfg, lm_head, hidden_states, labels):
     """The LM head and the loss: HF's (full logits, ForCausalLMLoss) or, with cfg.loss_chunks,
     torchtune's: TransformerDecoder.chunked_output, then the recipe's label shift and
     CEWithChunkedOutputLoss.forward (torchtune/modules/loss/ce_chunked_output_loss.py)."""
+    if cfg.loss_megatron:
+        logits = lm_head(hidden_states)          # ColumnParallelLinear, parallel_output=True (t = 1)
+        return megatron_language_model_loss(logits, labels), logits
     if not cfg.loss_chunks:
         logits = lm_head(hidden_states)          # logits_to_keep=0: all positions (a view slice)
         return causal_lm_loss(logits, labels, cfg.vocab, upcast=cfg.loss_upcast), logits

@@ -477,6 +477,11 @@ TRANSFORMER_CASES = [
           precision="bf16", lossInModelDtype=True),
     tcase("gpt2-chunked-ampbf16", arch("gpt2"), precision="ampBf16", lossImplementation="chunked", lossChunks=4),
     tcase("gpt2-adamw-in-backward", arch("gpt2"), optimizerInBackward=True),
+    # Megatron's vocab-parallel cross-entropy (t = 1): one fp32 copy softmaxed in place, the bf16
+    # gradient made from it; and on fp32 logits, in their own storage.
+    tcase("llama-vocab32k-megatron-loss-bf16mixed", arch("llama", vocabSize=32000, numLayers=2), batch=2, seq=256,
+          precision="bf16Mixed", lossImplementation="megatronVocabParallel"),
+    tcase("gpt2-megatron-loss-fp32", arch("gpt2"), lossImplementation="megatronVocabParallel"),
     tcase("llama-bf16-in-backward-sdpa-every", arch("llama"), precision="bf16", attention="sdpa",
           checkpointing="everyBlock", optimizerInBackward=True),
 ]

@@ -125,6 +125,11 @@ enum class LossImplementation {
   // LigerFusedLinearCrossEntropyFunction; HF: use_liger_kernel=True): the full logits never
   // exist; the head's input and weight gradients are made in forward, one token chunk at a time.
   FusedLinearCrossEntropy,
+  // Megatron's vocab-parallel cross-entropy (megatron/core/tensor_parallel/cross_entropy.py
+  // _VocabParallelCrossEntropy, called by LanguageModule.compute_language_model_loss): one fp32
+  // copy of the rank's [s, b, V/t] logits, softmaxed in place and saved, which backward turns into
+  // the logits' gradient in place; set by the Megatron import.
+  MegatronVocabParallel,
 };
 
 // How the optimizer step is executed; decides its temporaries ("intermediates").

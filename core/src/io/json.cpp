@@ -1020,9 +1020,10 @@ ojson SaverFields() {
   static constexpr Saver kSavers[] = {
       {"lossImplementation", "Loss", "select", "lossImplementations",
        "torchtune: loss=CEWithChunkedOutputLoss (model.set_num_output_chunks); Liger: use_liger_kernel=True "
-       "(LigerFusedLinearCrossEntropyLoss)",
+       "(LigerFusedLinearCrossEntropyLoss); Megatron-LM: tensor_parallel.vocab_parallel_cross_entropy",
        "chunked: logits made and upcast to fp32 one chunk at a time in the forward; fused linear + cross-entropy: "
-       "no full logits, the head's gradients made in forward; transformer decoders only"},
+       "no full logits, the head's gradients made in forward; Megatron: one fp32 copy of the rank's logits, "
+       "softmaxed in place and reused as their gradient; transformer decoders only"},
       {"lossChunks", "Loss chunks", "count", "",
        "torchtune: CEWithChunkedOutputLoss(num_output_chunks=8)",
        "chunks along the sequence, 1–8 (torch.chunk: ceil(s / n) tokens each)"},

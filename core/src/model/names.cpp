@@ -82,6 +82,8 @@ constexpr Named<LossImplementation> kLossImplementations[] = {
      "chunked output and cross-entropy (torchtune CEWithChunkedOutputLoss, num_output_chunks)"},
     {LossImplementation::FusedLinearCrossEntropy, "fusedLinearCrossEntropy",
      "fused linear + cross-entropy (Liger LigerFusedLinearCrossEntropyLoss, use_liger_kernel)"},
+    {LossImplementation::MegatronVocabParallel, "megatronVocabParallel",
+     "Megatron's vocab-parallel cross-entropy (tensor_parallel.vocab_parallel_cross_entropy, in place)"},
 };
 constexpr Named<PackedSequences> kPackedSequences[] = {
     {PackedSequences::None, "none", "one sequence per row (no packing)"},

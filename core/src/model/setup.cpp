@@ -654,6 +654,19 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
                         "The fused linear + cross-entropy loss (Liger) " + why + "."});
     }
   }
+  if (t.lossImplementation == LossImplementation::MegatronVocabParallel) {
+    // Megatron's GPTModel computes the loss in LanguageModule.compute_language_model_loss; its
+    // models run in bf16/fp16 (Float16Module) or fp32, never under torch.autocast.
+    const Precision p = t.precision;
+    std::string why;
+    if (!decoder) why = "is simulated for decoder transformers (GPT-2, Llama family)";
+    else if (p == Precision::AmpBF16 || p == Precision::AmpFP16)
+      why = "runs without autocast in Megatron (--bf16 / --fp16 cast the model: Float16Module); choose a 16-bit mixed or fp32 precision";
+    if (!why.empty()) {
+      errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",
+                        "Megatron's vocab-parallel cross-entropy " + why + "."});
+    }
+  }
   if (t.packedSequences != PackedSequences::None) {
     // Packing with position_ids resets is what transformers' decoders and torchtune's
     // PackedDataset do (masking_utils.find_packed_sequence_indices); the varlen path is the flash

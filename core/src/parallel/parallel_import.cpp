@@ -190,6 +190,14 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
   TrainingDef& t = out.setup.training;
   std::int64_t layersPerVirtualStage = 0;
   bool fp32GradBuffer = false;
+  // Megatron's GPTModel computes its loss with the vocab-parallel cross-entropy
+  // (language_module.py compute_language_model_loss → tensor_parallel.vocab_parallel_cross_entropy)
+  // on the output layer's bf16/fp16/fp32 logits (parallel_output=True): sim/blocks/loss.cpp.
+  // Simulated for decoders; another base model keeps its loss.
+  const bool decoder = base.model.kind == ModelKind::Transformer && base.model.architecture.family != Family::BERT;
+  if (decoder) t.lossImplementation = LossImplementation::MegatronVocabParallel;
+  std::string crossEntropyFusion;  // --cross-entropy-fusion-impl (default "native")
+  bool crossEntropyFused = false;
   for (std::size_t i = 0; i < words.size(); ++i) {
     std::string flag = words[i];
     if (flag.rfind("--", 0) != 0) continue;
@@ -227,6 +235,10 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
       out.notes.push_back("--use-distributed-optimizer is simulated as ZeRO-1 (sharded fp32 parameters and states)");
     } else if (flag == "--accumulate-allreduce-grads-in-fp32") {
       fp32GradBuffer = true;
+    } else if (flag == "--cross-entropy-loss-fusion") {
+      crossEntropyFused = true;
+    } else if (flag == "--cross-entropy-fusion-impl") {
+      crossEntropyFusion = value;
     } else {
       out.ignoredFields.push_back(flag);
     }
@@ -243,6 +255,17 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
     out.notes.push_back("--accumulate-allreduce-grads-in-fp32 without --use-distributed-optimizer: Megatron's DDP "
                         "gradient buffer is not simulated yet (DDP's rules are used)");
   }
+  // megatron/core/fusions/fused_cross_entropy.py (the "native" fusion) keeps the same tensors:
+  // the fp32 softmax saved (l.119), its gradient cast to bf16 in backward (l.82). Transformer
+  // Engine's Triton kernel ("te") is another loss, not simulated.
+  if (crossEntropyFused && crossEntropyFusion == "te") {
+    out.notes.push_back("--cross-entropy-fusion-impl te (Transformer Engine's parallel cross-entropy) is not simulated: "
+                        "the unfused vocab-parallel cross-entropy's memory is used");
+  } else if (crossEntropyFused) {
+    out.notes.push_back("--cross-entropy-loss-fusion (native): the fused vocab-parallel cross-entropy keeps the same "
+                        "tensors as the unfused one (fp32 softmax saved, bf16 gradient)");
+  }
+  if (decoder) out.notes.push_back("Megatron's loss: training.lossImplementation megatronVocabParallel (vocab_parallel_cross_entropy)");
   if (layersPerVirtualStage > 0) {
     p.pipelineSchedule = PipelineSchedule::Interleaved;
     const std::int64_t perStage = base.model.kind == ModelKind::Transformer && p.pipelineParallel > 0

@@ -69,6 +69,12 @@ void AddSaverNotes(const Setup& setup, const Inventory& inventory, std::vector<s
                     "are made in forward and held until backward, where the weight's becomes .grad.");
     if (t.lossInModelDtype) notes.push_back("Liger's kernel computes the loss in fp32 registers: the loss dtype changes nothing here.");
   }
+  if (t.lossImplementation == LossImplementation::MegatronVocabParallel) {
+    notes.push_back("Megatron's vocab-parallel cross-entropy (tensor_parallel.vocab_parallel_cross_entropy): one fp32 "
+                    "copy of the rank's logits is softmaxed in place and saved; backward makes the logits' gradient "
+                    "in it in place, then in the logits' dtype.");
+    if (t.lossInModelDtype) notes.push_back("Megatron's loss always upcasts the logits to fp32: the loss dtype changes nothing here.");
+  }
   if (t.packedSequences == PackedSequences::BlockCausalMask) {
     notes.push_back(t.attention == AttentionImplementation::SDPA
                         ? "Packed sequences with a block-causal mask: SDPA cannot use the flash kernel with an explicit "

@@ -371,6 +371,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   fusedLoss.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
   const bool fusedApplies = decoder && activationsMatter &&
                             t.lossImplementation != LossImplementation::FusedLinearCrossEntropy &&
+                            t.lossImplementation != LossImplementation::MegatronVocabParallel &&  // not Liger's
                             Validate(fusedLoss).empty();
   if (fusedApplies) {
     add(FitCost::Free, "loss-fused", "Fuse the output projection and the loss (Liger use_liger_kernel=True)",

@@ -48,5 +48,7 @@ ValueId ChunkedOutputLoss(Model& m, ValueId hidden, ValueId weight, ValueId labe
 // Liger's fused linear + cross-entropy (loss.cpp): the loss of `hidden` [b, s, h] projected by
 // `weight` [V, h], chunk by chunk, with both gradients made in forward.
 ValueId FusedLinearCrossEntropyLoss(Model& m, ValueId hidden, ValueId weight);
+// Megatron-LM's vocab-parallel cross-entropy on the rank's [b, s, V/t] logits (loss.cpp).
+ValueId MegatronVocabParallelCrossEntropy(Model& m, ValueId logits, ValueId labels);
 
 }  // namespace gpumem::blocks

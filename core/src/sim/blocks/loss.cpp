@@ -17,6 +17,9 @@ ValueId ScaledLoss(Model& m, ValueId loss) {
 
 ValueId CrossEntropy(Model& m, ValueId logits, ValueId labels, bool causal) {
   Tape& t = m.t;
+  if (causal && m.training.lossImplementation == LossImplementation::MegatronVocabParallel) {
+    return MegatronVocabParallelCrossEntropy(m, logits, labels);  // below
+  }
   // lossInModelDtype: no logits.float() (autocast still runs log_softmax in fp32).
   const bool upcast = (causal && !m.training.lossInModelDtype) || t.autocast();
   const ValueId input = upcast ? ops::To(t, logits, DType::FP32) : t.Keep(logits);
@@ -174,6 +177,106 @@ ValueId FusedLinearCrossEntropyLoss(Model& m, ValueId hidden, ValueId weight) {
   t.Drop(mask);
   t.Drop(target);
   return loss;
+}
+
+}  // namespace gpumem::blocks
+
+namespace gpumem::blocks {
+
+// Megatron-LM's loss, as GPTModel runs it (Megatron-LM d98e8a6; `parallel_output=True`: the
+// output layer, a ColumnParallelLinear, leaves each rank its own [s, b, V/t] slice of the logits
+// in the model's dtype, bf16 under --bf16, and nothing casts them before the loss). `logits` is
+// that slice ([b, s, V/t] here; the same bytes as Megatron's [s, b, V/t]).
+//
+// megatron/core/models/common/language_module/language_module.py compute_language_model_loss
+// (l.172 labels.transpose(0, 1).contiguous(); l.200 tensor_parallel.vocab_parallel_cross_entropy;
+// l.205 loss.transpose(0, 1).contiguous()), then pretrain_gpt.py loss_func (l.254-256:
+// losses = output_tensor.view(-1).float(); loss = torch.sum(losses * loss_mask)).
+//
+// megatron/core/tensor_parallel/cross_entropy.py _VocabParallelCrossEntropy.forward (l.121-183),
+// an autograd.Function, so nothing inside it is recorded:
+//   calculate_logits_max (l.25-27): vocab_parallel_logits.float() — a new fp32 copy of the slice
+//     (the slice itself when it is fp32 already); torch.max(..., dim=-1)[0] (values and indices made,
+//     the indices dropped at once)
+//   calculate_predicted_logits (l.42-63): `-=` in place; target_mask = (target < start) |
+//     (target >= end); masked_target = target.clone() - start; arange_1d; logits_2d[arange_1d,
+//     masked_target_1d] then .clone(); torch.exp(…, out=exp_logits) in place; sum(dim=-1)
+//   calculate_cross_entropy_loss (l.74-77): loss = torch.log(sum_exp_logits) - predicted_logits;
+//     exp_logits.div_(…) in place
+//   l.181 ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
+// backward (l.186-210): grad_input = softmax (the saved fp32 buffer), grad_2d[arange_1d,
+// masked_target_1d] -= softmax_update, grad_input.mul_(grad_output…) in place, returned. The
+// engine then casts it to the input's dtype (torch/csrc/autograd/engine.cpp validate_outputs:
+// grad.to(metadata dtype)) while the saved buffer is still held (release_variables runs after
+// the call): fp32 + 16-bit [s, b, V/t] at once, then the fp32 buffer goes. With fp32 logits the
+// returned gradient is the logits' own storage, softmaxed in place: nothing new is made.
+//
+// Not modelled: the nonzero() of `masked_target[target_mask] = 0` and `predicted_logits[
+// target_mask] = 0.0` (index_put_ with a bool mask: as many int64 indices as masked tokens, which
+// depends on the data), and the loss's scalars (num_tokens, the report's torch.cat).
+ValueId MegatronVocabParallelCrossEntropy(Model& m, ValueId logits, ValueId labels) {
+  Tape& t = m.t;
+  (void)labels;  // the [s, b] copy below is what the Function reads
+  const DType i64 = DType::Int64;
+  const DType f32 = DType::FP32;
+  const Shape& slice = t.ShapeOf(logits);
+  const std::int64_t tokens = slice.Elements() / slice.back();
+  const Shape rows{m.s, m.b};  // Megatron's [s, b]
+
+  const ValueId target = t.Fresh(rows, i64, "labels.transpose(0, 1).contiguous()");
+  // --- _VocabParallelCrossEntropy.forward ---
+  const bool copies = t.TypeOf(logits) != f32;
+  const ValueId exp = copies ? t.Fresh(slice, f32, "vocab_parallel_logits.float()") : t.Keep(logits);
+  const ValueId logitsMax = t.Fresh(rows, f32, "logits_max (torch.max values)");
+  t.Drop(t.Fresh(rows, i64, "torch.max indices"));  // [0]: the indices go at once
+  // vocab_parallel_logits -= logits_max.unsqueeze(-1): in place.
+  const ValueId below = t.Fresh(rows, DType::Bool, "target < vocab_start_index");
+  const ValueId above = t.Fresh(rows, DType::Bool, "target >= vocab_end_index");
+  const ValueId targetMask = t.Fresh(rows, DType::Bool, "target_mask");
+  t.Drop(below);
+  t.Drop(above);
+  const ValueId clone = t.Fresh(rows, i64, "target.clone()");
+  const ValueId maskedTarget = t.Fresh(rows, i64, "masked_target (clone - vocab_start_index)");
+  t.Drop(clone);
+  const ValueId arange = t.Fresh({tokens}, i64, "arange_1d");
+  const ValueId picked = t.Fresh({tokens}, f32, "logits_2d[arange_1d, masked_target_1d]");
+  const ValueId predicted = t.Fresh({tokens}, f32, "predicted_logits (.clone())");
+  t.Drop(picked);
+  // torch.exp(vocab_parallel_logits, out=exp_logits): in place.
+  const ValueId sumExp = t.Fresh(rows, f32, "sum_exp_logits");
+  t.Drop(arange);  // calculate_predicted_logits returns
+  const ValueId logSum = t.Fresh(rows, f32, "torch.log(sum_exp_logits)");
+  // loss = log(sum) - predicted is the Function's output; exp_logits.div_(…) in place; then saved.
+  Tape::OpSpec spec{.name = "vocab_parallel_cross_entropy (Megatron)",
+                    .inputs = {{logits}, {target, In::NoGrad}},
+                    .shape = rows,
+                    .type = f32,
+                    .saves = {exp, targetMask, maskedTarget}};
+  // Backward's own temporaries (arange_1d; softmax_update and the gathered grad_2d entries) are
+  // gone before the engine's cast, so they only count when there is none (fp32 logits).
+  if (!copies) {
+    spec.backwardTemps = {{{tokens}, i64, "arange_1d"},
+                          {{2 * tokens}, f32, "softmax_update, grad_2d[arange_1d, masked_target_1d]"}};
+  }
+  // fp32 logits: the gradient handed back is the saved buffer itself (the logits' storage).
+  const ValueId lossRows = copies ? t.Apply(spec) : t.ApplyPrecomputed(spec, {exp, kNoValue});
+  t.Drop(logSum);
+  for (ValueId v : {exp, logitsMax, targetMask, maskedTarget, predicted, sumExp}) t.Drop(v);  // locals
+  t.Drop(target);  // compute_language_model_loss returns
+  const ValueId lossBs = ops::Copy(t, lossRows, {m.b, m.s}, "loss.transpose(0, 1).contiguous()");
+  t.Drop(lossRows);
+  // pretrain_gpt.py loss_func: the batch's fp32 loss_mask (get_batch; made here with the loss),
+  // losses.view(-1).float() (a view: already fp32), torch.sum(losses * loss_mask).
+  const ValueId lossMask = t.Fresh({m.b, m.s}, f32, "loss_mask");
+  const ValueId losses = ops::View(t, lossBs, {tokens}, "output_tensor.view(-1)");
+  t.Drop(lossBs);
+  const ValueId masked = ops::Mul(t, losses, lossMask, "losses * loss_mask");
+  t.Drop(losses);
+  t.Drop(lossMask);
+  // SumBackward expands the scalar's gradient (a view): nothing new.
+  const ValueId loss = t.Apply({.name = "torch.sum", .inputs = {{masked, In::PassThrough}}, .shape = {1}, .type = f32});
+  t.Drop(masked);
+  return ScaledLoss(m, loss);
 }
 
 }  // namespace gpumem::blocks
