@@ -613,9 +613,10 @@ CachingAllocatorModel::MallocOutcome CachingAllocatorModel::Malloc(int tensorId,
   AllocParams p;
   p.size = RoundSize(requestedBytes);
   p.pool = p.size <= kSmallSize ? &small_ : &large_;  // get_pool
-  p.allocSize = SegmentAllocationSize(p.size);
   bool found = GetFreeBlock(p);
   if (!found) {
+    // get_allocation_size: only needed here (most requests find a cached block).
+    p.allocSize = SegmentAllocationSize(p.size);
     if (gcEnabled_) GarbageCollectCachedBlocks();
     found = AllocBlock(p, false);
     // Nothing has changed yet (no garbage collection while watching; a failed get_free_block
@@ -975,26 +976,28 @@ bool RunSpan(Model& model, AllocatorResult& result, const E* events, std::size_t
           break;
         }
       }
+      // Reserved, allocated and requested only grow in an allocation (a free caches its block
+      // and releases nothing: free_block), so the peaks are checked after allocations only.
+      const std::int64_t reserved = model.reserved();
+      const std::int64_t allocated = model.allocated();
+      if (reserved > peakReserved) {
+        peakReserved = reserved;
+        result.peakReservedEvent = index;
+        result.allocatedAtPeakReservedBytes = allocated;
+        result.unallocatedAtPeakReservedBytes = reserved - allocated;
+        result.inactiveSplitAtPeakReservedBytes = model.inactiveSplit();
+      }
+      if (allocated > peakAllocated) {
+        peakAllocated = allocated;
+        result.peakAllocatedEvent = index;
+      }
+      peakRequested = std::max(peakRequested, model.requested());
     } else if (!model.Free(e.tensorId)) {
       ++result.unmatchedFrees;
     }
-    const std::int64_t reserved = model.reserved();
-    const std::int64_t allocated = model.allocated();
-    if (reserved > peakReserved) {
-      peakReserved = reserved;
-      result.peakReservedEvent = index;
-      result.allocatedAtPeakReservedBytes = allocated;
-      result.unallocatedAtPeakReservedBytes = reserved - allocated;
-      result.inactiveSplitAtPeakReservedBytes = model.inactiveSplit();
-    }
-    if (allocated > peakAllocated) {
-      peakAllocated = allocated;
-      result.peakAllocatedEvent = index;
-    }
-    peakRequested = std::max(peakRequested, model.requested());
     if (kTimeline) {
-      result.reservedBytesAfterEvent.push_back(reserved);
-      result.allocatedBytesAfterEvent.push_back(allocated);
+      result.reservedBytesAfterEvent.push_back(model.reserved());
+      result.allocatedBytesAfterEvent.push_back(model.allocated());
     }
   }
   peaks = {peakReserved, peakAllocated, peakRequested};
