@@ -309,6 +309,57 @@ TEST_CASE("one pass at capacity equals the two runs it stands for on random stre
   CHECK(forked > 30);  // the unlimited run went on from a shared prefix, not from the start
 }
 
+TEST_CASE("events in runs of trace events and allocator events equal the same events in one vector", "[allocator][identity]") {
+  // The device stage hands the allocator the trace's events where they are, with the cuBLAS
+  // workspaces between them (AllocatorEventRuns): the same stream cut into runs of random
+  // lengths, alternately Events and AllocatorEvents, must give every field of the one-vector
+  // run, including the fork at the first capacity miss, which falls inside some run.
+  const std::int64_t capacities[] = {48 * MiB, 300 * MiB, 2 * GiB};
+  int compared = 0, forked = 0;
+  for (const auto& [name, options] : OptionVariants()) {
+    for (std::uint64_t seed = 21; seed <= 23; ++seed) {
+      const std::vector<AllocatorEvent> events = RandomEvents(seed, 1000);
+      std::vector<Event> asTrace(events.size());
+      for (std::size_t i = 0; i < events.size(); ++i) {
+        asTrace[i].bytes = events[i].bytes;
+        asTrace[i].tensorId = events[i].tensorId;
+        asTrace[i].kind = events[i].kind == AllocatorEventKind::Alloc ? EventKind::Alloc : EventKind::Free;
+      }
+      std::vector<AllocatorEventRun> runs;
+      std::mt19937_64 random(seed);
+      for (std::size_t at = 0; at < events.size();) {
+        const std::size_t count = std::min<std::size_t>(events.size() - at, random() % 300);  // 0: an empty run
+        if (runs.size() % 2 == 0) {
+          runs.push_back({.trace = asTrace.data() + at, .count = count});
+        } else {
+          runs.push_back({.events = events.data() + at, .count = count});
+        }
+        at += count;
+      }
+      for (const std::int64_t capacity : capacities) {
+        for (const bool timeline : {true, false}) {
+          const AllocatorRecording recording{.timeline = timeline, .segmentsAtPeak = timeline, .segmentsAtOom = timeline};
+          const AllocatorCapacityRun one = SimulateCachingAllocatorAtCapacity(events, options, capacity, recording);
+          const AllocatorCapacityRun cut =
+              SimulateCachingAllocatorAtCapacity(AllocatorEventRuns(runs), options, capacity, recording);
+          INFO(name << ", seed " << seed << ", capacity " << capacity << ", timeline " << timeline);
+          const Differences d = Compare(cut.atCapacity, one.atCapacity);
+          INFO("at capacity, first difference: " << d.first);
+          CHECK(d.count == 0);
+          const Differences u = Compare(cut.unlimited, one.unlimited);
+          INFO("unlimited, first difference: " << u.first);
+          CHECK(u.count == 0);
+          CHECK(cut.sharedEvents == one.sharedEvents);
+          forked += one.sharedEvents > 0;
+          ++compared;
+        }
+      }
+    }
+  }
+  CHECK(compared == 9 * 3 * 3 * 2);
+  CHECK(forked > 10);
+}
+
 TEST_CASE("one pass at capacity equals the two runs on every preset's device events", "[allocator][identity]") {
   // Every preset at two sizes, on GPUs from 8 to 80 GiB, with and without expandable segments
   // and max_split_size: the events ComputeDeviceEstimate hands the allocator.

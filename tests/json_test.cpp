@@ -7,6 +7,7 @@
 
 #include "gpumem/json.hpp"
 #include "gpumem/names.hpp"
+#include "io/json_writer.hpp"
 #include "test_support.hpp"
 
 using namespace gpumem;
@@ -158,4 +159,50 @@ TEST_CASE("options list every enum and the defaults and the examples", "[json]")
     CHECK(FromId(p.id, back));
     CHECK(back == p.value);
   }
+}
+
+TEST_CASE("the JSON writer escapes every byte as JSON requires", "[json]") {
+  // JsonWriter::Quote appends runs of plain characters at once: every byte value, alone, at
+  // the start, between and at the end of plain runs, must come out as the one-character-at-a-
+  // time rule writes it (RFC 8259 section 7: quote, backslash and controls escaped; the short
+  // forms for \b \t \n \f \r).
+  auto expected = [](std::string_view s) {
+    std::string out = "\"";
+    for (const char c : s) {
+      const auto u = static_cast<unsigned char>(c);
+      if (c == '"') out += "\\\"";
+      else if (c == '\\') out += "\\\\";
+      else if (c == '\b') out += "\\b";
+      else if (c == '\t') out += "\\t";
+      else if (c == '\n') out += "\\n";
+      else if (c == '\f') out += "\\f";
+      else if (c == '\r') out += "\\r";
+      else if (u < 0x20) {
+        static constexpr char kHex[] = "0123456789abcdef";
+        out += "\\u00";
+        out += kHex[u >> 4];
+        out += kHex[u & 15];
+      } else {
+        out += c;
+      }
+    }
+    return out + "\"";
+  };
+  int checked = 0;
+  for (int b = 0; b < 256; ++b) {
+    const std::string c(1, static_cast<char>(b));
+    for (const std::string& s : {c, "layers[0]" + c, c + "tail", "ab" + c + "cd" + c + c + "ef", c + c}) {
+      std::string out = "prefix";
+      JsonWriter::Quote(out, s);
+      INFO("byte " << b);
+      CHECK(out == "prefix" + expected(s));
+      ++checked;
+    }
+  }
+  CHECK(checked == 256 * 5);
+  // And through nlohmann's parser: the text reads back as the string written.
+  std::string out;
+  const std::string mixed = "a\"b\\c\nd\x01" "e \u00e9 f";
+  JsonWriter::Quote(out, mixed);
+  CHECK(json::parse(out).get<std::string>() == mixed);
 }

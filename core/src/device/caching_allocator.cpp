@@ -613,9 +613,10 @@ CachingAllocatorModel::MallocOutcome CachingAllocatorModel::Malloc(int tensorId,
   AllocParams p;
   p.size = RoundSize(requestedBytes);
   p.pool = p.size <= kSmallSize ? &small_ : &large_;  // get_pool
-  p.allocSize = SegmentAllocationSize(p.size);
   bool found = GetFreeBlock(p);
   if (!found) {
+    // get_allocation_size: only needed here (most requests find a cached block).
+    p.allocSize = SegmentAllocationSize(p.size);
     if (gcEnabled_) GarbageCollectCachedBlocks();
     found = AllocBlock(p, false);
     // Nothing has changed yet (no garbage collection while watching; a failed get_free_block
@@ -923,26 +924,38 @@ Model& ThreadModel(int which) {
   return models[which];
 }
 
-// Runs events [from, end) until the end or an OOM, keeping the figures after each event (the
-// running peaks in locals, written back once); returns the index of a capacity miss (the
-// model watching), else −1. A template on the timeline so that the loop without one has no
+bool IsAllocEvent(const AllocatorEvent& e) { return e.kind == AllocatorEventKind::Alloc; }
+bool IsAllocEvent(const Event& e) { return e.kind == EventKind::Alloc; }
+
+std::size_t EventCount(AllocatorEventRuns runs) {
+  std::size_t n = 0;
+  for (const AllocatorEventRun& r : runs) n += r.count;
+  return n;
+}
+
+// The running peaks of RunEvents, kept in locals by RunSpan and written back once.
+struct RunningPeaks {
+  std::int64_t reserved = 0, allocated = 0, requested = 0;
+};
+
+// Runs events[first, count) of one run, whose event k is allocator event base + k, keeping
+// the figures after each event. Returns false at the run's end; true where the run stopped (an
+// OOM, or a capacity miss when watching: then `miss` is its index), with `stoppedAt` its index.
+// A template on the event type so that the device stage's trace events are read where they
+// are (no copy into AllocatorEvents), and on the timeline so that the loop without one has no
 // test for it.
-template <bool kTimeline>
-int RunEvents(Model& model, AllocatorResult& result, std::span<const AllocatorEvent> events, std::size_t from,
-              const AllocatorRecording& recording) {
-  if (kTimeline) {
-    result.reservedBytesAfterEvent.reserve(events.size());
-    result.allocatedBytesAfterEvent.reserve(events.size());
-  }
-  std::int64_t peakReserved = result.peakReservedBytes;
-  std::int64_t peakAllocated = result.peakAllocatedBytes;
-  std::int64_t peakRequested = result.peakRequestedBytes;
-  int miss = -1;
-  std::size_t i = from;
-  for (; i < events.size(); ++i) {
-    const AllocatorEvent& e = events[i];
-    const int index = static_cast<int>(i);
-    if (e.kind == AllocatorEventKind::Alloc) {
+template <bool kTimeline, typename E>
+bool RunSpan(Model& model, AllocatorResult& result, const E* events, std::size_t count, std::size_t base,
+             std::size_t first, RunningPeaks& peaks, const AllocatorRecording& recording, std::size_t& stoppedAt,
+             int& miss) {
+  std::int64_t peakReserved = peaks.reserved;
+  std::int64_t peakAllocated = peaks.allocated;
+  std::int64_t peakRequested = peaks.requested;
+  bool stopped = false;
+  for (std::size_t k = first; k < count; ++k) {
+    const E& e = events[k];
+    const int index = static_cast<int>(base + k);
+    if (IsAllocEvent(e)) {
       if (e.bytes < 0) {
         ++result.invalidEvents;
       } else if (model.IsLive(e.tensorId)) {
@@ -952,46 +965,81 @@ int RunEvents(Model& model, AllocatorResult& result, std::span<const AllocatorEv
         if (outcome == Model::MallocOutcome::OutOfMemory) {
           result.oom = model.DescribeOom(e.tensorId, e.bytes, recording.segmentsAtOom);
           result.oom.eventIndex = index;
+          stoppedAt = base + k;
+          stopped = true;
           break;
         }
         if (outcome == Model::MallocOutcome::CapacityMiss) {
           miss = index;
+          stoppedAt = base + k;
+          stopped = true;
           break;
         }
       }
+      // Reserved, allocated and requested only grow in an allocation (a free caches its block
+      // and releases nothing: free_block), so the peaks are checked after allocations only.
+      const std::int64_t reserved = model.reserved();
+      const std::int64_t allocated = model.allocated();
+      if (reserved > peakReserved) {
+        peakReserved = reserved;
+        result.peakReservedEvent = index;
+        result.allocatedAtPeakReservedBytes = allocated;
+        result.unallocatedAtPeakReservedBytes = reserved - allocated;
+        result.inactiveSplitAtPeakReservedBytes = model.inactiveSplit();
+      }
+      if (allocated > peakAllocated) {
+        peakAllocated = allocated;
+        result.peakAllocatedEvent = index;
+      }
+      peakRequested = std::max(peakRequested, model.requested());
     } else if (!model.Free(e.tensorId)) {
       ++result.unmatchedFrees;
     }
-    const std::int64_t reserved = model.reserved();
-    const std::int64_t allocated = model.allocated();
-    if (reserved > peakReserved) {
-      peakReserved = reserved;
-      result.peakReservedEvent = index;
-      result.allocatedAtPeakReservedBytes = allocated;
-      result.unallocatedAtPeakReservedBytes = reserved - allocated;
-      result.inactiveSplitAtPeakReservedBytes = model.inactiveSplit();
-    }
-    if (allocated > peakAllocated) {
-      peakAllocated = allocated;
-      result.peakAllocatedEvent = index;
-    }
-    peakRequested = std::max(peakRequested, model.requested());
     if (kTimeline) {
-      result.reservedBytesAfterEvent.push_back(reserved);
-      result.allocatedBytesAfterEvent.push_back(allocated);
+      result.reservedBytesAfterEvent.push_back(model.reserved());
+      result.allocatedBytesAfterEvent.push_back(model.allocated());
     }
   }
+  peaks = {peakReserved, peakAllocated, peakRequested};
+  return stopped;
+}
+
+// Runs events [from, end) until the end or an OOM; returns the index of a capacity miss (the
+// model watching), else −1.
+template <bool kTimeline>
+int RunEvents(Model& model, AllocatorResult& result, AllocatorEventRuns runs, std::size_t from,
+              const AllocatorRecording& recording) {
+  const std::size_t total = EventCount(runs);
+  if (kTimeline) {
+    result.reservedBytesAfterEvent.reserve(total);
+    result.allocatedBytesAfterEvent.reserve(total);
+  }
+  RunningPeaks peaks{result.peakReservedBytes, result.peakAllocatedBytes, result.peakRequestedBytes};
+  int miss = -1;
+  std::size_t i = total;  // where the run stopped: all events done, or the one it stopped at
+  std::size_t base = 0;
+  for (const AllocatorEventRun& r : runs) {
+    if (from < base + r.count) {
+      const std::size_t first = from > base ? from - base : 0;
+      const bool stopped =
+          r.trace != nullptr
+              ? RunSpan<kTimeline>(model, result, r.trace, r.count, base, first, peaks, recording, i, miss)
+              : RunSpan<kTimeline>(model, result, r.events, r.count, base, first, peaks, recording, i, miss);
+      if (stopped) break;
+    }
+    base += r.count;
+  }
   if (i > from) result.eventsSimulated = static_cast<int>(i);  // the events done: all before i
-  result.peakReservedBytes = peakReserved;
-  result.peakAllocatedBytes = peakAllocated;
-  result.peakRequestedBytes = peakRequested;
+  result.peakReservedBytes = peaks.reserved;
+  result.peakAllocatedBytes = peaks.allocated;
+  result.peakRequestedBytes = peaks.requested;
   return miss;
 }
 
-int RunFrom(Model& model, AllocatorResult& result, std::span<const AllocatorEvent> events, std::size_t from,
+int RunFrom(Model& model, AllocatorResult& result, AllocatorEventRuns runs, std::size_t from,
             const AllocatorRecording& recording) {
-  return recording.timeline ? RunEvents<true>(model, result, events, from, recording)
-                            : RunEvents<false>(model, result, events, from, recording);
+  return recording.timeline ? RunEvents<true>(model, result, runs, from, recording)
+                            : RunEvents<false>(model, result, runs, from, recording);
 }
 
 void Finish(const Model& model, AllocatorResult& result) {
@@ -1004,15 +1052,26 @@ void Finish(const Model& model, AllocatorResult& result) {
 
 // The segments at the reserved peak: a second pass up to the peak event, cheaper than a
 // snapshot at every new maximum.
-void AddSegmentsAtPeak(std::span<const AllocatorEvent> events, const AllocatorOptions& options,
-                       std::int64_t capacityBytes, AllocatorResult& result) {
+void AddSegmentsAtPeak(AllocatorEventRuns runs, const AllocatorOptions& options, std::int64_t capacityBytes,
+                       AllocatorResult& result) {
   if (result.peakReservedEvent < 0) return;
   Model model(options, capacityBytes);
-  for (const AllocatorEvent& e : events.first(static_cast<std::size_t>(result.peakReservedEvent) + 1)) {
-    if (e.kind == AllocatorEventKind::Alloc) {
-      if (e.bytes >= 0 && !model.IsLive(e.tensorId)) model.Malloc(e.tensorId, e.bytes);
+  std::size_t left = static_cast<std::size_t>(result.peakReservedEvent) + 1;  // events up to the peak's
+  auto replay = [&](const auto* events, std::size_t count) {
+    for (std::size_t k = 0; k < count && left > 0; ++k, --left) {
+      const auto& e = events[k];
+      if (IsAllocEvent(e)) {
+        if (e.bytes >= 0 && !model.IsLive(e.tensorId)) model.Malloc(e.tensorId, e.bytes);
+      } else {
+        model.Free(e.tensorId);
+      }
+    }
+  };
+  for (const AllocatorEventRun& r : runs) {
+    if (r.trace != nullptr) {
+      replay(r.trace, r.count);
     } else {
-      model.Free(e.tensorId);
+      replay(r.events, r.count);
     }
   }
   result.segmentsAtPeakReserved = model.Snapshot();
@@ -1022,13 +1081,22 @@ void AddSegmentsAtPeak(std::span<const AllocatorEvent> events, const AllocatorOp
 
 AllocatorResult SimulateCachingAllocator(std::span<const AllocatorEvent> events, const AllocatorOptions& options,
                                          std::int64_t capacityBytes, const AllocatorRecording& recording) {
+  const AllocatorEventRun all{.events = events.data(), .count = events.size()};
+  const AllocatorEventRuns runs(&all, 1);
   AllocatorResult result;
   Model& model = ThreadModel(0);
   model.Reset(options, capacityBytes);
-  RunFrom(model, result, events, 0, recording);
+  RunFrom(model, result, runs, 0, recording);
   Finish(model, result);
-  if (recording.segmentsAtPeak) AddSegmentsAtPeak(events, options, capacityBytes, result);
+  if (recording.segmentsAtPeak) AddSegmentsAtPeak(runs, options, capacityBytes, result);
   return result;
+}
+
+AllocatorCapacityRun SimulateCachingAllocatorAtCapacity(std::span<const AllocatorEvent> events,
+                                                        const AllocatorOptions& options, std::int64_t capacityBytes,
+                                                        const AllocatorRecording& recording) {
+  const AllocatorEventRun all{.events = events.data(), .count = events.size()};
+  return SimulateCachingAllocatorAtCapacity(AllocatorEventRuns(&all, 1), options, capacityBytes, recording);
 }
 
 // Up to the first cudaMalloc the capacity refuses, a run at capacity and a run without a limit
@@ -1037,8 +1105,8 @@ AllocatorResult SimulateCachingAllocator(std::span<const AllocatorEvent> events,
 // capacity run watches for that first miss; there a copy of the model, its limit lifted, is
 // the unlimited run's state, and it goes on from that event only if the capacity run ends in an
 // OOM. Expandable segments and garbage collection take a second run from the start instead.
-AllocatorCapacityRun SimulateCachingAllocatorAtCapacity(std::span<const AllocatorEvent> events,
-                                                        const AllocatorOptions& options, std::int64_t capacityBytes,
+AllocatorCapacityRun SimulateCachingAllocatorAtCapacity(AllocatorEventRuns events, const AllocatorOptions& options,
+                                                        std::int64_t capacityBytes,
                                                         const AllocatorRecording& recording) {
   AllocatorCapacityRun run;
   Model& capped = ThreadModel(0);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpumem/device.hpp"
+#include "gpumem/trace.hpp"
 
 // The few functions of every event, inlined into Malloc and Free: a call costs a dozen
 // instructions of register saves, an event about a hundred and fifty in all.
@@ -381,3 +382,24 @@ class CachingAllocatorModel {
 };
 
 }  // namespace gpumem::device
+
+namespace gpumem {
+
+// Allocator events as consecutive runs, each either trace events read where they are (their
+// kind, tensorId and bytes) or AllocatorEvents: the device stage hands the trace's events with
+// the few cuBLAS workspaces between them without copying the trace into a second vector
+// (device_stage.cpp DeviceEventRuns). Event indices count across the runs.
+struct AllocatorEventRun {
+  const Event* trace = nullptr;            // when set, the run is trace[0, count)
+  const AllocatorEvent* events = nullptr;  // else events[0, count)
+  std::size_t count = 0;
+};
+using AllocatorEventRuns = std::span<const AllocatorEventRun>;
+
+// SimulateCachingAllocatorAtCapacity over the runs' events in order: equal, field by field, to
+// the call on the same events in one vector (tests/allocator_identity_test.cpp).
+AllocatorCapacityRun SimulateCachingAllocatorAtCapacity(AllocatorEventRuns events, const AllocatorOptions& options,
+                                                        std::int64_t capacityBytes,
+                                                        const AllocatorRecording& recording = {});
+
+}  // namespace gpumem

@@ -1,6 +1,7 @@
 // The device stage: what the GPU holds during the step, as PyTorch's caching allocator and the
 // CUDA runtime would hold it. docs/device.md gives every rule and its source.
 #include "device/device_stage.hpp"
+#include "device/caching_allocator.hpp"
 #include "gpumem/parallel.hpp"
 
 #include <algorithm>
@@ -9,7 +10,6 @@
 #include <string>
 
 #include "gpumem/format.hpp"
-#include "gpumem/recycle.hpp"
 
 namespace gpumem {
 namespace {
@@ -106,52 +106,62 @@ struct WorkspaceGroup {
 // getCurrentCUDABlasHandle → setWorkspaceForHandle), so the forward handle's before step 1's
 // forward (the first matmul comes after at most the embedding lookup) and the backward
 // thread's before step 1's backward. They stay cached for the process's life (never freed).
-// Returns the groups in order (at most three).
-std::vector<WorkspaceGroup> PlaceEvents(const Setup& setup, const Trace& trace, const DeviceOverheadsResult& overheads,
-                                        std::vector<AllocatorEvent>& events) {
+// The trace's events are not copied: `runs` alternates stretches of them with the workspace
+// allocations in `workspaces` (numbered after the trace's tensor ids), at most three groups.
+struct DeviceEvents {
+  std::vector<AllocatorEvent> workspaces;
+  std::vector<WorkspaceGroup> groups;
+  std::vector<AllocatorEventRun> runs;
+};
+
+void PlaceEvents(const Setup& setup, const Trace& trace, const DeviceOverheadsResult& overheads, DeviceEvents& out) {
   const std::vector<std::int64_t>& work = overheads.workspaceAllocations;
   const int handles = RuntimeOptionsOf(setup.runtime).cublasHandles;
   const std::size_t perHandle = handles > 0 ? work.size() / static_cast<std::size_t>(handles) : 0;
   const std::size_t n = trace.events.size();
-  auto firstOf = [&](Phase phase) {
-    return static_cast<std::size_t>(std::find_if(trace.events.begin(), trace.events.end(),
-                                                 [&](const Event& e) { return e.phase == phase; }) -
-                                    trace.events.begin());
-  };
-  const std::size_t forward = firstOf(Phase::Forward), backward = firstOf(Phase::Backward);
-  // The first forward event (before the first backward one: a backward comes after a forward).
-  const std::size_t first = std::min(forward, backward), second = std::max(forward, backward);
-  // One pass: the trace's events written in place (no push_back per event) and, on the way,
-  // the largest tensor id, after which the workspaces are numbered once all are placed.
-  events.resize(n + work.size());
-  AllocatorEvent* out = events.data();
-  int nextId = 0;
-  auto copy = [&](std::size_t from, std::size_t to) {  // trace events [from, to)
-    for (std::size_t i = from; i < to; ++i) {
-      const Event& e = trace.events[i];
-      nextId = std::max(nextId, e.tensorId + 1);
-      *out++ = {e.kind == EventKind::Alloc ? AllocatorEventKind::Alloc : AllocatorEventKind::Free, e.tensorId, e.bytes};
+  // The first event of each phase: a scan that stops at the first backward event (the first
+  // forward one comes before it, when there is one), not a pass over the trace.
+  std::size_t forward = n, backward = n;
+  for (std::size_t i = 0; i < n && backward == n; ++i) {
+    const Phase phase = trace.events[i].phase;
+    if (phase == Phase::Forward && forward == n) forward = i;
+    if (phase == Phase::Backward) backward = i;
+  }
+  if (forward == n && backward < n) {  // no forward event before the first backward one: one after it?
+    for (std::size_t i = backward; i < n; ++i) {
+      if (trace.events[i].phase == Phase::Forward) {
+        forward = i;
+        break;
+      }
     }
-  };
-  std::vector<WorkspaceGroup> groups;
-  std::vector<AllocatorEvent*> workspaces;  // where each goes, in order
+  }
+  const std::size_t first = std::min(forward, backward), second = std::max(forward, backward);
+  // Workspace ids follow the trace's: every trace id is below allocAt.size() (allocAt is
+  // indexed by tensor id), and PictureOf names an id from there on a cuBLAS workspace.
+  int nextId = static_cast<int>(trace.allocAt.size());
+  out.workspaces.clear();
+  out.groups.clear();
+  out.runs.clear();
   std::size_t placed = 0;
   auto place = [&](std::size_t count, std::size_t before) {
     const std::size_t k = std::min(count, work.size() - placed);
     if (k == 0) return;
-    groups.push_back({before, k});
-    for (std::size_t j = 0; j < k; ++j, ++placed) workspaces.push_back(out++);
+    out.groups.push_back({before, k});
+    for (std::size_t j = 0; j < k; ++j, ++placed) out.workspaces.push_back({AllocatorEventKind::Alloc, nextId++, work[placed]});
   };
-  copy(0, first);
   if (first < n) place(first == forward ? (perHandle == 0 ? work.size() : perHandle) : work.size() - placed, first);
-  copy(first, second);
   if (second < n && second != first) place(work.size() - placed, second);
-  copy(second, n);
   place(work.size() - placed, n);  // no forward or backward phase
-  for (std::size_t j = 0; j < workspaces.size(); ++j) {
-    *workspaces[j] = {AllocatorEventKind::Alloc, nextId++, work[j]};
+  // The runs: trace [0, g0.before), g0's workspaces, trace [g0.before, g1.before), … (the
+  // workspaces vector is final now: the runs point into it).
+  std::size_t from = 0, w = 0;
+  for (const WorkspaceGroup& g : out.groups) {
+    if (g.before > from) out.runs.push_back({.trace = trace.events.data() + from, .count = g.before - from});
+    out.runs.push_back({.events = out.workspaces.data() + w, .count = g.count});
+    from = g.before;
+    w += g.count;
   }
-  return groups;
+  if (n > from) out.runs.push_back({.trace = trace.events.data() + from, .count = n - from});
 }
 
 // The allocator's snapshot as the picture the estimate carries: each block named by its
@@ -231,7 +241,20 @@ DeviceAllocatorInput DeviceAllocatorInputOf(const Setup& setup, const Trace& tra
   runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
   runtime.ncclCommunicators = NcclCommunicatorsOf(setup.parallel);
   const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, runtime);
-  PlaceEvents(setup, trace, overheads, input.events);
+  DeviceEvents placed;
+  PlaceEvents(setup, trace, overheads, placed);
+  // One vector of the same events, in the same order (the tests run it through the span API).
+  for (const AllocatorEventRun& r : placed.runs) {
+    for (std::size_t k = 0; k < r.count; ++k) {
+      if (r.trace == nullptr) {
+        input.events.push_back(r.events[k]);
+      } else {
+        const Event& e = r.trace[k];
+        input.events.push_back({e.kind == EventKind::Alloc ? AllocatorEventKind::Alloc : AllocatorEventKind::Free,
+                                e.tensorId, e.bytes});
+      }
+    }
+  }
   input.options = AllocatorOptionsOf(setup.runtime);
   input.limitBytes = AllocatorLimit(capacityBytes, overheads);
   return input;
@@ -251,8 +274,9 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   d.workspaceBytes = overheads.workspace.bytes;
   d.communicationBytes = overheads.communication.bytes;
 
-  std::vector<AllocatorEvent> events = Recycled<AllocatorEvent>::Take();
-  const std::vector<WorkspaceGroup> groups = PlaceEvents(setup, trace, overheads, events);
+  thread_local DeviceEvents placed;  // kept for its buffers' capacity
+  PlaceEvents(setup, trace, overheads, placed);
+  const std::vector<WorkspaceGroup>& groups = placed.groups;
   // Allocator event → {trace event, whether it is a workspace placed in front of that event}.
   auto traceEventOf = [&](std::size_t at) -> std::pair<std::size_t, bool> {
     std::size_t offset = 0;  // workspaces before
@@ -270,8 +294,7 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
       .timeline = reservedAfterEvent != nullptr, .segmentsAtPeak = segments, .segmentsAtOom = false};
   // One pass at the limit; when it fails, the figures without a limit go on from the first
   // cudaMalloc the limit refused (SimulateCachingAllocatorAtCapacity).
-  AllocatorCapacityRun runs = SimulateCachingAllocatorAtCapacity(events, options, limit, recording);
-  Recycled<AllocatorEvent>::Give(std::move(events));
+  AllocatorCapacityRun runs = SimulateCachingAllocatorAtCapacity(AllocatorEventRuns(placed.runs), options, limit, recording);
   const AllocatorResult& capped = runs.atCapacity;
   d.fits = !capped.oom.happened;
   d.numAllocRetries = capped.numAllocRetries;
