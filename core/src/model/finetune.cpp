@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
+#include <unordered_set>
 
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
@@ -210,10 +212,18 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory) {
   const bool sixteenBit = setup.training.precision == Precision::FP16Mixed ||
                           setup.training.precision == Precision::BF16Mixed ||
                           setup.training.precision == Precision::BF16;
-  // The linear modules (a module is adapted, weight and bias, only if it is a linear target).
-  std::vector<std::string_view> linears;
-  for (const Tensor& p : inventory.parameters) if (IsLinearWeight(p)) linears.push_back(ModuleOf(p.name));
-  std::sort(linears.begin(), linears.end());
+  // The linear modules (a module is adapted, weight and bias, only if it is a linear target): a
+  // linear weight's module is one by definition; a bias asks this set, made at the first bias
+  // (Llama's linears have none, and sorting 405B's 1,137 names cost more than the rest).
+  std::unordered_set<std::string_view> linears;
+  bool linearsMade = false;
+  auto isLinearModule = [&](std::string_view module) {
+    if (!linearsMade) {
+      for (const Tensor& p : inventory.parameters) if (IsLinearWeight(p)) linears.insert(ModuleOf(p.name));
+      linearsMade = true;
+    }
+    return linears.contains(module);
+  };
   std::vector<Tensor> out;
   out.reserve(inventory.parameters.size() * 2);
   // Two passes, so that no tensor is copied: the first decides in place (module names stay views
@@ -249,7 +259,7 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory) {
       p.storage = Tensor::Storage::FP32;
     }
     adaptedAt[i] = f.lora && (linear || p.name.ends_with(".bias")) && IsLoraTarget(f, family, module) &&
-                   std::binary_search(linears.begin(), linears.end(), module);
+                   (linear || isLinearModule(module));
   }
   for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
     Tensor& p = inventory.parameters[i];
