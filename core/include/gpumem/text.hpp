@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <initializer_list>
 #include <string>
@@ -91,6 +92,19 @@ class TextStore {
   // A string owned by the store; the view stays valid as long as the store.
   std::string_view Keep(std::string s);
   Text Own(std::string s) { return enabled_ ? Make({TextPart::View(Keep(std::move(s)))}) : Text{}; }
+
+  // Raw access for block templates (core/src/sim/tape.cpp): how many parts and shape
+  // dimensions are stored, one of each, and appending parts and dimensions as they are.
+  std::size_t partCount() const { return size_; }
+  std::size_t dimCount() const { return dims_.size(); }
+  const TextPart& part(std::size_t i) const { return parts_[i]; }
+  std::int64_t dim(std::size_t i) const { return dims_[i]; }
+  void AppendRaw(const std::vector<TextPart>& parts, const std::vector<std::int64_t>& dims) {
+    if (size_ + parts.size() > capacity_) Grow(size_ + parts.size());
+    if (!parts.empty()) std::memcpy(static_cast<void*>(parts_ + size_), parts.data(), parts.size() * sizeof(TextPart));
+    size_ += parts.size();
+    dims_.insert(dims_.end(), dims.begin(), dims.end());
+  }
 
   std::string Render(Text text) const;
   void RenderTo(Text text, std::string& out) const;
