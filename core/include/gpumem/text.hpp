@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 #include <deque>
 #include <initializer_list>
 #include <string>
@@ -101,8 +100,7 @@ class TextStore {
   std::int64_t dim(std::size_t i) const { return dims_[i]; }
   void AppendRaw(const std::vector<TextPart>& parts, const std::vector<std::int64_t>& dims) {
     if (size_ + parts.size() > capacity_) Grow(size_ + parts.size());
-    if (!parts.empty()) std::memcpy(static_cast<void*>(parts_ + size_), parts.data(), parts.size() * sizeof(TextPart));
-    size_ += parts.size();
+    for (const TextPart& p : parts) parts_[size_++] = p;
     dims_.insert(dims_.end(), dims.begin(), dims.end());
   }
 

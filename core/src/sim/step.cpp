@@ -78,7 +78,7 @@ void TraceBuilder::Release(TensorHandle handle, Text label) {
   if (handle < 0) return;
   int& holders = holders_[static_cast<std::size_t>(handle)];
   if (holders == 0) return;
-  if (handle < touchesBelow_) touches_.push_back({handle, -1});
+  if (handle < touchesBelow_) [[unlikely]] NoteTouch(handle, -1);
   if (--holders > 0) return;
   const Event& alloc = trace_.events[trace_.allocAt[static_cast<std::size_t>(handle)]];
   trace_.freeAt[static_cast<std::size_t>(handle)] = static_cast<std::uint32_t>(trace_.events.size());

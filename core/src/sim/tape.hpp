@@ -249,6 +249,7 @@ class Tape {
     std::vector<std::pair<int, int>> grads;  // (parameter, .grad)
     SmallVec<TensorHandle, 4> inputGrads;
     int layerAfter = -1;   // the tape's layer when the span ends
+    int layer = -1;        // the checkpoint node's layer (its block)
     bool copyable = true;  // nothing happened that a copy cannot reproduce
   };
   // A span predicted from the two before it (every id, text position, layer and parameter
@@ -283,6 +284,14 @@ class Tape {
     std::vector<int> inputGradSteps;
   };
   SpanTemplate template_;
+  // Per block: a hash of its parameters (shapes, trainable, storage, adapter) and the index of
+  // its first one. A span is copied to block k only when block k's parameters are those of the
+  // block before it, one stride on in the inventory (not so: blocks frozen by
+  // finetune.freezeFirstBlocks or left out of trainOnlyModules).
+  std::vector<std::uint64_t> layerSignature_;
+  std::vector<std::int64_t> layerFirstParameter_;
+  void ComputeLayerSignatures();
+  bool LayerFollows(int layer, int previous) const;
   bool BuildTemplate(const SpanRecord& a, const SpanRecord& b);
   bool AdvanceTemplate();
   void RunCheckpointSpan(int node);
@@ -301,7 +310,7 @@ class Tape {
   void Deliver(ValueId value, TensorHandle grad, Text label);
   bool NeedsGrad(const In& in) const;
   // The gradient slot of value v (inline: backward reads it several times per node).
-  TensorHandle& GradOf(ValueId v) {
+  [[gnu::always_inline]] TensorHandle& GradOf(ValueId v) {
     if (static_cast<std::size_t>(v) >= grads_.size()) GrowGrads();
     return grads_[static_cast<std::size_t>(v)];
   }
@@ -357,6 +366,7 @@ class Tape {
 
 // Block templates on (the default) or off: tests compare the two traces event by event.
 void SetBlockTemplates(bool on);
+bool BlockTemplatesOn();
 
 // The wider of two floating types, as PyTorch promotes mixed operands.
 DType Promote(DType a, DType b);

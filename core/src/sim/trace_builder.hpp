@@ -42,10 +42,10 @@ class TraceBuilder {
                  t.Own(std::move(formula)), layer);
   }
   // One more holder (e.g. autograd saving it for backward).
-  TensorHandle Retain(TensorHandle handle) {
+  [[gnu::always_inline]] TensorHandle Retain(TensorHandle handle) {
     if (handle >= 0 && holders_[static_cast<std::size_t>(handle)] > 0) {
       ++holders_[static_cast<std::size_t>(handle)];
-      if (handle < touchesBelow_) touches_.push_back({handle, +1});
+      if (handle < touchesBelow_) [[unlikely]] NoteTouch(handle, +1);
     }
     return handle;
   }
@@ -81,6 +81,7 @@ class TraceBuilder {
     touches_.clear();
   }
   const std::vector<std::pair<int, int>>& touches() const { return touches_; }
+  [[gnu::noinline]] void NoteTouch(TensorHandle handle, int delta) { touches_.push_back({handle, delta}); }
   // Appends the events of a copied span. Its allocations make the next tensor ids in order, one
   // per entry of `holders` (each tensor's holders at the span's end); its frees record where
   // their tensors went.
