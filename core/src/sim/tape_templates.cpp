@@ -265,6 +265,12 @@ bool Tape::SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& act
   return true;
 }
 
+// What may differ between blocks must be visible here or in the spans themselves. Today a block's
+// code takes its index only for names and labels (families/*.cpp, blocks/*.cpp), so blocks differ
+// only through their parameters (frozen, adapted, quantized: all in the inventory, hashed below).
+// A future per-layer behaviour (alternating sliding-window layers, dense first blocks of an MoE)
+// that leaves the parameters alike must add itself to this signature, or the span of one block
+// would be copied onto another that differs. The prediction check only compares three spans.
 void Tape::ComputeLayerSignatures() {
   layerSignature_.clear();
   layerFirstParameter_.clear();
