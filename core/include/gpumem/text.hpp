@@ -92,6 +92,18 @@ class TextStore {
   std::string_view Keep(std::string s);
   Text Own(std::string s) { return enabled_ ? Make({TextPart::View(Keep(std::move(s)))}) : Text{}; }
 
+  // Raw access for block templates (core/src/sim/tape.cpp): how many parts and shape
+  // dimensions are stored, one of each, and appending parts and dimensions as they are.
+  std::size_t partCount() const { return size_; }
+  std::size_t dimCount() const { return dims_.size(); }
+  const TextPart& part(std::size_t i) const { return parts_[i]; }
+  std::int64_t dim(std::size_t i) const { return dims_[i]; }
+  void AppendRaw(const std::vector<TextPart>& parts, const std::vector<std::int64_t>& dims) {
+    if (size_ + parts.size() > capacity_) Grow(size_ + parts.size());
+    for (const TextPart& p : parts) parts_[size_++] = p;
+    dims_.insert(dims_.end(), dims.begin(), dims.end());
+  }
+
   std::string Render(Text text) const;
   void RenderTo(Text text, std::string& out) const;
 

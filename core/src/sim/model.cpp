@@ -27,13 +27,34 @@ Parameters::Parameters(const Inventory& inventory, const std::vector<Text>& name
   slots_.assign(size, -1);
   for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
     std::size_t slot = HashName(inventory.parameters[i].name) & (size - 1);
-    while (slots_[slot] >= 0) slot = (slot + 1) & (size - 1);
+    while (slots_[slot] >= 0) {
+      // A repeated name (none in a well-formed inventory) is found by the table as its first
+      // entry: then the guess of IndexOf could differ, so it is not used.
+      if (inventory.parameters[static_cast<std::size_t>(slots_[slot])].name == inventory.parameters[i].name) {
+        uniqueNames_ = false;
+      }
+      slot = (slot + 1) & (size - 1);
+    }
     slots_[slot] = static_cast<std::int32_t>(i);
     anyBias_ = anyBias_ || inventory.parameters[i].name.ends_with(".bias");
   }
 }
 
 std::int64_t Parameters::IndexOf(std::string_view name) const {
+  // Names are unique in an inventory, so a direct hit is the index the table would give.
+  const std::vector<Tensor>& parameters = inventory_.parameters;
+  for (const std::size_t guess : {last_ + 1, last_}) {
+    if (uniqueNames_ && guess < parameters.size() && parameters[guess].name == name) {
+      last_ = guess;
+      return static_cast<std::int64_t>(guess);
+    }
+  }
+  const std::int64_t i = HashedIndexOf(name);
+  if (i >= 0) last_ = static_cast<std::size_t>(i);
+  return i;
+}
+
+std::int64_t Parameters::HashedIndexOf(std::string_view name) const {
   const std::size_t mask = slots_.size() - 1;
   for (std::size_t slot = HashName(name) & mask;; slot = (slot + 1) & mask) {
     const std::int32_t i = slots_[slot];

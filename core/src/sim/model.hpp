@@ -39,7 +39,12 @@ class Parameters {
   ValueId Leaf(Tape& t, std::size_t index);
   // Inventory index of a name, or -1: open addressing over the inventory's own strings (a map
   // with a node per parameter cost more than the lookups it served).
+  // Blocks ask for their parameters in inventory order, so the index after the last one found
+  // (or that one again: TensorOf then Get) is tried first, before hashing the name.
   std::int64_t IndexOf(std::string_view name) const;
+  std::int64_t HashedIndexOf(std::string_view name) const;
+  mutable std::size_t last_ = 0;     // the index IndexOf returned last
+  bool uniqueNames_ = true;          // no name repeats (the guess is the table's answer)
   const Inventory& inventory_;
   const std::vector<Text>& names_;
   DType weights_;

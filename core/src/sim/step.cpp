@@ -77,7 +77,9 @@ TensorHandle TraceBuilder::Alloc(Category category, std::int64_t bytes, Text ten
 void TraceBuilder::Release(TensorHandle handle, Text label) {
   if (handle < 0) return;
   int& holders = holders_[static_cast<std::size_t>(handle)];
-  if (holders == 0 || --holders > 0) return;
+  if (holders == 0) return;
+  if (handle < touchesBelow_) [[unlikely]] NoteTouch(handle, -1);
+  if (--holders > 0) return;
   const Event& alloc = trace_.events[trace_.allocAt[static_cast<std::size_t>(handle)]];
   trace_.freeAt[static_cast<std::size_t>(handle)] = static_cast<std::uint32_t>(trace_.events.size());
   trace_.events.push_back({alloc.bytes, alloc.tensorId, alloc.layer, EventKind::Free, alloc.category, phase_,
@@ -178,7 +180,9 @@ void GradientSink::Produce(std::size_t index, Text label) {
   if (grads_[index] == kNoTensor) {
     grads_[index] = builder_.Alloc(Category::Gradients, bytes, t.Make({name, ".grad"}),
                                    t.Make({label, ": ", name, ".grad"}), formula, p.layer);
+    if (record_) record_->push_back({static_cast<int>(index), grads_[index]});
   } else {
+    if (record_) record_->push_back({static_cast<int>(index), -2});
     // .grad already exists (kept by zero_grad(set_to_none=False), or a tied weight's second
     // use): the new gradient is added into it in place and then freed.
     TensorHandle fresh = builder_.Alloc(Category::Gradients, bytes, t.Make({name, " new gradient"}),
@@ -189,6 +193,7 @@ void GradientSink::Produce(std::size_t index, Text label) {
 }
 
 void GradientSink::Adopt(std::size_t index, TensorHandle grad, Text label) {
+  if (record_) record_->push_back({static_cast<int>(index), -2});
   TextStore& t = builder_.text();
   const Tensor& p = inventory_.parameters[index];
   if (!p.trainable) {

@@ -2,6 +2,8 @@
 #include "sim/tape.hpp"
 
 #include <algorithm>
+#include <cstring>
+#include <functional>
 
 #include "gpumem/names.hpp"
 #include "gpumem/recycle.hpp"
@@ -378,7 +380,23 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
     }
   }
   for (std::size_t i = 0; i < uses.size(); ++i) if (uses[i] > 1) sink.Expect(i, uses[i]);
+  // Block templates: only where nothing outside the tape and the sink sees a block's backward
+  // (no offloading, no layer hook of a sharding engine, plain .grads, no selective checkpoint).
+  bool selective = false;
+  for (const std::vector<TensorHandle>& kept : sacKept_) selective = selective || !kept.empty();
+  templates_ = BlockTemplatesOn() && offload_ == nullptr && layerHook_ == nullptr && sink.plain() &&
+               cacheDepth_ == 0 && !selective;
+  lowestCheckpoint_ = -1;
+  for (std::size_t n = 0; n < nodes_.size() && lowestCheckpoint_ < 0; ++n) {
+    if (nodes_[n].block >= 0) lowestCheckpoint_ = static_cast<int>(n);
+  }
+  spans_.clear();
+  templateChecked_ = false;
+  template_.ready = false;
+  layerSignature_.clear();  // made when a first span is recorded (ComputeLayerSignatures)
   RunBackward(0, static_cast<int>(nodes_.size()));
+  spans_.clear();
+  template_.ready = false;
   // What is still held (in value order, as the map this replaces iterated).
   const Text finished = T({"backward finished"});
   for (TensorHandle& grad : grads_) {
@@ -392,10 +410,22 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
 }
 
 void Tape::RunBackward(int fromNode, int toNode) {
+  // Spans are copied only in the outer backward (a recompute's own nodes are never checkpoints
+  // of blocks), and only from spans that follow one another with nothing between.
+  const bool outer = fromNode == 0;
   for (int n = toNode - 1; n >= fromNode; --n) {
     if (nodes_[static_cast<std::size_t>(n)].done) continue;
-    if (nodes_[static_cast<std::size_t>(n)].block >= 0) RunCheckpoint(n);
-    else Execute(n);
+    if (nodes_[static_cast<std::size_t>(n)].block >= 0) {
+      if (outer && templates_) RunCheckpointSpan(n);
+      else RunCheckpoint(n);
+    } else {
+      Execute(n);
+      if (outer) {
+        spans_.clear();
+        templateChecked_ = false;
+        template_.ready = false;
+      }
+    }
   }
 }
 

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <functional>
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "sim/trace_builder.hpp"
@@ -234,12 +235,82 @@ class Tape {
   TensorHandle AllocStorage(const Shape& shape, DType type, Category category, TextPart tensor,
                             TextPart what, TextPart suffix = "");
   void RunBackward(int fromNode, int toNode);
+
+  // --- block templates: the checkpointed blocks' backward spans, copied ---
+  // What the backward of one checkpoint node (recompute + backward, RunCheckpoint) did: its
+  // events, the text parts and shape dimensions it made, the tensors it made (ids
+  // [idFrom, idTo), their holders at its end), the holder changes of older tensors, the .grads
+  // it made and the gradients it left for the checkpoint's inputs.
+  struct SpanRecord {
+    std::size_t eventFrom = 0, eventTo = 0, partFrom = 0, partTo = 0, dimFrom = 0, dimTo = 0;
+    int idFrom = 0, idTo = 0;
+    std::vector<int> holders;
+    std::vector<std::pair<int, int>> touches;
+    std::vector<std::pair<int, int>> grads;  // (parameter, .grad)
+    SmallVec<TensorHandle, 4> inputGrads;
+    int layerAfter = -1;   // the tape's layer when the span ends
+    int layer = -1;        // the checkpoint node's layer (its block)
+    bool copyable = true;  // nothing happened that a copy cannot reproduce
+  };
+  // A span predicted from the two before it (every id, text position, layer and parameter
+  // index moving by as much again as from the first to the second).
+  struct PredictedSpan {
+    SpanRecord record;
+    std::vector<Event> events;
+    std::vector<TextPart> parts;
+    std::vector<std::int64_t> dims;
+  };
+  // The spans after a checked prediction: the predicted span and how far each of its numbers
+  // moves from one span to the next.
+  struct EventStep {
+    int id, layer;
+    std::int64_t label, tensor, formula;
+  };
+  struct PartStep {
+    std::uint32_t index;  // into span.parts
+    enum What : std::uint8_t { kPosition, kValue, kParameter } what;
+    std::int64_t delta;   // kParameter: the parameter's index now
+    std::int64_t parameterStep = 0;
+  };
+  struct SpanTemplate {
+    bool ready = false;
+    PredictedSpan span;
+    std::int64_t eventStep = 0, partStep = 0, dimStep = 0;
+    int idStep = 0, layerStep = 0;
+    std::vector<EventStep> eventSteps;
+    std::vector<PartStep> partSteps;
+    std::vector<int> touchSteps;
+    std::vector<std::pair<int, int>> gradSteps;
+    std::vector<int> inputGradSteps;
+  };
+  SpanTemplate template_;
+  // Per block: a hash of its parameters (shapes, trainable, storage, adapter) and the index of
+  // its first one. A span is copied to block k only when block k's parameters are those of the
+  // block before it, one stride on in the inventory (not so: blocks frozen by
+  // finetune.freezeFirstBlocks or left out of trainOnlyModules).
+  std::vector<std::uint64_t> layerSignature_;
+  std::vector<std::int64_t> layerFirstParameter_;
+  void ComputeLayerSignatures();
+  bool LayerFollows(int layer, int previous) const;
+  bool BuildTemplate(const SpanRecord& a, const SpanRecord& b);
+  bool AdvanceTemplate();
+  void RunCheckpointSpan(int node);
+  bool ApplyPredicted(int node, const PredictedSpan& predicted);
+  bool Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out);
+  bool SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& actual) const;
+  // The inventory index of the parameter whose name `text` points into, or -1.
+  int ParameterOfName(const char* text);
+  bool templates_ = false;        // this backward may copy spans (Backward decides)
+  bool templateChecked_ = false;  // a prediction matched a simulated span
+  int lowestCheckpoint_ = -1;     // the first checkpoint node (block 0's): always simulated
+  std::vector<SpanRecord> spans_;  // the last spans, newest last (at most 3)
+  std::vector<std::pair<const char*, int>> nameIndex_;  // parameter name → index, sorted
   void Execute(int node);
   void RunCheckpoint(int node);
   void Deliver(ValueId value, TensorHandle grad, Text label);
   bool NeedsGrad(const In& in) const;
   // The gradient slot of value v (inline: backward reads it several times per node).
-  TensorHandle& GradOf(ValueId v) {
+  [[gnu::always_inline]] TensorHandle& GradOf(ValueId v) {
     if (static_cast<std::size_t>(v) >= grads_.size()) GrowGrads();
     return grads_[static_cast<std::size_t>(v)];
   }
@@ -292,6 +363,10 @@ class Tape {
   std::vector<SmallVec<TensorHandle, 4>> precomputed_;  // per ApplyPrecomputed node: by input
   int cacheDepth_ = 0;
 };
+
+// Block templates on (the default) or off: tests compare the two traces event by event.
+void SetBlockTemplates(bool on);
+bool BlockTemplatesOn();
 
 // The wider of two floating types, as PyTorch promotes mixed operands.
 DType Promote(DType a, DType b);

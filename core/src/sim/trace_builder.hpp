@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpumem/dtype.hpp"
@@ -41,8 +42,11 @@ class TraceBuilder {
                  t.Own(std::move(formula)), layer);
   }
   // One more holder (e.g. autograd saving it for backward).
-  TensorHandle Retain(TensorHandle handle) {
-    if (handle >= 0 && holders_[static_cast<std::size_t>(handle)] > 0) ++holders_[static_cast<std::size_t>(handle)];
+  [[gnu::always_inline]] TensorHandle Retain(TensorHandle handle) {
+    if (handle >= 0 && holders_[static_cast<std::size_t>(handle)] > 0) {
+      ++holders_[static_cast<std::size_t>(handle)];
+      if (handle < touchesBelow_) [[unlikely]] NoteTouch(handle, +1);
+    }
     return handle;
   }
   // One holder lets go; the tensor is freed when none remain. No-op for kNoTensor.
@@ -67,11 +71,41 @@ class TraceBuilder {
     return handle < 0 ? 0 : holders_[static_cast<std::size_t>(handle)];
   }
 
+  // --- block templates (sim/tape.cpp Tape::RunCheckpointSpan) ---
+  const Trace& trace() const { return trace_; }
+  std::size_t tensorCount() const { return holders_.size(); }
+  // From now on, every holder change of a tensor with an id below `below` (made before a
+  // span) is noted as (id, +1 or -1), in order; -1 stops.
+  void RecordTouches(int below) {
+    touchesBelow_ = below;
+    touches_.clear();
+  }
+  const std::vector<std::pair<int, int>>& touches() const { return touches_; }
+  [[gnu::noinline]] void NoteTouch(TensorHandle handle, int delta) { touches_.push_back({handle, delta}); }
+  // Appends the events of a copied span. Its allocations make the next tensor ids in order, one
+  // per entry of `holders` (each tensor's holders at the span's end); its frees record where
+  // their tensors went.
+  void AppendCopied(const std::vector<Event>& events, const std::vector<int>& holders) {
+    const std::size_t at = trace_.events.size(), ids = holders_.size() + holders.size();
+    trace_.events.insert(trace_.events.end(), events.begin(), events.end());
+    holders_.insert(holders_.end(), holders.begin(), holders.end());
+    trace_.allocAt.resize(ids);
+    trace_.freeAt.resize(ids, Trace::kNeverFreed);
+    for (std::size_t j = 0; j < events.size(); ++j) {
+      const auto id = static_cast<std::size_t>(events[j].tensorId);
+      (events[j].kind == EventKind::Alloc ? trace_.allocAt : trace_.freeAt)[id] = static_cast<std::uint32_t>(at + j);
+    }
+  }
+  // A holder change a copied span makes without an event (its Free, if any, is copied).
+  void AddHolders(TensorHandle handle, int delta) { holders_[static_cast<std::size_t>(handle)] += delta; }
+
  private:
   Trace& trace_;
   Phase phase_ = Phase::Init;
   int step_ = 0;
   std::int64_t hostActivationBytes_ = 0;
+  int touchesBelow_ = -1;                       // RecordTouches
+  std::vector<std::pair<int, int>> touches_;
   // By tensor id (ids are handed out in order): holders left. The events' indices are the
   // trace's allocAt / freeAt.
   std::vector<int> holders_;
@@ -133,6 +167,14 @@ class GradientSink {
   void ReleaseAll(Text label);
   const std::vector<TensorHandle>& handles() const { return grads_; }
   void SetHook(GradientHook* hook) { hook_ = hook; }
+  // Block templates: no hook of any kind (each gradient is a plain .grad).
+  bool plain() const { return hook_ == nullptr && !ready_; }
+  const Inventory& inventory() const { return inventory_; }
+  // Notes (parameter, new .grad) for every .grad made from now on; (parameter, -2) for anything
+  // else a gradient does (accumulated, adopted). Null stops.
+  void RecordGrads(std::vector<std::pair<int, int>>* record) { record_ = record; }
+  // A copied span's .grad.
+  void SetGrad(std::size_t index, TensorHandle grad) { grads_[index] = grad; }
 
   // Optimizer in backward: `ready(index)` runs once the parameter's gradient is complete (its
   // last expected contribution arrived: register_post_accumulate_grad_hook fires after the one
@@ -148,6 +190,7 @@ class GradientSink {
 
  private:
   GradientHook* hook_ = nullptr;
+  std::vector<std::pair<int, int>>* record_ = nullptr;
   TraceBuilder& builder_;
   const Inventory& inventory_;
   const std::vector<Text>& names_;

@@ -1,0 +1,470 @@
+// Block templates: the backward spans of checkpointed blocks, copied instead of simulated
+// (Tape::RunCheckpointSpan; the rest of the tape is sim/tape.cpp). Its own file: the copies'
+// code kept the hot functions of tape.cpp from being inlined.
+#include <algorithm>
+#include <cstring>
+#include <functional>
+
+#include "sim/tape.hpp"
+
+namespace gpumem {
+
+namespace {
+bool gBlockTemplates = true;  // SetBlockTemplates
+}  // namespace
+
+void SetBlockTemplates(bool on) { gBlockTemplates = on; }
+bool BlockTemplatesOn() { return gBlockTemplates; }
+
+// Block templates. The blocks of a transformer are the same up to their index, so the backward
+// of checkpointed block k (the recompute, then the block's backward) makes the same events as
+// block k+1's, with every new tensor id, every text position, the layer and the parameters'
+// indices moved by a constant. The spans of the last blocks are simulated; once the span
+// predicted from two of them matches the third exactly (events, texts, holders, .grads), the
+// next blocks' spans are copied from the prediction instead of simulated. Block 0 (the one
+// that frees the rotary tables and the mask) is always simulated, and any difference — a
+// span that accumulates into .grad, a node between two checkpoints, a prediction that does
+// not fit the trace — goes back to simulating.
+void Tape::RunCheckpointSpan(int index) {
+  const Node& node = nodes_[static_cast<std::size_t>(index)];
+  bool eligible = index != lowestCheckpoint_ && node.packed < 0;
+  bool any = false;
+  for (ValueId o : node.outputs) any = any || GradOf(o) != kNoTensor;
+  eligible = eligible && any;
+  for (ValueId v : node.blockInputs) eligible = eligible && GradOf(v) == kNoTensor;
+  if (!eligible) {
+    spans_.clear();
+    templateChecked_ = false;
+    template_.ready = false;
+    RunCheckpoint(index);
+    return;
+  }
+  if (templateChecked_ && spans_.size() >= 2) {
+    // The first copy predicts from the last two spans and notes how far each number moves;
+    // the next ones only move those numbers on again.
+    const bool next = template_.ready ? AdvanceTemplate() : BuildTemplate(spans_[spans_.size() - 2], spans_.back());
+    if (next && ApplyPredicted(index, template_.span)) return;
+    spans_.clear();
+    templateChecked_ = false;
+    template_.ready = false;
+  }
+  if (layerSignature_.empty()) ComputeLayerSignatures();
+  SpanRecord r;
+  const Trace& trace = b_.trace();
+  r.eventFrom = trace.events.size();
+  r.partFrom = text().partCount();
+  r.dimFrom = text().dimCount();
+  r.idFrom = static_cast<int>(b_.tensorCount());
+  b_.RecordTouches(r.idFrom);
+  sink_->RecordGrads(&r.grads);
+  RunCheckpoint(index);
+  r.touches = b_.touches();
+  b_.RecordTouches(-1);
+  sink_->RecordGrads(nullptr);
+  r.eventTo = trace.events.size();
+  r.partTo = text().partCount();
+  r.dimTo = text().dimCount();
+  r.idTo = static_cast<int>(b_.tensorCount());
+  r.holders.reserve(static_cast<std::size_t>(r.idTo - r.idFrom));
+  for (int id = r.idFrom; id < r.idTo; ++id) r.holders.push_back(b_.Holders(id));
+  for (ValueId v : nodes_[static_cast<std::size_t>(index)].blockInputs) r.inputGrads.push_back(GradOf(v));
+  r.layerAfter = layer_;
+  r.layer = nodes_[static_cast<std::size_t>(index)].layer;
+  for (const auto& [parameter, grad] : r.grads) r.copyable = r.copyable && grad >= 0;
+  if (!r.copyable) {
+    spans_.clear();
+    templateChecked_ = false;
+    template_.ready = false;
+    return;
+  }
+  spans_.push_back(std::move(r));
+  if (spans_.size() > 3) spans_.erase(spans_.begin());
+  if (!templateChecked_ && spans_.size() == 3) {
+    PredictedSpan predicted;
+    templateChecked_ = Predict(spans_[0], spans_[1], predicted) && SameAsSimulated(predicted, spans_[2]);
+  }
+}
+
+namespace {
+std::int64_t Next(std::int64_t a, std::int64_t b) { return 2 * b - a; }
+std::int64_t RawValue(const TextPart& p) {
+  std::int64_t v = 0;
+  std::memcpy(&v, &p.value, sizeof v);  // the union's bytes, whichever member is set
+  return v;
+}
+bool SameText(Text x, Text y) { return x.begin == y.begin && x.count == y.count; }
+bool SameEvent(const Event& x, const Event& y) {
+  return x.bytes == y.bytes && x.tensorId == y.tensorId && x.layer == y.layer && x.kind == y.kind &&
+         x.category == y.category && x.phase == y.phase && x.step == y.step && SameText(x.label, y.label) &&
+         SameText(x.tensor, y.tensor) && SameText(x.formula, y.formula);
+}
+bool SamePart(const TextPart& x, const TextPart& y) {
+  return x.kind == y.kind && x.type == y.type && x.rank == y.rank && x.n == y.n && RawValue(x) == RawValue(y);
+}
+// The Text at the position two steps predict, or false when their sizes differ.
+bool NextText(Text a, Text b, Text& out) {
+  if (a.count != b.count) return false;
+  if (b.count == 0) {
+    out = Text{};
+    return true;
+  }
+  const std::int64_t begin = Next(a.begin, b.begin);
+  if (begin < 0 || begin > 0xffffffffLL) return false;
+  out = Text{static_cast<std::uint32_t>(begin), b.count};
+  return true;
+}
+}  // namespace
+
+int Tape::ParameterOfName(const char* name) {
+  const std::vector<Tensor>& parameters = sink_->inventory().parameters;
+  if (nameIndex_.empty()) {
+    nameIndex_.reserve(parameters.size());
+    for (std::size_t i = 0; i < parameters.size(); ++i) nameIndex_.push_back({parameters[i].name.data(), static_cast<int>(i)});
+    std::sort(nameIndex_.begin(), nameIndex_.end(),
+              [](const auto& x, const auto& y) { return std::less<const char*>()(x.first, y.first); });
+  }
+  const auto it = std::lower_bound(nameIndex_.begin(), nameIndex_.end(), name,
+                                   [](const auto& x, const char* n) { return std::less<const char*>()(x.first, n); });
+  return it != nameIndex_.end() && it->first == name ? it->second : -1;
+}
+
+bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out) {
+  const std::size_t events = b.eventTo - b.eventFrom, parts = b.partTo - b.partFrom, dims = b.dimTo - b.dimFrom;
+  if (a.eventTo - a.eventFrom != events || a.partTo - a.partFrom != parts || a.dimTo - a.dimFrom != dims ||
+      a.idTo - a.idFrom != b.idTo - b.idFrom || a.holders != b.holders || a.touches.size() != b.touches.size() ||
+      a.grads.size() != b.grads.size() || a.inputGrads.size() != b.inputGrads.size()) {
+    return false;
+  }
+  out.record = SpanRecord{};  // `out` may hold an earlier prediction (the template's)
+  out.events.clear();
+  out.parts.clear();
+  out.dims.clear();
+  if (!LayerFollows(b.layer, a.layer) || !LayerFollows(b.layer - 1, b.layer)) return false;
+  SpanRecord& r = out.record;
+  r.layer = b.layer - 1;
+  const std::int64_t eventFrom = Next(static_cast<std::int64_t>(a.eventFrom), static_cast<std::int64_t>(b.eventFrom));
+  const std::int64_t partFrom = Next(static_cast<std::int64_t>(a.partFrom), static_cast<std::int64_t>(b.partFrom));
+  const std::int64_t dimFrom = Next(static_cast<std::int64_t>(a.dimFrom), static_cast<std::int64_t>(b.dimFrom));
+  if (eventFrom < 0 || partFrom < 0 || dimFrom < 0) return false;
+  r.eventFrom = static_cast<std::size_t>(eventFrom);
+  r.eventTo = r.eventFrom + events;
+  r.partFrom = static_cast<std::size_t>(partFrom);
+  r.partTo = r.partFrom + parts;
+  r.dimFrom = static_cast<std::size_t>(dimFrom);
+  r.dimTo = r.dimFrom + dims;
+  r.idFrom = static_cast<int>(Next(a.idFrom, b.idFrom));
+  r.idTo = r.idFrom + (b.idTo - b.idFrom);
+  r.holders = b.holders;
+  r.layerAfter = static_cast<int>(Next(a.layerAfter, b.layerAfter));
+  r.touches.reserve(b.touches.size());
+  for (std::size_t j = 0; j < b.touches.size(); ++j) {
+    if (a.touches[j].second != b.touches[j].second) return false;
+    r.touches.push_back({static_cast<int>(Next(a.touches[j].first, b.touches[j].first)), b.touches[j].second});
+  }
+  const auto parameterCount = static_cast<std::int64_t>(parameterCount_);
+  r.grads.reserve(b.grads.size());
+  for (std::size_t j = 0; j < b.grads.size(); ++j) {
+    const std::int64_t parameter = Next(a.grads[j].first, b.grads[j].first);
+    if (parameter < 0 || parameter >= parameterCount) return false;
+    r.grads.push_back({static_cast<int>(parameter), static_cast<int>(Next(a.grads[j].second, b.grads[j].second))});
+  }
+  for (int i = 0; i < b.inputGrads.size(); ++i) {
+    if ((a.inputGrads[i] == kNoTensor) != (b.inputGrads[i] == kNoTensor)) return false;
+    r.inputGrads.push_back(b.inputGrads[i] == kNoTensor ? kNoTensor
+                                                        : static_cast<TensorHandle>(Next(a.inputGrads[i], b.inputGrads[i])));
+  }
+  const std::vector<Event>& trace = b_.trace().events;
+  out.events.reserve(events);
+  for (std::size_t j = 0; j < events; ++j) {
+    const Event& x = trace[a.eventFrom + j];
+    const Event& y = trace[b.eventFrom + j];
+    if (x.bytes != y.bytes || x.kind != y.kind || x.category != y.category || x.phase != y.phase || x.step != y.step) {
+      return false;
+    }
+    Event e = y;
+    e.tensorId = static_cast<int>(Next(x.tensorId, y.tensorId));
+    e.layer = static_cast<int>(Next(x.layer, y.layer));
+    if (!NextText(x.label, y.label, e.label) || !NextText(x.tensor, y.tensor, e.tensor) ||
+        !NextText(x.formula, y.formula, e.formula)) {
+      return false;
+    }
+    out.events.push_back(e);
+  }
+  const TextStore& store = text();
+  const std::vector<Tensor>& parameters = sink_->inventory().parameters;
+  out.parts.reserve(parts);
+  for (std::size_t j = 0; j < parts; ++j) {
+    const TextPart& x = store.part(a.partFrom + j);
+    const TextPart& y = store.part(b.partFrom + j);
+    if (x.kind != y.kind || x.type != y.type || x.rank != y.rank) return false;
+    TextPart p = y;
+    switch (y.kind) {
+      case TextPart::kRef:
+      case TextPart::kShape:
+      case TextPart::kSize: {  // a position in the parts or the dimensions
+        if (x.value != y.value) return false;
+        const std::int64_t n = Next(x.n, y.n);
+        if (n < 0 || n > 0xffffffffLL) return false;
+        p.n = static_cast<std::uint32_t>(n);
+        break;
+      }
+      case TextPart::kInt:
+      case TextPart::kCount:  // a layer number, or a constant
+        if (x.n != y.n) return false;
+        p.value = Next(x.value, y.value);
+        break;
+      case TextPart::kBytes:
+        if (!SamePart(x, y)) return false;
+        break;
+      case TextPart::kStr:
+        if (x.n == y.n && x.str == y.str) break;
+        {  // a parameter's name: the parameter as far on again
+          const int i = ParameterOfName(x.str), k = ParameterOfName(y.str);
+          if (i < 0 || k < 0 || parameters[static_cast<std::size_t>(i)].name.size() != x.n ||
+              parameters[static_cast<std::size_t>(k)].name.size() != y.n) {
+            return false;
+          }
+          const std::int64_t next = Next(i, k);
+          if (next < 0 || next >= parameterCount) return false;
+          const std::string& name = parameters[static_cast<std::size_t>(next)].name;
+          p.str = name.data();
+          p.n = static_cast<std::uint32_t>(name.size());
+        }
+        break;
+    }
+    out.parts.push_back(p);
+  }
+  out.dims.reserve(dims);
+  for (std::size_t j = 0; j < dims; ++j) {
+    if (store.dim(a.dimFrom + j) != store.dim(b.dimFrom + j)) return false;
+    out.dims.push_back(store.dim(b.dimFrom + j));
+  }
+  return true;
+}
+
+bool Tape::SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& actual) const {
+  const SpanRecord& r = predicted.record;
+  if (r.eventFrom != actual.eventFrom || r.eventTo != actual.eventTo || r.partFrom != actual.partFrom ||
+      r.partTo != actual.partTo || r.dimFrom != actual.dimFrom || r.dimTo != actual.dimTo || r.idFrom != actual.idFrom ||
+      r.idTo != actual.idTo || r.holders != actual.holders || r.touches != actual.touches || r.grads != actual.grads ||
+      r.layerAfter != actual.layerAfter || r.inputGrads.size() != actual.inputGrads.size()) {
+    return false;
+  }
+  for (int i = 0; i < r.inputGrads.size(); ++i) if (r.inputGrads[i] != actual.inputGrads[i]) return false;
+  const std::vector<Event>& trace = b_.trace().events;
+  for (std::size_t j = 0; j < predicted.events.size(); ++j) {
+    if (!SameEvent(predicted.events[j], trace[actual.eventFrom + j])) return false;
+  }
+  const TextStore& store = b_.text();
+  for (std::size_t j = 0; j < predicted.parts.size(); ++j) {
+    if (!SamePart(predicted.parts[j], store.part(actual.partFrom + j))) return false;
+  }
+  for (std::size_t j = 0; j < predicted.dims.size(); ++j) {
+    if (predicted.dims[j] != store.dim(actual.dimFrom + j)) return false;
+  }
+  return true;
+}
+
+// What may differ between blocks must be visible here or in the spans themselves. Today a block's
+// code takes its index only for names and labels (families/*.cpp, blocks/*.cpp), so blocks differ
+// only through their parameters (frozen, adapted, quantized: all in the inventory, hashed below).
+// A future per-layer behaviour (alternating sliding-window layers, dense first blocks of an MoE)
+// that leaves the parameters alike must add itself to this signature, or the span of one block
+// would be copied onto another that differs. The prediction check only compares three spans.
+void Tape::ComputeLayerSignatures() {
+  layerSignature_.clear();
+  layerFirstParameter_.clear();
+  const std::vector<Tensor>& parameters = sink_->inventory().parameters;
+  for (std::size_t i = 0; i < parameters.size(); ++i) {
+    const Tensor& p = parameters[i];
+    if (p.layer < 0) continue;
+    const auto layer = static_cast<std::size_t>(p.layer);
+    if (layer >= layerSignature_.size()) {
+      layerSignature_.resize(layer + 1, 1469598103934665603ull);
+      layerFirstParameter_.resize(layer + 1, -1);
+    }
+    if (layerFirstParameter_[layer] < 0) layerFirstParameter_[layer] = static_cast<std::int64_t>(i);
+    std::uint64_t& h = layerSignature_[layer];
+    const auto mix = [&h](std::uint64_t v) { h = (h ^ v) * 1099511628211ull; };
+    mix(static_cast<std::uint64_t>(i) - static_cast<std::uint64_t>(layerFirstParameter_[layer]));
+    mix(p.shape.size());
+    for (std::int64_t d : p.shape) mix(static_cast<std::uint64_t>(d));
+    mix(p.trainable);
+    mix(static_cast<std::uint64_t>(p.storage));
+    mix(p.adapter);
+    mix(p.quantStorageBytes);
+    std::size_t digits = 1;
+    for (int l = p.layer; l >= 10; l /= 10) ++digits;
+    mix(p.name.size() - digits);
+  }
+}
+
+bool Tape::LayerFollows(int layer, int previous) const {
+  const auto known = static_cast<int>(layerSignature_.size());
+  if (layer < 0 || previous < 0 || layer >= known || previous >= known || previous - layer != 1) return false;
+  if (layerSignature_[static_cast<std::size_t>(layer)] != layerSignature_[static_cast<std::size_t>(previous)]) return false;
+  // One stride on: the parameters of consecutive blocks sit at equal distances.
+  const std::int64_t stride = layerFirstParameter_[static_cast<std::size_t>(previous)] -
+                              layerFirstParameter_[static_cast<std::size_t>(layer)];
+  if (stride <= 0) return false;
+  if (previous + 1 < known) {
+    return layerFirstParameter_[static_cast<std::size_t>(previous) + 1] -
+               layerFirstParameter_[static_cast<std::size_t>(previous)] == stride;
+  }
+  return true;
+}
+
+bool Tape::BuildTemplate(const SpanRecord& a, const SpanRecord& b) {
+  SpanTemplate& t = template_;
+  t.ready = false;
+  if (!Predict(a, b, t.span)) return false;
+  // What moves from span b to the predicted one moves as much again at every later span.
+  const SpanRecord& c = t.span.record;
+  t.eventStep = static_cast<std::int64_t>(c.eventFrom) - static_cast<std::int64_t>(b.eventFrom);
+  t.partStep = static_cast<std::int64_t>(c.partFrom) - static_cast<std::int64_t>(b.partFrom);
+  t.dimStep = static_cast<std::int64_t>(c.dimFrom) - static_cast<std::int64_t>(b.dimFrom);
+  t.idStep = c.idFrom - b.idFrom;
+  t.layerStep = c.layerAfter - b.layerAfter;
+  t.eventSteps.clear();
+  const std::vector<Event>& events = b_.trace().events;
+  for (std::size_t j = 0; j < t.span.events.size(); ++j) {
+    const Event& x = events[b.eventFrom + j];
+    const Event& y = t.span.events[j];
+    t.eventSteps.push_back({y.tensorId - x.tensorId, y.layer - x.layer, static_cast<std::int64_t>(y.label.begin) - x.label.begin,
+                            static_cast<std::int64_t>(y.tensor.begin) - x.tensor.begin,
+                            static_cast<std::int64_t>(y.formula.begin) - x.formula.begin});
+  }
+  t.partSteps.clear();
+  const TextStore& store = text();
+  for (std::size_t j = 0; j < t.span.parts.size(); ++j) {
+    const TextPart& x = store.part(b.partFrom + j);
+    const TextPart& y = t.span.parts[j];
+    if (SamePart(x, y)) continue;
+    PartStep step{static_cast<std::uint32_t>(j), PartStep::kPosition, 0};
+    switch (y.kind) {
+      case TextPart::kRef:
+      case TextPart::kShape:
+      case TextPart::kSize:
+        step.delta = static_cast<std::int64_t>(y.n) - x.n;
+        break;
+      case TextPart::kInt:
+      case TextPart::kCount:
+        step.what = PartStep::kValue;
+        step.delta = y.value - x.value;
+        break;
+      case TextPart::kStr:
+        step.what = PartStep::kParameter;
+        step.delta = ParameterOfName(y.str);
+        step.parameterStep = ParameterOfName(y.str) - ParameterOfName(x.str);
+        break;
+      default:
+        return false;
+    }
+    t.partSteps.push_back(step);
+  }
+  t.touchSteps.clear();
+  for (std::size_t j = 0; j < c.touches.size(); ++j) t.touchSteps.push_back(c.touches[j].first - b.touches[j].first);
+  t.gradSteps.clear();
+  for (std::size_t j = 0; j < c.grads.size(); ++j) {
+    t.gradSteps.push_back({c.grads[j].first - b.grads[j].first, c.grads[j].second - b.grads[j].second});
+  }
+  t.inputGradSteps.clear();
+  for (int i = 0; i < c.inputGrads.size(); ++i) {
+    t.inputGradSteps.push_back(c.inputGrads[i] == kNoTensor ? 0 : c.inputGrads[i] - b.inputGrads[i]);
+  }
+  t.ready = true;
+  return true;
+}
+
+bool Tape::AdvanceTemplate() {
+  SpanTemplate& t = template_;
+  SpanRecord& r = t.span.record;
+  const auto move = [](std::size_t& v, std::int64_t d) { v = static_cast<std::size_t>(static_cast<std::int64_t>(v) + d); };
+  move(r.eventFrom, t.eventStep);
+  move(r.eventTo, t.eventStep);
+  move(r.partFrom, t.partStep);
+  move(r.partTo, t.partStep);
+  move(r.dimFrom, t.dimStep);
+  move(r.dimTo, t.dimStep);
+  if (!LayerFollows(r.layer - 1, r.layer)) return false;
+  r.layer -= 1;
+  r.idFrom += t.idStep;
+  r.idTo += t.idStep;
+  r.layerAfter += t.layerStep;
+  for (std::size_t j = 0; j < t.span.events.size(); ++j) {
+    Event& e = t.span.events[j];
+    const EventStep& d = t.eventSteps[j];
+    e.tensorId += d.id;
+    e.layer += d.layer;
+    if (e.label.count) e.label.begin = static_cast<std::uint32_t>(e.label.begin + d.label);
+    if (e.tensor.count) e.tensor.begin = static_cast<std::uint32_t>(e.tensor.begin + d.tensor);
+    if (e.formula.count) e.formula.begin = static_cast<std::uint32_t>(e.formula.begin + d.formula);
+  }
+  const std::vector<Tensor>& parameters = sink_->inventory().parameters;
+  for (PartStep& d : t.partSteps) {
+    TextPart& p = t.span.parts[d.index];
+    if (d.what == PartStep::kPosition) {
+      p.n = static_cast<std::uint32_t>(p.n + d.delta);
+    } else if (d.what == PartStep::kValue) {
+      p.value += d.delta;
+    } else {
+      d.delta += d.parameterStep;  // the parameter index
+      if (d.delta < 0 || d.delta >= static_cast<std::int64_t>(parameters.size())) return false;
+      const std::string& name = parameters[static_cast<std::size_t>(d.delta)].name;
+      p.str = name.data();
+      p.n = static_cast<std::uint32_t>(name.size());
+    }
+  }
+  for (std::size_t j = 0; j < r.touches.size(); ++j) r.touches[j].first += t.touchSteps[j];
+  for (std::size_t j = 0; j < r.grads.size(); ++j) {
+    r.grads[j].first += t.gradSteps[j].first;
+    r.grads[j].second += t.gradSteps[j].second;
+    if (r.grads[j].first < 0 || r.grads[j].first >= static_cast<int>(parameterCount_)) return false;
+  }
+  for (int i = 0; i < r.inputGrads.size(); ++i) {
+    if (r.inputGrads[i] != kNoTensor) r.inputGrads[i] += t.inputGradSteps[static_cast<std::size_t>(i)];
+  }
+  return true;
+}
+
+bool Tape::ApplyPredicted(int index, const PredictedSpan& predicted) {
+  const SpanRecord& r = predicted.record;
+  // The prediction must continue the trace exactly where it stands, for the block it predicts.
+  if (nodes_[static_cast<std::size_t>(index)].layer != r.layer ||r.eventFrom != b_.trace().events.size() || r.partFrom != text().partCount() || r.dimFrom != text().dimCount() ||
+      r.idFrom != static_cast<int>(b_.tensorCount())) {
+    return false;
+  }
+  int nextId = r.idFrom;
+  for (const Event& e : predicted.events) {
+    if (e.kind == EventKind::Alloc) {
+      if (e.tensorId != nextId++) return false;
+    } else if (e.tensorId < 0 || e.tensorId >= nextId) {
+      return false;
+    }
+  }
+  if (nextId != r.idTo || r.holders.size() != static_cast<std::size_t>(r.idTo - r.idFrom)) return false;
+  for (const auto& [id, delta] : r.touches) {
+    if (id < 0 || id >= r.idFrom) return false;
+  }
+  for (const auto& [parameter, grad] : r.grads) {
+    if (sink_->handles()[static_cast<std::size_t>(parameter)] != kNoTensor || grad < r.idFrom || grad >= r.idTo) return false;
+  }
+  if (nodes_[static_cast<std::size_t>(index)].blockInputs.size() != r.inputGrads.size()) return false;
+  for (TensorHandle g : r.inputGrads) {
+    if (g != kNoTensor && (g < r.idFrom || g >= r.idTo)) return false;
+  }
+  text().AppendRaw(predicted.parts, predicted.dims);
+  b_.AppendCopied(predicted.events, r.holders);
+  for (const auto& [id, delta] : r.touches) b_.AddHolders(id, delta);
+  for (const auto& [parameter, grad] : r.grads) sink_->SetGrad(static_cast<std::size_t>(parameter), grad);
+  // The node's own state as RunCheckpoint leaves it.
+  Node& node = nodes_[static_cast<std::size_t>(index)];
+  node.done = true;
+  node.saved.clear();
+  for (ValueId o : node.outputs) GradOf(o) = kNoTensor;
+  for (int i = 0; i < node.blockInputs.size(); ++i) GradOf(node.blockInputs[i]) = r.inputGrads[i];
+  layer_ = r.layerAfter;
+  return true;
+}
+
+}  // namespace gpumem

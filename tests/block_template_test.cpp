@@ -1,0 +1,76 @@
+// Block templates (sim/tape.cpp Tape::RunCheckpointSpan): the backward spans of checkpointed
+// blocks copied from a prediction must give the very trace that simulating every block gives —
+// every event's numbers and every rendered word.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "gpumem/inventory.hpp"
+#include "gpumem/json.hpp"
+#include "gpumem/trace.hpp"
+#include "sim/tape.hpp"
+
+namespace {
+
+gpumem::Trace Build(const std::string& json, bool templates, bool explain, const gpumem::Inventory& inventory,
+                    const gpumem::Setup& setup) {
+  gpumem::SetBlockTemplates(templates);
+  gpumem::Trace trace = gpumem::BuildTrace(setup, inventory, explain);
+  gpumem::SetBlockTemplates(true);
+  (void)json;
+  return trace;
+}
+
+// The first difference between two traces, or "" when they are the same.
+std::string FirstDifference(const gpumem::Trace& a, const gpumem::Trace& b) {
+  for (std::size_t i = 0; i < std::min(a.events.size(), b.events.size()); ++i) {
+    const gpumem::Event& x = a.events[i];
+    const gpumem::Event& y = b.events[i];
+    const bool same = x.bytes == y.bytes && x.tensorId == y.tensorId && x.layer == y.layer && x.kind == y.kind &&
+                      x.category == y.category && x.phase == y.phase && x.step == y.step &&
+                      a.Label(x) == b.Label(y) && a.TensorName(x) == b.TensorName(y) && a.Formula(x) == b.Formula(y);
+    if (!same) {
+      return "event " + std::to_string(i) + ": " + a.Label(x) + " [" + a.TensorName(x) + "] id " +
+             std::to_string(x.tensorId) + " layer " + std::to_string(x.layer) + " vs " + b.Label(y) + " [" +
+             b.TensorName(y) + "] id " + std::to_string(y.tensorId) + " layer " + std::to_string(y.layer);
+    }
+  }
+  if (a.events.size() != b.events.size()) {
+    return "event count " + std::to_string(a.events.size()) + " vs " + std::to_string(b.events.size());
+  }
+  if (a.allocAt != b.allocAt || a.freeAt != b.freeAt) return "allocAt / freeAt";
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("Block templates: copied backward spans equal simulated ones", "[trace][templates]") {
+  const std::vector<std::string> setups = {
+      R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":512,"attention":"eager","checkpointing":"everyBlock"}})",
+      R"({"model":{"preset":"gpt2"},"training":{"batchSize":2,"sequenceLength":256,"attention":"sdpa","checkpointing":"everyBlock","precision":"ampFp16"}})",
+      R"({"model":{"preset":"llama-3-8b"},"training":{"batchSize":1,"sequenceLength":1024,"attention":"sdpa","checkpointing":"everyBlock","precision":"ampBf16"}})",
+      R"({"model":{"preset":"llama-2-7b"},"training":{"batchSize":1,"sequenceLength":512,"attention":"eager","checkpointing":"everyBlock","precision":"bf16Mixed"}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":512,"attention":"sdpa","checkpointing":"everyBlock","precision":"bf16Mixed"}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyKthBlock","checkpointInterval":2}})",
+      R"({"model":{"preset":"bert-base-uncased"},"training":{"batchSize":2,"sequenceLength":128,"checkpointing":"everyBlock"}})",
+      // Blocks that differ from the ones a template is made from: frozen first blocks, one
+      // block trained alone, LoRA (frozen base, adapters), gradient accumulation.
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock"},"finetune":{"freezeFirstBlocks":6}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock"},"finetune":{"trainOnlyModules":["model.layers.7"]}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"bf16Mixed"},"finetune":{"lora":true}})",
+      R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock"},"parallel":{"gradientAccumulationSteps":3}})",
+  };
+  for (const std::string& json : setups) {
+    gpumem::Setup setup;
+    REQUIRE(gpumem::ParseAndValidate(json, setup).empty());
+    const gpumem::Inventory inventory = gpumem::BuildInventory(setup);
+    for (const bool explain : {true, false}) {
+      INFO(json << (explain ? " (explained)" : " (no words)"));
+      const gpumem::Trace simulated = Build(json, false, explain, inventory, setup);
+      const gpumem::Trace copied = Build(json, true, explain, inventory, setup);
+      CHECK(FirstDifference(simulated, copied) == "");
+    }
+  }
+}
