@@ -159,6 +159,7 @@ export function renderSolve() {
     const li = document.createElement('li');
     li.dataset.id = s.id;
     li.dataset.fits = String(Boolean(s.fits));
+    li.dataset.lowerBound = String(Boolean(s.peakIsLowerBound));
     const label = document.createElement('strong');
     label.textContent = s.label;
     const saved = document.createElement('span');
