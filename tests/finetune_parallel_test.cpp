@@ -25,35 +25,10 @@ namespace {
 constexpr std::int64_t kAdapterElements = 4096;
 
 Setup TinyLlamaLora(Precision precision = Precision::BF16Mixed) {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  s.model.architecture = DefaultArchitecture(Family::Llama);
-  ArchitectureDef& a = s.model.architecture;
-  a.vocabSize = 1000;
-  a.hiddenSize = 64;
-  a.numLayers = 2;
-  a.numHeads = 4;
-  a.numKeyValueHeads = 4;
-  a.intermediateSize = 128;
-  s.training.batchSize = 2;
-  s.training.sequenceLength = 16;
-  s.training.precision = precision;
-  s.training.optimizer = OptimizerKind::AdamW;
+  Setup s = TinyTransformer(Family::Llama, 2, precision);
   s.finetune.lora = true;
   s.finetune.r = 8;
   return s;
-}
-
-// The bytes of the first allocation whose label holds `label`, in the labelled timeline.
-std::int64_t AllocBytes(const Setup& setup, const std::string& label) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  const EstimateResult r = EstimateMemory(setup, o);
-  REQUIRE(r.ok());
-  for (const TimelinePoint& p : r.estimate.timeline) {
-    if (p.deltaBytes > 0 && p.label.find(label) != std::string::npos) return p.deltaBytes;
-  }
-  return -1;
 }
 
 }  // namespace
@@ -76,7 +51,7 @@ TEST_CASE("DDP with LoRA: the reducer's bucket holds the adapters only", "[finet
   CHECK(plan.ddpBucketTypes[0] == DType::FP32);
   const Estimate single = MustEstimate(one);
   const Estimate rank = MustEstimate(s);
-  CHECK(AllocBytes(s, "DDP init: reducer bucket 0") == kAdapterElements * 4);
+  CHECK(FirstAllocBytes(s, "DDP init: reducer bucket 0") == kAdapterElements * 4);
   // Frozen base weights are replicated as on one GPU; the gradients gain the bucket only.
   CHECK(rank.modelStates.parametersBytes == single.modelStates.parametersBytes);
   CHECK(rank.modelStates.masterWeightsBytes == 0);  // fp32 adapters need no master copy
@@ -122,7 +97,7 @@ TEST_CASE("DDP with QLoRA: 4-bit weights whole on every rank and an adapter buck
   const std::int64_t other = 2 * (1000 * 64) + 64 + 2 * 2 * 64;  // embeddings, lm_head, norms (bf16)
   CHECK(rank.modelStates.parametersBytes == quantized + other * 2 + kAdapterElements * 4);
   CHECK(rank.modelStates.parametersBytes == single.modelStates.parametersBytes);
-  CHECK(AllocBytes(s, "DDP init: reducer bucket 0") == kAdapterElements * 4);
+  CHECK(FirstAllocBytes(s, "DDP init: reducer bucket 0") == kAdapterElements * 4);
   CHECK(rank.peak.totalBytes - single.peak.totalBytes == kAdapterElements * 4);
 }
 
@@ -146,8 +121,8 @@ TEST_CASE("ZeRO-2 with LoRA: the flat fp32 partition holds the adapters only", "
   CHECK(rank.modelStates.masterWeightsBytes == 1366 * 4);
   CHECK(rank.modelStates.gradientsBytes == 1366 * 2);
   CHECK(rank.modelStates.optimizerStatesBytes == 2 * 1366 * 4);
-  CHECK(AllocBytes(s, "ZeRO step: fp32 gradient partition") == 1366 * 4);
-  CHECK(AllocBytes(s, "ZeRO-2 backward: reduce bucket 0") == 1000 * 2);
+  CHECK(FirstAllocBytes(s, "ZeRO step: fp32 gradient partition") == 1366 * 4);
+  CHECK(FirstAllocBytes(s, "ZeRO-2 backward: reduce bucket 0") == 1000 * 2);
 
   // ZeRO-Offload: only the trainable states move; the frozen weights stay on the GPU.
   s.parallel.offload = OffloadKind::Optimizer;
@@ -177,7 +152,7 @@ TEST_CASE("ZeRO-1 with QLoRA: 16-bit adapters partitioned and 4-bit weights whol
   for (const Tensor& t : BuildInventory(s).parameters) stored += StoredBytes(t, DType::BF16);
   CHECK(rank.modelStates.parametersBytes == stored);
   // The flattened all-reduce bucket covers the trainable elements only.
-  CHECK(AllocBytes(s, "ZeRO-1: gradients flattened") == kAdapterElements * 2);
+  CHECK(FirstAllocBytes(s, "ZeRO-1: gradients flattened") == kAdapterElements * 2);
 }
 
 TEST_CASE("ZeRO-3 with LoRA: frozen weights partitioned too and the fp32 partition of the adapters", "[finetune-parallel]") {
@@ -200,7 +175,7 @@ TEST_CASE("ZeRO-3 with LoRA: frozen weights partitioned too and the fp32 partiti
   CHECK(rank.modelStates.optimizerStatesBytes == 2 * 1024 * 4);
   // A block is gathered whole, frozen weights, norms and adapters:
   // 4 × 64·64 + 3 × 64·128 + 2 × 64 + 2,048 adapter elements, in bf16.
-  CHECK(AllocBytes(s, "all-gather of layers.0") == (4 * 4096 + 3 * 8192 + 128 + 2048) * 2);
+  CHECK(FirstAllocBytes(s, "all-gather of layers.0") == (4 * 4096 + 3 * 8192 + 128 + 2048) * 2);
 }
 
 TEST_CASE("ZeRO-3 with QLoRA: 4-bit codes in bf16 storage partitioned, statistics whole", "[finetune-parallel]") {
@@ -228,7 +203,7 @@ TEST_CASE("ZeRO-3 with QLoRA: 4-bit codes in bf16 storage partitioned, statistic
   CHECK(rank.modelStates.parametersBytes == expected);
   // Gathered block: 4 square weights of 1,024 and 3 wide of 2,048 bf16 elements of codes, the
   // norms and the adapters; then each linear dequantized to a transient bf16 weight as on one GPU.
-  CHECK(AllocBytes(s, "all-gather of layers.0") == (4 * 1024 + 3 * 2048 + 128 + 2048) * 2);
+  CHECK(FirstAllocBytes(s, "all-gather of layers.0") == (4 * 1024 + 3 * 2048 + 128 + 2048) * 2);
   const Trace trace = BuildTrace(s, inv, false);
   std::int64_t dequantized = 0;
   for (const Event& e : trace.events) {
@@ -272,9 +247,9 @@ TEST_CASE("FSDP with LoRA: one FlatParameter per block, a gradient only for bloc
   CHECK(rank.modelStates.gradientsBytes == 2 * blockShard * 4);
   CHECK(rank.modelStates.optimizerStatesBytes == 2 * 2 * 1024 * 4);
   // Backward: the whole block's gradient (frozen parts zero) before its reduce-scatter.
-  CHECK(AllocBytes(s, "unsharded gradient of its FSDP unit") == block * 2);
-  CHECK(AllocBytes(s, "FSDP reduce-scatter of layers.1") == blockShard * 2);
-  CHECK(AllocBytes(s, "FSDP reduce-scatter of root unit") == -1);
+  CHECK(FirstAllocBytes(s, "unsharded gradient of its FSDP unit") == block * 2);
+  CHECK(FirstAllocBytes(s, "FSDP reduce-scatter of layers.1") == blockShard * 2);
+  CHECK(FirstAllocBytes(s, "FSDP reduce-scatter of root unit") == -1);
 }
 
 TEST_CASE("FSDP with QLoRA: bf16 quant storage sharded with the block, statistics whole", "[finetune-parallel]") {
@@ -292,8 +267,8 @@ TEST_CASE("FSDP with QLoRA: bf16 quant storage sharded with the block, statistic
   const std::int64_t statistics = 2 * (4 * (256 + 64) + 3 * (512 + 64));
   const Estimate rank = MustEstimate(s);
   CHECK(rank.modelStates.parametersBytes == (rootShard + 2 * blockShard) * 2 + statistics);
-  CHECK(AllocBytes(s, "all-gather of layers.0") == block * 2);
-  CHECK(AllocBytes(s, "unsharded gradient of its FSDP unit") == block * 2);
+  CHECK(FirstAllocBytes(s, "all-gather of layers.0") == block * 2);
+  CHECK(FirstAllocBytes(s, "unsharded gradient of its FSDP unit") == block * 2);
 
   auto errorsOf = [&](auto change) {
     Setup t = s;

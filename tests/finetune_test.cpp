@@ -18,21 +18,7 @@ namespace {
 
 // A small Llama: hidden 64, 4 heads, intermediate 128, untied head.
 Setup TinyLlama(int layers = 2, Precision precision = Precision::BF16) {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  s.model.architecture = DefaultArchitecture(Family::Llama);
-  ArchitectureDef& a = s.model.architecture;
-  a.vocabSize = 1000;
-  a.hiddenSize = 64;
-  a.numLayers = layers;
-  a.numHeads = 4;
-  a.numKeyValueHeads = 4;
-  a.intermediateSize = 128;
-  s.training.batchSize = 2;
-  s.training.sequenceLength = 16;
-  s.training.precision = precision;
-  s.training.optimizer = OptimizerKind::AdamW;
-  return s;
+  return TinyTransformer(Family::Llama, layers, precision);
 }
 
 const Tensor* Find(const Inventory& inv, const std::string& name) {

@@ -19,22 +19,11 @@ using namespace gpumem::test;
 namespace {
 
 Setup TinyDecoder(Family family, std::int64_t batch, std::int64_t sequence, Precision precision) {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  ArchitectureDef a = DefaultArchitecture(family);
-  a.vocabSize = 1000;
-  a.hiddenSize = 64;
-  a.numLayers = 2;
-  a.numHeads = 4;
-  a.numKeyValueHeads = 4;
-  a.intermediateSize = 128;
-  a.maxPositionEmbeddings = 128;
-  a.tieWordEmbeddings = family == Family::GPT2;
-  s.model.architecture = a;
+  Setup s = TinyTransformer(family, 2, precision);
+  s.model.architecture.maxPositionEmbeddings = 128;
+  s.model.architecture.tieWordEmbeddings = family == Family::GPT2;
   s.training.batchSize = batch;
   s.training.sequenceLength = sequence;
-  s.training.precision = precision;
-  s.training.optimizer = OptimizerKind::AdamW;
   return s;
 }
 
@@ -220,15 +209,7 @@ TEST_CASE("the Megatron import sets Megatron's loss", "[megatron-loss]") {
 TEST_CASE("make it fit offers no other framework's loss to a Megatron run", "[megatron-loss][solve]") {
   // The setup where make it fit offers Liger's fused loss (savers_test.cpp), with Megatron's loss:
   // Liger's kernel is not something a Megatron run switches on, so neither loss change is offered.
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  s.model.architecture = FindPreset("llama-3.2-1b")->architecture;
-  s.training.batchSize = 4;
-  s.training.sequenceLength = 2048;
-  s.training.precision = Precision::BF16;
-  s.training.attention = AttentionImplementation::SDPA;
-  s.training.checkpointing = Checkpointing::EveryBlock;
-  s.gpu.memoryGiB = 12;
+  Setup s = LogitsPeakSetup();
   const auto has = [](const SolveResult& result, const char* id) {
     return std::any_of(result.suggestions.begin(), result.suggestions.end(), [&](const FitSuggestion& f) { return f.id == id; });
   };

@@ -26,20 +26,8 @@ constexpr std::int64_t kAdapter = 512, kAdapters = 8, kBlockFrozen = 41088, kBlo
                        kRoot = 128064;
 
 Setup TinyLlamaLoraFsdp(std::int64_t ranks, bool apart) {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  s.model.architecture = DefaultArchitecture(Family::Llama);
-  ArchitectureDef& a = s.model.architecture;
-  a.vocabSize = 1000;
-  a.hiddenSize = 64;
-  a.numLayers = 2;
-  a.numHeads = 4;
-  a.numKeyValueHeads = 4;
-  a.intermediateSize = 128;
-  s.training.batchSize = 2;
-  s.training.sequenceLength = 16;
-  s.training.precision = Precision::BF16Mixed;  // FSDP MixedPrecision: fp32 shards, bf16 gathers
-  s.training.optimizer = OptimizerKind::AdamW;
+  // bf16 mixed: FSDP MixedPrecision, fp32 shards and bf16 gathers.
+  Setup s = TinyTransformer(Family::Llama, 2, Precision::BF16Mixed);
   s.finetune.lora = true;
   s.finetune.r = 8;
   s.parallel.dataParallel = ranks;
@@ -49,18 +37,6 @@ Setup TinyLlamaLoraFsdp(std::int64_t ranks, bool apart) {
 }
 
 std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
-
-// The bytes of the first allocation whose label holds `label` in the labelled timeline; -1 if none.
-std::int64_t AllocBytes(const Setup& setup, const std::string& label) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  const EstimateResult r = EstimateMemory(setup, o);
-  REQUIRE(r.ok());
-  for (const TimelinePoint& p : r.estimate.timeline) {
-    if (p.deltaBytes > 0 && p.label.find(label) != std::string::npos) return p.deltaBytes;
-  }
-  return -1;
-}
 
 }  // namespace
 
@@ -88,12 +64,12 @@ TEST_CASE("PEFT FSDP wrap: the rank's gradients are the adapters' shards only", 
   CHECK(rank.modelStates.optimizerStatesBytes == adapterShards * 2 * 4);  // AdamW: exp_avg, exp_avg_sq
   // Backward: each adapter's own bf16 gradient (512 × 2 B), reduce-scattered to 256 × 2 B; no block
   // or root unit gets an unsharded gradient.
-  CHECK(AllocBytes(s, "unsharded gradient of model.layers.1.self_attn.v_proj.lora_B.default.weight's FSDP unit") ==
+  CHECK(FirstAllocBytes(s, "unsharded gradient of model.layers.1.self_attn.v_proj.lora_B.default.weight's FSDP unit") ==
         kAdapter * 2);
-  CHECK(AllocBytes(s, "FSDP reduce-scatter of model.layers.0.self_attn.q_proj.lora_A.default.weight") == 256 * 2);
-  CHECK(AllocBytes(s, "unsharded gradient of its FSDP unit") == -1);
-  CHECK(AllocBytes(s, "FSDP reduce-scatter of layers.") == -1);
-  CHECK(AllocBytes(s, "FSDP reduce-scatter of root unit") == -1);
+  CHECK(FirstAllocBytes(s, "FSDP reduce-scatter of model.layers.0.self_attn.q_proj.lora_A.default.weight") == 256 * 2);
+  CHECK(FirstAllocBytes(s, "unsharded gradient of its FSDP unit") == -1);
+  CHECK(FirstAllocBytes(s, "FSDP reduce-scatter of layers.") == -1);
+  CHECK(FirstAllocBytes(s, "FSDP reduce-scatter of root unit") == -1);
 }
 
 TEST_CASE("PEFT FSDP wrap: off keeps one FlatParameter per block with a whole-block gradient", "[peft-fsdp-wrap]") {
@@ -105,7 +81,7 @@ TEST_CASE("PEFT FSDP wrap: off keeps one FlatParameter per block with a whole-bl
   CHECK(plan.gradientShardElements == 2 * kBlockWithAdapters / 2);
   const Estimate rank = MustEstimate(off);
   CHECK(rank.modelStates.gradientsBytes == 2 * (kBlockWithAdapters / 2) * 4);
-  CHECK(AllocBytes(off, "unsharded gradient of its FSDP unit") == kBlockWithAdapters * 2);
+  CHECK(FirstAllocBytes(off, "unsharded gradient of its FSDP unit") == kBlockWithAdapters * 2);
   // Same parameters in all, sharded differently: the gradients shrink from whole blocks to adapters.
   const Estimate apart = MustEstimate(TinyLlamaLoraFsdp(2, true));
   CHECK(apart.modelStates.gradientsBytes < rank.modelStates.gradientsBytes);
@@ -124,7 +100,7 @@ TEST_CASE("PEFT FSDP wrap: each adapter's FlatParameter is padded to the world",
   const Estimate rank = MustEstimate(s);
   CHECK(rank.modelStates.gradientsBytes == kAdapters * 171 * 4);
   CHECK(rank.modelStates.optimizerStatesBytes == kAdapters * 171 * 2 * 4);
-  CHECK(AllocBytes(s, "FSDP reduce-scatter of model.layers.0.self_attn.q_proj.lora_B.default.weight") == 171 * 2);
+  CHECK(FirstAllocBytes(s, "FSDP reduce-scatter of model.layers.0.self_attn.q_proj.lora_B.default.weight") == 171 * 2);
 }
 
 TEST_CASE("PEFT FSDP wrap: gradient accumulation adds into each adapter's kept shard", "[peft-fsdp-wrap]") {

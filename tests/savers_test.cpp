@@ -626,17 +626,7 @@ TEST_CASE("the work budget bounds the fused loss's token chunks", "[savers][budg
 }
 
 TEST_CASE("make it fit offers the fused loss as free where the logits matter", "[savers][solve]") {
-  // Llama 3.2 1B in pure bf16 with SDPA and checkpointing at 4 × 2048 tokens on 12 GiB: the
-  // logits and their fp32 copies hold the peak.
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  s.model.architecture = FindPreset("llama-3.2-1b")->architecture;
-  s.training.batchSize = 4;
-  s.training.sequenceLength = 2048;
-  s.training.precision = Precision::BF16;
-  s.training.attention = AttentionImplementation::SDPA;
-  s.training.checkpointing = Checkpointing::EveryBlock;
-  s.gpu.memoryGiB = 12;
+  Setup s = LogitsPeakSetup();
   const SolveResult r = Solve(s);
   REQUIRE(r.ok());
   const auto has = [](const SolveResult& result, const char* id) {

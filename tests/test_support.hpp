@@ -4,7 +4,12 @@
 #include <chrono>
 #include <functional>
 
+#include <string>
+
+#include <catch2/catch.hpp>
+
 #include "gpumem/estimate.hpp"
+#include "gpumem/presets.hpp"
 #include "gpumem/setup.hpp"
 
 namespace gpumem::test {
@@ -72,6 +77,54 @@ inline Estimate MustEstimate(const Setup& setup) {
     FAIL("setup unexpectedly invalid:\n" << all);
   }
   return r.estimate;
+}
+
+// A small transformer of `family` for counts by hand: vocabulary 1,000, hidden 64, 4 heads and 4
+// key/value heads, intermediate 128, `layers` blocks (the family's other defaults); batch 2 × 16,
+// AdamW in `precision`.
+inline Setup TinyTransformer(Family family, int layers = 2, Precision precision = Precision::BF16Mixed) {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = DefaultArchitecture(family);
+  ArchitectureDef& a = s.model.architecture;
+  a.vocabSize = 1000;
+  a.hiddenSize = 64;
+  a.numLayers = layers;
+  a.numHeads = 4;
+  a.numKeyValueHeads = 4;
+  a.intermediateSize = 128;
+  s.training.batchSize = 2;
+  s.training.sequenceLength = 16;
+  s.training.precision = precision;
+  s.training.optimizer = OptimizerKind::AdamW;
+  return s;
+}
+
+// Llama 3.2 1B in pure bf16 with SDPA and every block checkpointed, 4 × 2048 tokens on 12 GiB:
+// the logits and their fp32 copies hold the peak (where make it fit offers a loss change).
+inline Setup LogitsPeakSetup() {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("llama-3.2-1b")->architecture;
+  s.training.batchSize = 4;
+  s.training.sequenceLength = 2048;
+  s.training.precision = Precision::BF16;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.checkpointing = Checkpointing::EveryBlock;
+  s.gpu.memoryGiB = 12;
+  return s;
+}
+
+// The bytes of the first allocation whose label holds `label` in the labelled timeline; -1 if none.
+inline std::int64_t FirstAllocBytes(const Setup& setup, const std::string& label) {
+  EstimateOptions o;
+  o.timeline = EstimateOptions::Timeline::Labelled;
+  const EstimateResult r = EstimateMemory(setup, o);
+  REQUIRE(r.ok());
+  for (const TimelinePoint& p : r.estimate.timeline) {
+    if (p.deltaBytes > 0 && p.label.find(label) != std::string::npos) return p.deltaBytes;
+  }
+  return -1;
 }
 
 inline std::int64_t BytesIn(const Snapshot& s, Category c) {
