@@ -221,3 +221,21 @@ TEST_CASE("Pipeline FSDP2: what stays refused", "[pipeline][fsdp]") {
   s.parallel.pipelineSchedule = PipelineSchedule::GPipe;
   CHECK(EstimateMemory(s).ok());
 }
+
+TEST_CASE("Pipeline FSDP2: embedding and output units of their own on the first and last stage", "[pipeline][fsdp]") {
+  Setup s = SmallLlamaPipelineFsdp2();
+  s.parallel.fsdpShardEmbeddingsAndHead = true;  // torchtitan's newer apply_fsdp: tok_embeddings, [norm, output]
+  const Estimate first = Labelled(s);
+  std::int64_t bytes = 0;
+  CHECK(Allocations(first, "all-gather of embedding unit", 1, &bytes) == 1);
+  CHECK(bytes == kEmbed * 2);
+  // Padded to 1002 rows, reduced once a step.
+  CHECK(Allocations(first, "reduce-scatter input of embedding unit", 1, &bytes) == 1);
+  CHECK(bytes == 2 * kEmbedShard * 2);
+  s.parallel.pipelineStage = 1;
+  const Estimate last = Labelled(s);
+  CHECK(Allocations(last, "all-gather of output unit", 1, &bytes) == 1);
+  CHECK(bytes == kEmbed * 2);
+  CHECK(Allocations(last, "reduce-scatter input of output unit", 1) == 1);
+  CHECK(Allocations(last, "all-gather of embedding unit", 1) == 0);
+}
