@@ -253,8 +253,9 @@ void ValidatePipeline(const Setup& setup, std::vector<FieldError>& errors) {
                                          std::to_string(p.pipelineParallel) + ").");
   }
   if (p.zeroStage >= 2) {
-    // deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: "ZeRO-2 and ZeRO-3 are
-    // incompatible with pipeline parallelism".
+    // deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: assert
+    // self.zero_optimization_stage() < 2, "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    // parallelism" (tests/pipeline_fsdp_test.cpp).
     bad("zeroStage", "DeepSpeed refuses ZeRO-2 and ZeRO-3 with pipeline parallelism: use ZeRO-1 (or Megatron's "
                      "distributed optimizer) or pipeline parallel 1.");
   }
