@@ -96,6 +96,18 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
   reshardAfterForward_ = !(p.fsdp == FsdpMode::ShardGradOp || (p.fsdp == FsdpMode::FullyShard && !p.reshardAfterForward));
   gatherElements_.assign(units, 0);
   gathered_.assign(units, kNoTensor);
+  if (plan_.engine == ShardingEngine::Fsdp2 && p.pipelineParallel > 1) {
+    // torch.distributed.pipelining: one backward per micro-batch (and chunk) of the stage's
+    // schedule; the last one of the step is followed by the gradient sync.
+    pipelineNoSync_ = true;
+    const std::int64_t v = p.pipelineSchedule == PipelineSchedule::Interleaved ? p.virtualStages : 1;
+    for (const PipelineAction& a : PipelineScheduleOf(p.pipelineSchedule, p.pipelineParallel,
+                                                      std::max<std::int64_t>(0, p.pipelineStage),
+                                                      p.gradientAccumulationSteps, v)) {
+      if (a.backward) ++backwardsPerStep_;
+    }
+    accumulatedGrad_.assign(inventory_.parameters.size(), kNoTensor);
+  }
   for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
     const Tensor& t = inventory_.parameters[i];
     // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole.
@@ -151,7 +163,13 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
     // Forward: the root is gathered first and (as FSDP's root) kept to the end of backward;
     // a block's unit is freed when the next one is entered, unless it stays gathered.
     Gather(b, 0, false);
-    if (reshardAfterForward_) for (int u = 1; u < units; ++u) if (u != unit) Free(b, u);
+    // On a pipeline stage the units ahead may still be gathered from the previous micro-batch's
+    // backward (no reshard after backward): each is resharded by its own post-forward.
+    if (reshardAfterForward_) {
+      for (int u = 1; u < units; ++u) {
+        if (u != unit && (!pipelineNoSync_ || unit == 0 || u < unit || u > blocks)) Free(b, u);
+      }
+    }
     Gather(b, unit, false);
     if (plan_.engine == ShardingEngine::Zero) {
       // stage3_prefetch_bucket_size: the following units gathered ahead while they fit in it
@@ -169,7 +187,9 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   }
   // Backward: blocks run last to first. The unit just finished is freed (reshard after
   // backward), the entered one gathered, and with BACKWARD_PRE the one before it prefetched.
-  for (int u = unit + 1; u <= blocks; ++u) Free(b, u);
+  // On a pipeline stage FSDP2 runs every backward with set_reshard_after_backward(False)
+  // (pipelining/stage.py backward_maybe_with_nosync): the units stay gathered to the final reduce.
+  if (!pipelineNoSync_) for (int u = unit + 1; u <= blocks; ++u) Free(b, u);
   if (unit == 0 && apart) return;  // the output and embedding units are gathered at their gradients
   Gather(b, unit, false);
   const bool prefetch = plan_.engine == ShardingEngine::Zero || setup_.parallel.backwardPrefetch;
@@ -271,6 +291,7 @@ void ParallelStep::Init(TraceBuilder& b) {
 }
 
 void ParallelStep::StartBackward(TraceBuilder& b) {
+  if (pipelineNoSync_) ++backwardsSeen_;
   if (plan_.engine != ShardingEngine::Zero || plan_.zeroStage != 2 || plan_.reduceBuckets == 0) return;
   // stage_1_and_2.py backward(): with contiguous_gradients, ipg_buffer = [empty(reduce_bucket_size)]
   // and a second one with overlap_comm; released by _release_ipg_buffers in step().
@@ -365,7 +386,8 @@ bool ParallelStep::ProduceFsdp2(TraceBuilder& b, std::size_t index, Text label) 
   // The embedding and output units' pre-backward all-gather (their output's gradient arrived).
   if (unit > blocks) Gather(b, unit, false);
   if (unit != 0 && unit != openUnit_) {
-    if (openUnit_ > 0) ReduceScatterUnit(b, openUnit_);
+    if (openUnit_ > 0 && pipelineNoSync_) PostBackwardNoSync(b, openUnit_);
+    else if (openUnit_ > 0) ReduceScatterUnit(b, openUnit_);
     openUnit_ = unit;
   }
   const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
@@ -376,9 +398,61 @@ bool ParallelStep::ProduceFsdp2(TraceBuilder& b, std::size_t index, Text label) 
     b.Release(grad, text.Make({label, ": ", names_[index], ".grad accumulated"}));
   } else {
     gradOfParameter_[index] = grad;
-    parameterGrads_[static_cast<std::size_t>(unit)].push_back(index);
+    // A parameter with a reduce-dtype accumulation from an earlier micro-batch is listed already.
+    if (accumulatedGrad_.empty() || accumulatedGrad_[index] == kNoTensor) {
+      parameterGrads_[static_cast<std::size_t>(unit)].push_back(index);
+    }
   }
   return true;
+}
+
+void ParallelStep::PostBackwardNoSync(TraceBuilder& b, int unit) {
+  // _fsdp_param_group.py post_backward with reduce_grads False (set_requires_gradient_sync(False)):
+  // accumulate_unsharded_grad_if_needed (a new .grad beside a reduce-dtype accumulation is added
+  // into it and freed), no reshard (reshard_after_backward False), then to_accumulated_grad_if_needed
+  // (_fsdp_param.py: the .grad cast to reduce_dtype into unsharded_accumulated_grad when the dtypes
+  // differ; with equal dtypes the .grad stays and AccumulateGrad adds the next micro-batch's into it).
+  if (unit < 0 || static_cast<std::size_t>(unit) >= parameterGrads_.size()) return;
+  TextStore& text = b.text();
+  const DType reduce = setup_.parallel.fsdpReduceInFp32 ? DType::FP32 : regime_.gradients;
+  for (std::size_t i : parameterGrads_[static_cast<std::size_t>(unit)]) {
+    TensorHandle& grad = gradOfParameter_[i];
+    if (grad == kNoTensor) continue;
+    if (accumulatedGrad_[i] != kNoTensor) {
+      b.Release(grad, text.Make({"FSDP2 (no sync): ", names_[i], ".grad added into its unsharded accumulated gradient"}));
+      grad = kNoTensor;
+      continue;
+    }
+    if (reduce == regime_.gradients) continue;
+    const Tensor& p = inventory_.parameters[i];
+    accumulatedGrad_[i] = b.Alloc(Category::Gradients, p.Elements() * BytesPerElement(reduce),
+                                  text.Make({names_[i], " unsharded_accumulated_grad"}),
+                                  text.Make({"FSDP2 (no sync): ", names_[i], ".grad cast to the reduce dtype and kept"}),
+                                  text.Shape(Shape(p.shape), reduce), p.layer);
+    b.Release(grad, text.Make({"FSDP2 (no sync): ", names_[i], ".grad freed (cast)"}));
+    grad = kNoTensor;
+  }
+}
+
+void ParallelStep::PipelineFinalReduce(TraceBuilder& b) {
+  // After the stage's last backward (torch/distributed/pipelining/stage.py: run_post_backward in
+  // backward_maybe_with_nosync, perform_reduce_grad in newer torch): set_requires_gradient_sync(True)
+  // and set_reshard_after_backward(True), then every FSDP state's post_backward in
+  // _state_ctx.all_states order (the root first, then the modules in module order: embeddings,
+  // blocks, output), each one resharding and reduce-scattering (foreach_reduce); then
+  // _root_post_backward_final_callback lets go of the last reduce-scatter input.
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  const int units = static_cast<int>(gathered_.size());
+  std::vector<int> order = {0};
+  if (units > blocks + 1) order.push_back(blocks + 1);
+  for (int u = 1; u <= blocks; ++u) order.push_back(u);
+  if (units > blocks + 2) order.push_back(blocks + 2);
+  for (int unit : order) {
+    PostBackwardNoSync(b, unit);  // accumulate_unsharded_grad_if_needed (nothing left after the no-sync ones)
+    Free(b, unit);
+    ReduceScatterFsdp2(b, unit);
+  }
+  ReleaseHeldReduceInput(b);
 }
 
 void ParallelStep::ReleaseHeldReduceInput(TraceBuilder& b) {
@@ -416,6 +490,11 @@ void ParallelStep::ReduceScatterFsdp2(TraceBuilder& b, int unit) {
   for (std::size_t i : grads) {
     b.Release(gradOfParameter_[i], text.Make({"FSDP2: ", names_[i], ".grad copied into the reduce-scatter input"}));
     gradOfParameter_[i] = kNoTensor;
+    // On a pipeline stage: the reduce-dtype accumulation is the reduce's input instead.
+    if (!accumulatedGrad_.empty() && accumulatedGrad_[i] != kNoTensor) {
+      b.Release(accumulatedGrad_[i], text.Make({"FSDP2: ", names_[i], " accumulated gradient copied into the reduce-scatter input"}));
+      accumulatedGrad_[i] = kNoTensor;
+    }
   }
   grads.clear();
   TensorHandle out = b.Alloc(Category::Gradients, shard * BytesPerElement(reduce), text.Make({"gradient shard"}),
@@ -511,6 +590,18 @@ void ParallelStep::ReduceScatterFlat(TraceBuilder& b, TensorHandle& full, std::i
 
 void ParallelStep::EndBackward(TraceBuilder& b) {
   TextStore& text = b.text();
+  if (pipelineNoSync_) {
+    // The micro-batch's remaining post_backwards (the open unit, then the root), without sync;
+    // after the stage's last backward the deferred reshard and reduce-scatter.
+    if (openUnit_ > 0) PostBackwardNoSync(b, openUnit_);
+    PostBackwardNoSync(b, 0);
+    openUnit_ = -2;
+    if (backwardsSeen_ >= backwardsPerStep_) {
+      PipelineFinalReduce(b);
+      backwardsSeen_ = 0;
+    }
+    return;
+  }
   for (int u = static_cast<int>(gathered_.size()) - 1; u >= 0; --u) Free(b, u);
   if (plan_.engine == ShardingEngine::Fsdp || plan_.engine == ShardingEngine::Fsdp2) {
     if (openUnit_ > 0) ReduceScatterUnit(b, openUnit_);

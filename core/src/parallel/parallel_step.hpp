@@ -85,6 +85,16 @@ class ParallelStep final : public GradientHook, public LayerHook {
   std::vector<TensorHandle> gradOfParameter_;
   TensorHandle heldReduceInput_ = kNoTensor;
   bool forwardSawBlock_ = false;
+  // FSDP2 on a pipeline stage (torch.distributed.pipelining stage.py backward_maybe_with_nosync):
+  // every micro-batch's backward runs without gradient sync and without reshard after backward;
+  // after the stage's last backward each unit's post_backward reshards and reduce-scatters.
+  void PostBackwardNoSync(TraceBuilder& b, int unit);  // a unit's post_backward, no sync
+  void PipelineFinalReduce(TraceBuilder& b);           // stage.py: run_post_backward / perform_reduce_grad
+  bool pipelineNoSync_ = false;
+  std::int64_t backwardsPerStep_ = 0, backwardsSeen_ = 0;
+  // Per parameter: FSDPParam.unsharded_accumulated_grad, the reduce-dtype accumulation of the
+  // unsharded gradient between backwards without sync (_fsdp_param.py to_accumulated_grad_if_needed).
+  std::vector<TensorHandle> accumulatedGrad_;
   // Megatron grad_reduce_in_fp32: the whole fp32 gradient buffer, from init on.
   TensorHandle gradBuffer_ = kNoTensor;
 };

@@ -169,6 +169,9 @@ void PipelineRun::Run(TraceBuilder& b, int step, GradientSink& gradients, Parall
         free = slots_.end() - 1;
       }
       free->microBatch = a.microBatch;
+      // FSDP2 per stage: its units are gathered around each chunk-forward and backward as on
+      // one pass (ParallelStep::Enter), so every micro-batch's pass reports its blocks.
+      if (parallel && parallel->gathers()) free->pass->SetLayerHook(parallel);
       b.SetPhase(Phase::Forward, step);
       free->pass->Forward(b);
       continue;
@@ -250,13 +253,29 @@ void ValidatePipeline(const Setup& setup, std::vector<FieldError>& errors) {
                                          std::to_string(p.pipelineParallel) + ").");
   }
   if (p.zeroStage >= 2) {
-    // deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: "ZeRO-2 and ZeRO-3 are
-    // incompatible with pipeline parallelism".
+    // deepspeed/runtime/pipe/engine.py PipelineEngine.__init__: assert
+    // self.zero_optimization_stage() < 2, "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    // parallelism" (tests/pipeline_fsdp_test.cpp).
     bad("zeroStage", "DeepSpeed refuses ZeRO-2 and ZeRO-3 with pipeline parallelism: use ZeRO-1 (or Megatron's "
                      "distributed optimizer) or pipeline parallel 1.");
   }
-  if (p.fsdp != FsdpMode::Off) {
-    bad("fsdp", "FSDP with pipeline parallelism is not simulated yet: use DDP or ZeRO-1 on each stage.");
+  if (p.fsdp != FsdpMode::Off && p.fsdp != FsdpMode::FullyShard) {
+    // torch/distributed/pipelining/stage.py backward_maybe_with_nosync defers the gradient sync
+    // of a DistributedDataParallel or an FSDPModule (FSDP2 fully_shard) only; an FSDP1
+    // FlatParameter module would reduce-scatter at every micro-batch. torchtitan composes
+    // pipelines with FSDP2 (parallelize_llama.py apply_fsdp).
+    bad("fsdp", "Pipeline parallelism composes with FSDP2 fully_shard (torch.distributed.pipelining, torchtitan); "
+                "FSDP1 (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD) per stage is not simulated: choose fully_shard, "
+                "DDP or ZeRO-1.");
+  }
+  if (p.fsdp == FsdpMode::FullyShard && interleaved) {
+    // ScheduleInterleaved1F1B: each virtual stage is a model chunk with its own fully_shard root
+    // and its own last backward (stage.py perform_reduce_grad per stage); not simulated yet.
+    bad("pipelineSchedule", "FSDP2 with the interleaved schedule (one fully_shard root per virtual stage) is not "
+                            "simulated yet: use 1F1B or GPipe with FSDP2.");
+  }
+  if (p.fsdp == FsdpMode::FullyShard && p.offload != OffloadKind::None) {
+    bad("offload", "FSDP2 CPU offload with pipeline parallelism is not simulated yet.");
   }
   if (setup.training.activationOffloading) {
     bad("pipelineParallel", "Activation offloading with pipeline parallelism is not simulated yet.");
@@ -284,6 +303,18 @@ std::vector<std::string> PipelineNotes(const Setup& setup) {
                   FormatScientific(PipelineBubbleFraction(p.pipelineParallel, p.gradientAccumulationSteps, v)) +
                   " of the step, (p − 1)/(m·v + p − 1).";
   notes.push_back(std::move(n));
+  if (p.fsdp == FsdpMode::FullyShard) {
+    // torch/distributed/pipelining/stage.py backward_maybe_with_nosync (torch 2.5) /
+    // perform_reduce_grad (2.6+); torchtitan parallelize_llama.py apply_fsdp.
+    notes.push_back(std::string("Pipeline with FSDP2 (torch.distributed.pipelining, torchtitan): every micro-batch's "
+                                "backward runs with set_requires_gradient_sync(False) and "
+                                "set_reshard_after_backward(False), so the stage's gathered units stay gathered and "
+                                "its unsharded gradients accumulate (") +
+                    (p.fsdpReduceInFp32 ? "in fp32, reduce_dtype" : "in the gradients' dtype") +
+                    ") until the last backward, after which each unit reshards and reduce-scatters once. " +
+                    (p.reshardAfterForward ? "reshard_after_forward=True gathers each unit again in every micro-batch's forward."
+                                           : "reshard_after_forward=False (torchtitan's default under PP): each unit is gathered once a step."));
+  }
   if (setup.model.architecture.tieWordEmbeddings) {
     notes.push_back("Tied embeddings: Megatron keeps a copy of the word embeddings on the last stage for the head and "
                     "all-reduces its gradient with the first stage's; both stages count it.");

@@ -1,0 +1,241 @@
+// Pipeline parallelism composed with FSDP2 (torchtitan's PP × FSDP layouts, docs/parallel.md
+// "Pipeline with FSDP2"): the stage's sharded model states pinned by hand, the units gathered
+// once per step (reshard_after_forward=False, no reshard after backward), the unsharded gradients
+// accumulated over the micro-batches and reduce-scattered after the last one, and the refusals.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "gpumem/parallel.hpp"
+#include "test_support.hpp"
+
+using namespace gpumem;
+using namespace gpumem::test;
+
+namespace {
+
+// A small Llama whose every shape is counted by hand below: vocabulary 1001 and intermediate
+// 171 (odd row counts, so FSDP2's dim-0 padding shows), hidden 64, 4 heads of 16, 2 k/v heads,
+// 4 blocks; PP 2 (2 blocks per stage) × FSDP2 2, 1F1B over 4 micro-batches.
+Setup SmallLlamaPipelineFsdp2() {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  ArchitectureDef& a = s.model.architecture;
+  a.family = Family::Llama;
+  a.vocabSize = 1001;
+  a.hiddenSize = 64;
+  a.numLayers = 4;
+  a.numHeads = 4;
+  a.numKeyValueHeads = 2;
+  a.intermediateSize = 171;
+  a.tieWordEmbeddings = false;
+  s.training.precision = Precision::BF16Mixed;
+  s.training.optimizer = OptimizerKind::AdamW;
+  s.training.batchSize = 1;
+  s.training.sequenceLength = 32;
+  s.parallel.dataParallel = 2;
+  s.parallel.fsdp = FsdpMode::FullyShard;
+  s.parallel.reshardAfterForward = false;  // torchtitan's "default" policy under PP
+  s.parallel.pipelineParallel = 2;
+  s.parallel.pipelineSchedule = PipelineSchedule::OneFOneB;
+  s.parallel.gradientAccumulationSteps = 4;
+  s.parallel.pipelineStage = 0;
+  return s;
+}
+
+Estimate Labelled(const Setup& s) {
+  EstimateOptions o;
+  o.timeline = EstimateOptions::Timeline::Labelled;
+  EstimateResult r = EstimateMemory(s, o);
+  INFO((r.errors.empty() ? std::string() : r.errors.front().field + ": " + r.errors.front().message));
+  REQUIRE(r.ok());
+  return r.estimate;
+}
+
+// How many allocations of a step carry `label`, and the first one's bytes.
+int Allocations(const Estimate& e, const std::string& label, int step, std::int64_t* bytes = nullptr) {
+  int n = 0;
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.step != step || p.deltaBytes <= 0 || p.label.find(label) == std::string::npos) continue;
+    if (n++ == 0 && bytes) *bytes = p.deltaBytes;
+  }
+  return n;
+}
+int Frees(const Estimate& e, const std::string& label, int step) {
+  int n = 0;
+  for (const TimelinePoint& p : e.timeline) n += p.step == step && p.deltaBytes < 0 && p.label.find(label) != std::string::npos;
+  return n;
+}
+std::size_t FirstIndex(const Estimate& e, const std::string& label, int step) {
+  for (std::size_t i = 0; i < e.timeline.size(); ++i) {
+    if (e.timeline[i].step == step && e.timeline[i].label.find(label) != std::string::npos) return i;
+  }
+  return e.timeline.size();
+}
+std::size_t LastIndex(const Estimate& e, const std::string& label, int step) {
+  std::size_t last = e.timeline.size();
+  for (std::size_t i = 0; i < e.timeline.size(); ++i) {
+    if (e.timeline[i].step == step && e.timeline[i].label.find(label) != std::string::npos) last = i;
+  }
+  return last;
+}
+// Live bytes of a category just before timeline event `end`.
+std::int64_t LiveBefore(const Estimate& e, Category c, std::size_t end) {
+  std::int64_t live = 0;
+  for (std::size_t i = 0; i < end && i < e.timeline.size(); ++i) {
+    if (e.timeline[i].category == c) live += e.timeline[i].deltaBytes;
+  }
+  return live;
+}
+
+// By hand. A block: q 64×64, k 32×64, v 32×64, o 64×64, gate and up 171×64, down 64×171, two
+// norms of 64: 45,248 elements. FSDP2 chunks each on dim 0 over 2 ranks, padded to the first
+// chunk (_fsdp_param.py, _get_dim0_padded_size): 32·64 + 16·64 + 16·64 + 32·64 + 2·86·64 +
+// 32·171 + 2·32 = 22,688 per rank (gate and up carry one padding row: 172 = 2·86).
+constexpr std::int64_t kBlock = 45'248, kBlockShard = 22'688;
+// embed_tokens 1001×64 on stage 0 (501 rows per rank, one of padding); norm and lm_head on stage 1.
+constexpr std::int64_t kEmbed = 1001 * 64, kEmbedShard = 501 * 64;
+
+}  // namespace
+
+TEST_CASE("Pipeline FSDP2: the stage's sharded model states by hand", "[pipeline][fsdp]") {
+  Setup s = SmallLlamaPipelineFsdp2();
+  const Estimate first = Labelled(s);
+  // Stage 0: embed_tokens and blocks 0–1, each tensor's padded shard in fp32 (MixedPrecisionPolicy
+  // keeps the sharded parameters in fp32), its fp32 gradient shard, AdamW's two fp32 states.
+  const std::int64_t shard0 = kEmbedShard + 2 * kBlockShard;
+  REQUIRE(shard0 == 77'440);
+  CHECK(first.modelStates.parametersBytes == shard0 * 4);
+  CHECK(first.modelStates.masterWeightsBytes == 0);
+  CHECK(first.modelStates.gradientsBytes == shard0 * 4);
+  CHECK(first.modelStates.optimizerStatesBytes == 2 * shard0 * 4);
+  // Stage 1: blocks 2–3, the final norm (32 per rank) and lm_head (501 × 64 per rank).
+  s.parallel.pipelineStage = 1;
+  const Estimate last = Labelled(s);
+  const std::int64_t shard1 = 2 * kBlockShard + 32 + kEmbedShard;
+  CHECK(last.modelStates.parametersBytes == shard1 * 4);
+  CHECK(last.modelStates.optimizerStatesBytes == 2 * shard1 * 4);
+  // The init allocates each shard: gate_proj of block 0, 86 × 64 fp32.
+  std::int64_t bytes = 0;
+  CHECK(Allocations(first, "FSDP init: model.layers.0.mlp.gate_proj.weight (shard) (1/2, padded)", 0, &bytes) == 1);
+  CHECK(bytes == 86 * 64 * 4);
+}
+
+TEST_CASE("Pipeline FSDP2: units gathered once and gradients reduced after the last micro-batch", "[pipeline][fsdp]") {
+  Setup s = SmallLlamaPipelineFsdp2();
+  const Estimate e = Labelled(s);
+  for (int step : {1, 2}) {
+    INFO("step " << step);
+    // reshard_after_forward=False and set_reshard_after_backward(False) on every backward
+    // (pipelining/stage.py backward_maybe_with_nosync): block 0 is all-gathered once per step
+    // (bf16, 45,248 elements) and resharded once, by the final post_backward.
+    std::int64_t gathered = 0;
+    CHECK(Allocations(e, "all-gather of layers.0", step, &gathered) == 1);
+    CHECK(gathered == kBlock * 2);
+    CHECK(Frees(e, "reshard: layers.0 freed", step) == 1);
+    // One reduce-scatter per unit and step, not per micro-batch: the padded unit in bf16.
+    std::int64_t input = 0;
+    CHECK(Allocations(e, "reduce-scatter input of layers.0", step, &input) == 1);
+    CHECK(input == 2 * kBlockShard * 2);
+    CHECK(Allocations(e, "reduce-scatter input of layers.1", step) == 1);
+    // The reduce comes after the stage's fourth (last) backward's gradients.
+    const std::size_t reduce = FirstIndex(e, "reduce-scatter input of layers.", step);
+    const std::size_t lastGradient = LastIndex(e, "model.layers.0.self_attn.q_proj.weight.grad (unsharded)", step);
+    CHECK(lastGradient < reduce);
+    // The micro-batches' gradients are added into the first one's .grad (AccumulateGrad): one
+    // .grad kept, three added.
+    CHECK(Frees(e, "model.layers.0.self_attn.q_proj.weight.grad accumulated", step) == 3);
+  }
+  // Just before the first reduce-scatter the whole stage's unsharded gradients are live, bf16
+  // (reduce dtype = the gradients' dtype): embeddings and two blocks, 154,560 elements.
+  const std::size_t reduce = FirstIndex(e, "reduce-scatter input of", 1);
+  CHECK(LiveBefore(e, Category::Gradients, reduce) == (kEmbed + 2 * kBlock) * 2);
+  // The units stay gathered between micro-batches: at the end of forward every unit of the stage.
+  CHECK(BytesIn(e.forwardEnd, Category::Parameters) == e.modelStates.parametersBytes + (kEmbed + 2 * kBlock) * 2);
+}
+
+TEST_CASE("Pipeline FSDP2: reduce_dtype fp32 accumulates unsharded fp32 gradients", "[pipeline][fsdp]") {
+  Setup s = SmallLlamaPipelineFsdp2();
+  s.parallel.fsdpReduceInFp32 = true;  // torchtitan's mixed_precision_reduce = "float32"
+  const Estimate e = Labelled(s);
+  // _fsdp_param.py to_accumulated_grad_if_needed: after the first micro-batch's backward the
+  // bf16 .grad is cast into an fp32 unsharded_accumulated_grad; later ones are added into it
+  // (accumulate_unsharded_grad_if_needed) and freed.
+  std::int64_t bytes = 0;
+  CHECK(Allocations(e, "FSDP2 (no sync): model.layers.0.mlp.gate_proj.weight.grad cast to the reduce dtype", 1, &bytes) == 1);
+  CHECK(bytes == 171 * 64 * 4);
+  CHECK(Frees(e, "model.layers.0.mlp.gate_proj.weight.grad added into its unsharded accumulated gradient", 1) == 3);
+  const std::size_t reduce = FirstIndex(e, "reduce-scatter input of", 1);
+  CHECK(LiveBefore(e, Category::Gradients, reduce) == (kEmbed + 2 * kBlock) * 4);
+  std::int64_t input = 0;
+  CHECK(Allocations(e, "reduce-scatter input of layers.1", 1, &input) == 1);
+  CHECK(input == 2 * kBlockShard * 4);
+  // Without the pipeline, each micro-batch reduce-scatters (no deferral): four inputs a step.
+  Setup flat = s;
+  flat.parallel.pipelineParallel = 1;
+  flat.parallel.pipelineStage = -1;
+  flat.parallel.reshardAfterForward = true;
+  CHECK(Allocations(Labelled(flat), "reduce-scatter input of layers.1", 1) == 4);
+}
+
+TEST_CASE("Pipeline FSDP2: the simulated stage and the default estimate", "[pipeline][fsdp]") {
+  Setup s = SmallLlamaPipelineFsdp2();
+  s.parallel.pipelineStage = -1;
+  const EstimateResult r = EstimateMemory(s);
+  REQUIRE(r.ok());
+  CHECK(r.estimate.rank.why.find("pipeline stage") != std::string::npos);
+  // Resharding after forward gathers each unit again per micro-batch: more all-gathers.
+  Setup again = SmallLlamaPipelineFsdp2();
+  again.parallel.reshardAfterForward = true;
+  const Estimate e = Labelled(again);
+  CHECK(Allocations(e, "all-gather of layers.0", 1) > 1);
+  CHECK(Allocations(e, "reduce-scatter input of layers.0", 1) == 1);
+}
+
+TEST_CASE("Pipeline FSDP2: what stays refused", "[pipeline][fsdp]") {
+  Setup s = SmallLlamaPipelineFsdp2();
+  // FSDP1: pipelining's backward_maybe_with_nosync defers only DDP and FSDP2 gradient syncs.
+  for (FsdpMode mode : {FsdpMode::FullShard, FsdpMode::ShardGradOp, FsdpMode::HybridShard}) {
+    s.parallel.fsdp = mode;
+    CHECK(HasErrorOn(EstimateMemory(s).errors, "parallel.fsdp"));
+  }
+  // DeepSpeed's PipelineEngine asserts ZeRO stage < 2.
+  s = SmallLlamaPipelineFsdp2();
+  s.parallel.fsdp = FsdpMode::Off;
+  s.parallel.zeroStage = 2;
+  CHECK(HasErrorOn(EstimateMemory(s).errors, "parallel.zeroStage"));
+  s.parallel.zeroStage = 3;
+  CHECK(HasErrorOn(EstimateMemory(s).errors, "parallel.zeroStage"));
+  s.parallel.zeroStage = 1;
+  CHECK(EstimateMemory(s).ok());
+  // Interleaved (a fully_shard root per virtual stage) and CPU offload are not simulated yet.
+  s = SmallLlamaPipelineFsdp2();
+  s.parallel.pipelineSchedule = PipelineSchedule::Interleaved;
+  s.parallel.virtualStages = 2;
+  CHECK(HasErrorOn(EstimateMemory(s).errors, "parallel.pipelineSchedule"));
+  s = SmallLlamaPipelineFsdp2();
+  s.parallel.offload = OffloadKind::Optimizer;
+  CHECK(HasErrorOn(EstimateMemory(s).errors, "parallel.offload"));
+  // GPipe with FSDP2 is simulated.
+  s = SmallLlamaPipelineFsdp2();
+  s.parallel.pipelineSchedule = PipelineSchedule::GPipe;
+  CHECK(EstimateMemory(s).ok());
+}
+
+TEST_CASE("Pipeline FSDP2: embedding and output units of their own on the first and last stage", "[pipeline][fsdp]") {
+  Setup s = SmallLlamaPipelineFsdp2();
+  s.parallel.fsdpShardEmbeddingsAndHead = true;  // torchtitan's newer apply_fsdp: tok_embeddings, [norm, output]
+  const Estimate first = Labelled(s);
+  std::int64_t bytes = 0;
+  CHECK(Allocations(first, "all-gather of embedding unit", 1, &bytes) == 1);
+  CHECK(bytes == kEmbed * 2);
+  // Padded to 1002 rows, reduced once a step.
+  CHECK(Allocations(first, "reduce-scatter input of embedding unit", 1, &bytes) == 1);
+  CHECK(bytes == 2 * kEmbedShard * 2);
+  s.parallel.pipelineStage = 1;
+  const Estimate last = Labelled(s);
+  CHECK(Allocations(last, "all-gather of output unit", 1, &bytes) == 1);
+  CHECK(bytes == kEmbed * 2);
+  CHECK(Allocations(last, "reduce-scatter input of output unit", 1) == 1);
+  CHECK(Allocations(last, "all-gather of embedding unit", 1) == 0);
+}
