@@ -285,3 +285,20 @@ TEST_CASE("Pipeline: the simulated stage reads and writes as JSON", "[pipeline]"
   CHECK(back.setup.parallel.pipelineStage == 2);
   CHECK(DefaultSetup().parallel.pipelineStage == -1);
 }
+
+TEST_CASE("Pipeline: past the work budget, the micro-batch refusal says what the schedule keeps", "[pipeline][budget]") {
+  // Every micro-batch is simulated; 10^6 of them pass the budget. Under 1F1B the first stage
+  // peaks once m reaches p (min(p − r, m) in flight); under GPipe it holds all m.
+  for (const PipelineSchedule schedule : {PipelineSchedule::OneFOneB, PipelineSchedule::GPipe}) {
+    const std::vector<FieldError> errors = Validate(Gpt2Pipeline(2, 1000000, schedule));
+    REQUIRE(HasErrorOn(errors, "parallel.gradientAccumulationSteps"));
+    const std::string& message = errors.front().message;
+    INFO(message);
+    if (schedule == PipelineSchedule::GPipe) {
+      CHECK(message.find("under GPipe every micro-batch's activations are held at once") != std::string::npos);
+    } else {
+      CHECK(message.find("once the micro-batches reach the pipeline size (2)") != std::string::npos);
+    }
+    CHECK(message.find("fewer micro-batches show the same peak") == std::string::npos);
+  }
+}

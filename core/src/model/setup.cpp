@@ -775,7 +775,18 @@ void Validate(const Setup& setup, ErrorList& errors) {
                         "Simulating " + FormatCount(setup.parallel.gradientAccumulationSteps) +
                             " micro-batches would take about " + FormatScientific(budget.predictedEvents * microBatches) +
                             " events, more than " + FormatScientific(kMaxPredictedEvents) +
-                            ": fewer micro-batches show the same peak (from the second on, the gradients exist)."});
+                            (setup.parallel.pipelineParallel <= 1
+                                 ? ": fewer micro-batches show the same peak (from the second on, the gradients "
+                                   "exist)."
+                             // GPipe keeps every micro-batch's activations until its backwards; 1F1B (and
+                             // interleaved) hold min(p − r, m) in flight on stage r, so the first stage's
+                             // peak grows with m until m reaches p.
+                             : setup.parallel.pipelineSchedule == PipelineSchedule::GPipe
+                                 ? ": under GPipe every micro-batch's activations are held at once, so the peak "
+                                   "grows with their number; a 1F1B schedule holds at most the pipeline size."
+                                 : ": with a pipeline the first stage's peak stops growing once the micro-batches "
+                                   "reach the pipeline size (" + FormatCount(setup.parallel.pipelineParallel) +
+                                   "); fewer than that show a lower peak.")});
       return;
     }
     const SizeBound bound = SizeBoundOf(setup, parameters);
