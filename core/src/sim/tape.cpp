@@ -400,6 +400,7 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
   spans_.clear();
   templateChecked_ = false;
   template_.ready = false;
+  ForgetForwardSpans();  // a forward span is copied only right after the ones it was predicted from
   layerSignature_.clear();  // made when a first span is recorded (ComputeLayerSignatures)
   RunBackward(0, static_cast<int>(nodes_.size()));
   spans_.clear();

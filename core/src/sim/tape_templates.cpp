@@ -103,7 +103,10 @@ bool SameEvent(const Event& x, const Event& y) {
          SameText(x.tensor, y.tensor) && SameText(x.formula, y.formula);
 }
 bool SamePart(const TextPart& x, const TextPart& y) {
-  return x.kind == y.kind && x.type == y.type && x.rank == y.rank && x.n == y.n && RawValue(x) == RawValue(y);
+  if (x.kind != y.kind || x.type != y.type || x.rank != y.rank || x.n != y.n) return false;
+  // A string part sets only `str`: where a pointer is 4 bytes (wasm32) the union's other 4 bytes
+  // are whatever was there, and comparing all 8 made every prediction fail in the page.
+  return x.kind == TextPart::kStr ? x.str == y.str : RawValue(x) == RawValue(y);
 }
 // The Text at the position two steps predict, or false when their sizes differ.
 bool NextText(Text a, Text b, Text& out) {
