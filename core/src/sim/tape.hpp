@@ -245,7 +245,7 @@ class Tape {
                             TextPart what, TextPart suffix = "");
   void RunBackward(int fromNode, int toNode);
 
-  // --- block templates: the checkpointed blocks' backward spans, copied ---
+  // --- block templates: the checkpointed blocks' backward spans and forwards, copied ---
   // What the backward of one checkpoint node (recompute + backward, RunCheckpoint) did: its
   // events, the text parts and shape dimensions it made, the tensors it made (ids
   // [idFrom, idTo), their holders at its end), the holder changes of older tensors, the .grads

@@ -1,5 +1,6 @@
-// Block templates: the backward spans of checkpointed blocks, copied instead of simulated
-// (Tape::RunCheckpointSpan; the rest of the tape is sim/tape.cpp). Its own file: the copies'
+// Block templates: the backward spans of checkpointed blocks (Tape::RunCheckpointSpan) and
+// their forwards (Tape::RunForwardSpan), copied instead of simulated (the rest of the tape is
+// sim/tape.cpp). Its own file: the copies'
 // code kept the hot functions of tape.cpp from being inlined.
 #include <algorithm>
 #include <cstring>
