@@ -61,6 +61,15 @@ TEST_CASE("Block templates: copied backward spans equal simulated ones", "[trace
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock"},"finetune":{"trainOnlyModules":["model.layers.7"]}})",
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"bf16Mixed"},"finetune":{"lora":true}})",
       R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock"},"parallel":{"gradientAccumulationSteps":3}})",
+      // The attention core checkpointed inside recorded blocks (its forward copied, not its
+      // block's), eager and SDPA.
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"selective","attention":"eager"}})",
+      R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"selective","attention":"sdpa","precision":"ampBf16"}})",
+      // Forward templates refused: activation offloading, op-level selective checkpointing;
+      // QLoRA (frozen nf4 base, dequantized in every block's forward): copied like any other.
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","activationOffloading":true}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"selectiveOp","attention":"sdpa","precision":"bf16Mixed"}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16"},"finetune":{"lora":true,"quantization":"nf4"}})",
   };
   for (const std::string& json : setups) {
     gpumem::Setup setup;
@@ -73,4 +82,23 @@ TEST_CASE("Block templates: copied backward spans equal simulated ones", "[trace
       CHECK(FirstDifference(simulated, copied) == "");
     }
   }
+}
+
+TEST_CASE("Block templates: checkpointed blocks' forwards are copied", "[trace][templates]") {
+  gpumem::Setup setup;
+  REQUIRE(gpumem::ParseAndValidate(
+              R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16"}})",
+              setup)
+              .empty());
+  const gpumem::Inventory inventory = gpumem::BuildInventory(setup);
+  const std::size_t before = gpumem::ForwardSpansCopied();
+  const gpumem::Trace copied = Build("", true, false, inventory, setup);
+  // 16 blocks: blocks 0-3 are simulated (the prediction of block 2 from blocks 0 and 1 fails:
+  // block 0's span differs from the others'; block 3's passes), 4-15 copied. Step 2 is step 1
+  // repeated (TraceBuilder::Repeat), so it runs no forward.
+  CHECK(gpumem::ForwardSpansCopied() - before == 16 - 4);
+  const std::size_t simulatedBefore = gpumem::ForwardSpansCopied();
+  const gpumem::Trace simulated = Build("", false, false, inventory, setup);
+  CHECK(gpumem::ForwardSpansCopied() == simulatedBefore);
+  CHECK(FirstDifference(simulated, copied) == "");
 }

@@ -27,6 +27,9 @@ class Parameters {
   Parameters(const Inventory& inventory, const std::vector<Text>& names, DType weights,
              DType quantCompute = DType::FP32);
   void Reset() { std::fill(values_.begin(), values_.end(), kNoValue); }
+  // The leaf of each inventory index made so far (kNoValue: not yet): a copied forward span
+  // (Tape::SetForwardTemplates) fills it as the simulated forward would.
+  std::vector<ValueId>& leaves() { return values_; }
   // `module` + "." + `tensor` ("weight", "bias"); kNoValue when the model has no such tensor.
   ValueId Find(Tape& t, const Module& module, std::string_view tensor);
   ValueId Get(Tape& t, const Module& module, std::string_view tensor);  // must exist

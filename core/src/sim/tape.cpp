@@ -70,7 +70,9 @@ ValueId Tape::Parameter(std::size_t index, Shape shape, DType type, Text name, b
   v.type = type;
   v.requiresGrad = requiresGrad;
   v.parameter = static_cast<int>(index);
-  return NewValue(v);
+  const ValueId id = NewValue(v);
+  if (leafLog_ != nullptr) leafLog_->push_back({static_cast<int>(index), id});
+  return id;
 }
 
 ValueId Tape::Fresh(Shape shape, DType type, TextPart name, Category category) {
@@ -313,7 +315,12 @@ Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block, 
   recording_ = false;
   sacCollect_ = selectiveOps && outer;
   sacMmCount_ = 0;
-  Values outs = block(*this, inputs);
+  // Forward templates (tape_templates.cpp RunForwardSpan): only where nothing outside the tape
+  // sees the block's forward (no offloading hooks, no sharding engine's layer hook), nothing is
+  // kept by the checkpoint (no op-level selective policy), and not inside a recompute.
+  const bool copyable = outer && !selectiveOps && BlockTemplatesOn() && inventory_ != nullptr && leaves_ != nullptr &&
+                        offload_ == nullptr && layerHook_ == nullptr && cacheDepth_ == 0;
+  Values outs = copyable ? RunForwardSpan(inputs, block) : block(*this, inputs);
   sacCollect_ = false;
   std::vector<TensorHandle> kept;
   kept.swap(sacBuilding_);
@@ -393,6 +400,7 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
   spans_.clear();
   templateChecked_ = false;
   template_.ready = false;
+  ForgetForwardSpans();  // a forward span is copied only right after the ones it was predicted from
   layerSignature_.clear();  // made when a first span is recorded (ComputeLayerSignatures)
   RunBackward(0, static_cast<int>(nodes_.size()));
   spans_.clear();

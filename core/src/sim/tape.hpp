@@ -17,6 +17,7 @@
 // every label is a Text (parts rendered only when shown).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
@@ -190,6 +191,14 @@ class Tape {
   // the recompute takes them back instead of computing them (_CachedTorchDispatchMode pops them).
   Values Checkpoint(TextPart name, const Values& inputs, Block block, bool selectiveOps = false);
 
+  // Forward templates (tape_templates.cpp, RunForwardSpan): the forwards of checkpointed blocks
+  // are copied once a prediction matched, given the inventory (the blocks' parameters) and the
+  // Parameters' leaf cache (sim/model.hpp) that a block's forward fills. Unset: always simulated.
+  void SetForwardTemplates(const Inventory* inventory, std::vector<ValueId>* leaves) {
+    inventory_ = inventory;
+    leaves_ = leaves;
+  }
+
   // --- activation offloading (sim/savers.hpp): the saved-tensor hooks, when set ---
   void SetOffload(ActivationOffload* offload) { offload_ = offload; }
   ActivationOffload* offload() { return offload_; }
@@ -236,7 +245,7 @@ class Tape {
                             TextPart what, TextPart suffix = "");
   void RunBackward(int fromNode, int toNode);
 
-  // --- block templates: the checkpointed blocks' backward spans, copied ---
+  // --- block templates: the checkpointed blocks' backward spans and forwards, copied ---
   // What the backward of one checkpoint node (recompute + backward, RunCheckpoint) did: its
   // events, the text parts and shape dimensions it made, the tensors it made (ids
   // [idFrom, idTo), their holders at its end), the holder changes of older tensors, the .grads
@@ -251,6 +260,15 @@ class Tape {
     int layerAfter = -1;   // the tape's layer when the span ends
     int layer = -1;        // the checkpoint node's layer (its block)
     bool copyable = true;  // nothing happened that a copy cannot reproduce
+    // A checkpointed block's forward (RunForwardSpan): the values it made [valueFrom, valueTo),
+    // the autocast copies it cached and the parameter leaves it made (parameter, value), its
+    // outputs and the scope texts it left (scope_, scopeColon_, scopeDot_, scopeSpace_).
+    bool forward = false;
+    int valueFrom = 0, valueTo = 0;
+    std::vector<std::pair<int, int>> casts, leaves;
+    Values outs;
+    std::array<Text, 4> scopeAfter{};
+    std::vector<Value> values;  // as the span left them (Checkpoint then marks the outputs)
   };
   // A span predicted from the two before it (every id, text position, layer and parameter
   // index moving by as much again as from the first to the second).
@@ -259,6 +277,7 @@ class Tape {
     std::vector<Event> events;
     std::vector<TextPart> parts;
     std::vector<std::int64_t> dims;
+    std::vector<Value> values;  // a forward span's
   };
   // The spans after a checked prediction: the predicted span and how far each of its numbers
   // moves from one span to the next.
@@ -282,6 +301,16 @@ class Tape {
     std::vector<int> touchSteps;
     std::vector<std::pair<int, int>> gradSteps;
     std::vector<int> inputGradSteps;
+    // A forward span's: values (storage, parameter, name position), casts, leaves, outputs.
+    struct ValueStep {
+      int storage, parameter, producer;
+      std::int64_t name;
+    };
+    int valueStep = 0;
+    std::vector<ValueStep> valueSteps;
+    std::vector<std::pair<int, int>> castSteps, leafSteps;
+    std::vector<int> outSteps;
+    std::array<std::int64_t, 4> scopeSteps{};
   };
   SpanTemplate template_;
   // Per block: a hash of its parameters (shapes, trainable, storage, adapter) and the index of
@@ -292,12 +321,28 @@ class Tape {
   std::vector<std::int64_t> layerFirstParameter_;
   void ComputeLayerSignatures();
   bool LayerFollows(int layer, int previous) const;
-  bool BuildTemplate(const SpanRecord& a, const SpanRecord& b);
-  bool AdvanceTemplate();
+  bool BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord& b);
+  bool AdvanceTemplate(SpanTemplate& t);
   void RunCheckpointSpan(int node);
   bool ApplyPredicted(int node, const PredictedSpan& predicted);
   bool Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out);
   bool SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& actual) const;
+  // Forward templates (RunForwardSpan): the checkpointed blocks' forwards, copied.
+  Values RunForwardSpan(const Values& inputs, const Block& block);
+  void ForgetForwardSpans();
+  bool ApplyForward(const PredictedSpan& predicted, Values& outs);
+  bool PredictForward(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out) const;
+  bool SameForwardAsSimulated(const PredictedSpan& predicted, const SpanRecord& actual) const;
+  static bool SameValue(const Value& x, const Value& y);
+  bool SpanFits(const PredictedSpan& predicted);
+  bool TouchesConsistent(const PredictedSpan& predicted) const;
+  const Inventory& inventory() const { return inventory_ != nullptr ? *inventory_ : sink_->inventory(); }
+  SpanTemplate forwardTemplate_;
+  std::vector<SpanRecord> forwardSpans_;  // the last forward spans, newest last (at most 3)
+  bool forwardChecked_ = false;
+  const Inventory* inventory_ = nullptr;
+  std::vector<ValueId>* leaves_ = nullptr;                // Parameters' cache: inventory index → leaf
+  std::vector<std::pair<int, int>>* leafLog_ = nullptr;  // while a forward span is recorded
   // The inventory index of the parameter whose name `text` points into, or -1.
   int ParameterOfName(const char* text);
   bool templates_ = false;        // this backward may copy spans (Backward decides)
@@ -367,6 +412,9 @@ class Tape {
 // Block templates on (the default) or off: tests compare the two traces event by event.
 void SetBlockTemplates(bool on);
 bool BlockTemplatesOn();
+// How many checkpointed blocks' forwards were copied so far in this process (tests: that the
+// forward templates do copy).
+std::size_t ForwardSpansCopied();
 
 // The wider of two floating types, as PyTorch promotes mixed operands.
 DType Promote(DType a, DType b);

@@ -1,5 +1,6 @@
-// Block templates: the backward spans of checkpointed blocks, copied instead of simulated
-// (Tape::RunCheckpointSpan; the rest of the tape is sim/tape.cpp). Its own file: the copies'
+// Block templates: the backward spans of checkpointed blocks (Tape::RunCheckpointSpan) and
+// their forwards (Tape::RunForwardSpan), copied instead of simulated (the rest of the tape is
+// sim/tape.cpp). Its own file: the copies'
 // code kept the hot functions of tape.cpp from being inlined.
 #include <algorithm>
 #include <cstring>
@@ -11,7 +12,10 @@ namespace gpumem {
 
 namespace {
 bool gBlockTemplates = true;  // SetBlockTemplates
+std::size_t gForwardCopies = 0;  // ForwardSpansCopied
 }  // namespace
+
+std::size_t ForwardSpansCopied() { return gForwardCopies; }
 
 void SetBlockTemplates(bool on) { gBlockTemplates = on; }
 bool BlockTemplatesOn() { return gBlockTemplates; }
@@ -42,7 +46,8 @@ void Tape::RunCheckpointSpan(int index) {
   if (templateChecked_ && spans_.size() >= 2) {
     // The first copy predicts from the last two spans and notes how far each number moves;
     // the next ones only move those numbers on again.
-    const bool next = template_.ready ? AdvanceTemplate() : BuildTemplate(spans_[spans_.size() - 2], spans_.back());
+    const bool next = template_.ready ? AdvanceTemplate(template_)
+                                         : BuildTemplate(template_, spans_[spans_.size() - 2], spans_.back());
     if (next && ApplyPredicted(index, template_.span)) return;
     spans_.clear();
     templateChecked_ = false;
@@ -99,7 +104,10 @@ bool SameEvent(const Event& x, const Event& y) {
          SameText(x.tensor, y.tensor) && SameText(x.formula, y.formula);
 }
 bool SamePart(const TextPart& x, const TextPart& y) {
-  return x.kind == y.kind && x.type == y.type && x.rank == y.rank && x.n == y.n && RawValue(x) == RawValue(y);
+  if (x.kind != y.kind || x.type != y.type || x.rank != y.rank || x.n != y.n) return false;
+  // A string part sets only `str`: where a pointer is 4 bytes (wasm32) the union's other 4 bytes
+  // are whatever was there, and comparing all 8 made every prediction fail in the page.
+  return x.kind == TextPart::kStr ? x.str == y.str : RawValue(x) == RawValue(y);
 }
 // The Text at the position two steps predict, or false when their sizes differ.
 bool NextText(Text a, Text b, Text& out) {
@@ -116,7 +124,7 @@ bool NextText(Text a, Text b, Text& out) {
 }  // namespace
 
 int Tape::ParameterOfName(const char* name) {
-  const std::vector<Tensor>& parameters = sink_->inventory().parameters;
+  const std::vector<Tensor>& parameters = inventory().parameters;
   if (nameIndex_.empty()) {
     nameIndex_.reserve(parameters.size());
     for (std::size_t i = 0; i < parameters.size(); ++i) nameIndex_.push_back({parameters[i].name.data(), static_cast<int>(i)});
@@ -130,7 +138,7 @@ int Tape::ParameterOfName(const char* name) {
 
 bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out) {
   const std::size_t events = b.eventTo - b.eventFrom, parts = b.partTo - b.partFrom, dims = b.dimTo - b.dimFrom;
-  if (a.eventTo - a.eventFrom != events || a.partTo - a.partFrom != parts || a.dimTo - a.dimFrom != dims ||
+  if (a.forward != b.forward || a.eventTo - a.eventFrom != events || a.partTo - a.partFrom != parts || a.dimTo - a.dimFrom != dims ||
       a.idTo - a.idFrom != b.idTo - b.idFrom || a.holders != b.holders || a.touches.size() != b.touches.size() ||
       a.grads.size() != b.grads.size() || a.inputGrads.size() != b.inputGrads.size()) {
     return false;
@@ -139,9 +147,14 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
   out.events.clear();
   out.parts.clear();
   out.dims.clear();
-  if (!LayerFollows(b.layer, a.layer) || !LayerFollows(b.layer - 1, b.layer)) return false;
+  // Backward spans run from the last block down, forward spans from the first up.
+  if (b.forward ? !LayerFollows(a.layer, b.layer) || !LayerFollows(b.layer, b.layer + 1)
+                : !LayerFollows(b.layer, a.layer) || !LayerFollows(b.layer - 1, b.layer)) {
+    return false;
+  }
   SpanRecord& r = out.record;
-  r.layer = b.layer - 1;
+  r.forward = b.forward;
+  r.layer = b.forward ? b.layer + 1 : b.layer - 1;
   const std::int64_t eventFrom = Next(static_cast<std::int64_t>(a.eventFrom), static_cast<std::int64_t>(b.eventFrom));
   const std::int64_t partFrom = Next(static_cast<std::int64_t>(a.partFrom), static_cast<std::int64_t>(b.partFrom));
   const std::int64_t dimFrom = Next(static_cast<std::int64_t>(a.dimFrom), static_cast<std::int64_t>(b.dimFrom));
@@ -191,7 +204,7 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
     out.events.push_back(e);
   }
   const TextStore& store = text();
-  const std::vector<Tensor>& parameters = sink_->inventory().parameters;
+  const std::vector<Tensor>& parameters = inventory().parameters;
   out.parts.reserve(parts);
   for (std::size_t j = 0; j < parts; ++j) {
     const TextPart& x = store.part(a.partFrom + j);
@@ -239,7 +252,7 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
     if (store.dim(a.dimFrom + j) != store.dim(b.dimFrom + j)) return false;
     out.dims.push_back(store.dim(b.dimFrom + j));
   }
-  return true;
+  return !b.forward || PredictForward(a, b, out);
 }
 
 bool Tape::SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& actual) const {
@@ -262,7 +275,7 @@ bool Tape::SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& act
   for (std::size_t j = 0; j < predicted.dims.size(); ++j) {
     if (predicted.dims[j] != store.dim(actual.dimFrom + j)) return false;
   }
-  return true;
+  return !actual.forward || SameForwardAsSimulated(predicted, actual);
 }
 
 // What may differ between blocks must be visible here or in the spans themselves. Today a block's
@@ -274,7 +287,7 @@ bool Tape::SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& act
 void Tape::ComputeLayerSignatures() {
   layerSignature_.clear();
   layerFirstParameter_.clear();
-  const std::vector<Tensor>& parameters = sink_->inventory().parameters;
+  const std::vector<Tensor>& parameters = inventory().parameters;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const Tensor& p = parameters[i];
     if (p.layer < 0) continue;
@@ -314,8 +327,7 @@ bool Tape::LayerFollows(int layer, int previous) const {
   return true;
 }
 
-bool Tape::BuildTemplate(const SpanRecord& a, const SpanRecord& b) {
-  SpanTemplate& t = template_;
+bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord& b) {
   t.ready = false;
   if (!Predict(a, b, t.span)) return false;
   // What moves from span b to the predicted one moves as much again at every later span.
@@ -372,12 +384,33 @@ bool Tape::BuildTemplate(const SpanRecord& a, const SpanRecord& b) {
   for (int i = 0; i < c.inputGrads.size(); ++i) {
     t.inputGradSteps.push_back(c.inputGrads[i] == kNoTensor ? 0 : c.inputGrads[i] - b.inputGrads[i]);
   }
+  if (c.forward) {
+    t.valueStep = c.valueFrom - b.valueFrom;
+    t.valueSteps.clear();
+    for (std::size_t j = 0; j < t.span.values.size(); ++j) {
+      const Value& x = b.values[j];
+      const Value& y = t.span.values[j];
+      t.valueSteps.push_back({y.storage - x.storage, y.parameter - x.parameter, y.producer - x.producer,
+                              static_cast<std::int64_t>(y.name.begin) - x.name.begin});
+    }
+    const auto steps = [](const std::vector<std::pair<int, int>>& x, const std::vector<std::pair<int, int>>& y,
+                          std::vector<std::pair<int, int>>& to) {
+      to.clear();
+      for (std::size_t j = 0; j < y.size(); ++j) to.push_back({y[j].first - x[j].first, y[j].second - x[j].second});
+    };
+    steps(b.casts, c.casts, t.castSteps);
+    steps(b.leaves, c.leaves, t.leafSteps);
+    t.outSteps.clear();
+    for (int i = 0; i < c.outs.size(); ++i) t.outSteps.push_back(c.outs[i] - b.outs[i]);
+    for (std::size_t i = 0; i < t.scopeSteps.size(); ++i) {
+      t.scopeSteps[i] = static_cast<std::int64_t>(c.scopeAfter[i].begin) - b.scopeAfter[i].begin;
+    }
+  }
   t.ready = true;
   return true;
 }
 
-bool Tape::AdvanceTemplate() {
-  SpanTemplate& t = template_;
+bool Tape::AdvanceTemplate(SpanTemplate& t) {
   SpanRecord& r = t.span.record;
   const auto move = [](std::size_t& v, std::int64_t d) { v = static_cast<std::size_t>(static_cast<std::int64_t>(v) + d); };
   move(r.eventFrom, t.eventStep);
@@ -386,8 +419,8 @@ bool Tape::AdvanceTemplate() {
   move(r.partTo, t.partStep);
   move(r.dimFrom, t.dimStep);
   move(r.dimTo, t.dimStep);
-  if (!LayerFollows(r.layer - 1, r.layer)) return false;
-  r.layer -= 1;
+  if (r.forward ? !LayerFollows(r.layer, r.layer + 1) : !LayerFollows(r.layer - 1, r.layer)) return false;
+  r.layer += r.forward ? 1 : -1;
   r.idFrom += t.idStep;
   r.idTo += t.idStep;
   r.layerAfter += t.layerStep;
@@ -400,7 +433,7 @@ bool Tape::AdvanceTemplate() {
     if (e.tensor.count) e.tensor.begin = static_cast<std::uint32_t>(e.tensor.begin + d.tensor);
     if (e.formula.count) e.formula.begin = static_cast<std::uint32_t>(e.formula.begin + d.formula);
   }
-  const std::vector<Tensor>& parameters = sink_->inventory().parameters;
+  const std::vector<Tensor>& parameters = inventory().parameters;
   for (PartStep& d : t.partSteps) {
     TextPart& p = t.span.parts[d.index];
     if (d.what == PartStep::kPosition) {
@@ -423,6 +456,31 @@ bool Tape::AdvanceTemplate() {
   }
   for (int i = 0; i < r.inputGrads.size(); ++i) {
     if (r.inputGrads[i] != kNoTensor) r.inputGrads[i] += t.inputGradSteps[static_cast<std::size_t>(i)];
+  }
+  if (r.forward) {
+    r.valueFrom += t.valueStep;
+    r.valueTo += t.valueStep;
+    for (std::size_t j = 0; j < t.span.values.size(); ++j) {
+      Value& v = t.span.values[j];
+      const SpanTemplate::ValueStep& d = t.valueSteps[j];
+      v.storage += d.storage;
+      v.parameter += d.parameter;
+      v.producer += d.producer;
+      if (v.name.count) v.name.begin = static_cast<std::uint32_t>(v.name.begin + d.name);
+    }
+    const auto move = [this](std::vector<std::pair<int, int>>& x, const std::vector<std::pair<int, int>>& d) {
+      for (std::size_t j = 0; j < x.size(); ++j) {
+        x[j].first += d[j].first;
+        x[j].second += d[j].second;
+        if (x[j].first < 0 || x[j].first >= static_cast<int>(parameterCount_)) return false;
+      }
+      return true;
+    };
+    if (!move(r.casts, t.castSteps) || !move(r.leaves, t.leafSteps)) return false;
+    for (int i = 0; i < r.outs.size(); ++i) r.outs[i] += t.outSteps[static_cast<std::size_t>(i)];
+    for (std::size_t i = 0; i < r.scopeAfter.size(); ++i) {
+      if (r.scopeAfter[i].count) r.scopeAfter[i].begin = static_cast<std::uint32_t>(r.scopeAfter[i].begin + t.scopeSteps[i]);
+    }
   }
   return true;
 }
@@ -464,6 +522,246 @@ bool Tape::ApplyPredicted(int index, const PredictedSpan& predicted) {
   for (ValueId o : node.outputs) GradOf(o) = kNoTensor;
   for (int i = 0; i < node.blockInputs.size(); ++i) GradOf(node.blockInputs[i]) = r.inputGrads[i];
   layer_ = r.layerAfter;
+  return true;
+}
+
+
+bool Tape::SameValue(const Value& x, const Value& y) {
+  return x.storage == y.storage && x.shape == y.shape && x.type == y.type && x.requiresGrad == y.requiresGrad &&
+         x.producer == y.producer && x.parameter == y.parameter && SameText(x.name, y.name);
+}
+
+// The forward span's own state (the values, cached casts, parameter leaves, outputs and scope),
+// predicted as Predict predicts the rest.
+bool Tape::PredictForward(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out) const {
+  SpanRecord& r = out.record;
+  out.values.clear();
+  const int count = b.valueTo - b.valueFrom;
+  if (a.valueTo - a.valueFrom != count || a.casts.size() != b.casts.size() || a.leaves.size() != b.leaves.size() ||
+      a.outs.size() != b.outs.size()) {
+    return false;
+  }
+  const auto parameterCount = static_cast<std::int64_t>(parameterCount_);
+  const auto parameter = [parameterCount](std::int64_t p) { return p >= 0 && p < parameterCount; };
+  r.valueFrom = static_cast<int>(Next(a.valueFrom, b.valueFrom));
+  r.valueTo = r.valueFrom + count;
+  out.values.reserve(static_cast<std::size_t>(count));
+  for (int j = 0; j < count; ++j) {
+    const Value& x = a.values[static_cast<std::size_t>(j)];
+    const Value& y = b.values[static_cast<std::size_t>(j)];
+    // Only the outputs have a producer: the checkpoint node Checkpoint makes after the span.
+    if (!(x.shape == y.shape) || x.type != y.type || x.requiresGrad != y.requiresGrad ||
+        (x.producer < 0) != (y.producer < 0) || (x.storage < 0) != (y.storage < 0) ||
+        (x.parameter < 0) != (y.parameter < 0)) {
+      return false;
+    }
+    Value v = y;  // only an output could have a producer (Checkpoint sets it after the span)
+    if (y.producer >= 0) v.producer = static_cast<int>(Next(x.producer, y.producer));
+    if (y.storage >= 0) v.storage = static_cast<TensorHandle>(Next(x.storage, y.storage));
+    if (y.parameter >= 0) {
+      const std::int64_t p = Next(x.parameter, y.parameter);
+      if (!parameter(p)) return false;
+      v.parameter = static_cast<int>(p);
+    }
+    if (!NextText(x.name, y.name, v.name)) return false;
+    out.values.push_back(v);
+  }
+  const auto pairs = [&](const std::vector<std::pair<int, int>>& x, const std::vector<std::pair<int, int>>& y,
+                         std::vector<std::pair<int, int>>& to) {
+    to.clear();
+    for (std::size_t j = 0; j < y.size(); ++j) {
+      const std::int64_t p = Next(x[j].first, y[j].first);
+      if (!parameter(p)) return false;
+      to.push_back({static_cast<int>(p), static_cast<int>(Next(x[j].second, y[j].second))});
+    }
+    return true;
+  };
+  if (!pairs(a.casts, b.casts, r.casts) || !pairs(a.leaves, b.leaves, r.leaves)) return false;
+  r.outs.clear();
+  for (int i = 0; i < b.outs.size(); ++i) r.outs.push_back(static_cast<ValueId>(Next(a.outs[i], b.outs[i])));
+  for (std::size_t i = 0; i < r.scopeAfter.size(); ++i) {
+    if (!NextText(a.scopeAfter[i], b.scopeAfter[i], r.scopeAfter[i])) return false;
+  }
+  return true;
+}
+
+bool Tape::SameForwardAsSimulated(const PredictedSpan& predicted, const SpanRecord& actual) const {
+  const SpanRecord& r = predicted.record;
+  if (r.layer != actual.layer || r.valueFrom != actual.valueFrom || r.valueTo != actual.valueTo ||
+      r.casts != actual.casts || r.leaves != actual.leaves || r.outs.size() != actual.outs.size() ||
+      predicted.values.size() != static_cast<std::size_t>(actual.valueTo - actual.valueFrom)) {
+    return false;
+  }
+  for (int i = 0; i < r.outs.size(); ++i) if (r.outs[i] != actual.outs[i]) return false;
+  for (std::size_t i = 0; i < r.scopeAfter.size(); ++i) {
+    if (!SameText(r.scopeAfter[i], actual.scopeAfter[i])) return false;
+  }
+  for (std::size_t j = 0; j < predicted.values.size(); ++j) {
+    if (!SameValue(predicted.values[j], actual.values[j])) return false;
+  }
+  return true;
+}
+
+// The common checks of a copy: it continues the trace exactly where it stands, its events make
+// the next tensor ids in order and touch only tensors that exist, its holder changes are to
+// older tensors.
+bool Tape::SpanFits(const PredictedSpan& predicted) {
+  const SpanRecord& r = predicted.record;
+  if (r.eventFrom != b_.trace().events.size() || r.partFrom != text().partCount() || r.dimFrom != text().dimCount() ||
+      r.idFrom != static_cast<int>(b_.tensorCount())) {
+    return false;
+  }
+  int nextId = r.idFrom;
+  for (const Event& e : predicted.events) {
+    if (e.kind == EventKind::Alloc) {
+      if (e.tensorId != nextId++) return false;
+    } else if (e.tensorId < 0 || e.tensorId >= nextId) {
+      return false;
+    }
+  }
+  if (nextId != r.idTo || r.holders.size() != static_cast<std::size_t>(r.idTo - r.idFrom)) return false;
+  for (const auto& [id, delta] : r.touches) {
+    if (id < 0 || id >= r.idFrom) return false;
+  }
+  return true;
+}
+
+// The copy's holder changes against the live holder counts (from speed8's TouchesConsistent,
+// a3bba7b): every older tensor the copy lets go of to none must be one whose Free it copies, and
+// no other; none may go below zero.
+bool Tape::TouchesConsistent(const PredictedSpan& predicted) const {
+  const SpanRecord& r = predicted.record;
+  std::vector<std::pair<int, int>> total = r.touches;
+  std::sort(total.begin(), total.end());
+  std::vector<int> freed;
+  for (const Event& e : predicted.events) {
+    if (e.kind == EventKind::Free && e.tensorId < r.idFrom) freed.push_back(e.tensorId);
+  }
+  std::sort(freed.begin(), freed.end());
+  for (std::size_t j = 0; j < total.size();) {
+    const int id = total[j].first;
+    int holders = b_.Holders(id);
+    for (; j < total.size() && total[j].first == id; ++j) holders += total[j].second;
+    if (holders < 0 || (holders == 0) != std::binary_search(freed.begin(), freed.end(), id)) return false;
+  }
+  for (int id : freed) {
+    const auto it = std::lower_bound(total.begin(), total.end(), std::pair<int, int>{id, -2});
+    if (it == total.end() || it->first != id) return false;
+  }
+  return true;
+}
+
+// Forward templates under checkpointing. A checkpointed block's forward runs without recording
+// (Tape::Checkpoint): it leaves events, texts, new tensors and their holders, holder changes of
+// older tensors (its input, the rotary tables), the values it made (ids, storages, names), the
+// parameter leaves it made (Parameters' cache), autocast's cached weight copies, the scope and
+// the layer. Block k+1's forward leaves the same with every id, text position, layer and
+// parameter index moved by a constant, so the spans are recorded, predicted and checked as the
+// backward spans are (RunCheckpointSpan), and copied once a prediction matched a simulated one.
+// Refused with activation offloading (the pack hooks), a layer hook (sharding engines),
+// op-level selective checkpointing (the kept outputs) and in a recompute.
+Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block) {
+  if (forwardChecked_ && forwardSpans_.size() >= 2) {
+    const bool next = forwardTemplate_.ready
+                          ? AdvanceTemplate(forwardTemplate_)
+                          : BuildTemplate(forwardTemplate_, forwardSpans_[forwardSpans_.size() - 2], forwardSpans_.back());
+    Values outs;
+    if (next && ApplyForward(forwardTemplate_.span, outs)) return outs;
+    ForgetForwardSpans();
+  }
+  if (layerSignature_.empty()) ComputeLayerSignatures();
+  SpanRecord r;
+  r.forward = true;
+  r.layer = layer_;
+  const Trace& trace = b_.trace();
+  r.eventFrom = trace.events.size();
+  r.partFrom = text().partCount();
+  r.dimFrom = text().dimCount();
+  r.idFrom = static_cast<int>(b_.tensorCount());
+  r.valueFrom = static_cast<int>(values_.size());
+  const std::size_t nodesBefore = nodes_.size(), castFrom = cache().cached.size();
+  b_.RecordTouches(r.idFrom);
+  leafLog_ = &r.leaves;
+  Values outs = block(*this, inputs);
+  leafLog_ = nullptr;
+  r.touches = b_.touches();
+  b_.RecordTouches(-1);
+  r.eventTo = trace.events.size();
+  r.partTo = text().partCount();
+  r.dimTo = text().dimCount();
+  r.idTo = static_cast<int>(b_.tensorCount());
+  r.valueTo = static_cast<int>(values_.size());
+  r.values.assign(values_.begin() + r.valueFrom, values_.end());  // as the span left them
+  r.holders.reserve(static_cast<std::size_t>(r.idTo - r.idFrom));
+  for (int id = r.idFrom; id < r.idTo; ++id) r.holders.push_back(b_.Holders(id));
+  const CastCache& c = cache();
+  for (std::size_t j = castFrom; j < c.cached.size(); ++j) {
+    r.casts.push_back({c.cached[j], c.byParameter[static_cast<std::size_t>(c.cached[j])]});
+  }
+  r.scopeAfter = {scope_, scopeColon_, scopeDot_, scopeSpace_};
+  r.layerAfter = layer_;
+  r.outs = outs;
+  // A node or a kept output would be state a copy does not make.
+  if (nodes_.size() != nodesBefore || !sacBuilding_.empty() || c.cached.size() < castFrom) {
+    ForgetForwardSpans();
+    return outs;
+  }
+  forwardSpans_.push_back(std::move(r));
+  if (forwardSpans_.size() > 3) forwardSpans_.erase(forwardSpans_.begin());
+  if (!forwardChecked_ && forwardSpans_.size() == 3) {
+    PredictedSpan predicted;
+    forwardChecked_ = Predict(forwardSpans_[0], forwardSpans_[1], predicted) &&
+                      SameAsSimulated(predicted, forwardSpans_[2]);
+  }
+  return outs;
+}
+
+void Tape::ForgetForwardSpans() {
+  forwardSpans_.clear();
+  forwardChecked_ = false;
+  forwardTemplate_.ready = false;
+}
+
+bool Tape::ApplyForward(const PredictedSpan& predicted, Values& outs) {
+  const SpanRecord& r = predicted.record;
+  if (!SpanFits(predicted) || r.layer != layer_ || r.valueFrom != static_cast<int>(values_.size()) ||
+      predicted.values.size() != static_cast<std::size_t>(r.valueTo - r.valueFrom) || !TouchesConsistent(predicted)) {
+    return false;
+  }
+  const auto inRange = [&r](int v) { return v >= r.valueFrom && v < r.valueTo; };
+  for (const Value& v : predicted.values) {
+    if (v.storage >= r.idTo || v.parameter >= static_cast<int>(parameterCount_)) return false;
+  }
+  CastCache& c = cache();
+  for (const auto& [parameter, value] : r.casts) {
+    if (parameter < 0 || static_cast<std::size_t>(parameter) >= c.byParameter.size() || !inRange(value) ||
+        c.byParameter[static_cast<std::size_t>(parameter)] != kNoValue) {
+      return false;
+    }
+  }
+  for (const auto& [parameter, value] : r.leaves) {
+    if (parameter < 0 || static_cast<std::size_t>(parameter) >= leaves_->size() || !inRange(value) ||
+        (*leaves_)[static_cast<std::size_t>(parameter)] != kNoValue) {
+      return false;
+    }
+  }
+  for (ValueId v : r.outs) if (!inRange(v)) return false;
+  text().AppendRaw(predicted.parts, predicted.dims);
+  b_.AppendCopied(predicted.events, r.holders);
+  for (const auto& [id, delta] : r.touches) b_.AddHolders(id, delta);
+  values_.insert(values_.end(), predicted.values.begin(), predicted.values.end());
+  for (const auto& [parameter, value] : r.casts) {
+    c.byParameter[static_cast<std::size_t>(parameter)] = value;
+    c.cached.push_back(parameter);
+  }
+  for (const auto& [parameter, value] : r.leaves) (*leaves_)[static_cast<std::size_t>(parameter)] = value;
+  scope_ = r.scopeAfter[0];
+  scopeColon_ = r.scopeAfter[1];
+  scopeDot_ = r.scopeAfter[2];
+  scopeSpace_ = r.scopeAfter[3];
+  layer_ = r.layerAfter;
+  outs = r.outs;
+  ++gForwardCopies;
   return true;
 }
 

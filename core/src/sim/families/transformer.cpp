@@ -31,7 +31,7 @@ class TransformerPass final : public ModelPass {
  public:
   TransformerPass(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names,
                   const Regime& regime, const PipelineChunk& chunk = {})
-      : chunk_(chunk), a_(setup.model.architecture), t_(EffectiveTraining(setup)), regime_(regime), b_(setup.training.batchSize),
+      : chunk_(chunk), inventory_(inventory), a_(setup.model.architecture), t_(EffectiveTraining(setup)), regime_(regime), b_(setup.training.batchSize),
         s_(setup.training.sequenceLength),
         parameters_(inventory, names, regime.weights, setup.finetune.computeDType),
         parameterCount_(inventory.parameters.size()),
@@ -57,6 +57,7 @@ class TransformerPass final : public ModelPass {
       tape_->SetOffload(&*offload_);
     }
     parameters_.Reset();
+    tape_->SetForwardTemplates(&inventory_, &parameters_.leaves());
     model_.emplace(Model{*tape_, a_, t_, parameters_, b_, s_, &finetune_});
     model_->sequenceShards = sequenceShards_;
     model_->contextShards = contextShards_;
@@ -241,6 +242,7 @@ class TransformerPass final : public ModelPass {
   }
 
   PipelineChunk chunk_;
+  const Inventory& inventory_;  // the blocks' parameters, for forward templates
   ValueId sent_ = kNoValue;  // a pipeline chunk's send node (its backward receives the gradient)
   std::optional<ActivationOffload> offload_;  // declared first: the tape points at it
   const ArchitectureDef& a_;
