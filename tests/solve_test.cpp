@@ -185,7 +185,7 @@ TEST_CASE("the model states bound every device peak from below", "[solve]") {
   CHECK(checked >= 80);
 }
 
-TEST_CASE("model states past the capacity: no size fits and the combination's peak is simulated", "[solve]") {
+TEST_CASE("model states past the capacity: no size fits and what cannot fit is listed by its floor", "[solve]") {
   // GPT-2 in fp32 with AdamW: 124 M parameters × 16 B = 2.0 GB of model states, on a 1.5 GiB card.
   Setup s = Gpt2(2, 512, 1.5);
   s.training.precision = Precision::FP32;

@@ -475,7 +475,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
       }
       // A step whose model states alone pass the capacity cannot fit: it is
       // taken unsimulated (only the last step's peak is reported, and only a fit ends the loop),
-      // and the combination is simulated once at the end if its last step was such a one.
+      // and a combination whose last step was such a one is listed by that step's floor.
       std::optional<std::int64_t> peak;
       bool simulated = true;
       const std::int64_t nextBound = boundOf(next, s.changedFields, comboBound);
@@ -501,8 +501,11 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
       if (*peak <= capacity) break;
     }
     if (labels.size() > 1 && !comboSimulated) {
-      // Validated when its bound was taken, so the estimate runs.
-      if (const auto peak = peakOf(combo.setup)) combo.peakBytes = *peak;
+      // Its last step was left unsimulated because that step's model states alone pass the
+      // capacity, and combo.peakBytes is their sum: the combination cannot fit either, and is
+      // listed by that floor like a single change (a 405B model on one GPU: one simulation
+      // fewer).
+      combo.peakIsLowerBound = true;
     }
     if (labels.size() > 1) {
       combo.fits = combo.peakBytes <= capacity;
