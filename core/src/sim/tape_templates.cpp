@@ -488,22 +488,7 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
 bool Tape::ApplyPredicted(int index, const PredictedSpan& predicted) {
   const SpanRecord& r = predicted.record;
   // The prediction must continue the trace exactly where it stands, for the block it predicts.
-  if (nodes_[static_cast<std::size_t>(index)].layer != r.layer ||r.eventFrom != b_.trace().events.size() || r.partFrom != text().partCount() || r.dimFrom != text().dimCount() ||
-      r.idFrom != static_cast<int>(b_.tensorCount())) {
-    return false;
-  }
-  int nextId = r.idFrom;
-  for (const Event& e : predicted.events) {
-    if (e.kind == EventKind::Alloc) {
-      if (e.tensorId != nextId++) return false;
-    } else if (e.tensorId < 0 || e.tensorId >= nextId) {
-      return false;
-    }
-  }
-  if (nextId != r.idTo || r.holders.size() != static_cast<std::size_t>(r.idTo - r.idFrom)) return false;
-  for (const auto& [id, delta] : r.touches) {
-    if (id < 0 || id >= r.idFrom) return false;
-  }
+  if (nodes_[static_cast<std::size_t>(index)].layer != r.layer || !SpanFits(predicted)) return false;
   for (const auto& [parameter, grad] : r.grads) {
     if (sink_->handles()[static_cast<std::size_t>(parameter)] != kNoTensor || grad < r.idFrom || grad >= r.idTo) return false;
   }
