@@ -153,12 +153,21 @@ test('views: heat map, curves and GPU matrix show the core\'s numbers for a pres
 });
 
 test('the page answers typing while the solver runs in the worker, and drops stale results', async () => {
-  const big = { model: { kind: 'transformer', preset: 'llama-2-7b' }, training: { batchSize: 2, sequenceLength: 2048, precision: 'bf16Mixed' }, gpu: { id: 'nvidia-a100-80' } };
+  // Pure bf16: the model states (56 GB) fit the A100, so the solver simulates its searches and
+  // changes (in bf16 mixed they pass 80 GB and the solver answers from their bounds at once).
+  const big = { model: { kind: 'transformer', preset: 'llama-2-7b' }, training: { batchSize: 2, sequenceLength: 2048, precision: 'bf16' }, gpu: { id: 'nvidia-a100-80' } };
   const { page, finish } = await openPage(urlFor(big));
   // Solve starts from an estimated setup: on a loaded machine the first estimate may still run.
   await page.waitForSelector('#results[data-state=ok]', WAIT);
+  // Watched from before the click, on every change of the attribute: a fast machine may finish
+  // the search before a polling wait would look.
+  await page.evaluate(() => {
+    const solve = document.querySelector('#solve');
+    new MutationObserver(() => { if (solve.getAttribute('aria-busy') === 'true') window.sawSolveBusy = true; })
+      .observe(solve, { attributes: true, attributeFilter: ['aria-busy'] });
+  });
   await page.click('#solve-run');
-  await page.waitForFunction(() => document.querySelector('#solve').getAttribute('aria-busy') === 'true', null, WAIT);
+  await page.waitForFunction(() => window.sawSolveBusy === true, null, WAIT);
   // While the search runs, the page's thread is free: each keystroke's round trip is short.
   const gaps = [];
   await page.focus('#batchSize');
