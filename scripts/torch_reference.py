@@ -484,14 +484,18 @@ class MegatronVocabParallelCrossEntropy(torch.autograd.Function):
     """Megatron-LM's _VocabParallelCrossEntropy (megatron/core/tensor_parallel/cross_entropy.py,
     d98e8a6: VocabParallelCrossEntropy.calculate_logits_max, calculate_predicted_logits,
     calculate_cross_entropy_loss, prepare_gradient_calculation_operands, calculate_gradients;
-    forward l.121-183, backward l.186-210) on one tensor-parallel rank (t = 1: the vocabulary
-    range is the whole slice and the all-reduces, in place, change nothing), no label smoothing."""
+    forward l.121-183, backward l.186-210) on one tensor-parallel rank, no label smoothing.
+    `vocab_start_index` is where the rank's slice of the vocabulary starts; `all_reduce(tensor,
+    op)` is Megatron's in-place all-reduce over the tensor-parallel group (None with t = 1, where
+    the slice is the whole vocabulary and the all-reduces change nothing)."""
 
     @staticmethod
-    def forward(ctx, vocab_parallel_logits, target):
+    def forward(ctx, vocab_parallel_logits, target, vocab_start_index=0, all_reduce=None):
+        reduce = all_reduce or (lambda tensor, op: None)
         vocab_parallel_logits = vocab_parallel_logits.float()
         logits_max = torch.max(vocab_parallel_logits, dim=-1)[0]
-        vocab_start_index, vocab_end_index = 0, vocab_parallel_logits.size(-1)
+        reduce(logits_max, "max")
+        vocab_end_index = vocab_start_index + vocab_parallel_logits.size(-1)
         vocab_parallel_logits -= logits_max.unsqueeze(dim=-1)
         target_mask = (target < vocab_start_index) | (target >= vocab_end_index)
         masked_target = target.clone() - vocab_start_index
@@ -504,9 +508,11 @@ class MegatronVocabParallelCrossEntropy(torch.autograd.Function):
         predicted_logits_1d = predicted_logits_1d.clone().contiguous()
         predicted_logits = predicted_logits_1d.view_as(target)
         predicted_logits[target_mask] = 0.0
+        reduce(predicted_logits, "sum")
         exp_logits = vocab_parallel_logits
         torch.exp(vocab_parallel_logits, out=exp_logits)
         sum_exp_logits = exp_logits.sum(dim=-1)
+        reduce(sum_exp_logits, "sum")
         del logits_2d, arange_1d, predicted_logits_1d, masked_target, vocab_parallel_logits
         loss = torch.log(sum_exp_logits) - predicted_logits
         exp_logits.div_(sum_exp_logits.unsqueeze(dim=-1))
@@ -523,17 +529,17 @@ class MegatronVocabParallelCrossEntropy(torch.autograd.Function):
         softmax_update = 1.0 - target_mask.view(-1).float()
         grad_2d[arange_1d, masked_target_1d] -= softmax_update
         grad_input.mul_(grad_output.unsqueeze(dim=-1))
-        return grad_input, None
+        return grad_input, None, None, None
 
 
-def megatron_language_model_loss(logits, labels):
+def megatron_language_model_loss(logits, labels, vocab_start_index=0, all_reduce=None):
     """GPTModel's loss: LanguageModule.compute_language_model_loss (language_module.py l.172,
     l.200, l.205), then pretrain_gpt.py loss_func (l.254-256) with the batch's fp32 loss_mask
     (made here, with the loss). Megatron's logits are [s, b, V]; the harness's are [b, s, V], so
     the [s, b] labels are viewed as [b, s] (no copy) to meet them: the same bytes, another token
     order (the loss value is not Megatron's; its memory is)."""
     labels = labels.transpose(0, 1).contiguous()
-    loss = MegatronVocabParallelCrossEntropy.apply(logits, labels.view(logits.shape[:-1]))
+    loss = MegatronVocabParallelCrossEntropy.apply(logits, labels.view(logits.shape[:-1]), vocab_start_index, all_reduce)
     del labels
     loss = loss.transpose(0, 1).contiguous()
     loss_mask = torch.ones(loss.shape, dtype=torch.float)

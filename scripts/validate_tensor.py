@@ -1,0 +1,387 @@
+"""Tensor and sequence parallelism on CPU: a small Llama split over gloo ranks as Megatron-LM
+splits it, measured per rank with the byte-exact tracker and compared with the simulated rank.
+
+Each rank holds the Hugging Face Llama layers (scripts/torch_reference.py) at the rank's widths:
+heads, key/value heads and the MLP width divided by t, the vocabulary padded to a multiple of
+128·t (megatron/training/tokenizer `_vocab_size_with_padding`) and divided by t. Around them, the
+communication is written as Megatron writes it (megatron/core/tensor_parallel/mappings.py,
+layers.py, cross_entropy.py):
+
+- tensor parallelism alone: `copy_to_tensor_model_parallel_region` before every column-parallel
+  linear (identity; its backward all-reduces the gradient in place) and
+  `reduce_from_tensor_model_parallel_region` after every row-parallel one (an in-place
+  all-reduce); `VocabParallelEmbedding` masks the ids outside the rank's slice and all-reduces;
+- with `--sequence-parallel`: the hidden states between the linears hold s/t tokens; a
+  column-parallel linear is `LinearWithGradAccumulationAndAsyncCommunication` with
+  sequence_parallel=True (all-gathers its input into the global memory buffer "mpu", saves the
+  sharded input, gathers it again in backward, makes the full grad_input and reduce-scatters it
+  into a new s/t gradient); a row-parallel linear ends with
+  `reduce_scatter_to_sequence_parallel_region` (a new s/t tensor; its backward all-gathers into
+  a new full one), as does the embedding (`reduce_scatter_embeddings`, no learned positions);
+- the loss is Megatron's `vocab_parallel_cross_entropy` over the rank's logits, its three
+  all-reduces in place.
+
+Megatron keeps activations as [s, b, h]; here they are Hugging Face's [b, s, h] with b = 1, where
+a slice along the sequence is contiguous as Megatron's [s/t, b, h] shard is, so the gathers and
+scatters write into views and the memory is Megatron's. gloo has no _all_gather_base or
+_reduce_scatter_base on torch 1.13: with two ranks each is written as one isend and one recv
+into the destination (the reduce-scatter adds the rank's own part in place), which allocates
+nothing, as NCCL's collectives allocate nothing from the caching allocator.
+
+Usage: /usr/bin/python3 scripts/validate_tensor.py [--cli PATH] [--only NAME]
+"""
+import argparse
+import copy
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+from torch.profiler import record_function
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_reference as R  # noqa: E402
+import validate as V  # noqa: E402
+from validate_parallel import free_port  # noqa: E402
+
+TP = {"rank": 0, "world": 1}
+
+
+def peer():
+    return 1 - TP["rank"]
+
+
+def all_reduce(tensor, op="sum"):
+    """An in-place all-reduce of two ranks: ours sent, the peer's received into a scratch buffer
+    made before the measurement (as NCCL's own buffers are outside the caching allocator), then
+    combined in place. gloo's dist.all_reduce would do the same arithmetic, but its worker thread
+    keeps a reference to the tensor until it retires the work, at a racy time after wait(): the
+    tracker then saw one to three all-reduced [1, s, h] tensors outlive their last use."""
+    received = TP["scratch"][:tensor.numel()].view(tensor.shape)
+    work = dist.isend(tensor, peer())
+    dist.recv(received, peer())
+    work.wait()
+    if op == "max":
+        torch.maximum(tensor, received, out=tensor)
+    else:
+        tensor.add_(received)
+
+
+def seq_slice(tensor, rank):
+    """The rank's s/t tokens of a [1, s, ...] tensor: a contiguous view."""
+    n = tensor.shape[1] // TP["world"]
+    return tensor[:, rank * n:(rank + 1) * n]
+
+
+def all_gather_into(full, shard):
+    """dist._all_gather_base(full, shard) for two ranks: full's own slice copied in place, the
+    peer's received into its slice."""
+    seq_slice(full, TP["rank"]).copy_(shard)
+    work = dist.isend(shard.contiguous(), peer())
+    dist.recv(seq_slice(full, peer()), peer())
+    work.wait()
+
+
+def reduce_scatter_into(shard, full):
+    """dist._reduce_scatter_base(shard, full) for two ranks: the peer's part of our full tensor
+    sent, the peer's part of ours received into `shard`, then our own part added in place."""
+    work = dist.isend(seq_slice(full, peer()).contiguous(), peer())
+    dist.recv(shard, peer())
+    shard.add_(seq_slice(full, TP["rank"]))
+    work.wait()
+
+
+class GlobalMemoryBuffer:
+    """megatron/core/utils.py GlobalMemoryBuffer.get_tensor: one flat tensor per (name, dtype),
+    made at the first request and replaced only by a larger one; requests are views of it."""
+
+    def __init__(self):
+        self.buffer = {}
+
+    def get_tensor(self, shape, dtype, name):
+        required = 1
+        for d in shape:
+            required *= d
+        key = (name, dtype)
+        if key not in self.buffer or self.buffer[key].numel() < required:
+            self.buffer[key] = torch.empty(required, dtype=dtype)
+        return self.buffer[key][0:required].view(*shape)
+
+
+MPU_BUFFER = GlobalMemoryBuffer()
+
+
+class CopyToTensorParallelRegion(torch.autograd.Function):
+    """mappings.py _CopyToModelParallelRegion: identity; backward all-reduces in place."""
+
+    @staticmethod
+    def forward(ctx, input_):
+        return input_
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        all_reduce(grad_output)
+        return grad_output
+
+
+class ReduceFromTensorParallelRegion(torch.autograd.Function):
+    """mappings.py _ReduceFromModelParallelRegion: an in-place all-reduce; backward identity."""
+
+    @staticmethod
+    def forward(ctx, input_):
+        all_reduce(input_)
+        return input_
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output
+
+
+class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
+    """mappings.py _ReduceScatterToSequenceParallelRegion: `_reduce_scatter_along_first_dim`
+    makes a new [s/t] tensor; backward `_gather_along_first_dim` a new [s] one."""
+
+    @staticmethod
+    def forward(ctx, input_):
+        shape = list(input_.shape)
+        shape[1] //= TP["world"]
+        output = torch.empty(shape, dtype=input_.dtype)
+        reduce_scatter_into(output, input_.contiguous())
+        return output
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        shape = list(grad_output.shape)
+        shape[1] *= TP["world"]
+        output = torch.empty(shape, dtype=grad_output.dtype)
+        all_gather_into(output, grad_output.contiguous())
+        return output
+
+
+class SequenceParallelLinear(torch.autograd.Function):
+    """layers.py LinearWithGradAccumulationAndAsyncCommunication with sequence_parallel=True, no
+    bias, gradient_accumulation_fusion off: forward gathers the input into the "mpu" buffer and
+    saves the sharded input; backward gathers it again, makes grad_input = grad_output @ weight,
+    reduce-scatters it into a new sub_grad_input, then grad_weight = grad_outputᵀ @ total_input."""
+
+    @staticmethod
+    def forward(ctx, input_, weight):
+        ctx.save_for_backward(input_, weight)
+        shape = list(input_.shape)
+        shape[1] *= TP["world"]
+        total_input = MPU_BUFFER.get_tensor(shape, input_.dtype, "mpu")
+        all_gather_into(total_input, input_)
+        return torch.matmul(total_input, weight.t())
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        input_, weight = ctx.saved_tensors
+        shape = list(input_.shape)
+        shape[1] *= TP["world"]
+        total_input = MPU_BUFFER.get_tensor(shape, input_.dtype, "mpu")
+        all_gather_into(total_input, input_)
+        grad_input = grad_output.matmul(weight)
+        # prepare_input_tensors_for_wgrad_compute: views as [s·b, ·].
+        grad_output = grad_output.contiguous()
+        grad_output_2d = grad_output.view(-1, grad_output.shape[-1])
+        total_input_2d = total_input.view(-1, total_input.shape[-1])
+        sub_grad_input = torch.empty(input_.shape, dtype=input_.dtype)
+        reduce_scatter_into(sub_grad_input, grad_input)
+        grad_weight = grad_output_2d.t().matmul(total_input_2d)
+        return sub_grad_input, grad_weight
+
+
+def column_parallel(linear, x, sp):
+    if sp:
+        return SequenceParallelLinear.apply(x, linear.weight)
+    return linear(CopyToTensorParallelRegion.apply(x))
+
+
+def row_parallel(linear, x, sp):
+    out = linear(x)
+    if sp:
+        return ReduceScatterToSequenceParallelRegion.apply(out)
+    return ReduceFromTensorParallelRegion.apply(out)
+
+
+def padded_vocab(vocab, t):
+    multiple = 128 * t
+    return (vocab + multiple - 1) // multiple * multiple
+
+
+class TensorParallelLlama(nn.Module):
+    """One tensor-parallel rank of LlamaForCausalLM (untied head)."""
+
+    def __init__(self, cfg, rank, t, sp):
+        super().__init__()
+        self.cfg, self.rank, self.t, self.sp = cfg, rank, t, sp
+        self.rank_vocab = padded_vocab(cfg.vocab, t) // t
+        self.rank_cfg = copy.copy(cfg)
+        self.rank_cfg.heads, self.rank_cfg.kv_heads = cfg.heads // t, cfg.kv_heads // t
+        self.embed_tokens = nn.Embedding(self.rank_vocab, cfg.hidden, dtype=torch.float32)
+        self.layers = nn.ModuleList()
+        for _ in range(cfg.layers):
+            layer = nn.Module()
+            layer.self_attn = R.LlamaAttention(self.rank_cfg, torch.float32, "cpu")
+            layer.mlp = R.LlamaMLP(cfg, cfg.inter // t, torch.float32, "cpu")
+            layer.input_layernorm = R.LlamaRMSNorm(cfg.hidden, cfg.rms_eps, torch.float32, "cpu")
+            layer.post_attention_layernorm = R.LlamaRMSNorm(cfg.hidden, cfg.rms_eps, torch.float32, "cpu")
+            self.layers.append(layer)
+        self.norm = R.LlamaRMSNorm(cfg.hidden, cfg.rms_eps, torch.float32, "cpu")
+        self.lm_head = nn.Linear(cfg.hidden, self.rank_vocab, bias=False, dtype=torch.float32)
+        self.rotary_emb = R.LlamaRotaryEmbedding(cfg, "cpu")
+
+    def embed(self, input_ids):
+        """layers.py VocabParallelEmbedding.forward."""
+        start = self.rank * self.rank_vocab
+        input_mask = (input_ids < start) | (input_ids >= start + self.rank_vocab)
+        masked_input = input_ids.clone() - start
+        masked_input[input_mask] = 0
+        output_parallel = self.embed_tokens(masked_input)
+        output_parallel[input_mask, :] = 0.0
+        del input_mask, masked_input
+        if self.sp:
+            return ReduceScatterToSequenceParallelRegion.apply(output_parallel)
+        return ReduceFromTensorParallelRegion.apply(output_parallel)
+
+    def attention(self, attn, x, mask, cos, sin):
+        """R.LlamaAttention.forward with the column- and row-parallel mappings."""
+        cfg = self.rank_cfg
+        q = column_parallel(attn.q_proj, x, self.sp)
+        k = column_parallel(attn.k_proj, x, self.sp)
+        v = column_parallel(attn.v_proj, x, self.sp)
+        b, s = q.shape[:2]
+        shape = (b, s, -1, cfg.head_dim)
+        q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
+        q, k = R.apply_rotary_pos_emb(q, k, cos, sin)
+        out = R.attention_core(cfg, q, k, v, mask, n_rep=cfg.heads // cfg.kv_heads, causal=True)
+        del q, k, v
+        out = out.reshape(b, s, -1).contiguous()
+        return row_parallel(attn.o_proj, out, self.sp)
+
+    def mlp(self, mlp, x):
+        gate = column_parallel(mlp.gate_proj, x, self.sp)
+        up = column_parallel(mlp.up_proj, x, self.sp)
+        return row_parallel(mlp.down_proj, R.activation(mlp.act, gate) * up, self.sp)
+
+    def forward(self, input_ids, labels):
+        cfg = self.cfg
+        s = input_ids.shape[1]
+        hidden_states = self.embed(input_ids)
+        mask = R.decoder_eager_mask(1, s, hidden_states.dtype) if cfg.attention == "eager" else None
+        cos, sin = self.rotary_emb(hidden_states, torch.arange(s).unsqueeze(0))
+        for layer in self.layers:
+            residual = hidden_states
+            hidden_states = self.attention(layer.self_attn, layer.input_layernorm(hidden_states), mask, cos, sin)
+            hidden_states = residual + hidden_states
+            residual = hidden_states
+            hidden_states = self.mlp(layer.mlp, layer.post_attention_layernorm(hidden_states))
+            hidden_states = residual + hidden_states
+            del residual
+        del mask, cos, sin
+        hidden_states = self.norm(hidden_states)
+        logits = column_parallel(self.lm_head, hidden_states, self.sp)
+        del hidden_states
+        loss = R.megatron_language_model_loss(logits, labels, self.rank * self.rank_vocab, all_reduce)
+        return loss
+
+
+def measure_rank(rank, world, setup, port, out_path):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    TP["rank"], TP["world"] = rank, world
+    cfg = R.read_config(setup)
+    t = setup["training"]
+    p = setup["parallel"]
+    b, s = t["batchSize"], t["sequenceLength"]
+    assert b == 1, "the shards are contiguous views only with b = 1"
+    torch.manual_seed(0)  # the same batch on every rank of the group
+    TP["scratch"] = torch.empty(b * s * cfg.hidden, dtype=torch.float32)  # before the tracker starts
+    state = {}
+
+    def run():
+        with record_function("gpumem:init"):
+            model = TensorParallelLlama(cfg, rank, world, p.get("sequenceParallel", False))
+            params = list(model.parameters())
+            opt = V.make_optimizer(t["optimizer"], t["optimizerImplementation"], params)
+        for step in (1, 2):
+            input_ids = torch.randint(0, cfg.vocab, (b, s))
+            labels = torch.randint(0, cfg.vocab, (b, s))
+            with record_function(f"gpumem:forward:{step}"):
+                loss = model(input_ids, labels)
+            with record_function(f"gpumem:backward:{step}"):
+                loss.backward()
+                del loss
+            if step == 1:
+                state["gradients"] = sum(q.grad.numel() * q.grad.element_size() for q in params if q.grad is not None)
+            with record_function(f"gpumem:optimizerStep:{step}"):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            del input_ids, labels
+        state["parameters"] = sum(q.numel() * q.element_size() for q in params)
+        state["optimizerStates"] = sum(v.numel() * v.element_size() for st in opt.state.values()
+                                       for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+        state["keep"] = (model, opt)
+
+    memory, ranges = R.fast_allocation_events(run)
+    del state["keep"]
+    state["peak"], state["phasePeaks"] = V.summarise(memory, ranges)
+    with open(f"{out_path}.{rank}", "w") as f:
+        json.dump(state, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def case(name, sp, seq=512, attention="eager", **arch_fields):
+    setup = R.transformer_setup(V.arch("llama", **arch_fields), batch=1, seq=seq, attention=attention)
+    setup["training"]["lossImplementation"] = "megatronVocabParallel"
+    setup["parallel"] = {"tensorParallel": 2, "sequenceParallel": sp}
+    return name, setup
+
+
+CASES = [
+    case("llama-tp2", False),
+    case("llama-tp2-sp", True),
+    case("llama-tp2-sdpa", False, attention="sdpa"),
+    case("llama-tp2-sp-sdpa", True, attention="sdpa"),
+    # Grouped-query attention: 8 query heads over 4 key/value heads, 4 and 2 on each rank.
+    case("llama-gqa-tp2-sp", True, numKeyValueHeads=4),
+]
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cli", default=os.path.join(V.ROOT, "build/native/cli/gpumem"))
+    parser.add_argument("--only")
+    args = parser.parse_args()
+    worst, exact_all = 0.0, True
+    for name, setup in CASES:
+        if args.only and args.only not in name:
+            continue
+        world = setup["parallel"]["tensorParallel"]
+        with tempfile.TemporaryDirectory() as tmp:
+            mp.spawn(measure_rank, args=(world, setup, free_port(), os.path.join(tmp, "rank")), nprocs=world, join=True)
+            with open(os.path.join(tmp, "rank.0")) as f:
+                got = json.load(f)
+        pred = V.predict(args.cli, setup)
+        states = all(pred[k] == got[k] for k in ("parameters", "gradients", "optimizerStates"))
+        exact_all &= states
+        err = V.pct(pred["peak"], got["peak"])
+        worst = max(worst, abs(err))
+        phases = "  ".join(f"{ph} {V.pct(pred['phasePeaks'].get(ph, 0), got['phasePeaks'][ph]):+.2f}%"
+                           for ph in V.PHASES if got["phasePeaks"].get(ph))
+        print(f"{name:20} states {'exact' if states else 'DIFF ' + str({k: (pred[k], got[k]) for k in ('parameters', 'gradients', 'optimizerStates')})}"
+              f"  peak predicted {pred['peak']:>12,} measured {got['peak']:>12,} ({err:+.2f}%, "
+              f"{pred['peak'] - got['peak']:+,} B)  phases: {phases}")
+    print(f"\nworst peak |error| {worst:.2f}%")
+    sys.exit(0 if exact_all and worst <= 5.0 else 1)
+
+
+if __name__ == "__main__":
+    main()
