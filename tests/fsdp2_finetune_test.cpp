@@ -146,6 +146,11 @@ TEST_CASE("FSDP2 LoRA: one block's all-gather and reduce-scatter in the trace", 
   // The root (embeddings, final norm, head) is wholly frozen: gathered, never reduced.
   CHECK(FirstIndex(e, "all-gather of root unit") >= 0);
   CHECK(FirstIndex(e, "reduce-scatter input of root unit") == -1);
+  // Backward ends in block 0 (no gradient flows into the frozen embedding): the root scope the
+  // step returns to afterwards is no forward, so nothing is gathered until the next forward.
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.phase == Phase::OptimizerStep) CHECK(p.label.find("all-gather") == std::string::npos);
+  }
 
   // reduce_dtype=float32 (torchtitan's MixedPrecisionPolicy): the input and the shard in fp32,
   // then cast to the bf16 shard's dtype.

@@ -155,6 +155,10 @@ void ParallelStep::Free(TraceBuilder& b, int unit) {
 
 void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   if (!gathers_) return;
+  // With frozen weights backward can end inside a block (no gradient flows into a frozen
+  // embedding), so the tape's return to the root scope at the end of the step is no forward:
+  // FSDP2 gathers nothing between the end of backward and the next forward.
+  if (reduceOnNextBlock_ && !backward && backwardEnded_) return;
   const int unit = layer < 0 ? 0 : layer + 1;
   const int units = static_cast<int>(gathered_.size());
   const int blocks = static_cast<int>(plan_.unitElements.size());
@@ -534,6 +538,7 @@ void ParallelStep::ReduceScatterFsdp2(TraceBuilder& b, int unit) {
 
 void ParallelStep::ForwardStart(TraceBuilder& b) {
   forwardSawBlock_ = false;
+  backwardEnded_ = false;
   const int blocks = static_cast<int>(plan_.unitElements.size());
   if (static_cast<int>(gathered_.size()) > blocks + 1) Gather(b, blocks + 1, false);  // the embedding unit
 }
@@ -605,6 +610,7 @@ void ParallelStep::ReduceScatterFlat(TraceBuilder& b, TensorHandle& full, std::i
 
 void ParallelStep::EndBackward(TraceBuilder& b) {
   TextStore& text = b.text();
+  backwardEnded_ = true;
   if (pipelineNoSync_) {
     // The micro-batch's remaining post_backwards (the open unit, then the root), without sync;
     // after the stage's last backward the deferred reshard and reduce-scatter.
