@@ -203,9 +203,12 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   if (!pipelineNoSync_) for (int u = unit + 1; u <= blocks; ++u) Free(b, u);
   if (reduceOnNextBlock_ && unit > 0 && openUnit_ > 0 && openUnit_ != unit) {
     // FSDP2 with frozen weights: the finished block's post_backward (reshard, then foreach_reduce)
-    // runs when its inputs' gradients are ready (_fsdp_state.py _register_pre_backward_hook /
-    // RegisterPostBackwardFunction), i.e. before this block's backward, not at its first trainable
-    // gradient, which with adapters on q/v only comes late (or never, in a frozen block).
+    // runs when its forward inputs' gradients are ready (_fsdp_param_group.py
+    // _register_post_backward_hook: RegisterPostBackwardFunction on the inputs that require grad),
+    // i.e. before this block's backward, not at this block's first trainable gradient, which with
+    // adapters on q/v only comes late (or never, in a frozen block). A block whose inputs need no
+    // gradient (block 0 under a frozen embedding) is reduced by _root_post_backward_final_callback
+    // (EndBackward).
     ReduceScatterUnit(b, openUnit_);
     openUnit_ = -2;
   }
