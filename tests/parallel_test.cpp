@@ -503,8 +503,10 @@ TEST_CASE("Parallel: combinations the sharded step does not simulate are refused
   lora.finetune.adapterDType = AdapterDType::Weights;
   CHECK(Validate(lora).empty());
   lora.parallel.zeroStage = 0;
-  lora.parallel.fsdp = FsdpMode::FullyShard;  // FSDP2 with frozen parameters: not yet
-  CHECK(HasErrorOn(Validate(lora), "parallel.fsdp"));
+  lora.parallel.fsdp = FsdpMode::FullyShard;  // FSDP2 with frozen parameters (fsdp2_finetune_test.cpp)
+  CHECK(Validate(lora).empty());
+  lora.parallel.offload = OffloadKind::Optimizer;  // its CPU offload with adapters: not yet
+  CHECK(HasErrorOn(Validate(lora), "parallel.offload"));
   lora.parallel = ParallelDef{};
   CHECK(Validate(lora).empty());  // one GPU with adapters is simulated
 

@@ -89,7 +89,8 @@ struct ShardPlan {
   // FSDP (use_orig_params=True) with frozen parameters (docs/parallel.md, "Fine-tuning on many
   // GPUs"): the shard elements of units that get a gradient (a unit with no trainable parameter
   // gets none), and the parts of trainable parameters inside rank 0's shard, which are what
-  // torch.optim steps; without fine-tuning every unit and its whole shard.
+  // torch.optim steps; without fine-tuning every unit and its whole shard. FSDP2: the trainable
+  // parameters' own shards (frozen ones are sharded too but get neither gradient nor state).
   std::int64_t gradientShardElements = 0;
   Inventory trainableShardParts;
   // FSDP with parallel.fsdpWrapAdaptersApart (PEFT's fsdp_auto_wrap_policy): every trainable

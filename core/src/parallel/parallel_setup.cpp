@@ -80,6 +80,52 @@ constexpr std::int64_t kMaxRanks = 1'000'000;  // GPUs in one job, far above any
 // DDP (the reducer's buckets cover the trainable parameters only) and ZeRO 1–2 (the flat fp32
 // partition holds them only; frozen and quantized weights stay whole on every rank) are
 // simulated. What is not yet is refused by the field that asks for it.
+// FSDP2 fully_shard with frozen weights and adapters, as torchtune's lora_finetune_distributed
+// recipe runs it (training/_distributed.py shard_model: fully_shard per layer, then the root; the
+// whole model in one dtype, adapters trained, base frozen): simulated with per-parameter shards
+// (docs/parallel.md, "Fine-tuning on many GPUs"). What is not is refused here.
+void ValidateFsdp2Finetune(const Setup& setup, std::vector<FieldError>& errors) {
+  const ParallelDef& p = setup.parallel;
+  const FinetuneDef& f = setup.finetune;
+  auto bad = [&](const char* field, std::string message) {
+    errors.push_back({ErrorCode::InvalidField, std::string("parallel.") + field, std::move(message)});
+  };
+  const Regime regime = RegimeOf(setup.training.precision);
+  // The sharded parameters' dtype: fp32 under a MixedPrecisionPolicy (the model is fp32 and
+  // param_dtype is the gathered copy's), else the weights' dtype.
+  const DType sharded = regime.masterWeights ? DType::FP32 : regime.weights;
+  if (f.quantization == Quantization::Int8) {
+    bad("fsdp", "FSDP2 fully_shard with 8-bit (LLM.int8) weights is not simulated.");
+  } else if (f.quantization != Quantization::None) {
+    // torchtune's QLoRA under FSDP2 keeps the base weights as torchao NF4Tensor
+    // (torchao/dtypes/nf4tensor.py: its own fsdp_pre_all_gather / fsdp_post_all_gather over the
+    // packed codes and the quantized scalers), a layout other than bitsandbytes' Params4bit +
+    // QuantState that the finetune section describes: not simulated.
+    bad("fsdp", "FSDP2 fully_shard with 4-bit weights is not simulated: torchtune's QLoRA stores them as torchao "
+                "NF4Tensor, whose sharded layout differs from bitsandbytes' 4-bit storage; use FSDP (FULL_SHARD) "
+                "for FSDP-QLoRA, or 16-bit weights.");
+  }
+  if (f.lora && f.adapterDType == AdapterDType::FP32 && sharded != DType::FP32) {
+    bad("fsdp", std::string("FSDP2 fine-tuning is simulated with the whole model in one dtype, as torchtune loads it: "
+                            "fp32 adapters beside ") +
+                    DTypeId(sharded) + " weights are not; set the adapters' dtype to the weights' (finetune.adapterDType).");
+  }
+  if (f.prepareForKbitTraining && sharded != DType::FP32) {
+    bad("fsdp", "FSDP2 fine-tuning is simulated with the whole model in one dtype: prepare_model_for_kbit_training's "
+                "fp32 upcasts beside 16-bit weights are not; turn finetune.prepareForKbitTraining off.");
+  }
+  if (p.offload != OffloadKind::None) {
+    bad("offload", "FSDP2 CPUOffloadPolicy with frozen weights or adapters is not simulated yet: turn offload off.");
+  }
+  if (p.fsdpShardEmbeddingsAndHead) {
+    // A frozen output layer of its own would still be gathered in backward for its input's
+    // gradient, with no gradient to reduce: not simulated.
+    bad("fsdpShardEmbeddingsAndHead", "Embedding and output units of their own (custom_sharded_layers) are not "
+                                      "simulated with the finetune section: turn it off (torchtune's LoRA configs "
+                                      "leave it unset).");
+  }
+}
+
 void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& errors) {
   const ParallelDef& p = setup.parallel;
   const FinetuneDef& f = setup.finetune;
@@ -88,7 +134,7 @@ void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& error
   };
   const char* notYet = " with frozen weights, adapters or quantized weights (the finetune section) is not simulated "
                        "yet: use data parallelism (DDP or ZeRO 1–2), or estimate one GPU.";
-  if (p.fsdp == FsdpMode::FullyShard) bad("fsdp", std::string("FSDP2 fully_shard") + notYet);
+  if (p.fsdp == FsdpMode::FullyShard) ValidateFsdp2Finetune(setup, errors);
   if (p.fsdp != FsdpMode::Off && p.fsdp != FsdpMode::FullyShard) {
     // FSDP (use_orig_params=True) flattens a unit's parameters, frozen and trainable, into one
     // FlatParameter of one dtype (_flat_param.py _validate_tensors_to_flatten: "Must flatten

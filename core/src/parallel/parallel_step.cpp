@@ -30,9 +30,10 @@ std::int64_t HeldBytes(const Tensor& t, std::int64_t held, DType weights) {
   return held * BytesPerElement(weights) + QuantStatisticsBytes(t, weights);
 }
 
-// FSDP (use_orig_params=True) with frozen parameters: torch.optim sees the trainable parts only.
+// FSDP (use_orig_params=True) or FSDP2 with frozen parameters: torch.optim sees the trainable
+// parts (FSDP) or the trainable parameters' shards (FSDP2) only.
 bool UsesTrainableParts(const Setup& setup, const ShardPlan& plan) {
-  return plan.engine == ShardingEngine::Fsdp && FinetuneActive(setup.finetune);
+  return (plan.engine == ShardingEngine::Fsdp || plan.engine == ShardingEngine::Fsdp2) && FinetuneActive(setup.finetune);
 }
 
 // FSDP unit of a parameter: 0 = root, 1 + block.
@@ -77,9 +78,12 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     unitOf_ = Fsdp2UnitOfParameter(setup_, inventory_, blocks);
     // _fsdp_collectives.py foreach_reduce: each gradient padded on dim 0 to a multiple of the
     // world (_get_dim0_padded_size), i.e. the parameter's padded shard (sharding.cpp) × world.
+    // Only parameters with a gradient enter it (_fsdp_param_group.py post_backward:
+    // fsdp_params_with_grad): a frozen base weight is gathered with its unit but never reduced.
     fsdp2PaddedElements_.assign(units, 0);
     fsdp2ShardElements_.assign(units, 0);
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+      if (!inventory_.parameters[i].trainable) continue;
       const std::int64_t shard = plan_.optimizerTensors.parameters[i].Elements();
       fsdp2ShardElements_[static_cast<std::size_t>(unitOf_[i])] += shard;
       fsdp2PaddedElements_[static_cast<std::size_t>(unitOf_[i])] += shard * plan_.shardWorld;
@@ -96,6 +100,9 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
   reshardAfterForward_ = !(p.fsdp == FsdpMode::ShardGradOp || (p.fsdp == FsdpMode::FullyShard && !p.reshardAfterForward));
   gatherElements_.assign(units, 0);
   gathered_.assign(units, kNoTensor);
+  // FSDP2 with the finetune section (no pipeline: refused with fine-tuning): the block's reduce at
+  // the next block's backward. Without fine-tuning every block's first gradient comes at once.
+  reduceOnNextBlock_ = plan_.engine == ShardingEngine::Fsdp2 && FinetuneActive(setup_.finetune);
   if (plan_.engine == ShardingEngine::Fsdp2 && p.pipelineParallel > 1) {
     // torch.distributed.pipelining: one backward per micro-batch (and chunk) of the stage's
     // schedule; the last one of the step is followed by the gradient sync.
@@ -148,6 +155,10 @@ void ParallelStep::Free(TraceBuilder& b, int unit) {
 
 void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   if (!gathers_) return;
+  // With frozen weights backward can end inside a block (no gradient flows into a frozen
+  // embedding), so the tape's return to the root scope at the end of the step is no forward:
+  // FSDP2 gathers nothing between the end of backward and the next forward.
+  if (reduceOnNextBlock_ && !backward && backwardEnded_) return;
   const int unit = layer < 0 ? 0 : layer + 1;
   const int units = static_cast<int>(gathered_.size());
   const int blocks = static_cast<int>(plan_.unitElements.size());
@@ -190,6 +201,17 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   // On a pipeline stage FSDP2 runs every backward with set_reshard_after_backward(False)
   // (pipelining/stage.py backward_maybe_with_nosync): the units stay gathered to the final reduce.
   if (!pipelineNoSync_) for (int u = unit + 1; u <= blocks; ++u) Free(b, u);
+  if (reduceOnNextBlock_ && unit > 0 && openUnit_ > 0 && openUnit_ != unit) {
+    // FSDP2 with frozen weights: the finished block's post_backward (reshard, then foreach_reduce)
+    // runs when its forward inputs' gradients are ready (_fsdp_param_group.py
+    // _register_post_backward_hook: RegisterPostBackwardFunction on the inputs that require grad),
+    // i.e. before this block's backward, not at this block's first trainable gradient, which with
+    // adapters on q/v only comes late (or never, in a frozen block). A block whose inputs need no
+    // gradient (block 0 under a frozen embedding) is reduced by _root_post_backward_final_callback
+    // (EndBackward).
+    ReduceScatterUnit(b, openUnit_);
+    openUnit_ = -2;
+  }
   if (unit == 0 && apart) return;  // the output and embedding units are gathered at their gradients
   Gather(b, unit, false);
   const bool prefetch = plan_.engine == ShardingEngine::Zero || setup_.parallel.backwardPrefetch;
@@ -519,6 +541,7 @@ void ParallelStep::ReduceScatterFsdp2(TraceBuilder& b, int unit) {
 
 void ParallelStep::ForwardStart(TraceBuilder& b) {
   forwardSawBlock_ = false;
+  backwardEnded_ = false;
   const int blocks = static_cast<int>(plan_.unitElements.size());
   if (static_cast<int>(gathered_.size()) > blocks + 1) Gather(b, blocks + 1, false);  // the embedding unit
 }
@@ -590,6 +613,7 @@ void ParallelStep::ReduceScatterFlat(TraceBuilder& b, TensorHandle& full, std::i
 
 void ParallelStep::EndBackward(TraceBuilder& b) {
   TextStore& text = b.text();
+  backwardEnded_ = true;
   if (pipelineNoSync_) {
     // The micro-batch's remaining post_backwards (the open unit, then the root), without sync;
     // after the stage's last backward the deferred reshard and reduce-scatter.
@@ -701,7 +725,11 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
   if (FinetuneActive(setup.finetune)) {
     // docs/parallel.md, "Fine-tuning on many GPUs".
     notes.push_back(
-        p.fsdp != FsdpMode::Off && p.fsdpWrapAdaptersApart
+        p.fsdp == FsdpMode::FullyShard
+            ? "Fine-tuning under FSDP2 (fully_shard, as torchtune's LoRA recipe runs it): every parameter, frozen or "
+              "not, is sharded on dim 0 (padded to a multiple of the ranks) and gathered with its block; only the "
+              "trainable ones get a gradient, are reduce-scattered and have optimizer states."
+        : p.fsdp != FsdpMode::Off && p.fsdpWrapAdaptersApart
             ? "Fine-tuning under FSDP with PEFT's fsdp_auto_wrap_policy (use_orig_params=False): each lora_A / lora_B is "
               "an FSDP unit of its own with its own padded shard, gradient shard and optimizer state; the blocks' and the "
               "root's FlatParameters hold the frozen weights only and get no gradient; an adapter's gathered copy is "
@@ -805,8 +833,9 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
       params = plan.offloadParameters ? "offloaded to the host" : count(shards, type) + " sharded" + per + ", padded";
       m.masterWeightsBytes = 0;
       master = "the fp32 shards are the parameters";
-      // Units with no trainable parameter get no gradient (FSDP with frozen parameters).
-      const std::int64_t gradShards = plan.engine == ShardingEngine::Fsdp ? plan.gradientShardElements : shards;
+      // Units with no trainable parameter get no gradient (FSDP with frozen parameters); FSDP2:
+      // the trainable parameters' shards only (all of them without fine-tuning).
+      const std::int64_t gradShards = plan.gradientShardElements;
       m.gradientsBytes = plan.offloadOptimizer ? 0 : gradShards * BytesPerElement(optimizer.gradients);
       grads = plan.offloadOptimizer ? "offloaded to the host" : count(gradShards, optimizer.gradients) + " sharded" + per;
       break;

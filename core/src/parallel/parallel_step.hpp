@@ -71,6 +71,8 @@ class ParallelStep final : public GradientHook, public LayerHook {
   std::vector<TensorHandle> unsharded_, sharded_;
   std::vector<TensorHandle> adapterShards_;  // fsdpWrapAdaptersApart: each adapter unit's gradient shard
   int openUnit_ = -2;  // the non-root unit whose gradients are arriving
+  bool reduceOnNextBlock_ = false;
+  bool backwardEnded_ = false;  // between EndBackward and the next ForwardStart  // FSDP2 fine-tuning: a block's reduce when the next block's backward starts
   // Gathering (ZeRO-3, FSDP): per unit (0 = root, 1 + block) its gathered elements and handle.
   bool gathers_ = false;
   bool reshardAfterForward_ = true;

@@ -409,14 +409,22 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
     }
     case ShardingEngine::Fsdp2: {
       // torch/distributed/fsdp/_fully_shard/_fsdp_param.py: each parameter chunked on dim 0
-      // and padded to the first chunk's size (padded_sharded_param_size).
+      // and padded to the first chunk's size (padded_sharded_param_size). Frozen parameters are
+      // FSDPParams too (fully_shard shards every parameter of the module, requires_grad or not:
+      // FSDPParam._init_sharded_param keeps requires_grad on the sharded DTensor), so every rank
+      // holds its shard of the frozen base; only the trainable ones get a gradient shard
+      // (_fsdp_param_group.py post_backward: fsdp_params_with_grad) and optimizer states.
       for (std::size_t i = 0; i < n; ++i) {
         const Tensor& t = inventory.parameters[i];
         Tensor shard = t;
         if (!shard.shape.empty()) shard.shape[0] = CeilDiv(shard.shape[0], d);
         shard.name = t.name + " (shard)";
         plan.optimizerTensors.parameters.push_back(shard);
-        if (t.trainable) plan.partitionElements += shard.Elements();
+        plan.partitionElements += shard.Elements();
+        if (t.trainable) {
+          plan.gradientShardElements += shard.Elements();
+          plan.trainableShardParts.parameters.push_back(shard);
+        }
         plan.paddedFlatElements += shard.Elements() * d;
         plan.parameterElementsHeld[i] = 0;
       }
