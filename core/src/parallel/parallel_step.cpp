@@ -157,8 +157,9 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   if (!gathers_) return;
   // With frozen weights backward can end inside a block (no gradient flows into a frozen
   // embedding), so the tape's return to the root scope at the end of the step is no forward:
-  // FSDP2 gathers nothing between the end of backward and the next forward.
-  if (reduceOnNextBlock_ && !backward && backwardEnded_) return;
+  // FSDP (1 and 2) and ZeRO-3 gather only in a module's pre-forward / pre-backward hooks, so
+  // nothing is gathered between the end of backward and the next forward.
+  if (!backward && backwardEnded_) return;
   const int unit = layer < 0 ? 0 : layer + 1;
   const int units = static_cast<int>(gathered_.size());
   const int blocks = static_cast<int>(plan_.unitElements.size());
