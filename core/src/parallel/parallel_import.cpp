@@ -246,14 +246,14 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
   // megatron/training/arguments.py validate_args: "bfloat16 requires gradient accumulation and
   // all-reduce to be done in fp32" (args.accumulate_allreduce_grads_in_fp32 = True with --bf16),
   // passed to DistributedDataParallelConfig as grad_reduce_in_fp32 (training.py get_model): one
-  // whole fp32 gradient buffer. Simulated with the distributed optimizer (zeroStage 1).
-  if ((fp32GradBuffer || t.precision == Precision::BF16Mixed) && p.zeroStage == 1) {
+  // whole fp32 gradient buffer, with the distributed optimizer (zeroStage 1, padded) or without
+  // it (Megatron's DDP with Float16OptimizerWithFloat16Params, unpadded).
+  if (fp32GradBuffer || t.precision == Precision::BF16Mixed) {
     p.gradReduceInFp32 = true;
-    out.notes.push_back("Megatron keeps a whole fp32 gradient buffer (grad_reduce_in_fp32, on with --bf16): "
-                        "parallel.gradReduceInFp32");
-  } else if (fp32GradBuffer) {
-    out.notes.push_back("--accumulate-allreduce-grads-in-fp32 without --use-distributed-optimizer: Megatron's DDP "
-                        "gradient buffer is not simulated yet (DDP's rules are used)");
+    out.notes.push_back(std::string("Megatron keeps a whole fp32 gradient buffer (grad_reduce_in_fp32, on with --bf16): "
+                                    "parallel.gradReduceInFp32") +
+                        (p.zeroStage == 1 ? "" : "; without --use-distributed-optimizer, Float16OptimizerWithFloat16Params "
+                                                 "keeps whole fp32 main params and Adam states"));
   }
   // megatron/core/fusions/fused_cross_entropy.py (the "native" fusion) keeps the same tensors:
   // the fp32 softmax saved (l.119), its gradient cast to bf16 in backward (l.82). Transformer
