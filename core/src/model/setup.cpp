@@ -687,6 +687,12 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
                           ? "Quick mode does not simulate the loss; the loss dtype needs a layer list or a transformer."
                           : "Only a cross-entropy loss upcasts its logits; with mse this option changes nothing."});
   }
+  if (t.maskedSoftmaxFusion && (m.kind != ModelKind::Transformer || m.architecture.family != Family::GPT2 ||
+                                t.attention != AttentionImplementation::Eager)) {
+    errors.push_back({ErrorCode::InvalidField, "training.maskedSoftmaxFusion",
+                      "Megatron's fused scale-mask-softmax is simulated for the GPT-2 family's eager attention only "
+                      "(with SDPA there are no materialised scores to fuse)."});
+  }
   if (t.optimizerInBackward && !t.zeroGradSetToNone) {
     errors.push_back({ErrorCode::InvalidField, "training.optimizerInBackward",
                       "The optimizer in backward frees each gradient in its hook (zero_grad(set_to_none=True)), "

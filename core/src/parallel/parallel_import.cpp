@@ -198,6 +198,7 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
   if (decoder) t.lossImplementation = LossImplementation::MegatronVocabParallel;
   std::string crossEntropyFusion;  // --cross-entropy-fusion-impl (default "native")
   bool crossEntropyFused = false;
+  bool maskedSoftmaxFusion = true;  // TransformerConfig.masked_softmax_fusion; --no-masked-softmax-fusion
   for (std::size_t i = 0; i < words.size(); ++i) {
     std::string flag = words[i];
     if (flag.rfind("--", 0) != 0) continue;
@@ -235,6 +236,8 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
       out.notes.push_back("--use-distributed-optimizer is simulated as ZeRO-1 (sharded fp32 parameters and states)");
     } else if (flag == "--accumulate-allreduce-grads-in-fp32") {
       fp32GradBuffer = true;
+    } else if (flag == "--no-masked-softmax-fusion") {
+      maskedSoftmaxFusion = false;
     } else if (flag == "--cross-entropy-loss-fusion") {
       crossEntropyFused = true;
     } else if (flag == "--cross-entropy-fusion-impl") {
@@ -266,6 +269,18 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
                         "tensors as the unfused one (fp32 softmax saved, bf16 gradient)");
   }
   if (decoder) out.notes.push_back("Megatron's loss: training.lossImplementation megatronVocabParallel (vocab_parallel_cross_entropy)");
+  // megatron/training/arguments.py: masked_softmax_fusion on unless --no-masked-softmax-fusion;
+  // DotProductAttention's FusedScaleMaskSoftmax (megatron/core/fusions/fused_softmax.py). It acts
+  // on materialised scores: simulated for the GPT-2 family's eager attention.
+  const bool gpt2Eager = base.model.kind == ModelKind::Transformer && base.model.architecture.family == Family::GPT2 &&
+                         t.attention == AttentionImplementation::Eager;
+  if (maskedSoftmaxFusion && gpt2Eager) {
+    t.maskedSoftmaxFusion = true;
+    out.notes.push_back("Megatron's fused scale-mask-softmax (on unless --no-masked-softmax-fusion): "
+                        "training.maskedSoftmaxFusion, where FusedScaleMaskSoftmax.is_kernel_available holds");
+  } else if (!maskedSoftmaxFusion) {
+    t.maskedSoftmaxFusion = false;
+  }
   if (layersPerVirtualStage > 0) {
     p.pipelineSchedule = PipelineSchedule::Interleaved;
     const std::int64_t perStage = base.model.kind == ModelKind::Transformer && p.pipelineParallel > 0
