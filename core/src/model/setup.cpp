@@ -162,7 +162,9 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
       errors.push_back({ErrorCode::InvalidField, p + "numExperts",
                         "Mixture of experts is supported in the llama family (Mixtral, Qwen2-MoE)."});
     }
-    if (a.numKeyValueHeads != 0 && a.numKeyValueHeads != a.numHeads) {
+    // GPT-2's family takes grouped-query attention as Megatron's GPT writes it
+    // (--group-query-attention --num-query-groups; families/gpt2.cpp); BERT has none.
+    if (a.family == Family::BERT && a.numKeyValueHeads != 0 && a.numKeyValueHeads != a.numHeads) {
       errors.push_back({ErrorCode::InvalidField, p + "numKeyValueHeads",
                         std::string(LabelOf(a.family)) + " has one key/value head per query head."});
     }

@@ -199,6 +199,8 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
   std::string crossEntropyFusion;  // --cross-entropy-fusion-impl (default "native")
   bool crossEntropyFused = false;
   bool maskedSoftmaxFusion = true;  // TransformerConfig.masked_softmax_fusion; --no-masked-softmax-fusion
+  bool groupQueryAttention = false;  // --group-query-attention
+  std::int64_t queryGroups = 0;      // --num-query-groups
   for (std::size_t i = 0; i < words.size(); ++i) {
     std::string flag = words[i];
     if (flag.rfind("--", 0) != 0) continue;
@@ -236,6 +238,10 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
       out.notes.push_back("--use-distributed-optimizer is simulated as ZeRO-1 (sharded fp32 parameters and states)");
     } else if (flag == "--accumulate-allreduce-grads-in-fp32") {
       fp32GradBuffer = true;
+    } else if (flag == "--group-query-attention") {
+      groupQueryAttention = true;
+    } else if (flag == "--num-query-groups") {
+      number(queryGroups);
     } else if (flag == "--no-masked-softmax-fusion") {
       maskedSoftmaxFusion = false;
     } else if (flag == "--cross-entropy-loss-fusion") {
@@ -280,6 +286,20 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
                         "training.maskedSoftmaxFusion, where FusedScaleMaskSoftmax.is_kernel_available holds");
   } else if (!maskedSoftmaxFusion) {
     t.maskedSoftmaxFusion = false;
+  }
+  // megatron/training/arguments.py: num_query_groups is read only with --group-query-attention
+  // (otherwise one group per head); the model's key/value heads (families/gpt2.cpp, llama).
+  if (groupQueryAttention && queryGroups > 0) {
+    if (base.model.kind == ModelKind::Transformer && base.model.architecture.family != Family::BERT) {
+      out.setup.model.architecture.numKeyValueHeads = queryGroups;
+      out.notes.push_back("--group-query-attention --num-query-groups " + std::to_string(queryGroups) +
+                          ": model.architecture.numKeyValueHeads");
+    } else {
+      out.errors.push_back({ErrorCode::InvalidField, "--num-query-groups",
+                            "Grouped-query attention needs a GPT-2- or Llama-family transformer as the base model."});
+    }
+  } else if (queryGroups > 0) {
+    out.notes.push_back("--num-query-groups without --group-query-attention: Megatron ignores it (one group per head)");
   }
   if (layersPerVirtualStage > 0) {
     p.pipelineSchedule = PipelineSchedule::Interleaved;

@@ -45,9 +45,15 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
   Tape& t = m.t;
   const std::int64_t b = m.b, s = m.s, heads = m.a.numHeads, d = HeadDim(m.a), kv = KeyValueHeads(m.a);
   const Shape full = {b, heads, s, d};
-  // repeat_kv: expand + reshape copies k and v to every query head (GQA).
-  const ValueId keys = kv == heads ? t.Keep(k) : ops::Copy(t, k, full, "repeat_kv(key)", In::Compute);
-  const ValueId vals = kv == heads ? t.Keep(v) : ops::Copy(t, v, full, "repeat_kv(value)", In::Compute);
+  // repeat_kv: expand + reshape copies k and v to every query head (GQA); Megatron's unfused
+  // DotProductAttention does the same with key.repeat_interleave(np / ng, dim=2)
+  // (megatron/core/transformer/dot_product_attention.py). The GPT-2 family's grouped-query
+  // attention is Megatron's GPT, whose fused attention (SDPA here) is Transformer Engine's
+  // DotProductAttention, given num_gqa_groups (megatron/core/extensions/transformer_engine.py
+  // TEDotProductAttention) and reading the g key/value heads as they are: no copies.
+  const bool native = kv != heads && m.training.attention == AttentionImplementation::SDPA && m.a.family == Family::GPT2;
+  const ValueId keys = kv == heads || native ? t.Keep(k) : ops::Copy(t, k, full, "repeat_kv(key)", In::Compute);
+  const ValueId vals = kv == heads || native ? t.Keep(v) : ops::Copy(t, v, full, "repeat_kv(value)", In::Compute);
   ValueId out = kNoValue;
   if (m.training.attention == AttentionImplementation::SDPA && mask != kNoValue) {
     // An explicit mask (packed sequences' block-causal one): scaled_dot_product_attention
