@@ -253,6 +253,11 @@ struct TrainingDef {
   // The loss in the model's dtype: no fp32 upcast of the logits (nanoGPT-style
   // F.cross_entropy(logits, targets) in pure bf16). Autocast still runs log_softmax in fp32.
   bool lossInModelDtype = false;
+  // Megatron's fused scale-mask-softmax (--masked-softmax-fusion, on in Megatron unless
+  // --no-masked-softmax-fusion; megatron/core/fusions/fused_softmax.py FusedScaleMaskSoftmax):
+  // GPT-2 family, eager attention. Where is_kernel_available holds, one kernel keeps the 16-bit
+  // probabilities instead of the eager ops' fp32 softmax; elsewhere Megatron's unfused fallback.
+  bool maskedSoftmaxFusion = false;
   // Optimizer in backward (torchtune optimizer_in_bwd: register_post_accumulate_grad_hook with one
   // optimizer per parameter): each parameter is stepped and its .grad freed as soon as its
   // gradient is complete, so the full set of gradients never exists.

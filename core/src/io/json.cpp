@@ -309,13 +309,14 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
                                           "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
                                           "attention", "checkpointing", "checkpointInterval",
                                           "lossImplementation", "lossChunks", "lossInModelDtype",
-                                          "optimizerInBackward", "activationOffloading", "packedSequences"};
+                                          "optimizerInBackward", "activationOffloading", "packedSequences",
+                                          "maskedSoftmaxFusion"};
   for (const char* key : kKeys) if (v.contains(key)) given.trainingKeys.push_back(key);
   r.RejectUnknown(v, {"batchSize", "sequenceLength", "precision", "optimizer",
                       "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
                       "attention", "checkpointing", "checkpointInterval", "lossImplementation",
                       "lossChunks", "lossInModelDtype", "optimizerInBackward", "activationOffloading",
-                      "packedSequences"}, path);
+                      "packedSequences", "maskedSoftmaxFusion"}, path);
   r.Enum(v, "attention", path, t.attention);
   r.Enum(v, "checkpointing", path, t.checkpointing);
   r.Int(v, "checkpointInterval", path, t.checkpointInterval);
@@ -329,6 +330,7 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
   r.Enum(v, "lossImplementation", path, t.lossImplementation);
   r.Int(v, "lossChunks", path, t.lossChunks);
   r.Bool(v, "lossInModelDtype", path, t.lossInModelDtype);
+  r.Bool(v, "maskedSoftmaxFusion", path, t.maskedSoftmaxFusion);
   r.Bool(v, "optimizerInBackward", path, t.optimizerInBackward);
   r.Bool(v, "activationOffloading", path, t.activationOffloading);
   r.Enum(v, "packedSequences", path, t.packedSequences);
@@ -555,7 +557,8 @@ ojson SetupJson(const Setup& s) {
                     {"lossInModelDtype", s.training.lossInModelDtype},
                     {"optimizerInBackward", s.training.optimizerInBackward},
                     {"activationOffloading", s.training.activationOffloading},
-                    {"packedSequences", IdOf(s.training.packedSequences)}}},
+                    {"packedSequences", IdOf(s.training.packedSequences)},
+                    {"maskedSoftmaxFusion", s.training.maskedSoftmaxFusion}}},
       {"gpu", s.gpu.id.empty() ? ojson{{"memoryGiB", s.gpu.memoryGiB}}
                                : ojson{{"memoryGiB", s.gpu.memoryGiB}, {"id", s.gpu.id}}},
       {"runtime", {{"allocator", {{"expandableSegments", s.runtime.allocator.expandableSegments},
@@ -1041,6 +1044,10 @@ ojson SaverFields() {
        "transformers: DataCollatorWithFlattening (position_ids); torchtune: dataset.packed=True",
        "blockCausalMask: a bool [b, 1, s, s] mask, and under SDPA the memory-efficient kernel with a float copy "
        "of it saved by every layer; flashVarlen: no mask (needs SDPA here, as the flash kernel)"},
+      {"maskedSoftmaxFusion", "Megatron's fused scale-mask-softmax", "bool", "",
+       "Megatron-LM: --masked-softmax-fusion (on unless --no-masked-softmax-fusion; FusedScaleMaskSoftmax)",
+       "one kernel scales, masks and softmaxes the 16-bit scores and keeps only its 16-bit output; used where "
+       "is_kernel_available holds (16 < s ≤ 4096, s, b·heads multiples of 4); GPT-2 family, eager attention"},
   };
   ojson out = ojson::array();
   for (const Saver& f : kSavers) {

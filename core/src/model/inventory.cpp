@@ -57,8 +57,11 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
         // rank's slimmer architecture (parallel/sharding.cpp TensorSlices) holds heads/t of it
         // (ColumnParallelLinear c_attn) while c_proj's output and bias stay h wide
         // (RowParallelLinear adds its whole bias after the all-reduce).
-        add(b, "attn.c_attn.weight", {h, 3 * attn}, L);
-        add(b, "attn.c_attn.bias", {3 * attn}, L);
+        // Grouped-query attention (Megatron's GPT, --num-query-groups g): c_attn is Megatron's
+        // linear_qkv, query_projection_size + 2 · kv_projection_size = heads·d + 2·g·d wide
+        // (megatron/core/transformer/attention.py SelfAttention linear_qkv_out_dim); 3h without.
+        add(b, "attn.c_attn.weight", {h, attn + 2 * kv * d}, L);
+        add(b, "attn.c_attn.bias", {attn + 2 * kv * d}, L);
         add(b, "attn.c_proj.weight", {attn, h}, L);
         add(b, "attn.c_proj.bias", {h}, L);
         add(b, "ln_2.weight", {h}, L);

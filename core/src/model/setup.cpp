@@ -162,7 +162,9 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
       errors.push_back({ErrorCode::InvalidField, p + "numExperts",
                         "Mixture of experts is supported in the llama family (Mixtral, Qwen2-MoE)."});
     }
-    if (a.numKeyValueHeads != 0 && a.numKeyValueHeads != a.numHeads) {
+    // GPT-2's family takes grouped-query attention as Megatron's GPT writes it
+    // (--group-query-attention --num-query-groups; families/gpt2.cpp); BERT has none.
+    if (a.family == Family::BERT && a.numKeyValueHeads != 0 && a.numKeyValueHeads != a.numHeads) {
       errors.push_back({ErrorCode::InvalidField, p + "numKeyValueHeads",
                         std::string(LabelOf(a.family)) + " has one key/value head per query head."});
     }
@@ -686,6 +688,12 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
                       m.kind == ModelKind::ParameterCount
                           ? "Quick mode does not simulate the loss; the loss dtype needs a layer list or a transformer."
                           : "Only a cross-entropy loss upcasts its logits; with mse this option changes nothing."});
+  }
+  if (t.maskedSoftmaxFusion && (m.kind != ModelKind::Transformer || m.architecture.family != Family::GPT2 ||
+                                t.attention != AttentionImplementation::Eager)) {
+    errors.push_back({ErrorCode::InvalidField, "training.maskedSoftmaxFusion",
+                      "Megatron's fused scale-mask-softmax is simulated for the GPT-2 family's eager attention only "
+                      "(with SDPA there are no materialised scores to fuse)."});
   }
   if (t.optimizerInBackward && !t.zeroGradSetToNone) {
     errors.push_back({ErrorCode::InvalidField, "training.optimizerInBackward",

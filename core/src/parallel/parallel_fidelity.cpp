@@ -34,19 +34,27 @@ void ValidateParallelFidelity(const Setup& setup, std::vector<FieldError>& error
                                         "with an untied output layer (tieWordEmbeddings off).");
     }
   }
-  if (p.gradReduceInFp32 && (p.zeroStage != 1 || p.offload != OffloadKind::None)) {
-    bad("gradReduceInFp32", "Megatron's fp32 gradient buffer is simulated with its distributed optimizer (zeroStage 1, "
-                            "no offload) only; Megatron's DDP without it is not simulated yet.");
+  // Megatron's DDP (megatron/core/distributed/distributed_data_parallel.py) with its optimizers:
+  // the distributed optimizer (zeroStage 1) or Float16OptimizerWithFloat16Params (zeroStage 0,
+  // megatron/core/optimizer/optimizer.py). Not with DeepSpeed's other stages, FSDP, torch's
+  // ZeroRedundancyOptimizer or offload, which are other engines.
+  if (p.gradReduceInFp32 && (p.zeroStage > 1 || p.fsdp != FsdpMode::Off || p.zeroRedundancyOptimizer ||
+                             p.offload != OffloadKind::None)) {
+    bad("gradReduceInFp32", "Megatron's fp32 gradient buffer is simulated with Megatron's DDP and its optimizers: "
+                            "zeroStage 0 (Float16OptimizerWithFloat16Params) or 1 (the distributed optimizer), no "
+                            "FSDP, ZeroRedundancyOptimizer or offload.");
   }
 }
 
-std::int64_t MegatronGradBufferElements(const Inventory& inventory, std::int64_t dataParallel) {
+std::int64_t MegatronGradBufferElements(const Inventory& inventory, std::int64_t dataParallel,
+                                        bool distributedOptimizer) {
   std::int64_t index = 0;
   for (std::size_t i = inventory.parameters.size(); i-- > 0;) {
     const Tensor& t = inventory.parameters[i];
     if (!t.trainable) continue;
-    index = PadTo(index, 64) + t.Elements();
+    index = (distributedOptimizer ? PadTo(index, 64) : index) + t.Elements();
   }
+  if (!distributedOptimizer) return index;
   return PadTo(index, std::lcm(dataParallel, std::int64_t{128}));
 }
 

@@ -198,6 +198,9 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
   if (decoder) t.lossImplementation = LossImplementation::MegatronVocabParallel;
   std::string crossEntropyFusion;  // --cross-entropy-fusion-impl (default "native")
   bool crossEntropyFused = false;
+  bool maskedSoftmaxFusion = true;  // TransformerConfig.masked_softmax_fusion; --no-masked-softmax-fusion
+  bool groupQueryAttention = false;  // --group-query-attention
+  std::int64_t queryGroups = 0;      // --num-query-groups
   for (std::size_t i = 0; i < words.size(); ++i) {
     std::string flag = words[i];
     if (flag.rfind("--", 0) != 0) continue;
@@ -235,6 +238,12 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
       out.notes.push_back("--use-distributed-optimizer is simulated as ZeRO-1 (sharded fp32 parameters and states)");
     } else if (flag == "--accumulate-allreduce-grads-in-fp32") {
       fp32GradBuffer = true;
+    } else if (flag == "--group-query-attention") {
+      groupQueryAttention = true;
+    } else if (flag == "--num-query-groups") {
+      number(queryGroups);
+    } else if (flag == "--no-masked-softmax-fusion") {
+      maskedSoftmaxFusion = false;
     } else if (flag == "--cross-entropy-loss-fusion") {
       crossEntropyFused = true;
     } else if (flag == "--cross-entropy-fusion-impl") {
@@ -246,14 +255,14 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
   // megatron/training/arguments.py validate_args: "bfloat16 requires gradient accumulation and
   // all-reduce to be done in fp32" (args.accumulate_allreduce_grads_in_fp32 = True with --bf16),
   // passed to DistributedDataParallelConfig as grad_reduce_in_fp32 (training.py get_model): one
-  // whole fp32 gradient buffer. Simulated with the distributed optimizer (zeroStage 1).
-  if ((fp32GradBuffer || t.precision == Precision::BF16Mixed) && p.zeroStage == 1) {
+  // whole fp32 gradient buffer, with the distributed optimizer (zeroStage 1, padded) or without
+  // it (Megatron's DDP with Float16OptimizerWithFloat16Params, unpadded).
+  if (fp32GradBuffer || t.precision == Precision::BF16Mixed) {
     p.gradReduceInFp32 = true;
-    out.notes.push_back("Megatron keeps a whole fp32 gradient buffer (grad_reduce_in_fp32, on with --bf16): "
-                        "parallel.gradReduceInFp32");
-  } else if (fp32GradBuffer) {
-    out.notes.push_back("--accumulate-allreduce-grads-in-fp32 without --use-distributed-optimizer: Megatron's DDP "
-                        "gradient buffer is not simulated yet (DDP's rules are used)");
+    out.notes.push_back(std::string("Megatron keeps a whole fp32 gradient buffer (grad_reduce_in_fp32, on with --bf16): "
+                                    "parallel.gradReduceInFp32") +
+                        (p.zeroStage == 1 ? "" : "; without --use-distributed-optimizer, Float16OptimizerWithFloat16Params "
+                                                 "keeps whole fp32 main params and Adam states"));
   }
   // megatron/core/fusions/fused_cross_entropy.py (the "native" fusion) keeps the same tensors:
   // the fp32 softmax saved (l.119), its gradient cast to bf16 in backward (l.82). Transformer
@@ -266,6 +275,32 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
                         "tensors as the unfused one (fp32 softmax saved, bf16 gradient)");
   }
   if (decoder) out.notes.push_back("Megatron's loss: training.lossImplementation megatronVocabParallel (vocab_parallel_cross_entropy)");
+  // megatron/training/arguments.py: masked_softmax_fusion on unless --no-masked-softmax-fusion;
+  // DotProductAttention's FusedScaleMaskSoftmax (megatron/core/fusions/fused_softmax.py). It acts
+  // on materialised scores: simulated for the GPT-2 family's eager attention.
+  const bool gpt2Eager = base.model.kind == ModelKind::Transformer && base.model.architecture.family == Family::GPT2 &&
+                         t.attention == AttentionImplementation::Eager;
+  if (maskedSoftmaxFusion && gpt2Eager) {
+    t.maskedSoftmaxFusion = true;
+    out.notes.push_back("Megatron's fused scale-mask-softmax (on unless --no-masked-softmax-fusion): "
+                        "training.maskedSoftmaxFusion, where FusedScaleMaskSoftmax.is_kernel_available holds");
+  } else if (!maskedSoftmaxFusion) {
+    t.maskedSoftmaxFusion = false;
+  }
+  // megatron/training/arguments.py: num_query_groups is read only with --group-query-attention
+  // (otherwise one group per head); the model's key/value heads (families/gpt2.cpp, llama).
+  if (groupQueryAttention && queryGroups > 0) {
+    if (base.model.kind == ModelKind::Transformer && base.model.architecture.family != Family::BERT) {
+      out.setup.model.architecture.numKeyValueHeads = queryGroups;
+      out.notes.push_back("--group-query-attention --num-query-groups " + std::to_string(queryGroups) +
+                          ": model.architecture.numKeyValueHeads");
+    } else {
+      out.errors.push_back({ErrorCode::InvalidField, "--num-query-groups",
+                            "Grouped-query attention needs a GPT-2- or Llama-family transformer as the base model."});
+    }
+  } else if (queryGroups > 0) {
+    out.notes.push_back("--num-query-groups without --group-query-attention: Megatron ignores it (one group per head)");
+  }
   if (layersPerVirtualStage > 0) {
     p.pipelineSchedule = PipelineSchedule::Interleaved;
     const std::int64_t perStage = base.model.kind == ModelKind::Transformer && p.pipelineParallel > 0

@@ -214,7 +214,8 @@ std::int64_t WorldSize(const ParallelDef& p) {
 bool IsParallel(const ParallelDef& p) {
   return p.dataParallel != 1 || p.tensorParallel != 1 || p.pipelineParallel != 1 || p.contextParallel != 1 ||
          p.expertParallel != 1 || p.zeroStage != 0 || p.fsdp != FsdpMode::Off || p.offload != OffloadKind::None ||
-         p.zeroRedundancyOptimizer;
+         p.zeroRedundancyOptimizer ||
+         p.gradReduceInFp32;  // Megatron's DDP wraps the model with its buffer on one GPU too
 }
 
 void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {

@@ -58,6 +58,15 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
                            const Regime& regime, TextStore& text)
     : setup_(setup), inventory_(inventory), names_(names), regime_(regime), plan_(PlanShards(setup, inventory)) {
   optimizerRegime_ = OptimizerRegimeOf(plan_, regime_);
+  if (setup_.parallel.gradReduceInFp32 && plan_.engine != ShardingEngine::Zero && regime_.masterWeights) {
+    // Megatron's Float16OptimizerWithFloat16Params (megatron/core/optimizer/optimizer.py): the
+    // fp32 main params (param.detach().clone().float(), made at construction) get
+    // main_param.grad = model_param.main_grad.float(), an fp32 view of the buffer, no copy
+    // (_copy_model_grads_to_main_grads): the optimizer runs on fp32 tensors, nothing is upcast.
+    optimizerRegime_.weights = DType::FP32;
+    optimizerRegime_.gradients = DType::FP32;
+    optimizerRegime_.masterWeights = false;
+  }
   if (!plan_.offloadOptimizer) {
     if ((plan_.engine == ShardingEngine::None || plan_.engine == ShardingEngine::DDP) &&
         !setup_.parallel.zeroRedundancyOptimizer) {
@@ -296,7 +305,7 @@ void ParallelStep::Init(TraceBuilder& b) {
     // Megatron DistributedDataParallel (distributed_data_parallel.py): grad_dtype = float32 when
     // grad_reduce_in_fp32; _ParamAndGradBuffer allocates grad_data = torch.zeros(numel, fp32) for
     // the whole model at construction (param_and_grad_buffer.py).
-    const std::int64_t n = MegatronGradBufferElements(inventory_, plan_.shardWorld);
+    const std::int64_t n = MegatronGradBufferElements(inventory_, plan_.shardWorld, plan_.engine == ShardingEngine::Zero);
     gradBuffer_ = b.Alloc(Category::Gradients, n * 4, text.Make({"Megatron grad buffer (fp32)"}),
                           text.Make({"Megatron DDP init: fp32 gradient buffer (grad_reduce_in_fp32), padded"}),
                           text.Make({TextPart::Count(n), " × ", TextPart::Bytes(DType::FP32)}));
@@ -336,6 +345,17 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
   TextStore& text = b.text();
   const Tensor& p = inventory_.parameters[index];
   const std::int64_t g = BytesPerElement(regime_.gradients);
+  if (setup_.parallel.gradReduceInFp32) {
+    // Megatron's DDP: the parameter's gradient is added into its main_grad, a view of the fp32
+    // buffer, and let go (distributed_data_parallel.py _make_backward_post_hook:
+    // param.main_grad.add_(param.grad.data); param.grad = None), with or without the
+    // distributed optimizer.
+    const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
+                                      text.Make({label, ": ", names_[index], ".grad"}),
+                                      text.Shape(Shape(p.shape), regime_.gradients), p.layer);
+    b.Release(grad, text.Make({label, ": ", names_[index], ".grad added into main_grad (fp32 buffer)"}));
+    return true;
+  }
   switch (plan_.engine) {
     case ShardingEngine::None: return false;
     case ShardingEngine::DDP: {
@@ -352,16 +372,6 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
       return true;
     }
     case ShardingEngine::Zero: {
-      if (setup_.parallel.gradReduceInFp32) {
-        // Megatron's DDP: the parameter's gradient is added into its main_grad, a view of the fp32
-        // buffer, and let go (distributed_data_parallel.py _make_backward_post_hook:
-        // param.main_grad.add_(param.grad.data); param.grad = None).
-        const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
-                                          text.Make({label, ": ", names_[index], ".grad"}),
-                                          text.Shape(Shape(p.shape), regime_.gradients), p.layer);
-        b.Release(grad, text.Make({label, ": ", names_[index], ".grad added into main_grad (fp32 buffer)"}));
-        return true;
-      }
       if (plan_.zeroStage < 2) return false;
       // The gradient is copied into the reduce bucket and freed (reduce_independent_p_g_buckets_
       // and_remove_grads); after the reduce-scatter this rank's part lands in grads_in_partition.
@@ -793,7 +803,7 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
         m.gradientsBytes = n * BytesPerElement(regime.gradients);
         grads = count(n, regime.gradients) + (partitioned ? " gradient partition" + per : "");
         if (setup.parallel.gradReduceInFp32) {  // Megatron's whole fp32 buffer (parallel_fidelity.hpp)
-          const std::int64_t buffer = MegatronGradBufferElements(inventory, plan.shardWorld);
+          const std::int64_t buffer = MegatronGradBufferElements(inventory, plan.shardWorld, true);
           m.gradientsBytes = buffer * 4;
           grads = count(buffer, DType::FP32) + " Megatron gradient buffer (whole model, padded)";
         }
@@ -821,6 +831,11 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
                 (buckets > 0 ? " (DDP buckets " + FormatCount(buckets) +
                                    (setup.parallel.gradientAsBucketView ? ", .grad views of them)" : " + .grad)")
                              : "");
+        if (setup.parallel.gradReduceInFp32) {  // Megatron's DDP: one unpadded fp32 buffer (parallel_fidelity.hpp)
+          const std::int64_t buffer = MegatronGradBufferElements(inventory, plan.shardWorld, false);
+          m.gradientsBytes = buffer * 4;
+          grads = count(buffer, DType::FP32) + " Megatron gradient buffer (whole model)";
+        }
       }
       break;
     }

@@ -264,7 +264,9 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
     case ShardingEngine::None:
     case ShardingEngine::DDP: {
       plan.optimizerTensors = inventory;
-      if (plan.engine == ShardingEngine::DDP) {
+      // Megatron's DDP (gradReduceInFp32) has no reducer buckets: its one gradient buffer is made
+      // by parallel_step.cpp (distributed_data_parallel.py, param_and_grad_buffer.py).
+      if (plan.engine == ShardingEngine::DDP && !p.gradReduceInFp32) {
         // torch/nn/parallel/distributed.py: _compute_bucket_assignment_by_size over the
         // parameters in reverse order with limits [dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB),
         // bucket_cap_mb × 2^20]; a bucket closes once its bytes reach its limit

@@ -7,6 +7,37 @@
 namespace gpumem::blocks {
 namespace {
 
+// Hugging Face's eager scores → probabilities (GPT-2's _attn): scaled, the mask added, softmax
+// in fp32 (saved), cast back to the value's dtype. Releases `raw`.
+ValueId EagerSoftmax(Tape& t, ValueId raw, ValueId mask, DType type) {
+  ValueId scaled = ops::Scale(t, raw, "scores × 1/√d");
+  t.Drop(raw);
+  if (mask != kNoValue) {
+    const ValueId masked = ops::AddConstant(t, scaled, mask, "scores + mask");
+    t.Drop(scaled);
+    scaled = masked;
+  }
+  const ValueId probs32 = ops::Softmax(t, scaled, "softmax (fp32)", DType::FP32);
+  t.Drop(scaled);
+  const ValueId probs = ops::To(t, probs32, type);
+  t.Drop(probs32);
+  return probs;
+}
+
+// Megatron's FusedScaleMaskSoftmax on its fused path (megatron/core/fusions/fused_softmax.py
+// forward_fused_softmax, causal: ScaledUpperTriangMaskedSoftmax.apply): scale, causal mask and
+// softmax in one kernel on the 16-bit scores, whose 16-bit output is the only tensor made and
+// the only one saved (ctx.save_for_backward(softmax_results, scale_t)); the mask is generated in
+// the kernel, not read. Not modelled: apex's backward (scaled_upper_triang_masked_softmax_cuda
+// bwd) writes the input gradient into the incoming one in place, where the tape makes a new one.
+// Releases `raw`.
+ValueId FusedScaleMaskSoftmax(Tape& t, ValueId raw) {
+  const ValueId probs = t.Apply({.name = "scaled_upper_triang_masked_softmax (fused)", .inputs = {{raw}},
+                                 .shape = t.ShapeOf(raw), .type = t.TypeOf(raw), .savesOutput = true});
+  t.Drop(raw);
+  return probs;
+}
+
 // q: [b, heads, s, d]; k, v: [b, kvHeads, s, d]. Returns [b, s, heads, d] (contiguous).
 ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
   // Context parallelism: Transformer Engine's ring attention on the rank's s/c tokens.
@@ -14,9 +45,15 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
   Tape& t = m.t;
   const std::int64_t b = m.b, s = m.s, heads = m.a.numHeads, d = HeadDim(m.a), kv = KeyValueHeads(m.a);
   const Shape full = {b, heads, s, d};
-  // repeat_kv: expand + reshape copies k and v to every query head (GQA).
-  const ValueId keys = kv == heads ? t.Keep(k) : ops::Copy(t, k, full, "repeat_kv(key)", In::Compute);
-  const ValueId vals = kv == heads ? t.Keep(v) : ops::Copy(t, v, full, "repeat_kv(value)", In::Compute);
+  // repeat_kv: expand + reshape copies k and v to every query head (GQA); Megatron's unfused
+  // DotProductAttention does the same with key.repeat_interleave(np / ng, dim=2)
+  // (megatron/core/transformer/dot_product_attention.py). The GPT-2 family's grouped-query
+  // attention is Megatron's GPT, whose fused attention (SDPA here) is Transformer Engine's
+  // DotProductAttention, given num_gqa_groups (megatron/core/extensions/transformer_engine.py
+  // TEDotProductAttention) and reading the g key/value heads as they are: no copies.
+  const bool native = kv != heads && m.training.attention == AttentionImplementation::SDPA && m.a.family == Family::GPT2;
+  const ValueId keys = kv == heads || native ? t.Keep(k) : ops::Copy(t, k, full, "repeat_kv(key)", In::Compute);
+  const ValueId vals = kv == heads || native ? t.Keep(v) : ops::Copy(t, v, full, "repeat_kv(value)", In::Compute);
   ValueId out = kNoValue;
   if (m.training.attention == AttentionImplementation::SDPA && mask != kNoValue) {
     // An explicit mask (packed sequences' block-causal one): scaled_dot_product_attention
@@ -81,17 +118,9 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
   const ValueId kT = ops::View(t, keys, {b, heads, d, s}, "keyᵀ");
   const ValueId raw = ops::MatMul(t, q, kT, scores, "q·kᵀ");
   t.Drop(kT);
-  ValueId scaled = ops::Scale(t, raw, "scores × 1/√d");
-  t.Drop(raw);
-  if (mask != kNoValue) {
-    const ValueId masked = ops::AddConstant(t, scaled, mask, "scores + mask");
-    t.Drop(scaled);
-    scaled = masked;
-  }
-  const ValueId probs32 = ops::Softmax(t, scaled, "softmax (fp32)", DType::FP32);
-  t.Drop(scaled);
-  const ValueId probs = ops::To(t, probs32, t.TypeOf(q));
-  t.Drop(probs32);
+  const ValueId probs = m.training.maskedSoftmaxFusion && MaskedSoftmaxKernelAvailable(b, heads, s, s, t.TypeOf(raw))
+                            ? FusedScaleMaskSoftmax(t, raw)
+                            : EagerSoftmax(t, raw, mask, t.TypeOf(q));
   const ValueId dropped = ops::Dropout(t, probs, m.a.attentionDropout, "attention dropout");
   t.Drop(probs);
   out = ops::MatMul(t, dropped, vals, full, "probs·v");
@@ -118,6 +147,22 @@ ValueId Attention(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
 }
 
 }  // namespace
+
+bool MaskedSoftmaxKernelAvailable(std::int64_t b, std::int64_t heads, std::int64_t sq, std::int64_t sk, DType scores) {
+  // FusedScaleMaskSoftmax.is_kernel_available (megatron/core/fusions/fused_softmax.py): 16-bit
+  // input, 16 < sk ≤ 4096, sq and sk multiples of 4, b·np a multiple of 4, and for the causal
+  // mask b·np a multiple of the kernel's batch_per_block: apex csrc/megatron/
+  // scaled_masked_softmax.h get_batch_per_block: with p = next power of two ≥ sk, warp =
+  // min(p, 32), 128 threads a block, (128 / warp) · (p ≤ 128 ? 2 : 1) rows a block.
+  const std::int64_t batches = b * heads;
+  const bool float16 = scores == DType::BF16 || scores == DType::FP16;
+  if (!float16 || sk <= 16 || sk > 4096 || sq % 4 != 0 || sk % 4 != 0 || batches % 4 != 0) return false;
+  std::int64_t power = 1;
+  while (power < sk) power *= 2;
+  const std::int64_t warp = power < 32 ? power : 32;
+  const std::int64_t perBlock = 128 / warp * (power <= 128 ? 2 : 1);
+  return batches % perBlock == 0;
+}
 
 ValueId Heads(Model& m, ValueId x, std::int64_t n, const char* name) {
   Tape& t = m.t;

@@ -28,6 +28,10 @@ ValueId GatedMlp(Model& m, ValueId x, const Module& module, std::int64_t inter, 
 ValueId MoE(Model& m, ValueId x, const Module& block);
 
 // --- attention (attention.cpp) ---
+// Whether Megatron's fused causal scale-mask-softmax kernel runs on [b, heads, sq, sk] scores of
+// this dtype (FusedScaleMaskSoftmax.is_kernel_available); otherwise Megatron falls back to
+// forward_torch_softmax, simulated as the eager ops. `heads` = the rank's heads.
+bool MaskedSoftmaxKernelAvailable(std::int64_t b, std::int64_t heads, std::int64_t sq, std::int64_t sk, DType scores);
 // [b, s, n·d] → [b, n, s, d] (views).
 ValueId Heads(Model& m, ValueId x, std::int64_t n, const char* name);
 // apply_rotary_pos_emb: x·cos + rotate_half(x)·sin.

@@ -11,17 +11,30 @@ ValueId Gpt2Block(Model& m, ValueId x, const Context& c, int i) {
   const Module root = m.BlockRoot("transformer.h.", i);
   // c_attn's width per part: heads · head_dim, h on one GPU and h/t on a tensor-parallel rank
   // (Megatron's ColumnParallelLinear linear_qkv); c_proj and the MLP are the shared blocks'.
+  // With grouped-query attention (Megatron --num-query-groups g, g/t on a rank) k and v are g·d
+  // wide each: c_attn is h + 2·g·d (Megatron's linear_qkv).
   const std::int64_t w = m.a.numHeads * HeadDim(m.a);
+  const std::int64_t groups = KeyValueHeads(m.a), kvw = groups * HeadDim(m.a);
   m.Scope(i, "attention");
   const ValueId residual = t.Keep(x);
   const ValueId n1 = blocks::LayerNorm(m, x, m.Child(root, "ln_1"));
-  const ValueId qkv = blocks::Linear(m, n1, m.Child(root, "attn.c_attn"), 3 * w, "c_attn (qkv)");
+  const ValueId qkv = blocks::Linear(m, n1, m.Child(root, "attn.c_attn"), w + 2 * kvw, "c_attn (qkv)");
   t.Drop(n1);
-  const auto parts = t.Split("qkv.split", qkv, {{m.b, m.s, w}, {m.b, m.s, w}, {m.b, m.s, w}});
+  const auto parts = t.Split("qkv.split", qkv, {{m.b, m.s, w}, {m.b, m.s, kvw}, {m.b, m.s, kvw}});
   t.Drop(qkv);
-  const ValueId q = blocks::Heads(m, parts[0], m.a.numHeads, "query");
-  const ValueId k = blocks::Heads(m, parts[1], m.a.numHeads, "key");
-  const ValueId v = blocks::Heads(m, parts[2], m.a.numHeads, "value");
+  ValueId q = blocks::Heads(m, parts[0], m.a.numHeads, "query");
+  if (groups < m.a.numHeads && groups > 1) {
+    // Megatron's SelfAttention.get_query_key_value_tensors views linear_qkv's output as
+    // [s, b, g, (heads/g + 2)·d] (each group's queries, then its key and value), splits it, and
+    // query.reshape(s, b, -1, d) cannot merge the group dimension (stride (heads/g + 2)·d) with
+    // the heads in it (stride d): a copy of the queries. One group per rank, or one query head
+    // per group, reshapes a view.
+    const ValueId copied = ops::Copy(t, q, t.ShapeOf(q), "query.reshape (copy: Megatron's grouped qkv layout)");
+    t.Drop(q);
+    q = copied;
+  }
+  const ValueId k = blocks::Heads(m, parts[1], groups, "key");
+  const ValueId v = blocks::Heads(m, parts[2], groups, "value");
   for (ValueId p : parts) t.Drop(p);
   const ValueId dropped =
       blocks::AttentionOutput(m, q, k, v, c.mask, true, m.Child(root, "attn.c_proj"), "c_proj", m.a.hiddenDropout);

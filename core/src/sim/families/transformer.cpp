@@ -279,6 +279,19 @@ std::unique_ptr<ModelPass> MakeTransformerPass(const Setup& setup, const Invento
     notes.push_back("Fused attention (SDPA): the kernel keeps its output and an fp32 log-sum-exp per "
                     "row; its backward holds an fp32 dq accumulator (FlashAttention-2).");
   }
+  if (setup.training.maskedSoftmaxFusion) {
+    // The rank's scores (the setup here is the rank's: heads already / t; context parallelism
+    // needs SDPA, so the whole sequence).
+    const std::int64_t heads = a.numHeads;
+    const DType scores = regime.compute;
+    const std::int64_t s = setup.training.sequenceLength, b = setup.training.batchSize;
+    notes.push_back(blocks::MaskedSoftmaxKernelAvailable(b, heads, s, s, scores)
+                        ? "Megatron's fused scale-mask-softmax: one kernel keeps the 16-bit probabilities of each layer."
+                        : "Megatron's fused scale-mask-softmax is not available here (FusedScaleMaskSoftmax."
+                          "is_kernel_available: 16-bit scores, 16 < s ≤ 4096, s and b·heads multiples of 4 and of "
+                          "the kernel's rows per block): Megatron falls back to the unfused softmax, simulated as "
+                          "the eager ops.");
+  }
   if (setup.training.precision == Precision::AmpFP16) {
     notes.push_back("fp16 autocast with GradScaler: the loss is scaled before backward and the "
                     "gradients are unscaled in place before the step (only scalars are added).");
