@@ -87,8 +87,17 @@ TEST_CASE("Pipeline: the interleaved schedule and Megatron's in-flight factor ag
       }
     }
   }
-  // m = p: every chunk-forward first (Megatron's all_warmup_microbatches).
+  // m = p: on the first stage the warm-up (p − 1)·2 + (v − 1)·p covers every chunk-forward.
   CHECK(PipelinePeakInFlight(PipelineSchedule::Interleaved, 4, 0, 4, 2) == 8);
+  // The last stage of Megatron's gpt3_7b_tp1_pp4_memory_speed (p 4, m 4, v 8): 0·2 + 7·4 = 28
+  // warm-up chunk-forwards of 32, then one forward and one backward each, so 29 in flight at most
+  // (get_pp_rank_microbatches; older releases put all 32 in the warm-up when m = p).
+  CHECK(PipelinePeakInFlight(PipelineSchedule::Interleaved, 4, 3, 4, 8) == 29);
+  const std::vector<PipelineAction> last = PipelineScheduleOf(PipelineSchedule::Interleaved, 4, 3, 4, 8);
+  REQUIRE(last.size() == 64);
+  CHECK(std::count_if(last.begin(), last.begin() + 28, [](const PipelineAction& x) { return !x.backward; }) == 28);
+  CHECK(!last[28].backward);
+  CHECK(last[29].backward);
   // Without interleaving Megatron's factor min(m, p) is the simulation's count on stage 0.
   for (std::int64_t m : {1, 2, 3, 4, 9}) {
     CHECK(MegatronInFlightMicroBatches(4, m, 1, false) ==

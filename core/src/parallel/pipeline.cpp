@@ -40,10 +40,13 @@ std::vector<PipelineAction> PipelineScheduleOf(PipelineSchedule schedule, std::i
     return actions;
   }
   // forward_backward_pipelining_with_interleaving: m·v chunk-steps; warm-up (p − r − 1)·2 +
-  // (v − 1)·p, all of them when m = p, capped at m·v. get_model_chunk_id: k mod (p·v) / p
-  // (backward: v − 1 − that); the micro-batch is the group's (k / (p·v))·p + k mod p.
+  // (v − 1)·N, capped at m·v, with N = microbatch_group_size_per_vp_stage = p by default
+  // (megatron/core/pipeline_parallel/schedules.py get_pp_rank_microbatches, Megatron-LM
+  // d98e8a6; releases before it put every step in the warm-up when m = p, a rule it dropped).
+  // get_model_chunk_id: k mod (p·v) / p (backward: v − 1 − that); the micro-batch is the
+  // group's (k / (p·v))·p + k mod p (get_schedule_table with N = p).
   const std::int64_t total = m * v, group = p * v;
-  const std::int64_t warmup = m == p ? total : std::min((p - r - 1) * 2 + (v - 1) * p, total);
+  const std::int64_t warmup = std::min((p - r - 1) * 2 + (v - 1) * p, total);
   auto at = [&](std::int64_t k, bool backward) {
     const std::int64_t inGroup = k % group;
     const std::int64_t chunk = inGroup / p;
