@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.profiler import record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -129,16 +130,22 @@ class CopyToTensorParallelRegion(torch.autograd.Function):
 
 
 class ReduceFromTensorParallelRegion(torch.autograd.Function):
-    """mappings.py _ReduceFromModelParallelRegion: an in-place all-reduce; backward identity."""
+    """mappings.py _ReduceFromModelParallelRegion: an in-place all-reduce; backward identity.
+    A row-parallel layer's whole bias is added in place here (autograd forbids an in-place op on
+    the output of a Function that returns its input); its gradient is the sum over tokens."""
 
     @staticmethod
-    def forward(ctx, input_):
+    def forward(ctx, input_, bias=None):
         all_reduce(input_)
+        ctx.use_bias = bias is not None
+        if bias is not None:
+            input_.add_(bias)
         return input_
 
     @staticmethod
     def backward(ctx, grad_output):
-        return grad_output
+        grad_bias = grad_output.sum(dim=(0, 1)) if ctx.use_bias else None
+        return grad_output, grad_bias
 
 
 class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
@@ -169,13 +176,17 @@ class SequenceParallelLinear(torch.autograd.Function):
     reduce-scatters it into a new sub_grad_input, then grad_weight = grad_outputᵀ @ total_input."""
 
     @staticmethod
-    def forward(ctx, input_, weight):
+    def forward(ctx, input_, weight, bias=None):
         ctx.save_for_backward(input_, weight)
+        ctx.use_bias = bias is not None
         shape = list(input_.shape)
         shape[1] *= TP["world"]
         total_input = MPU_BUFFER.get_tensor(shape, input_.dtype, "mpu")
         all_gather_into(total_input, input_)
-        return torch.matmul(total_input, weight.t())
+        output = torch.matmul(total_input, weight.t())
+        if bias is not None:
+            output.add_(bias)  # Transformer Engine adds it in the GEMM's epilogue: no second tensor
+        return output
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -192,20 +203,47 @@ class SequenceParallelLinear(torch.autograd.Function):
         sub_grad_input = torch.empty(input_.shape, dtype=input_.dtype)
         reduce_scatter_into(sub_grad_input, grad_input)
         grad_weight = grad_output_2d.t().matmul(total_input_2d)
-        return sub_grad_input, grad_weight
+        grad_bias = grad_output_2d.sum(dim=0) if ctx.use_bias else None
+        return sub_grad_input, grad_weight, grad_bias
 
 
-def column_parallel(linear, x, sp):
+def column_parallel(linear, x, sp, weight=None):
+    weight = linear.weight if weight is None else weight
+    bias = None if linear is None else linear.bias
     if sp:
-        return SequenceParallelLinear.apply(x, linear.weight)
-    return linear(CopyToTensorParallelRegion.apply(x))
+        return SequenceParallelLinear.apply(x, weight, bias)
+    return F.linear(CopyToTensorParallelRegion.apply(x), weight, bias)
 
 
 def row_parallel(linear, x, sp):
-    out = linear(x)
-    if sp:
-        return ReduceScatterToSequenceParallelRegion.apply(out)
-    return ReduceFromTensorParallelRegion.apply(out)
+    """RowParallelLinear: the matmul of the rank's slice, then the all-reduce (or reduce-scatter);
+    a bias is whole and added after it (skip_bias_add, then bias-dropout-add; the fused kernel
+    makes no x + bias tensor, written here as an in-place add)."""
+    out = F.linear(x, linear.weight)
+    if not sp:
+        return ReduceFromTensorParallelRegion.apply(out, linear.bias)
+    out = ReduceScatterToSequenceParallelRegion.apply(out)
+    if linear.bias is not None:
+        out.add_(linear.bias)
+    return out
+
+
+class ScatterToSequenceParallelRegion(torch.autograd.Function):
+    """mappings.py _ScatterToSequenceParallelRegion (the rank's s/t, a view of the input), then
+    LanguageModelEmbedding's clone (clone_scatter_output_in_embedding, default on); backward
+    all-gathers into a new [s] gradient."""
+
+    @staticmethod
+    def forward(ctx, input_):
+        return seq_slice(input_, TP["rank"]).clone()
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        shape = list(grad_output.shape)
+        shape[1] *= TP["world"]
+        output = torch.empty(shape, dtype=grad_output.dtype)
+        all_gather_into(output, grad_output.contiguous())
+        return output
 
 
 def padded_vocab(vocab, t):
@@ -290,6 +328,79 @@ class TensorParallelLlama(nn.Module):
         return loss
 
 
+class TensorParallelGPT2(nn.Module):
+    """One tensor-parallel rank of GPT2LMHeadModel as Megatron's GPT splits it (tied head):
+    c_attn and c_fc column-parallel (weight and bias 1/t), both c_proj row-parallel (weight 1/t,
+    bias whole), wte a VocabParallelEmbedding, wpe and the LayerNorms whole."""
+
+    def __init__(self, cfg, rank, t, sp):
+        super().__init__()
+        self.cfg, self.rank, self.t, self.sp = cfg, rank, t, sp
+        h = cfg.hidden
+        self.rank_vocab = padded_vocab(cfg.vocab, t) // t
+        self.rank_cfg = copy.copy(cfg)
+        self.rank_cfg.heads = cfg.heads // t
+        f32 = torch.float32
+        self.wte = nn.Embedding(self.rank_vocab, h, dtype=f32)
+        self.wpe = nn.Embedding(cfg.max_pos, h, dtype=f32)
+        self.h = nn.ModuleList()
+        for _ in range(cfg.layers):
+            block = nn.Module()
+            block.ln_1 = R.LayerNorm(h, eps=cfg.ln_eps, dtype=f32)
+            block.c_attn = nn.Linear(h, 3 * h // t, dtype=f32)
+            block.attn_c_proj = nn.Linear(h // t, h, dtype=f32)
+            block.ln_2 = R.LayerNorm(h, eps=cfg.ln_eps, dtype=f32)
+            block.c_fc = nn.Linear(h, cfg.inter // t, dtype=f32)
+            block.mlp_c_proj = nn.Linear(cfg.inter // t, h, dtype=f32)
+            self.h.append(block)
+        self.ln_f = R.LayerNorm(h, eps=cfg.ln_eps, dtype=f32)
+
+    def forward(self, input_ids, labels):
+        cfg, rcfg = self.cfg, self.rank_cfg
+        s = input_ids.shape[1]
+        # LanguageModelEmbedding: the word embeddings all-reduced (learned positions: no
+        # reduce_scatter_embeddings), the positions added on all s tokens, then the rank's s/t.
+        start = self.rank * self.rank_vocab
+        input_mask = (input_ids < start) | (input_ids >= start + self.rank_vocab)
+        masked_input = input_ids.clone() - start
+        masked_input[input_mask] = 0
+        words = self.wte(masked_input)
+        words[input_mask, :] = 0.0
+        del input_mask, masked_input
+        words = ReduceFromTensorParallelRegion.apply(words)
+        positions = self.wpe(torch.arange(s)[None])
+        hidden_states = words + positions
+        del words, positions
+        if self.sp:
+            hidden_states = ScatterToSequenceParallelRegion.apply(hidden_states)
+        mask = R.decoder_eager_mask(1, s, hidden_states.dtype) if cfg.attention == "eager" else None
+        hidden_states = R.dropout(hidden_states, cfg.hidden_dropout)
+        width = cfg.hidden // self.t
+        for block in self.h:
+            residual = hidden_states
+            qkv = column_parallel(block.c_attn, block.ln_1(hidden_states), self.sp)
+            query, key, value = qkv.split(width, dim=2)
+            del qkv
+            shape = (1, s, -1, cfg.head_dim)
+            query, key, value = (x.view(shape).transpose(1, 2) for x in (query, key, value))
+            out = R.attention_core(rcfg, query, key, value, mask, n_rep=1, causal=True)
+            del query, key, value
+            out = row_parallel(block.attn_c_proj, out.reshape(1, s, -1).contiguous(), self.sp)
+            hidden_states = R.dropout(out, cfg.hidden_dropout) + residual
+            del out
+            residual = hidden_states
+            wide = column_parallel(block.c_fc, block.ln_2(hidden_states), self.sp)
+            out = row_parallel(block.mlp_c_proj, R.activation(cfg.act, wide), self.sp)
+            del wide
+            hidden_states = residual + R.dropout(out, cfg.hidden_dropout)
+            del out, residual
+        del mask
+        hidden_states = self.ln_f(hidden_states)
+        logits = column_parallel(None, hidden_states, self.sp, weight=self.wte.weight)
+        del hidden_states
+        return R.megatron_language_model_loss(logits, labels, self.rank * self.rank_vocab, all_reduce)
+
+
 def measure_rank(rank, world, setup, port, out_path):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -307,7 +418,8 @@ def measure_rank(rank, world, setup, port, out_path):
 
     def run():
         with record_function("gpumem:init"):
-            model = TensorParallelLlama(cfg, rank, world, p.get("sequenceParallel", False))
+            family = TensorParallelGPT2 if cfg.family == "gpt2" else TensorParallelLlama
+            model = family(cfg, rank, world, p.get("sequenceParallel", False))
             params = list(model.parameters())
             opt = V.make_optimizer(t["optimizer"], t["optimizerImplementation"], params)
         for step in (1, 2):
@@ -338,8 +450,8 @@ def measure_rank(rank, world, setup, port, out_path):
     dist.destroy_process_group()
 
 
-def case(name, sp, seq=512, attention="eager", **arch_fields):
-    setup = R.transformer_setup(V.arch("llama", **arch_fields), batch=1, seq=seq, attention=attention)
+def case(name, sp, seq=512, attention="eager", family="llama", **arch_fields):
+    setup = R.transformer_setup(V.arch(family, **arch_fields), batch=1, seq=seq, attention=attention)
     setup["training"]["lossImplementation"] = "megatronVocabParallel"
     setup["parallel"] = {"tensorParallel": 2, "sequenceParallel": sp}
     return name, setup
@@ -352,6 +464,9 @@ CASES = [
     case("llama-tp2-sp-sdpa", True, attention="sdpa"),
     # Grouped-query attention: 8 query heads over 4 key/value heads, 4 and 2 on each rank.
     case("llama-gqa-tp2-sp", True, numKeyValueHeads=4),
+    # GPT-2: biases (row-parallel ones whole), learned positions, tied head, dropout.
+    case("gpt2-tp2", False, family="gpt2"),
+    case("gpt2-tp2-sp", True, family="gpt2"),
 ]
 
 
