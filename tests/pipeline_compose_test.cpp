@@ -1,0 +1,182 @@
+// Pipeline parallelism composed with sequence and context parallelism (Megatron's TP + SP + PP
+// layout, torchtitan's FSDP × CP × TP × PP rows), pinned by hand: the stage boundary tensors
+// carry the rank's s/(c·t) tokens, the in-flight micro-batches' saved activations are the
+// sharded ones, and the stage's parameters are the tensor-parallel rank's slice of its layers
+// (docs/parallel.md "Pipeline").
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "gpumem/parallel.hpp"
+#include "gpumem/presets.hpp"
+#include "test_support.hpp"
+
+using namespace gpumem;
+using namespace gpumem::test;
+
+namespace {
+
+// Llama 2 7B's blocks (h 4096, 32 heads, SwiGLU 11008, vocabulary 32000, untied head), `layers`
+// of them, bf16 with fp32 masters, SDPA, 1 × s tokens, p stages under 1F1B with m micro-batches.
+Setup LlamaPipeline(std::int64_t layers, std::int64_t p, std::int64_t m, std::int64_t s) {
+  Setup setup = DefaultSetup();
+  setup.model.kind = ModelKind::Transformer;
+  setup.model.architecture = FindPreset("llama-2-7b")->architecture;
+  setup.model.architecture.numLayers = layers;
+  setup.training.precision = Precision::BF16Mixed;
+  setup.training.attention = AttentionImplementation::SDPA;
+  setup.training.batchSize = 1;
+  setup.training.sequenceLength = s;
+  setup.parallel.pipelineParallel = p;
+  setup.parallel.gradientAccumulationSteps = m;
+  return setup;
+}
+
+Setup WithSequenceParallel(Setup s, std::int64_t t) {
+  s.parallel.tensorParallel = t;
+  s.parallel.sequenceParallel = true;
+  return s;
+}
+
+Setup AtStage(Setup s, std::int64_t stage) {
+  s.parallel.pipelineStage = stage;
+  return s;
+}
+
+Estimate Labelled(const Setup& s) {
+  EstimateOptions o;
+  o.timeline = EstimateOptions::Timeline::Labelled;
+  EstimateResult r = EstimateMemory(s, o);
+  if (!r.ok()) FAIL("setup unexpectedly invalid: " << r.errors.front().field << ": " << r.errors.front().message);
+  return r.estimate;
+}
+
+// Every positive event of a phase whose label holds `label`, as their byte sizes.
+std::vector<std::int64_t> EventSizes(const Estimate& e, Phase phase, const std::string& label) {
+  std::vector<std::int64_t> sizes;
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.phase == phase && p.deltaBytes > 0 && p.label.find(label) != std::string::npos) sizes.push_back(p.deltaBytes);
+  }
+  return sizes;
+}
+
+std::int64_t ForwardPeak(const Setup& s) {
+  return MustEstimate(s).phasePeaks[static_cast<std::size_t>(Phase::Forward)].totalBytes;
+}
+
+// One more micro-batch in flight on `stage`: the forward peak with two less the peak with one
+// (under 1F1B stage r keeps min(p − r, m), so both counts are reached on a middle stage of 4).
+std::int64_t OneMicroBatchInFlight(Setup s, std::int64_t stage) {
+  s.parallel.pipelineStage = stage;
+  s.parallel.gradientAccumulationSteps = 2;
+  const std::int64_t two = ForwardPeak(s);
+  s.parallel.gradientAccumulationSteps = 1;
+  return two - ForwardPeak(s);
+}
+
+constexpr std::int64_t kHidden = 4096, kFfn = 11008, kHeads = 32, kHeadDim = 128, kVocab = 32000;
+
+}  // namespace
+
+TEST_CASE("Pipeline with sequence parallel: the stage boundary carries b s/t h", "[pipeline][compose]") {
+  // PP 2 × TP 2 + SP, 4 layers, 1 × 512 tokens, 2 micro-batches. Megatron schedules.py
+  // get_tensor_shapes: (seq_length // tensor_model_parallel_size, micro_batch_size, hidden) with
+  // sequence_parallel, in pipeline_dtype (params_dtype, bf16 here).
+  const std::int64_t s = 512, t = 2;
+  const Setup base = WithSequenceParallel(LlamaPipeline(4, 2, 2, s), t);
+  REQUIRE(Validate(base).empty());
+  const std::int64_t boundary = 1 * (s / t) * kHidden * 2;  // 2 MiB
+  const Estimate last = Labelled(AtStage(base, 1));
+  const std::vector<std::int64_t> received =
+      EventSizes(last, Phase::Forward, "input_tensor (received from the previous stage)");
+  REQUIRE(received.size() >= 2);  // one per micro-batch
+  for (std::int64_t bytes : received) CHECK(bytes == boundary);
+  // The first stage receives the output gradient of the same shape (recv_backward) in backward.
+  const Estimate first = Labelled(AtStage(base, 0));
+  const std::vector<std::int64_t> gradients = EventSizes(first, Phase::Backward, "send output_tensor");
+  REQUIRE(gradients.size() >= 2);
+  for (std::int64_t bytes : gradients) CHECK(bytes == boundary);
+  CHECK(EventSizes(first, Phase::Forward, "input_tensor (received").empty());
+  // The embeddings reduce-scatter to the rank's s/t tokens on the first stage, as on one stage.
+  const std::vector<std::int64_t> scattered = EventSizes(first, Phase::Forward, "embeddings reduce-scatter (s/t)");
+  CHECK(scattered.size() == 4);  // two micro-batches in each of two steps
+  for (std::int64_t bytes : scattered) CHECK(bytes == boundary);
+  // The head on the last stage all-gathers its sequence-sharded input: backward's full
+  // grad_input [b, s, h] before the reduce-scatter.
+  CHECK(!EventSizes(last, Phase::Backward, "before reduce-scatter").empty());
+  // Without sequence parallelism the boundary is the whole sequence.
+  Setup tensorOnly = base;
+  tensorOnly.parallel.sequenceParallel = false;
+  for (std::int64_t bytes : EventSizes(Labelled(AtStage(tensorOnly, 1)), Phase::Forward, "input_tensor (received"))
+    CHECK(bytes == t * boundary);
+}
+
+TEST_CASE("Pipeline with sequence parallel: a stage's parameters are the rank's slice of its layers", "[pipeline][compose]") {
+  // PP 2 × TP 2 + SP over 4 layers: per layer and rank q, k, v, o (4·h·h/t), gate, up, down
+  // (3·h·ffn/t) and two whole RMSNorms (2·h); the vocabulary (32000, a multiple of 128·t) V/t rows.
+  const std::int64_t t = 2, h = kHidden;
+  const std::int64_t perLayer = 4 * h * h / t + 3 * h * kFfn / t + 2 * h;
+  const Setup base = WithSequenceParallel(LlamaPipeline(4, 2, 2, 512), t);
+  const Estimate first = MustEstimate(AtStage(base, 0)), last = MustEstimate(AtStage(base, 1));
+  CHECK(first.modelStates.parameterCount == 2 * perLayer + kVocab / t * h);
+  CHECK(last.modelStates.parameterCount == 2 * perLayer + h + kVocab / t * h);
+  // bf16 weights, bf16 gradients, fp32 masters and two fp32 Adam moments: 16 B a parameter.
+  CHECK(first.modelStates.totalBytes == 16 * first.modelStates.parameterCount);
+  CHECK(first.rank.pipelineStage == 0);
+  CHECK(last.rank.pipelineStage == 1);
+  CHECK(first.rank.worldSize == 4);
+}
+
+TEST_CASE("Pipeline with sequence parallel: an in-flight micro-batch holds the sharded activations", "[pipeline][compose]") {
+  // A middle stage (1 of 4, two layers, no embeddings, no head) under 1F1B: one more micro-batch
+  // in flight keeps its received input and what its two blocks save. One GPU's block saves
+  // 24·bsh + 8·bs·ffn + (8 + 4a)·bs (tests/sequence_context_expert_test.cpp), and with sequence
+  // parallelism exactly 1/t of it; the received input is b·s/t·h in bf16. The rotary tables
+  // cos and sin ([1, 1, s, head_dim], bf16, saved by apply_rotary_pos_emb) stay whole: Megatron
+  // gathers the sequence before attention, so every rank's rotary covers all s positions. The
+  // sent output keeps one bf16 element (deallocate_output_tensor: out.data = torch.empty((1,))).
+  const std::int64_t s = 512, b = 1, h = kHidden;
+  const std::int64_t block = 24 * b * s * h + 8 * b * s * kFfn + (8 + 4 * kHeads) * b * s;
+  const std::int64_t rotary = 2 * s * kHeadDim * 2;
+  const Setup one = LlamaPipeline(8, 4, 2, s);
+  CHECK(OneMicroBatchInFlight(one, 1) == 2 * block + b * s * h * 2 + rotary + 2);
+  for (std::int64_t t : {2, 4}) {
+    INFO("t " << t);
+    CHECK(OneMicroBatchInFlight(WithSequenceParallel(one, t), 1) == 2 * block / t + b * (s / t) * h * 2 + rotary + 2);
+  }
+}
+
+TEST_CASE("Pipeline with context parallel: the stage runs on s/c tokens", "[pipeline][compose]") {
+  // Megatron get_tensor_shapes: seq_length // context_parallel_size (and // t with sequence
+  // parallelism). The rank's stage saves what the same stage saves on one GPU on s/c tokens.
+  const std::int64_t s = 1024, b = 1;
+  for (std::int64_t c : {2, 4}) {
+    INFO("c " << c);
+    Setup cp = LlamaPipeline(8, 4, 2, s);
+    cp.parallel.contextParallel = c;
+    REQUIRE(Validate(cp).empty());
+    const Setup local = LlamaPipeline(8, 4, 2, s / c);
+    CHECK(OneMicroBatchInFlight(cp, 1) == OneMicroBatchInFlight(local, 1));
+    const Estimate e = Labelled(AtStage(cp, 1));
+    for (std::int64_t bytes : EventSizes(e, Phase::Forward, "input_tensor (received"))
+      CHECK(bytes == b * (s / c) * kHidden * 2);
+    CHECK(e.rank.why.find("context-parallel rank") != std::string::npos);
+    CHECK(e.rank.worldSize == 4 * c);
+  }
+  // PP × CP × TP + SP: the boundary is s/(c·t) tokens.
+  Setup all = WithSequenceParallel(LlamaPipeline(8, 4, 2, s), 2);
+  all.parallel.contextParallel = 2;
+  REQUIRE(Validate(all).empty());
+  for (std::int64_t bytes : EventSizes(Labelled(AtStage(all, 2)), Phase::Forward, "input_tensor (received"))
+    CHECK(bytes == b * (s / 4) * kHidden * 2);
+}
+
+TEST_CASE("Pipeline with expert parallel stays refused by name", "[pipeline][compose]") {
+  Setup moe = DefaultSetup();
+  moe.model.kind = ModelKind::Transformer;
+  moe.model.architecture = FindPreset("mixtral-8x7b")->architecture;
+  moe.parallel.pipelineParallel = 2;
+  moe.parallel.expertParallel = 2;
+  moe.parallel.dataParallel = 2;
+  CHECK(HasErrorOn(Validate(moe), "parallel.pipelineParallel"));
+}
