@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "gpumem/json.hpp"
 #include "gpumem/parallel.hpp"
 #include "gpumem/presets.hpp"
 #include "test_support.hpp"
@@ -179,4 +180,141 @@ TEST_CASE("Pipeline with expert parallel stays refused by name", "[pipeline][com
   moe.parallel.expertParallel = 2;
   moe.parallel.dataParallel = 2;
   CHECK(HasErrorOn(Validate(moe), "parallel.pipelineParallel"));
+}
+
+namespace {
+std::vector<std::int64_t> Split(std::int64_t layers, std::int64_t p, std::int64_t first = 0, std::int64_t last = 0,
+                                PipelineSchedule schedule = PipelineSchedule::OneFOneB, std::int64_t v = 1) {
+  ParallelDef par;
+  par.pipelineParallel = p;
+  par.pipelineFirstStageLayers = first;
+  par.pipelineLastStageLayers = last;
+  par.pipelineSchedule = schedule;
+  par.virtualStages = v;
+  return PipelineStageLayers(par, layers);
+}
+using Layers = std::vector<std::int64_t>;
+}  // namespace
+
+TEST_CASE("Unequal stages: Megatron's first and last stage layers and torchtitan's split", "[pipeline][compose]") {
+  // Even: Megatron get_num_layers_to_build, L/p.
+  CHECK(Split(32, 4) == Layers{8, 8, 8, 8});
+  CHECK(Split(32, 4, 0, 0, PipelineSchedule::Interleaved, 2) == Layers{8, 8, 8, 8});
+  // torchtitan generate_split_points (December 2024): the first L div p, middle stages one more
+  // while the remainder lasts, the last the rest. Llama 3.1 405B, 126 layers over 8 stages.
+  CHECK(Split(126, 8) == Layers{15, 16, 16, 16, 16, 16, 16, 15});
+  CHECK(Split(12, 5) == Layers{2, 3, 3, 2, 2});  // base 2, remainder 2
+  CHECK(Split(7, 4) == Layers{1, 2, 2, 2});      // base 1, remainder 3: the last takes the third
+  CHECK(Split(10, 4) == Layers{2, 3, 3, 2});
+  CHECK(Split(3, 4).empty());                     // more stages than layers
+  CHECK(Split(12, 5, 0, 0, PipelineSchedule::Interleaved, 2).empty());  // Megatron: p·v must divide L
+  // Megatron --decoder-first/last-pipeline-num-layers: the rest evenly over the other stages.
+  CHECK(Split(32, 4, 3, 5) == Layers{3, 12, 12, 5});
+  CHECK(Split(30, 4, 6) == Layers{6, 8, 8, 8});
+  CHECK(Split(30, 4, 0, 3) == Layers{9, 9, 9, 3});
+  CHECK(Split(10, 2, 4) == Layers{4, 6});
+  CHECK(Split(10, 2, 4, 6) == Layers{4, 6});
+  CHECK(Split(10, 2, 4, 5).empty());   // both set: they must add up to L
+  CHECK(Split(32, 4, 3, 4).empty());   // 25 over 2 stages
+  CHECK(Split(8, 4, 4, 4).empty());    // nothing left for the middle stages
+  CHECK(Split(32, 4, 4, 4, PipelineSchedule::Interleaved, 2).empty());
+}
+
+TEST_CASE("Unequal stages: each stage holds and runs its own layers", "[pipeline][compose]") {
+  // Llama 2 7B's blocks, 10 layers over 4 stages (torchtitan's split 2, 3, 3, 2).
+  const std::int64_t h = kHidden, s = 512, b = 1;
+  const std::int64_t perLayer = 4 * h * h + 3 * h * kFfn + 2 * h;
+  const Setup base = LlamaPipeline(10, 4, 2, s);
+  REQUIRE(Validate(base).empty());
+  CHECK(MustEstimate(AtStage(base, 0)).modelStates.parameterCount == 2 * perLayer + kVocab * h);
+  CHECK(MustEstimate(AtStage(base, 1)).modelStates.parameterCount == 3 * perLayer);
+  CHECK(MustEstimate(AtStage(base, 2)).modelStates.parameterCount == 3 * perLayer);
+  CHECK(MustEstimate(AtStage(base, 3)).modelStates.parameterCount == 2 * perLayer + h + kVocab * h);
+  // The in-flight micro-batch of stage 1 holds its three blocks' saved activations (as in the
+  // sequence-parallel case above: the block by hand, the received input, the rotary tables and
+  // the sent output's one element).
+  const std::int64_t block = 24 * b * s * h + 8 * b * s * kFfn + (8 + 4 * kHeads) * b * s;
+  const std::int64_t rotary = 2 * s * kHeadDim * 2;
+  CHECK(OneMicroBatchInFlight(base, 1) == 3 * block + b * s * h * 2 + rotary + 2);
+  CHECK(OneMicroBatchInFlight(base, 2) == 3 * block + b * s * h * 2 + rotary + 2);
+  // Megatron's first/last stage layers: 1 on the first, 2 on the last, 7 in between (p = 3).
+  Setup megatron = LlamaPipeline(10, 3, 2, s);
+  megatron.parallel.pipelineFirstStageLayers = 1;
+  megatron.parallel.pipelineLastStageLayers = 2;
+  REQUIRE(Validate(megatron).empty());
+  CHECK(MustEstimate(AtStage(megatron, 0)).modelStates.parameterCount == perLayer + kVocab * h);
+  CHECK(MustEstimate(AtStage(megatron, 1)).modelStates.parameterCount == 7 * perLayer);
+  CHECK(MustEstimate(AtStage(megatron, 2)).modelStates.parameterCount == 2 * perLayer + h + kVocab * h);
+  // Stage −1 also simulates the middle stage with the most layers, and shows it when it peaks
+  // above the first and the last.
+  const Estimate chosen = MustEstimate(megatron);
+  CHECK(chosen.rank.pipelineStage == 1);
+  CHECK(chosen.rank.why.find("pipeline stage 1 (a middle stage of 7 layers") == 0);
+  CHECK(chosen.peak.totalBytes == MustEstimate(AtStage(megatron, 1)).peak.totalBytes);
+  CHECK(chosen.peak.totalBytes > MustEstimate(AtStage(megatron, 0)).peak.totalBytes);
+  bool noted = false;
+  for (const std::string& n : chosen.notes) noted |= n.find("unequal layer counts (1, 7, 2)") != std::string::npos;
+  CHECK(noted);
+  // An even split never simulates a middle stage: the first and the last as before.
+  const Estimate even = MustEstimate(LlamaPipeline(8, 4, 4, s));
+  CHECK((even.rank.pipelineStage == 0 || even.rank.pipelineStage == 3));
+  CHECK(even.rank.why.find("middle") == std::string::npos);
+}
+
+TEST_CASE("Unequal stages: the fields are validated by name and read and written as JSON", "[pipeline][compose]") {
+  CHECK(DefaultSetup().parallel.pipelineFirstStageLayers == 0);
+  CHECK(DefaultSetup().parallel.pipelineLastStageLayers == 0);
+  Setup s = LlamaPipeline(10, 3, 2, 512);
+  s.parallel.pipelineFirstStageLayers = -1;
+  CHECK(HasErrorOn(Validate(s), "parallel.pipelineFirstStageLayers"));
+  s.parallel.pipelineFirstStageLayers = 2'000'000;
+  CHECK(HasErrorOn(Validate(s), "parallel.pipelineFirstStageLayers"));
+  s.parallel.pipelineFirstStageLayers = 0;
+  s.parallel.pipelineLastStageLayers = 3;  // 7 over 2 stages
+  CHECK(HasErrorOn(Validate(s), "parallel.pipelineLastStageLayers"));
+  s.parallel.pipelineLastStageLayers = 4;  // 6 over 2
+  CHECK(Validate(s).empty());
+  Setup one = LlamaPipeline(10, 1, 1, 512);
+  one.parallel.pipelineLastStageLayers = 4;
+  CHECK(HasErrorOn(Validate(one), "parallel.pipelineLastStageLayers"));
+  Setup inter = LlamaPipeline(12, 2, 2, 512);
+  inter.parallel.pipelineSchedule = PipelineSchedule::Interleaved;
+  inter.parallel.virtualStages = 2;
+  inter.parallel.pipelineFirstStageLayers = 4;
+  CHECK(HasErrorOn(Validate(inter), "parallel.pipelineFirstStageLayers"));
+  inter.parallel.pipelineFirstStageLayers = 0;
+  CHECK(Validate(inter).empty());
+  inter.model.architecture.numLayers = 10;  // 10 layers over 2 × 2 chunks
+  CHECK(HasErrorOn(Validate(inter), "parallel.pipelineParallel"));
+  CHECK(HasErrorOn(Validate(LlamaPipeline(3, 4, 1, 512)), "parallel.pipelineParallel"));
+  const std::string text = SetupToJson(s);
+  CHECK(text.find("\"pipelineLastStageLayers\":4") != std::string::npos);
+  const SetupParseResult back = ParseSetupJson(text);
+  REQUIRE(back.ok());
+  CHECK(back.setup.parallel.pipelineLastStageLayers == 4);
+  CHECK(back.setup.parallel.pipelineFirstStageLayers == 0);
+  const SetupParseResult wrong = ParseSetupJson(R"({"parallel":{"pipelineFirstStageLayers":"two"}})");
+  CHECK(!wrong.ok());
+}
+
+TEST_CASE("Pipeline with sequence parallel: the layout cost and the solver", "[pipeline][compose][layouts]") {
+  // The p2p traffic is 2·m·v·b·h·s/(c·t) activations a step (Megatron get_tensor_shapes).
+  Setup s = WithSequenceParallel(LlamaPipeline(8, 2, 4, 1024), 2);
+  const double bsh = 1.0 * 1024 * kHidden * 2;  // bf16 activations
+  CHECK(LayoutCostOf(s).pipelineBytes == Approx(2 * 4 * bsh / 2));
+  s.parallel.contextParallel = 2;
+  CHECK(LayoutCostOf(s).pipelineBytes == Approx(2 * 4 * bsh / 4));
+  s.parallel.sequenceParallel = false;
+  CHECK(LayoutCostOf(s).pipelineBytes == Approx(2 * 4 * bsh / 2));
+  // A setup with sequence parallelism on: the solver now simulates its pipeline layouts (tp > 1)
+  // where it refused them before.
+  Setup solve = WithSequenceParallel(LlamaPipeline(8, 1, 1, 512), 2);
+  solve.gpu.memoryGiB = 80;
+  const LayoutsResult r = LayoutsForCluster(solve, 4, {.allowOffload = false, .maxEstimates = 64});
+  REQUIRE(r.ok());
+  bool pipelineWithSequence = false;
+  for (const LayoutRow& row : r.layouts) {
+    pipelineWithSequence |= row.pipelineParallel > 1 && row.tensorParallel > 1 && row.setup.parallel.sequenceParallel;
+  }
+  CHECK(pipelineWithSequence);
 }

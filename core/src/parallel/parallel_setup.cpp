@@ -65,6 +65,8 @@ constexpr ParallelField kFields[] = {
     {"pipelineSchedule", "pipeline schedule", "select", "pipelineSchedules", "1F1B, GPipe or interleaved"},
     {"virtualStages", "virtual stages", "count", "", "interleaved: model chunks per pipeline rank"},
     {"pipelineStage", "simulated pipeline stage", "number", "", "-1 = the first or the last, whichever peaks higher; else 0 … p − 1"},
+    {"pipelineFirstStageLayers", "layers in the first stage", "number", "", "Megatron --decoder-first-pipeline-num-layers; 0 = not set (an even split, or torchtitan's when p does not divide the layers)"},
+    {"pipelineLastStageLayers", "layers in the last stage", "number", "", "Megatron --decoder-last-pipeline-num-layers; 0 = not set"},
     {"contextParallel", "context parallel size", "count", "", "Megatron --context-parallel-size"},
     {"expertParallel", "expert parallel size", "count", "", "Megatron --expert-model-parallel-size"},
     {"gradientAccumulationSteps", "gradient accumulation steps", "count", "", "micro-batches per optimizer step (the pipeline's m)"},
