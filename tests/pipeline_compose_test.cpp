@@ -318,3 +318,35 @@ TEST_CASE("Pipeline with sequence parallel: the layout cost and the solver", "[p
   }
   CHECK(pipelineWithSequence);
 }
+
+TEST_CASE("Pipeline composed at torchtitan's 405B size: FSDP2 8 x TP 8 + SP x PP 8 over 126 layers", "[pipeline][compose]") {
+  // torchtitan's Table 5 1F1B layout as gpumem states it (llama3_h100_202412_torchtitan.md):
+  // the work budget counts the largest stage's 16 layers a micro-batch, not all 126, so its 8
+  // micro-batches are simulated; stage −1 finds a middle stage of 16 layers above both ends.
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("llama-3.1-405b")->architecture;
+  s.training.precision = Precision::BF16Mixed;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.checkpointing = Checkpointing::EveryBlock;
+  s.training.batchSize = 4;
+  s.training.sequenceLength = 8192;
+  s.parallel.dataParallel = 8;
+  s.parallel.fsdp = FsdpMode::FullyShard;
+  s.parallel.reshardAfterForward = false;
+  s.parallel.fsdpReduceInFp32 = true;
+  s.parallel.tensorParallel = 8;
+  s.parallel.sequenceParallel = true;
+  s.parallel.pipelineParallel = 8;
+  s.parallel.gradientAccumulationSteps = 8;
+  REQUIRE(Validate(s).empty());
+  CHECK(PipelineStageLayers(s.parallel, 126) == Layers{15, 16, 16, 16, 16, 16, 16, 15});
+  const Estimate e = MustEstimate(s);
+  CHECK(e.rank.pipelineStage == 1);
+  CHECK(e.rank.worldSize == 512);
+  // The stage's parameters: 16 of the 126 blocks, each sliced 8 ways by tensor parallelism.
+  const ArchitectureDef& a = s.model.architecture;
+  const std::int64_t h = a.hiddenSize, kv = a.numKeyValueHeads * (h / a.numHeads), ffn = IntermediateSize(a);
+  const std::int64_t perLayer = (h * h + 2 * h * kv + h * h) / 8 + 3 * h * ffn / 8 + 2 * h;
+  CHECK(e.modelStates.parameterCount == 16 * perLayer);
+}
