@@ -350,3 +350,34 @@ TEST_CASE("Pipeline composed at torchtitan's 405B size: FSDP2 8 x TP 8 + SP x PP
   const std::int64_t perLayer = (h * h + 2 * h * kv + h * h) / 8 + 3 * h * ffn / 8 + 2 * h;
   CHECK(e.modelStates.parameterCount == 16 * perLayer);
 }
+
+TEST_CASE("Pipeline with sequence parallel: GPT-2's learned positions and tied head on the stages", "[pipeline][compose]") {
+  // GPT-2 (124M), 12 layers over 2 stages × TP 2 + SP, 1 × 256 tokens, bf16 mixed. Megatron's
+  // LanguageModelEmbedding scatters wte + wpe to s/t tokens before the dropout; the boundary is
+  // b·s/t·h; the last stage's tied head (a copy of wte, V/t rows) all-gathers its input.
+  Setup g = DefaultSetup();
+  g.model.kind = ModelKind::Transformer;
+  g.model.architecture = FindPreset("gpt2")->architecture;
+  g.training.precision = Precision::BF16Mixed;
+  g.training.sequenceLength = 256;
+  g.parallel.pipelineParallel = 2;
+  g.parallel.gradientAccumulationSteps = 2;
+  g = WithSequenceParallel(g, 2);
+  REQUIRE(Validate(g).empty());
+  const std::int64_t h = 768, boundary = 1 * 128 * h * 2;
+  const Estimate first = Labelled(AtStage(g, 0)), last = Labelled(AtStage(g, 1));
+  const std::vector<std::int64_t> scattered = EventSizes(first, Phase::Forward, "embeddings scatter (s/t)");
+  REQUIRE(!scattered.empty());
+  for (std::int64_t bytes : scattered) CHECK(bytes == boundary);
+  const std::vector<std::int64_t> received = EventSizes(last, Phase::Forward, "input_tensor (received");
+  REQUIRE(!received.empty());
+  for (std::int64_t bytes : received) CHECK(bytes == boundary);
+  CHECK(!EventSizes(last, Phase::Backward, "before reduce-scatter").empty());
+  // The tied head's word embeddings on the last stage: ⌈50257 / 256⌉·256 / 2 rows.
+  const std::int64_t vocabRows = (50257 + 255) / 256 * 256 / 2;
+  const Setup lastStage = PipelineStageSetup(TensorParallelRankSetup(AtStage(g, 1)));
+  const Inventory lastInventory = PipelineStageInventory(BuildInventory(lastStage), lastStage);
+  const int wte = lastInventory.IndexOf("transformer.wte.weight");
+  REQUIRE(wte >= 0);
+  CHECK(lastInventory.parameters[static_cast<std::size_t>(wte)].Elements() == vocabRows * h);
+}
