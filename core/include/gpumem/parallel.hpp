@@ -224,8 +224,8 @@ namespace gpumem {
 // every dp × tp × pp = N of the setup's GPU type (tp ≤ 8, one node; tp and pp as validation
 // allows: tp divides heads, key/value heads and widths, pp divides the layers), × sharding (DDP,
 // ZeRO-1/2/3, FSDP FULL_SHARD) × offload × activation checkpointing; each simulated, and the ones
-// that fit ranked by what they cost. Setups that Validate refuses (today: pipeline, context
-// parallel) are skipped and counted.
+// that fit ranked by what they cost. Setups that Validate refuses (what is not simulated yet,
+// docs/parallel.md) are skipped and counted.
 
 // What a layout costs per optimizer step and rank. Every figure is a formula of the setup
 // (core/src/parallel/layouts.cpp states each with its source); bytes are in the dtypes the
