@@ -225,8 +225,8 @@ namespace gpumem {
 // every dp × tp × pp = N of the setup's GPU type (tp ≤ 8, one node; tp and pp as validation
 // allows: tp divides heads, key/value heads and widths, pp divides the layers), × sharding (DDP,
 // ZeRO-1/2/3, FSDP FULL_SHARD) × offload × activation checkpointing; each simulated, and the ones
-// that fit ranked by what they cost. Setups that Validate refuses (today: pipeline, context
-// parallel) are skipped and counted.
+// that fit ranked by what they cost. Setups that Validate refuses (what is not simulated yet,
+// docs/parallel.md) are skipped and counted.
 
 // What a layout costs per optimizer step and rank. Every figure is a formula of the setup
 // (core/src/parallel/layouts.cpp states each with its source); bytes are in the dtypes the
@@ -323,6 +323,18 @@ double MegatronTheoreticalActivationBytes(const ArchitectureDef& a, std::int64_t
                                           std::int64_t microBatch, std::int64_t tensorParallel,
                                           std::int64_t pipelineParallel, std::int64_t virtualStages,
                                           std::int64_t microBatches);
+
+// Layers per pipeline stage, stage 0 first; empty where the setup cannot be split (validation
+// says why). In order:
+// - pipelineFirstStageLayers / pipelineLastStageLayers set: those stages hold that many, the other
+//   stages share the rest evenly (Megatron megatron/core/transformer/transformer_block.py
+//   get_num_layers_to_build, which asserts that they divide it);
+// - p (p·v interleaved) divides L: L/p each (Megatron, torchtitan);
+// - otherwise, 1F1B and GPipe only: torchtitan's generate_split_points (torchtitan/parallelisms/
+//   pipelining_utils.py, the version of its December 2024 benchmarks): the first stage L div p,
+//   each next stage one more while the remainder lasts, the last stage the rest. Llama 3.1 405B's
+//   126 layers over 8 stages: 15, 16, 16, 16, 16, 16, 16, 15.
+std::vector<std::int64_t> PipelineStageLayers(const ParallelDef& parallel, std::int64_t numLayers);
 
 // The simulated stage's model: the layers of stage `setup.parallel.pipelineStage` (L/p), with the
 // embeddings on the first stage and the final norm, head and loss on the last (Megatron

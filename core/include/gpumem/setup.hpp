@@ -448,6 +448,12 @@ struct ParallelDef {
   // peaks higher (the first holds the embeddings and the most in-flight micro-batches, the last
   // the head, logits and loss); 0 … pipelineParallel − 1 = that stage (docs/parallel.md).
   std::int64_t pipelineStage = -1;
+  // Stages of unequal layer counts: Megatron --decoder-first-pipeline-num-layers /
+  // --decoder-last-pipeline-num-layers (TransformerConfig num_layers_in_first_pipeline_stage /
+  // num_layers_in_last_pipeline_stage), in layers; 0 (default) = not set. The other stages share
+  // the rest evenly (docs/parallel.md "Pipeline", PipelineStageLayers).
+  std::int64_t pipelineFirstStageLayers = 0;
+  std::int64_t pipelineLastStageLayers = 0;
   std::int64_t contextParallel = 1;   // --context-parallel-size
   std::int64_t expertParallel = 1;    // --expert-model-parallel-size
   // Micro-batches per optimizer step (DeepSpeed gradient_accumulation_steps; Megatron's

@@ -449,7 +449,8 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
                       "gradientAsBucketView", "zeroRedundancyOptimizer", "reduceBucketSize", "allgatherBucketSize", "overlapComm",
                       "contiguousGradients", "stage3PrefetchBucketSize", "stage3MaxLiveParameters",
                       "stage3ParamPersistenceThreshold", "offload", "tensorParallel", "sequenceParallel",
-                      "pipelineParallel", "pipelineSchedule", "virtualStages", "pipelineStage", "contextParallel",
+                      "pipelineParallel", "pipelineSchedule", "virtualStages", "pipelineStage", "pipelineFirstStageLayers",
+                      "pipelineLastStageLayers", "contextParallel",
                       "expertParallel", "gradientAccumulationSteps", "fsdpReduceInFp32",
                       "fsdpShardEmbeddingsAndHead", "gradReduceInFp32", "fsdpWrapAdaptersApart"}, path);
   r.Int(v, "dataParallel", path, p.dataParallel);
@@ -477,6 +478,8 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.Enum(v, "pipelineSchedule", path, p.pipelineSchedule);
   r.Int(v, "virtualStages", path, p.virtualStages);
   r.Int(v, "pipelineStage", path, p.pipelineStage);
+  r.Int(v, "pipelineFirstStageLayers", path, p.pipelineFirstStageLayers);
+  r.Int(v, "pipelineLastStageLayers", path, p.pipelineLastStageLayers);
   r.Int(v, "contextParallel", path, p.contextParallel);
   r.Int(v, "expertParallel", path, p.expertParallel);
   r.Int(v, "gradientAccumulationSteps", path, p.gradientAccumulationSteps);
@@ -499,7 +502,9 @@ ojson ParallelJson(const ParallelDef& p) {
           {"stage3ParamPersistenceThreshold", p.stage3ParamPersistenceThreshold}, {"offload", IdOf(p.offload)},
           {"tensorParallel", p.tensorParallel}, {"sequenceParallel", p.sequenceParallel},
           {"pipelineParallel", p.pipelineParallel}, {"pipelineSchedule", IdOf(p.pipelineSchedule)},
-          {"virtualStages", p.virtualStages}, {"pipelineStage", p.pipelineStage}, {"contextParallel", p.contextParallel},
+          {"virtualStages", p.virtualStages}, {"pipelineStage", p.pipelineStage},
+          {"pipelineFirstStageLayers", p.pipelineFirstStageLayers}, {"pipelineLastStageLayers", p.pipelineLastStageLayers},
+          {"contextParallel", p.contextParallel},
           {"expertParallel", p.expertParallel}, {"gradientAccumulationSteps", p.gradientAccumulationSteps},
           {"fsdpReduceInFp32", p.fsdpReduceInFp32}, {"fsdpShardEmbeddingsAndHead", p.fsdpShardEmbeddingsAndHead},
           {"gradReduceInFp32", p.gradReduceInFp32}, {"fsdpWrapAdaptersApart", p.fsdpWrapAdaptersApart}};

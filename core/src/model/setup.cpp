@@ -777,11 +777,21 @@ void Validate(const Setup& setup, ErrorList& errors) {
       return;
     }
     // Every accumulated micro-batch is simulated (docs/parallel.md): the budget grows with them.
-    const double microBatches = static_cast<double>(setup.parallel.gradientAccumulationSteps);
+    double microBatches = static_cast<double>(setup.parallel.gradientAccumulationSteps);
+    // A pipeline stage runs only its own blocks (parallel/pipeline.cpp): the largest stage's
+    // share of the model's events per micro-batch.
+    if (setup.parallel.pipelineParallel > 1 && setup.model.kind == ModelKind::Transformer) {
+      const std::vector<std::int64_t> stages = PipelineStageLayers(setup.parallel, setup.model.architecture.numLayers);
+      if (!stages.empty()) {
+        microBatches *= static_cast<double>(*std::max_element(stages.begin(), stages.end())) /
+                        static_cast<double>(setup.model.architecture.numLayers);
+      }
+    }
     if (budget.predictedEvents * microBatches > kMaxPredictedEvents) {
       errors.push_back({ErrorCode::TooLarge, "parallel.gradientAccumulationSteps",
                         "Simulating " + FormatCount(setup.parallel.gradientAccumulationSteps) +
-                            " micro-batches would take about " + FormatScientific(budget.predictedEvents * microBatches) +
+                            " micro-batches" + (setup.parallel.pipelineParallel > 1 ? " of the largest stage" : "") +
+                            " would take about " + FormatScientific(budget.predictedEvents * microBatches) +
                             " events, more than " + FormatScientific(kMaxPredictedEvents) +
                             (setup.parallel.pipelineParallel <= 1
                                  ? ": fewer micro-batches show the same peak (from the second on, the gradients "

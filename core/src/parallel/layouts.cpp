@@ -146,8 +146,12 @@ LayoutCost LayoutCostOf(const Setup& setup) {
     }
     // Pipeline parallel: each micro-batch sends its activation b·s·h to the next stage in
     // forward and its gradient back in backward, once per model chunk (the interleaved schedule
-    // multiplies the p2p traffic by v, Narayanan et al. 2021 §2.2.2).
-    if (p > 1) c.pipelineBytes = 2 * m * v * bsh;
+    // multiplies the p2p traffic by v, Narayanan et al. 2021 §2.2.2). With context and sequence
+    // parallelism the boundary tensor is the rank's s/(c·t) tokens (Megatron schedules.py
+    // get_tensor_shapes: seq_length // context_parallel_size // tensor_model_parallel_size).
+    const double tokenShards = static_cast<double>(std::max<std::int64_t>(par.contextParallel, 1)) *
+                               static_cast<double>(par.sequenceParallel ? t : 1);
+    if (p > 1) c.pipelineBytes = 2 * m * v * bsh / tokenShards;
     // Full recomputation runs every forward once more: 3 passes become 4 (Narayanan et al. 2021
     // §5.1, the FLOPs 96·B·s·l·h² with recomputation against 72 without; selective recompute
     // and every k-th block are partial and counted as none here).

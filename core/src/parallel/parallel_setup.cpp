@@ -65,6 +65,8 @@ constexpr ParallelField kFields[] = {
     {"pipelineSchedule", "pipeline schedule", "select", "pipelineSchedules", "1F1B, GPipe or interleaved"},
     {"virtualStages", "virtual stages", "count", "", "interleaved: model chunks per pipeline rank"},
     {"pipelineStage", "simulated pipeline stage", "number", "", "-1 = the first or the last, whichever peaks higher; else 0 … p − 1"},
+    {"pipelineFirstStageLayers", "layers in the first stage", "number", "", "Megatron --decoder-first-pipeline-num-layers; 0 = not set (an even split, or torchtitan's when p does not divide the layers)"},
+    {"pipelineLastStageLayers", "layers in the last stage", "number", "", "Megatron --decoder-last-pipeline-num-layers; 0 = not set"},
     {"contextParallel", "context parallel size", "count", "", "Megatron --context-parallel-size"},
     {"expertParallel", "expert parallel size", "count", "", "Megatron --expert-model-parallel-size"},
     {"gradientAccumulationSteps", "gradient accumulation steps", "count", "", "micro-batches per optimizer step (the pipeline's m)"},
@@ -320,11 +322,11 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
   }
   // What the simulation covers so far (docs/parallel.md, "Not yet simulated"): refused, not guessed.
   ValidatePipeline(setup, errors);  // parallel/pipeline.cpp
-  if (p.pipelineParallel > 1 && (p.sequenceParallel || p.contextParallel > 1 || p.expertParallel > 1)) {
-    // Each was built and checked on one stage's whole model; their p2p sizes (s/t with sequence
-    // parallelism) and stage splits together are not simulated yet.
-    bad("pipelineParallel", "Pipeline parallelism together with sequence, context or expert parallelism is not "
-                            "simulated yet (docs/parallel.md).");
+  if (p.pipelineParallel > 1 && p.expertParallel > 1) {
+    // Sequence and context parallelism compose with the stage (parallel/pipeline.cpp: the stage
+    // boundary carries the rank's s/(c·t) tokens); experts over a pipeline are not simulated yet.
+    bad("pipelineParallel", "Pipeline parallelism together with expert parallelism is not simulated yet "
+                            "(docs/parallel.md).");
   }
   if (p.contextParallel > 1 && sizesOk) {
     // Transformer Engine splits each sequence into 2c chunks, two per rank (load balancing of

@@ -101,14 +101,61 @@ double MegatronTheoreticalActivationBytes(const ArchitectureDef& a, std::int64_t
   return bytes / static_cast<double>(tensorParallel);
 }
 
+std::vector<std::int64_t> PipelineStageLayers(const ParallelDef& par, std::int64_t numLayers) {
+  const std::int64_t p = par.pipelineParallel, L = numLayers;
+  const bool interleaved = par.pipelineSchedule == PipelineSchedule::Interleaved;
+  const std::int64_t v = interleaved ? par.virtualStages : 1;
+  const std::int64_t first = par.pipelineFirstStageLayers, last = par.pipelineLastStageLayers;
+  if (p < 1 || p > 4096 || L < 1 || v < 1 || first < 0 || last < 0) return {};
+  if (first > 0 || last > 0) {
+    // megatron/core/transformer/transformer_block.py get_num_layers_to_build: the layers left
+    // after the first and the last stage's go evenly to the stages left (it asserts that they
+    // divide); the first and last stage take theirs. Not with virtual stages here.
+    if (interleaved || p < 2) return {};
+    const std::int64_t stagesLeft = p - (first > 0 ? 1 : 0) - (last > 0 ? 1 : 0);
+    const std::int64_t rest = L - first - last;
+    if (rest < 0 || (stagesLeft == 0 && rest != 0)) return {};
+    if (stagesLeft > 0 && (rest % stagesLeft != 0 || rest / stagesLeft == 0)) return {};
+    const std::int64_t each = stagesLeft > 0 ? rest / stagesLeft : 0;
+    std::vector<std::int64_t> layers(static_cast<std::size_t>(p), each);
+    if (first > 0) layers.front() = first;
+    if (last > 0) layers.back() = last;
+    return layers;
+  }
+  // Megatron get_num_layers_to_build: num_layers / pipeline_model_parallel_size (and per virtual
+  // stage / v); torchtitan's split gives the same when p divides L.
+  if (L % (p * v) == 0) return std::vector<std::int64_t>(static_cast<std::size_t>(p), L / p);
+  if (interleaved || p > L) return {};
+  // torchtitan/parallelisms/pipelining_utils.py generate_split_points (single-stage schedules,
+  // one stage per rank): base_interval = L // p, extra_layers = L % p; the split after stage 0
+  // comes base_interval layers in, after each middle stage base_interval + 1 while extra_layers
+  // last; the last stage holds the rest ("layers." split points, pipeline_llama.py).
+  std::vector<std::int64_t> layers;
+  std::int64_t extra = L % p, placed = 0;
+  for (std::int64_t i = 0; i + 1 < p; ++i) {
+    std::int64_t n = L / p;
+    if (i > 0 && extra > 0) {
+      ++n;
+      --extra;
+    }
+    layers.push_back(n);
+    placed += n;
+  }
+  layers.push_back(L - placed);
+  return layers;
+}
+
 Setup PipelineStageSetup(const Setup& setup) {
   const std::int64_t p = setup.parallel.pipelineParallel;
   if (p <= 1 || setup.model.kind != ModelKind::Transformer) return setup;
   Setup stage = setup;
-  // Megatron get_num_layers_to_build: num_layers / pipeline_model_parallel_size on every stage
-  // (validation requires it to divide, and by p·v when interleaved).
-  stage.model.architecture.numLayers = setup.model.architecture.numLayers / p;
-  stage.parallel.pipelineStage = std::max<std::int64_t>(0, setup.parallel.pipelineStage);
+  // The stage's own layer count (PipelineStageLayers: Megatron get_num_layers_to_build, or
+  // torchtitan's split); validation refuses a setup with no split.
+  const std::int64_t r = std::max<std::int64_t>(0, setup.parallel.pipelineStage);
+  const std::vector<std::int64_t> layers = PipelineStageLayers(setup.parallel, setup.model.architecture.numLayers);
+  stage.model.architecture.numLayers =
+      r < static_cast<std::int64_t>(layers.size()) ? layers[static_cast<std::size_t>(r)] : setup.model.architecture.numLayers / p;
+  stage.parallel.pipelineStage = r;
   return stage;
 }
 
@@ -205,6 +252,31 @@ std::optional<EstimateResult> EstimateHigherPipelineStage(const Setup& setup, co
   if (!z.ok()) return z;
   const std::int64_t firstPeak = a.estimate.peak.totalBytes, lastPeak = z.estimate.peak.totalBytes;
   const bool firstWins = firstPeak >= lastPeak;
+  // Unequal stages: a middle stage with more layers than the first or the last can peak above
+  // both. Of the middle stages with the most layers, the lowest holds the most micro-batches in
+  // flight (min(p − r, m) under 1F1B), so it is the one to simulate as well.
+  const std::vector<std::int64_t> layers = PipelineStageLayers(par, setup.model.architecture.numLayers);
+  std::int64_t middle = -1;
+  for (std::int64_t r = 1; r + 1 < static_cast<std::int64_t>(layers.size()); ++r) {
+    const std::int64_t n = layers[static_cast<std::size_t>(r)];
+    if (n > std::min(layers.front(), layers.back()) && (middle < 0 || n > layers[static_cast<std::size_t>(middle)])) middle = r;
+  }
+  if (middle > 0) {
+    Setup mid = setup;
+    mid.parallel.pipelineStage = middle;
+    EstimateResult m = EstimateMemory(mid, options);
+    if (!m.ok()) return m;
+    const std::int64_t midPeak = m.estimate.peak.totalBytes;
+    if (midPeak > std::max(firstPeak, lastPeak)) {
+      m.estimate.rank.why = "pipeline stage " + std::to_string(middle) + " (a middle stage of " +
+                            std::to_string(layers[static_cast<std::size_t>(middle)]) + " layers, against the first's " +
+                            std::to_string(layers.front()) + " and the last's " + std::to_string(layers.back()) +
+                            "): its peak (" + FormatCount(midPeak) + " B) is above the first stage's (" +
+                            FormatCount(firstPeak) + " B) and the last stage's (" + FormatCount(lastPeak) + " B); " +
+                            SimulatedRankOf(setup).why;
+      return m;
+    }
+  }
   EstimateResult& chosen = firstWins ? a : z;
   const std::string why =
       firstWins ? "pipeline stage 0 (the first): it holds the embeddings and the most micro-batches in flight, and its "
@@ -227,6 +299,18 @@ void ValidatePipeline(const Setup& setup, std::vector<FieldError>& errors) {
     bad("pipelineStage", "The simulated pipeline stage is −1 (the first or the last, whichever peaks higher) or a "
                          "stage from 0 to pipelineParallel − 1, got " + std::to_string(p.pipelineStage) + ".");
   }
+  struct StageField { const char* field; const char* which; std::int64_t value; };
+  for (const StageField& f : {StageField{"pipelineFirstStageLayers", "first", p.pipelineFirstStageLayers},
+                              StageField{"pipelineLastStageLayers", "last", p.pipelineLastStageLayers}}) {
+    const char* field = f.field;
+    const std::int64_t value = f.value;
+    if (value < 0 || value > 1'000'000) {
+      bad(field, std::string("The layers of the ") + f.which +
+                     " pipeline stage are 0 (not set) or a whole number of layers, got " + std::to_string(value) + ".");
+    } else if (value > 0 && p.pipelineParallel <= 1) {
+      bad(field, "A stage's layer count needs pipeline parallelism: set pipeline parallel above 1 or this field to 0.");
+    }
+  }
   if (p.pipelineParallel <= 1) return;
   if (setup.model.kind != ModelKind::Transformer) {
     bad("pipelineParallel", "Pipeline parallelism splits transformer blocks over stages: quick mode and layer lists "
@@ -239,13 +323,35 @@ void ValidatePipeline(const Setup& setup, std::vector<FieldError>& errors) {
   }
   const bool interleaved = p.pipelineSchedule == PipelineSchedule::Interleaved;
   const std::int64_t v = interleaved ? p.virtualStages : 1;
-  if (v >= 1 && p.pipelineParallel <= 4096 && a.numLayers % (p.pipelineParallel * v) != 0) {
-    // megatron/training/arguments.py: num_layers must be divisible by the pipeline size
-    // (and num_layers_per_virtual_pipeline_stage must divide a stage's layers).
-    bad("pipelineParallel", "Megatron splits the " + std::to_string(a.numLayers) + " layers evenly: " +
-                                (interleaved ? "pipeline parallel × virtual stages (" + std::to_string(p.pipelineParallel * v) + ")"
-                                             : "the pipeline parallel size (" + std::to_string(p.pipelineParallel) + ")") +
-                                " must divide them.");
+  const std::int64_t first = p.pipelineFirstStageLayers, last = p.pipelineLastStageLayers;
+  const bool unequal = first > 0 || last > 0;
+  if (v >= 1 && p.pipelineParallel <= 4096 && first >= 0 && last >= 0 && first <= 1'000'000 && last <= 1'000'000 &&
+      PipelineStageLayers(p, a.numLayers).empty()) {
+    const std::string L = std::to_string(a.numLayers), P = std::to_string(p.pipelineParallel);
+    const char* field = first > 0 ? "pipelineFirstStageLayers" : "pipelineLastStageLayers";
+    if (unequal && interleaved) {
+      bad(field, "Stages of unequal layer counts are simulated with the 1F1B and GPipe schedules: with the interleaved "
+                 "schedule set pipelineFirstStageLayers and pipelineLastStageLayers to 0.");
+    } else if (unequal) {
+      // megatron/core/transformer/transformer_block.py get_num_layers_to_build asserts that the
+      // layers left after the first and last stage divide evenly over the other stages.
+      const std::int64_t stagesLeft = p.pipelineParallel - (first > 0 ? 1 : 0) - (last > 0 ? 1 : 0);
+      bad(field, "Megatron gives the layers left after the first and the last stage (" + L + " − " +
+                     std::to_string(first) + " − " + std::to_string(last) + ") evenly to the other " +
+                     std::to_string(stagesLeft) + " stage" + (stagesLeft == 1 ? "" : "s") +
+                     (stagesLeft == 0 ? ": with both set they must add up to the " + L + " layers."
+                                      : ", at least one each: they must divide them."));
+    } else if (interleaved) {
+      // megatron/training/arguments.py: num_layers must be divisible by the pipeline size
+      // (and num_layers_per_virtual_pipeline_stage must divide a stage's layers).
+      bad("pipelineParallel", "Megatron splits the " + L + " layers evenly over the interleaved schedule's chunks: "
+                              "pipeline parallel × virtual stages (" + std::to_string(p.pipelineParallel * v) +
+                              ") must divide them.");
+    } else {
+      // torchtitan generate_split_points: "Total stages cannot be greater than the number of layers".
+      bad("pipelineParallel", "The pipeline parallel size (" + P + ") is larger than the " + L +
+                              " layers: every stage needs at least one.");
+    }
   }
   if (interleaved && p.gradientAccumulationSteps % p.pipelineParallel != 0) {
     // schedules.py forward_backward_pipelining_with_interleaving: "number of microbatches is not
@@ -293,19 +399,44 @@ std::vector<std::string> PipelineNotes(const Setup& setup) {
   const std::int64_t v = interleaved ? p.virtualStages : 1, stage = std::max<std::int64_t>(0, p.pipelineStage);
   const std::int64_t inFlight = PipelinePeakInFlight(p.pipelineSchedule, p.pipelineParallel, stage,
                                                      p.gradientAccumulationSteps, v);
+  const std::vector<std::int64_t> layers = PipelineStageLayers(p, setup.model.architecture.numLayers);
+  const std::int64_t stageLayers = stage < static_cast<std::int64_t>(layers.size())
+                                       ? layers[static_cast<std::size_t>(stage)]
+                                       : setup.model.architecture.numLayers / p.pipelineParallel;
+  const std::int64_t tokenShards = p.sequenceParallel ? p.tensorParallel : 1;
   std::string n = "Pipeline: stage " + std::to_string(stage) + " of " + std::to_string(p.pipelineParallel) + " runs " +
-                  std::to_string(setup.model.architecture.numLayers / p.pipelineParallel) + " of " +
+                  std::to_string(stageLayers) + " of " +
                   std::to_string(setup.model.architecture.numLayers) + " layers" +
                   (stage == 0 ? " and the embeddings" : "") +
                   (stage == p.pipelineParallel - 1 ? " and the final norm, head and loss" : "") + "; under " +
                   std::string(LabelOf(p.pipelineSchedule)) + " with " + std::to_string(p.gradientAccumulationSteps) +
                   " micro-batches it holds at most " + std::to_string(inFlight) +
                   (interleaved ? " chunk-forwards" : " micro-batches") +
-                  "' activations at once; the p2p exchange receives b·s·h tensors in the parameters' dtype (inputs "
-                  "on every stage but the first, output gradients on every stage but the last). The bubble is " +
+                  "' activations at once; the p2p exchange receives [" +
+                  (tokenShards > 1 || p.contextParallel > 1
+                       ? "s/" + std::to_string(tokenShards * p.contextParallel) + " (the rank's tokens" +
+                             (p.contextParallel > 1 ? ", context parallel" : "") +
+                             (tokenShards > 1 ? ", sequence parallel" : "") + ")"
+                       : std::string("s")) +
+                  ", b, h] tensors in the parameters' dtype (inputs on every stage but the first, output gradients on "
+                  "every stage but the last; Megatron get_tensor_shapes). The bubble is " +
                   FormatScientific(PipelineBubbleFraction(p.pipelineParallel, p.gradientAccumulationSteps, v)) +
                   " of the step, (p − 1)/(m·v + p − 1).";
   notes.push_back(std::move(n));
+  bool unequal = false;
+  for (std::int64_t count : layers) unequal |= count != layers.front();
+  if (unequal) {
+    std::string split;
+    for (std::int64_t count : layers) split += (split.empty() ? "" : ", ") + std::to_string(count);
+    notes.push_back("Pipeline stages of unequal layer counts (" + split + ")" +
+                    (p.pipelineFirstStageLayers > 0 || p.pipelineLastStageLayers > 0
+                         ? ": Megatron's --decoder-first/last-pipeline-num-layers, the other stages sharing the rest "
+                           "evenly (transformer_block.py get_num_layers_to_build)."
+                         : ": the pipeline size does not divide the layers, so they are split as torchtitan's "
+                           "generate_split_points splits them (the first stage L div p, the middle stages one more "
+                           "while the remainder lasts, the last the rest); Megatron would refuse this size unless "
+                           "pipelineFirstStageLayers / pipelineLastStageLayers are set."));
+  }
   if (p.fsdp == FsdpMode::FullyShard) {
     // torch/distributed/pipelining/stage.py backward_maybe_with_nosync (torch 2.5) /
     // perform_reduce_grad (2.6+); torchtitan parallelize_llama.py apply_fsdp.

@@ -11,6 +11,7 @@
 
 #include "gpumem/names.hpp"
 #include "parallel/pipeline.hpp"
+#include "parallel/sequence_split.hpp"
 #include "sim/families/family.hpp"
 #include "sim/savers.hpp"
 #include "sim/trace_builder.hpp"
@@ -131,19 +132,28 @@ class TransformerPass final : public ModelPass {
         const ValueId pos = ops::Embedding(t, positions, m.parameters.ByName(t, "transformer.wpe.weight"), a_.hiddenSize,
                                            "wpe(position_ids)");
         t.Drop(positions);
-        const ValueId sum = ops::Add(t, tokens, pos, "inputs_embeds + position_embeds");
+        ValueId sum = ops::Add(t, tokens, pos, "inputs_embeds + position_embeds");
         t.Drop(tokens);
         t.Drop(pos);
+        sum = sequence_split::RowParallelOutput(m, sum, "embeddings scatter (s/t)");  // as Gpt2Forward
         x = ops::Dropout(t, sum, a_.hiddenDropout, "embedding dropout");
         t.Drop(sum);
       } else {  // as families::LlamaForward
         x = ops::Embedding(t, ids_, m.parameters.ByName(t, "model.embed_tokens.weight"), a_.hiddenSize,
                            "embed_tokens(input_ids)");
+        x = sequence_split::RowParallelOutput(m, x, "embeddings reduce-scatter (s/t)");  // as LlamaForward
       }
     } else {
+      // With sequence parallelism the stage boundary carries the rank's s/t tokens (Megatron
+      // schedules.py get_tensor_shapes: seq_length // tensor_model_parallel_size when
+      // sequence_parallel; s is already s/c with context parallelism, // cp_size there).
       m.Scope(-1, "pipeline recv");
-      x = t.Fresh({b_, s_, a_.hiddenSize}, regime_.weights, "input_tensor (received from the previous stage)");
+      x = t.Fresh({b_, s_ / sequenceShards_, a_.hiddenSize}, regime_.weights,
+                  "input_tensor (received from the previous stage)");
       t.RequireGrad(x);
+      // forward_step's input_tensor stays in the schedule's input_tensors list until its
+      // backward_step pops it (schedules.py), so it lives from the receive to the backward.
+      received_ = t.Keep(x);
     }
     if (!gpt2) {
       m.Scope(-1, "rotary embedding");
@@ -156,7 +166,9 @@ class TransformerPass final : public ModelPass {
       const ValueId normed = gpt2 ? blocks::LayerNorm(m, x, families::RootModule(m, "transformer.ln_f"))
                                   : blocks::RmsNorm(m, x, families::RootModule(m, "model.norm"));
       t.Drop(x);
-      return families::LmHead(m, normed, gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight", c);
+      const char* tied = gpt2 ? "transformer.wte.weight" : "model.embed_tokens.weight";
+      if (m.sequenceShards > 1) return sequence_split::LmHead(m, normed, tied, c);
+      return families::LmHead(m, normed, tied, c);
     }
     t.Drop(c.mask);
     t.Drop(c.cos);
@@ -182,6 +194,8 @@ class TransformerPass final : public ModelPass {
     t.Drop(ids_);
     t.Drop(labels_);
     t.Drop(tokenTypes_);
+    t.Drop(received_);
+    received_ = kNoValue;
     const Text released = t.T({"end of step: batch released"});
     for (TensorHandle h : batch_) b.Release(h, released);
     batch_.clear();
@@ -244,6 +258,7 @@ class TransformerPass final : public ModelPass {
   PipelineChunk chunk_;
   const Inventory& inventory_;  // the blocks' parameters, for forward templates
   ValueId sent_ = kNoValue;  // a pipeline chunk's send node (its backward receives the gradient)
+  ValueId received_ = kNoValue;  // a pipeline chunk's received input_tensor, held to its backward
   std::optional<ActivationOffload> offload_;  // declared first: the tape points at it
   const ArchitectureDef& a_;
   const TrainingDef t_;
