@@ -381,3 +381,16 @@ TEST_CASE("Pipeline with sequence parallel: GPT-2's learned positions and tied h
   REQUIRE(wte >= 0);
   CHECK(lastInventory.parameters[static_cast<std::size_t>(wte)].Elements() == vocabRows * h);
 }
+
+TEST_CASE("Unequal stages: the Megatron import reads the first and last stage layer counts", "[pipeline][compose][import]") {
+  const Setup base = LlamaPipeline(32, 1, 1, 512);
+  const ParallelImport r = ImportMegatronArguments(
+      "--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 3 --decoder-last-pipeline-num-layers 5", base);
+  REQUIRE(r.errors.empty());
+  CHECK(r.setup.parallel.pipelineParallel == 4);
+  CHECK(r.setup.parallel.pipelineFirstStageLayers == 3);
+  CHECK(r.setup.parallel.pipelineLastStageLayers == 5);
+  const ParallelImport bad = ImportMegatronArguments("--decoder-first-pipeline-num-layers 0", base);
+  REQUIRE(bad.errors.size() == 1);
+  CHECK(bad.errors[0].field == "--decoder-first-pipeline-num-layers");
+}

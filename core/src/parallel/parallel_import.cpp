@@ -225,6 +225,10 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
     else if (flag == "--context-parallel-size") number(p.contextParallel);
     else if (flag == "--expert-model-parallel-size") number(p.expertParallel);
     else if (flag == "--num-layers-per-virtual-pipeline-stage") number(layersPerVirtualStage);
+    // megatron/training/arguments.py: the first / last pipeline stage's own layer count
+    // (transformer_block.py get_num_layers_to_build gives the other stages the rest evenly).
+    else if (flag == "--decoder-first-pipeline-num-layers") number(p.pipelineFirstStageLayers);
+    else if (flag == "--decoder-last-pipeline-num-layers") number(p.pipelineLastStageLayers);
     else if (flag == "--micro-batch-size") number(t.batchSize);
     else if (flag == "--seq-length") number(t.sequenceLength);
     else if (flag == "--sequence-parallel") p.sequenceParallel = true;
