@@ -47,13 +47,21 @@ from torch.profiler import record_function
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_reference as R  # noqa: E402
 import validate as V  # noqa: E402
+import validate_pipeline as VP  # noqa: E402
+from torch.autograd import Variable  # noqa: E402
 from validate_parallel import free_port  # noqa: E402
 
 TP = {"rank": 0, "world": 1}
 
 
 def peer():
+    """The other tensor-parallel rank's index in the group (which s/t slice is its)."""
     return 1 - TP["rank"]
+
+
+def peer_rank():
+    """The other tensor-parallel rank's global rank (its stage's other process)."""
+    return TP["peer"]
 
 
 def all_reduce(tensor, op="sum"):
@@ -63,8 +71,8 @@ def all_reduce(tensor, op="sum"):
     keeps a reference to the tensor until it retires the work, at a racy time after wait(): the
     tracker then saw one to three all-reduced [1, s, h] tensors outlive their last use."""
     received = TP["scratch"][:tensor.numel()].view(tensor.shape)
-    work = dist.isend(tensor, peer())
-    dist.recv(received, peer())
+    work = dist.isend(tensor, peer_rank())
+    dist.recv(received, peer_rank())
     work.wait()
     if op == "max":
         torch.maximum(tensor, received, out=tensor)
@@ -82,16 +90,16 @@ def all_gather_into(full, shard):
     """dist._all_gather_base(full, shard) for two ranks: full's own slice copied in place, the
     peer's received into its slice."""
     seq_slice(full, TP["rank"]).copy_(shard)
-    work = dist.isend(shard.contiguous(), peer())
-    dist.recv(seq_slice(full, peer()), peer())
+    work = dist.isend(shard.contiguous(), peer_rank())
+    dist.recv(seq_slice(full, peer()), peer_rank())
     work.wait()
 
 
 def reduce_scatter_into(shard, full):
     """dist._reduce_scatter_base(shard, full) for two ranks: the peer's part of our full tensor
     sent, the peer's part of ours received into `shard`, then our own part added in place."""
-    work = dist.isend(seq_slice(full, peer()).contiguous(), peer())
-    dist.recv(shard, peer())
+    work = dist.isend(seq_slice(full, peer()).contiguous(), peer_rank())
+    dist.recv(shard, peer_rank())
     shard.add_(seq_slice(full, TP["rank"]))
     work.wait()
 
@@ -207,12 +215,20 @@ class SequenceParallelLinear(torch.autograd.Function):
         return sub_grad_input, grad_weight, grad_bias
 
 
+def column_parallel_input(x, sp):
+    """What the column-parallel linears of one input read: with sequence parallelism the sharded
+    input (each linear gathers it); otherwise `copy_to_tensor_model_parallel_region` of it, once
+    for all the linears that read it (Megatron's fused linear_qkv and linear_fc1)."""
+    return x if sp else CopyToTensorParallelRegion.apply(x)
+
+
 def column_parallel(linear, x, sp, weight=None):
+    """A column-parallel linear on `x` from column_parallel_input."""
     weight = linear.weight if weight is None else weight
     bias = None if linear is None else linear.bias
     if sp:
         return SequenceParallelLinear.apply(x, weight, bias)
-    return F.linear(CopyToTensorParallelRegion.apply(x), weight, bias)
+    return F.linear(x, weight, bias)
 
 
 def row_parallel(linear, x, sp):
@@ -252,25 +268,29 @@ def padded_vocab(vocab, t):
 
 
 class TensorParallelLlama(nn.Module):
-    """One tensor-parallel rank of LlamaForCausalLM (untied head)."""
+    """One tensor-parallel rank of LlamaForCausalLM (untied head), or of one pipeline stage of it:
+    the embeddings on the first stage, L/p layers, the final norm, head and loss on the last."""
 
-    def __init__(self, cfg, rank, t, sp):
+    def __init__(self, cfg, rank, t, sp, stage=0, stages=1):
         super().__init__()
         self.cfg, self.rank, self.t, self.sp = cfg, rank, t, sp
+        self.first, self.last = stage == 0, stage == stages - 1
         self.rank_vocab = padded_vocab(cfg.vocab, t) // t
         self.rank_cfg = copy.copy(cfg)
         self.rank_cfg.heads, self.rank_cfg.kv_heads = cfg.heads // t, cfg.kv_heads // t
-        self.embed_tokens = nn.Embedding(self.rank_vocab, cfg.hidden, dtype=torch.float32)
+        if self.first:
+            self.embed_tokens = nn.Embedding(self.rank_vocab, cfg.hidden, dtype=torch.float32)
         self.layers = nn.ModuleList()
-        for _ in range(cfg.layers):
+        for _ in range(cfg.layers // stages):
             layer = nn.Module()
             layer.self_attn = R.LlamaAttention(self.rank_cfg, torch.float32, "cpu")
             layer.mlp = R.LlamaMLP(cfg, cfg.inter // t, torch.float32, "cpu")
             layer.input_layernorm = R.LlamaRMSNorm(cfg.hidden, cfg.rms_eps, torch.float32, "cpu")
             layer.post_attention_layernorm = R.LlamaRMSNorm(cfg.hidden, cfg.rms_eps, torch.float32, "cpu")
             self.layers.append(layer)
-        self.norm = R.LlamaRMSNorm(cfg.hidden, cfg.rms_eps, torch.float32, "cpu")
-        self.lm_head = nn.Linear(cfg.hidden, self.rank_vocab, bias=False, dtype=torch.float32)
+        if self.last:
+            self.norm = R.LlamaRMSNorm(cfg.hidden, cfg.rms_eps, torch.float32, "cpu")
+            self.lm_head = nn.Linear(cfg.hidden, self.rank_vocab, bias=False, dtype=torch.float32)
         self.rotary_emb = R.LlamaRotaryEmbedding(cfg, "cpu")
 
     def embed(self, input_ids):
@@ -289,6 +309,7 @@ class TensorParallelLlama(nn.Module):
     def attention(self, attn, x, mask, cos, sin):
         """R.LlamaAttention.forward with the column- and row-parallel mappings."""
         cfg = self.rank_cfg
+        x = column_parallel_input(x, self.sp)
         q = column_parallel(attn.q_proj, x, self.sp)
         k = column_parallel(attn.k_proj, x, self.sp)
         v = column_parallel(attn.v_proj, x, self.sp)
@@ -302,14 +323,16 @@ class TensorParallelLlama(nn.Module):
         return row_parallel(attn.o_proj, out, self.sp)
 
     def mlp(self, mlp, x):
+        x = column_parallel_input(x, self.sp)
         gate = column_parallel(mlp.gate_proj, x, self.sp)
         up = column_parallel(mlp.up_proj, x, self.sp)
         return row_parallel(mlp.down_proj, R.activation(mlp.act, gate) * up, self.sp)
 
-    def forward(self, input_ids, labels):
+    def forward(self, input_ids, labels, hidden_states=None, s=None):
         cfg = self.cfg
-        s = input_ids.shape[1]
-        hidden_states = self.embed(input_ids)
+        s = s or input_ids.shape[1]
+        if self.first:
+            hidden_states = self.embed(input_ids)
         mask = R.decoder_eager_mask(1, s, hidden_states.dtype) if cfg.attention == "eager" else None
         cos, sin = self.rotary_emb(hidden_states, torch.arange(s).unsqueeze(0))
         for layer in self.layers:
@@ -321,8 +344,10 @@ class TensorParallelLlama(nn.Module):
             hidden_states = residual + hidden_states
             del residual
         del mask, cos, sin
+        if not self.last:
+            return hidden_states
         hidden_states = self.norm(hidden_states)
-        logits = column_parallel(self.lm_head, hidden_states, self.sp)
+        logits = column_parallel(self.lm_head, column_parallel_input(hidden_states, self.sp), self.sp)
         del hidden_states
         loss = R.megatron_language_model_loss(logits, labels, self.rank * self.rank_vocab, all_reduce)
         return loss
@@ -378,7 +403,7 @@ class TensorParallelGPT2(nn.Module):
         width = cfg.hidden // self.t
         for block in self.h:
             residual = hidden_states
-            qkv = column_parallel(block.c_attn, block.ln_1(hidden_states), self.sp)
+            qkv = column_parallel(block.c_attn, column_parallel_input(block.ln_1(hidden_states), self.sp), self.sp)
             query, key, value = qkv.split(width, dim=2)
             del qkv
             shape = (1, s, -1, cfg.head_dim)
@@ -389,14 +414,14 @@ class TensorParallelGPT2(nn.Module):
             hidden_states = R.dropout(out, cfg.hidden_dropout) + residual
             del out
             residual = hidden_states
-            wide = column_parallel(block.c_fc, block.ln_2(hidden_states), self.sp)
+            wide = column_parallel(block.c_fc, column_parallel_input(block.ln_2(hidden_states), self.sp), self.sp)
             out = row_parallel(block.mlp_c_proj, R.activation(cfg.act, wide), self.sp)
             del wide
             hidden_states = residual + R.dropout(out, cfg.hidden_dropout)
             del out, residual
         del mask
         hidden_states = self.ln_f(hidden_states)
-        logits = column_parallel(None, hidden_states, self.sp, weight=self.wte.weight)
+        logits = column_parallel(None, column_parallel_input(hidden_states, self.sp), self.sp, weight=self.wte.weight)
         del hidden_states
         return R.megatron_language_model_loss(logits, labels, self.rank * self.rank_vocab, all_reduce)
 
@@ -406,36 +431,47 @@ def measure_rank(rank, world, setup, port, out_path):
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    TP["rank"], TP["world"] = rank, world
     cfg = R.read_config(setup)
     t = setup["training"]
     p = setup["parallel"]
+    tp, stages = p["tensorParallel"], p.get("pipelineParallel", 1)
+    stage, tp_rank = rank // tp, rank % tp
+    TP["rank"], TP["world"], TP["peer"] = tp_rank, tp, stage * tp + (1 - tp_rank)
+    sp = p.get("sequenceParallel", False)
     b, s = t["batchSize"], t["sequenceLength"]
+    m = p.get("gradientAccumulationSteps", 1)
     assert b == 1, "the shards are contiguous views only with b = 1"
-    torch.manual_seed(0)  # the same batch on every rank of the group
+    torch.manual_seed(stage)  # the same batches on both ranks of a stage
     TP["scratch"] = torch.empty(b * s * cfg.hidden, dtype=torch.float32)  # before the tracker starts
     state = {}
+    first, last = stage == 0, stage == stages - 1
+    boundary = (b, s // tp if sp else s, cfg.hidden)  # schedules.py get_tensor_shapes
 
     def run():
         with record_function("gpumem:init"):
-            family = TensorParallelGPT2 if cfg.family == "gpt2" else TensorParallelLlama
-            model = family(cfg, rank, world, p.get("sequenceParallel", False))
+            if cfg.family == "gpt2":
+                model = TensorParallelGPT2(cfg, tp_rank, tp, sp)
+            else:
+                model = TensorParallelLlama(cfg, tp_rank, tp, sp, stage, stages)
             params = list(model.parameters())
             opt = V.make_optimizer(t["optimizer"], t["optimizerImplementation"], params)
         for step in (1, 2):
-            input_ids = torch.randint(0, cfg.vocab, (b, s))
-            labels = torch.randint(0, cfg.vocab, (b, s))
-            with record_function(f"gpumem:forward:{step}"):
-                loss = model(input_ids, labels)
-            with record_function(f"gpumem:backward:{step}"):
-                loss.backward()
-                del loss
+            if stages == 1:
+                input_ids = torch.randint(0, cfg.vocab, (b, s))
+                labels = torch.randint(0, cfg.vocab, (b, s))
+                with record_function(f"gpumem:forward:{step}"):
+                    loss = model(input_ids, labels)
+                with record_function(f"gpumem:backward:{step}"):
+                    loss.backward()
+                    del loss
+                del input_ids, labels
+            else:
+                run_pipeline(model, step, stage, stages, m, b, s, boundary, cfg)
             if step == 1:
                 state["gradients"] = sum(q.grad.numel() * q.grad.element_size() for q in params if q.grad is not None)
             with record_function(f"gpumem:optimizerStep:{step}"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            del input_ids, labels
         state["parameters"] = sum(q.numel() * q.element_size() for q in params)
         state["optimizerStates"] = sum(v.numel() * v.element_size() for st in opt.state.values()
                                        for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
@@ -450,10 +486,57 @@ def measure_rank(rank, world, setup, port, out_path):
     dist.destroy_process_group()
 
 
-def case(name, sp, seq=512, attention="eager", family="llama", **arch_fields):
+def run_pipeline(model, step, stage, stages, m, b, s, boundary, cfg):
+    """scripts/validate_pipeline.py's 1F1B (Megatron's forward_backward_pipelining_without_
+    interleaving) on tensor-parallel stages: each rank exchanges its boundary tensor, s/t tokens
+    under sequence parallelism, with the same tensor-parallel rank of the next or previous stage."""
+    tp = TP["world"]
+    rank = stage * tp + TP["rank"]
+    first, last = stage == 0, stage == stages - 1
+    live, pending = {}, []
+    for kind, k in VP.schedule_of("1f1b", stages, stage, m):
+        if kind == "F":
+            with record_function(f"gpumem:forward:{step}"):
+                inp = None
+                if not first:
+                    inp = torch.empty(boundary, dtype=torch.float32)
+                    dist.recv(inp, rank - tp)
+                    inp.requires_grad_()
+                    for work in pending:
+                        work.wait()
+                    pending.clear()
+                batch = VP.stage_batch(cfg, stage, stages, b, s)
+                out = model(batch.get("input_ids"), batch.get("labels"), hidden_states=inp, s=s)
+                if not last:
+                    dist.send(out.detach(), rank + tp)
+                    out.data = torch.empty((1,), dtype=out.dtype)  # deallocate_output_tensor
+                live[k] = (inp, out, batch)
+                del inp, out, batch
+        else:
+            with record_function(f"gpumem:backward:{step}"):
+                inp, out, batch = live.pop(k)
+                if last:
+                    out.backward()
+                else:
+                    grad = torch.empty(boundary, dtype=torch.float32)
+                    dist.recv(grad, rank + tp)
+                    Variable._execution_engine.run_backward(
+                        tensors=(out,), grad_tensors=(grad,), keep_graph=False, create_graph=False,
+                        inputs=tuple(), allow_unreachable=True, accumulate_grad=True)
+                    del grad
+                if not first:
+                    pending.append(dist.isend(inp.grad, rank - tp))
+                del inp, out, batch
+    for work in pending:
+        work.wait()
+
+
+def case(name, sp, seq=512, attention="eager", family="llama", pp=1, m=1, **arch_fields):
     setup = R.transformer_setup(V.arch(family, **arch_fields), batch=1, seq=seq, attention=attention)
     setup["training"]["lossImplementation"] = "megatronVocabParallel"
     setup["parallel"] = {"tensorParallel": 2, "sequenceParallel": sp}
+    if pp > 1:
+        setup["parallel"].update(pipelineParallel=pp, gradientAccumulationSteps=m, pipelineSchedule="1f1b")
     return name, setup
 
 
@@ -467,6 +550,9 @@ CASES = [
     # GPT-2: biases (row-parallel ones whole), learned positions, tied head, dropout.
     case("gpt2-tp2", False, family="gpt2"),
     case("gpt2-tp2-sp", True, family="gpt2"),
+    # Megatron's 3D layout on four processes: two stages of two tensor-parallel ranks, 1F1B.
+    case("llama-pp2-tp2-m2", False, seq=256, pp=2, m=2),
+    case("llama-pp2-tp2-sp-m2", True, seq=256, pp=2, m=2),
 ]
 
 
@@ -479,21 +565,30 @@ def main():
     for name, setup in CASES:
         if args.only and args.only not in name:
             continue
-        world = setup["parallel"]["tensorParallel"]
+        tp, stages = setup["parallel"]["tensorParallel"], setup["parallel"].get("pipelineParallel", 1)
         with tempfile.TemporaryDirectory() as tmp:
-            mp.spawn(measure_rank, args=(world, setup, free_port(), os.path.join(tmp, "rank")), nprocs=world, join=True)
-            with open(os.path.join(tmp, "rank.0")) as f:
-                got = json.load(f)
-        pred = V.predict(args.cli, setup)
-        states = all(pred[k] == got[k] for k in ("parameters", "gradients", "optimizerStates"))
-        exact_all &= states
-        err = V.pct(pred["peak"], got["peak"])
-        worst = max(worst, abs(err))
-        phases = "  ".join(f"{ph} {V.pct(pred['phasePeaks'].get(ph, 0), got['phasePeaks'][ph]):+.2f}%"
-                           for ph in V.PHASES if got["phasePeaks"].get(ph))
-        print(f"{name:20} states {'exact' if states else 'DIFF ' + str({k: (pred[k], got[k]) for k in ('parameters', 'gradients', 'optimizerStates')})}"
-              f"  peak predicted {pred['peak']:>12,} measured {got['peak']:>12,} ({err:+.2f}%, "
-              f"{pred['peak'] - got['peak']:+,} B)  phases: {phases}")
+            mp.spawn(measure_rank, args=(tp * stages, setup, free_port(), os.path.join(tmp, "rank")),
+                     nprocs=tp * stages, join=True)
+            measured = []
+            for stage in range(stages):
+                with open(os.path.join(tmp, f"rank.{stage * tp}")) as f:
+                    measured.append(json.load(f))
+        for stage, got in enumerate(measured):
+            staged = copy.deepcopy(setup)
+            if stages > 1:
+                staged["parallel"]["pipelineStage"] = stage
+            pred = V.predict(args.cli, staged)
+            states = all(pred[k] == got[k] for k in ("parameters", "gradients", "optimizerStates"))
+            exact_all &= states
+            err = V.pct(pred["peak"], got["peak"])
+            worst = max(worst, abs(err))
+            phases = "  ".join(f"{ph} {V.pct(pred['phasePeaks'].get(ph, 0), got['phasePeaks'][ph]):+.2f}%"
+                               for ph in V.PHASES if got["phasePeaks"].get(ph))
+            where = f"{name} stage {stage}" if stages > 1 else name
+            diff = {k: (pred[k], got[k]) for k in ("parameters", "gradients", "optimizerStates")}
+            print(f"{where:28} states {'exact' if states else 'DIFF ' + str(diff)}"
+                  f"  peak predicted {pred['peak']:>12,} measured {got['peak']:>12,} ({err:+.2f}%, "
+                  f"{pred['peak'] - got['peak']:+,} B)  phases: {phases}")
     print(f"\nworst peak |error| {worst:.2f}%")
     sys.exit(0 if exact_all and worst <= 5.0 else 1)
 

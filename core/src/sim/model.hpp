@@ -78,6 +78,9 @@ struct Model {
   // Megatron --sequence-parallel: the tensor-parallel size t when on, else 1. What sits outside
   // the column/row linears holds s/t tokens (core/src/parallel/sequence_split.cpp).
   std::int64_t sequenceShards = 1;
+  // Megatron --tensor-model-parallel-size t (else 1): the word embedding is a
+  // VocabParallelEmbedding over the rank's V/t rows (blocks::WordEmbedding).
+  std::int64_t vocabShards = 1;
   // Megatron --context-parallel-size c (else 1): `s` is already the rank's s/c tokens; attention
   // runs as Transformer Engine's ring (core/src/parallel/context_split.cpp).
   std::int64_t contextShards = 1;

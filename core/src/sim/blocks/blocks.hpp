@@ -6,6 +6,11 @@
 
 namespace gpumem::blocks {
 
+// --- embeddings (embedding.cpp) ---
+// nn.Embedding of the ids; under tensor parallelism Megatron's VocabParallelEmbedding, which
+// also zeroes the rows of ids outside the rank's vocabulary in place (keeping the mask).
+ValueId WordEmbedding(Model& m, ValueId ids, ValueId weight, TextPart name);
+
 // --- norms (norms.cpp) ---
 // LlamaRMSNorm, op by op: x.to(fp32); x.pow(2).mean(-1); x * rsqrt(var + eps); w * x.to(dtype).
 ValueId RmsNorm(Model& m, ValueId x, const Module& module);

@@ -105,8 +105,8 @@ ValueId BertForward(Model& m, ValueId ids, ValueId tokenTypes, const RunBlock& b
   const std::int64_t h = m.a.hiddenSize;
   Context c;
   m.Scope(-1, "embeddings");
-  const ValueId words = ops::Embedding(t, ids, m.parameters.ByName(t, "bert.embeddings.word_embeddings.weight"), h,
-                                       "word_embeddings");
+  const ValueId words = blocks::WordEmbedding(m, ids, m.parameters.ByName(t, "bert.embeddings.word_embeddings.weight"),
+                                              "word_embeddings");
   const ValueId types = ops::Embedding(t, tokenTypes, m.parameters.ByName(t, "bert.embeddings.token_type_embeddings.weight"),
                                        h, "token_type_embeddings");
   const ValueId sum = ops::Add(t, words, types, "words + token types");

@@ -55,8 +55,8 @@ ValueId Gpt2Forward(Model& m, ValueId ids, const RunBlock& block) {
   Tape& t = m.t;
   Context c;
   m.Scope(-1, "embeddings");
-  const ValueId tokens = ops::Embedding(t, ids, m.parameters.ByName(t, "transformer.wte.weight"), m.a.hiddenSize,
-                                        "wte(input_ids)");
+  const ValueId tokens = blocks::WordEmbedding(m, ids, m.parameters.ByName(t, "transformer.wte.weight"),
+                                               "wte(input_ids)");
   const ValueId positions = t.Fresh({1, m.s}, DType::Int64, "position_ids");
   const ValueId pos = ops::Embedding(t, positions, m.parameters.ByName(t, "transformer.wpe.weight"), m.a.hiddenSize,
                                      "wpe(position_ids)");

@@ -58,8 +58,8 @@ ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block) {
   Tape& t = m.t;
   Context c;
   m.Scope(-1, "embeddings");
-  ValueId x = ops::Embedding(t, ids, m.parameters.ByName(t, "model.embed_tokens.weight"), m.a.hiddenSize,
-                             "embed_tokens(input_ids)");
+  ValueId x = blocks::WordEmbedding(m, ids, m.parameters.ByName(t, "model.embed_tokens.weight"),
+                                    "embed_tokens(input_ids)");
   if (m.sequenceShards > 1) x = ScatterOwned(m, x, "embeddings reduce-scatter (s/t)");
   // Rotary tables for this forward: cos and sin [1, 1, s, head_dim] in the hidden dtype.
   m.Scope(-1, "rotary embedding");

@@ -38,6 +38,7 @@ class TransformerPass final : public ModelPass {
         parameterCount_(inventory.parameters.size()),
         inputRequiresGrad_(InputRequiresGrad(setup)), finetune_(setup.finetune),
         softmaxSavesInput_(SoftmaxSavesInput(setup.runtime)),
+        vocabShards_(std::max<std::int64_t>(1, setup.parallel.tensorParallel)),
         sequenceShards_(setup.parallel.sequenceParallel ? setup.parallel.tensorParallel : 1),
         contextShards_(setup.parallel.contextParallel), expertShards_(setup.parallel.expertParallel) {}
 
@@ -61,6 +62,7 @@ class TransformerPass final : public ModelPass {
     tape_->SetForwardTemplates(&inventory_, &parameters_.leaves());
     model_.emplace(Model{*tape_, a_, t_, parameters_, b_, s_, &finetune_});
     model_->sequenceShards = sequenceShards_;
+    model_->vocabShards = vocabShards_;
     model_->contextShards = contextShards_;
     model_->expertShards = expertShards_;
     Tape& t = *tape_;
@@ -126,8 +128,8 @@ class TransformerPass final : public ModelPass {
     if (chunk_.embeddings) {
       m.Scope(-1, "embeddings");
       if (gpt2) {  // as families::Gpt2Forward
-        const ValueId tokens = ops::Embedding(t, ids_, m.parameters.ByName(t, "transformer.wte.weight"), a_.hiddenSize,
-                                              "wte(input_ids)");
+        const ValueId tokens = blocks::WordEmbedding(m, ids_, m.parameters.ByName(t, "transformer.wte.weight"),
+                                                     "wte(input_ids)");
         const ValueId positions = t.Fresh({1, s_}, DType::Int64, "position_ids");
         const ValueId pos = ops::Embedding(t, positions, m.parameters.ByName(t, "transformer.wpe.weight"), a_.hiddenSize,
                                            "wpe(position_ids)");
@@ -139,8 +141,8 @@ class TransformerPass final : public ModelPass {
         x = ops::Dropout(t, sum, a_.hiddenDropout, "embedding dropout");
         t.Drop(sum);
       } else {  // as families::LlamaForward
-        x = ops::Embedding(t, ids_, m.parameters.ByName(t, "model.embed_tokens.weight"), a_.hiddenSize,
-                           "embed_tokens(input_ids)");
+        x = blocks::WordEmbedding(m, ids_, m.parameters.ByName(t, "model.embed_tokens.weight"),
+                                  "embed_tokens(input_ids)");
         x = sequence_split::RowParallelOutput(m, x, "embeddings reduce-scatter (s/t)");  // as LlamaForward
       }
     } else {
@@ -274,6 +276,7 @@ class TransformerPass final : public ModelPass {
   std::vector<TensorHandle> batch_;
   ValueId ids_ = kNoValue, labels_ = kNoValue, tokenTypes_ = kNoValue, loss_ = kNoValue;
   LayerHook* layerHook_ = nullptr;
+  std::int64_t vocabShards_ = 1;      // Megatron tensor parallel t (blocks::WordEmbedding)
   std::int64_t sequenceShards_ = 1;  // Megatron --sequence-parallel (core/src/parallel/sequence_split.hpp)
   std::int64_t contextShards_ = 1;   // Megatron --context-parallel-size (core/src/parallel/context_split.hpp)
   std::int64_t expertShards_ = 1;    // Megatron --expert-model-parallel-size (core/src/parallel/expert_split.hpp)
