@@ -95,13 +95,14 @@ class TextStore {
   // Raw access for block templates (core/src/sim/tape.cpp): how many parts and shape
   // dimensions are stored, one of each, and appending parts and dimensions as they are.
   std::size_t partCount() const { return size_; }
-  std::size_t dimCount() const { return dims_.size(); }
+  std::size_t dimCount() const { return dimSize_; }
   const TextPart& part(std::size_t i) const { return parts_[i]; }
   std::int64_t dim(std::size_t i) const { return dims_[i]; }
   void AppendRaw(const std::vector<TextPart>& parts, const std::vector<std::int64_t>& dims) {
     if (size_ + parts.size() > capacity_) Grow(size_ + parts.size());
     for (const TextPart& p : parts) parts_[size_++] = p;
-    dims_.insert(dims_.end(), dims.begin(), dims.end());
+    std::int64_t* out = AppendDims(dims.size());
+    for (std::size_t i = 0; i < dims.size(); ++i) out[i] = dims[i];
   }
 
   std::string Render(Text text) const;
@@ -129,12 +130,24 @@ class TextStore {
     return t;
   }
   void Grow(std::size_t needed);
+  // Room for `count` more dimensions, returned to be written: a shape's few numbers are stored
+  // in place, without vector::insert's range insert and memcpy call (Shape is called for most
+  // events; that was three quarters of its cost, callgrind).
+  std::int64_t* AppendDims(std::size_t count) {
+    if (dimSize_ + count > dimCapacity_) GrowDims(dimSize_ + count);
+    std::int64_t* out = dims_ + dimSize_;
+    dimSize_ += count;
+    return out;
+  }
+  void GrowDims(std::size_t needed);
   // A plain growable array: TextPart is trivially copyable, and Make is the hottest call of a
   // simulation (std::vector's per-element push_back cost a quarter of an estimate).
   TextPart* parts_ = nullptr;
   std::size_t size_ = 0, capacity_ = 0;
   bool enabled_ = true;
-  std::vector<std::int64_t> dims_;
+  // The dimensions of shapes and sizes, dims_[0, dimSize_): a plain growable array too.
+  std::int64_t* dims_ = nullptr;
+  std::size_t dimSize_ = 0, dimCapacity_ = 0;
   std::deque<std::string> owned_;
 };
 

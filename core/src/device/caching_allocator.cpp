@@ -56,6 +56,24 @@ void FreeBlockIndex::Clear() {
   size_ = 0;
 }
 
+FreeBlockIndex& FreeBlockIndex::operator=(const FreeBlockIndex& other) {
+  if (this == &other) return *this;
+  for (int w = 0; w < kBinWords; ++w) {
+    for (std::uint64_t bits = binBits_[static_cast<std::size_t>(w)] | other.binBits_[static_cast<std::size_t>(w)];
+         bits != 0; bits &= bits - 1) {
+      const auto bin = static_cast<std::size_t>(w * 64 + std::countr_zero(bits));
+      bins_[bin] = other.bins_[bin];
+    }
+  }
+  nodes_ = other.nodes_;
+  binBits_ = other.binBits_;
+  binSummary_ = other.binSummary_;
+  waiting_ = other.waiting_;
+  freeWaiting_ = other.freeWaiting_;
+  size_ = other.size_;
+  return *this;
+}
+
 FreeBlockIndex::Entry* FreeBlockIndex::EntryOf(int bin, std::int64_t size) {
   Entry* e = bins_[static_cast<std::size_t>(bin)].data();
   while (e->size != size) ++e;
@@ -917,10 +935,12 @@ namespace {
 
 using Model = device::CachingAllocatorModel;
 
-// The two models of this thread, reused so that their buffers keep their capacity (an estimate
-// runs the allocator once or twice; a solver hundreds of times).
+// The models of this thread, reused so that their buffers keep their capacity (an estimate
+// runs the allocator once or twice, and once more up to the reserved peak for its segments; a
+// solver hundreds of times): 0 at capacity, 1 without a limit, 2 for the segments at the peak.
 Model& ThreadModel(int which) {
-  thread_local Model models[2] = {Model(DefaultAllocatorOptions(), 0), Model(DefaultAllocatorOptions(), 0)};
+  thread_local Model models[3] = {Model(DefaultAllocatorOptions(), 0), Model(DefaultAllocatorOptions(), 0),
+                                  Model(DefaultAllocatorOptions(), 0)};
   return models[which];
 }
 
@@ -1055,7 +1075,9 @@ void Finish(const Model& model, AllocatorResult& result) {
 void AddSegmentsAtPeak(AllocatorEventRuns runs, const AllocatorOptions& options, std::int64_t capacityBytes,
                        AllocatorResult& result) {
   if (result.peakReservedEvent < 0) return;
-  Model model(options, capacityBytes);
+  // A reused model (Reset keeps its buffers): constructing one zeroed its 1,920 bins each time.
+  Model& model = ThreadModel(2);
+  model.Reset(options, capacityBytes);
   std::size_t left = static_cast<std::size_t>(result.peakReservedEvent) + 1;  // events up to the peak's
   auto replay = [&](const auto* events, std::size_t count) {
     for (std::size_t k = 0; k < count && left > 0; ++k, --left) {

@@ -61,6 +61,15 @@ class FreeBlockIndex {
     int node = -1;
   };
 
+  FreeBlockIndex() = default;
+  FreeBlockIndex(const FreeBlockIndex&) = default;
+  FreeBlockIndex(FreeBlockIndex&&) = default;
+  FreeBlockIndex& operator=(FreeBlockIndex&&) = default;
+  // Copies only the bins that are not empty here or there (a bin is empty exactly when its bit
+  // is clear): the capacity fork copies a model once per estimate, and assigning all 1,920 bins'
+  // vectors took about 100,000 instructions of it (callgrind, Llama 2).
+  FreeBlockIndex& operator=(const FreeBlockIndex& other);
+
   void Clear();
   // Keys are unique by (size, ptr), and a block is in at most one index at a time.
   void Insert(const Key& key);

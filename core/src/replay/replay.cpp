@@ -121,9 +121,10 @@ void Describe(const Trace& trace, std::vector<Moment*>& moments) {
   const std::uint32_t* freeAt = trace.freeAt.data();
   // A trace built elsewhere could hand ids out of event order: then the sweep below, which
   // keeps allocation order, is the one that is right.
-  bool ordered = true;
-  for (std::size_t t = 1; t < tensors && ordered; ++t) ordered = allocAt[t - 1] < allocAt[t];
-  if (!ordered) {
+  // Without an early exit, so that the compiler vectorizes it (an eighth of Describe's scans).
+  bool disordered = false;
+  for (std::size_t t = 1; t < tensors; ++t) disordered |= allocAt[t - 1] >= allocAt[t];
+  if (disordered) {
     DescribeBySweep(trace, moments);
     return;
   }
@@ -131,7 +132,10 @@ void Describe(const Trace& trace, std::vector<Moment*>& moments) {
     Moment& first = *moments[m];
     const std::size_t at = first.at;
     if (at < trace.events.size()) {
-      for (std::size_t t = 0; t < tensors && allocAt[t] <= at; ++t) {
+      // The tensors allocated by `at`: a prefix of the ids, found by a binary search.
+      const std::size_t end = static_cast<std::size_t>(
+          std::upper_bound(allocAt, allocAt + tensors, static_cast<std::uint32_t>(at)) - allocAt);
+      for (std::size_t t = 0; t < end; ++t) {
         if (freeAt[t] > at) first.Add(&trace.events[allocAt[t]]);
       }
     }
@@ -253,39 +257,86 @@ Estimate Replay(const Trace& trace, const EstimateOptions& options, std::span<co
   phaseMax.fill(-1);
   std::size_t lastForward = n;  // the end of step 1's forward pass
   int previousPhase = -1;
-  for (std::size_t i = 0; i < n; ++i) {
-    const Event& e = trace.events[i];
-    const int phase = static_cast<int>(e.phase);
-    // The total before this event counts for its phase only on entering the phase: after an
-    // event of the same phase, that phase's maximum already holds the total.
-    if (phase != previousPhase) {
-      if (i > 0 && total > phaseMax[phase]) {
-        phaseMax[phase] = total;
-        phaseIndex[phase] = i - 1;
+  // With timeline points, every event in turn.
+  auto run = [&]<bool kPoints>() {
+    for (std::size_t i = 0; i < n; ++i) {
+      const Event& e = trace.events[i];
+      const int phase = static_cast<int>(e.phase);
+      // The total before this event counts for its phase only on entering the phase: after an
+      // event of the same phase, that phase's maximum already holds the total.
+      if (phase != previousPhase) {
+        if (i > 0 && total > phaseMax[phase]) {
+          phaseMax[phase] = total;
+          phaseIndex[phase] = i - 1;
+        }
+        previousPhase = phase;
       }
-      previousPhase = phase;
+      total += Signed(e);
+      if constexpr (kPoints) {
+        TimelinePoint p;
+        p.index = i;
+        p.phase = e.phase;
+        p.step = e.step;
+        p.layer = e.layer;
+        p.category = e.category;
+        p.deltaBytes = Signed(e);
+        p.totalBytes = total;
+        timeline.Add(p);
+      }
+      if (total > peakTotal) {
+        peakTotal = total;
+        peakIndex = i;
+      }
+      if (total > phaseMax[phase]) {
+        phaseMax[phase] = total;
+        phaseIndex[phase] = i;
+      }
+      if (e.step == 1 && e.phase == Phase::Forward) lastForward = i;
     }
-    total += Signed(e);
-    if (points) {
-      TimelinePoint p;
-      p.index = i;
-      p.phase = e.phase;
-      p.step = e.step;
-      p.layer = e.layer;
-      p.category = e.category;
-      p.deltaBytes = Signed(e);
-      p.totalBytes = total;
-      timeline.Add(p);
+  };
+  // Without points, by runs of one phase: the phase's maximum stays in a register, the overall
+  // peak (never below a phase's maximum) is tested only when the phase's maximum rises, and the
+  // end of step 1's forward is looked for once per forward run, from its end.
+  auto runByPhase = [&] {
+    const Event* events = trace.events.data();
+    for (std::size_t i = 0; i < n;) {
+      const Phase runPhase = events[i].phase;
+      const int phase = static_cast<int>(runPhase);
+      std::int64_t phasePeak = phaseMax[phase];
+      std::size_t phasePeakAt = phaseIndex[phase];
+      if (i > 0 && total > phasePeak) {  // the total on entry counts for the phase
+        phasePeak = total;
+        phasePeakAt = i - 1;
+      }
+      std::size_t j = i;
+      for (; j < n && events[j].phase == runPhase; ++j) {
+        total += Signed(events[j]);
+        if (total > phasePeak) {
+          phasePeak = total;
+          phasePeakAt = j;
+          if (total > peakTotal) {
+            peakTotal = total;
+            peakIndex = j;
+          }
+        }
+      }
+      phaseMax[phase] = phasePeak;
+      phaseIndex[phase] = phasePeakAt;
+      if (runPhase == Phase::Forward) {
+        for (std::size_t k = j; k > i; --k) {
+          if (events[k - 1].step == 1) {
+            lastForward = k - 1;
+            break;
+          }
+        }
+      }
+      i = j;
     }
-    if (total > peakTotal) {
-      peakTotal = total;
-      peakIndex = i;
-    }
-    if (total > phaseMax[phase]) {
-      phaseMax[phase] = total;
-      phaseIndex[phase] = i;
-    }
-    if (e.step == 1 && e.phase == Phase::Forward) lastForward = i;
+  };
+  if (points) {
+    run.template operator()<true>();
+  } else {
+    runByPhase();
   }
   if (points) timeline.Flush();
   // The moments to describe: the peak, each phase's peak, the end of step 1's forward.
