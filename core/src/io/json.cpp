@@ -450,7 +450,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
                       "contiguousGradients", "stage3PrefetchBucketSize", "stage3MaxLiveParameters",
                       "stage3ParamPersistenceThreshold", "offload", "tensorParallel", "sequenceParallel",
                       "pipelineParallel", "pipelineSchedule", "virtualStages", "pipelineStage", "contextParallel",
-                      "expertParallel", "gradientAccumulationSteps", "fsdpReduceInFp32",
+                      "expertParallel", "expertTensorParallel", "gradientAccumulationSteps", "fsdpReduceInFp32",
                       "fsdpShardEmbeddingsAndHead", "gradReduceInFp32", "fsdpWrapAdaptersApart"}, path);
   r.Int(v, "dataParallel", path, p.dataParallel);
   r.Int(v, "zeroStage", path, p.zeroStage);
@@ -479,6 +479,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.Int(v, "pipelineStage", path, p.pipelineStage);
   r.Int(v, "contextParallel", path, p.contextParallel);
   r.Int(v, "expertParallel", path, p.expertParallel);
+  r.Int(v, "expertTensorParallel", path, p.expertTensorParallel);
   r.Int(v, "gradientAccumulationSteps", path, p.gradientAccumulationSteps);
   r.Bool(v, "fsdpReduceInFp32", path, p.fsdpReduceInFp32);
   r.Bool(v, "fsdpShardEmbeddingsAndHead", path, p.fsdpShardEmbeddingsAndHead);
@@ -500,7 +501,8 @@ ojson ParallelJson(const ParallelDef& p) {
           {"tensorParallel", p.tensorParallel}, {"sequenceParallel", p.sequenceParallel},
           {"pipelineParallel", p.pipelineParallel}, {"pipelineSchedule", IdOf(p.pipelineSchedule)},
           {"virtualStages", p.virtualStages}, {"pipelineStage", p.pipelineStage}, {"contextParallel", p.contextParallel},
-          {"expertParallel", p.expertParallel}, {"gradientAccumulationSteps", p.gradientAccumulationSteps},
+          {"expertParallel", p.expertParallel}, {"expertTensorParallel", p.expertTensorParallel},
+          {"gradientAccumulationSteps", p.gradientAccumulationSteps},
           {"fsdpReduceInFp32", p.fsdpReduceInFp32}, {"fsdpShardEmbeddingsAndHead", p.fsdpShardEmbeddingsAndHead},
           {"gradReduceInFp32", p.gradReduceInFp32}, {"fsdpWrapAdaptersApart", p.fsdpWrapAdaptersApart}};
 }

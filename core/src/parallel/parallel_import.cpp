@@ -224,6 +224,7 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
     else if (flag == "--pipeline-model-parallel-size") number(p.pipelineParallel);
     else if (flag == "--context-parallel-size") number(p.contextParallel);
     else if (flag == "--expert-model-parallel-size") number(p.expertParallel);
+    else if (flag == "--expert-tensor-parallel-size") number(p.expertTensorParallel);
     else if (flag == "--num-layers-per-virtual-pipeline-stage") number(layersPerVirtualStage);
     else if (flag == "--micro-batch-size") number(t.batchSize);
     else if (flag == "--seq-length") number(t.sequenceLength);

@@ -730,8 +730,11 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
     notes.push_back("Expert parallel: the rank holds " +
                     std::to_string(setup.model.architecture.numExperts / p.expertParallel) +
                     " experts per block and exchanges tokens with all-to-alls; tokens are taken as routed evenly (each "
-                    "rank's experts receive b·s·k rows in all, as on one GPU); expert states are sharded over " +
-                    std::to_string(p.dataParallel * p.contextParallel / p.expertParallel) + " expert-data-parallel ranks.");
+                    "rank's experts receive b·s·k rows in all, as on one GPU; b·s·k·etp/t under sequence parallelism); expert states are sharded over " +
+                    std::to_string(ExpertDataParallelOf(p)) + " expert-data-parallel ranks" +
+                    (ExpertTensorParallelOf(p) > 1 ? ", each expert's MLP split over " +
+                                                         std::to_string(ExpertTensorParallelOf(p)) +
+                                                         " expert-tensor-parallel ranks (its rows all-gathered and reduce-scattered over them)." : "."));
   }
   if (FinetuneActive(setup.finetune)) {
     // docs/parallel.md, "Fine-tuning on many GPUs".
