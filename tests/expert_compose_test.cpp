@@ -53,6 +53,13 @@ Setup EpTimesTp(std::int64_t etp) {
   return s;
 }
 
+// Qwen2-MoE's shape on the small model: a shared expert of width 512 and its sigmoid gate.
+Setup WithSharedExpert(Setup s) {
+  s.model.architecture.sharedExpertIntermediateSize = kWidth;
+  s.model.architecture.sharedExpertGate = true;
+  return s;
+}
+
 Estimate Labelled(const Setup& s) {
   EstimateOptions o;
   o.timeline = EstimateOptions::Timeline::Labelled;
@@ -224,6 +231,43 @@ TEST_CASE("Expert compose: the expert tensor parallel size in JSON and the panel
   CHECK(OptionsJson().find(R"("expertTensorParallel")") != std::string::npos);
 }
 
+TEST_CASE("Expert compose: a shared expert is a dense MLP on every expert-parallel rank", "[parallel][expert][compose]") {
+  // Qwen2-MoE's shared_expert and shared_expert_gate; Megatron's SharedExpertMLP is an MLP over
+  // the (attention) tensor parallel group: width / t a rank, its [1, h] gate whole.
+  const Setup s = WithSharedExpert(EpTimesTp(0));
+  CHECK(Validate(s).empty());
+  CHECK(RankParameters(2, 2, 2, true) - RankParameters(2, 2, 2, false) == kLayers * (3 * 256 * kH + kH));
+  CHECK(MustEstimate(s).modelStates.parameterCount == RankParameters(2, 2, 2, true));
+  // Expert parallelism alone: the whole shared expert on every rank, E/e routed experts.
+  Setup ep = WithSharedExpert(SmallMixtral());
+  ep.parallel.dataParallel = 2;
+  ep.parallel.expertParallel = 2;
+  CHECK(MustEstimate(ep).modelStates.parameterCount == RankParameters(1, 2, 1, true));
+  // Under sequence parallelism it is computed first (MoELayer.forward: shared_experts_compute
+  // before route) on the rank's s/t = 32 tokens: gate_proj all-gathers them (64 × 256-wide
+  // output), down_proj reduce-scatters back to 32 tokens; the gate multiplies the sharded
+  // tokens; the sum with the routed output is [32, h].
+  const Estimate e = Labelled(s);
+  CHECK(EventBytes(e, Phase::Forward, "shared expert gate_proj") == kSeq * 256 * 2);
+  CHECK(EventBytes(e, Phase::Forward, "down_proj reduce-scatter (s/t)") == (kSeq / 2) * kH * 2);
+  CHECK(EventBytes(e, Phase::Forward, "shared_expert_gate") == (kSeq / 2) * 1 * 2);
+  CHECK(EventBytes(e, Phase::Forward, "routed + shared") == (kSeq / 2) * kH * 2);
+  std::size_t sharedAt = 0, routerAt = 0;
+  for (std::size_t i = 0; i < e.timeline.size(); ++i) {
+    if (sharedAt == 0 && e.timeline[i].label.find("shared expert gate_proj") != std::string::npos) sharedAt = i;
+    if (routerAt == 0 && e.timeline[i].label.find("router logits") != std::string::npos) routerAt = i;
+  }
+  CHECK(sharedAt > 0);
+  CHECK(sharedAt < routerAt);
+  // What a block saves grows by the shared expert's: its sharded input is already saved by the
+  // router; gate_proj / up_proj save nothing new (the s/t input), then four width/t tensors of
+  // the gathered s tokens (gate_proj's output, act, up_proj's output, act·up), the gate's
+  // sigmoid output [s/t, 1] and the gated product's two inputs: the shared output [s/t, h] and
+  // the sigmoid (already counted).
+  const std::int64_t tokens = kSeq / 2, wide = kSeq * (kWidth / 2);
+  CHECK(SavedPerBlock(s) - SavedPerBlock(EpTimesTp(0)) == (4 * wide + tokens * 1 + tokens * kH) * 2);
+}
+
 TEST_CASE("Expert compose: a pasted Megatron command line with expert tensor parallel", "[parallel][expert][compose]") {
   const ParallelImport imported = ImportMegatronArguments(
       "--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 "
@@ -236,3 +280,18 @@ TEST_CASE("Expert compose: a pasted Megatron command line with expert tensor par
   CHECK(MustEstimate(s).modelStates.parameterCount == RankParameters(2, 2, 1, false));
 }
 
+TEST_CASE("Expert compose: checkpointing and context parallel with expert x tensor parallel estimate", "[parallel][expert][compose]") {
+  for (Checkpointing mode : {Checkpointing::None, Checkpointing::Selective, Checkpointing::EveryBlock}) {
+    Setup s = WithSharedExpert(EpTimesTp(0));
+    s.training.checkpointing = mode;
+    s.parallel.contextParallel = 2;
+    s.parallel.zeroStage = 2;
+    s.parallel.gradientAccumulationSteps = 2;
+    INFO("checkpointing " << static_cast<int>(mode));
+    CHECK(MustEstimate(s).peak.totalBytes > 0);
+  }
+  // A checkpointed block keeps its input only: the rank's s/t tokens of h.
+  Setup every = EpTimesTp(0);
+  every.training.checkpointing = Checkpointing::EveryBlock;
+  CHECK(SavedPerBlock(every) == (kSeq / 2) * kH * 2);
+}

@@ -254,9 +254,6 @@ void ValidateExpertParallel(const Setup& setup, bool sizesOk, std::vector<FieldE
     bad("expertParallel", "Each expert-parallel rank holds whole experts: the expert parallel size must divide the "
                           "number of experts (" + std::to_string(a.numExperts) + ").");
   }
-  if (a.sharedExpertIntermediateSize > 0) {
-    bad("expertParallel", "Expert parallelism with a shared expert (Qwen2-MoE) is not simulated yet (docs/parallel.md).");
-  }
   if (p.zeroStage == 3 || p.fsdp != FsdpMode::Off) {
     bad("expertParallel", "Expert parallelism is simulated with DDP or ZeRO 1–2 (Megatron's distributed optimizer) so "
                           "far, not with ZeRO-3 or FSDP.");
