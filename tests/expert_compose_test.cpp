@@ -268,6 +268,25 @@ TEST_CASE("Expert compose: a shared expert is a dense MLP on every expert-parall
   CHECK(SavedPerBlock(s) - SavedPerBlock(EpTimesTp(0)) == (4 * wide + tokens * 1 + tokens * kH) * 2);
 }
 
+TEST_CASE("Expert compose: FSDP2 and ZeRO-3 with expert parallelism stay refused by name", "[parallel][expert][compose]") {
+  Setup fsdp2 = SmallMixtral();
+  fsdp2.parallel.dataParallel = 4;
+  fsdp2.parallel.expertParallel = 2;
+  fsdp2.parallel.fsdp = FsdpMode::FullyShard;
+  const std::vector<FieldError> errors = Validate(fsdp2);
+  REQUIRE(HasErrorOn(errors, "parallel.expertParallel"));
+  bool namesTorchtitanMesh = false;
+  for (const FieldError& e : errors) namesTorchtitanMesh |= e.message.find("efsdp") != std::string::npos;
+  CHECK(namesTorchtitanMesh);
+  Setup zero3 = fsdp2;
+  zero3.parallel.fsdp = FsdpMode::Off;
+  zero3.parallel.zeroStage = 3;
+  CHECK(HasErrorOn(Validate(zero3), "parallel.expertParallel"));
+  // Without expert parallelism FSDP2 shards a mixture of experts like any model.
+  fsdp2.parallel.expertParallel = 1;
+  CHECK(Validate(fsdp2).empty());
+}
+
 TEST_CASE("Expert compose: a pasted Megatron command line with expert tensor parallel", "[parallel][expert][compose]") {
   const ParallelImport imported = ImportMegatronArguments(
       "--tensor-model-parallel-size 2 --sequence-parallel --expert-model-parallel-size 2 "

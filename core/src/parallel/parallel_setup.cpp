@@ -254,7 +254,18 @@ void ValidateExpertParallel(const Setup& setup, bool sizesOk, std::vector<FieldE
     bad("expertParallel", "Each expert-parallel rank holds whole experts: the expert parallel size must divide the "
                           "number of experts (" + std::to_string(a.numExperts) + ").");
   }
-  if (p.zeroStage == 3 || p.fsdp != FsdpMode::Off) {
+  if (p.fsdp == FsdpMode::FullyShard) {
+    // torchtitan runs MoE under FSDP2 with rules of its own, not simulated yet: each block one
+    // fully_shard unit whose routed experts (GroupedExperts, one [E/e, …] tensor per weight) are
+    // sharded over the efsdp mesh of dp_shard·cp·t / e ranks (Shard(0) on the expert dimension,
+    // Shard(1) when efsdp·e > E) and the rest over dp_shard·cp (torchtitan/distributed/fsdp.py
+    // apply_fsdp's shard_placement_fn; parallel_dims.py build_mesh), and its own all-to-all
+    // dispatcher (torchtitan/distributed/expert_parallel.py).
+    bad("expertParallel", "Expert parallelism with FSDP2 is not simulated yet: torchtitan shards the routed experts "
+                          "over dp_shard × cp × t / e ranks (its efsdp mesh) and the rest over dp_shard × cp, with "
+                          "its own token dispatcher (docs/parallel.md). Use DDP or ZeRO 1–2 (Megatron's distributed "
+                          "optimizer).");
+  } else if (p.zeroStage == 3 || p.fsdp != FsdpMode::Off) {
     bad("expertParallel", "Expert parallelism is simulated with DDP or ZeRO 1–2 (Megatron's distributed optimizer) so "
                           "far, not with ZeRO-3 or FSDP.");
   }
