@@ -171,6 +171,10 @@ TEST_CASE("Expert compose: what a block saves with expert tensor parallel", "[pa
   CHECK(EventBytes(e, Phase::Forward, "dispatch: all-to-all") == -1);
   CHECK(EventBytes(e, Phase::Forward, "dispatch: all-gather (expert tensor parallel)") == copies * 2 * kH * 2);
   CHECK(e.modelStates.parameterCount == RankParameters(2, 1, 2, false));
+  bool noted = false;
+  for (const std::string& n : e.notes) noted |= n.find("Sequence parallel with experts") != std::string::npos &&
+                                                 n.find("over 2 expert-tensor-parallel ranks") != std::string::npos;
+  CHECK(noted);
 }
 
 TEST_CASE("Expert compose: expert states are sharded over dp x cp x t / (etp x e)", "[parallel][expert][compose]") {

@@ -736,6 +736,14 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
                                                          std::to_string(ExpertTensorParallelOf(p)) +
                                                          " expert-tensor-parallel ranks (its rows all-gathered and reduce-scattered over them)." : "."));
   }
+  if (p.expertParallel == 1 && p.sequenceParallel && p.tensorParallel > 1 && setup.model.kind == ModelKind::Transformer &&
+      setup.model.architecture.numExperts > 0) {
+    // docs/parallel.md, "Expert parallelism": the same dispatcher with an expert-parallel group of one.
+    notes.push_back("Sequence parallel with experts: each MoE layer runs Megatron's all-to-all token dispatcher on "
+                    "the rank's s/t tokens (no all-to-all with one expert-parallel rank), its rows all-gathered and "
+                    "reduce-scattered over " + std::to_string(ExpertTensorParallelOf(p)) +
+                    " expert-tensor-parallel ranks; tokens are taken as routed evenly.");
+  }
   if (FinetuneActive(setup.finetune)) {
     // docs/parallel.md, "Fine-tuning on many GPUs".
     notes.push_back(
