@@ -22,6 +22,14 @@ std::int64_t WorldSize(const ParallelDef& p);
 // one-GPU estimate is byte-identical to what it was before this section existed).
 bool IsParallel(const ParallelDef& p);
 
+// The expert tensor parallel size in effect: expertTensorParallel, or the tensor parallel size
+// when it is 0 (Megatron's default, megatron/core/model_parallel_config.py __post_init__).
+std::int64_t ExpertTensorParallelOf(const ParallelDef& p);
+
+// Ranks that hold one copy of the same experts' shards (Megatron's expert data parallel size,
+// parallel_state.initialize_model_parallel: world / (etp · ep · pp)), i.e. dp·cp·t / (etp·e).
+std::int64_t ExpertDataParallelOf(const ParallelDef& p);
+
 // How the data-parallel ranks hold the model states.
 enum class ShardingEngine {
   None,      // one data-parallel rank (nothing to shard, no reducer)

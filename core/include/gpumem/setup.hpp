@@ -456,6 +456,10 @@ struct ParallelDef {
   std::int64_t pipelineLastStageLayers = 0;
   std::int64_t contextParallel = 1;   // --context-parallel-size
   std::int64_t expertParallel = 1;    // --expert-model-parallel-size
+  // --expert-tensor-parallel-size: ranks that split each expert's MLP (column/row inside the
+  // expert). 0 = the tensor parallel size, as Megatron resolves an unset value
+  // (megatron/training/arguments.py and model_parallel_config.py __post_init__).
+  std::int64_t expertTensorParallel = 0;
   // Micro-batches per optimizer step (DeepSpeed gradient_accumulation_steps; Megatron's
   // number of micro-batches, m, which the pipeline schedules run).
   std::int64_t gradientAccumulationSteps = 1;

@@ -451,7 +451,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
                       "stage3ParamPersistenceThreshold", "offload", "tensorParallel", "sequenceParallel",
                       "pipelineParallel", "pipelineSchedule", "virtualStages", "pipelineStage", "pipelineFirstStageLayers",
                       "pipelineLastStageLayers", "contextParallel",
-                      "expertParallel", "gradientAccumulationSteps", "fsdpReduceInFp32",
+                      "expertParallel", "expertTensorParallel", "gradientAccumulationSteps", "fsdpReduceInFp32",
                       "fsdpShardEmbeddingsAndHead", "gradReduceInFp32", "fsdpWrapAdaptersApart"}, path);
   r.Int(v, "dataParallel", path, p.dataParallel);
   r.Int(v, "zeroStage", path, p.zeroStage);
@@ -482,6 +482,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.Int(v, "pipelineLastStageLayers", path, p.pipelineLastStageLayers);
   r.Int(v, "contextParallel", path, p.contextParallel);
   r.Int(v, "expertParallel", path, p.expertParallel);
+  r.Int(v, "expertTensorParallel", path, p.expertTensorParallel);
   r.Int(v, "gradientAccumulationSteps", path, p.gradientAccumulationSteps);
   r.Bool(v, "fsdpReduceInFp32", path, p.fsdpReduceInFp32);
   r.Bool(v, "fsdpShardEmbeddingsAndHead", path, p.fsdpShardEmbeddingsAndHead);
@@ -505,7 +506,8 @@ ojson ParallelJson(const ParallelDef& p) {
           {"virtualStages", p.virtualStages}, {"pipelineStage", p.pipelineStage},
           {"pipelineFirstStageLayers", p.pipelineFirstStageLayers}, {"pipelineLastStageLayers", p.pipelineLastStageLayers},
           {"contextParallel", p.contextParallel},
-          {"expertParallel", p.expertParallel}, {"gradientAccumulationSteps", p.gradientAccumulationSteps},
+          {"expertParallel", p.expertParallel}, {"expertTensorParallel", p.expertTensorParallel},
+          {"gradientAccumulationSteps", p.gradientAccumulationSteps},
           {"fsdpReduceInFp32", p.fsdpReduceInFp32}, {"fsdpShardEmbeddingsAndHead", p.fsdpShardEmbeddingsAndHead},
           {"gradReduceInFp32", p.gradReduceInFp32}, {"fsdpWrapAdaptersApart", p.fsdpWrapAdaptersApart}};
 }

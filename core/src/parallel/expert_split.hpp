@@ -18,10 +18,16 @@ bool IsExpertTensor(const Tensor& t);
 // rank holds as many, validation requires e to divide E). The router stays whole (E outputs).
 void KeepLocalExperts(const Setup& setup, Inventory& inventory);
 
-// MixtralSparseMoeBlock's tail under expert parallelism, after the router (`flat` [T, h], the
-// routing `weights` [T, k] and `selected` [T, k], the caller's references, released here):
-// with balanced routing every rank sends T·k/e token copies to each rank of the group and
-// receives T·k in all, (T·k)/(E/e) per local expert. Returns [b, s, h].
-ValueId ExpertParallelTail(Model& m, ValueId flat, ValueId weights, ValueId selected, const Module& block);
+// MixtralSparseMoeBlock's tail as Megatron's MoE layer runs it, after the router (`flat` [T, h]
+// of the rank's T tokens — b·s, or b·s/t under sequence parallelism —, the routing `weights`
+// [T, k] and `selected` [T, k], the caller's references, released here; `shared`, the shared
+// expert's gated [T, h] output computed before routing, or kNoValue):
+// permute → all-to-all over the e expert-parallel ranks (when e > 1) → all-gather over the etp
+// expert-tensor-parallel ranks (when etp > 1) → sort_chunks → the E/e local experts, 1/etp wide
+// → sort_chunks → reduce-scatter over etp → all-to-all back → unpermute (+ shared). With
+// balanced routing each rank receives T·k·etp rows, (T·k·etp)/(E/e) per local expert.
+// Returns the rank's output in `outShape` ([b, s, h] or [b, s/t, h]).
+ValueId ExpertParallelTail(Model& m, ValueId flat, ValueId weights, ValueId selected, ValueId shared,
+                           const Shape& outShape, const Module& block);
 
 }  // namespace gpumem::expert_split

@@ -224,6 +224,7 @@ ParallelImport ImportMegatronArguments(std::string_view commandLine, const Setup
     else if (flag == "--pipeline-model-parallel-size") number(p.pipelineParallel);
     else if (flag == "--context-parallel-size") number(p.contextParallel);
     else if (flag == "--expert-model-parallel-size") number(p.expertParallel);
+    else if (flag == "--expert-tensor-parallel-size") number(p.expertTensorParallel);
     else if (flag == "--num-layers-per-virtual-pipeline-stage") number(layersPerVirtualStage);
     // megatron/training/arguments.py: the first / last pipeline stage's own layer count
     // (transformer_block.py get_num_layers_to_build gives the other stages the rest evenly).

@@ -69,6 +69,7 @@ constexpr ParallelField kFields[] = {
     {"pipelineLastStageLayers", "layers in the last stage", "number", "", "Megatron --decoder-last-pipeline-num-layers; 0 = not set"},
     {"contextParallel", "context parallel size", "count", "", "Megatron --context-parallel-size"},
     {"expertParallel", "expert parallel size", "count", "", "Megatron --expert-model-parallel-size"},
+    {"expertTensorParallel", "expert tensor parallel size", "number", "", "Megatron --expert-tensor-parallel-size: ranks splitting each expert's MLP; 0 = the tensor parallel size (Megatron's default)"},
     {"gradientAccumulationSteps", "gradient accumulation steps", "count", "", "micro-batches per optimizer step (the pipeline's m)"},
     {"fsdpReduceInFp32", "reduce_dtype=float32", "bool", "", "FSDP2 MixedPrecisionPolicy: reduce-scatter gradients in fp32 (default false: the param dtype)"},
     {"fsdpShardEmbeddingsAndHead", "shard embeddings and output apart", "bool", "", "FSDP2: tok_embeddings and output as units of their own (torchtune custom_sharded_layers; default false)"},
@@ -201,6 +202,87 @@ void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& error
   }
 }
 
+// Expert parallelism and expert tensor parallelism (docs/parallel.md, "Expert parallelism").
+// Megatron lays a second grid over the same ranks for the experts: expert tensor parallel (etp,
+// default t) × expert parallel (e) × expert data parallel (parallel_state.initialize_model_
+// parallel's expert_decoder_rank_generator), and runs MoE layers through the all-to-all token
+// dispatcher (megatron/core/transformer/moe/token_dispatcher.py MoEAlltoAllTokenDispatcher).
+void ValidateExpertParallel(const Setup& setup, bool sizesOk, std::vector<FieldError>& errors) {
+  const ParallelDef& p = setup.parallel;
+  auto bad = [&](const char* field, std::string message) {
+    errors.push_back({ErrorCode::InvalidField, std::string("parallel.") + field, std::move(message)});
+  };
+  if (p.expertTensorParallel < 0 || p.expertTensorParallel > 1024) {
+    bad("expertTensorParallel", "The expert tensor parallel size must be 0 (the tensor parallel size, Megatron's default) "
+                                "or a whole number from 1 to 1,024, got " + std::to_string(p.expertTensorParallel) + ".");
+    return;
+  }
+  if (!sizesOk) return;
+  const ArchitectureDef& a = setup.model.architecture;
+  const bool moe = setup.model.kind == ModelKind::Transformer && a.numExperts > 0;
+  const std::int64_t e = p.expertParallel, t = p.tensorParallel, etp = ExpertTensorParallelOf(p);
+  const bool explicitEtp = p.expertTensorParallel > 0;
+  if (explicitEtp && !moe) {
+    bad("expertTensorParallel", "Expert tensor parallelism splits each expert's MLP: the model has no experts.");
+    return;
+  }
+  if (moe && etp > 1 && ExpertIntermediateSize(a) % etp != 0) {
+    // ColumnParallelLinear fc1 / RowParallelLinear fc2 inside each expert (experts.py
+    // SequentialMLP / TEGroupedMLP over the expert tensor parallel group) split the width evenly.
+    bad(explicitEtp ? "expertTensorParallel" : "tensorParallel",
+        "Megatron splits each expert's width (" + std::to_string(ExpertIntermediateSize(a)) +
+            ") evenly over the expert tensor parallel ranks (" + std::to_string(etp) + "): it must divide it.");
+  }
+  // The simulation runs Megatron's dispatcher with expert parallelism, and with sequence
+  // parallelism (whose s/t tokens Hugging Face's per-expert loop does not split); elsewhere the
+  // experts run Hugging Face's loop on the rank's 1/t slices.
+  const bool dispatcher = moe && (e > 1 || (p.sequenceParallel && t > 1));
+  if (moe && explicitEtp && etp != t && !dispatcher) {
+    bad("expertTensorParallel", "An expert tensor parallel size other than the tensor parallel size is simulated with "
+                                "Megatron's all-to-all token dispatcher: set expertParallel > 1 or sequence parallelism.");
+  }
+  if (dispatcher && (p.dataParallel * p.contextParallel * t) % (etp * e) != 0) {
+    bad("expertParallel", "Megatron lays the experts' grid over the same ranks as data × context × tensor parallel (" +
+                              std::to_string(p.dataParallel * p.contextParallel * t) +
+                              "): expert tensor parallel × expert parallel (" + std::to_string(etp * e) +
+                              ") must divide it (parallel_state.initialize_model_parallel).");
+  }
+  if (e <= 1) return;
+  if (!moe) {
+    bad("expertParallel", "Expert parallelism splits a mixture of experts: the model has no experts.");
+    return;
+  }
+  if (a.numExperts % e != 0) {
+    bad("expertParallel", "Each expert-parallel rank holds whole experts: the expert parallel size must divide the "
+                          "number of experts (" + std::to_string(a.numExperts) + ").");
+  }
+  if (p.fsdp == FsdpMode::FullyShard) {
+    // torchtitan runs MoE under FSDP2 with rules of its own, not simulated yet: each block one
+    // fully_shard unit whose routed experts (GroupedExperts, one [E/e, …] tensor per weight) are
+    // sharded over the efsdp mesh of dp_shard·cp·t / e ranks (Shard(0) on the expert dimension,
+    // Shard(1) when efsdp·e > E) and the rest over dp_shard·cp (torchtitan/distributed/fsdp.py
+    // apply_fsdp's shard_placement_fn; parallel_dims.py build_mesh), and its own all-to-all
+    // dispatcher (torchtitan/distributed/expert_parallel.py).
+    bad("expertParallel", "Expert parallelism with FSDP2 is not simulated yet: torchtitan shards the routed experts "
+                          "over dp_shard × cp × t / e ranks (its efsdp mesh) and the rest over dp_shard × cp, with "
+                          "its own token dispatcher (docs/parallel.md). Use DDP or ZeRO 1–2 (Megatron's distributed "
+                          "optimizer).");
+  } else if (p.zeroStage == 3 || p.fsdp != FsdpMode::Off) {
+    bad("expertParallel", "Expert parallelism is simulated with DDP or ZeRO 1–2 (Megatron's distributed optimizer) so "
+                          "far, not with ZeRO-3 or FSDP.");
+  }
+  if (p.zeroRedundancyOptimizer) {
+    bad("expertParallel", "Expert parallelism with ZeroRedundancyOptimizer is not simulated: use ZeRO 1–2.");
+  }
+  if (t > 1 && !p.sequenceParallel) {
+    // megatron/core/transformer/moe/moe_layer.py MoELayer.forward: "During training, performance
+    // may degrade if MoE and tensor parallelism are enabled without also enabling sequence
+    // parallelism." (a ValueError).
+    bad("sequenceParallel", "Megatron's MoE layer refuses to train with tensor parallelism but no sequence parallelism "
+                            "(moe_layer.py MoELayer.forward raises): turn sequence parallelism on.");
+  }
+}
+
 }  // namespace
 
 std::span<const Named<FsdpMode>> NamesOf(FsdpMode) { return kFsdpModes; }
@@ -211,6 +293,18 @@ std::span<const ParallelField> ParallelFields() { return kFields; }
 
 std::int64_t WorldSize(const ParallelDef& p) {
   return p.dataParallel * p.tensorParallel * p.pipelineParallel * p.contextParallel;
+}
+
+std::int64_t ExpertTensorParallelOf(const ParallelDef& p) {
+  return p.expertTensorParallel > 0 ? p.expertTensorParallel : p.tensorParallel;
+}
+
+std::int64_t ExpertDataParallelOf(const ParallelDef& p) {
+  // megatron/core/parallel_state.py initialize_model_parallel: expert_data_parallel_size =
+  // world_size // (expert_tensor_parallel_size · expert_model_parallel_size · pp); the
+  // non-expert grid's world is tp · cp · dp · pp, so the pp factors cancel.
+  const std::int64_t ranks = ExpertTensorParallelOf(p) * p.expertParallel;
+  return ranks > 0 ? p.dataParallel * p.contextParallel * p.tensorParallel / ranks : 1;
 }
 
 bool IsParallel(const ParallelDef& p) {
@@ -348,39 +442,7 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
                              "the fused attention (SDPA), not eager.");
     }
   }
-  if (p.expertParallel > 1 && sizesOk) {
-    // Megatron takes the expert-parallel ranks from the data- and context-parallel ones
-    // (parallel_state.initialize_model_parallel asserts that expert_model_parallel_size divides
-    // them) and gives each E/e whole experts.
-    const std::int64_t e = p.expertParallel;
-    const ArchitectureDef& a = setup.model.architecture;
-    if (setup.model.kind != ModelKind::Transformer || a.numExperts == 0) {
-      bad("expertParallel", "Expert parallelism splits a mixture of experts: the model has no experts.");
-    } else {
-      if (a.numExperts % e != 0) {
-        bad("expertParallel", "Each expert-parallel rank holds whole experts: the expert parallel size must divide the "
-                              "number of experts (" + std::to_string(a.numExperts) + ").");
-      }
-      if ((p.dataParallel * p.contextParallel) % e != 0) {
-        bad("expertParallel", "Expert-parallel ranks are data- (and context-) parallel ranks: the expert parallel size "
-                              "must divide data parallel × context parallel (" +
-                              std::to_string(p.dataParallel * p.contextParallel) + ").");
-      }
-      if (a.sharedExpertIntermediateSize > 0) {
-        bad("expertParallel", "Expert parallelism with a shared expert (Qwen2-MoE) is not simulated yet (docs/parallel.md).");
-      }
-    }
-    if (p.zeroStage == 3 || p.fsdp != FsdpMode::Off) {
-      bad("expertParallel", "Expert parallelism is simulated with DDP or ZeRO 1–2 (Megatron's distributed optimizer) so "
-                            "far, not with ZeRO-3 or FSDP.");
-    }
-    if (p.zeroRedundancyOptimizer) {
-      bad("expertParallel", "Expert parallelism with ZeroRedundancyOptimizer is not simulated: use ZeRO 1–2.");
-    }
-    if (p.tensorParallel > 1) {
-      bad("expertParallel", "Expert parallelism with tensor parallelism (expert tensor parallel) is not simulated yet.");
-    }
-  }
+  ValidateExpertParallel(setup, sizesOk, errors);
   if (p.sequenceParallel && p.tensorParallel > 1 && sizesOk) {
     // Megatron splits the sequence evenly (mappings.py _split_along_first_dim asserts it); the
     // shared blocks and each family's embeddings and head write the split.
@@ -388,9 +450,6 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
       bad("sequenceParallel", "Sequence parallelism splits the sequence length (" +
                                   std::to_string(setup.training.sequenceLength) +
                                   ") evenly over the tensor-parallel ranks: the tensor parallel size must divide it.");
-    }
-    if (setup.model.kind == ModelKind::Transformer && setup.model.architecture.numExperts > 0) {
-      bad("sequenceParallel", "Sequence parallelism with a mixture of experts is not simulated yet (docs/parallel.md).");
     }
     if (setup.training.lossImplementation == LossImplementation::Chunked) {
       bad("sequenceParallel", "Sequence parallelism with the chunked output loss is not simulated yet: choose the plain loss.");
@@ -410,7 +469,7 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
       divides(a.numHeads, "the attention heads");
       divides(KeyValueHeads(a), "the key/value heads");
       divides(IntermediateSize(a), "the MLP width");
-      if (a.numExperts > 0) divides(ExpertIntermediateSize(a), "each expert's width");
+      // Each expert's width is split by the expert tensor parallel size (ValidateExpertParallel).
       if (a.sharedExpertIntermediateSize > 0) divides(a.sharedExpertIntermediateSize, "the shared expert's width");
       // Every family splits the same way (TensorSlices, parallel/sharding.cpp): GPT-2's fused
       // c_attn and BERT's query/key/value read their width from heads · head_dim, so the rank's

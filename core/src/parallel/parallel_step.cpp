@@ -730,8 +730,19 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
     notes.push_back("Expert parallel: the rank holds " +
                     std::to_string(setup.model.architecture.numExperts / p.expertParallel) +
                     " experts per block and exchanges tokens with all-to-alls; tokens are taken as routed evenly (each "
-                    "rank's experts receive b·s·k rows in all, as on one GPU); expert states are sharded over " +
-                    std::to_string(p.dataParallel * p.contextParallel / p.expertParallel) + " expert-data-parallel ranks.");
+                    "rank's experts receive b·s·k rows in all, as on one GPU; b·s·k·etp/t under sequence parallelism); expert states are sharded over " +
+                    std::to_string(ExpertDataParallelOf(p)) + " expert-data-parallel ranks" +
+                    (ExpertTensorParallelOf(p) > 1 ? ", each expert's MLP split over " +
+                                                         std::to_string(ExpertTensorParallelOf(p)) +
+                                                         " expert-tensor-parallel ranks (its rows all-gathered and reduce-scattered over them)." : "."));
+  }
+  if (p.expertParallel == 1 && p.sequenceParallel && p.tensorParallel > 1 && setup.model.kind == ModelKind::Transformer &&
+      setup.model.architecture.numExperts > 0) {
+    // docs/parallel.md, "Expert parallelism": the same dispatcher with an expert-parallel group of one.
+    notes.push_back("Sequence parallel with experts: each MoE layer runs Megatron's all-to-all token dispatcher on "
+                    "the rank's s/t tokens (no all-to-all with one expert-parallel rank), its rows all-gathered and "
+                    "reduce-scattered over " + std::to_string(ExpertTensorParallelOf(p)) +
+                    " expert-tensor-parallel ranks; tokens are taken as routed evenly.");
   }
   if (FinetuneActive(setup.finetune)) {
     // docs/parallel.md, "Fine-tuning on many GPUs".

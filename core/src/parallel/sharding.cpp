@@ -191,6 +191,10 @@ SimulatedRank SimulatedRankOf(const Setup& setup) {
     r.why += "; expert-parallel rank 0 holds experts 0 to " +
              std::to_string(setup.model.architecture.numExperts / p.expertParallel - 1) +
              " of each block, and every expert-parallel rank as many experts and (routing balanced) as many tokens";
+    if (ExpertTensorParallelOf(p) > 1) {
+      r.why += "; expert-tensor-parallel rank 0 holds 1/" + std::to_string(ExpertTensorParallelOf(p)) +
+               " of each of its experts' widths, as every expert-tensor-parallel rank";
+    }
   }
   if (p.zeroRedundancyOptimizer && r.engine == ShardingEngine::DDP) {
     r.engineLabel = "DDP + ZeroRedundancyOptimizer";
@@ -207,16 +211,21 @@ namespace {
 
 Setup TensorSlices(const Setup& setup) {
   const std::int64_t t = setup.parallel.tensorParallel;
-  if (t <= 1 || setup.model.kind != ModelKind::Transformer) return setup;
+  // Each expert's MLP is split over the expert tensor parallel ranks (etp, t unless set):
+  // ColumnParallelLinear fc1 / RowParallelLinear fc2 over the expert tensor parallel group
+  // (megatron/core/transformer/moe/experts.py; parallel_state's expt_tp group).
+  const std::int64_t etp = ExpertTensorParallelOf(setup.parallel);
+  if ((t <= 1 && etp <= 1) || setup.model.kind != ModelKind::Transformer) return setup;
   Setup rank = setup;
   ArchitectureDef& a = rank.model.architecture;
   const ArchitectureDef& full = setup.model.architecture;
+  if (full.numExperts > 0 && etp > 1) a.expertIntermediateSize = ExpertIntermediateSize(full) / etp;
+  if (t <= 1) return rank;
   // The head width must not change with the head count (HeadDim derives it from hidden/heads).
   a.headDim = HeadDim(full);
   a.numHeads = full.numHeads / t;                  // ColumnParallelLinear over q (and k, v)
   a.numKeyValueHeads = KeyValueHeads(full) / t;
   a.intermediateSize = IntermediateSize(full) / t;  // ColumnParallelLinear fc1 / RowParallelLinear fc2
-  if (full.numExperts > 0) a.expertIntermediateSize = ExpertIntermediateSize(full) / t;
   a.sharedExpertIntermediateSize = full.sharedExpertIntermediateSize / t;
   // VocabParallelEmbedding: each rank a contiguous 1/t of the (padded) vocabulary; Megatron pads
   // the vocabulary to a multiple of make-vocab-size-divisible-by (128) × t
@@ -312,12 +321,13 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
       break;
     }
     case ShardingEngine::Zero: {
-      if (plan.zeroStage <= 2 && p.expertParallel > 1) {
+      if (plan.zeroStage <= 2 && (p.expertParallel > 1 || ExpertTensorParallelOf(p) != p.tensorParallel)) {
         // Expert parallelism: the experts' parameters are their own group, sharded over the
         // expert-data-parallel ranks (dp·cp / e) and the rest over dp·cp, each flattened and
         // padded on its own (DeepSpeed's MoE param groups, stage_1_and_2.py
         // real_dp_process_group; Megatron's distributed optimizer per expert_data_parallel_group).
-        const std::int64_t de = d / p.expertParallel;
+        // Expert data parallel: dp·cp·t / (etp·e) (ExpertDataParallelOf; d / e when etp = t).
+        const std::int64_t de = d * p.tensorParallel / (ExpertTensorParallelOf(p) * p.expertParallel);
         std::int64_t expertElements = 0;
         for (const Tensor& t : inventory.parameters) {
           if (t.trainable && expert_split::IsExpertTensor(t)) expertElements += t.Elements();

@@ -87,6 +87,9 @@ struct Model {
   // Megatron --expert-model-parallel-size e (else 1): the rank holds E/e experts and exchanges
   // tokens with all-to-alls (core/src/parallel/expert_split.cpp).
   std::int64_t expertShards = 1;
+  // Megatron --expert-tensor-parallel-size (t unless set; 1 on one GPU): each expert's MLP is
+  // 1/etp wide and the dispatcher all-gathers / reduce-scatters its rows over the group.
+  std::int64_t expertTensorShards = 1;
 
   // A child module: "model.layers.3." + "self_attn.q_proj".
   Module Child(const Module& parent, std::string_view name);

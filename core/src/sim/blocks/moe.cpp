@@ -6,11 +6,49 @@
 
 namespace gpumem::blocks {
 
+namespace {
+
+// Qwen2-MoE's shared expert (Qwen2MoeSparseMoeBlock: shared_expert, then
+// sigmoid(shared_expert_gate(x)) × its output), Megatron's SharedExpertMLP.forward
+// (megatron/core/transformer/moe/shared_experts.py): the MLP on `input`, the gate's linear on
+// `gateInput` (the rank's tokens, flat: Megatron's gate_weight [1, h] multiplies the unsplit,
+// sequence-sharded hidden states). Returns the gated output, shaped as `gateInput`'s rows × h.
+ValueId SharedExpert(Model& m, ValueId input, ValueId gateInput, const Module& block) {
+  Tape& t = m.t;
+  const ArchitectureDef& a = m.a;
+  ValueId shared = GatedMlp(m, input, m.Child(block, "mlp.shared_expert."), a.sharedExpertIntermediateSize,
+                            "gate_proj", "up_proj", "down_proj", "shared expert");
+  if (t.ShapeOf(shared).rank != t.ShapeOf(gateInput).rank) {
+    const ValueId flat = ops::View(t, shared, {t.ShapeOf(gateInput)[0], a.hiddenSize}, "shared expert view(-1, hidden)");
+    t.Drop(shared);
+    shared = flat;
+  }
+  if (a.sharedExpertGate) {
+    const ValueId g = Linear(m, gateInput, m.Child(block, "mlp.shared_expert_gate"), 1, "shared_expert_gate");
+    const ValueId sg = ops::SavesOutput(t, g, "sigmoid(shared_expert_gate)", t.TypeOf(g));
+    t.Drop(g);
+    const ValueId gated = ops::Mul(t, sg, shared, "gate × shared expert");
+    t.Drop(sg);
+    t.Drop(shared);
+    shared = gated;
+  }
+  return shared;
+}
+
+}  // namespace
+
 ValueId MoE(Model& m, ValueId x, const Module& block) {
   Tape& t = m.t;
   const ArchitectureDef& a = m.a;
-  const std::int64_t h = a.hiddenSize, E = a.numExperts, k = a.expertsPerToken, T = m.b * m.s;
+  // The rank's tokens: b·s, or b·s/t under sequence parallelism.
+  const std::int64_t h = a.hiddenSize, E = a.numExperts, k = a.expertsPerToken,
+                     T = t.ShapeOf(x)[0] * t.ShapeOf(x)[1];
   const ValueId flat = ops::View(t, x, {T, h}, "view(-1, hidden)");
+  // Megatron's MoE layer (expert or sequence parallelism: expert_split.hpp) computes the shared
+  // expert before routing (moe_layer.py MoELayer.forward: shared_experts_compute, then route);
+  // under sequence parallelism its column-parallel linears all-gather the s/t tokens of x.
+  const bool dispatcher = m.expertShards > 1 || m.sequenceShards > 1;
+  const ValueId sharedFirst = dispatcher && a.sharedExpertIntermediateSize > 0 ? SharedExpert(m, x, flat, block) : kNoValue;
   const ValueId router = Linear(m, flat, m.Child(block, "block_sparse_moe.gate"), E, "router logits");
   const ValueId probs = ops::Softmax(t, router, "router softmax (fp32)", DType::FP32);
   t.Drop(router);
@@ -26,7 +64,9 @@ ValueId MoE(Model& m, ValueId x, const Module& block) {
   const ValueId weights = ops::To(t, normed, t.TypeOf(flat));
   t.Drop(normed);
   // Expert parallelism: Megatron's all-to-all dispatcher and the rank's E/e experts.
-  if (m.expertShards > 1) return expert_split::ExpertParallelTail(m, flat, weights, selected, block);
+  if (dispatcher) {
+    return expert_split::ExpertParallelTail(m, flat, weights, selected, sharedFirst, t.ShapeOf(x), block);
+  }
   ValueId final = t.Fresh({T, h}, t.TypeOf(flat), "final_hidden_states (zeros)");
   const ValueId expertMask = t.Fresh({E, k, T}, DType::Int64, "expert_mask (one_hot)");
   const std::int64_t inter = ExpertIntermediateSize(a);
@@ -64,17 +104,7 @@ ValueId MoE(Model& m, ValueId x, const Module& block) {
   t.Drop(weights);
   t.Drop(selected);
   if (a.sharedExpertIntermediateSize > 0) {
-    ValueId shared = GatedMlp(m, flat, m.Child(block, "mlp.shared_expert."), a.sharedExpertIntermediateSize,
-                              "gate_proj", "up_proj", "down_proj", "shared expert");
-    if (a.sharedExpertGate) {
-      const ValueId g = Linear(m, flat, m.Child(block, "mlp.shared_expert_gate"), 1, "shared_expert_gate");
-      const ValueId sg = ops::SavesOutput(t, g, "sigmoid(shared_expert_gate)", t.TypeOf(g));
-      t.Drop(g);
-      const ValueId gated = ops::Mul(t, sg, shared, "gate × shared expert");
-      t.Drop(sg);
-      t.Drop(shared);
-      shared = gated;
-    }
+    const ValueId shared = SharedExpert(m, flat, flat, block);
     const ValueId sum2 = ops::Add(t, final, shared, "routed + shared");
     t.Drop(final);
     t.Drop(shared);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gpumem/names.hpp"
+#include "gpumem/parallel.hpp"
 #include "parallel/pipeline.hpp"
 #include "parallel/sequence_split.hpp"
 #include "sim/families/family.hpp"
@@ -40,7 +41,8 @@ class TransformerPass final : public ModelPass {
         softmaxSavesInput_(SoftmaxSavesInput(setup.runtime)),
         vocabShards_(std::max<std::int64_t>(1, setup.parallel.tensorParallel)),
         sequenceShards_(setup.parallel.sequenceParallel ? setup.parallel.tensorParallel : 1),
-        contextShards_(setup.parallel.contextParallel), expertShards_(setup.parallel.expertParallel) {}
+        contextShards_(setup.parallel.contextParallel), expertShards_(setup.parallel.expertParallel),
+        expertTensorShards_(ExpertTensorParallelOf(setup.parallel)) {}
 
   void Forward(TraceBuilder& b) override {
     tape_.emplace(b, regime_.compute, regime_.autocast, parameterCount_);
@@ -65,6 +67,7 @@ class TransformerPass final : public ModelPass {
     model_->vocabShards = vocabShards_;
     model_->contextShards = contextShards_;
     model_->expertShards = expertShards_;
+    model_->expertTensorShards = expertTensorShards_;
     Tape& t = *tape_;
     Model& m = *model_;
     m.Scope(-1, "batch");
@@ -280,6 +283,7 @@ class TransformerPass final : public ModelPass {
   std::int64_t sequenceShards_ = 1;  // Megatron --sequence-parallel (core/src/parallel/sequence_split.hpp)
   std::int64_t contextShards_ = 1;   // Megatron --context-parallel-size (core/src/parallel/context_split.hpp)
   std::int64_t expertShards_ = 1;    // Megatron --expert-model-parallel-size (core/src/parallel/expert_split.hpp)
+  std::int64_t expertTensorShards_ = 1;  // Megatron --expert-tensor-parallel-size (expert_split.hpp)
 };
 
 }  // namespace
