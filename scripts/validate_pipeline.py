@@ -93,6 +93,62 @@ def schedule_of(name, p, r, m):
     return actions + [("B", k) for k in range(m - warmup, m)]
 
 
+def run_microbatches(forward, make_batch, step, schedule, stage, stages, m, boundary, prev_rank, next_rank):
+    """One step's micro-batches on `stage` as Megatron's schedule runs them: each forward receives
+    its input (a `boundary`-shaped tensor made to require a gradient) from `prev_rank` unless it is
+    the first stage, sends its output to `next_rank` and pseudo-frees it unless it is the last
+    (deallocate_output_tensor); each backward runs the engine with the gradient received from
+    `next_rank` (custom_backward) and sends the input's gradient back, waited on after the next
+    receive (as the combined send_backward_recv_forward does)."""
+    first, last = stage == 0, stage == stages - 1
+    live = {}      # micro-batch → (input tensor, output tensor, batch)
+    pending = []   # the isends of input gradients, waited after the next receive
+    for kind, k in schedule_of(schedule, stages, stage, m):
+        if kind == "F":
+            with record_function(f"gpumem:forward:{step}"):
+                inp = None
+                if not first:
+                    inp = torch.empty(boundary, dtype=torch.float32)
+                    dist.recv(inp, prev_rank)
+                    inp.requires_grad_()
+                    for work in pending:
+                        work.wait()
+                    pending.clear()
+                batch = make_batch()
+                out = forward(inp, batch)
+                if not last:
+                    dist.send(out.detach(), next_rank)
+                    # schedules.py deallocate_output_tensor: keep only the grad_fn.
+                    out.data = torch.empty((1,), dtype=out.dtype)
+                live[k] = (inp, out, batch)
+                del inp, out, batch
+        else:
+            with record_function(f"gpumem:backward:{step}"):
+                inp, out, batch = live.pop(k)
+                if last:
+                    out.backward()
+                else:
+                    grad = torch.empty(boundary, dtype=torch.float32)
+                    dist.recv(grad, next_rank)
+                    # schedules.py custom_backward: the engine, past the shape check.
+                    Variable._execution_engine.run_backward(
+                        tensors=(out,), grad_tensors=(grad,), keep_graph=False, create_graph=False,
+                        inputs=tuple(), allow_unreachable=True, accumulate_grad=True)
+                    del grad
+                if not first:
+                    pending.append(dist.isend(inp.grad, prev_rank))
+                del inp, out, batch
+    for work in pending:
+        work.wait()
+
+
+def model_states(params, opt):
+    """Parameter and optimizer-state bytes of this process, as the estimate's modelStates counts."""
+    return {"parameters": sum(q.numel() * q.element_size() for q in params),
+            "optimizerStates": sum(v.numel() * v.element_size() for st in opt.state.values()
+                                   for v in st.values() if torch.is_tensor(v) and v.dim() > 0)}
+
+
 def measure_stage(rank, world, setup, port, out_path):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -103,7 +159,6 @@ def measure_stage(rank, world, setup, port, out_path):
     b, s, m = t["batchSize"], t["sequenceLength"], setup["parallel"]["gradientAccumulationSteps"]
     torch.manual_seed(rank)
     state = {}
-    first, last = rank == 0, rank == world - 1
 
     def run():
         with record_function("gpumem:init"):
@@ -111,55 +166,15 @@ def measure_stage(rank, world, setup, port, out_path):
             params = list(model.parameters())
             opt = V.make_optimizer(t["optimizer"], t["optimizerImplementation"], params)
         for step in (1, 2):
-            live = {}      # micro-batch → (input tensor, output tensor, batch)
-            pending = []   # stage 1's isend of input gradients, waited after the next receive
-            schedule = setup["parallel"].get("pipelineSchedule", "1f1b")
-            for kind, k in schedule_of(schedule, world, rank, m):
-                if kind == "F":
-                    with record_function(f"gpumem:forward:{step}"):
-                        inp = None
-                        if not first:
-                            inp = torch.empty((b, s, cfg.hidden), dtype=torch.float32)
-                            dist.recv(inp, rank - 1)
-                            inp.requires_grad_()
-                            for work in pending:
-                                work.wait()
-                            pending.clear()
-                        batch = stage_batch(cfg, rank, world, b, s)
-                        out = model(inp, batch)
-                        if not last:
-                            dist.send(out.detach(), rank + 1)
-                            # schedules.py deallocate_output_tensor: keep only the grad_fn.
-                            out.data = torch.empty((1,), dtype=out.dtype)
-                        live[k] = (inp, out, batch)
-                        del inp, out, batch
-                else:
-                    with record_function(f"gpumem:backward:{step}"):
-                        inp, out, batch = live.pop(k)
-                        if last:
-                            out.backward()
-                        else:
-                            grad = torch.empty((b, s, cfg.hidden), dtype=torch.float32)
-                            dist.recv(grad, rank + 1)
-                            # schedules.py custom_backward: the engine, past the shape check.
-                            Variable._execution_engine.run_backward(
-                                tensors=(out,), grad_tensors=(grad,), keep_graph=False, create_graph=False,
-                                inputs=tuple(), allow_unreachable=True, accumulate_grad=True)
-                            del grad
-                        if not first:
-                            pending.append(dist.isend(inp.grad, rank - 1))
-                        del inp, out, batch
-            for work in pending:
-                work.wait()
-            pending.clear()
+            run_microbatches(lambda inp, batch: model(inp, batch), lambda: stage_batch(cfg, rank, world, b, s),
+                             step, setup["parallel"].get("pipelineSchedule", "1f1b"), rank, world, m,
+                             (b, s, cfg.hidden), rank - 1, rank + 1)
             if step == 1:
                 state["gradients"] = sum(q.grad.numel() * q.grad.element_size() for q in params if q.grad is not None)
             with record_function(f"gpumem:optimizerStep:{step}"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-        state["parameters"] = sum(q.numel() * q.element_size() for q in params)
-        state["optimizerStates"] = sum(v.numel() * v.element_size() for st in opt.state.values()
-                                       for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+        state.update(model_states(params, opt))
         state["keep"] = (model, opt)
 
     memory, ranges = R.fast_allocation_events(run)

@@ -48,7 +48,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_reference as R  # noqa: E402
 import validate as V  # noqa: E402
 import validate_pipeline as VP  # noqa: E402
-from torch.autograd import Variable  # noqa: E402
 from validate_parallel import free_port  # noqa: E402
 
 TP = {"rank": 0, "world": 1}
@@ -102,6 +101,15 @@ def reduce_scatter_into(shard, full):
     dist.recv(shard, peer_rank())
     shard.add_(seq_slice(full, TP["rank"]))
     work.wait()
+
+
+def gather_along_sequence(shard):
+    """mappings.py _gather_along_first_dim: a new [s] tensor of the ranks' [s/t] shards."""
+    shape = list(shard.shape)
+    shape[1] *= TP["world"]
+    output = torch.empty(shape, dtype=shard.dtype)
+    all_gather_into(output, shard.contiguous())
+    return output
 
 
 class GlobalMemoryBuffer:
@@ -170,11 +178,7 @@ class ReduceScatterToSequenceParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        shape = list(grad_output.shape)
-        shape[1] *= TP["world"]
-        output = torch.empty(shape, dtype=grad_output.dtype)
-        all_gather_into(output, grad_output.contiguous())
-        return output
+        return gather_along_sequence(grad_output)
 
 
 class SequenceParallelLinear(torch.autograd.Function):
@@ -255,11 +259,7 @@ class ScatterToSequenceParallelRegion(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        shape = list(grad_output.shape)
-        shape[1] *= TP["world"]
-        output = torch.empty(shape, dtype=grad_output.dtype)
-        all_gather_into(output, grad_output.contiguous())
-        return output
+        return gather_along_sequence(grad_output)
 
 
 def padded_vocab(vocab, t):
@@ -444,7 +444,6 @@ def measure_rank(rank, world, setup, port, out_path):
     torch.manual_seed(stage)  # the same batches on both ranks of a stage
     TP["scratch"] = torch.empty(b * s * cfg.hidden, dtype=torch.float32)  # before the tracker starts
     state = {}
-    first, last = stage == 0, stage == stages - 1
     boundary = (b, s // tp if sp else s, cfg.hidden)  # schedules.py get_tensor_shapes
 
     def run():
@@ -465,16 +464,17 @@ def measure_rank(rank, world, setup, port, out_path):
                     loss.backward()
                     del loss
                 del input_ids, labels
-            else:
-                run_pipeline(model, step, stage, stages, m, b, s, boundary, cfg)
+            else:  # scripts/validate_pipeline.py's schedule; the boundary partner is the same TP rank
+                VP.run_microbatches(
+                    lambda inp, batch: model(batch.get("input_ids"), batch.get("labels"), hidden_states=inp, s=s),
+                    lambda: VP.stage_batch(cfg, stage, stages, b, s), step, "1f1b", stage, stages, m, boundary,
+                    rank - tp, rank + tp)
             if step == 1:
                 state["gradients"] = sum(q.grad.numel() * q.grad.element_size() for q in params if q.grad is not None)
             with record_function(f"gpumem:optimizerStep:{step}"):
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-        state["parameters"] = sum(q.numel() * q.element_size() for q in params)
-        state["optimizerStates"] = sum(v.numel() * v.element_size() for st in opt.state.values()
-                                       for v in st.values() if torch.is_tensor(v) and v.dim() > 0)
+        state.update(VP.model_states(params, opt))
         state["keep"] = (model, opt)
 
     memory, ranges = R.fast_allocation_events(run)
@@ -484,51 +484,6 @@ def measure_rank(rank, world, setup, port, out_path):
         json.dump(state, f)
     dist.barrier()
     dist.destroy_process_group()
-
-
-def run_pipeline(model, step, stage, stages, m, b, s, boundary, cfg):
-    """scripts/validate_pipeline.py's 1F1B (Megatron's forward_backward_pipelining_without_
-    interleaving) on tensor-parallel stages: each rank exchanges its boundary tensor, s/t tokens
-    under sequence parallelism, with the same tensor-parallel rank of the next or previous stage."""
-    tp = TP["world"]
-    rank = stage * tp + TP["rank"]
-    first, last = stage == 0, stage == stages - 1
-    live, pending = {}, []
-    for kind, k in VP.schedule_of("1f1b", stages, stage, m):
-        if kind == "F":
-            with record_function(f"gpumem:forward:{step}"):
-                inp = None
-                if not first:
-                    inp = torch.empty(boundary, dtype=torch.float32)
-                    dist.recv(inp, rank - tp)
-                    inp.requires_grad_()
-                    for work in pending:
-                        work.wait()
-                    pending.clear()
-                batch = VP.stage_batch(cfg, stage, stages, b, s)
-                out = model(batch.get("input_ids"), batch.get("labels"), hidden_states=inp, s=s)
-                if not last:
-                    dist.send(out.detach(), rank + tp)
-                    out.data = torch.empty((1,), dtype=out.dtype)  # deallocate_output_tensor
-                live[k] = (inp, out, batch)
-                del inp, out, batch
-        else:
-            with record_function(f"gpumem:backward:{step}"):
-                inp, out, batch = live.pop(k)
-                if last:
-                    out.backward()
-                else:
-                    grad = torch.empty(boundary, dtype=torch.float32)
-                    dist.recv(grad, rank + tp)
-                    Variable._execution_engine.run_backward(
-                        tensors=(out,), grad_tensors=(grad,), keep_graph=False, create_graph=False,
-                        inputs=tuple(), allow_unreachable=True, accumulate_grad=True)
-                    del grad
-                if not first:
-                    pending.append(dist.isend(inp.grad, rank - tp))
-                del inp, out, batch
-    for work in pending:
-        work.wait()
 
 
 def case(name, sp, seq=512, attention="eager", family="llama", pp=1, m=1, **arch_fields):
