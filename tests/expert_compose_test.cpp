@@ -60,14 +60,6 @@ Setup WithSharedExpert(Setup s) {
   return s;
 }
 
-Estimate Labelled(const Setup& s) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  EstimateResult r = EstimateMemory(s, o);
-  REQUIRE(r.ok());
-  return r.estimate;
-}
-
 std::int64_t EventBytes(const Estimate& e, Phase phase, const std::string& label) {
   for (const TimelinePoint& p : e.timeline) {
     if (p.phase == phase && p.deltaBytes > 0 && p.label.find(label) != std::string::npos) return p.deltaBytes;
@@ -135,7 +127,7 @@ TEST_CASE("Expert compose: parameters per rank under expert x tensor parallel", 
 TEST_CASE("Expert compose: the dispatcher's tensors with expert tensor parallel", "[parallel][expert][compose]") {
   // Sequence parallelism: the rank routes its s/t = 32 tokens, T·k = 64 copies of h.
   const std::int64_t tokens = kSeq / 2, copies = tokens * kK, rows = copies * 2;  // × etp after the all-gather
-  const Estimate e = Labelled(EpTimesTp(0));
+  const Estimate e = MustEstimateLabelled(EpTimesTp(0));
   CHECK(EventBytes(e, Phase::Forward, "dispatch: permute") == copies * kH * 2);
   CHECK(EventBytes(e, Phase::Forward, "dispatch: all-to-all") == copies * kH * 2);
   CHECK(EventBytes(e, Phase::Forward, "dispatch: all-gather (expert tensor parallel)") == rows * kH * 2);
@@ -151,7 +143,7 @@ TEST_CASE("Expert compose: the dispatcher's tensors with expert tensor parallel"
   CHECK(EventBytes(e, Phase::Backward, "combine: reduce-scatter (expert tensor parallel) backward") == rows * kH * 2);
   CHECK(EventBytes(e, Phase::Backward, "dispatch: all-gather (expert tensor parallel) backward") == copies * kH * 2);
   // With etp = 1 nothing is gathered over the expert tensor group.
-  const Estimate one = Labelled(EpTimesTp(1));
+  const Estimate one = MustEstimateLabelled(EpTimesTp(1));
   CHECK(EventBytes(one, Phase::Forward, "dispatch: all-gather (expert tensor parallel)") == -1);
   CHECK(EventBytes(one, Phase::Forward, "local expert 0 w1") == (copies / 2) * kWidth * 2);
 }
@@ -167,7 +159,7 @@ TEST_CASE("Expert compose: what a block saves with expert tensor parallel", "[pa
   Setup sp = SmallMixtral();
   sp.parallel.tensorParallel = 2;
   sp.parallel.sequenceParallel = true;
-  const Estimate e = Labelled(sp);
+  const Estimate e = MustEstimateLabelled(sp);
   CHECK(EventBytes(e, Phase::Forward, "dispatch: all-to-all") == -1);
   CHECK(EventBytes(e, Phase::Forward, "dispatch: all-gather (expert tensor parallel)") == copies * 2 * kH * 2);
   CHECK(e.modelStates.parameterCount == RankParameters(2, 1, 2, false));
@@ -251,7 +243,7 @@ TEST_CASE("Expert compose: a shared expert is a dense MLP on every expert-parall
   // before route) on the rank's s/t = 32 tokens: gate_proj all-gathers them (64 × 256-wide
   // output), down_proj reduce-scatters back to 32 tokens; the gate multiplies the sharded
   // tokens; the sum with the routed output is [32, h].
-  const Estimate e = Labelled(s);
+  const Estimate e = MustEstimateLabelled(s);
   CHECK(EventBytes(e, Phase::Forward, "shared expert gate_proj") == kSeq * 256 * 2);
   CHECK(EventBytes(e, Phase::Forward, "down_proj reduce-scatter (s/t)") == (kSeq / 2) * kH * 2);
   CHECK(EventBytes(e, Phase::Forward, "shared_expert_gate") == (kSeq / 2) * 1 * 2);

@@ -18,49 +18,12 @@ using namespace gpumem::test;
 
 namespace {
 
-// The functional test gpt3_mcore_te_tp1_pp1_uniform_full_recompute (tests/data/
-// published-parallel.json): GPT 12 × 512, 8 heads, vocabulary 50,304, 1,024 positions, tied.
-Setup MegatronGpt12x512() {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  s.model.architecture = DefaultArchitecture(Family::GPT2);
-  ArchitectureDef& a = s.model.architecture;
-  a.vocabSize = 50304;
-  a.hiddenSize = 512;
-  a.numLayers = 12;
-  a.numHeads = 8;
-  a.numKeyValueHeads = 8;
-  a.maxPositionEmbeddings = 1024;
-  a.intermediateSize = 2048;
-  a.tieWordEmbeddings = true;
-  s.training.precision = Precision::BF16Mixed;
-  s.training.optimizer = OptimizerKind::AdamW;
-  s.training.optimizerImplementation = OptimizerImplementation::Fused;
-  s.training.batchSize = 4;
-  s.training.sequenceLength = 1024;
+// The functional test gpt3_mcore_te_tp1_pp1_uniform_full_recompute: every block recomputed, DP 8.
+Setup FullRecomputeRun() {
+  Setup s = MegatronGpt12x512();
   s.training.checkpointing = Checkpointing::EveryBlock;
-  s.training.lossImplementation = LossImplementation::MegatronVocabParallel;
   s.parallel.dataParallel = 8;
   return s;
-}
-
-Estimate Labelled(const Setup& s) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  EstimateResult r = EstimateMemory(s, o);
-  if (!r.ok()) {
-    std::string all;
-    for (const auto& e : r.errors) all += e.field + ": " + e.message + "\n";
-    FAIL("setup unexpectedly invalid:\n" << all);
-  }
-  return r.estimate;
-}
-
-std::int64_t Allocated(const Estimate& e, const std::string& label) {
-  for (const TimelinePoint& p : e.timeline) {
-    if (p.deltaBytes > 0 && p.label.find(label) != std::string::npos) return p.deltaBytes;
-  }
-  return -1;
 }
 
 int CountAllocated(const Estimate& e, const std::string& label) {
@@ -72,9 +35,9 @@ int CountAllocated(const Estimate& e, const std::string& label) {
 }  // namespace
 
 TEST_CASE("Megatron DDP: the fp32 gradient buffer without the distributed optimizer pinned by hand", "[parallel][megatron-ddp]") {
-  Setup s = MegatronGpt12x512();
+  Setup s = FullRecomputeRun();
   s.parallel.gradReduceInFp32 = true;
-  const Estimate e = Labelled(s);
+  const Estimate e = MustEstimateLabelled(s);
   // Ψ by hand: wte 50,304·512 = 25,755,648; wpe 1,024·512 = 524,288; a block: two LayerNorms
   // 2·1,024, c_attn 512·1,536 + 1,536 = 787,968, attn c_proj 512·512 + 512 = 262,656, c_fc
   // 512·2,048 + 2,048 = 1,050,624, mlp c_proj 2,048·512 + 512 = 1,049,088: 3,152,384, × 12 =
@@ -89,15 +52,15 @@ TEST_CASE("Megatron DDP: the fp32 gradient buffer without the distributed optimi
   CHECK(MegatronGradBufferElements(BuildInventory(s), 8, false) == psi);
   // The buffer is made at construction; no torch DDP bucket exists; each bf16 .grad (here the
   // last MLP projection's weight, 2,048·512·2 B) lives for an instant.
-  CHECK(Allocated(e, "Megatron DDP init: fp32 gradient buffer") == 256'438'272);
-  CHECK(Allocated(e, "DDP init: reducer bucket") == -1);
-  CHECK(Allocated(e, "h.11.mlp.c_proj.weight.grad") == 2048LL * 512 * 2);
+  CHECK(FirstAllocBytes(e, "Megatron DDP init: fp32 gradient buffer") == 256'438'272);
+  CHECK(FirstAllocBytes(e, "DDP init: reducer bucket") == -1);
+  CHECK(FirstAllocBytes(e, "h.11.mlp.c_proj.weight.grad") == 2048LL * 512 * 2);
 
   // Against torch DDP with gradient_as_bucket_view (what the published row was read as before):
   // the gradients go from 2Ψ (bf16 bucket views) to 4Ψ; nothing else of the model states moves.
-  Setup torchDdp = MegatronGpt12x512();
+  Setup torchDdp = FullRecomputeRun();
   torchDdp.parallel.gradientAsBucketView = true;
-  const Estimate ddp = Labelled(torchDdp);
+  const Estimate ddp = MustEstimateLabelled(torchDdp);
   CHECK(ddp.modelStates.gradientsBytes == 128'219'136);
   CHECK(e.modelStates.totalBytes - ddp.modelStates.totalBytes == 2 * psi);
   CHECK(e.peak.totalBytes > ddp.peak.totalBytes);
@@ -106,33 +69,33 @@ TEST_CASE("Megatron DDP: the fp32 gradient buffer without the distributed optimi
 TEST_CASE("Megatron DDP: the main params take fp32 views of the buffer and upcast nothing", "[parallel][megatron-ddp]") {
   // With a foreach Adam torch DDP's masters upcast every bf16 gradient to fp32 in the step;
   // Float16OptimizerWithFloat16Params hands Adam the buffer's fp32 views instead.
-  Setup s = MegatronGpt12x512();
+  Setup s = FullRecomputeRun();
   s.training.optimizerImplementation = OptimizerImplementation::ForEach;
   s.parallel.gradientAsBucketView = true;
-  CHECK(Allocated(Labelled(s), "foreach: gradients upcast to fp32") == 64'109'568LL * 4);
+  CHECK(FirstAllocBytes(MustEstimateLabelled(s), "foreach: gradients upcast to fp32") == 64'109'568LL * 4);
   s.parallel.gradReduceInFp32 = true;
-  const Estimate megatron = Labelled(s);
-  CHECK(Allocated(megatron, "foreach: gradients upcast to fp32") == -1);
-  CHECK(Allocated(megatron, "_foreach_sqrt(exp_avg_sq)") == 64'109'568LL * 4);
+  const Estimate megatron = MustEstimateLabelled(s);
+  CHECK(FirstAllocBytes(megatron, "foreach: gradients upcast to fp32") == -1);
+  CHECK(FirstAllocBytes(megatron, "_foreach_sqrt(exp_avg_sq)") == 64'109'568LL * 4);
 }
 
 TEST_CASE("Megatron DDP: one GPU and tensor parallel alone keep the buffer", "[parallel][megatron-ddp]") {
   // Megatron wraps the model in its DDP whatever the data-parallel size.
-  Setup s = MegatronGpt12x512();
+  Setup s = FullRecomputeRun();
   s.parallel.dataParallel = 1;
   s.parallel.gradReduceInFp32 = true;
-  const Estimate one = Labelled(s);
+  const Estimate one = MustEstimateLabelled(s);
   CHECK(one.modelStates.gradientsBytes == 64'109'568LL * 4);
   CHECK(CountAllocated(one, "Megatron DDP init: fp32 gradient buffer") == 1);
   s.parallel.tensorParallel = 2;
-  const Estimate tp = Labelled(s);
+  const Estimate tp = MustEstimateLabelled(s);
   const std::int64_t rank = tp.modelStates.parameterCount;
   CHECK(rank < 64'109'568);
   CHECK(tp.modelStates.gradientsBytes == rank * 4);
 }
 
 TEST_CASE("Megatron DDP: refused with the engines it is not", "[parallel][megatron-ddp]") {
-  Setup s = MegatronGpt12x512();
+  Setup s = FullRecomputeRun();
   s.parallel.gradReduceInFp32 = true;
   CHECK(EstimateMemory(s).ok());
   Setup z2 = s;
@@ -151,7 +114,7 @@ TEST_CASE("Megatron DDP: refused with the engines it is not", "[parallel][megatr
 }
 
 TEST_CASE("Megatron DDP: the import sets the buffer with --bf16 without the distributed optimizer", "[parallel][megatron-ddp]") {
-  const Setup base = MegatronGpt12x512();
+  const Setup base = FullRecomputeRun();
   const ParallelImport r = ImportMegatronArguments("--bf16 --micro-batch-size 4 --seq-length 1024", base);
   REQUIRE(r.ok());
   CHECK(r.setup.parallel.gradReduceInFp32);

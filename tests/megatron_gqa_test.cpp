@@ -40,25 +40,6 @@ Setup MegatronGpt7b(std::int64_t layers) {
   return s;
 }
 
-Estimate Labelled(const Setup& s) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  EstimateResult r = EstimateMemory(s, o);
-  if (!r.ok()) {
-    std::string all;
-    for (const auto& e : r.errors) all += e.field + ": " + e.message + "\n";
-    FAIL("setup unexpectedly invalid:\n" << all);
-  }
-  return r.estimate;
-}
-
-std::int64_t Allocated(const Estimate& e, const std::string& label) {
-  for (const TimelinePoint& p : e.timeline) {
-    if (p.deltaBytes > 0 && p.label.find(label) != std::string::npos) return p.deltaBytes;
-  }
-  return -1;
-}
-
 std::vector<std::int64_t> ShapeOf(const Inventory& inv, const std::string& name) {
   for (const Tensor& t : inv.parameters) if (t.name == name) return {t.shape.begin(), t.shape.end()};
   return {};
@@ -88,16 +69,16 @@ TEST_CASE("Megatron GQA: linear_qkv is h + 2gd wide and the 7B model is pinned b
 TEST_CASE("Megatron GQA: tensor parallelism splits the groups (TP 4, 2 groups a rank)", "[megatron-gqa]") {
   Setup s = MegatronGpt7b(32);
   s.parallel.tensorParallel = 4;
-  const Estimate e = Labelled(s);
+  const Estimate e = MustEstimateLabelled(s);
   // A rank's block: linear_qkv [4,096, 1,024 + 2·2·128 = 1,536] + 1,536; linear_proj [1,024,
   // 4,096] + 4,096 (bias whole); fc1 [4,096, 4,096] + 4,096; fc2 [4,096, 4,096] + 4,096; norms
   // 16,384: 44,070,400. × 32 = 1,410,252,800; vocabulary padded to 131,584 (512 = 128·4), 32,896
   // rows a rank for embeddings and output: 134,742,016 each; positions 33,554,432; final norm 8,192.
   CHECK(e.modelStates.parameterCount == 1'713'299'456);
   // Megatron's query.reshape copies the rank's queries [1, 8, 1,024, 128] (bf16): 2,097,152 B.
-  CHECK(Allocated(e, "query.reshape (copy") == 2'097'152);
+  CHECK(FirstAllocBytes(e, "query.reshape (copy") == 2'097'152);
   // Transformer Engine's attention reads the 2 key/value heads as they are: no repeat.
-  CHECK(Allocated(e, "repeat_kv(key)") == -1);
+  CHECK(FirstAllocBytes(e, "repeat_kv(key)") == -1);
   // t must divide the groups (Megatron: num_query_groups % tensor size).
   Setup bad = MegatronGpt7b(2);
   bad.parallel.tensorParallel = 16;
@@ -107,21 +88,21 @@ TEST_CASE("Megatron GQA: tensor parallelism splits the groups (TP 4, 2 groups a 
 TEST_CASE("Megatron GQA: the unfused core attention repeats k and v; one group a rank copies no queries", "[megatron-gqa]") {
   Setup eager = MegatronGpt7b(2);
   eager.training.attention = AttentionImplementation::Eager;
-  const Estimate e = Labelled(eager);
+  const Estimate e = MustEstimateLabelled(eager);
   // repeat_interleave(32 / 8, dim=2): [1, 32, 1,024, 128] bf16 = 8,388,608 B for k and for v.
-  CHECK(Allocated(e, "repeat_kv(key)") == 8'388'608);
-  CHECK(Allocated(e, "repeat_kv(value)") == 8'388'608);
-  CHECK(Allocated(e, "query.reshape (copy") == 8'388'608);
+  CHECK(FirstAllocBytes(e, "repeat_kv(key)") == 8'388'608);
+  CHECK(FirstAllocBytes(e, "repeat_kv(value)") == 8'388'608);
+  CHECK(FirstAllocBytes(e, "query.reshape (copy") == 8'388'608);
   // TP 8: one group per rank: the reshape is a view.
   Setup one = MegatronGpt7b(2);
   one.parallel.tensorParallel = 8;
-  CHECK(Allocated(Labelled(one), "query.reshape (copy") == -1);
+  CHECK(FirstAllocBytes(MustEstimateLabelled(one), "query.reshape (copy") == -1);
   // Groups = heads: GPT-2 as before, no copy.
   Setup mha = MegatronGpt7b(2);
   mha.model.architecture.numKeyValueHeads = 32;
-  CHECK(Allocated(Labelled(mha), "query.reshape (copy") == -1);
+  CHECK(FirstAllocBytes(MustEstimateLabelled(mha), "query.reshape (copy") == -1);
   // GQA with fewer groups saves less than MHA (k, v are g·d wide).
-  CHECK(Labelled(MegatronGpt7b(2)).peak.totalBytes < Labelled(mha).peak.totalBytes);
+  CHECK(MustEstimateLabelled(MegatronGpt7b(2)).peak.totalBytes < MustEstimateLabelled(mha).peak.totalBytes);
 }
 
 TEST_CASE("Megatron GQA: validated and imported", "[megatron-gqa]") {

@@ -17,40 +17,14 @@ using namespace gpumem::test;
 
 namespace {
 
-// The functional test gpt3_mcore_te_tp1_pp1_dist_optimizer_no_mmap_bin_files: GPT 12 × 512,
-// 8 heads, micro-batch 4 × 1,024, bf16, attention dropout 0.1.
-Setup MegatronGpt12x512() {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  s.model.architecture = DefaultArchitecture(Family::GPT2);
-  ArchitectureDef& a = s.model.architecture;
-  a.vocabSize = 50304;
-  a.hiddenSize = 512;
-  a.numLayers = 12;
-  a.numHeads = 8;
-  a.maxPositionEmbeddings = 1024;
-  a.intermediateSize = 2048;
-  a.hiddenDropout = 0.1;
-  a.attentionDropout = 0.1;
-  a.tieWordEmbeddings = true;
-  s.training.precision = Precision::BF16Mixed;
-  s.training.optimizer = OptimizerKind::AdamW;
-  s.training.optimizerImplementation = OptimizerImplementation::Fused;
+// The functional test gpt3_mcore_te_tp1_pp1_dist_optimizer_no_mmap_bin_files: eager attention,
+// hidden and attention dropout 0.1.
+Setup DistOptimizerRun() {
+  Setup s = MegatronGpt12x512();
+  s.model.architecture.hiddenDropout = 0.1;
+  s.model.architecture.attentionDropout = 0.1;
   s.training.attention = AttentionImplementation::Eager;
-  s.training.batchSize = 4;
-  s.training.sequenceLength = 1024;
-  s.training.lossImplementation = LossImplementation::MegatronVocabParallel;
   return s;
-}
-
-Estimate Must(const Setup& s) {
-  EstimateResult r = EstimateMemory(s);
-  if (!r.ok()) {
-    std::string all;
-    for (const auto& e : r.errors) all += e.field + ": " + e.message + "\n";
-    FAIL("setup unexpectedly invalid:\n" << all);
-  }
-  return r.estimate;
 }
 
 bool Noted(const Estimate& e, const char* text) {
@@ -76,10 +50,10 @@ TEST_CASE("Megatron softmax: is_kernel_available as Megatron and apex write it",
 }
 
 TEST_CASE("Megatron softmax: each layer keeps its probabilities in bf16 not fp32", "[megatron-softmax]") {
-  Setup s = MegatronGpt12x512();
-  const Estimate eager = Must(s);
+  Setup s = DistOptimizerRun();
+  const Estimate eager = MustEstimate(s);
   s.training.maskedSoftmaxFusion = true;
-  const Estimate fused = Must(s);
+  const Estimate fused = MustEstimate(s);
   // Per layer the eager ops save softmax's fp32 output [4, 8, 1024, 1024] (134,217,728 B); the
   // kernel saves its bf16 output (67,108,864 B). The dropout mask and the dropped probabilities
   // are the same. 12 layers: 805,306,368 B fewer saved activations at the end of forward.
@@ -91,25 +65,25 @@ TEST_CASE("Megatron softmax: each layer keeps its probabilities in bf16 not fp32
 }
 
 TEST_CASE("Megatron softmax: where the kernel is not available the unfused path runs", "[megatron-softmax]") {
-  Setup s = MegatronGpt12x512();
+  Setup s = DistOptimizerRun();
   s.model.architecture.numLayers = 2;
   s.model.architecture.maxPositionEmbeddings = 8192;
   s.training.batchSize = 1;
   s.training.sequenceLength = 8192;  // sk > 4096
-  const Estimate eager = Must(s);
+  const Estimate eager = MustEstimate(s);
   s.training.maskedSoftmaxFusion = true;
-  const Estimate fallback = Must(s);
+  const Estimate fallback = MustEstimate(s);
   CHECK(fallback.peak.totalBytes == eager.peak.totalBytes);
   CHECK(BytesIn(fallback.forwardEnd, Category::Activations) == BytesIn(eager.forwardEnd, Category::Activations));
   CHECK(Noted(fallback, "falls back to the unfused softmax"));
   // Tensor parallelism splits the heads: 8 / 4 = 2 heads a rank, b·np = 2 is not a multiple of 4.
-  Setup tp = MegatronGpt12x512();
+  Setup tp = DistOptimizerRun();
   tp.model.architecture.numLayers = 2;
   tp.training.batchSize = 1;
   tp.parallel.tensorParallel = 4;
-  const Estimate tpEager = Must(tp);
+  const Estimate tpEager = MustEstimate(tp);
   tp.training.maskedSoftmaxFusion = true;
-  CHECK(Must(tp).peak.totalBytes == tpEager.peak.totalBytes);
+  CHECK(MustEstimate(tp).peak.totalBytes == tpEager.peak.totalBytes);
 }
 
 TEST_CASE("Megatron softmax: validated JSON and imported", "[megatron-softmax]") {
@@ -120,7 +94,7 @@ TEST_CASE("Megatron softmax: validated JSON and imported", "[megatron-softmax]")
   llama.training.attention = AttentionImplementation::Eager;
   llama.training.maskedSoftmaxFusion = true;
   CHECK(HasErrorOn(Validate(llama), "training.maskedSoftmaxFusion"));
-  Setup sdpa = MegatronGpt12x512();
+  Setup sdpa = DistOptimizerRun();
   sdpa.training.attention = AttentionImplementation::SDPA;
   sdpa.training.maskedSoftmaxFusion = true;
   CHECK(HasErrorOn(Validate(sdpa), "training.maskedSoftmaxFusion"));
@@ -135,7 +109,7 @@ TEST_CASE("Megatron softmax: validated JSON and imported", "[megatron-softmax]")
   CHECK(SetupToJson(parsed.setup).find(R"("maskedSoftmaxFusion":true)") != std::string::npos);
   CHECK(HasErrorOn(ParseSetupJson(R"({"training": {"maskedSoftmaxFusion": "yes"}})").errors, "training.maskedSoftmaxFusion"));
 
-  const Setup base = MegatronGpt12x512();
+  const Setup base = DistOptimizerRun();
   CHECK(ImportMegatronArguments("--bf16", base).setup.training.maskedSoftmaxFusion);
   CHECK_FALSE(ImportMegatronArguments("--bf16 --no-masked-softmax-fusion", base).setup.training.maskedSoftmaxFusion);
   Setup sdpaBase = base;

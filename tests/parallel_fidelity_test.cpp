@@ -30,22 +30,6 @@ Setup SmallLlama3() {
   return s;
 }
 
-Estimate Labelled(const Setup& s) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  EstimateResult r = EstimateMemory(s, o);
-  REQUIRE(r.ok());
-  return r.estimate;
-}
-
-// The first allocation whose label contains `label` (bytes), −1 when none.
-std::int64_t Allocated(const Estimate& e, const std::string& label) {
-  for (const TimelinePoint& p : e.timeline) {
-    if (p.deltaBytes > 0 && p.label.find(label) != std::string::npos) return p.deltaBytes;
-  }
-  return -1;
-}
-
 // Block 1's parameters padded on dim 0 to a multiple of 8 (FSDP2's _get_dim0_padded_size), and
 // its shard.
 std::int64_t Block1Padded(const Inventory& inv, std::int64_t d) {
@@ -68,21 +52,21 @@ TEST_CASE("Parallel fidelity: FSDP2 gradients are per parameter and reduced in r
   const std::int64_t padded = Block1Padded(inv, 8);
   // Every Llama 3 8B tensor of a block has rows divisible by 8: no padding, 218,112,000 elements.
   CHECK(padded == 218'112'000);
-  const Estimate bf16 = Labelled(s);
+  const Estimate bf16 = MustEstimateLabelled(s);
   // Each parameter's own unsharded .grad (bf16), not one flat unit gradient (FSDP1).
-  CHECK(Allocated(bf16, "model.layers.1.mlp.down_proj.weight.grad (unsharded)") == 4096LL * 14336 * 2);
-  CHECK(Allocated(bf16, "unsharded gradient of its FSDP unit") == -1);
+  CHECK(FirstAllocBytes(bf16, "model.layers.1.mlp.down_proj.weight.grad (unsharded)") == 4096LL * 14336 * 2);
+  CHECK(FirstAllocBytes(bf16, "unsharded gradient of its FSDP unit") == -1);
   // foreach_reduce: the reduce-scatter input in the gradients' dtype (reduce_dtype None), the
   // output shard in it, then cast to the fp32 sharded parameter's dtype.
-  CHECK(Allocated(bf16, "reduce-scatter input of layers.1") == padded * 2);
-  CHECK(Allocated(bf16, "FSDP2 reduce-scatter of layers.1") == padded / 8 * 2);
-  CHECK(Allocated(bf16, "FSDP2: gradient shard of layers.1 cast") == padded / 8 * 4);
+  CHECK(FirstAllocBytes(bf16, "reduce-scatter input of layers.1") == padded * 2);
+  CHECK(FirstAllocBytes(bf16, "FSDP2 reduce-scatter of layers.1") == padded / 8 * 2);
+  CHECK(FirstAllocBytes(bf16, "FSDP2: gradient shard of layers.1 cast") == padded / 8 * 4);
   // MixedPrecisionPolicy(reduce_dtype=torch.float32): fp32 input and output, no cast.
   s.parallel.fsdpReduceInFp32 = true;
-  const Estimate fp32 = Labelled(s);
-  CHECK(Allocated(fp32, "reduce-scatter input of layers.1") == padded * 4);
-  CHECK(Allocated(fp32, "FSDP2 reduce-scatter of layers.1") == padded / 8 * 4);
-  CHECK(Allocated(fp32, "FSDP2: gradient shard of layers.1 cast") == -1);
+  const Estimate fp32 = MustEstimateLabelled(s);
+  CHECK(FirstAllocBytes(fp32, "reduce-scatter input of layers.1") == padded * 4);
+  CHECK(FirstAllocBytes(fp32, "FSDP2 reduce-scatter of layers.1") == padded / 8 * 4);
+  CHECK(FirstAllocBytes(fp32, "FSDP2: gradient shard of layers.1 cast") == -1);
   // The held fp32 input (one unit's gradients, twice the bf16 bytes) raises the backward peak.
   CHECK(fp32.peak.totalBytes > bf16.peak.totalBytes);
   // Model states do not change: the kept shards are fp32 either way.
@@ -102,19 +86,19 @@ TEST_CASE("Parallel fidelity: Megatron's fp32 gradient buffer with the distribut
 
   Setup s = SmallLlama3();
   s.parallel.zeroStage = 1;
-  const Estimate zero1 = Labelled(s);
+  const Estimate zero1 = MustEstimateLabelled(s);
   s.parallel.gradReduceInFp32 = true;
-  const Estimate megatron = Labelled(s);
+  const Estimate megatron = MustEstimateLabelled(s);
   const std::int64_t buffer = MegatronGradBufferElements(BuildInventory(s), 8);
   CHECK(buffer >= BuildInventory(s).TrainableCount());
   CHECK(buffer % 128 == 0);
   CHECK(megatron.modelStates.gradientsBytes == buffer * 4);
   CHECK(zero1.modelStates.gradientsBytes == BuildInventory(s).TrainableCount() * 2);
-  CHECK(Allocated(megatron, "fp32 gradient buffer (grad_reduce_in_fp32)") == buffer * 4);
+  CHECK(FirstAllocBytes(megatron, "fp32 gradient buffer (grad_reduce_in_fp32)") == buffer * 4);
   // Main grads are views of the buffer: no fp32 gradient partition in the step, no flat bucket.
-  CHECK(Allocated(megatron, "ZeRO step: fp32 gradient partition") == -1);
-  CHECK(Allocated(zero1, "ZeRO step: fp32 gradient partition") > 0);
-  CHECK(Allocated(megatron, "ZeRO-1: gradients flattened") == -1);
+  CHECK(FirstAllocBytes(megatron, "ZeRO step: fp32 gradient partition") == -1);
+  CHECK(FirstAllocBytes(zero1, "ZeRO step: fp32 gradient partition") > 0);
+  CHECK(FirstAllocBytes(megatron, "ZeRO-1: gradients flattened") == -1);
   // The import sets it with --bf16 and the distributed optimizer, and not without them.
   const ParallelImport bf16 = ImportMegatronArguments("--use-distributed-optimizer --bf16", SmallLlama3());
   CHECK(bf16.setup.parallel.gradReduceInFp32);
@@ -126,9 +110,9 @@ TEST_CASE("Parallel fidelity: Megatron's fp32 gradient buffer with the distribut
 TEST_CASE("Parallel fidelity: FSDP2 embedding and output units gathered around their use", "[parallel][fidelity]") {
   Setup s = SmallLlama3();
   s.parallel.fsdp = FsdpMode::FullyShard;
-  const Estimate root = Labelled(s);
+  const Estimate root = MustEstimateLabelled(s);
   s.parallel.fsdpShardEmbeddingsAndHead = true;
-  const Estimate apart = Labelled(s);
+  const Estimate apart = MustEstimateLabelled(s);
   const std::int64_t vh = 128256LL * 4096, h = 4096;
   const std::int64_t shards = root.modelStates.parametersBytes;
   // Root unit: embeddings, final norm and head gathered (bf16) through the loss.
@@ -136,9 +120,9 @@ TEST_CASE("Parallel fidelity: FSDP2 embedding and output units gathered around t
   // Units of their own: the embedding freed after its forward, the head before the loss; only
   // the final norm (the root) stays gathered.
   CHECK(BytesIn(apart.forwardEnd, Category::Parameters) == shards + 2 * h);
-  CHECK(Allocated(apart, "all-gather of embedding unit") == 2 * vh);
-  CHECK(Allocated(apart, "all-gather of output unit") == 2 * vh);
-  CHECK(Allocated(apart, "reduce-scatter input of output unit") == 2 * vh);
+  CHECK(FirstAllocBytes(apart, "all-gather of embedding unit") == 2 * vh);
+  CHECK(FirstAllocBytes(apart, "all-gather of output unit") == 2 * vh);
+  CHECK(FirstAllocBytes(apart, "reduce-scatter input of output unit") == 2 * vh);
   CHECK(apart.peak.totalBytes < root.peak.totalBytes);
   // post_backward reshards the output unit before its foreach_reduce allocates the input.
   std::size_t freed = 0, reduced = 0;
@@ -178,9 +162,9 @@ TEST_CASE("Parallel fidelity: op-level selective checkpointing keeps every other
   s.parallel.dataParallel = 1;
   s.training.attention = AttentionImplementation::SDPA;
   s.training.checkpointing = Checkpointing::EveryBlock;
-  const Estimate every = Labelled(s);
+  const Estimate every = MustEstimateLabelled(s);
   s.training.checkpointing = Checkpointing::SelectiveOp;
-  const Estimate op = Labelled(s);
+  const Estimate op = MustEstimateLabelled(s);
   s.training.checkpointing = Checkpointing::None;
   const Estimate none = MustEstimate(s);
   // Per token and block, besides the checkpoint's input: q_proj (1st mm, 4096), v_proj (3rd,

@@ -27,14 +27,6 @@ Setup LlamaBlocks(std::int64_t layers) {
   return s;
 }
 
-Estimate Labelled(const Setup& s) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  EstimateResult r = EstimateMemory(s, o);
-  REQUIRE(r.ok());
-  return r.estimate;
-}
-
 std::int64_t SavedAtForwardEnd(const Setup& s) { return BytesIn(MustEstimate(s).forwardEnd, Category::Activations); }
 
 // What one block saves for backward: the forward-end activations of two blocks less one's.
@@ -94,7 +86,7 @@ TEST_CASE("Sequence parallel: the all-gather buffer and backward's full grad_inp
   sp.training.sequenceLength = s;
   sp.parallel.tensorParallel = 4;
   sp.parallel.sequenceParallel = true;
-  const Estimate e = Labelled(sp);
+  const Estimate e = MustEstimateLabelled(sp);
   // Megatron's GlobalMemoryBuffer "mpu": b·s·h in bf16, made once and kept.
   CHECK(EventBytes(e, Phase::Init, "all-gather buffer") == b * s * h * 2);
   // LinearWithGradAccumulationAndAsyncCommunication.backward: grad_input [b, s, h] before its
@@ -103,7 +95,7 @@ TEST_CASE("Sequence parallel: the all-gather buffer and backward's full grad_inp
   // Model states do not change with sequence parallelism.
   Setup tp = sp;
   tp.parallel.sequenceParallel = false;
-  const Estimate plain = Labelled(tp);
+  const Estimate plain = MustEstimateLabelled(tp);
   CHECK(e.modelStates.parametersBytes == plain.modelStates.parametersBytes);
   CHECK(e.modelStates.optimizerStatesBytes == plain.modelStates.optimizerStatesBytes);
   CHECK(e.peak.totalBytes < plain.peak.totalBytes);
@@ -149,7 +141,7 @@ TEST_CASE("Context parallel: the ring's k/v buffers and per-step outputs", "[par
   cp.training.batchSize = b;
   cp.training.sequenceLength = s;
   cp.parallel.contextParallel = c;
-  const Estimate e = Labelled(cp);
+  const Estimate e = MustEstimateLabelled(cp);
   const std::int64_t q = b * heads * local * d * 2;   // bf16
   const std::int64_t kv = 2 * b * heads * local * d * 2;  // k and v of one chunk (no GQA in 7B)
   // AttnFuncWithCPAndKVP2P.forward: c k/v buffers (the last one saved), c per-step outputs, c
@@ -246,7 +238,7 @@ TEST_CASE("Expert parallel: a block saves the single-GPU experts' activations an
   // routing weight (bf16); Megatron's unpermute keeps the sorted indices (int64), the returned
   // rows (bf16 [·, h]) and their probabilities (bf16): T·k·(2h + 8) bytes fewer per block.
   CHECK(SavedPerBlock(MixtralBlocks(2)) - SavedPerBlock(ep) == TK * (2 * h + 8));
-  const Estimate e = Labelled(ep);
+  const Estimate e = MustEstimateLabelled(ep);
   CHECK(EventBytes(e, Phase::Forward, "dispatch: all-to-all") == TK * h * 2);
   CHECK(EventBytes(e, Phase::Forward, "dispatch: sort_chunks_by_idxs") == TK * h * 2);
   CHECK(EventBytes(e, Phase::Forward, "combine: all-to-all") == TK * h * 2);

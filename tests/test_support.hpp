@@ -115,16 +115,53 @@ inline Setup LogitsPeakSetup() {
   return s;
 }
 
-// The bytes of the first allocation whose label holds `label` in the labelled timeline; -1 if none.
-inline std::int64_t FirstAllocBytes(const Setup& setup, const std::string& label) {
+// Estimates a setup that must be valid, with the labelled timeline (every event, named).
+inline Estimate MustEstimateLabelled(const Setup& setup) {
   EstimateOptions o;
   o.timeline = EstimateOptions::Timeline::Labelled;
-  const EstimateResult r = EstimateMemory(setup, o);
-  REQUIRE(r.ok());
-  for (const TimelinePoint& p : r.estimate.timeline) {
+  EstimateResult r = EstimateMemory(setup, o);
+  if (!r.ok()) {
+    std::string all;
+    for (const auto& e : r.errors) all += e.field + ": " + e.message + "\n";
+    FAIL("setup unexpectedly invalid:\n" << all);
+  }
+  return r.estimate;
+}
+
+// The bytes of the first allocation whose label holds `label` in a labelled timeline; -1 if none.
+inline std::int64_t FirstAllocBytes(const Estimate& e, const std::string& label) {
+  for (const TimelinePoint& p : e.timeline) {
     if (p.deltaBytes > 0 && p.label.find(label) != std::string::npos) return p.deltaBytes;
   }
   return -1;
+}
+inline std::int64_t FirstAllocBytes(const Setup& setup, const std::string& label) {
+  return FirstAllocBytes(MustEstimateLabelled(setup), label);
+}
+
+// Megatron-LM's GPT 12 × 512 of its functional tests (tests/data/published-parallel.json): 8
+// heads, vocabulary 50,304, 1,024 positions, FFN 2,048, tied; bf16 with fp32 masters, fused
+// AdamW, micro-batch 4 × 1,024, Megatron's vocab-parallel loss; one GPU unless the test says.
+inline Setup MegatronGpt12x512() {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = DefaultArchitecture(Family::GPT2);
+  ArchitectureDef& a = s.model.architecture;
+  a.vocabSize = 50304;
+  a.hiddenSize = 512;
+  a.numLayers = 12;
+  a.numHeads = 8;
+  a.numKeyValueHeads = 8;
+  a.maxPositionEmbeddings = 1024;
+  a.intermediateSize = 2048;
+  a.tieWordEmbeddings = true;
+  s.training.precision = Precision::BF16Mixed;
+  s.training.optimizer = OptimizerKind::AdamW;
+  s.training.optimizerImplementation = OptimizerImplementation::Fused;
+  s.training.batchSize = 4;
+  s.training.sequenceLength = 1024;
+  s.training.lossImplementation = LossImplementation::MegatronVocabParallel;
+  return s;
 }
 
 inline std::int64_t BytesIn(const Snapshot& s, Category c) {
