@@ -9,7 +9,8 @@
 // optimizer-implementation, attention, checkpointing, gpu (an id from options.gpus) or
 // gpu-memory-gib; many GPUs (docs/parallel.md): data-parallel, zero-stage, fsdp, offload,
 // tensor-parallel, gradient-accumulation-steps, sequence-parallel (true / false), pipeline-parallel,
-// pipeline-schedule, virtual-stages, context-parallel, expert-parallel; units ("GB" for decimal units, GiB otherwise); theme ("light" or "dark";
+// pipeline-schedule, virtual-stages, pipeline-stage, pipeline-first-stage-layers,
+// pipeline-last-stage-layers, context-parallel, expert-parallel, expert-tensor-parallel; units ("GB" for decimal units, GiB otherwise); theme ("light" or "dark";
 // otherwise the system's); label (a title instead of the generated one); calculator-url (the
 // full page to link to; default: gpumem.html beside this script).
 //

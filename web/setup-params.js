@@ -11,8 +11,9 @@ export const SETUP_PARAMS = [
   'setup', 'preset', 'parameter-count', 'batch-size', 'sequence-length', 'precision', 'optimizer',
   'optimizer-implementation', 'attention', 'checkpointing', 'gpu', 'gpu-memory-gib',
   'data-parallel', 'zero-stage', 'fsdp', 'offload', 'tensor-parallel', 'gradient-accumulation-steps',
-  'sequence-parallel', 'pipeline-parallel', 'pipeline-schedule', 'virtual-stages', 'context-parallel',
-  'expert-parallel',
+  'sequence-parallel', 'pipeline-parallel', 'pipeline-schedule', 'virtual-stages', 'pipeline-stage',
+  'pipeline-first-stage-layers', 'pipeline-last-stage-layers', 'context-parallel', 'expert-parallel',
+  'expert-tensor-parallel',
 ];
 
 // Many GPUs (docs/parallel.md): the parallel section's fields by the names of issue 12.
@@ -27,8 +28,12 @@ const PARALLEL_PARAMS = {
   'pipeline-parallel': ['pipelineParallel', 'number'],
   'pipeline-schedule': ['pipelineSchedule', 'text'],
   'virtual-stages': ['virtualStages', 'number'],
+  'pipeline-stage': ['pipelineStage', 'number'],
+  'pipeline-first-stage-layers': ['pipelineFirstStageLayers', 'number'],
+  'pipeline-last-stage-layers': ['pipelineLastStageLayers', 'number'],
   'context-parallel': ['contextParallel', 'number'],
   'expert-parallel': ['expertParallel', 'number'],
+  'expert-tensor-parallel': ['expertTensorParallel', 'number'],
 };
 
 // "true" / "1" / "yes" and "false" / "0" / "no"; any other text is passed on as it is, so the

@@ -134,6 +134,16 @@ test('the embed attributes reach pipeline, sequence, context and expert parallel
   const pipeline = setupFromParams((name) => ({ preset: 'gpt2', 'pipeline-parallel': '2', 'pipeline-schedule': 'gpipe', 'gradient-accumulation-steps': '4' })[name] ?? null).setup;
   assert.deepEqual(pipeline.parallel, { pipelineParallel: 2, pipelineSchedule: 'gpipe', gradientAccumulationSteps: 4 });
   assert.equal(gpumem.estimate(pipeline).rank.worldSize, 2);
+  // Unequal stages and the simulated stage (Megatron's --decoder-first/last-pipeline-num-layers).
+  const uneven = setupFromParams((name) => ({ preset: 'gpt2', 'pipeline-parallel': '4', 'pipeline-first-stage-layers': '2',
+    'pipeline-last-stage-layers': '4', 'pipeline-stage': '0', 'gradient-accumulation-steps': '4' })[name] ?? null).setup;
+  assert.deepEqual(uneven.parallel, { pipelineParallel: 4, pipelineStage: 0, pipelineFirstStageLayers: 2,
+    pipelineLastStageLayers: 4, gradientAccumulationSteps: 4 });
+  const two = gpumem.estimate(uneven);
+  assert.equal(two.rank.pipelineStage, 0);
+  // Four layers on the first stage instead of two: two GPT-2 blocks more, 12h² + 13h = 7,087,872 each.
+  const four = gpumem.estimate({ ...uneven, parallel: { ...uneven.parallel, pipelineFirstStageLayers: 4, pipelineLastStageLayers: 2 } });
+  assert.equal(four.modelStates.parameterCount - two.modelStates.parameterCount, 2 * 7087872);
   // A value that is no boolean goes to the core, whose error names the field.
   const bad = setupFromParams((name) => ({ preset: 'gpt2', 'sequence-parallel': 'maybe' })[name] ?? null).setup;
   assert.equal(bad.parallel.sequenceParallel, 'maybe');
