@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "gpumem/json.hpp"
 #include "gpumem/parallel.hpp"
 #include "test_support.hpp"
 
@@ -238,4 +239,73 @@ TEST_CASE("Pipeline FSDP2: embedding and output units of their own on the first 
   CHECK(bytes == kEmbed * 2);
   CHECK(Allocations(last, "reduce-scatter input of output unit", 1) == 1);
   CHECK(Allocations(last, "all-gather of embedding unit", 1) == 0);
+}
+
+// torchtitan's last-block rule (parallelize_llama.py apply_fsdp, no PP: reshard_after_forward =
+// int(layer_id) < len(model.layers) - 1), parallel.fsdpKeepLastBlockGathered, on the same small
+// Llama without pipeline: FSDP2 × 2, 4 blocks, one micro-batch.
+namespace {
+Setup SmallLlamaFsdp2NoPipeline() {
+  Setup s = SmallLlamaPipelineFsdp2();
+  s.parallel.reshardAfterForward = true;
+  s.parallel.pipelineParallel = 1;
+  s.parallel.pipelineStage = -1;
+  s.parallel.gradientAccumulationSteps = 1;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("FSDP2: torchtitan keeps the last block gathered from its forward to its backward", "[fsdp]") {
+  Setup off = SmallLlamaFsdp2NoPipeline();
+  Setup on = off;
+  on.parallel.fsdpKeepLastBlockGathered = true;
+  const Estimate a = Labelled(off), b = Labelled(on);
+  for (int step : {1, 2}) {
+    INFO("step " << step);
+    // Every block resharded after forward: layers.3 is gathered by its forward and again by its
+    // backward. Kept: gathered once (bf16, 45,248 elements), resharded once by its post_backward.
+    std::int64_t gathered = 0;
+    CHECK(Allocations(a, "all-gather of layers.3", step) == 2);
+    CHECK(Frees(a, "reshard: layers.3 freed", step) == 2);
+    CHECK(Allocations(b, "all-gather of layers.3", step, &gathered) == 1);
+    CHECK(gathered == kBlock * 2);
+    CHECK(Frees(b, "reshard: layers.3 freed", step) == 1);
+    // Only the last block changes: layers.2 is gathered twice either way.
+    CHECK(Allocations(b, "all-gather of layers.2", step) == 2);
+    // The one reshard is its post_backward: after layers.3's last gradient (q_proj's), before
+    // its reduce-scatter (_fsdp_param_group.py post_backward: reshard, then foreach_reduce).
+    const std::size_t freed = FirstIndex(b, "reshard: layers.3 freed", step);
+    CHECK(FirstIndex(b, "model.layers.3.self_attn.q_proj.weight.grad", step) < freed);
+    CHECK(freed < FirstIndex(b, "reduce-scatter input of layers.3", step));
+    CHECK(FirstIndex(b, "all-gather of layers.3", step) < FirstIndex(b, "model.layers.3.mlp.down_proj.weight.grad", step));
+  }
+  // At the end of forward (the loss computed) the last block's 90,496 B are still gathered.
+  CHECK(BytesIn(b.forwardEnd, Category::Parameters) - BytesIn(a.forwardEnd, Category::Parameters) == kBlock * 2);
+  CHECK(b.modelStates.parametersBytes == a.modelStates.parametersBytes);
+  CHECK(b.peak.totalBytes >= a.peak.totalBytes);
+  CHECK(b.peak.totalBytes <= a.peak.totalBytes + kBlock * 2);
+}
+
+TEST_CASE("FSDP2: the last-block rule is refused where it says nothing or is not torchtitan's", "[fsdp]") {
+  CHECK_FALSE(DefaultSetup().parallel.fsdpKeepLastBlockGathered);
+  Setup s = SmallLlamaFsdp2NoPipeline();
+  s.parallel.fsdpKeepLastBlockGathered = true;
+  CHECK(EstimateMemory(s).ok());
+  Setup fsdp1 = s;
+  fsdp1.parallel.fsdp = FsdpMode::FullShard;
+  CHECK(HasErrorOn(EstimateMemory(fsdp1).errors, "parallel.fsdpKeepLastBlockGathered"));
+  Setup never = s;
+  never.parallel.reshardAfterForward = false;
+  CHECK(HasErrorOn(EstimateMemory(never).errors, "parallel.fsdpKeepLastBlockGathered"));
+  Setup pipeline = SmallLlamaPipelineFsdp2();
+  pipeline.parallel.reshardAfterForward = true;
+  pipeline.parallel.fsdpKeepLastBlockGathered = true;
+  CHECK(HasErrorOn(EstimateMemory(pipeline).errors, "parallel.fsdpKeepLastBlockGathered"));
+  // JSON: read, written, and a wrong type named by its field.
+  const SetupParseResult parsed = ParseSetupJson(R"({"parallel":{"fsdpKeepLastBlockGathered":true}})");
+  REQUIRE(parsed.errors.empty());
+  CHECK(parsed.setup.parallel.fsdpKeepLastBlockGathered);
+  CHECK(SetupToJson(s).find("\"fsdpKeepLastBlockGathered\":true") != std::string::npos);
+  CHECK(HasErrorOn(ParseSetupJson(R"({"parallel":{"fsdpKeepLastBlockGathered":3}})").errors,
+                   "parallel.fsdpKeepLastBlockGathered"));
 }

@@ -410,6 +410,11 @@ struct ParallelDef {
   // FSDP2: tok_embeddings and output (lm_head) wrapped as units of their own, resharded after
   // forward (torchtune custom_sharded_layers; torchtitan apply_fsdp); false = in the root unit.
   bool fsdpShardEmbeddingsAndHead = false;
+  // FSDP2: the last transformer block keeps its gathered parameters from its forward to its
+  // backward (fully_shard(reshard_after_forward=False) on it alone), torchtitan apply_fsdp's
+  // default policy without pipeline parallelism ("FSDP would prefetch it immediately"); false =
+  // every block follows reshardAfterForward.
+  bool fsdpKeepLastBlockGathered = false;
   // FSDP1 with LoRA: PEFT's fsdp_auto_wrap_policy (peft/utils/other.py: _or_policy of
   // lambda_auto_wrap_policy over leaf modules whose weight requires grad, and
   // transformer_auto_wrap_policy over the decoder layer), which HF's Trainer applies to LoRA

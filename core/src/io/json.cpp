@@ -452,7 +452,8 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
                       "pipelineParallel", "pipelineSchedule", "virtualStages", "pipelineStage", "pipelineFirstStageLayers",
                       "pipelineLastStageLayers", "contextParallel",
                       "expertParallel", "expertTensorParallel", "gradientAccumulationSteps", "fsdpReduceInFp32",
-                      "fsdpShardEmbeddingsAndHead", "gradReduceInFp32", "fsdpWrapAdaptersApart"}, path);
+                      "fsdpShardEmbeddingsAndHead", "gradReduceInFp32", "fsdpWrapAdaptersApart",
+                      "fsdpKeepLastBlockGathered"}, path);
   r.Int(v, "dataParallel", path, p.dataParallel);
   r.Int(v, "zeroStage", path, p.zeroStage);
   r.Enum(v, "fsdp", path, p.fsdp);
@@ -488,6 +489,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.Bool(v, "fsdpShardEmbeddingsAndHead", path, p.fsdpShardEmbeddingsAndHead);
   r.Bool(v, "gradReduceInFp32", path, p.gradReduceInFp32);
   r.Bool(v, "fsdpWrapAdaptersApart", path, p.fsdpWrapAdaptersApart);
+  r.Bool(v, "fsdpKeepLastBlockGathered", path, p.fsdpKeepLastBlockGathered);
 }
 
 ojson ParallelJson(const ParallelDef& p) {
@@ -509,7 +511,8 @@ ojson ParallelJson(const ParallelDef& p) {
           {"expertParallel", p.expertParallel}, {"expertTensorParallel", p.expertTensorParallel},
           {"gradientAccumulationSteps", p.gradientAccumulationSteps},
           {"fsdpReduceInFp32", p.fsdpReduceInFp32}, {"fsdpShardEmbeddingsAndHead", p.fsdpShardEmbeddingsAndHead},
-          {"gradReduceInFp32", p.gradReduceInFp32}, {"fsdpWrapAdaptersApart", p.fsdpWrapAdaptersApart}};
+          {"gradReduceInFp32", p.gradReduceInFp32}, {"fsdpWrapAdaptersApart", p.fsdpWrapAdaptersApart},
+          {"fsdpKeepLastBlockGathered", p.fsdpKeepLastBlockGathered}};
 }
 
 ojson LayerToJson(const LayerDef& l) {

@@ -34,6 +34,24 @@ void ValidateParallelFidelity(const Setup& setup, std::vector<FieldError>& error
                                         "with an untied output layer (tieWordEmbeddings off).");
     }
   }
+  // torchtitan parallelize_llama.py apply_fsdp, reshard_after_forward_policy "default" without PP:
+  // `reshard_after_forward = int(layer_id) < len(model.layers) - 1`. Under PP torchtitan sets it
+  // False on every block (parallel.reshardAfterForward = false); with every block already kept
+  // gathered the field would say nothing, so both are refused as inconsistent.
+  if (p.fsdpKeepLastBlockGathered) {
+    if (p.fsdp != FsdpMode::FullyShard) {
+      bad("fsdpKeepLastBlockGathered", "Keeping the last block gathered after forward is simulated for FSDP2 (fsdp = "
+                                       "fully_shard) only.");
+    } else if (!p.reshardAfterForward) {
+      bad("fsdpKeepLastBlockGathered", "With reshard_after_forward off every block already stays gathered after "
+                                       "forward: turn one of the two off.");
+    } else if (p.pipelineParallel > 1) {
+      bad("fsdpKeepLastBlockGathered", "Under pipeline parallelism torchtitan keeps every block gathered "
+                                       "(reshard_after_forward off), not the last one alone: turn this off.");
+    } else if (setup.model.kind != ModelKind::Transformer) {
+      bad("fsdpKeepLastBlockGathered", "The last transformer block needs a transformer model.");
+    }
+  }
   // Megatron's DDP (megatron/core/distributed/distributed_data_parallel.py) with its optimizers:
   // the distributed optimizer (zeroStage 1) or Float16OptimizerWithFloat16Params (zeroStage 0,
   // megatron/core/optimizer/optimizer.py). Not with DeepSpeed's other stages, FSDP, torch's

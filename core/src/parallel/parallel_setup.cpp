@@ -75,6 +75,7 @@ constexpr ParallelField kFields[] = {
     {"fsdpShardEmbeddingsAndHead", "shard embeddings and output apart", "bool", "", "FSDP2: tok_embeddings and output as units of their own (torchtune custom_sharded_layers; default false)"},
     {"gradReduceInFp32", "grad_reduce_in_fp32", "bool", "", "Megatron: one fp32 gradient buffer for the whole model (on with --bf16; default false)"},
     {"fsdpWrapAdaptersApart", "PEFT wrap: adapters in FSDP units of their own", "bool", "", "FSDP with LoRA: peft's fsdp_auto_wrap_policy (use_orig_params=False), each lora_A / lora_B an FSDP unit, the blocks' frozen weights get no gradient (default false)"},
+    {"fsdpKeepLastBlockGathered", "last block: reshard_after_forward=False", "bool", "", "FSDP2: the last transformer block stays gathered from its forward to its backward (torchtitan apply_fsdp without PP; default false)"},
 };
 
 constexpr std::int64_t kMaxRanks = 1'000'000;  // GPUs in one job, far above any cluster

@@ -107,6 +107,9 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
   // SHARD_GRAD_OP and fully_shard(reshard_after_forward=False) keep forward's gathered
   // parameters to the unit's backward (FSDP ShardingStrategy docs; _fully_shard.py).
   reshardAfterForward_ = !(p.fsdp == FsdpMode::ShardGradOp || (p.fsdp == FsdpMode::FullyShard && !p.reshardAfterForward));
+  // torchtitan parallelize_llama.py apply_fsdp (no PP): fully_shard(block, reshard_after_forward=
+  // int(layer_id) < len(model.layers) - 1), "since FSDP would prefetch it immediately".
+  keepLastBlock_ = plan_.engine == ShardingEngine::Fsdp2 && p.fsdpKeepLastBlockGathered;
   gatherElements_.assign(units, 0);
   gathered_.assign(units, kNoTensor);
   // FSDP2 with the finetune section (no pipeline: refused with fine-tuning): the block's reduce at
@@ -162,6 +165,11 @@ void ParallelStep::Free(TraceBuilder& b, int unit) {
   h = kNoTensor;
 }
 
+bool ParallelStep::ReshardsAfterForward(int unit) const {
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  return reshardAfterForward_ && !(keepLastBlock_ && unit == blocks);
+}
+
 void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   if (!gathers_) return;
   // With frozen weights backward can end inside a block (no gradient flows into a frozen
@@ -177,7 +185,7 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
     if (layer >= 0) forwardSawBlock_ = true;
     // The output unit's pre-forward: the final norm and head run after the last block.
     if (apart && layer < 0 && forwardSawBlock_) {
-      for (int u = 1; u <= blocks; ++u) if (reshardAfterForward_) Free(b, u);
+      for (int u = 1; u <= blocks; ++u) if (ReshardsAfterForward(u)) Free(b, u);
       Gather(b, blocks + 2, false);
       return;
     }
@@ -188,7 +196,7 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
     // backward (no reshard after backward): each is resharded by its own post-forward.
     if (reshardAfterForward_) {
       for (int u = 1; u < units; ++u) {
-        if (u != unit && (!pipelineNoSync_ || unit == 0 || u < unit || u > blocks)) Free(b, u);
+        if (u != unit && ReshardsAfterForward(u) && (!pipelineNoSync_ || unit == 0 || u < unit || u > blocks)) Free(b, u);
       }
     }
     Gather(b, unit, false);
@@ -210,7 +218,12 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   // backward), the entered one gathered, and with BACKWARD_PRE the one before it prefetched.
   // On a pipeline stage FSDP2 runs every backward with set_reshard_after_backward(False)
   // (pipelining/stage.py backward_maybe_with_nosync): the units stay gathered to the final reduce.
-  if (!pipelineNoSync_) for (int u = unit + 1; u <= blocks; ++u) Free(b, u);
+  // A last block kept gathered after forward is freed by its own post-backward, i.e. when the
+  // next block's backward begins, not by the head's backward before it.
+  if (layer >= 0) backwardSawBlock_ = true;
+  if (!pipelineNoSync_) {
+    for (int u = unit + 1; u <= blocks; ++u) if (backwardSawBlock_ || ReshardsAfterForward(u)) Free(b, u);
+  }
   if (reduceOnNextBlock_ && unit > 0 && openUnit_ > 0 && openUnit_ != unit) {
     // FSDP2 with frozen weights: the finished block's post_backward (reshard, then foreach_reduce)
     // runs when its forward inputs' gradients are ready (_fsdp_param_group.py
@@ -552,6 +565,7 @@ void ParallelStep::ReduceScatterFsdp2(TraceBuilder& b, int unit) {
 
 void ParallelStep::ForwardStart(TraceBuilder& b) {
   forwardSawBlock_ = false;
+  backwardSawBlock_ = false;
   backwardEnded_ = false;
   const int blocks = static_cast<int>(plan_.unitElements.size());
   if (static_cast<int>(gathered_.size()) > blocks + 1) Gather(b, blocks + 1, false);  // the embedding unit

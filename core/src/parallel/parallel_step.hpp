@@ -76,6 +76,12 @@ class ParallelStep final : public GradientHook, public LayerHook {
   // Gathering (ZeRO-3, FSDP): per unit (0 = root, 1 + block) its gathered elements and handle.
   bool gathers_ = false;
   bool reshardAfterForward_ = true;
+  // fsdpKeepLastBlockGathered (torchtitan apply_fsdp): the last block's unit is not resharded by
+  // its post-forward; its post-backward reshards it. backwardSawBlock_: a block's backward has
+  // begun since the last forward (before it, the head's backward must not free that block).
+  bool keepLastBlock_ = false;
+  bool backwardSawBlock_ = false;
+  bool ReshardsAfterForward(int unit) const;
   std::vector<std::int64_t> gatherElements_;
   std::vector<TensorHandle> gathered_;
   // FSDP2: each parameter's unit (Fsdp2UnitOfParameter); per unit its padded unsharded and
