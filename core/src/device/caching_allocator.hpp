@@ -114,7 +114,9 @@ class FreeBlockIndex {
     std::uint64_t ptr;
     int block;
   };
-  struct Node {  // by block id
+  // 32 bytes, so that Insert's bounds test (nodes_.size()) and the indexing are shifts, not a
+  // multiplication by the inverse of 24.
+  struct alignas(32) Node {  // by block id
     std::int64_t size = 0;
     std::uint64_t ptr = 0;
     int bin = -1;  // −1: not in the index
