@@ -420,7 +420,9 @@ GPUMEM_EVENT_PATH bool CachingAllocatorModel::GetFreeBlock(AllocParams& p) {
   if (gcEnabled_) ++pool.getFreeBlocksCallCount;  // ages only tick while GC is enabled
   FreeBlockIndex::Position it = pool.blocks.LowerBound(p.size);
   if (FreeBlockIndex::AtEnd(it)) return false;
-  if (Expandable(pool.blocks.At(it).block)) {
+  // (Only TryAllocateExpandableBlock makes expandable blocks: the option's flag is tested first,
+  // without loading the block.)
+  if (options_.expandableSegments && Expandable(pool.blocks.At(it).block)) {
     // With expandable segments, a block followed by unmapped space counts as the size it can
     // grow to: walk on to the next candidate while it can grow to less.
     auto expandableSize = [&](int b) {
@@ -587,7 +589,7 @@ GPUMEM_EVENT_PATH int CachingAllocatorModel::AllocFoundBlock(const AllocParams& 
                                            int tensorId) {
   int b = p.block;
   const bool alreadySplit = IsSplit(b);
-  const bool expandable = Expandable(b);
+  const bool expandable = options_.expandableSegments && Expandable(b);
   if (splitRemainder) {
     const int remaining = b;
     b = NewBlock();
@@ -663,8 +665,7 @@ bool CachingAllocatorModel::Free(int tensorId) {
   blk.allocated = false;
   allocated_ -= blk.size;
   requested_ -= blk.requestedSize;
-  blk.requestedSize = 0;
-  blk.tensorId = -1;
+  // (requestedSize and tensorId are read only while allocated: Snapshot; alloc sets both.)
   FreeBlock(b);
   return true;
 }
@@ -678,7 +679,7 @@ GPUMEM_EVENT_PATH void CachingAllocatorModel::FreeBlock(int b) {
   InsertIntoBlocks(pool, b);
   if (IsSplit(b)) netInactiveSplit += blocks_[b].size;
   // inactive_split leaves expandable segments out (their free pages can always be released).
-  if (!Expandable(b)) inactiveSplit_ += netInactiveSplit;
+  if (!options_.expandableSegments || !Expandable(b)) inactiveSplit_ += netInactiveSplit;
 }
 
 // DeviceCachingAllocator::try_merge_blocks: src joins dst when free and in the same mapped
@@ -686,7 +687,8 @@ GPUMEM_EVENT_PATH void CachingAllocatorModel::FreeBlock(int b) {
 GPUMEM_EVENT_PATH std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, int src, BlockPool& pool) {
   if (src == kNone || blocks_[src].allocated || blocks_[dst].mapped != blocks_[src].mapped) return 0;
   Block& d = blocks_[dst];
-  const Block s = blocks_[src];
+  const Block& s = blocks_[src];  // src ≠ dst, and nothing below writes src before DeleteBlock
+  const std::int64_t subsumed = s.size;
   if (d.prev == src) {
     d.ptr = s.ptr;
     d.prev = s.prev;
@@ -695,14 +697,14 @@ GPUMEM_EVENT_PATH std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, in
     d.next = s.next;
     if (d.next != kNone) blocks_[d.next].prev = dst;
   }
-  d.size += s.size;
+  d.size += subsumed;
   if (s.mapped) {
-    pool.blocks.EraseBlock(src, s.size, s.ptr);
+    pool.blocks.EraseBlock(src, subsumed, s.ptr);
   } else {
     pool.EraseUnmapped(s.ptr);
   }
   DeleteBlock(src);
-  return s.size;
+  return subsumed;
 }
 
 // ---------------------------------------------------------------------------------------------
