@@ -216,18 +216,6 @@ void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
 }
 
 
-int FreeBlockIndex::NextBin(int bin) const {
-  if (bin >= kBins) return -1;
-  const auto word = static_cast<std::size_t>(bin) >> 6;
-  const std::uint64_t here = binBits_[word] & (~std::uint64_t{0} << (bin & 63));
-  if (here != 0) return static_cast<int>(word * 64) + std::countr_zero(here);
-  if (word + 1 >= kBinWords) return -1;
-  const std::uint64_t later = binSummary_ & (~std::uint64_t{0} << (word + 1));
-  if (later == 0) return -1;
-  const auto w = static_cast<std::size_t>(std::countr_zero(later));
-  return static_cast<int>(w * 64) + std::countr_zero(binBits_[w]);
-}
-
 int FreeBlockIndex::PrevBin(int bin) const {
   if (bin < 0) return -1;
   const auto word = static_cast<std::size_t>(bin) >> 6;
