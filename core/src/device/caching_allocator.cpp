@@ -157,33 +157,6 @@ void FreeBlockIndex::Waiting::Erase(std::uint64_t ptr) {
   }
 }
 
-void FreeBlockIndex::EraseNode(int x) {
-  Node& node = nodes_[static_cast<std::size_t>(x)];
-  const int bin = node.bin;
-  node.bin = -1;
-  --size_;
-  Entry* e = EntryOf(bin, node.size);
-  if (e->block != x) {  // a waiting block
-    waiting_[static_cast<std::size_t>(e->more)].Erase(node.ptr);
-  } else if (e->more >= 0) {  // the entry's block: the next address takes its place
-    Waiting& waiting = waiting_[static_cast<std::size_t>(e->more)];
-    e->ptr = waiting.front().ptr;
-    e->block = waiting.front().block;
-    waiting.PopFront();
-  } else {  // the size's last block
-    std::vector<Entry>& list = bins_[static_cast<std::size_t>(bin)];
-    Entry* const last = list.data() + list.size() - 1;
-    for (; e != last; ++e) *e = *(e + 1);
-    list.pop_back();
-    if (list.empty()) ClearBinBit(bin);
-    return;
-  }
-  if (waiting_[static_cast<std::size_t>(e->more)].empty()) {
-    freeWaiting_.push_back(e->more);
-    e->more = -1;
-  }
-}
-
 void FreeBlockIndex::EraseBlock(int block, std::int64_t size, std::uint64_t ptr) {
   if (block >= 0 && static_cast<std::size_t>(block) < nodes_.size()) {
     const Node& n = nodes_[static_cast<std::size_t>(block)];
