@@ -312,6 +312,7 @@ void CachingAllocatorModel::Reset(const AllocatorOptions& options, std::int64_t 
                                   [](std::int32_t d) { return d > 1; });
   SetCapacity(capacityBytes);
   blocks_.clear();
+  gcCountBase_.clear();
   freeSlots_.clear();
   large_.Clear(false);
   small_.Clear(true);
@@ -338,6 +339,7 @@ GPUMEM_EVENT_PATH int CachingAllocatorModel::NewBlock() {
     return b;
   }
   blocks_.emplace_back();
+  gcCountBase_.push_back(0);
   return static_cast<int>(blocks_.size()) - 1;
 }
 
@@ -349,7 +351,7 @@ void CachingAllocatorModel::DeleteBlock(int b) {
 // BlockPool::insert_into_blocks: stamps the block with the pool's get_free_block call count,
 // the clock garbage_collect_cached_blocks measures ages with.
 GPUMEM_EVENT_PATH void CachingAllocatorModel::InsertIntoBlocks(BlockPool& pool, int b) {
-  blocks_[b].gcCountBase = pool.getFreeBlocksCallCount;
+  if (gcEnabled_) gcCountBase_[b] = pool.getFreeBlocksCallCount;
   pool.blocks.Insert({blocks_[b].size, blocks_[b].ptr, b});
 }
 
@@ -515,7 +517,7 @@ void CachingAllocatorModel::GarbageCollectCachedBlocks() {
   std::int64_t reclaimed = 0;
   std::int64_t totalAge = 0;
   int freeable = 0;
-  auto age = [&](int b) { return large_.getFreeBlocksCallCount - blocks_[b].gcCountBase; };
+  auto age = [&](int b) { return large_.getFreeBlocksCallCount - gcCountBase_[b]; };
   large_.blocks.ForEach([&](const FreeBlockIndex::Key& key) {
     if (!IsSplit(key.block) && !Expandable(key.block)) {
       totalAge += age(key.block);

@@ -346,8 +346,7 @@ class CachingAllocatorModel {
     bool small = false;
     bool allocated = false;
     bool mapped = true;
-    std::int64_t gcCountBase = 0;
-  };
+  };  // 48 bytes: a block's offset is two instructions (56 took three, on every access)
   struct AddressKey {  // BlockComparatorAddress on one stream
     std::uint64_t ptr;
     int block;
@@ -410,6 +409,9 @@ class CachingAllocatorModel {
   bool roundupDivisions_;  // roundup_power2_divisions set for some interval
 
   std::vector<Block> blocks_;
+  // BlockPool::insert_into_blocks's gc_count_base per block, beside the blocks: only the
+  // garbage collection reads it, so only a model with it enabled writes it.
+  std::vector<std::int64_t> gcCountBase_;
   std::vector<int> freeSlots_;
   BlockPool large_;
   BlockPool small_;
