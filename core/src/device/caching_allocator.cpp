@@ -268,6 +268,7 @@ void LiveTensors::SetSlow(int tensorId, int block) {
   if (tensorId >= 0 && tensorId < kDenseIds) {
     const auto id = static_cast<std::size_t>(tensorId);
     dense_.resize(std::max<std::size_t>(id + 1, dense_.size() * 2), kNotLive);
+    denseIds_ = static_cast<unsigned>(dense_.size());
     dense_[id] = block;
   } else {
     sparse_[tensorId] = block;

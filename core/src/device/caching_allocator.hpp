@@ -267,18 +267,18 @@ class LiveTensors {
   void Clear();
   // The block, −1 for a 0-byte tensor, kNotLive.
   int Find(int tensorId) const {
-    if (static_cast<unsigned>(tensorId) < dense_.size()) return dense_[static_cast<std::size_t>(tensorId)];
+    if (static_cast<unsigned>(tensorId) < denseIds_) return dense_[static_cast<std::size_t>(tensorId)];
     return tensorId >= 0 && tensorId < kDenseIds ? kNotLive : FindSparse(tensorId);
   }
   void Set(int tensorId, int block) {
-    if (static_cast<unsigned>(tensorId) < dense_.size()) {
+    if (static_cast<unsigned>(tensorId) < denseIds_) {
       dense_[static_cast<std::size_t>(tensorId)] = block;
     } else {
       SetSlow(tensorId, block);
     }
   }
   void Erase(int tensorId) {
-    if (static_cast<unsigned>(tensorId) < dense_.size()) {
+    if (static_cast<unsigned>(tensorId) < denseIds_) {
       dense_[static_cast<std::size_t>(tensorId)] = kNotLive;
     } else if (tensorId < 0 || tensorId >= kDenseIds) {
       EraseSparse(tensorId);
@@ -291,6 +291,7 @@ class LiveTensors {
   void EraseSparse(int tensorId);
   static constexpr int kDenseIds = 1 << 22;
   std::vector<int> dense_;
+  unsigned denseIds_ = 0;  // dense_.size(), kept so that the bounds test of every event is one compare
   std::unordered_map<int, int> sparse_;
 };
 
