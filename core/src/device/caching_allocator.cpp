@@ -332,14 +332,14 @@ void CachingAllocatorModel::SetCapacity(std::int64_t capacityBytes) {
   allowedMemoryMaximum_ = static_cast<std::int64_t>(options_.perProcessMemoryFraction * static_cast<double>(capacity_));
 }
 
-GPUMEM_EVENT_PATH int CachingAllocatorModel::NewBlock() {
+GPUMEM_EVENT_PATH int CachingAllocatorModel::NewBlock(const Block& init) {
   if (!freeSlots_.empty()) {
     const int b = freeSlots_.back();
     freeSlots_.pop_back();
-    blocks_[b] = Block{};
+    blocks_[b] = init;
     return b;
   }
-  blocks_.emplace_back();
+  blocks_.push_back(init);
   gcCountBase_.push_back(0);
   return static_cast<int>(blocks_.size()) - 1;
 }
@@ -421,11 +421,7 @@ bool CachingAllocatorModel::AllocBlock(AllocParams& p, bool isRetry) {
     return p.block != kNone;
   }
   if (reserved_ + p.allocSize > capacity_) return false;  // cudaMalloc: cudaErrorMemoryAllocation
-  const int b = NewBlock();
-  Block& blk = blocks_[b];
-  blk.ptr = nextAddress_;
-  blk.size = p.allocSize;
-  blk.small = p.pool->isSmall;
+  const int b = NewBlock({.ptr = nextAddress_, .size = p.allocSize, .small = p.pool->isSmall});
   nextAddress_ += static_cast<std::uint64_t>(p.allocSize);
   reserved_ += p.allocSize;
   ++numDeviceAllocs_;
@@ -556,16 +552,14 @@ GPUMEM_EVENT_PATH int CachingAllocatorModel::AllocFoundBlock(const AllocParams& 
   const bool expandable = options_.expandableSegments && Expandable(b);
   if (splitRemainder) {
     const int remaining = b;
-    b = NewBlock();
+    {
+      const Block& rem = blocks_[remaining];  // read before NewBlock may move the blocks
+      b = NewBlock({.ptr = rem.ptr, .size = p.size, .prev = rem.prev, .next = remaining, .segment = rem.segment,
+                    .small = rem.small});
+    }
     Block& blk = blocks_[b];
     Block& rem = blocks_[remaining];
-    blk.ptr = rem.ptr;
-    blk.size = p.size;
-    blk.small = rem.small;
-    blk.segment = rem.segment;
-    blk.prev = rem.prev;
     if (blk.prev != kNone) blocks_[blk.prev].next = b;
-    blk.next = remaining;
     rem.prev = b;
     rem.ptr += static_cast<std::uint64_t>(p.size);
     rem.size -= p.size;

@@ -374,7 +374,9 @@ class CachingAllocatorModel {
     int block = kNone;
   };
 
-  int NewBlock();
+  // A block slot holding `init` (its fields written once, not cleared and then set).
+  int NewBlock(const Block& init);
+  int NewBlock() { return NewBlock(Block{}); }
   void DeleteBlock(int b);
   bool IsSplit(int b) const { return blocks_[b].prev != kNone || blocks_[b].next != kNone; }
   bool Expandable(int b) const { return blocks_[b].segment != kNone; }
