@@ -381,7 +381,9 @@ GPUMEM_EVENT_PATH bool CachingAllocatorModel::ShouldSplit(int b, std::int64_t si
 // large as the request, lowest address first among equals — with the oversize rules.
 GPUMEM_EVENT_PATH bool CachingAllocatorModel::GetFreeBlock(AllocParams& p) {
   BlockPool& pool = *p.pool;
-  if (gcEnabled_) ++pool.getFreeBlocksCallCount;  // ages only tick while GC is enabled
+  // The ages' clock (only the garbage collection reads it, and PyTorch ticks it only while the
+  // collection is enabled: unconditional here, one add instead of a test and a branch).
+  ++pool.getFreeBlocksCallCount;
   FreeBlockIndex::Position it = pool.blocks.LowerBound(p.size);
   if (FreeBlockIndex::AtEnd(it)) return false;
   // (Only TryAllocateExpandableBlock makes expandable blocks: the option's flag is tested first,
