@@ -123,7 +123,7 @@ void FreeBlockIndex::Waiting::PushFront(const Dup& d) {
   buf_[--lo_] = d;
 }
 
-void FreeBlockIndex::Waiting::Insert(const Dup& d) {
+void FreeBlockIndex::Waiting::InsertSlow(const Dup& d) {
   if (lo_ == hi_ || d.ptr > buf_[hi_ - 1].ptr) {  // above every one
     if (hi_ == buf_.size()) Recenter();
     buf_[hi_++] = d;

@@ -146,7 +146,21 @@ class FreeBlockIndex {
     void Clear() { lo_ = hi_ = buf_.size() / 2; }
     void PushFront(const Dup& d);  // below every one
     void PopFront() { ++lo_; }
-    void Insert(const Dup& d);
+    // Below or above every one with room there (55 % of the inserts, Llama 2 bench) inline;
+    // between, or with no room, InsertSlow.
+    void Insert(const Dup& d) {
+      if (lo_ == hi_ || d.ptr > buf_[hi_ - 1].ptr) {
+        if (hi_ < buf_.size()) {
+          buf_[hi_++] = d;
+          return;
+        }
+      } else if (d.ptr < buf_[lo_].ptr && lo_ > 0) {
+        buf_[--lo_] = d;
+        return;
+      }
+      InsertSlow(d);
+    }
+    void InsertSlow(const Dup& d);
     void Erase(std::uint64_t ptr);  // a ptr that is there
 
    private:
