@@ -123,7 +123,7 @@ void FreeBlockIndex::Waiting::PushFront(const Dup& d) {
   buf_[--lo_] = d;
 }
 
-void FreeBlockIndex::Waiting::Insert(const Dup& d) {
+void FreeBlockIndex::Waiting::InsertSlow(const Dup& d) {
   if (lo_ == hi_ || d.ptr > buf_[hi_ - 1].ptr) {  // above every one
     if (hi_ == buf_.size()) Recenter();
     buf_[hi_++] = d;
@@ -154,33 +154,6 @@ void FreeBlockIndex::Waiting::Erase(std::uint64_t ptr) {
   } else {
     for (; i + 1 < hi_; ++i) buf_[i] = buf_[i + 1];
     --hi_;
-  }
-}
-
-void FreeBlockIndex::EraseNode(int x) {
-  Node& node = nodes_[static_cast<std::size_t>(x)];
-  const int bin = node.bin;
-  node.bin = -1;
-  --size_;
-  Entry* e = EntryOf(bin, node.size);
-  if (e->block != x) {  // a waiting block
-    waiting_[static_cast<std::size_t>(e->more)].Erase(node.ptr);
-  } else if (e->more >= 0) {  // the entry's block: the next address takes its place
-    Waiting& waiting = waiting_[static_cast<std::size_t>(e->more)];
-    e->ptr = waiting.front().ptr;
-    e->block = waiting.front().block;
-    waiting.PopFront();
-  } else {  // the size's last block
-    std::vector<Entry>& list = bins_[static_cast<std::size_t>(bin)];
-    Entry* const last = list.data() + list.size() - 1;
-    for (; e != last; ++e) *e = *(e + 1);
-    list.pop_back();
-    if (list.empty()) ClearBinBit(bin);
-    return;
-  }
-  if (waiting_[static_cast<std::size_t>(e->more)].empty()) {
-    freeWaiting_.push_back(e->more);
-    e->more = -1;
   }
 }
 
@@ -215,18 +188,6 @@ void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
   // else not cached (std::set::erase of a missing key)
 }
 
-
-int FreeBlockIndex::NextBin(int bin) const {
-  if (bin >= kBins) return -1;
-  const auto word = static_cast<std::size_t>(bin) >> 6;
-  const std::uint64_t here = binBits_[word] & (~std::uint64_t{0} << (bin & 63));
-  if (here != 0) return static_cast<int>(word * 64) + std::countr_zero(here);
-  if (word + 1 >= kBinWords) return -1;
-  const std::uint64_t later = binSummary_ & (~std::uint64_t{0} << (word + 1));
-  if (later == 0) return -1;
-  const auto w = static_cast<std::size_t>(std::countr_zero(later));
-  return static_cast<int>(w * 64) + std::countr_zero(binBits_[w]);
-}
 
 int FreeBlockIndex::PrevBin(int bin) const {
   if (bin < 0) return -1;
@@ -307,6 +268,7 @@ void LiveTensors::SetSlow(int tensorId, int block) {
   if (tensorId >= 0 && tensorId < kDenseIds) {
     const auto id = static_cast<std::size_t>(tensorId);
     dense_.resize(std::max<std::size_t>(id + 1, dense_.size() * 2), kNotLive);
+    denseIds_ = static_cast<unsigned>(dense_.size());
     dense_[id] = block;
   } else {
     sparse_[tensorId] = block;
@@ -351,6 +313,7 @@ void CachingAllocatorModel::Reset(const AllocatorOptions& options, std::int64_t 
                                   [](std::int32_t d) { return d > 1; });
   SetCapacity(capacityBytes);
   blocks_.clear();
+  gcCountBase_.clear();
   freeSlots_.clear();
   large_.Clear(false);
   small_.Clear(true);
@@ -369,14 +332,15 @@ void CachingAllocatorModel::SetCapacity(std::int64_t capacityBytes) {
   allowedMemoryMaximum_ = static_cast<std::int64_t>(options_.perProcessMemoryFraction * static_cast<double>(capacity_));
 }
 
-GPUMEM_EVENT_PATH int CachingAllocatorModel::NewBlock() {
+GPUMEM_EVENT_PATH int CachingAllocatorModel::NewBlock(const Block& init) {
   if (!freeSlots_.empty()) {
     const int b = freeSlots_.back();
     freeSlots_.pop_back();
-    blocks_[b] = Block{};
+    blocks_[b] = init;
     return b;
   }
-  blocks_.emplace_back();
+  blocks_.push_back(init);
+  gcCountBase_.push_back(0);
   return static_cast<int>(blocks_.size()) - 1;
 }
 
@@ -388,7 +352,7 @@ void CachingAllocatorModel::DeleteBlock(int b) {
 // BlockPool::insert_into_blocks: stamps the block with the pool's get_free_block call count,
 // the clock garbage_collect_cached_blocks measures ages with.
 GPUMEM_EVENT_PATH void CachingAllocatorModel::InsertIntoBlocks(BlockPool& pool, int b) {
-  blocks_[b].gcCountBase = pool.getFreeBlocksCallCount;
+  if (gcEnabled_) gcCountBase_[b] = pool.getFreeBlocksCallCount;
   pool.blocks.Insert({blocks_[b].size, blocks_[b].ptr, b});
 }
 
@@ -417,10 +381,14 @@ GPUMEM_EVENT_PATH bool CachingAllocatorModel::ShouldSplit(int b, std::int64_t si
 // large as the request, lowest address first among equals — with the oversize rules.
 GPUMEM_EVENT_PATH bool CachingAllocatorModel::GetFreeBlock(AllocParams& p) {
   BlockPool& pool = *p.pool;
-  if (gcEnabled_) ++pool.getFreeBlocksCallCount;  // ages only tick while GC is enabled
+  // The ages' clock (only the garbage collection reads it, and PyTorch ticks it only while the
+  // collection is enabled: unconditional here, one add instead of a test and a branch).
+  ++pool.getFreeBlocksCallCount;
   FreeBlockIndex::Position it = pool.blocks.LowerBound(p.size);
   if (FreeBlockIndex::AtEnd(it)) return false;
-  if (Expandable(pool.blocks.At(it).block)) {
+  // (Only TryAllocateExpandableBlock makes expandable blocks: the option's flag is tested first,
+  // without loading the block.)
+  if (options_.expandableSegments && Expandable(pool.blocks.At(it).block)) {
     // With expandable segments, a block followed by unmapped space counts as the size it can
     // grow to: walk on to the next candidate while it can grow to less.
     auto expandableSize = [&](int b) {
@@ -455,11 +423,7 @@ bool CachingAllocatorModel::AllocBlock(AllocParams& p, bool isRetry) {
     return p.block != kNone;
   }
   if (reserved_ + p.allocSize > capacity_) return false;  // cudaMalloc: cudaErrorMemoryAllocation
-  const int b = NewBlock();
-  Block& blk = blocks_[b];
-  blk.ptr = nextAddress_;
-  blk.size = p.allocSize;
-  blk.small = p.pool->isSmall;
+  const int b = NewBlock({.ptr = nextAddress_, .size = p.allocSize, .small = p.pool->isSmall});
   nextAddress_ += static_cast<std::uint64_t>(p.allocSize);
   reserved_ += p.allocSize;
   ++numDeviceAllocs_;
@@ -552,7 +516,7 @@ void CachingAllocatorModel::GarbageCollectCachedBlocks() {
   std::int64_t reclaimed = 0;
   std::int64_t totalAge = 0;
   int freeable = 0;
-  auto age = [&](int b) { return large_.getFreeBlocksCallCount - blocks_[b].gcCountBase; };
+  auto age = [&](int b) { return large_.getFreeBlocksCallCount - gcCountBase_[b]; };
   large_.blocks.ForEach([&](const FreeBlockIndex::Key& key) {
     if (!IsSplit(key.block) && !Expandable(key.block)) {
       totalAge += age(key.block);
@@ -587,19 +551,17 @@ GPUMEM_EVENT_PATH int CachingAllocatorModel::AllocFoundBlock(const AllocParams& 
                                            int tensorId) {
   int b = p.block;
   const bool alreadySplit = IsSplit(b);
-  const bool expandable = Expandable(b);
+  const bool expandable = options_.expandableSegments && Expandable(b);
   if (splitRemainder) {
     const int remaining = b;
-    b = NewBlock();
+    {
+      const Block& rem = blocks_[remaining];  // read before NewBlock may move the blocks
+      b = NewBlock({.ptr = rem.ptr, .size = p.size, .prev = rem.prev, .next = remaining, .segment = rem.segment,
+                    .small = rem.small});
+    }
     Block& blk = blocks_[b];
     Block& rem = blocks_[remaining];
-    blk.ptr = rem.ptr;
-    blk.size = p.size;
-    blk.small = rem.small;
-    blk.segment = rem.segment;
-    blk.prev = rem.prev;
     if (blk.prev != kNone) blocks_[blk.prev].next = b;
-    blk.next = remaining;
     rem.prev = b;
     rem.ptr += static_cast<std::uint64_t>(p.size);
     rem.size -= p.size;
@@ -663,8 +625,7 @@ bool CachingAllocatorModel::Free(int tensorId) {
   blk.allocated = false;
   allocated_ -= blk.size;
   requested_ -= blk.requestedSize;
-  blk.requestedSize = 0;
-  blk.tensorId = -1;
+  // (requestedSize and tensorId are read only while allocated: Snapshot; alloc sets both.)
   FreeBlock(b);
   return true;
 }
@@ -678,7 +639,7 @@ GPUMEM_EVENT_PATH void CachingAllocatorModel::FreeBlock(int b) {
   InsertIntoBlocks(pool, b);
   if (IsSplit(b)) netInactiveSplit += blocks_[b].size;
   // inactive_split leaves expandable segments out (their free pages can always be released).
-  if (!Expandable(b)) inactiveSplit_ += netInactiveSplit;
+  if (!options_.expandableSegments || !Expandable(b)) inactiveSplit_ += netInactiveSplit;
 }
 
 // DeviceCachingAllocator::try_merge_blocks: src joins dst when free and in the same mapped
@@ -686,7 +647,8 @@ GPUMEM_EVENT_PATH void CachingAllocatorModel::FreeBlock(int b) {
 GPUMEM_EVENT_PATH std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, int src, BlockPool& pool) {
   if (src == kNone || blocks_[src].allocated || blocks_[dst].mapped != blocks_[src].mapped) return 0;
   Block& d = blocks_[dst];
-  const Block s = blocks_[src];
+  const Block& s = blocks_[src];  // src ≠ dst, and nothing below writes src before DeleteBlock
+  const std::int64_t subsumed = s.size;
   if (d.prev == src) {
     d.ptr = s.ptr;
     d.prev = s.prev;
@@ -695,14 +657,14 @@ GPUMEM_EVENT_PATH std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, in
     d.next = s.next;
     if (d.next != kNone) blocks_[d.next].prev = dst;
   }
-  d.size += s.size;
+  d.size += subsumed;
   if (s.mapped) {
-    pool.blocks.EraseBlock(src, s.size, s.ptr);
+    pool.blocks.EraseBlock(src, subsumed, s.ptr);
   } else {
     pool.EraseUnmapped(s.ptr);
   }
   DeleteBlock(src);
-  return s.size;
+  return subsumed;
 }
 
 // ---------------------------------------------------------------------------------------------
