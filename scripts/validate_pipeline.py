@@ -142,6 +142,28 @@ def run_microbatches(forward, make_batch, step, schedule, stage, stages, m, boun
         work.wait()
 
 
+def optimizer_step(step, params, opt, state):
+    """The step's optimizer step and zero_grad(set_to_none=True); after step 1 the gradients' bytes
+    go into `state` (counted before zero_grad lets them go)."""
+    if step == 1:
+        state["gradients"] = sum(q.grad.numel() * q.grad.element_size() for q in params if q.grad is not None)
+    with record_function(f"gpumem:optimizerStep:{step}"):
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def measure_and_write(run, state, path):
+    """Runs `run` under the tracker, adds the peaks to `state` (whose "keep" entry held the model
+    and optimizer alive to the end), writes it to `path` and leaves the process group."""
+    memory, ranges = R.fast_allocation_events(run)
+    del state["keep"]
+    state["peak"], state["phasePeaks"] = V.summarise(memory, ranges)
+    with open(path, "w") as f:
+        json.dump(state, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def model_states(params, opt):
     """Parameter and optimizer-state bytes of this process, as the estimate's modelStates counts."""
     return {"parameters": sum(q.numel() * q.element_size() for q in params),
@@ -169,21 +191,11 @@ def measure_stage(rank, world, setup, port, out_path):
             run_microbatches(lambda inp, batch: model(inp, batch), lambda: stage_batch(cfg, rank, world, b, s),
                              step, setup["parallel"].get("pipelineSchedule", "1f1b"), rank, world, m,
                              (b, s, cfg.hidden), rank - 1, rank + 1)
-            if step == 1:
-                state["gradients"] = sum(q.grad.numel() * q.grad.element_size() for q in params if q.grad is not None)
-            with record_function(f"gpumem:optimizerStep:{step}"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            optimizer_step(step, params, opt, state)
         state.update(model_states(params, opt))
         state["keep"] = (model, opt)
 
-    memory, ranges = R.fast_allocation_events(run)
-    del state["keep"]
-    state["peak"], state["phasePeaks"] = V.summarise(memory, ranges)
-    with open(f"{out_path}.{rank}", "w") as f:
-        json.dump(state, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    measure_and_write(run, state, f"{out_path}.{rank}")
 
 
 def case(name, m, schedule="1f1b", **arch_fields):

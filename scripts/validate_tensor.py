@@ -469,21 +469,11 @@ def measure_rank(rank, world, setup, port, out_path):
                     lambda inp, batch: model(batch.get("input_ids"), batch.get("labels"), hidden_states=inp, s=s),
                     lambda: VP.stage_batch(cfg, stage, stages, b, s), step, "1f1b", stage, stages, m, boundary,
                     rank - tp, rank + tp)
-            if step == 1:
-                state["gradients"] = sum(q.grad.numel() * q.grad.element_size() for q in params if q.grad is not None)
-            with record_function(f"gpumem:optimizerStep:{step}"):
-                opt.step()
-                opt.zero_grad(set_to_none=True)
+            VP.optimizer_step(step, params, opt, state)
         state.update(VP.model_states(params, opt))
         state["keep"] = (model, opt)
 
-    memory, ranges = R.fast_allocation_events(run)
-    del state["keep"]
-    state["peak"], state["phasePeaks"] = V.summarise(memory, ranges)
-    with open(f"{out_path}.{rank}", "w") as f:
-        json.dump(state, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    VP.measure_and_write(run, state, f"{out_path}.{rank}")
 
 
 def case(name, sp, seq=512, attention="eager", family="llama", pp=1, m=1, **arch_fields):

@@ -67,16 +67,6 @@ std::int64_t EventBytes(const Estimate& e, Phase phase, const std::string& label
   return -1;
 }
 
-std::int64_t SavedAtForwardEnd(const Setup& s) { return BytesIn(MustEstimate(s).forwardEnd, Category::Activations); }
-
-// What one block saves for backward: the forward-end activations of two blocks less one's.
-std::int64_t SavedPerBlock(Setup s) {
-  s.model.architecture.numLayers = 2;
-  const std::int64_t two = SavedAtForwardEnd(s);
-  s.model.architecture.numLayers = 1;
-  return two - SavedAtForwardEnd(s);
-}
-
 std::int64_t Padded(std::int64_t n, std::int64_t m) { return (n + m - 1) / m * m; }
 
 // The rank's parameters by hand: t-way attention and vocabulary, E/e experts each 1/etp wide,

@@ -27,16 +27,6 @@ Setup LlamaBlocks(std::int64_t layers) {
   return s;
 }
 
-std::int64_t SavedAtForwardEnd(const Setup& s) { return BytesIn(MustEstimate(s).forwardEnd, Category::Activations); }
-
-// What one block saves for backward: the forward-end activations of two blocks less one's.
-std::int64_t SavedPerBlock(Setup s) {
-  s.model.architecture.numLayers = 2;
-  const std::int64_t two = SavedAtForwardEnd(s);
-  s.model.architecture.numLayers = 1;
-  return two - SavedAtForwardEnd(s);
-}
-
 std::int64_t EventBytes(const Estimate& e, Phase phase, const std::string& label) {
   for (const TimelinePoint& p : e.timeline) {
     if (p.phase == phase && p.deltaBytes > 0 && p.label.find(label) != std::string::npos) return p.deltaBytes;

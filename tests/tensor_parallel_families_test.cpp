@@ -137,7 +137,6 @@ Setup Blocks(const char* preset, std::int64_t layers, std::int64_t t, bool seque
   return s;
 }
 
-std::int64_t SavedAtForwardEnd(const Setup& s) { return BytesIn(MustEstimate(s).forwardEnd, Category::Activations); }
 
 // What one block saves for backward: the forward-end activations of two blocks less one's.
 std::int64_t SavedPerBlock(const char* preset, std::int64_t t, bool sequenceParallel) {

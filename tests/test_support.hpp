@@ -169,6 +169,17 @@ inline std::int64_t BytesIn(const Snapshot& s, Category c) {
   return 0;
 }
 
+// The activations held at the end of step 1's forward (what the blocks saved for backward).
+inline std::int64_t SavedAtForwardEnd(const Setup& s) { return BytesIn(MustEstimate(s).forwardEnd, Category::Activations); }
+
+// What one block saves for backward: the forward-end activations of two blocks less one's.
+inline std::int64_t SavedPerBlock(Setup s) {
+  s.model.architecture.numLayers = 2;
+  const std::int64_t two = SavedAtForwardEnd(s);
+  s.model.architecture.numLayers = 1;
+  return two - SavedAtForwardEnd(s);
+}
+
 inline bool HasErrorOn(const std::vector<FieldError>& errors, const std::string& field) {
   for (const auto& e : errors) if (e.field == field) return true;
   return false;
