@@ -96,6 +96,9 @@ std::int64_t LiveBefore(const Estimate& e, Category c, std::size_t end) {
 constexpr std::int64_t kBlock = 45'248, kBlockShard = 22'688;
 // embed_tokens 1001×64 on stage 0 (501 rows per rank, one of padding); norm and lm_head on stage 1.
 constexpr std::int64_t kEmbed = 1001 * 64, kEmbedShard = 501 * 64;
+// What an all-gather makes is padded too: world × the padded shard (_fsdp_param.py
+// init_all_gather_outputs), 45,376 elements for a block, 1,002 rows for the embedding.
+constexpr std::int64_t kBlockGathered = 2 * kBlockShard, kEmbedGathered = 2 * kEmbedShard;
 
 }  // namespace
 
@@ -129,10 +132,10 @@ TEST_CASE("Pipeline FSDP2: units gathered once and gradients reduced after the l
     INFO("step " << step);
     // reshard_after_forward=False and set_reshard_after_backward(False) on every backward
     // (pipelining/stage.py backward_maybe_with_nosync): block 0 is all-gathered once per step
-    // (bf16, 45,248 elements) and resharded once, by the final post_backward.
+    // (bf16, 45,376 padded elements) and resharded once, by the final post_backward.
     std::int64_t gathered = 0;
     CHECK(Allocations(e, "all-gather of layers.0", step, &gathered) == 1);
-    CHECK(gathered == kBlock * 2);
+    CHECK(gathered == kBlockGathered * 2);
     CHECK(Frees(e, "reshard: layers.0 freed", step) == 1);
     // One reduce-scatter per unit and step, not per micro-batch: the padded unit in bf16.
     std::int64_t input = 0;
@@ -152,7 +155,8 @@ TEST_CASE("Pipeline FSDP2: units gathered once and gradients reduced after the l
   const std::size_t reduce = FirstIndex(e, "reduce-scatter input of", 1);
   CHECK(LiveBefore(e, Category::Gradients, reduce) == (kEmbed + 2 * kBlock) * 2);
   // The units stay gathered between micro-batches: at the end of forward every unit of the stage.
-  CHECK(BytesIn(e.forwardEnd, Category::Parameters) == e.modelStates.parametersBytes + (kEmbed + 2 * kBlock) * 2);
+  // (The flat all-gather outputs are freed by then: the last one by the stage root's post-forward.)
+  CHECK(BytesIn(e.forwardEnd, Category::Parameters) == e.modelStates.parametersBytes + (kEmbedGathered + 2 * kBlockGathered) * 2);
 }
 
 TEST_CASE("Pipeline FSDP2: reduce_dtype fp32 accumulates unsharded fp32 gradients", "[pipeline][fsdp]") {
@@ -229,14 +233,14 @@ TEST_CASE("Pipeline FSDP2: embedding and output units of their own on the first 
   const Estimate first = Labelled(s);
   std::int64_t bytes = 0;
   CHECK(Allocations(first, "all-gather of embedding unit", 1, &bytes) == 1);
-  CHECK(bytes == kEmbed * 2);
+  CHECK(bytes == kEmbedGathered * 2);
   // Padded to 1002 rows, reduced once a step.
   CHECK(Allocations(first, "reduce-scatter input of embedding unit", 1, &bytes) == 1);
   CHECK(bytes == 2 * kEmbedShard * 2);
   s.parallel.pipelineStage = 1;
   const Estimate last = Labelled(s);
   CHECK(Allocations(last, "all-gather of output unit", 1, &bytes) == 1);
-  CHECK(bytes == kEmbed * 2);
+  CHECK(bytes == kEmbedGathered * 2);
   CHECK(Allocations(last, "reduce-scatter input of output unit", 1) == 1);
   CHECK(Allocations(last, "all-gather of embedding unit", 1) == 0);
 }
@@ -263,12 +267,12 @@ TEST_CASE("FSDP2: torchtitan keeps the last block gathered from its forward to i
   for (int step : {1, 2}) {
     INFO("step " << step);
     // Every block resharded after forward: layers.3 is gathered by its forward and again by its
-    // backward. Kept: gathered once (bf16, 45,248 elements), resharded once by its post_backward.
+    // backward. Kept: gathered once (bf16, 45,376 padded elements), resharded once by its post_backward.
     std::int64_t gathered = 0;
     CHECK(Allocations(a, "all-gather of layers.3", step) == 2);
     CHECK(Frees(a, "reshard: layers.3 freed", step) == 2);
     CHECK(Allocations(b, "all-gather of layers.3", step, &gathered) == 1);
-    CHECK(gathered == kBlock * 2);
+    CHECK(gathered == kBlockGathered * 2);
     CHECK(Frees(b, "reshard: layers.3 freed", step) == 1);
     // Only the last block changes: layers.2 is gathered twice either way.
     CHECK(Allocations(b, "all-gather of layers.2", step) == 2);
@@ -279,11 +283,11 @@ TEST_CASE("FSDP2: torchtitan keeps the last block gathered from its forward to i
     CHECK(freed < FirstIndex(b, "reduce-scatter input of layers.3", step));
     CHECK(FirstIndex(b, "all-gather of layers.3", step) < FirstIndex(b, "model.layers.3.mlp.down_proj.weight.grad", step));
   }
-  // At the end of forward (the loss computed) the last block's 90,496 B are still gathered.
-  CHECK(BytesIn(b.forwardEnd, Category::Parameters) - BytesIn(a.forwardEnd, Category::Parameters) == kBlock * 2);
+  // At the end of forward (the loss computed) the last block's 90,752 B are still gathered.
+  CHECK(BytesIn(b.forwardEnd, Category::Parameters) - BytesIn(a.forwardEnd, Category::Parameters) == kBlockGathered * 2);
   CHECK(b.modelStates.parametersBytes == a.modelStates.parametersBytes);
   CHECK(b.peak.totalBytes >= a.peak.totalBytes);
-  CHECK(b.peak.totalBytes <= a.peak.totalBytes + kBlock * 2);
+  CHECK(b.peak.totalBytes <= a.peak.totalBytes + kBlockGathered * 2);
 }
 
 TEST_CASE("FSDP2: the last-block rule is refused where it says nothing or is not torchtitan's", "[fsdp]") {
@@ -308,4 +312,41 @@ TEST_CASE("FSDP2: the last-block rule is refused where it says nothing or is not
   CHECK(SetupToJson(s).find("\"fsdpKeepLastBlockGathered\":true") != std::string::npos);
   CHECK(HasErrorOn(ParseSetupJson(R"({"parallel":{"fsdpKeepLastBlockGathered":3}})").errors,
                    "parallel.fsdpKeepLastBlockGathered"));
+}
+
+// FSDP2's all-gather buffers (_fsdp_collectives.py foreach_all_gather / foreach_all_gather_copy_out,
+// _fsdp_param_group.py wait_for_unshard), on the small Llama without pipeline (FSDP2 × 2, bf16
+// mixed: fp32 shards, bf16 param_dtype).
+TEST_CASE("FSDP2: the forward holds the previous unit's flat all-gather output until the next copy-out", "[fsdp]") {
+  const Estimate e = Labelled(SmallLlamaFsdp2NoPipeline());
+  // The root: embed_tokens and lm_head 1,002 × 64 padded, the final norm 64: 128,320 elements.
+  constexpr std::int64_t kRootGathered = 2 * kEmbedGathered + 64;
+  for (int step : {1, 2}) {
+    INFO("step " << step);
+    // The shards cast to bf16 into one staging buffer (_get_param_all_gather_inputs'
+    // flat_foreach_copy_input: the padded shard), dropped once the all-gather is issued.
+    std::int64_t staging = 0;
+    CHECK(Allocations(e, "all-gather input (shards cast) of layers.1", step, &staging) == 2);  // forward, backward
+    CHECK(staging == kBlockShard * 2);
+    // Forward: block 2's flat output is made, then block 1's (kept since its copy-out) freed,
+    // then block 2's per-parameter outputs made.
+    const std::size_t flat = FirstIndex(e, "all-gather of layers.2", step);
+    const std::size_t copyOut = FirstIndex(e, "all-gather copy-out: layers.2", step);
+    std::size_t heldFreed = flat;
+    while (heldFreed < e.timeline.size() && e.timeline[heldFreed].label.find("previous all-gather output freed") == std::string::npos) ++heldFreed;
+    CHECK(flat < heldFreed);
+    CHECK(heldFreed < copyOut);
+    CHECK(e.timeline[heldFreed].deltaBytes == -kBlockGathered * 2);
+    // Root, blocks 0–3: five flat outputs a forward, each freed once, the last by the root's
+    // post-forward before the loss.
+    CHECK(Frees(e, "previous all-gather output freed", step) == 5);
+    // Backward frees the flat output right after its copy-out.
+    const std::size_t backwardCopyOut = LastIndex(e, "all-gather copy-out: layers.2", step);
+    CHECK(backwardCopyOut > copyOut);
+    CHECK(e.timeline[backwardCopyOut + 1].label.find("copied out: all-gather output of layers.2 freed") != std::string::npos);
+  }
+  // Step 1's forward, block 2 running: shards + root + block 2's outputs + its flat output.
+  const std::size_t reshard = FirstIndex(e, "reshard: layers.2 freed", 1);
+  CHECK(LiveBefore(e, Category::Parameters, reshard) ==
+        e.modelStates.parametersBytes + (kRootGathered + 2 * kBlockGathered) * 2);
 }

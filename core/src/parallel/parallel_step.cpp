@@ -127,16 +127,28 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     }
     accumulatedGrad_.assign(inventory_.parameters.size(), kNoTensor);
   }
+  pendingAllGather_.assign(units, kNoTensor);
   for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
     const Tensor& t = inventory_.parameters[i];
     // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole.
     const bool whole = plan_.engine == ShardingEngine::Zero && StorageElements(t) < p.stage3ParamPersistenceThreshold &&
                        !plan_.offloadParameters;
-    if (!whole) gatherElements_[static_cast<std::size_t>(unitOf_[i])] += StorageElements(t);
+    // FSDP2 gathers every parameter's padded shard from every rank: the all-gather output and
+    // each parameter's all_gather_outputs hold world × padded_sharded_size elements
+    // (_fsdp_param.py init_all_gather_outputs; the unsharded parameter is a view of its first
+    // numel, init_unsharded_param).
+    const std::int64_t gathered = plan_.engine == ShardingEngine::Fsdp2
+                                      ? plan_.optimizerTensors.parameters[i].Elements() * plan_.shardWorld
+                                      : StorageElements(t);
+    if (!whole) gatherElements_[static_cast<std::size_t>(unitOf_[i])] += gathered;
   }
 }
 
 void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
+  if (plan_.engine == ShardingEngine::Fsdp2) {
+    GatherFsdp2(b, unit, prefetch);
+    return;
+  }
   if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
   TensorHandle& h = gathered_[static_cast<std::size_t>(unit)];
   const std::int64_t n = gatherElements_[static_cast<std::size_t>(unit)];
@@ -150,6 +162,70 @@ void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
   h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights), text.Make({"gathered ", what}),
               text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what}),
               text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
+}
+
+// FSDP2's unshard and its copy-out (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
+// unshard / wait_for_unshard; _fsdp_collectives.py foreach_all_gather and
+// foreach_all_gather_copy_out):
+// - unshard (a unit's pre-forward or pre-backward, or a prefetch of it): the shards are staged
+//   in the gathered dtype when they must be cast or copied to the device first
+//   (_get_param_all_gather_inputs: one flat_foreach_copy_input under a MixedPrecisionPolicy;
+//   FSDPParam.all_gather_inputs' device copies with CPU offload), then one flat all-gather output
+//   of world × the unit's padded shard elements is made (all_gather_copy_in) and the staging is
+//   dropped when foreach_all_gather returns;
+// - wait_for_unshard: each parameter's all_gather_outputs are made and filled from the flat
+//   output (split_with_sizes_copy). In forward the flat output is kept until the next unit's
+//   copy-out frees it ("Defer free to allow for overlap of this copy-out with next all-gather",
+//   comm_ctx.all_gather_state), or until the root's post-forward (_fsdp_state.py _post_forward);
+//   in backward it is freed at once.
+// The collectives run on their own streams (all_gather_copy_in_stream); the allocator model has
+// one stream, so the flat outputs share its pool (docs/parallel.md).
+void ParallelStep::GatherFsdp2(TraceBuilder& b, int unit, bool prefetch) {
+  if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
+  TensorHandle& outputs = gathered_[static_cast<std::size_t>(unit)];
+  const std::int64_t n = gatherElements_[static_cast<std::size_t>(unit)];
+  if (outputs != kNoTensor || n == 0) return;
+  TextStore& text = b.text();
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  const Text what = unit == 0             ? text.Make({"root unit (embeddings, final norm, head)"})
+                    : unit == blocks + 1 ? text.Make({"embedding unit"})
+                    : unit == blocks + 2 ? text.Make({"output unit"})
+                                         : text.Make({"layers.", TextPart::Int(unit - 1)});
+  const std::int64_t bytes = BytesPerElement(regime_.weights);
+  const std::int64_t d = plan_.shardWorld;
+  TensorHandle& flat = pendingAllGather_[static_cast<std::size_t>(unit)];
+  if (flat == kNoTensor) {
+    TensorHandle staging = kNoTensor;
+    if (regime_.masterWeights || plan_.offloadParameters) {
+      staging = b.Alloc(Category::Parameters, n / d * bytes, text.Make({"all-gather input of ", what}),
+                        text.Make({TextPart::View(plan_.offloadParameters ? "all-gather input (shards copied to the device) of "
+                                                                          : "all-gather input (shards cast) of "),
+                                   what}),
+                        text.Make({TextPart::Count(n / d), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
+    }
+    flat = b.Alloc(Category::Parameters, n * bytes, text.Make({"all-gather output of ", what}),
+                   text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what}),
+                   text.Make({TextPart::Int(d), " × ", TextPart::Count(n / d), " × ", TextPart::Bytes(regime_.weights)}),
+                   unit - 1);
+    if (staging != kNoTensor) b.Release(staging, text.Make({"all-gather issued: input of ", what, " freed"}));
+  }
+  if (prefetch) return;
+  if (inForward_) ReleaseHeldAllGather(b);
+  outputs = b.Alloc(Category::Parameters, n * bytes, text.Make({"gathered ", what}),
+                    text.Make({TextPart::View("all-gather copy-out: "), what}),
+                    text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights), " (padded)"}), unit - 1);
+  if (inForward_) {
+    heldAllGather_ = flat;
+  } else {
+    b.Release(flat, text.Make({"copied out: all-gather output of ", what, " freed"}));
+  }
+  flat = kNoTensor;
+}
+
+void ParallelStep::ReleaseHeldAllGather(TraceBuilder& b) {
+  if (heldAllGather_ == kNoTensor) return;
+  b.Release(heldAllGather_, b.text().Make({"previous all-gather output freed (all_gather_state)"}));
+  heldAllGather_ = kNoTensor;
 }
 
 void ParallelStep::Free(TraceBuilder& b, int unit) {
@@ -177,6 +253,7 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   // FSDP (1 and 2) and ZeRO-3 gather only in a module's pre-forward / pre-backward hooks, so
   // nothing is gathered between the end of backward and the next forward.
   if (!backward && backwardEnded_) return;
+  inForward_ = !backward;
   const int unit = layer < 0 ? 0 : layer + 1;
   const int units = static_cast<int>(gathered_.size());
   const int blocks = static_cast<int>(plan_.unitElements.size());
@@ -567,6 +644,7 @@ void ParallelStep::ForwardStart(TraceBuilder& b) {
   forwardSawBlock_ = false;
   backwardSawBlock_ = false;
   backwardEnded_ = false;
+  inForward_ = true;
   const int blocks = static_cast<int>(plan_.unitElements.size());
   if (static_cast<int>(gathered_.size()) > blocks + 1) Gather(b, blocks + 1, false);  // the embedding unit
 }
@@ -575,6 +653,10 @@ void ParallelStep::ForwardEnd(TraceBuilder& b) {
   // The output unit's post-forward reshard (reshard_after_forward), before the loss.
   const int blocks = static_cast<int>(plan_.unitElements.size());
   if (static_cast<int>(gathered_.size()) > blocks + 2 && reshardAfterForward_) Free(b, blocks + 2);
+  // FSDP2: the root's post-forward frees the last unit's deferred all-gather output
+  // (_fsdp_state.py _post_forward, iter_forward_root: comm_ctx.all_gather_state = None).
+  ReleaseHeldAllGather(b);
+  inForward_ = false;
 }
 
 void ParallelStep::ReduceScatterUnit(TraceBuilder& b, int unit) {

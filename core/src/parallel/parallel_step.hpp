@@ -49,6 +49,8 @@ class ParallelStep final : public GradientHook, public LayerHook {
                          TensorHandle& kept);
   bool ProduceAdapterUnit(TraceBuilder& b, std::size_t index, Text label);  // fsdpWrapAdaptersApart
   void Gather(TraceBuilder& b, int unit, bool prefetch);
+  void GatherFsdp2(TraceBuilder& b, int unit, bool prefetch);
+  void ReleaseHeldAllGather(TraceBuilder& b);
   void Free(TraceBuilder& b, int unit);
   // FSDP2 (fully_shard): per-parameter gradients and foreach_reduce (parallel_fidelity.hpp).
   bool ProduceFsdp2(TraceBuilder& b, std::size_t index, Text label);
@@ -92,6 +94,13 @@ class ParallelStep final : public GradientHook, public LayerHook {
   std::vector<std::vector<std::size_t>> parameterGrads_;  // parameter indices with a live .grad
   std::vector<TensorHandle> gradOfParameter_;
   TensorHandle heldReduceInput_ = kNoTensor;
+  // FSDP2's all-gather (_fsdp_collectives.py foreach_all_gather / foreach_all_gather_copy_out):
+  // per unit, the flat all-gather output of an unshard not yet copied out (a prefetch), and the
+  // last forward copy-out's flat output, held until the next unit's copy-out or the root's
+  // post-forward (FSDPCommContext.all_gather_state).
+  std::vector<TensorHandle> pendingAllGather_;
+  TensorHandle heldAllGather_ = kNoTensor;
+  bool inForward_ = false;
   bool forwardSawBlock_ = false;
   // FSDP2 on a pipeline stage (torch.distributed.pipelining stage.py backward_maybe_with_nosync):
   // every micro-batch's backward runs without gradient sync and without reshard after backward;

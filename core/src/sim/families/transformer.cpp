@@ -97,6 +97,7 @@ class TransformerPass final : public ModelPass {
     if (chunk_.active) {
       logits = ChunkForward(m, block);
       if (!chunk_.head) {  // no loss here: backward starts from the received output gradient
+        if (layerHook_) layerHook_->ForwardEnd(b);  // the stage module's post-forward
         loss_ = sent_;
         t.EndAutocast();
         return;
