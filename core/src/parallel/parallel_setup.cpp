@@ -130,6 +130,43 @@ void ValidateFsdp2Finetune(const Setup& setup, std::vector<FieldError>& errors) 
   }
 }
 
+// Fine-tuning with tensor parallelism as PEFT's LoraParallelLinear writes it over Megatron's
+// layers (peft src/peft/tuners/lora/tp_layer.py, LoraParallelLinear.update_layer): on a
+// RowParallelLinear base lora_A is a RowParallelLinear (input_is_parallel, its rows split: [r, in/t])
+// and lora_B a whole nn.Linear [out, r]; on a ColumnParallelLinear base lora_A is a whole
+// nn.Linear [r, in] and lora_B a ColumnParallelLinear ([out/t, r], gather_output=False). Both are
+// the shapes an adapter takes on the rank's slimmer layers (sharding.cpp TensorSlices), so the
+// rank's inventory and blocks::Linear give them; the base weights are frozen Megatron shards.
+void ValidateTensorParallelFinetune(const Setup& setup, std::vector<FieldError>& errors) {
+  const ParallelDef& p = setup.parallel;
+  const FinetuneDef& f = setup.finetune;
+  auto bad = [&](const char* field, std::string message) {
+    errors.push_back({ErrorCode::InvalidField, std::string("parallel.") + field, std::move(message)});
+  };
+  if (f.quantization != Quantization::None) {
+    // bitsandbytes' Linear4bit / Linear8bitLt replace nn.Linear; Megatron's parallel layers are
+    // not quantized by them, and PEFT's LoraParallelLinear wraps only Megatron's layers.
+    bad("tensorParallel", "Tensor parallelism with quantized base weights (QLoRA) is not simulated: bitsandbytes "
+                          "quantizes nn.Linear, not Megatron's parallel layers. Use 16-bit weights, or data parallelism.");
+  }
+  if (f.lora && f.useDora) {
+    // tp_layer.py LoraParallelLinear.__init__: "LoraParallelLinear does not support DoRA yet" (ValueError).
+    bad("tensorParallel", "PEFT's LoraParallelLinear refuses DoRA under tensor parallelism: turn DoRA off.");
+  }
+  if (p.fsdp != FsdpMode::Off || p.zeroStage == 3) {
+    // PEFT's LoraParallelLinear is written for Megatron's layers and Megatron's DDP or
+    // distributed optimizer; FSDP / ZeRO-3 over tensor-parallel adapters is not simulated.
+    bad("tensorParallel", "Tensor parallelism with the finetune section is simulated with DDP or ZeRO 1–2 (Megatron's "
+                          "distributed optimizer), not with FSDP or ZeRO-3.");
+  }
+  if (p.sequenceParallel) {
+    // With sequence parallelism lora_A of a column-parallel base runs on the sequence shard and
+    // lora_B gathers it; a row-parallel base reduce-scatters before the adapter's sum: not yet.
+    bad("sequenceParallel", "Sequence parallelism with the finetune section is not simulated yet: turn sequence "
+                            "parallelism off (tensor parallelism alone is simulated).");
+  }
+}
+
 void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& errors) {
   const ParallelDef& p = setup.parallel;
   const FinetuneDef& f = setup.finetune;
@@ -168,7 +205,7 @@ void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& error
       }
     }
   }
-  if (p.tensorParallel > 1) bad("tensorParallel", std::string("Tensor parallelism") + notYet);
+  if (p.tensorParallel > 1) ValidateTensorParallelFinetune(setup, errors);
   if (p.pipelineParallel > 1) bad("pipelineParallel", std::string("Pipeline parallelism") + notYet);
   if (p.contextParallel > 1) bad("contextParallel", std::string("Context parallelism") + notYet);
   if (p.expertParallel > 1) bad("expertParallel", std::string("Expert parallelism") + notYet);
