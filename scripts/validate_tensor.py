@@ -226,8 +226,38 @@ def column_parallel_input(x, sp):
     return x if sp else CopyToTensorParallelRegion.apply(x)
 
 
+class ParallelLora(nn.Module):
+    """peft src/peft/tuners/lora/tp_layer.py LoraParallelLinear around one rank's Megatron linear
+    (one adapter, no dropout): behind a ColumnParallelLinear lora_A is a whole nn.Linear [r, in]
+    and lora_B a ColumnParallelLinear [out/t, r]; behind a RowParallelLinear lora_A is a
+    RowParallelLinear [r, in/t] (input_is_parallel) and lora_B a whole nn.Linear [out, r]. The
+    rank's base linear already has those in / out widths. forward: result = base_layer(x);
+    result = result + lora_B(lora_A(dropout(x))) * scaling."""
+
+    def __init__(self, base, r, alpha):
+        super().__init__()
+        self.base_layer = base
+        self.lora_A = nn.Linear(base.in_features, r, bias=False, dtype=torch.float32)
+        self.lora_B = nn.Linear(r, base.out_features, bias=False, dtype=torch.float32)
+        self.scaling = alpha / r
+        for q in base.parameters():
+            q.requires_grad_(False)
+
+
+def wrap_lora(module, names, r, alpha):
+    for name in names:
+        setattr(module, name, ParallelLora(getattr(module, name), r, alpha))
+
+
 def column_parallel(linear, x, sp, weight=None):
     """A column-parallel linear on `x` from column_parallel_input."""
+    if isinstance(linear, ParallelLora):
+        assert not sp, "the finetune section is simulated without sequence parallelism"
+        result = F.linear(x, linear.base_layer.weight, linear.base_layer.bias)
+        hidden = F.linear(x, linear.lora_A.weight)  # the whole lora_A on the replicated input
+        # lora_B, a ColumnParallelLinear: copy_to_tensor_model_parallel_region, then the rank's rows.
+        delta = F.linear(CopyToTensorParallelRegion.apply(hidden), linear.lora_B.weight)
+        return result + delta * linear.scaling
     weight = linear.weight if weight is None else weight
     bias = None if linear is None else linear.bias
     if sp:
@@ -239,6 +269,12 @@ def row_parallel(linear, x, sp):
     """RowParallelLinear: the matmul of the rank's slice, then the all-reduce (or reduce-scatter);
     a bias is whole and added after it (skip_bias_add, then bias-dropout-add; the fused kernel
     makes no x + bias tensor, written here as an in-place add)."""
+    if isinstance(linear, ParallelLora):
+        assert not sp, "the finetune section is simulated without sequence parallelism"
+        result = ReduceFromTensorParallelRegion.apply(F.linear(x, linear.base_layer.weight), linear.base_layer.bias)
+        # lora_A, a RowParallelLinear on the rank's input slice, its r-wide output all-reduced.
+        hidden = ReduceFromTensorParallelRegion.apply(F.linear(x, linear.lora_A.weight), None)
+        return result + F.linear(hidden, linear.lora_B.weight) * linear.scaling
     out = F.linear(x, linear.weight)
     if not sp:
         return ReduceFromTensorParallelRegion.apply(out, linear.bias)
@@ -292,6 +328,14 @@ class TensorParallelLlama(nn.Module):
             self.norm = R.LlamaRMSNorm(cfg.hidden, cfg.rms_eps, torch.float32, "cpu")
             self.lm_head = nn.Linear(cfg.hidden, self.rank_vocab, bias=False, dtype=torch.float32)
         self.rotary_emb = R.LlamaRotaryEmbedding(cfg, "cpu")
+
+    def add_lora(self, r, alpha, targets):
+        """get_peft_model: every parameter frozen, then the targets wrapped (tp_layer.py)."""
+        for q in self.parameters():
+            q.requires_grad_(False)
+        for layer in self.layers:
+            wrap_lora(layer.self_attn, [n for n in ("q_proj", "k_proj", "v_proj", "o_proj") if n in targets], r, alpha)
+            wrap_lora(layer.mlp, [n for n in ("gate_proj", "up_proj", "down_proj") if n in targets], r, alpha)
 
     def embed(self, input_ids):
         """layers.py VocabParallelEmbedding.forward."""
@@ -452,7 +496,11 @@ def measure_rank(rank, world, setup, port, out_path):
                 model = TensorParallelGPT2(cfg, tp_rank, tp, sp)
             else:
                 model = TensorParallelLlama(cfg, tp_rank, tp, sp, stage, stages)
-            params = list(model.parameters())
+            f = setup.get("finetune")
+            if f:
+                model.add_lora(f["r"], f["loraAlpha"], f["targetModules"])
+            every = list(model.parameters())
+            params = [q for q in every if q.requires_grad]
             opt = V.make_optimizer(t["optimizer"], t["optimizerImplementation"], params)
         for step in (1, 2):
             if stages == 1:
@@ -470,16 +518,18 @@ def measure_rank(rank, world, setup, port, out_path):
                     lambda: VP.stage_batch(cfg, stage, stages, b, s), step, "1f1b", stage, stages, m, boundary,
                     rank - tp, rank + tp)
             VP.optimizer_step(step, params, opt, state)
-        state.update(VP.model_states(params, opt))
+        state.update(VP.model_states(every, opt))
         state["keep"] = (model, opt)
 
     VP.measure_and_write(run, state, f"{out_path}.{rank}")
 
 
-def case(name, sp, seq=512, attention="eager", family="llama", pp=1, m=1, **arch_fields):
+def case(name, sp, seq=512, attention="eager", family="llama", pp=1, m=1, lora=None, **arch_fields):
     setup = R.transformer_setup(V.arch(family, **arch_fields), batch=1, seq=seq, attention=attention)
     setup["training"]["lossImplementation"] = "megatronVocabParallel"
     setup["parallel"] = {"tensorParallel": 2, "sequenceParallel": sp}
+    if lora:
+        setup["finetune"] = {"lora": True, "r": 8, "loraAlpha": 16, "targetModules": lora}
     if pp > 1:
         setup["parallel"].update(pipelineParallel=pp, gradientAccumulationSteps=m, pipelineSchedule="1f1b")
     return name, setup
@@ -498,6 +548,10 @@ CASES = [
     # Megatron's 3D layout on four processes: two stages of two tensor-parallel ranks, 1F1B.
     case("llama-pp2-tp2-m2", False, seq=256, pp=2, m=2),
     case("llama-pp2-tp2-sp-m2", True, seq=256, pp=2, m=2),
+    # LoRA over Megatron's layers (PEFT's LoraParallelLinear): q and v only (column-parallel
+    # bases), and all seven projections (o and down row-parallel).
+    case("llama-tp2-lora-qv", False, attention="sdpa", lora=["q_proj", "v_proj"]),
+    case("llama-tp2-lora-all", False, lora=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
 ]
 
 
