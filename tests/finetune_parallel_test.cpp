@@ -327,7 +327,10 @@ TEST_CASE("Fine-tuning on many GPUs: what is not simulated is refused by its fie
   // FSDP2 with adapters in the weights' dtype: simulated (fsdp2_finetune_test.cpp).
   CHECK(errorsOf([](Setup& s) { s.parallel.fsdp = FsdpMode::FullyShard; }).empty());
   // Tensor parallelism with LoRA: PEFT's LoraParallelLinear (tensor_parallel_lora_test.cpp).
-  CHECK(errorsOf([](Setup& s) { s.parallel.tensorParallel = 2; }).empty());
+  CHECK(errorsOf([](Setup& s) {
+          s.parallel.tensorParallel = 2;
+          s.finetune.adapterDType = AdapterDType::FP32;  // tp_layer.py forces fp32 adapters
+        }).empty());
   CHECK(HasErrorOn(errorsOf([](Setup& s) { s.parallel.pipelineParallel = 2; }), "parallel.pipelineParallel"));
   CHECK(HasErrorOn(errorsOf([](Setup& s) { s.parallel.contextParallel = 2; }), "parallel.contextParallel"));
   // DeepSpeed's module.bfloat16(): fp32 adapters or kbit upcasts cannot stay fp32 under ZeRO.

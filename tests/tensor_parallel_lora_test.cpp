@@ -66,21 +66,19 @@ TEST_CASE("Tensor-parallel LoRA: the adapters of a rank count by hand", "[finetu
 }
 
 TEST_CASE("Tensor-parallel LoRA: the adapters' activations split as their layers do", "[finetune-parallel][tensor]") {
-  // Batch 1 × 32 tokens, adapters in the weights' dtype (bf16). lora_A's output, the r-wide
+  // Batch 1 × 32 tokens, fp32 adapters (tp_layer.py forces them). lora_A's output, the r-wide
   // hidden, is whole on every rank (a row-parallel base's lora_A output all-reduced in place);
   // lora_B's output has the base's output width: split behind a column-parallel base (q 64 / t,
   // gate 128 / t), whole behind a row-parallel one (o, down: 64).
   for (std::int64_t t : {1, 2}) {
     INFO("t = " << t);
-    Setup s = SmallLlamaLoraTp(t);
-    s.finetune.adapterDType = AdapterDType::Weights;
-    const Estimate e = MustEstimateLabelled(s);
-    CHECK(FirstAllocBytes(e, "layers.0 attention: q_proj lora_A.default") == 32 * 8 * 2);
-    CHECK(FirstAllocBytes(e, "layers.0 attention: q_proj lora_B.default") == 32 * (64 / t) * 2);
-    CHECK(FirstAllocBytes(e, "layers.0 attention: o_proj lora_A.default") == 32 * 8 * 2);
-    CHECK(FirstAllocBytes(e, "layers.0 attention: o_proj lora_B.default") == 32 * 64 * 2);
-    CHECK(FirstAllocBytes(e, "layers.0 mlp: mlp gate_proj lora_B.default") == 32 * (128 / t) * 2);
-    CHECK(FirstAllocBytes(e, "layers.0 mlp: mlp down_proj lora_B.default") == 32 * 64 * 2);
+    const Estimate e = MustEstimateLabelled(SmallLlamaLoraTp(t));
+    CHECK(FirstAllocBytes(e, "layers.0 attention: q_proj lora_A.default") == 32 * 8 * 4);
+    CHECK(FirstAllocBytes(e, "layers.0 attention: q_proj lora_B.default") == 32 * (64 / t) * 4);
+    CHECK(FirstAllocBytes(e, "layers.0 attention: o_proj lora_A.default") == 32 * 8 * 4);
+    CHECK(FirstAllocBytes(e, "layers.0 attention: o_proj lora_B.default") == 32 * 64 * 4);
+    CHECK(FirstAllocBytes(e, "layers.0 mlp: mlp gate_proj lora_B.default") == 32 * (128 / t) * 4);
+    CHECK(FirstAllocBytes(e, "layers.0 mlp: mlp down_proj lora_B.default") == 32 * 64 * 4);
   }
 }
 
@@ -96,9 +94,13 @@ TEST_CASE("Tensor-parallel fine-tuning: what stays refused", "[finetune-parallel
   s.parallel.fsdp = FsdpMode::FullShard;
   CHECK(HasErrorOn(Validate(s), "parallel.tensorParallel"));
   s.parallel.fsdp = FsdpMode::Off;
-  s.parallel.zeroStage = 1;  // Megatron's distributed optimizer
-  s.finetune.adapterDType = AdapterDType::Weights;
+  s.parallel.zeroStage = 1;  // fp32 training: ZeRO-1 with the fp32 adapters
+  s.training.precision = Precision::FP32;
   CHECK(Validate(s).empty());
+  // tp_layer.py forces the adapters to fp32 (megatron_config.params_dtype = torch.float32).
+  s = SmallLlamaLoraTp(2);
+  s.finetune.adapterDType = AdapterDType::Weights;
+  CHECK(HasErrorOn(Validate(s), "parallel.tensorParallel"));
   s = SmallLlamaLoraTp(2);
   s.parallel.sequenceParallel = true;
   CHECK(HasErrorOn(Validate(s), "parallel.sequenceParallel"));

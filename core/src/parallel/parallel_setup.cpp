@@ -149,6 +149,12 @@ void ValidateTensorParallelFinetune(const Setup& setup, std::vector<FieldError>&
     bad("tensorParallel", "Tensor parallelism with quantized base weights (QLoRA) is not simulated: bitsandbytes "
                           "quantizes nn.Linear, not Megatron's parallel layers. Use 16-bit weights, or data parallelism.");
   }
+  if (f.lora && f.adapterDType == AdapterDType::Weights && RegimeOf(setup.training.precision).weights != DType::FP32) {
+    // tp_layer.py update_layer: "lora needs to be forced to upgrade to 32-bit precision"
+    // (megatron_config.params_dtype = torch.float32; the nn.Linear halves dtype=torch.float32).
+    bad("tensorParallel", "PEFT's LoraParallelLinear makes the adapters fp32 under tensor parallelism: set the "
+                          "adapters' dtype to fp32 (finetune.adapterDType).");
+  }
   if (f.lora && f.useDora) {
     // tp_layer.py LoraParallelLinear.__init__: "LoraParallelLinear does not support DoRA yet" (ValueError).
     bad("tensorParallel", "PEFT's LoraParallelLinear refuses DoRA under tensor parallelism: turn DoRA off.");
