@@ -172,14 +172,27 @@ TEST_CASE("Pipeline with context parallel: the stage runs on s/c tokens", "[pipe
     CHECK(bytes == b * (s / 4) * kHidden * 2);
 }
 
-TEST_CASE("Pipeline with expert parallel stays refused by name", "[pipeline][compose]") {
-  Setup moe = DefaultSetup();
-  moe.model.kind = ModelKind::Transformer;
+TEST_CASE("Pipeline with expert parallel: an in-flight micro-batch holds what the expert-parallel blocks save", "[pipeline][compose]") {
+  // Megatron's MoE layout with a pipeline (EP 2 over DP 2, PP 4, Mixtral's blocks, bf16 mixed,
+  // SDPA, 1 × 256): a middle stage of two blocks keeps, per micro-batch in flight, what two
+  // expert-parallel blocks save on the one-pass rank (the dispatcher's permuted rows, the local
+  // experts' MLPs on their T·k rows, the unpermute's probabilities), its received input
+  // (b·s·h bf16), the rotary tables (whole) and the sent output's one element.
+  const std::int64_t s = 256, b = 1, h = 4096;
+  Setup moe = LlamaPipeline(8, 4, 2, s);
   moe.model.architecture = FindPreset("mixtral-8x7b")->architecture;
-  moe.parallel.pipelineParallel = 2;
-  moe.parallel.expertParallel = 2;
+  moe.model.architecture.numLayers = 8;
   moe.parallel.dataParallel = 2;
-  CHECK(HasErrorOn(Validate(moe), "parallel.pipelineParallel"));
+  moe.parallel.expertParallel = 2;
+  REQUIRE(Validate(moe).empty());
+  Setup onePass = moe;
+  onePass.parallel.pipelineParallel = 1;
+  onePass.parallel.gradientAccumulationSteps = 1;
+  const std::int64_t rotary = 2 * s * 128 * 2;
+  CHECK(OneMicroBatchInFlight(moe, 1) == 2 * SavedPerBlock(onePass) + b * s * h * 2 + rotary + 2);
+  // The stage holds E/e = 4 experts of each of its two blocks, the router and attention whole.
+  const std::int64_t expert = 3 * h * 14336, attention = 2 * h * h + 2 * h * 1024, router = 8 * h;
+  CHECK(MustEstimate(AtStage(moe, 1)).modelStates.parameterCount == 2 * (4 * expert + attention + router + 2 * h));
 }
 
 namespace {

@@ -460,12 +460,6 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
   }
   // What the simulation covers so far (docs/parallel.md, "Not yet simulated"): refused, not guessed.
   ValidatePipeline(setup, errors);  // parallel/pipeline.cpp
-  if (p.pipelineParallel > 1 && p.expertParallel > 1) {
-    // Sequence and context parallelism compose with the stage (parallel/pipeline.cpp: the stage
-    // boundary carries the rank's s/(c·t) tokens); experts over a pipeline are not simulated yet.
-    bad("pipelineParallel", "Pipeline parallelism together with expert parallelism is not simulated yet "
-                            "(docs/parallel.md).");
-  }
   if (p.contextParallel > 1 && sizesOk) {
     // Transformer Engine splits each sequence into 2c chunks, two per rank (load balancing of
     // the causal mask; AttnFuncWithCPAndKVP2P asserts "Sequence length per GPU needs to be
