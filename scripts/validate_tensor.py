@@ -552,6 +552,9 @@ CASES = [
     # bases), and all seven projections (o and down row-parallel).
     case("llama-tp2-lora-qv", False, attention="sdpa", lora=["q_proj", "v_proj"]),
     case("llama-tp2-lora-all", False, lora=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+    # ... and over a pipeline (PP 2 × TP 2, 1F1B): the stage's adapters, a received input that
+    # requires its gradient on the second stage.
+    case("llama-pp2-tp2-lora-m2", False, seq=256, pp=2, m=2, lora=["q_proj", "v_proj", "o_proj", "down_proj"]),
 ]
 
 

@@ -195,6 +195,30 @@ TEST_CASE("Pipeline with expert parallel: an in-flight micro-batch holds what th
   CHECK(MustEstimate(AtStage(moe, 1)).modelStates.parameterCount == 2 * (4 * expert + attention + router + 2 * h));
 }
 
+TEST_CASE("Pipeline with LoRA: a stage holds its layers' adapters and saves what they save on one GPU", "[pipeline][compose][finetune-parallel]") {
+  // LoRA r 16 on q, v (fp32 adapters, PEFT's default) over Llama 2 7B's blocks, bf16, PP 4 × DP 2:
+  // a middle stage's received input requires its gradient as block 1's input does on one GPU
+  // (block 0's adapters are upstream), so one more micro-batch in flight keeps what two such
+  // blocks save, the received input, the rotary tables and the sent output's element.
+  const std::int64_t s = 512, b = 1, h = kHidden;
+  Setup lora = LlamaPipeline(8, 4, 2, s);
+  lora.training.precision = Precision::BF16;
+  lora.parallel.dataParallel = 2;
+  lora.finetune.lora = true;
+  lora.finetune.r = 16;
+  REQUIRE(Validate(lora).empty());
+  Setup onePass = lora;
+  onePass.parallel.pipelineParallel = 1;
+  onePass.parallel.gradientAccumulationSteps = 1;
+  const std::int64_t rotary = 2 * s * kHeadDim * 2;
+  CHECK(OneMicroBatchInFlight(lora, 1) == 2 * SavedPerBlock(onePass) + b * s * h * 2 + rotary + 2);
+  // The stage's two blocks: frozen base in bf16, adapters A [16, h] + B [h, 16] on q and v in fp32.
+  const Estimate stage = MustEstimate(AtStage(lora, 1));
+  const std::int64_t base = 2 * (4 * h * h + 3 * h * kFfn + 2 * h), adapters = 2 * 2 * (16 * h + h * 16);
+  CHECK(stage.modelStates.parametersBytes == base * 2 + adapters * 4);
+  CHECK(stage.modelStates.optimizerStatesBytes == 2 * adapters * 4);
+}
+
 namespace {
 std::vector<std::int64_t> Split(std::int64_t layers, std::int64_t p, std::int64_t first = 0, std::int64_t last = 0,
                                 PipelineSchedule schedule = PipelineSchedule::OneFOneB, std::int64_t v = 1) {
