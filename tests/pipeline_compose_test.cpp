@@ -219,6 +219,32 @@ TEST_CASE("Pipeline with LoRA: a stage holds its layers' adapters and saves what
   CHECK(stage.modelStates.optimizerStatesBytes == 2 * adapters * 4);
 }
 
+TEST_CASE("Context parallel with LoRA: a rank's blocks save what they save on one GPU on s/c tokens", "[pipeline][compose][finetune-parallel]") {
+  // Outside attention every op of a block, the adapters' included, runs on the rank's s/c tokens;
+  // the ring attention saves what the full-training context-parallel rank saves. So the LoRA
+  // block's saving under c equals the full-training block's under c plus what the adapters add
+  // on one GPU on s/c tokens.
+  const std::int64_t s = 1024;
+  auto lora = [](Setup x) {
+    x.training.precision = Precision::BF16;
+    x.finetune.lora = true;
+    x.finetune.r = 16;
+    return x;
+  };
+  auto full = [](Setup x) {
+    x.training.precision = Precision::BF16;
+    return x;
+  };
+  for (std::int64_t c : {2, 4}) {
+    INFO("c " << c);
+    Setup cp = LlamaPipeline(2, 1, 1, s);
+    cp.parallel.contextParallel = c;
+    REQUIRE(Validate(lora(cp)).empty());
+    const Setup local = LlamaPipeline(2, 1, 1, s / c);
+    CHECK(SavedPerBlock(lora(cp)) - SavedPerBlock(full(cp)) == SavedPerBlock(lora(local)) - SavedPerBlock(full(local)));
+  }
+}
+
 namespace {
 std::vector<std::int64_t> Split(std::int64_t layers, std::int64_t p, std::int64_t first = 0, std::int64_t last = 0,
                                 PipelineSchedule schedule = PipelineSchedule::OneFOneB, std::int64_t v = 1) {

@@ -219,7 +219,8 @@ void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& error
   if (p.pipelineParallel > 1 && p.fsdp == FsdpMode::FullyShard) {
     bad("pipelineParallel", std::string("Pipeline parallelism with FSDP2") + notYet);
   }
-  if (p.contextParallel > 1) bad("contextParallel", std::string("Context parallelism") + notYet);
+  // Context parallelism composes as it is: the rank runs its blocks, adapters included, on s/c
+  // tokens, with Transformer Engine's ring attention (tests/pipeline_compose_test.cpp).
   if (p.expertParallel > 1) bad("expertParallel", std::string("Expert parallelism") + notYet);
   if (p.zeroStage >= 1) {
     // DeepSpeed casts the whole module to the training dtype before it builds its groups
