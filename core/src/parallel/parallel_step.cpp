@@ -111,6 +111,7 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
   // int(layer_id) < len(model.layers) - 1), "since FSDP would prefetch it immediately".
   keepLastBlock_ = plan_.engine == ShardingEngine::Fsdp2 && p.fsdpKeepLastBlockGathered;
   gatherElements_.assign(units, 0);
+  gatherExtraBytes_.assign(units, 0);
   gathered_.assign(units, kNoTensor);
   // FSDP2 with the finetune section (no pipeline: refused with fine-tuning): the block's reduce at
   // the next block's backward. Without fine-tuning every block's first gradient comes at once.
@@ -132,7 +133,11 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole.
     const bool whole = plan_.engine == ShardingEngine::Zero && StorageElements(t) < p.stage3ParamPersistenceThreshold &&
                        !plan_.offloadParameters;
-    if (!whole) gatherElements_[static_cast<std::size_t>(unitOf_[i])] += StorageElements(t);
+    if (whole) continue;
+    // FSDP2 all-gathers a torchao NF4Tensor's codes, scalers and factors (fsdp_pre_all_gather),
+    // inputs of mixed dtypes viewed as uint8 (_fsdp_collectives.py foreach_all_gather): bytes.
+    if (t.storage == Tensor::Storage::TorchaoNF4) gatherExtraBytes_[static_cast<std::size_t>(unitOf_[i])] += StorageElements(t);
+    else gatherElements_[static_cast<std::size_t>(unitOf_[i])] += StorageElements(t);
   }
 }
 
@@ -140,16 +145,20 @@ void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
   if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
   TensorHandle& h = gathered_[static_cast<std::size_t>(unit)];
   const std::int64_t n = gatherElements_[static_cast<std::size_t>(unit)];
-  if (h != kNoTensor || n == 0) return;
+  const std::int64_t nf4 = gatherExtraBytes_[static_cast<std::size_t>(unit)];
+  if (h != kNoTensor || (n == 0 && nf4 == 0)) return;
   TextStore& text = b.text();
   const int blocks = static_cast<int>(plan_.unitElements.size());
   const Text what = unit == 0             ? text.Make({"root unit (embeddings, final norm, head)"})
                     : unit == blocks + 1 ? text.Make({"embedding unit"})
                     : unit == blocks + 2 ? text.Make({"output unit"})
                                          : text.Make({"layers.", TextPart::Int(unit - 1)});
-  h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights), text.Make({"gathered ", what}),
+  h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights) + nf4, text.Make({"gathered ", what}),
               text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what}),
-              text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
+              nf4 == 0 ? text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)})
+                       : text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights), " + ", TextPart::Count(nf4),
+                                    " B of NF4 codes, scalers and factors"}),
+              unit - 1);
 }
 
 void ParallelStep::Free(TraceBuilder& b, int unit) {
@@ -250,6 +259,13 @@ void ParallelStep::Init(TraceBuilder& b) {
     if (!plan_.offloadParameters) {
       const DType type = regime_.masterWeights ? DType::FP32 : regime_.weights;
       for (const Tensor& s : plan_.optimizerTensors.parameters) {
+        if (s.storage == Tensor::Storage::TorchaoNF4) {
+          // A torchao NF4Tensor's shard: 1/world of its codes, scalers and factors (sharding.cpp).
+          b.Alloc(Category::Parameters, s.Elements(), text.Own(s.name),
+                  text.Make({"FSDP2 init: ", text.Own(s.name), " (NF4Tensor: 1/", TextPart::Int(d), " of codes, scalers, factors)"}),
+                  text.Make({TextPart::Count(s.Elements()), " B"}), s.layer);
+          continue;
+        }
         b.Alloc(Category::Parameters, s.Elements() * BytesPerElement(type), text.Own(s.name),
                 text.Make({"FSDP init: ", text.Own(s.name), " (1/", TextPart::Int(d), ", padded)"}),
                 text.Shape(Shape(s.shape), type), s.layer);
@@ -870,8 +886,13 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
       const DType type = regime.masterWeights ? DType::FP32 : regime.weights;
       std::int64_t statistics = 0;  // 4-bit QuantState, whole on every rank
       for (const Tensor& t : inventory.parameters) statistics += QuantStatisticsBytes(t, regime.weights);
-      m.parametersBytes = (plan.offloadParameters ? 0 : shards * BytesPerElement(type)) + statistics;
+      m.parametersBytes = (plan.offloadParameters ? 0 : shards * BytesPerElement(type) + plan.quantShardBytes) + statistics;
       params = plan.offloadParameters ? "offloaded to the host" : count(shards, type) + " sharded" + per + ", padded";
+      if (plan.quantShardBytes > 0 && !plan.offloadParameters) {
+        // FSDP2 with torchao NF4Tensor weights: their shards, and scaler_mean + nf4 whole (statistics).
+        params += " + " + FormatCount(plan.quantShardBytes) + " B NF4Tensor shards + " + FormatCount(statistics) +
+                  " B scaler means and tables (whole)";
+      }
       m.masterWeightsBytes = 0;
       master = "the fp32 shards are the parameters";
       // Units with no trainable parameter get no gradient (FSDP with frozen parameters); FSDP2:
