@@ -216,7 +216,75 @@ TEST_CASE("torchao NF4 layout: what is refused is refused by its field", "[fsdp2
                      s.parallel.zeroStage = 3;
                    }),
                    "parallel.fsdp"));
-  // bitsandbytes' 4-bit weights under FSDP2 stay refused; CPU offload with fine-tuning too.
+  // bitsandbytes' 4-bit weights under FSDP2 stay refused; CPUOffloadPolicy offloads all or nothing.
   CHECK(HasErrorOn(errorsOf(2, [](Setup& s) { s.finetune.quantLayout = QuantLayout::Bitsandbytes; }), "parallel.fsdp"));
   CHECK(HasErrorOn(errorsOf(2, [](Setup& s) { s.parallel.offload = OffloadKind::Optimizer; }), "parallel.offload"));
+  CHECK(errorsOf(2, [](Setup& s) { s.parallel.offload = OffloadKind::OptimizerAndParameters; }).empty());
+}
+
+namespace {
+// The small Llama of tests/fsdp2_finetune_test.cpp (hidden 64, vocabulary 1,001, LoRA r 8 on q/v,
+// bf16) with torchtune's fsdp_cpu_offload: True (CPUOffloadPolicy: parameters, gradients and the
+// optimizer on the host).
+Setup OffloadedLora(std::int64_t world) {
+  Setup s = TinyTransformer(Family::Llama, 2, Precision::BF16);
+  s.model.architecture.vocabSize = 1001;
+  s.finetune.lora = true;
+  s.finetune.r = 8;
+  s.finetune.adapterDType = AdapterDType::Weights;
+  s.parallel.dataParallel = world;
+  s.parallel.fsdp = FsdpMode::FullyShard;
+  s.parallel.offload = OffloadKind::OptimizerAndParameters;
+  return s;
+}
+
+std::int64_t HostRowBytes(const Estimate& e, const std::string& label) {
+  for (const HostRow& r : e.host.rows) if (r.label == label) return r.bytes;
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("FSDP2 CPUOffloadPolicy with LoRA: frozen and adapter shards on the host and adapters' gradients and states only", "[fsdp2-qlora]") {
+  const Setup s = OffloadedLora(2);
+  REQUIRE(Validate(s).empty());
+  const Estimate e = Labelled(s);
+  // Nothing of the model states stays on the GPU.
+  CHECK(e.modelStates.parametersBytes == 0);
+  CHECK(e.modelStates.gradientsBytes == 0);
+  CHECK(e.modelStates.optimizerStatesBytes == 0);
+  // The host, by hand (tests/fsdp2_finetune_test.cpp's counts): 107,296 bf16 shard elements,
+  // frozen and adapters; gradients of the 2,048 adapter shard elements only; AdamW's two bf16
+  // states on those.
+  CHECK(HostRowBytes(e, "parameter shards") == 107296 * 2);
+  CHECK(HostRowBytes(e, "gradient shards") == 2048 * 2);
+  CHECK(HostRowBytes(e, "optimizer states") == 2 * 2048 * 2);
+  CHECK(e.host.rankBytes == 107296 * 2 + 2048 * 2 + 2 * 2048 * 2);
+  // Still gathered to the GPU per block, frozen base with the adapters (43,136 × 2 B), and the
+  // reduced gradient shard (1,024 × 2 B) let go as it is copied to the host.
+  const long gather = FirstIndex(e, "all-gather of layers.1");
+  REQUIRE(gather >= 0);
+  CHECK(e.timeline[static_cast<std::size_t>(gather)].deltaBytes == 43136 * 2);
+  const long shard = FirstIndex(e, "FSDP2 reduce-scatter of layers.1");
+  REQUIRE(shard >= 0);
+  CHECK(e.timeline[static_cast<std::size_t>(shard)].deltaBytes == 1024 * 2);
+  const long copied = FirstIndex(e, "gradient shard of layers.1 copied to the host", static_cast<std::size_t>(shard), true);
+  REQUIRE(copied > shard);
+  CHECK(e.timeline[static_cast<std::size_t>(copied)].deltaBytes == -1024 * 2);
+  // No optimizer state is made on the GPU.
+  for (const TimelinePoint& p : e.timeline) CHECK(p.category != Category::OptimizerStates);
+}
+
+TEST_CASE("FSDP2 CPUOffloadPolicy with torchao NF4Tensor weights: the NF4 shards go to the host whole", "[fsdp2-qlora]") {
+  Setup s = TorchtuneQlora(2);
+  s.parallel.offload = OffloadKind::OptimizerAndParameters;
+  REQUIRE(Validate(s).empty());
+  const Estimate e = MustEstimate(s);
+  CHECK(e.modelStates.parametersBytes == 0);  // the scaler means and tables travel with their shards
+  CHECK(HostRowBytes(e, "NF4Tensor shards") == kBlockNf4 + kMetadata);  // 2 blocks × 338,000 / 2 + 476
+  CHECK(HostRowBytes(e, "parameter shards") == (256640 + 2 * 4352) * 2);
+  CHECK(HostRowBytes(e, "gradient shards") == 8192 * 2);
+  CHECK(HostRowBytes(e, "optimizer states") == 2 * 8192 * 2);
+  // The optimizer alone is no FSDP2 option.
+  s.parallel.offload = OffloadKind::Optimizer;
+  CHECK(HasErrorOn(Validate(s), "parallel.offload"));
 }

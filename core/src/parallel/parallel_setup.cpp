@@ -118,8 +118,12 @@ void ValidateFsdp2Finetune(const Setup& setup, std::vector<FieldError>& errors) 
     bad("fsdp", "FSDP2 fine-tuning is simulated with the whole model in one dtype: prepare_model_for_kbit_training's "
                 "fp32 upcasts beside 16-bit weights are not; turn finetune.prepareForKbitTraining off.");
   }
-  if (p.offload != OffloadKind::None) {
-    bad("offload", "FSDP2 CPUOffloadPolicy with frozen weights or adapters is not simulated yet: turn offload off.");
+  if (p.offload == OffloadKind::Optimizer) {
+    // fully_shard(offload_policy=CPUOffloadPolicy()) moves the sharded parameters, their
+    // gradients and so the optimizer step to the host together (_fsdp_param.py offload_to_cpu);
+    // torchtune's fsdp_cpu_offload: True is that policy. The optimizer alone is no FSDP2 option.
+    bad("offload", "FSDP2's CPUOffloadPolicy offloads the parameter shards, their gradients and the optimizer "
+                   "together: choose optimizer and parameters (torchtune's fsdp_cpu_offload: True).");
   }
   if (p.fsdpShardEmbeddingsAndHead) {
     // A frozen output layer of its own would still be gathered in backward for its input's

@@ -36,6 +36,16 @@ bool UsesTrainableParts(const Setup& setup, const ShardPlan& plan) {
   return (plan.engine == ShardingEngine::Fsdp || plan.engine == ShardingEngine::Fsdp2) && FinetuneActive(setup.finetune);
 }
 
+// A quantized weight's statistics the GPU keeps whole beside the sharded codes: bitsandbytes'
+// QuantState (no parameter: FSDP and ZeRO-3 never move it), or torchao NF4Tensor's scaler_mean
+// and table, which are attributes of the sharded NF4Tensor itself and go to the host with it
+// under FSDP2's CPUOffloadPolicy (nf4tensor.py function_to_dtype moves every inner tensor of
+// __tensor_flatten__).
+std::int64_t OnDeviceStatisticsBytes(const Tensor& t, const ShardPlan& plan, DType weights) {
+  if (t.storage == Tensor::Storage::TorchaoNF4 && plan.offloadParameters) return 0;
+  return QuantStatisticsBytes(t, weights);
+}
+
 // FSDP unit of a parameter: 0 = root, 1 + block.
 int UnitOf(const Tensor& t) { return t.layer < 0 ? 0 : t.layer + 1; }
 
@@ -275,7 +285,7 @@ void ParallelStep::Init(TraceBuilder& b) {
     // only, and every rank keeps the statistics whole (PEFT "FSDP-QLoRA").
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
       const Tensor& p = inventory_.parameters[i];
-      const std::int64_t statistics = QuantStatisticsBytes(p, regime_.weights);
+      const std::int64_t statistics = OnDeviceStatisticsBytes(p, plan_, regime_.weights);
       if (statistics == 0) continue;
       b.Alloc(Category::Parameters, statistics, text.Make({names_[i], " quantization statistics"}),
               text.Make({"model init: QuantState of ", names_[i], " (whole on every rank)"}),
@@ -885,7 +895,7 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
       const std::int64_t shards = plan.partitionElements;
       const DType type = regime.masterWeights ? DType::FP32 : regime.weights;
       std::int64_t statistics = 0;  // 4-bit QuantState, whole on every rank
-      for (const Tensor& t : inventory.parameters) statistics += QuantStatisticsBytes(t, regime.weights);
+      for (const Tensor& t : inventory.parameters) statistics += OnDeviceStatisticsBytes(t, plan, regime.weights);
       m.parametersBytes = (plan.offloadParameters ? 0 : shards * BytesPerElement(type) + plan.quantShardBytes) + statistics;
       params = plan.offloadParameters ? "offloaded to the host" : count(shards, type) + " sharded" + per + ", padded";
       if (plan.quantShardBytes > 0 && !plan.offloadParameters) {
