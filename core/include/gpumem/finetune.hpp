@@ -51,6 +51,23 @@ constexpr std::int64_t kBnb4BitCodeEntries = 16;      // get_4bit_type: the NF4 
 // (n + 1) / (2 · storageBytes) elements of that type (bitsandbytes backends/cuda/ops.py
 // _quantize_4bit_impl: out = empty(((n + 1) // (quant_storage.itemsize * 2), 1))).
 std::int64_t Nf4WeightBytes(std::int64_t elements, bool doubleQuant, std::int64_t storageBytes = 1);
+// --- torchao's NF4Tensor (torchtune's QLoRA: LoRALinear(quantize_base=True) and FrozenNF4Linear
+// hold their weight as torchao/dtypes/nf4tensor.py to_nf4(weight), block_size 64,
+// scaler_block_size 256) ---
+constexpr std::int64_t kTorchaoNf4BlockSize = 64;         // to_nf4(block_size=64)
+constexpr std::int64_t kTorchaoNf4ScalerBlockSize = 256;  // to_nf4(scaler_block_size=256)
+constexpr std::int64_t kTorchaoNf4TableEntries = 16;      // NF4Tensor.nf4: the 16-value lookup table
+// NF4Tensor.from_tensor on n elements of dtype w bytes (n must be a multiple of 64 · 256:
+// from_tensor and double_quantize_scalers assert it):
+//   quantized_data      uint8 [n/2]        (convert_to_norm_float_weight: two codes a byte)
+//   quantized_scalers   int8  [n/64]       (double_quantize_scalers: absmax per 64, minus their mean, ×256/(2·absmax per 256), round)
+//   quantization_factor w     [n/16384]    (256 / (2 · scaler_absmax), in the input's dtype)
+//   scaler_mean         w     scalar       (scalers_1.mean())
+//   nf4                 w     [16]         (torch.tensor([...], dtype=input_tensor.dtype))
+// The first three are what FSDP2 shards and all-gathers (_INNER_TENSOR_NAMES_FOR_SHARDING,
+// fsdp_pre_all_gather); the last two stay whole beside every shard.
+std::int64_t TorchaoNf4ShardedBytes(std::int64_t elements, std::int64_t weightBytes);   // the first three
+std::int64_t TorchaoNf4MetadataBytes(std::int64_t weightBytes);                         // scaler_mean + nf4
 // LLM.int8 weight [rows, cols]: rows·cols int8 + rows fp32 scales (SCB).
 std::int64_t Int8WeightBytes(std::int64_t rows, std::int64_t cols);
 
@@ -59,7 +76,9 @@ std::int64_t StoredBytes(const Tensor& p, DType regimeWeights);
 // Whether it is a bitsandbytes weight (NF4 / FP4 / int8).
 bool IsQuantized(const Tensor& p);
 // Elements of the tensor torch holds as the parameter (what FSDP / ZeRO-3 flatten and shard):
-// a 4-bit weight's packed codes in its quant storage type, an int8 weight's n values, else n.
+// a 4-bit weight's packed codes in its quant storage type, an int8 weight's n values, else n;
+// a torchao NF4Tensor's three sharded inner tensors as bytes (FSDP2 all-gathers inputs of mixed
+// dtypes viewed as uint8: _fsdp_collectives.py foreach_all_gather).
 std::int64_t StorageElements(const Tensor& p);
 // Bytes of a quantized weight's statistics (absmax, nested absmax, code, int8 row scales), held
 // beside the parameter in its QuantState (not a parameter: never flattened or sharded); 0 else.

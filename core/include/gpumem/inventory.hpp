@@ -17,10 +17,12 @@ struct Tensor {
   // How the tensor is stored (fine-tuning, finetune.hpp): the precision's weight dtype, a float
   // dtype of its own (fp32 adapters, prepare_model_for_kbit_training's upcasts), or a
   // bitsandbytes layout (always frozen).
-  enum class Storage : std::uint8_t { Regime, FP32, BF16, FP16, NF4, NF4Double, Int8 } storage = Storage::Regime;
+  // TorchaoNF4: torchao's NF4Tensor (finetune.hpp TorchaoNf4Bytes), in the regime's dtype.
+  enum class Storage : std::uint8_t { Regime, FP32, BF16, FP16, NF4, NF4Double, Int8, TorchaoNF4 } storage = Storage::Regime;
   bool adapter = false;            // a LoRA / DoRA tensor PEFT adds
   // NF4 / FP4: bytes of the element type the packed codes are stored in (bnb_4bit_quant_storage:
   // 1 for uint8, bitsandbytes' default; 2 for bf16 / fp16, 4 for fp32, as FSDP / ZeRO-3 QLoRA use).
+  // TorchaoNF4: bytes of the NF4Tensor's dtype (its quantization_factor, scaler_mean and table).
   std::uint8_t quantStorageBytes = 1;
 
   std::int64_t Elements() const;

@@ -34,6 +34,7 @@ std::span<const Named<Checkpointing>> NamesOf(Checkpointing);
 std::span<const Named<PackedSequences>> NamesOf(PackedSequences);
 std::span<const Named<Quantization>> NamesOf(Quantization);   // finetune.cpp
 std::span<const Named<AdapterDType>> NamesOf(AdapterDType);   // finetune.cpp
+std::span<const Named<QuantLayout>> NamesOf(QuantLayout);     // finetune.cpp
 // The parallel section's enums (core/src/parallel/parallel_setup.cpp).
 std::span<const Named<FsdpMode>> NamesOf(FsdpMode);
 std::span<const Named<OffloadKind>> NamesOf(OffloadKind);

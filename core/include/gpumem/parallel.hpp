@@ -109,6 +109,10 @@ struct ShardPlan {
   // overlap_comm).
   std::int64_t reduceBucketElements = 0;
   int reduceBuckets = 0;
+  // FSDP2 with torchao NF4Tensor weights (torchtune's QLoRA): the bytes of the rank's shards of
+  // their codes, scalers and factors (finetune.hpp TorchaoNf4ShardedBytes / world), held beside
+  // partitionElements (which counts the other parameters' shards in their dtype).
+  std::int64_t quantShardBytes = 0;
 };
 ShardPlan PlanShards(const Setup& setup, const Inventory& inventory);
 

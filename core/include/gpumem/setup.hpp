@@ -317,6 +317,12 @@ enum class Quantization {
   Int8,  // load_in_8bit (LLM.int8()): int8 weights and an fp32 scale per output row
 };
 
+// How 4-bit NF4 weights are laid out in memory (finetune.hpp has both layouts and their sources).
+enum class QuantLayout {
+  Bitsandbytes,  // bitsandbytes Params4bit + QuantState (PEFT / transformers QLoRA)
+  TorchaoNf4,    // torchao NF4Tensor (torchtune's qlora_* models: LoRALinear(quantize_base=True))
+};
+
 // The dtype LoRA's A and B (and DoRA's magnitude) are kept in.
 enum class AdapterDType {
   FP32,     // get_peft_model(autocast_adapter_dtype=True), PEFT's default: 16-bit adapters upcast
@@ -358,6 +364,9 @@ struct FinetuneDef {
   // codes are stored in; uint8 by default, a float type (bf16) so that FSDP and DeepSpeed ZeRO-3
   // can flatten and shard them with the other parameters (PEFT docs, "FSDP-QLoRA").
   DType quantStorage = DType::UInt8;
+  // Which library stores the 4-bit weights: bitsandbytes (default) or torchao's NF4Tensor, as
+  // torchtune's QLoRA recipes (single GPU and FSDP2) hold them.
+  QuantLayout quantLayout = QuantLayout::Bitsandbytes;
 
   bool operator==(const FinetuneDef&) const = default;
 };

@@ -398,7 +398,7 @@ void ReadFinetune(Reader& r, const json& v, FinetuneDef& f) {
   if (!r.ExpectObject(v, path)) return;
   r.RejectUnknown(v, {"freezeEmbeddings", "freezeHead", "freezeFirstBlocks", "trainOnlyModules", "lora", "r",
                       "loraAlpha", "loraDropout", "targetModules", "useDora", "adapterDType", "quantization",
-                      "doubleQuant", "computeDType", "prepareForKbitTraining", "quantStorage"}, path);
+                      "doubleQuant", "computeDType", "prepareForKbitTraining", "quantStorage", "quantLayout"}, path);
   r.Bool(v, "freezeEmbeddings", path, f.freezeEmbeddings);
   r.Bool(v, "freezeHead", path, f.freezeHead);
   r.Int(v, "freezeFirstBlocks", path, f.freezeFirstBlocks);
@@ -428,6 +428,7 @@ void ReadFinetune(Reader& r, const json& v, FinetuneDef& f) {
     else if (id == "fp32") f.quantStorage = DType::FP32;
     else r.Fail(ErrorCode::InvalidField, "finetune.quantStorage", "Must be one of uint8, bf16, fp16, fp32 (got " + Echo(*it) + ").");
   }
+  r.Enum(v, "quantLayout", path, f.quantLayout);
 }
 
 ojson FinetuneJson(const FinetuneDef& f) {
@@ -437,7 +438,7 @@ ojson FinetuneJson(const FinetuneDef& f) {
           {"targetModules", f.targetModules}, {"useDora", f.useDora}, {"adapterDType", IdOf(f.adapterDType)},
           {"quantization", IdOf(f.quantization)}, {"doubleQuant", f.doubleQuant},
           {"computeDType", DTypeId(f.computeDType)}, {"quantStorage", DTypeId(f.quantStorage)},
-          {"prepareForKbitTraining", f.prepareForKbitTraining}};  // the order of the page's fields
+          {"prepareForKbitTraining", f.prepareForKbitTraining}, {"quantLayout", IdOf(f.quantLayout)}};  // the order of the page's fields
 }
 
 // The parallel section (docs/parallel.md); every key optional, defaults from DefaultSetup().
@@ -1014,6 +1015,7 @@ ojson FinetuneFieldsJson() {
       {"computeDType", "Compute dtype", "select", "computeDTypes", "bnb_4bit_compute_dtype: the dequantized weight's dtype", "quantization"},
       {"quantStorage", "Quant storage", "select", "quantStorages", "bnb_4bit_quant_storage: the packed codes' element type (bf16 for FSDP / ZeRO-3)", "quantization"},
       {"prepareForKbitTraining", "prepare_model_for_kbit_training", "bool", "", "other 16-bit parameters upcast to fp32, checkpointing on every block, input gradients", ""},
+      {"quantLayout", "4-bit layout", "select", "quantLayouts", "bitsandbytes Params4bit, or torchao NF4Tensor (torchtune's QLoRA, single GPU or FSDP2)", "quantization"},
   };
   ojson out = ojson::array();
   for (const Field& f : kFields) {
@@ -1130,6 +1132,7 @@ std::string OptionsJson(int indent) {
                {"checkpointings", NameList<Checkpointing>()},
                {"quantizations", NameList<Quantization>()},
                {"adapterDTypes", NameList<AdapterDType>()},
+               {"quantLayouts", NameList<QuantLayout>()},
                {"computeDTypes", ojson::array({{{"id", "fp32"}, {"label", "fp32 (bitsandbytes' default)"}},
                                                {{"id", "bf16"}, {"label", "bf16"}},
                                                {{"id", "fp16"}, {"label", "fp16"}}})},

@@ -106,6 +106,21 @@ std::int64_t Nf4WeightBytes(std::int64_t elements, bool doubleQuant, std::int64_
 
 std::int64_t Int8WeightBytes(std::int64_t rows, std::int64_t cols) { return rows * cols + rows * 4; }
 
+std::int64_t TorchaoNf4ShardedBytes(std::int64_t elements, std::int64_t weightBytes) {
+  // torchao/dtypes/nf4tensor.py NF4Tensor.from_tensor: convert_to_norm_float_weight packs two
+  // codes a byte (combined_blocks = quantized_blocks[::2] << 4 | quantized_blocks[1::2], uint8);
+  // double_quantize_scalers returns quantized_scalers .to(torch.int8), one per block of 64, and
+  // quantization_factor, one per 256 scalers in the input's dtype (256 / (2 · scaler_absmax)).
+  const std::int64_t scalers = elements / kTorchaoNf4BlockSize;
+  return elements / 2 + scalers + scalers / kTorchaoNf4ScalerBlockSize * weightBytes;
+}
+
+std::int64_t TorchaoNf4MetadataBytes(std::int64_t weightBytes) {
+  // scaler_mean (a 0-d tensor, scalers_1.mean()) and the nf4 lookup table of 16 values, both in
+  // the input's dtype; fsdp_pre_all_gather passes them as metadata, not as all-gather inputs.
+  return (1 + kTorchaoNf4TableEntries) * weightBytes;
+}
+
 namespace {
 // Rows of a quantized linear: its output features (GPT-2's Conv1D stores [in, out]).
 std::int64_t OutputRows(const Tensor& p) {
@@ -120,7 +135,8 @@ DType OwnType(Tensor::Storage s, DType fallback) {
   }
 }
 bool Quantized(Tensor::Storage s) {
-  return s == Tensor::Storage::NF4 || s == Tensor::Storage::NF4Double || s == Tensor::Storage::Int8;
+  return s == Tensor::Storage::NF4 || s == Tensor::Storage::NF4Double || s == Tensor::Storage::Int8 ||
+         s == Tensor::Storage::TorchaoNF4;
 }
 }  // namespace
 
@@ -132,6 +148,8 @@ std::int64_t StoredBytes(const Tensor& p, DType regimeWeights) {
       const std::int64_t rows = OutputRows(p);
       return Int8WeightBytes(rows, p.Elements() / std::max<std::int64_t>(1, rows));
     }
+    case Tensor::Storage::TorchaoNF4:
+      return TorchaoNf4ShardedBytes(p.Elements(), p.quantStorageBytes) + TorchaoNf4MetadataBytes(p.quantStorageBytes);
     default: return p.Elements() * BytesPerElement(OwnType(p.storage, regimeWeights));
   }
 }
@@ -142,16 +160,21 @@ std::int64_t StorageElements(const Tensor& p) {
   if (p.storage == Tensor::Storage::NF4 || p.storage == Tensor::Storage::NF4Double) {
     return (p.Elements() + 1) / (2 * p.quantStorageBytes);
   }
+  if (p.storage == Tensor::Storage::TorchaoNF4) return TorchaoNf4ShardedBytes(p.Elements(), p.quantStorageBytes);
   return p.Elements();
 }
 
 std::int64_t QuantStatisticsBytes(const Tensor& p, DType regimeWeights) {
   if (!Quantized(p.storage)) return 0;
-  const std::int64_t element = p.storage == Tensor::Storage::Int8 ? 1 : p.quantStorageBytes;
+  // TorchaoNF4: StorageElements counts bytes, so what is left is scaler_mean and the nf4 table.
+  const std::int64_t element = p.storage == Tensor::Storage::Int8 || p.storage == Tensor::Storage::TorchaoNF4 ? 1 : p.quantStorageBytes;
   return StoredBytes(p, regimeWeights) - StorageElements(p) * element;
 }
 
 DType ParameterType(const Tensor& p, DType regimeWeights, DType quantCompute) {
+  // LinearNF4.forward dequantizes to the input's dtype (weight.to(input.dtype)); torchtune's
+  // input is in the model's dtype, the NF4Tensor's own.
+  if (p.storage == Tensor::Storage::TorchaoNF4) return regimeWeights;
   if (Quantized(p.storage)) return quantCompute;
   return OwnType(p.storage, regimeWeights);
 }
@@ -169,6 +192,8 @@ Text StorageFormula(TextStore& text, const Tensor& p, DType regimeWeights) {
       return text.Make({"4-bit, double quant: ", TextPart::Count(n), " × 0.5 B + uint8 absmax per 64 + fp32 per 256 blocks + code"});
     case Tensor::Storage::Int8:
       return text.Make({"int8: ", TextPart::Count(n), " × 1 B + fp32 scale per row"});
+    case Tensor::Storage::TorchaoNF4:
+      return text.Make({"torchao NF4Tensor: ", TextPart::Count(n), " × 0.5 B + int8 scaler per 64 + factor per 16,384 + mean + 16-entry table"});
     default:
       return text.Shape(Shape(p.shape), OwnType(p.storage, regimeWeights));
   }
@@ -196,6 +221,7 @@ std::string FinetuneParameterFormula(const Setup& setup, const Inventory& invent
     out += (out.empty() ? "" : " + ") + FormatCount(n) + " " + what;
   };
   const char* q = setup.finetune.quantization == Quantization::Int8 ? "int8 (+ fp32 row scales)"
+                  : setup.finetune.quantLayout == QuantLayout::TorchaoNf4 ? "4-bit torchao NF4Tensor (+ int8 scalers per 64)"
                   : setup.finetune.doubleQuant ? "4-bit (+ 8-bit absmax, double quant)"
                                                : "4-bit (+ fp32 absmax per 64)";
   add(quantized, std::string("quantized × ") + q);
@@ -209,6 +235,11 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory) {
   const FinetuneDef& f = setup.finetune;
   if (!FinetuneActive(f) || setup.model.kind != ModelKind::Transformer) return;
   const Family family = setup.model.architecture.family;
+  // The dtype the model is built in (bf16 for pure bf16, as torchtune's recipes load it).
+  const DType weightDType = setup.training.precision == Precision::FP16Mixed ? DType::FP16
+                            : setup.training.precision == Precision::BF16Mixed || setup.training.precision == Precision::BF16
+                                ? DType::BF16
+                                : DType::FP32;
   const bool sixteenBit = setup.training.precision == Precision::FP16Mixed ||
                           setup.training.precision == Precision::BF16Mixed ||
                           setup.training.precision == Precision::BF16;
@@ -249,11 +280,17 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory) {
     const bool linear = IsLinearWeight(p);
     const bool quantize = f.quantization != Quantization::None && linear && !IsOutputLayer(module);
     if (quantize) {
-      p.storage = f.quantization == Quantization::Int8 ? Tensor::Storage::Int8
-                  : f.doubleQuant                      ? Tensor::Storage::NF4Double
-                                                       : Tensor::Storage::NF4;
-      p.trainable = false;  // Params4bit / Int8Params: requires_grad=False
-      if (f.quantization != Quantization::Int8) p.quantStorageBytes = static_cast<std::uint8_t>(BytesPerElement(f.quantStorage));
+      p.storage = f.quantization == Quantization::Int8           ? Tensor::Storage::Int8
+                  : f.quantLayout == QuantLayout::TorchaoNf4   ? Tensor::Storage::TorchaoNF4
+                  : f.doubleQuant                              ? Tensor::Storage::NF4Double
+                                                               : Tensor::Storage::NF4;
+      p.trainable = false;  // Params4bit / Int8Params: requires_grad=False; torchtune: nn.Parameter(to_nf4(w), requires_grad=False)
+      if (p.storage == Tensor::Storage::TorchaoNF4) {
+        // to_nf4(self.weight): the NF4Tensor keeps the dtype the model was built in.
+        p.quantStorageBytes = static_cast<std::uint8_t>(BytesPerElement(weightDType));
+      } else if (f.quantization != Quantization::Int8) {
+        p.quantStorageBytes = static_cast<std::uint8_t>(BytesPerElement(f.quantStorage));
+      }
     } else if (f.prepareForKbitTraining && sixteenBit) {
       // prepare_model_for_kbit_training: fp16 / bf16 parameters (not Params4bit) → fp32.
       p.storage = Tensor::Storage::FP32;
@@ -297,9 +334,51 @@ double FinetuneEventsPerBlock(const Setup& setup) {
   // by tests/finetune_test.cpp ("The work budget bounds fine-tuning setups").
   const double experts = double(std::max<std::int64_t>(0, setup.model.architecture.numExperts));
   const double linears = 8 + 3 * experts;
-  const double perLinear = (f.quantization != Quantization::None ? 14 : 0) + (f.lora ? (f.useDora ? 90 : 40) : 0);
+  // torchao's NF4Tensor dequantizes through get_original_weight's locals: up to 34 events more.
+  const double quantized = f.quantLayout == QuantLayout::TorchaoNf4 ? 48 : 14;
+  const double perLinear = (f.quantization != Quantization::None ? quantized : 0) + (f.lora ? (f.useDora ? 90 : 40) : 0);
   return 2 * linears * perLinear;
 }
+
+namespace {
+// torchtune's QLoRA (torchao NF4Tensor): what it runs, and what is refused as not simulated.
+void ValidateTorchaoNf4(const Setup& setup, std::vector<FieldError>& errors) {
+  const FinetuneDef& f = setup.finetune;
+  auto fail = [&](const char* field, std::string message) {
+    errors.push_back({ErrorCode::InvalidField, field, std::move(message)});
+  };
+  if (f.quantization != Quantization::NF4) {
+    fail("finetune.quantLayout", "torchao's NF4Tensor holds NF4 weights only: set the quantization to nf4, or the "
+                                 "layout to bitsandbytes.");
+    return;
+  }
+  if (f.doubleQuant) {
+    fail("finetune.doubleQuant", "torchao's NF4Tensor always quantizes its scalers (int8 per 64 values, a factor per 256 "
+                                 "scalers); bnb_4bit_use_double_quant is bitsandbytes': leave it off.");
+  }
+  if (f.quantStorage != DType::UInt8) {
+    fail("finetune.quantStorage", "bnb_4bit_quant_storage is bitsandbytes'; torchao packs its codes in uint8: keep uint8.");
+  }
+  const Precision precision = setup.training.precision;
+  if (precision != Precision::BF16 && precision != Precision::FP32) {
+    fail("finetune.quantLayout", "torchtune's QLoRA keeps the whole model in one dtype (dtype: bf16, or fp32): mixed "
+                                 "precision and autocast are not simulated with torchao's NF4Tensor.");
+  } else if (f.computeDType != (precision == Precision::BF16 ? DType::BF16 : DType::FP32)) {
+    // LinearNF4.forward: weight.to(input.dtype), the model's dtype.
+    fail("finetune.computeDType", std::string("torchao's LinearNF4 dequantizes to the input's dtype, the model's: set the "
+                                              "compute dtype to ") + (precision == Precision::BF16 ? "bf16." : "fp32."));
+  }
+  if (f.useDora) fail("finetune.useDora", "DoRA over torchao's NF4Tensor is not simulated yet: turn useDora off.");
+  if (f.prepareForKbitTraining) {
+    fail("finetune.prepareForKbitTraining", "prepare_model_for_kbit_training is PEFT's; torchtune's QLoRA does not run "
+                                            "it: turn it off with the torchao layout.");
+  }
+  if (setup.model.architecture.family != Family::Llama) {
+    fail("finetune.quantLayout", "torchtune's QLoRA models (qlora_llama2 / qlora_llama3 …) are Llama-family: choose the "
+                                 "Llama family, or the bitsandbytes layout.");
+  }
+}
+}  // namespace
 
 void ValidateFinetune(const Setup& setup, std::vector<FieldError>& errors, bool modelValid) {
   const FinetuneDef& f = setup.finetune;
@@ -362,6 +441,7 @@ void ValidateFinetune(const Setup& setup, std::vector<FieldError>& errors, bool 
                                     "adapters, or freeze the model with prepareForKbitTraining.");
     }
   }
+  if (f.quantLayout == QuantLayout::TorchaoNf4) ValidateTorchaoNf4(setup, errors);
   // What the inventory then holds: every target must name a linear the model has, and something
   // must train (torch.optim refuses an empty parameter list). Only for an architecture that
   // passed validation (the inventory is built here).
@@ -369,6 +449,31 @@ void ValidateFinetune(const Setup& setup, std::vector<FieldError>& errors, bool 
     const Inventory inv = BuildInventory(setup);
     bool adapters = false;
     for (const Tensor& p : inv.parameters) adapters = adapters || p.adapter;
+    // torchao NF4Tensor.from_tensor asserts numel % block_size (64) == 0 and
+    // double_quantize_scalers that the scalers divide by scaler_block_size (256): n % 16,384.
+    for (const Tensor& p : inv.parameters) {
+      if (p.storage != Tensor::Storage::TorchaoNF4 || p.Elements() % (kTorchaoNf4BlockSize * kTorchaoNf4ScalerBlockSize) == 0) continue;
+      fail("finetune.quantLayout", "torchao's to_nf4 needs every quantized weight to hold a multiple of 16,384 values "
+                                   "(64 per block, 256 scalers per factor): " + p.name + " has " + FormatCount(p.Elements()) + ".");
+      break;
+    }
+    // FSDP2 fully_shard chunks every parameter on dim 0 (_fsdp_param.py _init_sharded_param:
+    // _chunk_with_empty → torch.chunk → aten.split), and torchao's nf4_split cuts each inner
+    // tensor (quantized_scalers, quantization_factor, quantized_data) into size(0) // split_size
+    // equal parts, asserting numel % chunks == 0: with rows not divisible by the ranks fewer chunks
+    // come out than ranks. Simulated where every quantized weight splits evenly.
+    const std::int64_t ranks = setup.parallel.dataParallel * setup.parallel.contextParallel;
+    if (setup.parallel.fsdp == FsdpMode::FullyShard && ranks > 1) {
+      for (const Tensor& p : inv.parameters) {
+        if (p.storage != Tensor::Storage::TorchaoNF4 || p.shape.empty()) continue;
+        const std::int64_t factors = p.Elements() / (kTorchaoNf4BlockSize * kTorchaoNf4ScalerBlockSize);
+        if (p.shape[0] % ranks == 0 && factors % ranks == 0) continue;
+        fail("parallel.dataParallel", "torchao's NF4Tensor is sharded by FSDP2 only in equal parts (nf4_split): " + p.name +
+                                          " (" + FormatCount(p.shape[0]) + " rows, " + FormatCount(factors) +
+                                          " quantization factors) does not split evenly over " + FormatCount(ranks) + " ranks.");
+        break;
+      }
+    }
     if (f.lora && !adapters) {
       fail("finetune.targetModules", "No linear module of this model matches the target modules (names as "
                                      "Hugging Face writes them: q_proj, v_proj, c_attn, query, all-linear …).");
@@ -393,9 +498,14 @@ constexpr Named<AdapterDType> kAdapterDTypes[] = {
     {AdapterDType::FP32, "fp32", "fp32 (PEFT's default: autocast_adapter_dtype=True)"},
     {AdapterDType::Weights, "weights", "the base weights' dtype (autocast_adapter_dtype=False)"},
 };
+constexpr Named<QuantLayout> kQuantLayouts[] = {
+    {QuantLayout::Bitsandbytes, "bitsandbytes", "bitsandbytes Params4bit (transformers / PEFT QLoRA)"},
+    {QuantLayout::TorchaoNf4, "torchaoNf4", "torchao NF4Tensor (torchtune's QLoRA)"},
+};
 }  // namespace
 
 std::span<const Named<Quantization>> NamesOf(Quantization) { return kQuantizations; }
 std::span<const Named<AdapterDType>> NamesOf(AdapterDType) { return kAdapterDTypes; }
+std::span<const Named<QuantLayout>> NamesOf(QuantLayout) { return kQuantLayouts; }
 
 }  // namespace gpumem

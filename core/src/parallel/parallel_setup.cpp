@@ -100,15 +100,15 @@ void ValidateFsdp2Finetune(const Setup& setup, std::vector<FieldError>& errors) 
   const DType sharded = regime.masterWeights ? DType::FP32 : regime.weights;
   if (f.quantization == Quantization::Int8) {
     bad("fsdp", "FSDP2 fully_shard with 8-bit (LLM.int8) weights is not simulated.");
-  } else if (f.quantization != Quantization::None) {
-    // torchtune's QLoRA under FSDP2 keeps the base weights as torchao NF4Tensor
-    // (torchao/dtypes/nf4tensor.py: its own fsdp_pre_all_gather / fsdp_post_all_gather over the
-    // packed codes and the quantized scalers), a layout other than bitsandbytes' Params4bit +
-    // QuantState that the finetune section describes: not simulated.
-    bad("fsdp", "FSDP2 fully_shard with 4-bit weights is not simulated: torchtune's QLoRA stores them as torchao "
-                "NF4Tensor, whose sharded layout differs from bitsandbytes' 4-bit storage; use FSDP (FULL_SHARD) "
-                "for FSDP-QLoRA, or 16-bit weights.");
+  } else if (f.quantization != Quantization::None && f.quantLayout != QuantLayout::TorchaoNf4) {
+    // bitsandbytes' Params4bit under fully_shard is what no recipe runs (torchtune's QLoRA keeps
+    // the base as torchao NF4Tensor; PEFT / accelerate's FSDP-QLoRA is FSDP1): not simulated.
+    bad("fsdp", "FSDP2 fully_shard with bitsandbytes 4-bit weights is not simulated: torchtune's QLoRA stores them as "
+                "torchao NF4Tensor (set finetune.quantLayout to torchaoNf4); use FSDP (FULL_SHARD) for PEFT's "
+                "FSDP-QLoRA.");
   }
+  // The even split of each NF4Tensor over the ranks (torchao nf4_split) is checked with the
+  // inventory, by ValidateFinetune (finetune.cpp), once the model is valid.
   if (f.lora && f.adapterDType == AdapterDType::FP32 && sharded != DType::FP32) {
     bad("fsdp", std::string("FSDP2 fine-tuning is simulated with the whole model in one dtype, as torchtune loads it: "
                             "fp32 adapters beside ") +
@@ -118,8 +118,12 @@ void ValidateFsdp2Finetune(const Setup& setup, std::vector<FieldError>& errors) 
     bad("fsdp", "FSDP2 fine-tuning is simulated with the whole model in one dtype: prepare_model_for_kbit_training's "
                 "fp32 upcasts beside 16-bit weights are not; turn finetune.prepareForKbitTraining off.");
   }
-  if (p.offload != OffloadKind::None) {
-    bad("offload", "FSDP2 CPUOffloadPolicy with frozen weights or adapters is not simulated yet: turn offload off.");
+  if (p.offload == OffloadKind::Optimizer) {
+    // fully_shard(offload_policy=CPUOffloadPolicy()) moves the sharded parameters, their
+    // gradients and so the optimizer step to the host together (_fsdp_param.py offload_to_cpu);
+    // torchtune's fsdp_cpu_offload: True is that policy. The optimizer alone is no FSDP2 option.
+    bad("offload", "FSDP2's CPUOffloadPolicy offloads the parameter shards, their gradients and the optimizer "
+                   "together: choose optimizer and parameters (torchtune's fsdp_cpu_offload: True).");
   }
   if (p.fsdpShardEmbeddingsAndHead) {
     // A frozen output layer of its own would still be gathered in backward for its input's
@@ -182,6 +186,11 @@ void ValidateParallelFinetune(const Setup& setup, std::vector<FieldError>& error
   const char* notYet = " with frozen weights, adapters or quantized weights (the finetune section) is not simulated "
                        "yet: use data parallelism (DDP or ZeRO 1–2), or estimate one GPU.";
   if (p.fsdp == FsdpMode::FullyShard) ValidateFsdp2Finetune(setup, errors);
+  if (f.quantization != Quantization::None && f.quantLayout == QuantLayout::TorchaoNf4 && p.fsdp != FsdpMode::FullyShard) {
+    // torchtune's distributed QLoRA (lora_finetune_distributed.py) shards with FSDP2 only.
+    bad("fsdp", "torchao's NF4Tensor on many GPUs is simulated under FSDP2 fully_shard (torchtune's "
+                "lora_finetune_distributed); choose fully_shard, or the bitsandbytes layout.");
+  }
   if (p.fsdp != FsdpMode::Off && p.fsdp != FsdpMode::FullyShard) {
     // FSDP (use_orig_params=True) flattens a unit's parameters, frozen and trainable, into one
     // FlatParameter of one dtype (_flat_param.py _validate_tensors_to_flatten: "Must flatten

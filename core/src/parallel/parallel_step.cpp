@@ -36,6 +36,16 @@ bool UsesTrainableParts(const Setup& setup, const ShardPlan& plan) {
   return (plan.engine == ShardingEngine::Fsdp || plan.engine == ShardingEngine::Fsdp2) && FinetuneActive(setup.finetune);
 }
 
+// A quantized weight's statistics the GPU keeps whole beside the sharded codes: bitsandbytes'
+// QuantState (no parameter: FSDP and ZeRO-3 never move it), or torchao NF4Tensor's scaler_mean
+// and table, which are attributes of the sharded NF4Tensor itself and go to the host with it
+// under FSDP2's CPUOffloadPolicy (nf4tensor.py function_to_dtype moves every inner tensor of
+// __tensor_flatten__).
+std::int64_t OnDeviceStatisticsBytes(const Tensor& t, const ShardPlan& plan, DType weights) {
+  if (t.storage == Tensor::Storage::TorchaoNF4 && plan.offloadParameters) return 0;
+  return QuantStatisticsBytes(t, weights);
+}
+
 // FSDP unit of a parameter: 0 = root, 1 + block.
 int UnitOf(const Tensor& t) { return t.layer < 0 ? 0 : t.layer + 1; }
 
@@ -111,6 +121,7 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
   // int(layer_id) < len(model.layers) - 1), "since FSDP would prefetch it immediately".
   keepLastBlock_ = plan_.engine == ShardingEngine::Fsdp2 && p.fsdpKeepLastBlockGathered;
   gatherElements_.assign(units, 0);
+  gatherExtraBytes_.assign(units, 0);
   gathered_.assign(units, kNoTensor);
   // FSDP2 with the finetune section (no pipeline: refused with fine-tuning): the block's reduce at
   // the next block's backward. Without fine-tuning every block's first gradient comes at once.
@@ -133,14 +144,21 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole.
     const bool whole = plan_.engine == ShardingEngine::Zero && StorageElements(t) < p.stage3ParamPersistenceThreshold &&
                        !plan_.offloadParameters;
-    // FSDP2 gathers every parameter's padded shard from every rank: the all-gather output and
-    // each parameter's all_gather_outputs hold world × padded_sharded_size elements
+    if (whole) continue;
+    // FSDP2 all-gathers a torchao NF4Tensor's codes, scalers and factors (fsdp_pre_all_gather),
+    // inputs of mixed dtypes viewed as uint8 (_fsdp_collectives.py foreach_all_gather): bytes,
+    // split evenly (nf4_split), so unpadded.
+    if (t.storage == Tensor::Storage::TorchaoNF4) {
+      gatherExtraBytes_[static_cast<std::size_t>(unitOf_[i])] += StorageElements(t);
+      continue;
+    }
+    // FSDP2 gathers every other parameter's padded shard from every rank: the all-gather output
+    // and each parameter's all_gather_outputs hold world × padded_sharded_size elements
     // (_fsdp_param.py init_all_gather_outputs; the unsharded parameter is a view of its first
     // numel, init_unsharded_param).
-    const std::int64_t gathered = plan_.engine == ShardingEngine::Fsdp2
-                                      ? plan_.optimizerTensors.parameters[i].Elements() * plan_.shardWorld
-                                      : StorageElements(t);
-    if (!whole) gatherElements_[static_cast<std::size_t>(unitOf_[i])] += gathered;
+    gatherElements_[static_cast<std::size_t>(unitOf_[i])] +=
+        plan_.engine == ShardingEngine::Fsdp2 ? plan_.optimizerTensors.parameters[i].Elements() * plan_.shardWorld
+                                               : StorageElements(t);
   }
 }
 
@@ -152,16 +170,20 @@ void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
   if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
   TensorHandle& h = gathered_[static_cast<std::size_t>(unit)];
   const std::int64_t n = gatherElements_[static_cast<std::size_t>(unit)];
-  if (h != kNoTensor || n == 0) return;
+  const std::int64_t nf4 = gatherExtraBytes_[static_cast<std::size_t>(unit)];
+  if (h != kNoTensor || (n == 0 && nf4 == 0)) return;
   TextStore& text = b.text();
   const int blocks = static_cast<int>(plan_.unitElements.size());
   const Text what = unit == 0             ? text.Make({"root unit (embeddings, final norm, head)"})
                     : unit == blocks + 1 ? text.Make({"embedding unit"})
                     : unit == blocks + 2 ? text.Make({"output unit"})
                                          : text.Make({"layers.", TextPart::Int(unit - 1)});
-  h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights), text.Make({"gathered ", what}),
+  h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights) + nf4, text.Make({"gathered ", what}),
               text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what}),
-              text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
+              nf4 == 0 ? text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)})
+                       : text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights), " + ", TextPart::Count(nf4),
+                                    " B of NF4 codes, scalers and factors"}),
+              unit - 1);
 }
 
 // FSDP2's unshard and its copy-out (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
@@ -184,7 +206,8 @@ void ParallelStep::GatherFsdp2(TraceBuilder& b, int unit, bool prefetch) {
   if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
   TensorHandle& outputs = gathered_[static_cast<std::size_t>(unit)];
   const std::int64_t n = gatherElements_[static_cast<std::size_t>(unit)];
-  if (outputs != kNoTensor || n == 0) return;
+  const std::int64_t nf4 = gatherExtraBytes_[static_cast<std::size_t>(unit)];
+  if (outputs != kNoTensor || (n == 0 && nf4 == 0)) return;
   TextStore& text = b.text();
   const int blocks = static_cast<int>(plan_.unitElements.size());
   const Text what = unit == 0             ? text.Make({"root unit (embeddings, final norm, head)"})
@@ -194,26 +217,33 @@ void ParallelStep::GatherFsdp2(TraceBuilder& b, int unit, bool prefetch) {
   const std::int64_t bytes = BytesPerElement(regime_.weights);
   const std::int64_t d = plan_.shardWorld;
   TensorHandle& flat = pendingAllGather_[static_cast<std::size_t>(unit)];
+  // A torchao NF4Tensor's codes, scalers and factors join the unit's values as bytes (the
+  // all-gather of mixed dtypes runs on uint8 views) and are split evenly, so unpadded.
+  const std::int64_t total = n * bytes + nf4;
+  auto formula = [&](std::int64_t elements, bool perRank) {
+    const std::int64_t extra = perRank ? nf4 / d : nf4;
+    if (extra == 0) return text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(regime_.weights)});
+    return text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(regime_.weights), " + ", TextPart::Count(extra),
+                      " B of NF4 codes, scalers and factors"});
+  };
   if (flat == kNoTensor) {
     TensorHandle staging = kNoTensor;
     if (regime_.masterWeights || plan_.offloadParameters) {
-      staging = b.Alloc(Category::Parameters, n / d * bytes, text.Make({"all-gather input of ", what}),
+      staging = b.Alloc(Category::Parameters, total / d, text.Make({"all-gather input of ", what}),
                         text.Make({TextPart::View(plan_.offloadParameters ? "all-gather input (shards copied to the device) of "
                                                                           : "all-gather input (shards cast) of "),
                                    what}),
-                        text.Make({TextPart::Count(n / d), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
+                        formula(n / d, true), unit - 1);
     }
-    flat = b.Alloc(Category::Parameters, n * bytes, text.Make({"all-gather output of ", what}),
+    flat = b.Alloc(Category::Parameters, total, text.Make({"all-gather output of ", what}),
                    text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what}),
-                   text.Make({TextPart::Int(d), " × ", TextPart::Count(n / d), " × ", TextPart::Bytes(regime_.weights)}),
-                   unit - 1);
+                   formula(n, false), unit - 1);
     if (staging != kNoTensor) b.Release(staging, text.Make({"all-gather issued: input of ", what, " freed"}));
   }
   if (prefetch) return;
   if (inForward_) ReleaseHeldAllGather(b);
-  outputs = b.Alloc(Category::Parameters, n * bytes, text.Make({"gathered ", what}),
-                    text.Make({TextPart::View("all-gather copy-out: "), what}),
-                    text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights), " (padded)"}), unit - 1);
+  outputs = b.Alloc(Category::Parameters, total, text.Make({"gathered ", what}),
+                    text.Make({TextPart::View("all-gather copy-out: "), what}), formula(n, false), unit - 1);
   if (inForward_) {
     heldAllGather_ = flat;
   } else {
@@ -327,6 +357,13 @@ void ParallelStep::Init(TraceBuilder& b) {
     if (!plan_.offloadParameters) {
       const DType type = regime_.masterWeights ? DType::FP32 : regime_.weights;
       for (const Tensor& s : plan_.optimizerTensors.parameters) {
+        if (s.storage == Tensor::Storage::TorchaoNF4) {
+          // A torchao NF4Tensor's shard: 1/world of its codes, scalers and factors (sharding.cpp).
+          b.Alloc(Category::Parameters, s.Elements(), text.Own(s.name),
+                  text.Make({"FSDP2 init: ", text.Own(s.name), " (NF4Tensor: 1/", TextPart::Int(d), " of codes, scalers, factors)"}),
+                  text.Make({TextPart::Count(s.Elements()), " B"}), s.layer);
+          continue;
+        }
         b.Alloc(Category::Parameters, s.Elements() * BytesPerElement(type), text.Own(s.name),
                 text.Make({"FSDP init: ", text.Own(s.name), " (1/", TextPart::Int(d), ", padded)"}),
                 text.Shape(Shape(s.shape), type), s.layer);
@@ -336,7 +373,7 @@ void ParallelStep::Init(TraceBuilder& b) {
     // only, and every rank keeps the statistics whole (PEFT "FSDP-QLoRA").
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
       const Tensor& p = inventory_.parameters[i];
-      const std::int64_t statistics = QuantStatisticsBytes(p, regime_.weights);
+      const std::int64_t statistics = OnDeviceStatisticsBytes(p, plan_, regime_.weights);
       if (statistics == 0) continue;
       b.Alloc(Category::Parameters, statistics, text.Make({names_[i], " quantization statistics"}),
               text.Make({"model init: QuantState of ", names_[i], " (whole on every rank)"}),
@@ -951,9 +988,14 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
       const std::int64_t shards = plan.partitionElements;
       const DType type = regime.masterWeights ? DType::FP32 : regime.weights;
       std::int64_t statistics = 0;  // 4-bit QuantState, whole on every rank
-      for (const Tensor& t : inventory.parameters) statistics += QuantStatisticsBytes(t, regime.weights);
-      m.parametersBytes = (plan.offloadParameters ? 0 : shards * BytesPerElement(type)) + statistics;
+      for (const Tensor& t : inventory.parameters) statistics += OnDeviceStatisticsBytes(t, plan, regime.weights);
+      m.parametersBytes = (plan.offloadParameters ? 0 : shards * BytesPerElement(type) + plan.quantShardBytes) + statistics;
       params = plan.offloadParameters ? "offloaded to the host" : count(shards, type) + " sharded" + per + ", padded";
+      if (plan.quantShardBytes > 0 && !plan.offloadParameters) {
+        // FSDP2 with torchao NF4Tensor weights: their shards, and scaler_mean + nf4 whole (statistics).
+        params += " + " + FormatCount(plan.quantShardBytes) + " B NF4Tensor shards + " + FormatCount(statistics) +
+                  " B scaler means and tables (whole)";
+      }
       m.masterWeightsBytes = 0;
       master = "the fp32 shards are the parameters";
       // Units with no trainable parameter get no gradient (FSDP with frozen parameters); FSDP2:

@@ -85,6 +85,8 @@ class ParallelStep final : public GradientHook, public LayerHook {
   bool backwardSawBlock_ = false;
   bool ReshardsAfterForward(int unit) const;
   std::vector<std::int64_t> gatherElements_;
+  // FSDP2: bytes of each unit's torchao NF4Tensor codes, scalers and factors gathered with it.
+  std::vector<std::int64_t> gatherExtraBytes_;
   std::vector<TensorHandle> gathered_;
   // FSDP2: each parameter's unit (Fsdp2UnitOfParameter); per unit its padded unsharded and
   // sharded elements and the live per-parameter gradients; the last reduce-scatter input, held

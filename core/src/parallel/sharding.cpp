@@ -429,8 +429,20 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
       for (std::size_t i = 0; i < n; ++i) {
         const Tensor& t = inventory.parameters[i];
         Tensor shard = t;
-        if (!shard.shape.empty()) shard.shape[0] = CeilDiv(shard.shape[0], d);
         shard.name = t.name + " (shard)";
+        plan.parameterElementsHeld[i] = 0;
+        if (t.storage == Tensor::Storage::TorchaoNF4) {
+          // torchao nf4_split (what torch.chunk in _init_sharded_param dispatches to): each of
+          // quantized_scalers, quantization_factor and quantized_data cut into `world` equal
+          // parts (validation requires an even split, so no padding); scaler_mean and the nf4
+          // table are shared by every chunk (construct_nf4_args keeps them), whole on every rank.
+          // Frozen: no gradient or state. Held as bytes.
+          shard.shape = {StorageElements(t) / d};
+          plan.optimizerTensors.parameters.push_back(shard);
+          plan.quantShardBytes += shard.shape[0];
+          continue;
+        }
+        if (!shard.shape.empty()) shard.shape[0] = CeilDiv(shard.shape[0], d);
         plan.optimizerTensors.parameters.push_back(shard);
         plan.partitionElements += shard.Elements();
         if (t.trainable) {
@@ -438,7 +450,6 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
           plan.trainableShardParts.parameters.push_back(shard);
         }
         plan.paddedFlatElements += shard.Elements() * d;
-        plan.parameterElementsHeld[i] = 0;
       }
       break;
     }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/parallel.hpp"
 #include "parallel/parallel_step.hpp"
@@ -100,16 +101,33 @@ void ZeroRows(const Setup& simulated, const Inventory& inventory, const ShardPla
   }
 }
 
-void FsdpRows(const Setup& simulated, const ShardPlan& plan, HostMemory& host) {
+void FsdpRows(const Setup& simulated, const Inventory& inventory, const ShardPlan& plan, HostMemory& host) {
   const Regime regime = RegimeOf(simulated.training.precision);
   const Regime optimizer = OptimizerRegimeOf(plan, regime);
   const std::int64_t n = plan.partitionElements;
+  // FSDP2 with frozen parameters (docs/parallel.md, "Fine-tuning on many GPUs"): every shard goes
+  // to the host, but only the trainable ones have a gradient (foreach_reduce copies each reduced
+  // gradient to the host) and optimizer states; torchao NF4Tensor shards go whole (codes,
+  // scalers, factors, and the scaler mean and table every shard keeps).
+  const bool fsdp2Finetune = plan.engine == ShardingEngine::Fsdp2 && FinetuneActive(simulated.finetune);
   const bool fsdp2 = plan.engine == ShardingEngine::Fsdp2;
   const std::string per = " (1/" + std::to_string(plan.shardWorld) + ", padded)";
   // FSDP: _flat_param.py init_flat_param_attributes pins the offloaded shard
   // (_local_shard.pin_memory()) and pre-allocates flat_param._cpu_grad pinned. FSDP2:
   // CPUOffloadPolicy(pin_memory=True) by default (_fully_shard/_fsdp_api.py), _fsdp_param.py
   // pins the sharded parameter and copies gradients to the host non-blocking into pinned memory.
+  if (plan.offloadParameters && plan.quantShardBytes > 0) {
+    std::int64_t metadata = 0;
+    for (const Tensor& t : inventory.parameters) {
+      if (t.storage == Tensor::Storage::TorchaoNF4) metadata += QuantStatisticsBytes(t, regime.weights);
+    }
+    host.rows.push_back({"NF4Tensor shards", plan.quantShardBytes + metadata,
+                         FormatCount(plan.quantShardBytes) + " B of codes, scalers and factors (1/" +
+                             std::to_string(plan.shardWorld) + ") + " + FormatCount(metadata) + " B of scaler means and tables",
+                         "torch fully_shard CPUOffloadPolicy on torchao NF4Tensor shards (nf4tensor.py nf4_split, "
+                         "function_to_dtype: every inner tensor moved; _fsdp_param.py pins the sharded parameter)",
+                         kPinned});
+  }
   if (plan.offloadParameters) {
     host.rows.push_back({"parameter shards", n * BytesPerElement(optimizer.weights), Times(n, optimizer.weights) + per,
                          fsdp2 ? "torch fully_shard CPUOffloadPolicy (_fsdp_param.py: sharded parameter pinned on the host)"
@@ -117,14 +135,17 @@ void FsdpRows(const Setup& simulated, const ShardPlan& plan, HostMemory& host) {
                                  "_local_shard.pin_memory()",
                          kPinned});
   }
-  host.rows.push_back({"gradient shards", n * BytesPerElement(optimizer.gradients), Times(n, optimizer.gradients) + per,
+  const std::int64_t g = fsdp2Finetune ? plan.gradientShardElements : n;
+  host.rows.push_back({"gradient shards", g * BytesPerElement(optimizer.gradients),
+                       Times(g, optimizer.gradients) + per + (fsdp2Finetune ? ", trainable parameters only" : ""),
                        fsdp2 ? "torch fully_shard CPUOffloadPolicy (_fsdp_collectives.py foreach_reduce: reduce-scattered gradient copied "
                                "to the host, pinned)"
                              : "torch FSDP _flat_param.py init_flat_param_attributes: flat_param._cpu_grad = "
                                "zeros_like(_local_shard).pin_memory()",
                        kPinned});
   std::int64_t values = 0;
-  const std::int64_t states = StateBytes(simulated, optimizer, plan.optimizerTensors, values);
+  const std::int64_t states =
+      StateBytes(simulated, optimizer, fsdp2Finetune ? plan.trainableShardParts : plan.optimizerTensors, values);
   if (states > 0) {
     host.rows.push_back({"optimizer states", states, FormatCount(values) + " values on the host shards = " + FormatCount(states) + " B",
                          "torch.optim on host parameters: states made with torch.zeros_like on the host (ordinary memory)",
@@ -150,7 +171,7 @@ HostMemory ComputeHostMemory(const Setup& setup, const Setup& simulated, const I
   if (parallel) plan = PlanShards(simulated, inventory);
   if (setup.parallel.offload != OffloadKind::None) {
     if (plan.engine == ShardingEngine::Zero) ZeroRows(simulated, inventory, plan, host);
-    if (plan.engine == ShardingEngine::Fsdp || plan.engine == ShardingEngine::Fsdp2) FsdpRows(simulated, plan, host);
+    if (plan.engine == ShardingEngine::Fsdp || plan.engine == ShardingEngine::Fsdp2) FsdpRows(simulated, inventory, plan, host);
   }
   if (offloadedActivationsPeakBytes > 0) {
     host.rows.push_back({"offloaded activations (peak)", offloadedActivationsPeakBytes,

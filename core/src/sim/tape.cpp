@@ -481,10 +481,16 @@ void Tape::Execute(int index) {
   if (any) {
     SmallVec<TensorHandle, 2> temps;
     static const SmallVec<BackwardTemp, 2> kNone{};
-    for (const BackwardTemp& t : node.temps >= 0 ? temps_[static_cast<std::size_t>(node.temps)] : kNone) {
+    const SmallVec<BackwardTemp, 2>& specs = node.temps >= 0 ? temps_[static_cast<std::size_t>(node.temps)] : kNone;
+    for (const BackwardTemp& t : specs) {
       const TextPart name = TextPart::View(t.name);
       temps.push_back(b_.Alloc(Category::ActivationGradients, t.shape.Elements() * BytesPerElement(t.type),
                                T({name}), T({label, ": ", name}), text().Shape(t.shape, t.type), layer_));
+    }
+    for (int k = 0; k < specs.size(); ++k) {
+      if (!specs[k].beforeGradients) continue;
+      ReleaseWith(temps[k], [&] { return T({label, ": temporary freed"}); });
+      temps[k] = kNoTensor;
     }
     for (int i = 0; i < node.inputs.size(); ++i) {
       const In& in = node.inputs[i];
@@ -515,7 +521,9 @@ void Tape::Execute(int index) {
       }
       Deliver(in.value, g, label);
     }
-    for (TensorHandle t : temps) ReleaseWith(t, [&] { return T({label, ": temporary freed"}); });
+    for (TensorHandle t : temps) {
+      if (t != kNoTensor) ReleaseWith(t, [&] { return T({label, ": temporary freed"}); });
+    }
   }
   if (unpacks) offload_->AfterOp(label);  // the node's post-hook
   Node& done = nodes_[static_cast<std::size_t>(index)];

@@ -76,6 +76,9 @@ struct BackwardTemp {
   Shape shape;
   DType type = DType::FP32;
   const char* name = "";  // a literal: "mask", "logsumexp"
+  // Freed once the node's temporaries are made, before the input gradients: a helper's locals
+  // that die when it returns (torchao's NF4Tensor.get_original_weight in LinearNF4.backward).
+  bool beforeGradients = false;
 };
 
 class Tape {

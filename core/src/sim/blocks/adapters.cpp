@@ -83,9 +83,66 @@ ValueId QuantizedLinear(Model& m, ValueId x, const Module& module, const Tensor&
   return result;
 }
 
+// torchao's LinearNF4 (torchao/dtypes/nf4tensor.py), what torchtune's LoRALinear and
+// FrozenNF4Linear run with quantize_base=True (linear_nf4(input=x, weight=self.weight)):
+// forward F.linear(input, weight.to(input.dtype)) and ctx.save_for_backward(weight) — the NF4Tensor
+// itself, the parameter's storage, so nothing new is saved; backward grad_output @
+// weight.to(grad_output.dtype), the weight dequantized again. weight.to(dtype) is
+// function_to_dtype → get_original_weight(), whose locals all live until it returns:
+//   first_elements  = (quantized_data >> 4).to(torch.long)     int64 [n/2] (a uint8 [n/2] on the way)
+//   second_elements = (quantized_data & 0b1111).to(torch.long) int64 [n/2] (likewise)
+//   dequantized_first / _second = nf4[...]                      w [n/2] each
+//   scalers = dequantize_scalers(...): int8 / factor, + scaler_mean   w [n/64] (one of each on the way)
+//   scaled_first / _second = dequantized_* × repeated.flatten()   w [n/2] each (the expand copied for each)
+//   torch.stack([...], dim=-1).reshape(shape)                    w [n]: the dequantized weight
+// so the dequantization peaks at 8n + 3·w·n + w·n/64 bytes for n weights (14n + n/32 in bf16).
+ValueId TorchaoNf4Linear(Model& m, ValueId x, const Module& module, std::int64_t out, TextPart name) {
+  Tape& t = m.t;
+  const ValueId weight = m.P(module, "weight");  // frozen (requires_grad=False), the model's dtype
+  const DType type = t.TypeOf(x);                // weight.to(input.dtype): validation keeps it the NF4Tensor's
+  const std::int64_t in = t.ShapeOf(x).back();
+  const std::int64_t half = out * in / 2, scalers = out * in / kTorchaoNf4BlockSize;
+  const Text n = t.T({name});
+  constexpr Category kCopies = Category::WeightCopies;
+  auto unpack = [&](const char* shift, const char* codes) {
+    const ValueId packed = t.Fresh(Shape{half}, DType::UInt8, t.T({n, TextPart::View(shift)}), kCopies);
+    const ValueId wide = t.Fresh(Shape{half}, DType::Int64, t.T({n, TextPart::View(codes)}), kCopies);
+    t.Drop(packed);
+    return wide;
+  };
+  const ValueId first = unpack(" quantized_data >> 4", " first_elements (int64)");
+  const ValueId second = unpack(" quantized_data & 0b1111", " second_elements (int64)");
+  const ValueId firstValues = t.Fresh(Shape{half}, type, t.T({n, " nf4[first_elements]"}), kCopies);
+  const ValueId secondValues = t.Fresh(Shape{half}, type, t.T({n, " nf4[second_elements]"}), kCopies);
+  const ValueId divided = t.Fresh(Shape{scalers}, type, t.T({n, " quantized_scalers / quantization_factor"}), kCopies);
+  const ValueId scalerValues = t.Fresh(Shape{scalers}, type, t.T({n, " scalers (+ scaler_mean)"}), kCopies);
+  t.Drop(divided);
+  auto scale = [&](const char* what) {
+    const ValueId repeated = t.Fresh(Shape{half}, type, t.T({n, " repeated.flatten()"}), kCopies);
+    const ValueId scaled = t.Fresh(Shape{half}, type, t.T({n, TextPart::View(what)}), kCopies);
+    t.Drop(repeated);
+    return scaled;
+  };
+  const ValueId scaledFirst = scale(" scaled_first");    // dequantized_first × repeated.flatten()
+  const ValueId scaledSecond = scale(" scaled_second");  // dequantized_second × repeated.flatten()
+  const ValueId dequantized = t.Fresh(WeightShape(out, in), type, t.T({n, " dequantized weight (torch.stack)"}), kCopies);
+  for (ValueId local : {first, second, firstValues, secondValues, scalerValues, scaledFirst, scaledSecond}) t.Drop(local);
+  Shape outShape = t.ShapeOf(x);
+  outShape.back() = out;
+  const std::int64_t w = BytesPerElement(type);
+  const std::int64_t localsBytes = 2 * half * 8 + 4 * half * w + scalers * w;
+  Tape::OpSpec spec{.name = n, .inputs = {{x}, {weight}}, .shape = outShape, .type = type,
+                    .backwardTemps = {{Shape{localsBytes}, DType::UInt8, "get_original_weight locals (backward)", true},
+                                      {WeightShape(out, in), type, "weight.to(grad_output.dtype) (backward)"}}};
+  const ValueId y = t.Apply(spec);
+  t.Drop(dequantized);
+  return y;
+}
+
 // The base layer: nn.Linear or a quantized one.
 ValueId BaseLinear(Model& m, ValueId x, const Module& module, std::int64_t out, TextPart name) {
   const Tensor* w = m.parameters.TensorOf(module, "weight");
+  if (w != nullptr && w->storage == Tensor::Storage::TorchaoNF4) return TorchaoNf4Linear(m, x, module, out, name);
   if (IsQuantized(w)) return QuantizedLinear(m, x, module, *w, out, name);
   return ops::Linear(m.t, x, m.P(module, "weight"), m.POptional(module, "bias"), out, name);
 }
