@@ -337,6 +337,12 @@ TEST_CASE("FSDP2: the forward holds the previous unit's flat all-gather output u
     CHECK(flat < heldFreed);
     CHECK(heldFreed < copyOut);
     CHECK(e.timeline[heldFreed].deltaBytes == -kBlockGathered * 2);
+    // The copy-out makes each parameter's own storage (FSDPParam.alloc_all_gather_outputs):
+    // gate_proj 171 rows padded to 172 (2 × 86) × 64, in bf16; freed one by one at the reshard.
+    std::int64_t gate = 0;
+    CHECK(Allocations(e, "all-gather copy-out: layers.2: model.layers.2.mlp.gate_proj.weight", step, &gate) == 2);
+    CHECK(gate == 172 * 64 * 2);
+    CHECK(Frees(e, "reshard: model.layers.2.mlp.gate_proj.weight freed", step) == 2);
     // Root, blocks 0–3: five flat outputs a forward, each freed once, the last by the root's
     // post-forward before the loss.
     CHECK(Frees(e, "previous all-gather output freed", step) == 5);

@@ -139,6 +139,11 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     accumulatedGrad_.assign(inventory_.parameters.size(), kNoTensor);
   }
   pendingAllGather_.assign(units, kNoTensor);
+  if (plan_.engine == ShardingEngine::Fsdp2) {
+    unitParameters_.assign(units, {});
+    parameterOutputs_.assign(units, {});
+    for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) unitParameters_[static_cast<std::size_t>(unitOf_[i])].push_back(i);
+  }
   for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
     const Tensor& t = inventory_.parameters[i];
     // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole.
@@ -242,8 +247,24 @@ void ParallelStep::GatherFsdp2(TraceBuilder& b, int unit, bool prefetch) {
   }
   if (prefetch) return;
   if (inForward_) ReleaseHeldAllGather(b);
-  outputs = b.Alloc(Category::Parameters, total, text.Make({"gathered ", what}),
-                    text.Make({TextPart::View("all-gather copy-out: "), what}), formula(n, false), unit - 1);
+  // Each parameter's own all_gather_outputs: world × its padded shard (an NF4Tensor's inner
+  // tensors, its bytes), filled from the flat output by split_with_sizes_copy.
+  std::vector<ParameterOutput>& perParameter = parameterOutputs_[static_cast<std::size_t>(unit)];
+  for (std::size_t i : unitParameters_[static_cast<std::size_t>(unit)]) {
+    const Tensor& t = inventory_.parameters[i];
+    const bool nf4Weight = t.storage == Tensor::Storage::TorchaoNF4;
+    const std::int64_t elements = nf4Weight ? StorageElements(t) : plan_.optimizerTensors.parameters[i].Elements() * d;
+    if (elements == 0) continue;
+    perParameter.push_back({b.Alloc(Category::Parameters, nf4Weight ? elements : elements * bytes,
+                                   text.Make({names_[i], " (gathered)"}),
+                                   text.Make({TextPart::View("all-gather copy-out: "), what, ": ", names_[i]}),
+                                   nf4Weight ? text.Make({TextPart::Count(elements), " B of NF4 codes, scalers and factors"})
+                                             : text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(regime_.weights),
+                                                          " (padded)"}),
+                                   unit - 1),
+                            i});
+  }
+  outputs = perParameter.empty() ? kNoTensor : perParameter.front().handle;
   if (inForward_) {
     heldAllGather_ = flat;
   } else {
@@ -264,11 +285,21 @@ void ParallelStep::Free(TraceBuilder& b, int unit) {
   if (h == kNoTensor) return;
   TextStore& text = b.text();
   const int blocks = static_cast<int>(plan_.unitElements.size());
+
   b.Release(h, unit == 0             ? text.Make({"reshard: root unit freed"})
                : unit == blocks + 1 ? text.Make({"reshard: embedding unit freed"})
                : unit == blocks + 2 ? text.Make({"reshard: output unit freed"})
                                     : text.Make({"reshard: layers.", TextPart::Int(unit - 1), " freed"}));
   h = kNoTensor;
+  if (plan_.engine == ShardingEngine::Fsdp2) {
+    // FSDPParam.free_unsharded_param: each parameter's storage in turn; the first one's event
+    // (above) carries the unit's reshard.
+    std::vector<ParameterOutput>& perParameter = parameterOutputs_[static_cast<std::size_t>(unit)];
+    for (std::size_t k = 1; k < perParameter.size(); ++k) {
+      b.Release(perParameter[k].handle, text.Make({"reshard: ", names_[perParameter[k].parameter], " freed"}));
+    }
+    perParameter.clear();
+  }
 }
 
 bool ParallelStep::ReshardsAfterForward(int unit) const {

@@ -101,6 +101,15 @@ class ParallelStep final : public GradientHook, public LayerHook {
   // last forward copy-out's flat output, held until the next unit's copy-out or the root's
   // post-forward (FSDPCommContext.all_gather_state).
   std::vector<TensorHandle> pendingAllGather_;
+  // Per unit, its parameters (inventory indices) and, while gathered, each one's
+  // all_gather_outputs (FSDPParam.alloc_all_gather_outputs / free_unsharded_param: one storage
+  // per parameter, made at the copy-out and freed at the reshard).
+  std::vector<std::vector<std::size_t>> unitParameters_;
+  struct ParameterOutput {
+    TensorHandle handle;
+    std::size_t parameter;
+  };
+  std::vector<std::vector<ParameterOutput>> parameterOutputs_;
   TensorHandle heldAllGather_ = kNoTensor;
   bool inForward_ = false;
   bool forwardSawBlock_ = false;
