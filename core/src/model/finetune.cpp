@@ -446,7 +446,8 @@ void ValidateFinetune(const Setup& setup, std::vector<FieldError>& errors, bool 
   // must train (torch.optim refuses an empty parameter list). Only for an architecture that
   // passed validation (the inventory is built here).
   if (modelValid && errors.empty()) {
-    const Inventory inv = BuildInventory(setup);
+    const std::shared_ptr<const Inventory> shared = SharedInventory(setup);
+    const Inventory& inv = *shared;
     bool adapters = false;
     for (const Tensor& p : inv.parameters) adapters = adapters || p.adapter;
     // torchao NF4Tensor.from_tensor asserts numel % block_size (64) == 0 and

@@ -227,4 +227,26 @@ Inventory BuildInventory(const Setup& setup) {
   return inv;
 }
 
+std::shared_ptr<const Inventory> SharedInventory(const Setup& setup) {
+  if (setup.model.kind != ModelKind::Transformer) return std::make_shared<const Inventory>(BuildInventory(setup));
+  struct Entry {
+    ArchitectureDef architecture;
+    FinetuneDef finetune;
+    Precision precision = Precision::FP32;
+    std::int64_t expertParallel = 1;
+    std::shared_ptr<const Inventory> inventory;
+  };
+  thread_local Entry last;
+  if (last.inventory && last.architecture == setup.model.architecture && last.finetune == setup.finetune &&
+      last.precision == setup.training.precision && last.expertParallel == setup.parallel.expertParallel) {
+    return last.inventory;
+  }
+  last.inventory = std::make_shared<const Inventory>(BuildInventory(setup));
+  last.architecture = setup.model.architecture;
+  last.finetune = setup.finetune;
+  last.precision = setup.training.precision;
+  last.expertParallel = setup.parallel.expertParallel;
+  return last.inventory;
+}
+
 }  // namespace gpumem

@@ -213,7 +213,11 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
   if (auto stage = EstimateHigherPipelineStage(setup, options)) return std::move(*stage);
   const Setup rankSetup = parallel ? PipelineStageSetup(TensorParallelRankSetup(setup)) : Setup{};
   const Setup& simulated = parallel ? rankSetup : setup;
-  const Inventory inventory = parallel ? PipelineStageInventory(BuildInventory(simulated), simulated) : BuildInventory(simulated);
+  // One GPU: the inventory validation just built (SharedInventory), not a second one.
+  const std::shared_ptr<const Inventory> shared =
+      parallel ? std::make_shared<const Inventory>(PipelineStageInventory(BuildInventory(simulated), simulated))
+               : SharedInventory(simulated);
+  const Inventory& inventory = *shared;
   const Trace trace = BuildTrace(simulated, inventory, options.explain);
   // The model states first: snapshot rows they replace below are not rendered by Replay.
   ModelStates states = ComputeModelStates(simulated, inventory);

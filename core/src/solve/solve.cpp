@@ -149,7 +149,7 @@ class InventoryCache {
   // ModelStatesLowerBound: validated first (an inventory is built only for a valid setup).
   std::int64_t Bound(const Setup& s) {
     if (!HasModelStatesBound(s)) return -1;
-    if (!SameInventory(s)) return ComputeModelStates(s, BuildInventory(s)).totalBytes;
+    if (!SameInventory(s)) return ComputeModelStates(s, *SharedInventory(s)).totalBytes;
     if (!inventory_) inventory_.emplace(BuildInventory(base_));
     return ComputeModelStates(s, *inventory_).totalBytes;
   }
