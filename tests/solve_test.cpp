@@ -2,6 +2,7 @@
 // changes that would make a setup fit, each checked against the simulation itself.
 #include <catch2/catch.hpp>
 
+#include "gpumem/json.hpp"
 #include "gpumem/presets.hpp"
 #include "gpumem/solve.hpp"
 #include "test_support.hpp"
@@ -220,4 +221,72 @@ TEST_CASE("model states past the capacity: no size fits and what cannot fit is l
   // again with the single changes': those whose model states alone pass the capacity are not
   // simulated either.
   CHECK(r.estimatesRun <= 12);
+}
+
+TEST_CASE("the forward-end floor bounds every allocated peak from below", "[solve]") {
+  // ForwardEndFloor: step 2's model states without gradients plus (L − 1) × what the second
+  // block of a two-block model keeps at the end of forward. Across families, precisions,
+  // checkpointing, adapters and quantized bases, at two sizes; where the blocks differ (frozen
+  // first blocks, every k-th block checkpointed, offloading) there is no floor.
+  int floored = 0;
+  for (const char* preset : {"gpt2", "llama-3.2-1b", "bert-base-uncased", "mixtral-8x7b"})
+    for (Precision precision : {Precision::FP32, Precision::BF16Mixed, Precision::BF16})
+      for (int variant = 0; variant < 5; ++variant) {
+        Setup s = DefaultSetup();
+        s.model.kind = ModelKind::Transformer;
+        s.model.architecture = FindPreset(preset)->architecture;
+        s.model.architecture.numLayers = std::min<std::int64_t>(s.model.architecture.numLayers, 6);
+        s.training.batchSize = 2;
+        s.training.sequenceLength = 128;
+        s.training.precision = precision;
+        if (variant == 1 || variant == 2) {
+          s.finetune.lora = true;
+          s.finetune.targetModules = {"all-linear"};
+          s.finetune.freezeEmbeddings = variant == 2;
+        }
+        if (variant == 2 && precision != Precision::FP32) s.finetune.quantization = Quantization::NF4;
+        if (variant == 3) s.training.checkpointing = Checkpointing::EveryBlock;
+        if (variant == 4) s.training.attention = AttentionImplementation::SDPA;
+        const EstimateResult r = EstimateMemory(s);
+        if (!r.ok()) continue;
+        INFO(preset << " precision " << static_cast<int>(precision) << " variant " << variant);
+        const std::int64_t floor = ForwardEndFloor(s);
+        CHECK(floor > r.estimate.modelStates.parametersBytes);
+        CHECK(floor <= r.estimate.peak.totalBytes);
+        // It counts what the states bound counts but the gradients, and the blocks' activations.
+        const ModelStates& m = r.estimate.modelStates;
+        CHECK(floor - (m.parametersBytes + m.masterWeightsBytes + m.optimizerStatesBytes) <=
+              BytesIn(r.estimate.forwardEnd, Category::Activations));
+        ++floored;
+      }
+  CHECK(floored >= 40);
+  Setup differ = DefaultSetup();
+  differ.model.kind = ModelKind::Transformer;
+  differ.model.architecture = FindPreset("llama-3.2-1b")->architecture;
+  differ.finetune.freezeFirstBlocks = 2;
+  CHECK(ForwardEndFloor(differ) == 0);
+  differ.finetune.freezeFirstBlocks = 0;
+  differ.training.activationOffloading = true;
+  CHECK(ForwardEndFloor(differ) == 0);
+}
+
+TEST_CASE("a change whose states fit but whose forward-end floor does not is listed unsimulated", "[solve]") {
+  // Mixtral 8x22B at 8k tokens on an 80 GiB GPU: QLoRA's 4-bit states fit (about 70 GB), but
+  // without checkpointing its 56 blocks keep far more at the end of forward.
+  // scripts/bench.mjs's solve, read as the page reads it.
+  const SetupParseResult parsed = ParseSetupJson(
+      R"({"model":{"preset":"mixtral-8x22b"},"training":{"batchSize":1,"sequenceLength":8192,"attention":"sdpa"}})");
+  REQUIRE(parsed.errors.empty());
+  const SolveResult r = Solve(parsed.setup);
+  REQUIRE(r.ok());
+  const auto qlora = std::find_if(r.suggestions.begin(), r.suggestions.end(),
+                                  [](const FitSuggestion& f) { return f.id == "finetune-qlora"; });
+  REQUIRE(qlora != r.suggestions.end());
+  CHECK(qlora->peakIsLowerBound);
+  CHECK(qlora->lowerBoundBasis == "forwardEnd");
+  CHECK(qlora->peakBytes == ForwardEndFloor(qlora->setup));
+  CHECK(qlora->peakBytes > r.capacityBytes);
+  CHECK(qlora->peakBytes > MustEstimate(qlora->setup).modelStates.totalBytes);
+  CHECK(Peak(qlora->setup) >= qlora->peakBytes);
+  CHECK(r.estimatesRun <= 2);
 }

@@ -163,12 +163,16 @@ export function renderSolve() {
     const label = document.createElement('strong');
     label.textContent = s.label;
     const saved = document.createElement('span');
-    // Unsimulated: its model states alone pass the capacity (the core's peakIsLowerBound).
+    // Unsimulated: its floor passes the capacity (the core's peakIsLowerBound and what the floor
+    // counts, lowerBoundBasis).
+    const floorWhat = s.lowerBoundBasis === 'forwardEnd'
+      ? 'its model states and what its blocks keep at the end of forward'
+      : 'its model states alone';
     saved.textContent = s.peakIsLowerBound
-      ? ` — saves at most ${formatBytes(s.savedBytes)}, peak at least ${formatBytes(s.peakBytes)} (its model states alone) `
+      ? ` — saves at most ${formatBytes(s.savedBytes)}, peak at least ${formatBytes(s.peakBytes)} (${floorWhat}) `
       : ` — saves ${formatBytes(s.savedBytes)}, peak ${formatBytes(s.peakBytes)} `;
     saved.title = s.peakIsLowerBound
-      ? `not simulated: its model states alone (${bytesTitle(s.peakBytes)}) pass the GPU's capacity`
+      ? `not simulated: ${floorWhat} (${bytesTitle(s.peakBytes)}) pass the GPU's capacity`
       : `${bytesTitle(s.savedBytes)} saved; peak ${bytesTitle(s.peakBytes)}`;
     const fits = document.createElement('span');
     fits.className = s.fits ? 'fits-yes' : 'fits-no';

@@ -45,6 +45,9 @@ struct FitSuggestion {
   // Not simulated: its model states alone pass the capacity, so peakBytes is their sum (a floor
   // of the peak) and savedBytes the most the change could save.
   bool peakIsLowerBound = false;
+  // With peakIsLowerBound, what the floor counts: "modelStates", or "forwardEnd" (the model
+  // states and what the blocks keep at the end of forward, ForwardEndFloor).
+  std::string lowerBoundBasis;
 };
 
 struct SolveResult {
@@ -65,6 +68,15 @@ struct SolveResult {
 constexpr int kMaxSolveEstimates = 40;
 
 SolveResult Solve(const Setup& setup);
+
+// A floor of a one-GPU transformer setup's allocated peak, or 0 when none is known: at the end of
+// step 2's forward the parameters, fp32 master copies and optimizer states are all allocated
+// (no gradient yet: zero_grad set them to None), and so is everything each block saved for
+// backward. Blocks after the first are alike, so each keeps what the second block of a 2-block
+// model keeps beyond a 1-block one (two small simulations); the first block and the rest of the
+// forward are left out. Only where the blocks are alike: no frozen first blocks or module lists,
+// checkpointing none / every block / selective, no activation offloading.
+std::int64_t ForwardEndFloor(const Setup& setup);
 // The same, reusing an estimate of `setup` itself (the CLI has one already).
 SolveResult Solve(const Setup& setup, const Estimate& current);
 

@@ -957,7 +957,7 @@ ojson SolveObject(const SolveResult& r) {
     suggestions.push_back({{"id", s.id}, {"label", s.label}, {"tradeoff", s.tradeoff},
                            {"cost", FitCostId(s.cost)}, {"change", change},
                            {"peakBytes", s.peakBytes}, {"savedBytes", s.savedBytes}, {"fits", s.fits},
-                           {"peakIsLowerBound", s.peakIsLowerBound}});
+                           {"peakIsLowerBound", s.peakIsLowerBound}, {"lowerBoundBasis", s.lowerBoundBasis}});
   }
   return {{"currentPeakBytes", r.currentPeakBytes}, {"capacityBytes", r.capacityBytes},
           {"maxBatchSize", limit(r.maxBatchSize)}, {"maxSequenceLength", limit(r.maxSequenceLength)},
