@@ -70,6 +70,23 @@ TEST_CASE("Block templates: copied backward spans equal simulated ones", "[trace
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","activationOffloading":true}})",
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"selectiveOp","attention":"sdpa","precision":"bf16Mixed"}})",
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16"},"finetune":{"lora":true,"quantization":"nf4"}})",
+      // Plain (not checkpointed) blocks: their forwards, nodes included, copied (Tape::PlainBlock).
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":512,"attention":"sdpa","precision":"bf16Mixed"}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":256,"attention":"eager","precision":"ampBf16"}})",
+      R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":512,"attention":"eager"}})",
+      R"({"model":{"preset":"gpt2"},"training":{"batchSize":2,"sequenceLength":256,"attention":"sdpa","precision":"ampFp16"}})",
+      R"({"model":{"preset":"llama-2-7b"},"training":{"batchSize":1,"sequenceLength":512,"attention":"sdpa","precision":"bf16Mixed"}})",
+      R"({"model":{"preset":"bert-base-uncased"},"training":{"batchSize":2,"sequenceLength":128}})",
+      R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":256},"parallel":{"gradientAccumulationSteps":3}})",
+      // Plain blocks that must fall back: frozen first blocks, one block trained alone, LoRA,
+      // QLoRA, activation offloading, a sharding engine's layer hook (ZeRO-3, FSDP).
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256},"finetune":{"freezeFirstBlocks":6}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256},"finetune":{"trainOnlyModules":["model.layers.7"]}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"precision":"bf16Mixed"},"finetune":{"lora":true}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"precision":"ampBf16"},"finetune":{"lora":true,"quantization":"nf4"}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"activationOffloading":true}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256},"parallel":{"dataParallel":4,"zeroStage":3}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256},"parallel":{"dataParallel":4,"fsdp":"FULL_SHARD"}})",
   };
   for (const std::string& json : setups) {
     gpumem::Setup setup;

@@ -310,6 +310,15 @@ void Tape::EndAutocast() {
   c.cached.clear();
 }
 
+Tape::Values Tape::PlainBlock(int layer, const Values& inputs, const Block& block) {
+  // As Checkpoint's forward templates, and only in a recorded forward (not inside a
+  // checkpointed block, a recompute or a backward).
+  const bool copyable = recording_ && !inBackward_ && !sacCollect_ && sacReplay_ == nullptr && BlockTemplatesOn() &&
+                        inventory_ != nullptr && leaves_ != nullptr && offload_ == nullptr && layerHook_ == nullptr &&
+                        cacheDepth_ == 0 && layer >= 0;
+  return copyable ? RunForwardSpan(inputs, block, layer) : block(*this, inputs);
+}
+
 Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block, bool selectiveOps) {
   const bool outer = recording_;
   recording_ = false;

@@ -198,6 +198,10 @@ class Tape {
     inventory_ = inventory;
     leaves_ = leaves;
   }
+  // Block `layer`'s forward, not checkpointed: `block` run on `inputs` as it is, recording its
+  // nodes; with forward templates set, its span (nodes included) may be copied from the
+  // blocks before it instead (tape_templates.cpp, RunForwardSpan).
+  Values PlainBlock(int layer, const Values& inputs, const Block& block);
 
   // --- activation offloading (sim/savers.hpp): the saved-tensor hooks, when set ---
   void SetOffload(ActivationOffload* offload) { offload_ = offload; }
@@ -269,6 +273,12 @@ class Tape {
     Values outs;
     std::array<Text, 4> scopeAfter{};
     std::vector<Value> values;  // as the span left them (Checkpoint then marks the outputs)
+    // A plain block's forward (PlainBlock): it records nodes [nodeFrom, nodeTo) and backward
+    // temporaries [tempFrom, tempTo); its inputs' dtype and requires_grad decide which ops
+    // record, so a copy needs the same (inputKinds: type · 2 + requiresGrad, per input).
+    bool plain = false;
+    int nodeFrom = 0, nodeTo = 0, tempFrom = 0, tempTo = 0;
+    SmallVec<int, 4> inputKinds;
   };
   // A span predicted from the two before it (every id, text position, layer and parameter
   // index moving by as much again as from the first to the second).
@@ -278,6 +288,8 @@ class Tape {
     std::vector<TextPart> parts;
     std::vector<std::int64_t> dims;
     std::vector<Value> values;  // a forward span's
+    std::vector<Node> nodes;    // a plain forward span's
+    std::vector<SmallVec<BackwardTemp, 2>> temps;
   };
   // The spans after a checked prediction: the predicted span and how far each of its numbers
   // moves from one span to the next.
@@ -311,6 +323,10 @@ class Tape {
     std::vector<std::pair<int, int>> castSteps, leafSteps;
     std::vector<int> outSteps;
     std::array<std::int64_t, 4> scopeSteps{};
+    // A plain forward span's nodes: the ones before the current prediction (each advance
+    // predicts the next from those two, as Predict does).
+    std::vector<Node> previousNodes;
+    int nodeStep = 0, tempStep = 0;
   };
   SpanTemplate template_;
   // Per block: a hash of its parameters (shapes, trainable, storage, adapter) and the index of
@@ -328,9 +344,13 @@ class Tape {
   bool Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out);
   bool SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& actual) const;
   // Forward templates (RunForwardSpan): the checkpointed blocks' forwards, copied.
-  Values RunForwardSpan(const Values& inputs, const Block& block);
+  // plainLayer: a plain block's index (PlainBlock), -1 for a checkpointed block's forward.
+  Values RunForwardSpan(const Values& inputs, const Block& block, int plainLayer = -1);
   void ForgetForwardSpans();
-  bool ApplyForward(const PredictedSpan& predicted, Values& outs);
+  bool ApplyForward(const PredictedSpan& predicted, const Values& inputs, int layer, Values& outs);
+  static bool NextNode(const Node& x, const Node& y, Node& out);
+  static bool SameNode(const Node& x, const Node& y);
+  static int InputKind(const Value& v) { return static_cast<int>(v.type) * 2 + (v.requiresGrad ? 1 : 0); }
   bool PredictForward(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out) const;
   bool SameForwardAsSimulated(const PredictedSpan& predicted, const SpanRecord& actual) const;
   static bool SameValue(const Value& x, const Value& y);

@@ -138,7 +138,8 @@ int Tape::ParameterOfName(const char* name) {
 
 bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out) {
   const std::size_t events = b.eventTo - b.eventFrom, parts = b.partTo - b.partFrom, dims = b.dimTo - b.dimFrom;
-  if (a.forward != b.forward || a.eventTo - a.eventFrom != events || a.partTo - a.partFrom != parts || a.dimTo - a.dimFrom != dims ||
+  if (a.forward != b.forward || a.plain != b.plain || a.nodeTo - a.nodeFrom != b.nodeTo - b.nodeFrom ||
+      a.tempTo - a.tempFrom != b.tempTo - b.tempFrom || a.eventTo - a.eventFrom != events || a.partTo - a.partFrom != parts || a.dimTo - a.dimFrom != dims ||
       a.idTo - a.idFrom != b.idTo - b.idFrom || a.holders != b.holders || a.touches.size() != b.touches.size() ||
       a.grads.size() != b.grads.size() || a.inputGrads.size() != b.inputGrads.size()) {
     return false;
@@ -405,6 +406,12 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
     for (std::size_t i = 0; i < t.scopeSteps.size(); ++i) {
       t.scopeSteps[i] = static_cast<std::int64_t>(c.scopeAfter[i].begin) - b.scopeAfter[i].begin;
     }
+    t.previousNodes.clear();
+    if (c.plain) {
+      t.previousNodes.assign(nodes_.begin() + b.nodeFrom, nodes_.begin() + b.nodeTo);
+      t.nodeStep = c.nodeFrom - b.nodeFrom;
+      t.tempStep = c.tempFrom - b.tempFrom;
+    }
   }
   t.ready = true;
   return true;
@@ -480,6 +487,19 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
     for (int i = 0; i < r.outs.size(); ++i) r.outs[i] += t.outSteps[static_cast<std::size_t>(i)];
     for (std::size_t i = 0; i < r.scopeAfter.size(); ++i) {
       if (r.scopeAfter[i].count) r.scopeAfter[i].begin = static_cast<std::uint32_t>(r.scopeAfter[i].begin + t.scopeSteps[i]);
+    }
+    if (r.plain) {
+      r.nodeFrom += t.nodeStep;
+      r.nodeTo += t.nodeStep;
+      r.tempFrom += t.tempStep;
+      r.tempTo += t.tempStep;
+      // Each node on from the one before it: the previous prediction becomes the older of two.
+      for (std::size_t j = 0; j < t.span.nodes.size(); ++j) {
+        Node next;
+        if (!NextNode(t.previousNodes[j], t.span.nodes[j], next)) return false;
+        t.previousNodes[j] = t.span.nodes[j];
+        t.span.nodes[j] = next;
+      }
     }
   }
   return true;
@@ -567,6 +587,83 @@ bool Tape::PredictForward(const SpanRecord& a, const SpanRecord& b, PredictedSpa
   for (std::size_t i = 0; i < r.scopeAfter.size(); ++i) {
     if (!NextText(a.scopeAfter[i], b.scopeAfter[i], r.scopeAfter[i])) return false;
   }
+  out.nodes.clear();
+  out.temps.clear();
+  r.plain = b.plain;
+  if (!b.plain) return true;
+  // A plain block's nodes and backward temporaries, and the inputs they were recorded for.
+  if (a.inputKinds.size() != b.inputKinds.size()) return false;
+  for (int i = 0; i < b.inputKinds.size(); ++i) if (a.inputKinds[i] != b.inputKinds[i]) return false;
+  r.inputKinds = b.inputKinds;
+  r.nodeFrom = static_cast<int>(Next(a.nodeFrom, b.nodeFrom));
+  r.nodeTo = r.nodeFrom + (b.nodeTo - b.nodeFrom);
+  r.tempFrom = static_cast<int>(Next(a.tempFrom, b.tempFrom));
+  r.tempTo = r.tempFrom + (b.tempTo - b.tempFrom);
+  if (r.nodeFrom < 0 || r.tempFrom < 0) return false;
+  out.nodes.resize(static_cast<std::size_t>(b.nodeTo - b.nodeFrom));
+  for (int j = 0; j < b.nodeTo - b.nodeFrom; ++j) {
+    if (!NextNode(nodes_[static_cast<std::size_t>(a.nodeFrom + j)], nodes_[static_cast<std::size_t>(b.nodeFrom + j)],
+                  out.nodes[static_cast<std::size_t>(j)])) {
+      return false;
+    }
+  }
+  for (int j = 0; j < b.tempTo - b.tempFrom; ++j) {
+    const SmallVec<BackwardTemp, 2>& x = temps_[static_cast<std::size_t>(a.tempFrom + j)];
+    const SmallVec<BackwardTemp, 2>& y = temps_[static_cast<std::size_t>(b.tempFrom + j)];
+    if (x.size() != y.size()) return false;
+    for (int k = 0; k < y.size(); ++k) {
+      if (!(x[k].shape == y[k].shape) || x[k].type != y[k].type || std::strcmp(x[k].name, y[k].name) != 0) return false;
+    }
+    out.temps.push_back(y);
+  }
+  return true;
+}
+
+// Node y's successor, every number moved on from x to y as much again (false: they differ in
+// what does not move: their rules, list sizes, checkpoint or offload parts).
+bool Tape::NextNode(const Node& x, const Node& y, Node& out) {
+  if (x.inputs.size() != y.inputs.size() || x.outputs.size() != y.outputs.size() || x.saved.size() != y.saved.size() ||
+      (x.temps < 0) != (y.temps < 0) || x.block >= 0 || y.block >= 0 || !x.blockInputs.empty() ||
+      !y.blockInputs.empty() || x.packed >= 0 || y.packed >= 0 || x.precomputed >= 0 || y.precomputed >= 0 || x.done ||
+      y.done || !NextText(x.label, y.label, out.label)) {
+    return false;
+  }
+  out.layer = static_cast<int>(Next(x.layer, y.layer));
+  out.inputs.clear();
+  for (int i = 0; i < y.inputs.size(); ++i) {
+    if (x.inputs[i].rule != y.inputs[i].rule || (x.inputs[i].value < 0) != (y.inputs[i].value < 0)) return false;
+    In in = y.inputs[i];
+    if (in.value >= 0) in.value = static_cast<ValueId>(Next(x.inputs[i].value, y.inputs[i].value));
+    out.inputs.push_back(in);
+  }
+  out.outputs.clear();
+  for (int i = 0; i < y.outputs.size(); ++i) out.outputs.push_back(static_cast<ValueId>(Next(x.outputs[i], y.outputs[i])));
+  out.saved.clear();
+  for (int i = 0; i < y.saved.size(); ++i) {
+    if ((x.saved[i] < 0) != (y.saved[i] < 0)) return false;
+    out.saved.push_back(y.saved[i] < 0 ? y.saved[i] : static_cast<TensorHandle>(Next(x.saved[i], y.saved[i])));
+  }
+  out.temps = y.temps < 0 ? -1 : static_cast<int>(Next(x.temps, y.temps));
+  out.block = -1;
+  out.blockInputs.clear();
+  out.packed = -1;
+  out.precomputed = -1;
+  out.done = false;
+  return true;
+}
+
+bool Tape::SameNode(const Node& x, const Node& y) {
+  if (!SameText(x.label, y.label) || x.layer != y.layer || x.inputs.size() != y.inputs.size() ||
+      x.outputs.size() != y.outputs.size() || x.saved.size() != y.saved.size() || x.temps != y.temps ||
+      x.block != y.block || x.blockInputs.size() != y.blockInputs.size() || x.packed != y.packed ||
+      x.precomputed != y.precomputed || x.done != y.done) {
+    return false;
+  }
+  for (int i = 0; i < x.inputs.size(); ++i) {
+    if (x.inputs[i].value != y.inputs[i].value || x.inputs[i].rule != y.inputs[i].rule) return false;
+  }
+  for (int i = 0; i < x.outputs.size(); ++i) if (x.outputs[i] != y.outputs[i]) return false;
+  for (int i = 0; i < x.saved.size(); ++i) if (x.saved[i] != y.saved[i]) return false;
   return true;
 }
 
@@ -584,7 +681,17 @@ bool Tape::SameForwardAsSimulated(const PredictedSpan& predicted, const SpanReco
   for (std::size_t j = 0; j < predicted.values.size(); ++j) {
     if (!SameValue(predicted.values[j], actual.values[j])) return false;
   }
-  return true;
+  if (r.plain != actual.plain) return false;
+  if (!r.plain) return true;
+  if (r.nodeFrom != actual.nodeFrom || r.nodeTo != actual.nodeTo || r.tempFrom != actual.tempFrom ||
+      r.tempTo != actual.tempTo || predicted.nodes.size() != static_cast<std::size_t>(actual.nodeTo - actual.nodeFrom) ||
+      predicted.temps.size() != static_cast<std::size_t>(actual.tempTo - actual.tempFrom)) {
+    return false;
+  }
+  for (std::size_t j = 0; j < predicted.nodes.size(); ++j) {
+    if (!SameNode(predicted.nodes[j], nodes_[static_cast<std::size_t>(actual.nodeFrom) + j])) return false;
+  }
+  return true;  // the temporaries' contents: equal to span b's, which PredictForward compared
 }
 
 // The common checks of a copy: it continues the trace exactly where it stands, its events make
@@ -645,26 +752,32 @@ bool Tape::TouchesConsistent(const PredictedSpan& predicted) const {
 // backward spans are (RunCheckpointSpan), and copied once a prediction matched a simulated one.
 // Refused with activation offloading (the pack hooks), a layer hook (sharding engines),
 // op-level selective checkpointing (the kept outputs) and in a recompute.
-Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block) {
+Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block, int plainLayer) {
+  const bool plain = plainLayer >= 0;
+  if (!forwardSpans_.empty() && forwardSpans_.back().plain != plain) ForgetForwardSpans();
   if (forwardChecked_ && forwardSpans_.size() >= 2) {
     const bool next = forwardTemplate_.ready
                           ? AdvanceTemplate(forwardTemplate_)
                           : BuildTemplate(forwardTemplate_, forwardSpans_[forwardSpans_.size() - 2], forwardSpans_.back());
     Values outs;
-    if (next && ApplyForward(forwardTemplate_.span, outs)) return outs;
+    if (next && ApplyForward(forwardTemplate_.span, inputs, plain ? plainLayer : layer_, outs)) return outs;
     ForgetForwardSpans();
   }
   if (layerSignature_.empty()) ComputeLayerSignatures();
   SpanRecord r;
   r.forward = true;
-  r.layer = layer_;
+  r.plain = plain;
+  r.layer = plain ? plainLayer : layer_;
+  r.nodeFrom = static_cast<int>(nodes_.size());
+  r.tempFrom = static_cast<int>(temps_.size());
+  for (ValueId v : inputs) r.inputKinds.push_back(InputKind(values_[static_cast<std::size_t>(v)]));
   const Trace& trace = b_.trace();
   r.eventFrom = trace.events.size();
   r.partFrom = text().partCount();
   r.dimFrom = text().dimCount();
   r.idFrom = static_cast<int>(b_.tensorCount());
   r.valueFrom = static_cast<int>(values_.size());
-  const std::size_t nodesBefore = nodes_.size(), castFrom = cache().cached.size();
+  const std::size_t nodesBefore = nodes_.size(), castFrom = cache().cached.size(), blocksBefore = blocks_.size();
   b_.RecordTouches(r.idFrom);
   leafLog_ = &r.leaves;
   Values outs = block(*this, inputs);
@@ -676,6 +789,8 @@ Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block) {
   r.dimTo = text().dimCount();
   r.idTo = static_cast<int>(b_.tensorCount());
   r.valueTo = static_cast<int>(values_.size());
+  r.nodeTo = static_cast<int>(nodes_.size());
+  r.tempTo = static_cast<int>(temps_.size());
   r.values.assign(values_.begin() + r.valueFrom, values_.end());  // as the span left them
   r.holders.reserve(static_cast<std::size_t>(r.idTo - r.idFrom));
   for (int id = r.idFrom; id < r.idTo; ++id) r.holders.push_back(b_.Holders(id));
@@ -686,8 +801,14 @@ Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block) {
   r.scopeAfter = {scope_, scopeColon_, scopeDot_, scopeSpace_};
   r.layerAfter = layer_;
   r.outs = outs;
-  // A node or a kept output would be state a copy does not make.
-  if (nodes_.size() != nodesBefore || !sacBuilding_.empty() || c.cached.size() < castFrom) {
+  // A kept output, a checkpoint inside the block, an offloaded or precomputed node (and, in a
+  // checkpointed block's forward, any node) would be state a copy does not make.
+  bool copyable = sacBuilding_.empty() && c.cached.size() >= castFrom && blocks_.size() == blocksBefore &&
+                  (plain ? r.layerAfter == r.layer : nodes_.size() == nodesBefore);
+  for (std::size_t n = nodesBefore; n < nodes_.size() && copyable; ++n) {
+    copyable = nodes_[n].packed < 0 && nodes_[n].precomputed < 0 && nodes_[n].block < 0;
+  }
+  if (!copyable) {
     ForgetForwardSpans();
     return outs;
   }
@@ -707,9 +828,9 @@ void Tape::ForgetForwardSpans() {
   forwardTemplate_.ready = false;
 }
 
-bool Tape::ApplyForward(const PredictedSpan& predicted, Values& outs) {
+bool Tape::ApplyForward(const PredictedSpan& predicted, const Values& inputs, int layer, Values& outs) {
   const SpanRecord& r = predicted.record;
-  if (!SpanFits(predicted) || r.layer != layer_ || r.valueFrom != static_cast<int>(values_.size()) ||
+  if (!SpanFits(predicted) || r.layer != layer || r.valueFrom != static_cast<int>(values_.size()) ||
       predicted.values.size() != static_cast<std::size_t>(r.valueTo - r.valueFrom) || !TouchesConsistent(predicted)) {
     return false;
   }
@@ -731,6 +852,26 @@ bool Tape::ApplyForward(const PredictedSpan& predicted, Values& outs) {
     }
   }
   for (ValueId v : r.outs) if (!inRange(v)) return false;
+  if (r.plain) {
+    // The nodes continue the tape where it stands, for inputs of the kinds they were recorded
+    // for, and point only at values, tensors and temporaries that exist once they are in.
+    if (r.nodeFrom != static_cast<int>(nodes_.size()) || r.tempFrom != static_cast<int>(temps_.size()) ||
+        inputs.size() != r.inputKinds.size()) {
+      return false;
+    }
+    for (int i = 0; i < inputs.size(); ++i) {
+      if (InputKind(values_[static_cast<std::size_t>(inputs[i])]) != r.inputKinds[i]) return false;
+    }
+    for (const Node& node : predicted.nodes) {
+      for (const In& in : node.inputs) if (in.value >= r.valueTo) return false;
+      for (ValueId v : node.outputs) if (!inRange(v)) return false;
+      for (TensorHandle h : node.saved) if (h < kNoTensor || h >= r.idTo) return false;  // a weight's: none
+      if (node.temps >= r.tempTo) return false;
+    }
+    for (const Value& v : predicted.values) {
+      if (v.producer >= r.nodeTo || (v.producer >= 0 && v.producer < r.nodeFrom)) return false;
+    }
+  }
   text().AppendRaw(predicted.parts, predicted.dims);
   b_.AppendCopied(predicted.events, r.holders);
   for (const auto& [id, delta] : r.touches) b_.AddHolders(id, delta);
@@ -745,6 +886,10 @@ bool Tape::ApplyForward(const PredictedSpan& predicted, Values& outs) {
   scopeDot_ = r.scopeAfter[2];
   scopeSpace_ = r.scopeAfter[3];
   layer_ = r.layerAfter;
+  if (r.plain) {
+    nodes_.insert(nodes_.end(), predicted.nodes.begin(), predicted.nodes.end());
+    temps_.insert(temps_.end(), predicted.temps.begin(), predicted.temps.end());
+  }
   outs = r.outs;
   ++gForwardCopies;
   return true;
