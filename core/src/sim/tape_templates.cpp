@@ -43,12 +43,13 @@ void Tape::RunCheckpointSpan(int index) {
     RunCheckpoint(index);
     return;
   }
+  if (!spans_.empty() && spans_.back().plain) ForgetSpans();  // a plain block before this one
   if (templateChecked_ && spans_.size() >= 2) {
     // The first copy predicts from the last two spans and notes how far each number moves;
     // the next ones only move those numbers on again.
     const bool next = template_.ready ? AdvanceTemplate(template_)
                                          : BuildTemplate(template_, spans_[spans_.size() - 2], spans_.back());
-    if (next && ApplyPredicted(index, template_.span)) return;
+    if (next && ApplyPredicted(index, node.blockInputs, template_.span)) return;
     spans_.clear();
     templateChecked_ = false;
     template_.ready = false;
@@ -170,6 +171,16 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
   r.idTo = r.idFrom + (b.idTo - b.idFrom);
   r.holders = b.holders;
   r.layerAfter = static_cast<int>(Next(a.layerAfter, b.layerAfter));
+  if (b.plain && !b.forward) {  // a plain block's backward: its nodes, as far on again
+    r.plain = true;
+    r.nodeFrom = static_cast<int>(Next(a.nodeFrom, b.nodeFrom));
+    r.nodeTo = r.nodeFrom + (b.nodeTo - b.nodeFrom);
+    if (r.nodeFrom < 0 || a.inputNames.size() != b.inputNames.size()) return false;
+    r.inputNames.resize(b.inputNames.size());
+    for (std::size_t i = 0; i < b.inputNames.size(); ++i) {
+      if (!NextText(a.inputNames[i], b.inputNames[i], r.inputNames[i])) return false;
+    }
+  }
   r.touches.reserve(b.touches.size());
   for (std::size_t j = 0; j < b.touches.size(); ++j) {
     if (a.touches[j].second != b.touches[j].second) return false;
@@ -261,9 +272,11 @@ bool Tape::SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& act
   if (r.eventFrom != actual.eventFrom || r.eventTo != actual.eventTo || r.partFrom != actual.partFrom ||
       r.partTo != actual.partTo || r.dimFrom != actual.dimFrom || r.dimTo != actual.dimTo || r.idFrom != actual.idFrom ||
       r.idTo != actual.idTo || r.holders != actual.holders || r.touches != actual.touches || r.grads != actual.grads ||
-      r.layerAfter != actual.layerAfter || r.inputGrads.size() != actual.inputGrads.size()) {
+      r.layerAfter != actual.layerAfter || r.inputGrads.size() != actual.inputGrads.size() || r.plain != actual.plain ||
+      r.nodeFrom != actual.nodeFrom || r.nodeTo != actual.nodeTo || r.inputNames.size() != actual.inputNames.size()) {
     return false;
   }
+  for (std::size_t i = 0; i < r.inputNames.size(); ++i) if (!SameText(r.inputNames[i], actual.inputNames[i])) return false;
   for (int i = 0; i < r.inputGrads.size(); ++i) if (r.inputGrads[i] != actual.inputGrads[i]) return false;
   const std::vector<Event>& trace = b_.trace().events;
   for (std::size_t j = 0; j < predicted.events.size(); ++j) {
@@ -338,6 +351,11 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
   t.dimStep = static_cast<std::int64_t>(c.dimFrom) - static_cast<std::int64_t>(b.dimFrom);
   t.idStep = c.idFrom - b.idFrom;
   t.layerStep = c.layerAfter - b.layerAfter;
+  t.nodeStep = c.nodeFrom - b.nodeFrom;
+  t.inputNameSteps.clear();
+  for (std::size_t i = 0; i < c.inputNames.size(); ++i) {
+    t.inputNameSteps.push_back(static_cast<std::int64_t>(c.inputNames[i].begin) - b.inputNames[i].begin);
+  }
   t.eventSteps.clear();
   const std::vector<Event>& events = b_.trace().events;
   for (std::size_t j = 0; j < t.span.events.size(); ++j) {
@@ -409,7 +427,6 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
     t.previousNodes.clear();
     if (c.plain) {
       t.previousNodes.assign(nodes_.begin() + b.nodeFrom, nodes_.begin() + b.nodeTo);
-      t.nodeStep = c.nodeFrom - b.nodeFrom;
       t.tempStep = c.tempFrom - b.tempFrom;
     }
   }
@@ -431,6 +448,11 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
   r.idFrom += t.idStep;
   r.idTo += t.idStep;
   r.layerAfter += t.layerStep;
+  r.nodeFrom += t.nodeStep;
+  r.nodeTo += t.nodeStep;
+  for (std::size_t i = 0; i < r.inputNames.size(); ++i) {
+    if (r.inputNames[i].count) r.inputNames[i].begin = static_cast<std::uint32_t>(r.inputNames[i].begin + t.inputNameSteps[i]);
+  }
   for (std::size_t j = 0; j < t.span.events.size(); ++j) {
     Event& e = t.span.events[j];
     const EventStep& d = t.eventSteps[j];
@@ -489,8 +511,6 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
       if (r.scopeAfter[i].count) r.scopeAfter[i].begin = static_cast<std::uint32_t>(r.scopeAfter[i].begin + t.scopeSteps[i]);
     }
     if (r.plain) {
-      r.nodeFrom += t.nodeStep;
-      r.nodeTo += t.nodeStep;
       r.tempFrom += t.tempStep;
       r.tempTo += t.tempStep;
       // Each node on from the one before it: the previous prediction becomes the older of two.
@@ -505,21 +525,45 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
   return true;
 }
 
-bool Tape::ApplyPredicted(int index, const PredictedSpan& predicted) {
+bool Tape::ApplyPredicted(int index, const Values& inputs, const PredictedSpan& predicted) {
   const SpanRecord& r = predicted.record;
-  // The prediction must continue the trace exactly where it stands, for the block it predicts.
-  if (nodes_[static_cast<std::size_t>(index)].layer != r.layer || !SpanFits(predicted)) return false;
+  // The prediction must continue the trace exactly where it stands, for the block it predicts
+  // (a plain span: from its lowest node, `index`, for as many nodes as the spans it came from).
+  if (nodes_[static_cast<std::size_t>(index)].layer != r.layer || !SpanFits(predicted) ||
+      (r.plain && r.nodeFrom != index)) {
+    return false;
+  }
   for (const auto& [parameter, grad] : r.grads) {
     if (sink_->handles()[static_cast<std::size_t>(parameter)] != kNoTensor || grad < r.idFrom || grad >= r.idTo) return false;
   }
-  if (nodes_[static_cast<std::size_t>(index)].blockInputs.size() != r.inputGrads.size()) return false;
-  for (TensorHandle g : r.inputGrads) {
-    if (g != kNoTensor && (g < r.idFrom || g >= r.idTo)) return false;
+  if (inputs.size() != r.inputGrads.size()) return false;
+  if (r.plain) {
+    if (r.inputNames.size() != static_cast<std::size_t>(inputs.size())) return false;
+    for (int i = 0; i < inputs.size(); ++i) {
+      if (!SameText(values_[static_cast<std::size_t>(inputs[i])].name, r.inputNames[static_cast<std::size_t>(i)])) return false;
+    }
   }
+  // A plain block's input may take the incoming gradient itself (a residual add passes it
+  // through): a tensor of the span before, older than this one.
+  for (TensorHandle g : r.inputGrads) {
+    if (g != kNoTensor && (g < (r.plain ? 0 : r.idFrom) || g >= r.idTo)) return false;
+  }
+  if (r.plain && !TouchesConsistent(predicted)) return false;
   text().AppendRaw(predicted.parts, predicted.dims);
   b_.AppendCopied(predicted.events, r.holders);
   for (const auto& [id, delta] : r.touches) b_.AddHolders(id, delta);
   for (const auto& [parameter, grad] : r.grads) sink_->SetGrad(static_cast<std::size_t>(parameter), grad);
+  if (r.plain) {  // every node's state as Execute leaves it
+    for (int n = r.nodeFrom; n < r.nodeTo; ++n) {
+      Node& node = nodes_[static_cast<std::size_t>(n)];
+      node.done = true;
+      node.saved.clear();
+      for (ValueId o : node.outputs) GradOf(o) = kNoTensor;
+    }
+    for (int i = 0; i < inputs.size(); ++i) GradOf(inputs[i]) = r.inputGrads[i];
+    layer_ = r.layerAfter;
+    return true;
+  }
   // The node's own state as RunCheckpoint leaves it.
   Node& node = nodes_[static_cast<std::size_t>(index)];
   node.done = true;
@@ -530,6 +574,114 @@ bool Tape::ApplyPredicted(int index, const PredictedSpan& predicted) {
   return true;
 }
 
+
+// Plain blocks (not checkpointed; from speed8's a3bba7b): block k's forward recorded its ops as
+// a run of nodes of layer k, and backward (reverse creation order, RunBackward) runs that run
+// from its last node down to its first with nothing in between. Those runs repeat from block to
+// block as the checkpointed spans do, with the node indices moving by a constant too; the same
+// records, predictions and checks copy them (RunCheckpointSpan). Their state beside the trace:
+// every node done with its saved tensors let go and its outputs' incoming gradients consumed
+// (Execute), and the gradients left for the values the block reads from outside (its input).
+int Tape::RunPlainSpan(int top) {
+  const int layer = nodes_[static_cast<std::size_t>(top)].layer;
+  int bottom = top;
+  while (bottom > 0) {
+    const Node& below = nodes_[static_cast<std::size_t>(bottom) - 1];
+    if (below.layer != layer || below.block >= 0) break;
+    --bottom;
+  }
+  const auto simulate = [&] {
+    for (int n = top; n >= bottom; --n) {
+      if (!nodes_[static_cast<std::size_t>(n)].done) Execute(n);
+    }
+  };
+  // Short blocks cost more to record and check than to simulate (speed8: GPT-2 +8.5 %).
+  if (top + 1 - bottom < kMinPlainBackwardNodes) {
+    ForgetSpans();
+    simulate();
+    return bottom;
+  }
+  bool eligible = true;
+  for (int n = bottom; n <= top && eligible; ++n) {
+    const Node& node = nodes_[static_cast<std::size_t>(n)];
+    eligible = !node.done && node.packed < 0 && node.precomputed < 0;
+  }
+  Values inputs;
+  eligible = eligible && PlainSpanInputs(bottom, top, inputs);
+  for (ValueId v : inputs) eligible = eligible && GradOf(v) == kNoTensor;
+  if (eligible) {
+    bool any = false;  // an incoming gradient: the block is on the way to the loss
+    for (ValueId o : nodes_[static_cast<std::size_t>(top)].outputs) any = any || GradOf(o) != kNoTensor;
+    eligible = any;
+  }
+  if (!eligible) {
+    ForgetSpans();
+    simulate();
+    return bottom;
+  }
+  if (!spans_.empty() && !spans_.back().plain) ForgetSpans();  // a checkpointed block before this one
+  if (templateChecked_ && spans_.size() >= 2) {
+    const bool next = template_.ready ? AdvanceTemplate(template_)
+                                      : BuildTemplate(template_, spans_[spans_.size() - 2], spans_.back());
+    if (next && template_.span.record.nodeTo == top + 1 && ApplyPredicted(bottom, inputs, template_.span)) return bottom;
+    ForgetSpans();
+  }
+  if (layerSignature_.empty()) ComputeLayerSignatures();
+  SpanRecord r;
+  const Trace& trace = b_.trace();
+  r.plain = true;
+  r.nodeFrom = bottom;
+  r.nodeTo = top + 1;
+  r.layer = layer;
+  r.eventFrom = trace.events.size();
+  r.partFrom = text().partCount();
+  r.dimFrom = text().dimCount();
+  r.idFrom = static_cast<int>(b_.tensorCount());
+  b_.RecordTouches(r.idFrom);
+  sink_->RecordGrads(&r.grads);
+  simulate();
+  r.touches = b_.touches();
+  b_.RecordTouches(-1);
+  sink_->RecordGrads(nullptr);
+  r.eventTo = trace.events.size();
+  r.partTo = text().partCount();
+  r.dimTo = text().dimCount();
+  r.idTo = static_cast<int>(b_.tensorCount());
+  r.holders.reserve(static_cast<std::size_t>(r.idTo - r.idFrom));
+  for (int id = r.idFrom; id < r.idTo; ++id) r.holders.push_back(b_.Holders(id));
+  for (ValueId v : inputs) {
+    r.inputGrads.push_back(GradOf(v));
+    r.inputNames.push_back(values_[static_cast<std::size_t>(v)].name);
+  }
+  r.layerAfter = layer_;
+  for (const auto& [parameter, grad] : r.grads) r.copyable = r.copyable && grad >= 0;
+  if (!r.copyable) {
+    ForgetSpans();
+    return bottom;
+  }
+  spans_.push_back(std::move(r));
+  if (spans_.size() > 3) spans_.erase(spans_.begin());
+  if (!templateChecked_ && spans_.size() == 3) {
+    PredictedSpan predicted;
+    templateChecked_ = Predict(spans_[0], spans_[1], predicted) && SameAsSimulated(predicted, spans_[2]);
+  }
+  return bottom;
+}
+
+bool Tape::PlainSpanInputs(int bottom, int top, Values& out) const {
+  out.clear();
+  for (int n = bottom; n <= top; ++n) {
+    for (const In& in : nodes_[static_cast<std::size_t>(n)].inputs) {
+      if (!NeedsGrad(in)) continue;
+      const Value& v = values_[static_cast<std::size_t>(in.value)];
+      if (v.parameter >= 0 || (v.producer >= bottom && v.producer <= top)) continue;
+      if (std::find(out.begin(), out.end(), in.value) != out.end()) continue;
+      if (out.size() == 4) return false;
+      out.push_back(in.value);
+    }
+  }
+  return true;
+}
 
 bool Tape::SameValue(const Value& x, const Value& y) {
   return x.storage == y.storage && x.shape == y.shape && x.type == y.type && x.requiresGrad == y.requiresGrad &&
@@ -723,24 +875,44 @@ bool Tape::SpanFits(const PredictedSpan& predicted) {
 // no other; none may go below zero.
 bool Tape::TouchesConsistent(const PredictedSpan& predicted) const {
   const SpanRecord& r = predicted.record;
-  std::vector<std::pair<int, int>> total = r.touches;
-  std::sort(total.begin(), total.end());
-  std::vector<int> freed;
+  // Summed per tensor in scratch arrays indexed by id (a plain block's backward lets go of
+  // hundreds of its forward's tensors: sorting them cost 44 k instructions a copy on Mixtral).
+  if (touchDelta_.size() < static_cast<std::size_t>(r.idFrom)) {
+    touchDelta_.resize(static_cast<std::size_t>(r.idFrom), 0);
+    touchFlags_.resize(static_cast<std::size_t>(r.idFrom), 0);
+  }
+  touchIds_.clear();
+  constexpr std::uint8_t kTouched = 1, kFreed = 2;
+  for (const auto& [id, delta] : r.touches) {  // ids in [0, idFrom): SpanFits
+    if (touchFlags_[static_cast<std::size_t>(id)] == 0) touchIds_.push_back(id);
+    touchFlags_[static_cast<std::size_t>(id)] |= kTouched;
+    touchDelta_[static_cast<std::size_t>(id)] += delta;
+  }
+  bool consistent = true;
+  const Trace& trace = b_.trace();
   for (const Event& e : predicted.events) {
-    if (e.kind == EventKind::Free && e.tensorId < r.idFrom) freed.push_back(e.tensorId);
+    if (e.kind != EventKind::Free || e.tensorId >= r.idFrom) continue;
+    // A Free repeats its tensor's allocation (TraceBuilder::Release): an older tensor's was
+    // made before the spans the prediction came from, maybe by a block that differs from
+    // theirs (block 0's forward, before the first copied one: its texts are elsewhere).
+    const Event& alloc = trace.events[trace.allocAt[static_cast<std::size_t>(e.tensorId)]];
+    std::uint8_t& flags = touchFlags_[static_cast<std::size_t>(e.tensorId)];
+    // An older tensor the copy frees must be one whose holders it lets go of.
+    if (e.bytes != alloc.bytes || e.layer != alloc.layer || e.category != alloc.category ||
+        !SameText(e.tensor, alloc.tensor) || !SameText(e.formula, alloc.formula) || (flags & kTouched) == 0) {
+      consistent = false;
+      break;
+    }
+    flags |= kFreed;
   }
-  std::sort(freed.begin(), freed.end());
-  for (std::size_t j = 0; j < total.size();) {
-    const int id = total[j].first;
-    int holders = b_.Holders(id);
-    for (; j < total.size() && total[j].first == id; ++j) holders += total[j].second;
-    if (holders < 0 || (holders == 0) != std::binary_search(freed.begin(), freed.end(), id)) return false;
+  for (int id : touchIds_) {
+    const auto k = static_cast<std::size_t>(id);
+    const int holders = b_.Holders(id) + touchDelta_[k];
+    if (holders < 0 || (holders == 0) != ((touchFlags_[k] & kFreed) != 0)) consistent = false;
+    touchDelta_[k] = 0;
+    touchFlags_[k] = 0;
   }
-  for (int id : freed) {
-    const auto it = std::lower_bound(total.begin(), total.end(), std::pair<int, int>{id, -2});
-    if (it == total.end() || it->first != id) return false;
-  }
-  return true;
+  return consistent;
 }
 
 // Forward templates under checkpointing. A checkpointed block's forward runs without recording
@@ -768,8 +940,10 @@ Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block, int 
   r.forward = true;
   r.plain = plain;
   r.layer = plain ? plainLayer : layer_;
-  r.nodeFrom = static_cast<int>(nodes_.size());
-  r.tempFrom = static_cast<int>(temps_.size());
+  if (plain) {
+    r.nodeFrom = static_cast<int>(nodes_.size());
+    r.tempFrom = static_cast<int>(temps_.size());
+  }
   for (ValueId v : inputs) r.inputKinds.push_back(InputKind(values_[static_cast<std::size_t>(v)]));
   const Trace& trace = b_.trace();
   r.eventFrom = trace.events.size();
@@ -789,8 +963,10 @@ Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block, int 
   r.dimTo = text().dimCount();
   r.idTo = static_cast<int>(b_.tensorCount());
   r.valueTo = static_cast<int>(values_.size());
-  r.nodeTo = static_cast<int>(nodes_.size());
-  r.tempTo = static_cast<int>(temps_.size());
+  if (plain) {
+    r.nodeTo = static_cast<int>(nodes_.size());
+    r.tempTo = static_cast<int>(temps_.size());
+  }
   r.values.assign(values_.begin() + r.valueFrom, values_.end());  // as the span left them
   r.holders.reserve(static_cast<std::size_t>(r.idTo - r.idFrom));
   for (int id = r.idFrom; id < r.idTo; ++id) r.holders.push_back(b_.Holders(id));
@@ -809,6 +985,11 @@ Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block, int 
     copyable = nodes_[n].packed < 0 && nodes_[n].precomputed < 0 && nodes_[n].block < 0;
   }
   if (!copyable) {
+    ForgetForwardSpans();
+    return outs;
+  }
+  if (plain && r.nodeTo - r.nodeFrom < kMinPlainForwardNodes) {  // short blocks: simulated from now on
+    plainForwardsOff_ = true;
     ForgetForwardSpans();
     return outs;
   }
