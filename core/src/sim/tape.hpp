@@ -313,7 +313,14 @@ class Tape {
     std::int64_t eventStep = 0, partStep = 0, dimStep = 0;
     int idStep = 0, layerStep = 0;
     std::vector<EventStep> eventSteps;
-    std::vector<PartStep> partSteps;
+    std::vector<PartStep> partSteps;  // parameters' names (positions and numbers: below)
+    // The parts that are positions (most: references to texts and dimensions) and numbers,
+    // each in its own list: no branch per part (a Mixtral block's span has 1,000 of them).
+    struct PartDelta {
+      std::uint32_t index;
+      std::int64_t delta;
+    };
+    std::vector<PartDelta> positionSteps, numberSteps;
     std::vector<int> touchSteps;
     std::vector<std::pair<int, int>> gradSteps;
     std::vector<int> inputGradSteps;
@@ -327,9 +334,16 @@ class Tape {
     std::vector<std::pair<int, int>> castSteps, leafSteps;
     std::vector<int> outSteps;
     std::array<std::int64_t, 4> scopeSteps{};
-    // A plain forward span's nodes: the ones before the current prediction (each advance
-    // predicts the next from those two, as Predict does).
-    std::vector<Node> previousNodes;
+    // A plain forward span's nodes: how far each number of each node moves from one span to
+    // the next (NextNode checked once, in Predict, that the rest stays).
+    struct NodeStep {
+      std::int64_t label;
+      int layer, temps;
+      std::array<int, 4> inputs;   // kNoValue inputs: 0
+      std::array<int, 8> outputs;
+      std::array<int, 6> saved;    // a weight's (kNoTensor): 0
+    };
+    std::vector<NodeStep> nodeSteps;
     int nodeStep = 0, tempStep = 0;
     std::vector<std::int64_t> inputNameSteps;
   };

@@ -366,6 +366,8 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
                             static_cast<std::int64_t>(y.formula.begin) - x.formula.begin});
   }
   t.partSteps.clear();
+  t.positionSteps.clear();
+  t.numberSteps.clear();
   const TextStore& store = text();
   for (std::size_t j = 0; j < t.span.parts.size(); ++j) {
     const TextPart& x = store.part(b.partFrom + j);
@@ -391,7 +393,9 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
       default:
         return false;
     }
-    t.partSteps.push_back(step);
+    if (step.what == PartStep::kPosition) t.positionSteps.push_back({step.index, step.delta});
+    else if (step.what == PartStep::kValue) t.numberSteps.push_back({step.index, step.delta});
+    else t.partSteps.push_back(step);
   }
   t.touchSteps.clear();
   for (std::size_t j = 0; j < c.touches.size(); ++j) t.touchSteps.push_back(c.touches[j].first - b.touches[j].first);
@@ -424,9 +428,20 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
     for (std::size_t i = 0; i < t.scopeSteps.size(); ++i) {
       t.scopeSteps[i] = static_cast<std::int64_t>(c.scopeAfter[i].begin) - b.scopeAfter[i].begin;
     }
-    t.previousNodes.clear();
+    t.nodeSteps.clear();
     if (c.plain) {
-      t.previousNodes.assign(nodes_.begin() + b.nodeFrom, nodes_.begin() + b.nodeTo);
+      t.nodeSteps.resize(t.span.nodes.size());
+      for (std::size_t j = 0; j < t.span.nodes.size(); ++j) {
+        const Node& x = nodes_[static_cast<std::size_t>(b.nodeFrom) + j];
+        const Node& y = t.span.nodes[j];
+        SpanTemplate::NodeStep& d = t.nodeSteps[j];
+        d.label = static_cast<std::int64_t>(y.label.begin) - x.label.begin;
+        d.layer = y.layer - x.layer;
+        d.temps = y.temps - x.temps;
+        for (int i = 0; i < y.inputs.size(); ++i) d.inputs[static_cast<std::size_t>(i)] = y.inputs[i].value - x.inputs[i].value;
+        for (int i = 0; i < y.outputs.size(); ++i) d.outputs[static_cast<std::size_t>(i)] = y.outputs[i] - x.outputs[i];
+        for (int i = 0; i < y.saved.size(); ++i) d.saved[static_cast<std::size_t>(i)] = y.saved[i] - x.saved[i];
+      }
       t.tempStep = c.tempFrom - b.tempFrom;
     }
   }
@@ -463,6 +478,9 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
     if (e.formula.count) e.formula.begin = static_cast<std::uint32_t>(e.formula.begin + d.formula);
   }
   const std::vector<Tensor>& parameters = inventory().parameters;
+  TextPart* parts = t.span.parts.data();
+  for (const SpanTemplate::PartDelta& d : t.positionSteps) parts[d.index].n = static_cast<std::uint32_t>(parts[d.index].n + d.delta);
+  for (const SpanTemplate::PartDelta& d : t.numberSteps) parts[d.index].value += d.delta;
   for (PartStep& d : t.partSteps) {
     TextPart& p = t.span.parts[d.index];
     if (d.what == PartStep::kPosition) {
@@ -513,12 +531,15 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
     if (r.plain) {
       r.tempFrom += t.tempStep;
       r.tempTo += t.tempStep;
-      // Each node on from the one before it: the previous prediction becomes the older of two.
       for (std::size_t j = 0; j < t.span.nodes.size(); ++j) {
-        Node next;
-        if (!NextNode(t.previousNodes[j], t.span.nodes[j], next)) return false;
-        t.previousNodes[j] = t.span.nodes[j];
-        t.span.nodes[j] = next;
+        Node& node = t.span.nodes[j];
+        const SpanTemplate::NodeStep& d = t.nodeSteps[j];
+        if (node.label.count) node.label.begin = static_cast<std::uint32_t>(node.label.begin + d.label);
+        node.layer += d.layer;
+        node.temps += d.temps;  // -1 stays: its step is 0
+        for (int i = 0; i < node.inputs.size(); ++i) node.inputs[i].value += d.inputs[static_cast<std::size_t>(i)];
+        for (int i = 0; i < node.outputs.size(); ++i) node.outputs[i] += d.outputs[static_cast<std::size_t>(i)];
+        for (int i = 0; i < node.saved.size(); ++i) node.saved[i] += d.saved[static_cast<std::size_t>(i)];
       }
     }
   }
