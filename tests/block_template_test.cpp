@@ -70,6 +70,31 @@ TEST_CASE("Block templates: copied backward spans equal simulated ones", "[trace
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","activationOffloading":true}})",
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"selectiveOp","attention":"sdpa","precision":"bf16Mixed"}})",
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16"},"finetune":{"lora":true,"quantization":"nf4"}})",
+      // Plain (not checkpointed) blocks: their forwards, nodes included, copied (Tape::PlainBlock).
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":512,"attention":"sdpa","precision":"bf16Mixed"}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":256,"attention":"eager","precision":"ampBf16"}})",
+      R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":512,"attention":"eager"}})",
+      R"({"model":{"preset":"gpt2"},"training":{"batchSize":2,"sequenceLength":256,"attention":"sdpa","precision":"ampFp16"}})",
+      R"({"model":{"preset":"llama-2-7b"},"training":{"batchSize":1,"sequenceLength":512,"attention":"sdpa","precision":"bf16Mixed"}})",
+      R"({"model":{"preset":"bert-base-uncased"},"training":{"batchSize":2,"sequenceLength":128}})",
+      R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":256},"parallel":{"gradientAccumulationSteps":3}})",
+      // Plain blocks that must fall back: frozen first blocks, one block trained alone, LoRA,
+      // QLoRA, activation offloading, a sharding engine's layer hook (ZeRO-3, FSDP).
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256},"finetune":{"freezeFirstBlocks":6}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256},"finetune":{"trainOnlyModules":["model.layers.7"]}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"precision":"bf16Mixed"},"finetune":{"lora":true}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"precision":"ampBf16"},"finetune":{"lora":true,"quantization":"nf4"}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"activationOffloading":true}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256},"parallel":{"dataParallel":4,"zeroStage":3}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256},"parallel":{"dataParallel":4,"fsdp":"FULL_SHARD"}})",
+      // The same with blocks long enough for their backward to be copied too (Mixtral).
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128},"finetune":{"freezeFirstBlocks":6}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128},"finetune":{"trainOnlyModules":["model.layers.7"]}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128,"precision":"bf16Mixed"},"finetune":{"lora":true}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128,"activationOffloading":true}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128},"parallel":{"dataParallel":4,"zeroStage":3}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128,"checkpointing":"everyKthBlock","checkpointInterval":2}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":2,"sequenceLength":128},"parallel":{"gradientAccumulationSteps":2}})",
   };
   for (const std::string& json : setups) {
     gpumem::Setup setup;
@@ -101,4 +126,20 @@ TEST_CASE("Block templates: checkpointed blocks' forwards are copied", "[trace][
   const gpumem::Trace simulated = Build("", false, false, inventory, setup);
   CHECK(gpumem::ForwardSpansCopied() == simulatedBefore);
   CHECK(FirstDifference(simulated, copied) == "");
+}
+
+TEST_CASE("Block templates: plain blocks' forwards are copied where blocks are long", "[trace][templates]") {
+  const auto copies = [](const char* json) {
+    gpumem::Setup setup;
+    REQUIRE(gpumem::ParseAndValidate(json, setup).empty());
+    const gpumem::Inventory inventory = gpumem::BuildInventory(setup);
+    const std::size_t before = gpumem::ForwardSpansCopied();
+    (void)Build("", true, false, inventory, setup);
+    return gpumem::ForwardSpansCopied() - before;
+  };
+  // Mixtral (126 nodes a block), 32 blocks: 0-3 simulated (as the checkpointed forwards above).
+  CHECK(copies(R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":256,"attention":"sdpa","precision":"bf16Mixed"}})") ==
+        32 - 4);
+  // GPT-2 (36 nodes a block, under Tape::kMinPlainForwardNodes): all simulated.
+  CHECK(copies(R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":256}})") == 0);
 }

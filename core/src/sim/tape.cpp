@@ -310,6 +310,15 @@ void Tape::EndAutocast() {
   c.cached.clear();
 }
 
+Tape::Values Tape::PlainBlock(int layer, const Values& inputs, const Block& block) {
+  // As Checkpoint's forward templates, and only in a recorded forward (not inside a
+  // checkpointed block, a recompute or a backward).
+  const bool copyable = recording_ && !inBackward_ && !sacCollect_ && sacReplay_ == nullptr && BlockTemplatesOn() &&
+                        inventory_ != nullptr && leaves_ != nullptr && offload_ == nullptr && layerHook_ == nullptr &&
+                        cacheDepth_ == 0 && layer >= 0 && !plainForwardsOff_;
+  return copyable ? RunForwardSpan(inputs, block, layer) : block(*this, inputs);
+}
+
 Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block, bool selectiveOps) {
   const bool outer = recording_;
   recording_ = false;
@@ -394,8 +403,12 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
   templates_ = BlockTemplatesOn() && offload_ == nullptr && layerHook_ == nullptr && sink.plain() &&
                cacheDepth_ == 0 && !selective;
   lowestCheckpoint_ = -1;
-  for (std::size_t n = 0; n < nodes_.size() && lowestCheckpoint_ < 0; ++n) {
-    if (nodes_[n].block >= 0) lowestCheckpoint_ = static_cast<int>(n);
+  lowestLayer_ = -1;
+  for (std::size_t n = 0; n < nodes_.size(); ++n) {
+    if (nodes_[n].block >= 0 && lowestCheckpoint_ < 0) lowestCheckpoint_ = static_cast<int>(n);
+    if (nodes_[n].block < 0 && nodes_[n].layer >= 0 && (lowestLayer_ < 0 || nodes_[n].layer < lowestLayer_)) {
+      lowestLayer_ = nodes_[n].layer;
+    }
   }
   spans_.clear();
   templateChecked_ = false;
@@ -423,9 +436,12 @@ void Tape::RunBackward(int fromNode, int toNode) {
   const bool outer = fromNode == 0;
   for (int n = toNode - 1; n >= fromNode; --n) {
     if (nodes_[static_cast<std::size_t>(n)].done) continue;
-    if (nodes_[static_cast<std::size_t>(n)].block >= 0) {
+    const Node& node = nodes_[static_cast<std::size_t>(n)];
+    if (node.block >= 0) {
       if (outer && templates_) RunCheckpointSpan(n);
       else RunCheckpoint(n);
+    } else if (outer && templates_ && node.layer >= 0 && node.layer != lowestLayer_) {
+      n = RunPlainSpan(n);  // the block's nodes down to its lowest
     } else {
       Execute(n);
       if (outer) {

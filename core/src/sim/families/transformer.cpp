@@ -229,10 +229,15 @@ class TransformerPass final : public ModelPass {
     const bool checkpoint =
         t_.checkpointing == Checkpointing::EveryBlock || selectiveOps ||
         (t_.checkpointing == Checkpointing::EveryKthBlock && i % t_.checkpointInterval == 0);
-    if (!checkpoint) return run(x, c);
-    m.t.SetScope(m.t.T({"layers.", TextPart::Int(i)}), i);
     Tape::Values inputs = {x};
     for (ValueId v : {c.mask, c.cos, c.sin}) if (v != kNoValue) inputs.push_back(v);
+    // A plain block: its forward may be copied from the blocks before it (Tape::PlainBlock);
+    // the context goes in `inputs` too, so that a copy checks it is read as it was recorded.
+    if (!checkpoint) {
+      return m.t.PlainBlock(i, inputs, [&run, &c](Tape&, const Tape::Values& in) { return Tape::Values{run(in[0], c)}; })
+          .front();
+    }
+    m.t.SetScope(m.t.T({"layers.", TextPart::Int(i)}), i);
     const Tape::Values outs = m.t.Checkpoint("block", inputs, [run, c](Tape&, const Tape::Values& in) {
       // Inputs after the first are the context in the order it was packed.
       Context local = c;
