@@ -32,14 +32,6 @@ Setup TorchtuneLora(std::int64_t world) {
   return s;
 }
 
-Estimate Labelled(const Setup& s) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  const EstimateResult r = EstimateMemory(s, o);
-  REQUIRE(r.ok());
-  return r.estimate;
-}
-
 // Index of the first allocation (or, with frees, any event) at or after `from` whose label
 // contains `label`, within the simulated step of the first non-init event from there (init
 // events are skipped), or −1.
@@ -109,7 +101,7 @@ TEST_CASE("FSDP2 LoRA on 4 ranks: the shards by hand", "[fsdp2-finetune]") {
 
 TEST_CASE("FSDP2 LoRA: one block's all-gather and reduce-scatter in the trace", "[fsdp2-finetune]") {
   const Setup s = TorchtuneLora(2);
-  const Estimate e = Labelled(s);
+  const Estimate e = MustEstimateLabelled(s);
   // The block is gathered whole, frozen base included: 4 × 4,096 + 3 × 8,192 + 128 + 2,048
   // adapter elements = 43,136 × 2 B.
   const long gather = FirstIndex(e, "all-gather of layers.1");
@@ -157,7 +149,7 @@ TEST_CASE("FSDP2 LoRA: one block's all-gather and reduce-scatter in the trace", 
   Setup fp32Reduce = s;
   fp32Reduce.parallel.fsdpReduceInFp32 = true;
   REQUIRE(Validate(fp32Reduce).empty());
-  const Estimate f = Labelled(fp32Reduce);
+  const Estimate f = MustEstimateLabelled(fp32Reduce);
   CHECK(f.timeline[static_cast<std::size_t>(FirstIndex(f, "reduce-scatter input of layers.1"))].deltaBytes == 2048 * 4);
   CHECK(f.timeline[static_cast<std::size_t>(FirstIndex(f, "FSDP2 reduce-scatter of layers.1"))].deltaBytes == 1024 * 4);
   CHECK(f.modelStates.gradientsBytes == 2048 * 2);  // kept in the shard's dtype
@@ -165,7 +157,7 @@ TEST_CASE("FSDP2 LoRA: one block's all-gather and reduce-scatter in the trace", 
   // reshard_after_forward=False: forward's gather is kept to backward, no second all-gather.
   Setup kept = s;
   kept.parallel.reshardAfterForward = false;
-  const Estimate k = Labelled(kept);
+  const Estimate k = MustEstimateLabelled(kept);
   const long first = FirstIndex(k, "all-gather of layers.1");
   REQUIRE(first >= 0);
   CHECK(FirstIndex(k, "all-gather of layers.1", static_cast<std::size_t>(first) + 1) == -1);
@@ -180,7 +172,7 @@ TEST_CASE("FSDP2 frozen-only fine-tune: frozen blocks and embeddings sharded wit
   // Block shards (no adapters) 20,544 each; root 64,160. Trainable: block 1 (20,544), the final
   // norm (32) and lm_head (32,064): 52,640.
   const std::int64_t shards = 64160 + 2 * 20544, trainable = 20544 + 32 + 32064;
-  const Estimate e = Labelled(s);
+  const Estimate e = MustEstimateLabelled(s);
   CHECK(e.modelStates.parametersBytes == shards * 2);
   CHECK(e.modelStates.gradientsBytes == trainable * 2);
   CHECK(e.modelStates.optimizerStatesBytes == 2 * trainable * 2);

@@ -40,14 +40,6 @@ Setup TorchtuneQlora(std::int64_t world) {
   return s;
 }
 
-Estimate Labelled(const Setup& s) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  const EstimateResult r = EstimateMemory(s, o);
-  REQUIRE(r.ok());
-  return r.estimate;
-}
-
 // Index of the first event at or after `from` (init events skipped) whose label contains
 // `label`: allocations only unless `frees`; −1 if none.
 long FirstIndex(const Estimate& e, const std::string& label, std::size_t from = 0, bool frees = false) {
@@ -97,7 +89,7 @@ TEST_CASE("torchao NF4Tensor bytes by hand and against bitsandbytes' layouts", "
 
 TEST_CASE("torchao LinearNF4: the dequantization transient in forward and backward", "[fsdp2-qlora]") {
   const Setup s = TorchtuneQlora(1);
-  const Estimate e = Labelled(s);
+  const Estimate e = MustEstimateLabelled(s);
   // q_proj of block 0, n = 65,536: get_original_weight's locals, then the stacked weight.
   const long first = FirstIndex(e, "q_proj first_elements (int64)");
   const long second = FirstIndex(e, "q_proj second_elements (int64)");
@@ -166,7 +158,7 @@ TEST_CASE("FSDP2 QLoRA on 4 ranks: NF4Tensor shards and adapters by hand", "[fsd
 
 TEST_CASE("FSDP2 QLoRA: one block's all-gather carries the NF4 codes and scalers", "[fsdp2-qlora]") {
   const Setup s = TorchtuneQlora(2);
-  const Estimate e = Labelled(s);
+  const Estimate e = MustEstimateLabelled(s);
   // fsdp_pre_all_gather hands (quantized_scalers, quantization_factor, quantized_data) to the
   // all-gather, viewed as uint8 beside the bf16 norms and adapters: 338,000 B of NF4 + (2 × 256
   // + 2 × (2,048 + 2,048)) = 8,704 bf16 values.
@@ -247,7 +239,7 @@ std::int64_t HostRowBytes(const Estimate& e, const std::string& label) {
 TEST_CASE("FSDP2 CPUOffloadPolicy with LoRA: frozen and adapter shards on the host and adapters' gradients and states only", "[fsdp2-qlora]") {
   const Setup s = OffloadedLora(2);
   REQUIRE(Validate(s).empty());
-  const Estimate e = Labelled(s);
+  const Estimate e = MustEstimateLabelled(s);
   // Nothing of the model states stays on the GPU.
   CHECK(e.modelStates.parametersBytes == 0);
   CHECK(e.modelStates.gradientsBytes == 0);

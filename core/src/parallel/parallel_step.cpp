@@ -173,22 +173,23 @@ void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
     return;
   }
   if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
+  // (A torchao NF4Tensor is gathered by FSDP2 only, GatherFsdp2.)
   TensorHandle& h = gathered_[static_cast<std::size_t>(unit)];
   const std::int64_t n = gatherElements_[static_cast<std::size_t>(unit)];
-  const std::int64_t nf4 = gatherExtraBytes_[static_cast<std::size_t>(unit)];
-  if (h != kNoTensor || (n == 0 && nf4 == 0)) return;
+  if (h != kNoTensor || n == 0) return;
   TextStore& text = b.text();
-  const int blocks = static_cast<int>(plan_.unitElements.size());
-  const Text what = unit == 0             ? text.Make({"root unit (embeddings, final norm, head)"})
-                    : unit == blocks + 1 ? text.Make({"embedding unit"})
-                    : unit == blocks + 2 ? text.Make({"output unit"})
-                                         : text.Make({"layers.", TextPart::Int(unit - 1)});
-  h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights) + nf4, text.Make({"gathered ", what}),
+  const Text what = UnitName(text, unit);
+  h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights), text.Make({"gathered ", what}),
               text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what}),
-              nf4 == 0 ? text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)})
-                       : text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights), " + ", TextPart::Count(nf4),
-                                    " B of NF4 codes, scalers and factors"}),
-              unit - 1);
+              text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
+}
+
+Text ParallelStep::UnitName(TextStore& text, int unit) const {
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  return unit == 0             ? text.Make({"root unit (embeddings, final norm, head)"})
+         : unit == blocks + 1 ? text.Make({"embedding unit"})
+         : unit == blocks + 2 ? text.Make({"output unit"})
+                              : text.Make({"layers.", TextPart::Int(unit - 1)});
 }
 
 // FSDP2's unshard and its copy-out (torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py
@@ -214,11 +215,7 @@ void ParallelStep::GatherFsdp2(TraceBuilder& b, int unit, bool prefetch) {
   const std::int64_t nf4 = gatherExtraBytes_[static_cast<std::size_t>(unit)];
   if (outputs != kNoTensor || (n == 0 && nf4 == 0)) return;
   TextStore& text = b.text();
-  const int blocks = static_cast<int>(plan_.unitElements.size());
-  const Text what = unit == 0             ? text.Make({"root unit (embeddings, final norm, head)"})
-                    : unit == blocks + 1 ? text.Make({"embedding unit"})
-                    : unit == blocks + 2 ? text.Make({"output unit"})
-                                         : text.Make({"layers.", TextPart::Int(unit - 1)});
+  const Text what = UnitName(text, unit);
   const std::int64_t bytes = BytesPerElement(regime_.weights);
   const std::int64_t d = plan_.shardWorld;
   TensorHandle& flat = pendingAllGather_[static_cast<std::size_t>(unit)];
