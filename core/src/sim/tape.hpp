@@ -358,6 +358,8 @@ class Tape {
   std::vector<std::uint64_t> layerSignature_;
   std::vector<std::int64_t> layerFirstParameter_;
   void ComputeLayerSignatures();
+  void BeginSpanRecord(SpanRecord& r);
+  void EndSpanRecord(SpanRecord& r);
   bool LayerFollows(int layer, int previous) const;
   bool BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord& b);
   bool AdvanceTemplate(SpanTemplate& t);

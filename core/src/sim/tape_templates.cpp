@@ -36,6 +36,29 @@ bool BlockTemplatesOn() { return gBlockTemplates; }
 // that frees the rotary tables and the mask) is always simulated, and any difference — a
 // span that accumulates into .grad, a node between two checkpoints, a prediction that does
 // not fit the trace — goes back to simulating.
+// What a span's record brackets: where the trace, the text store and the tensor ids stand before
+// and after it, the holder changes and .grads it makes, and each of its tensors' holders.
+void Tape::BeginSpanRecord(SpanRecord& r) {
+  r.eventFrom = b_.trace().events.size();
+  r.partFrom = text().partCount();
+  r.dimFrom = text().dimCount();
+  r.idFrom = static_cast<int>(b_.tensorCount());
+  b_.RecordTouches(r.idFrom);
+  sink_->RecordGrads(&r.grads);
+}
+
+void Tape::EndSpanRecord(SpanRecord& r) {
+  r.touches = b_.touches();
+  b_.RecordTouches(-1);
+  sink_->RecordGrads(nullptr);
+  r.eventTo = b_.trace().events.size();
+  r.partTo = text().partCount();
+  r.dimTo = text().dimCount();
+  r.idTo = static_cast<int>(b_.tensorCount());
+  r.holders.reserve(static_cast<std::size_t>(r.idTo - r.idFrom));
+  for (int id = r.idFrom; id < r.idTo; ++id) r.holders.push_back(b_.Holders(id));
+}
+
 void Tape::RunCheckpointSpan(int index) {
   const Node& node = nodes_[static_cast<std::size_t>(index)];
   bool eligible = index != lowestCheckpoint_ && node.packed < 0;
@@ -63,23 +86,9 @@ void Tape::RunCheckpointSpan(int index) {
   }
   if (layerSignature_.empty()) ComputeLayerSignatures();
   SpanRecord r;
-  const Trace& trace = b_.trace();
-  r.eventFrom = trace.events.size();
-  r.partFrom = text().partCount();
-  r.dimFrom = text().dimCount();
-  r.idFrom = static_cast<int>(b_.tensorCount());
-  b_.RecordTouches(r.idFrom);
-  sink_->RecordGrads(&r.grads);
+  BeginSpanRecord(r);
   RunCheckpoint(index);
-  r.touches = b_.touches();
-  b_.RecordTouches(-1);
-  sink_->RecordGrads(nullptr);
-  r.eventTo = trace.events.size();
-  r.partTo = text().partCount();
-  r.dimTo = text().dimCount();
-  r.idTo = static_cast<int>(b_.tensorCount());
-  r.holders.reserve(static_cast<std::size_t>(r.idTo - r.idFrom));
-  for (int id = r.idFrom; id < r.idTo; ++id) r.holders.push_back(b_.Holders(id));
+  EndSpanRecord(r);
   for (ValueId v : nodes_[static_cast<std::size_t>(index)].blockInputs) r.inputGrads.push_back(GradOf(v));
   r.layerAfter = layer_;
   r.layer = nodes_[static_cast<std::size_t>(index)].layer;
@@ -656,27 +665,13 @@ int Tape::RunPlainSpan(int top) {
   }
   if (layerSignature_.empty()) ComputeLayerSignatures();
   SpanRecord r;
-  const Trace& trace = b_.trace();
   r.plain = true;
   r.nodeFrom = bottom;
   r.nodeTo = top + 1;
   r.layer = layer;
-  r.eventFrom = trace.events.size();
-  r.partFrom = text().partCount();
-  r.dimFrom = text().dimCount();
-  r.idFrom = static_cast<int>(b_.tensorCount());
-  b_.RecordTouches(r.idFrom);
-  sink_->RecordGrads(&r.grads);
+  BeginSpanRecord(r);
   simulate();
-  r.touches = b_.touches();
-  b_.RecordTouches(-1);
-  sink_->RecordGrads(nullptr);
-  r.eventTo = trace.events.size();
-  r.partTo = text().partCount();
-  r.dimTo = text().dimCount();
-  r.idTo = static_cast<int>(b_.tensorCount());
-  r.holders.reserve(static_cast<std::size_t>(r.idTo - r.idFrom));
-  for (int id = r.idFrom; id < r.idTo; ++id) r.holders.push_back(b_.Holders(id));
+  EndSpanRecord(r);
   for (ValueId v : inputs) {
     r.inputGrads.push_back(GradOf(v));
     r.inputNames.push_back(values_[static_cast<std::size_t>(v)].name);
