@@ -423,15 +423,6 @@ void ParallelStep::Init(TraceBuilder& b) {
               p.layer);
     }
   }
-  if (setup_.parallel.sequenceParallel) {
-    // Megatron's GlobalMemoryBuffer (megatron/core/utils.py get_tensor): the sequence-parallel
-    // linears all-gather into one "mpu" buffer, made at the first gather and kept for the run;
-    // allocated here so that both steps see it once.
-    const std::int64_t bytes = sequence_split::GatherBufferBytes(setup_, regime_);
-    b.Alloc(Category::Activations, bytes, text.Make({"global memory buffer \"mpu\" (sequence-parallel all-gather)"}),
-            text.Make({"sequence parallel: Megatron's all-gather buffer, b·s·h (kept)"}),
-            text.Make({TextPart::Count(bytes), " B"}), -1);
-  }
   if (plan_.engine == ShardingEngine::Zero) {
     // stage_1_and_2.py: single_partition_of_fp32_groups = the rank's partition .clone().float()
     // (made in fp32 training too); stage3.py _create_fp32_partitions likewise.

@@ -19,9 +19,20 @@ ValueId GatherLinear(Model& m, ValueId x, ValueId weight, ValueId bias, std::int
   gathered.dims[1] *= m.sequenceShards;
   Shape result = gathered;
   result.back() = out;
-  // The forward's all-gather lands in the persistent "mpu" buffer (no allocation here); what is
-  // saved is the sharded input and the weight; backward's temporary is the full grad_input
-  // before its reduce-scatter (the re-gathered input reuses the "mpu" buffer).
+  // The forward's all-gather lands in the persistent "mpu" buffer; what is saved is the sharded
+  // input and the weight; backward's temporary is the full grad_input before its reduce-scatter
+  // (the re-gathered input reuses the "mpu" buffer). megatron/core/utils.py
+  // GlobalMemoryBuffer.get_tensor makes the buffer at its first request, the first gather of the
+  // run (torch.empty of b·s·h in the input's dtype), and keeps it; every later gather fits in it.
+  TraceBuilder& b = t.builder();
+  if (b.sequenceGatherBuffer == kNoTensor) {
+    const std::int64_t bytes = gathered.Elements() * BytesPerElement(t.TypeOf(x16));
+    TextStore& text = b.text();
+    b.sequenceGatherBuffer =
+        b.Alloc(Category::Activations, bytes, text.Make({"global memory buffer \"mpu\" (sequence-parallel all-gather)"}),
+                text.Make({"sequence parallel: Megatron's all-gather buffer, b·s·h (made by the first gather, kept)"}),
+                text.Make({TextPart::Count(bytes), " B"}), -1);
+  }
   Tape::OpSpec spec{.name = name, .inputs = {{x16}, {w16}}, .shape = result, .type = type};
   if (ops::Grad(t, w16)) spec.saves.push_back(x16);
   if (ops::Grad(t, x16)) spec.saves.push_back(w16);

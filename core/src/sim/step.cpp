@@ -98,7 +98,7 @@ bool TraceBuilder::Repeat(std::size_t from, std::size_t to, int step, Category s
     if (e.kind == EventKind::Alloc) {
       if (idFrom < 0) idFrom = e.tensorId;
       idTo = e.tensorId + 1;
-      if (e.category == skip) continue;
+      if (e.category == skip || e.tensorId == sequenceGatherBuffer) continue;
       ++allocs;
     }
     ++kept;
@@ -112,7 +112,7 @@ bool TraceBuilder::Repeat(std::size_t from, std::size_t to, int step, Category s
   for (std::size_t i = from; i < to; ++i) {
     Event e = events[i];
     if (e.kind == EventKind::Alloc) {
-      if (e.category == skip) continue;
+      if (e.category == skip || e.tensorId == sequenceGatherBuffer) continue;
       renamed[static_cast<std::size_t>(e.tensorId - idFrom)] = static_cast<int>(id);
       holders_[id] = holders_[static_cast<std::size_t>(e.tensorId)];  // as held at the range's end
       trace_.allocAt[id] = static_cast<std::uint32_t>(out);

@@ -84,6 +84,7 @@ struct BackwardTemp {
 class Tape {
  public:
   Tape(TraceBuilder& builder, DType computeType, bool autocast, std::size_t parameterCount);
+  TraceBuilder& builder() { return b_; }
   ~Tape();
   Tape(const Tape&) = delete;
   Tape& operator=(const Tape&) = delete;

@@ -30,6 +30,9 @@ class TraceBuilder {
   void SetPhase(Phase phase, int step) { phase_ = phase; step_ = step; }
   int step() const { return step_; }
   TextStore& text() { return trace_.text; }
+  // Megatron's GlobalMemoryBuffer "mpu" (sequence parallelism): made by the first gather of the
+  // trace, whichever pass or pipeline chunk runs it, and kept (parallel/sequence_split.cpp).
+  TensorHandle sequenceGatherBuffer = kNoTensor;
 
   // Allocates a tensor held once (by the caller).
   TensorHandle Alloc(Category category, std::int64_t bytes, Text tensor, Text label, Text formula,
@@ -56,8 +59,9 @@ class TraceBuilder {
     else Release(handle, Text{});
   }
   // Appends events [from, to) again as step `step`, each tensor they allocate becoming a new
-  // one (allocations of `skip` are left out), and returns true. Returns false, appending
-  // nothing, when the range frees a tensor it did not allocate (then it does not repeat).
+  // one (allocations of `skip` and the made-once sequenceGatherBuffer are left out), and returns
+  // true. Returns false, appending nothing, when the range frees a tensor it did not allocate
+  // (then it does not repeat).
   bool Repeat(std::size_t from, std::size_t to, int step, Category skip);
   std::size_t size() const { return trace_.events.size(); }
   // Pinned host bytes of offloaded activations: + when a copy is made, − when it is let go;
