@@ -1296,6 +1296,28 @@ test('solve: Llama 3.1 405B on one H100 lists unsimulated changes as floors and 
   await finish();
 });
 
+test('solve: Mixtral 8x22B at 8k tokens lists QLoRA by its forward-end floor, unsimulated', async () => {
+  // The core's ForwardEndFloor: QLoRA's 4-bit states fit 80 GiB, but not with what its 56 blocks
+  // keep at the end of forward (lowerBoundBasis "forwardEnd"); the page says which floor it shows.
+  const short = { model: { preset: 'mixtral-8x22b' }, training: { batchSize: 1, sequenceLength: 8192, attention: 'sdpa' } };
+  const { page, finish } = await openPage({ url: `${pageUrl}#s=${Buffer.from(JSON.stringify(short)).toString('base64url')}` });
+  await waitForAttr(page, '#verdict', 'data-fits', 'false');
+  await settled(page);
+  const expected = (await core()).solve(setupFromUrl(page.url()));
+  const qlora = expected.suggestions.find((s) => s.id === 'finetune-qlora');
+  assert.ok(qlora && qlora.peakIsLowerBound && qlora.lowerBoundBasis === 'forwardEnd', JSON.stringify(qlora));
+  await page.click('#solve-run');
+  await page.waitForSelector('#solve-results:not([hidden])', WAIT);
+  const item = `#solve-suggestions li[data-id="finetune-qlora"]`;
+  assert.equal(await page.getAttribute(item, 'data-lower-bound'), 'true');
+  assert.match(await page.textContent(item), /peak at least .* \(its model states and what its blocks keep at the end of forward\)/);
+  // A floor of model states alone still says so.
+  const statesOnly = expected.suggestions.find((s) => s.lowerBoundBasis === 'modelStates');
+  if (statesOnly) assert.match(await page.textContent(`#solve-suggestions li[data-id="${statesOnly.id}"]`), /\(its model states alone\)/);
+  assert.equal(await pageHasNoNaN(page), true);
+  await finish();
+});
+
 test('solve: Llama 3 8B on a 4090 gets a fine-tuning answer that fits once applied', async () => {
   const { page, finish } = await openPage();
   await choosePreset(page, 'llama-3-8b');
