@@ -377,3 +377,21 @@ TEST_CASE("Quant storage: JSON round trip and bnb_4bit_quant_storage import", "[
   CHECK(HasErrorOn(ImportQuantizationConfig(R"({"quantization_config": {"load_in_4bit": true,
       "bnb_4bit_quant_storage": "int4"}})").errors, "config.quantization_config.bnb_4bit_quant_storage"));
 }
+
+TEST_CASE("DDP's construction broadcasts every parameter, frozen ones included", "[finetune-parallel]") {
+  // distributed.py _sync_module_states → dist._broadcast_coalesced (c10d comm.cpp): the module's
+  // parameters flattened per dtype into 250 MiB buckets, at most two in flight. The small Llama
+  // (bf16 base, fp32 adapters) makes two buckets, both in flight: its init peak is twice its
+  // parameters, though the reducer's buckets hold only the adapters.
+  Setup s = TinyLlamaLora();
+  s.parallel.dataParallel = 2;
+  const Estimate e = MustEstimateLabelled(s);
+  CHECK(e.phasePeaks[static_cast<std::size_t>(Phase::Init)].totalBytes == 2 * e.modelStates.parametersBytes);
+  CHECK(FirstAllocBytes(e, "_broadcast_coalesced flattens bucket 0") > 0);
+  CHECK(FirstAllocBytes(e, "_broadcast_coalesced flattens bucket 1") == kAdapterElements * 4);
+  CHECK(FirstAllocBytes(e, "_broadcast_coalesced flattens bucket 2") == -1);
+  // Megatron's DDP broadcasts each parameter in place: no flat copy.
+  s.parallel.gradReduceInFp32 = true;
+  s.finetune.lora = false;
+  CHECK(FirstAllocBytes(MustEstimateLabelled(s), "_broadcast_coalesced") == -1);
+}

@@ -299,6 +299,55 @@ void ParallelStep::Free(TraceBuilder& b, int unit) {
   }
 }
 
+// DistributedDataParallel's construction syncs the module states from rank 0 before it builds
+// its reducer (distributed.py _sync_module_states → torch/distributed/utils.py
+// _sync_params_and_buffers → dist._broadcast_coalesced; torch/csrc/distributed/c10d/comm.cpp
+// broadcast_coalesced): every parameter, frozen or not, in the module's order, bucketed by
+// compute_bucket_assignment_by_size with the one limit broadcast_bucket_size (250 MiB; a bucket
+// per dtype closes once its bytes reach it; buckets in the order of their first tensor), each
+// flattened into a new tensor (BroadcastWork: flatten_for_scatter_gather) and broadcast, at most
+// two in flight; a bucket's flat copy is freed once it has been copied back. Megatron's DDP
+// (gradReduceInFp32) broadcasts each parameter in place (broadcast_params): no copy.
+void ParallelStep::BroadcastModuleStates(TraceBuilder& b) {
+  constexpr std::int64_t kBroadcastBucketBytes = 250LL * 1024 * 1024;
+  struct Bucket {
+    std::int64_t elementBytes = 0;  // the dtype's size, the bucket's key
+    std::size_t first = 0;          // its first parameter's index
+    std::int64_t bytes = 0;
+  };
+  std::vector<Bucket> closed, open;
+  for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+    const Tensor& p = inventory_.parameters[i];
+    const std::int64_t elements = StorageElements(p);
+    const std::int64_t bytes = StoredBytes(p, regime_.weights) - QuantStatisticsBytes(p, regime_.weights);
+    if (elements <= 0 || bytes <= 0) continue;
+    const std::int64_t elementBytes = bytes / elements;
+    auto it = std::find_if(open.begin(), open.end(), [&](const Bucket& o) { return o.elementBytes == elementBytes; });
+    if (it == open.end()) it = open.insert(open.end(), Bucket{elementBytes, i, 0});
+    it->bytes += bytes;
+    if (it->bytes >= kBroadcastBucketBytes) {
+      closed.push_back(*it);
+      open.erase(it);
+    }
+  }
+  closed.insert(closed.end(), open.begin(), open.end());
+  std::stable_sort(closed.begin(), closed.end(), [](const Bucket& x, const Bucket& y) { return x.first < y.first; });
+  TextStore& text = b.text();
+  std::vector<TensorHandle> inFlight;
+  for (std::size_t k = 0; k < closed.size(); ++k) {
+    if (inFlight.size() >= 2) {
+      b.Release(inFlight.front(), text.Make({"DDP init: broadcast bucket copied back, flat copy freed"}));
+      inFlight.erase(inFlight.begin());
+    }
+    inFlight.push_back(b.Alloc(Category::Parameters, closed[k].bytes,
+                               text.Make({"DDP init: module states broadcast bucket ", TextPart::Int(static_cast<std::int64_t>(k))}),
+                               text.Make({"DDP init: _broadcast_coalesced flattens bucket ", TextPart::Int(static_cast<std::int64_t>(k)),
+                                          " of the module states (every parameter)"}),
+                               text.Make({TextPart::Count(closed[k].bytes), " B"})));
+  }
+  for (TensorHandle h : inFlight) b.Release(h, text.Make({"DDP init: broadcast bucket copied back, flat copy freed"}));
+}
+
 bool ParallelStep::ReshardsAfterForward(int unit) const {
   const int blocks = static_cast<int>(plan_.unitElements.size());
   return reshardAfterForward_ && !(keepLastBlock_ && unit == blocks);
@@ -423,6 +472,7 @@ void ParallelStep::Init(TraceBuilder& b) {
               p.layer);
     }
   }
+  if (plan_.engine == ShardingEngine::DDP && !setup_.parallel.gradReduceInFp32) BroadcastModuleStates(b);
   if (plan_.engine == ShardingEngine::Zero) {
     // stage_1_and_2.py: single_partition_of_fp32_groups = the rank's partition .clone().float()
     // (made in fp32 training too); stage3.py _create_fp32_partitions likewise.

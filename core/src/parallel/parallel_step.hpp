@@ -50,6 +50,7 @@ class ParallelStep final : public GradientHook, public LayerHook {
   bool ProduceAdapterUnit(TraceBuilder& b, std::size_t index, Text label);  // fsdpWrapAdaptersApart
   void Gather(TraceBuilder& b, int unit, bool prefetch);
   void GatherFsdp2(TraceBuilder& b, int unit, bool prefetch);
+  void BroadcastModuleStates(TraceBuilder& b);  // DDP's initial _broadcast_coalesced
   Text UnitName(TextStore& text, int unit) const;  // "layers.3", "root unit (…)", …
   void ReleaseHeldAllGather(TraceBuilder& b);
   void Free(TraceBuilder& b, int unit);
