@@ -155,8 +155,12 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
     }
     std::printf("  %-48s %12s  (%s pinned)\n", "Host total per rank", HumanBytes(h.rankBytes).c_str(),
                 HumanBytes(h.pinnedBytes).c_str());
-    std::printf("  %-48s %12s  (%lld ranks per node)\n", "Host total per node", HumanBytes(h.nodeBytes).c_str(),
-                static_cast<long long>(h.ranksPerNode));
+    std::printf("  %-48s %12s  (%lld %s per node)\n", "Host total per node", HumanBytes(h.nodeBytes).c_str(),
+                static_cast<long long>(h.ranksPerNode), h.ranksPerNode == 1 ? "rank" : "ranks");
+    if (h.capacityBytes > 0) {
+      std::printf("  %-48s %12s  %s\n", "Host memory stated per node", HumanBytes(h.capacityBytes).c_str(),
+                  h.fits ? "fits" : "DOES NOT FIT: the processes would run out of CPU memory");
+    }
     if (h.unifiedBytes > 0) {
       std::printf("  %-48s %12s  counted on the GPU above; pageable: may move to host\n", "Paged (unified memory)",
                   HumanBytes(h.unifiedBytes).c_str());

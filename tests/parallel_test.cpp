@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "gpumem/json.hpp"
@@ -445,6 +446,71 @@ TEST_CASE("Parallel: the fewest GPUs of a type that train a model", "[parallel]"
   CHECK_FALSE(FewestGpus(big, 64).found);
 }
 
+// runtime.hostMemoryGiB: the host RAM of one node. What offloading keeps there
+// (estimate.host.nodeBytes, host_memory.cpp) is checked against it; the GPU verdict stays the
+// device figure's. The fewest-GPUs search skips an offload the host cannot hold and, when its
+// answer offloads, also gives the fewest GPUs without offloading.
+TEST_CASE("Parallel: the host memory per node bounds offloading", "[parallel]") {
+  Setup big = Llama7b();
+  big.gpu.memoryGiB = 40;
+  const FewestGpusResult free = FewestGpus(big);
+  REQUIRE(free.found);
+  REQUIRE(free.candidate.offload);
+  CHECK(free.gpus == 1);
+  CHECK(free.hostTooSmall == 0);
+  const Estimate chosen = MustEstimate(free.layout);
+  CHECK(free.hostNodeBytes == chosen.host.nodeBytes);
+  CHECK(free.hostNodeBytes > 0);
+  CHECK(chosen.host.capacityBytes == 0);  // not stated: nothing to check against
+  CHECK(chosen.host.fits);
+  // The answer without offloading is the search that never offloads.
+  const FewestGpusResult plain = FewestGpus(big, 4096, /*allowOffload=*/false);
+  REQUIRE(free.withoutOffload.found);
+  CHECK(free.withoutOffload.gpus == plain.gpus);
+  CHECK(free.withoutOffload.candidate.label == plain.candidate.label);
+  CHECK(free.withoutOffload.peakDeviceBytes == plain.peakDeviceBytes);
+  CHECK(free.withoutOffload.hostNodeBytes == 0);
+
+  // A host one byte short of what that layout keeps there: the estimate says so, the GPU
+  // verdict does not change, and the search moves on.
+  Setup tight = free.layout;
+  tight.runtime.hostMemoryGiB = static_cast<double>(free.hostNodeBytes - 1) / 1073741824.0;
+  const Estimate short_ = MustEstimate(tight);
+  CHECK(short_.host.capacityBytes == std::llround(tight.runtime.hostMemoryGiB * 1073741824.0));
+  CHECK_FALSE(short_.host.fits);
+  CHECK(short_.fits == chosen.fits);
+  CHECK(short_.device.peakDeviceBytes == chosen.device.peakDeviceBytes);
+  CHECK(std::any_of(short_.notes.begin(), short_.notes.end(),
+                    [](const std::string& n) { return n.rfind("Host memory:", 0) == 0; }));
+  tight.runtime.hostMemoryGiB = static_cast<double>(free.hostNodeBytes) / 1073741824.0 + 1.0;
+  CHECK(MustEstimate(tight).host.fits);
+
+  Setup smallHost = big;
+  smallHost.runtime.hostMemoryGiB = static_cast<double>(free.hostNodeBytes - 1) / 1073741824.0;
+  const FewestGpusResult bounded = FewestGpus(smallHost);
+  REQUIRE(bounded.found);
+  CHECK(bounded.hostTooSmall > 0);
+  CHECK(bounded.gpus > 1);
+  CHECK(bounded.hostNodeBytes <= std::llround(smallHost.runtime.hostMemoryGiB * 1073741824.0));
+  CHECK(MustEstimate(bounded.layout).host.fits);
+
+  // The cluster layouts skip the same offloads.
+  const LayoutsResult all = LayoutsForCluster(big, 1);
+  const LayoutsResult some = LayoutsForCluster(smallHost, 1);
+  REQUIRE(all.ok());
+  REQUIRE(some.ok());
+  CHECK(some.hostTooSmall > 0);
+  CHECK(some.layouts.size() < all.layouts.size());
+  for (const LayoutRow& row : some.layouts) CHECK(row.hostNodeBytes <= free.hostNodeBytes - 1);
+
+  // The field is validated by its label's path.
+  for (double bad : {-1.0, std::nan(""), 2e9}) {
+    Setup s = big;
+    s.runtime.hostMemoryGiB = bad;
+    CHECK(HasErrorOn(Validate(s), "runtime.hostMemoryGiB"));
+  }
+}
+
 TEST_CASE("Parallel: imports and the fewest GPUs as JSON for the page and the CLI", "[parallel]") {
   const std::string base = R"({"model":{"preset":"llama-2-7b"},"training":{"sequenceLength":512}})";
   const std::string ds = ImportDeepSpeedJson(R"({"zero_optimization":{"stage":2,"reduce_bucket_size":"auto"}})", base);
@@ -460,6 +526,11 @@ TEST_CASE("Parallel: imports and the fewest GPUs as JSON for the page and the CL
   CHECK(fewest.find("\"gpus\":4") != std::string::npos);
   CHECK(fewest.find("\"layout\":\"ZeRO-3\"") != std::string::npos);
   CHECK(FewestGpusJson(R"({"parallel":{"zeroStage":9}})").find("parallel.zeroStage") != std::string::npos);
+  // With offload allowed the answer offloads: its host memory and the answer without offloading.
+  const std::string offloaded = FewestGpusJson(R"({"model":{"preset":"llama-2-7b"},"training":{"sequenceLength":512,"precision":"bf16Mixed"},"gpu":{"memoryGiB":40}})", true);
+  CHECK(offloaded.find("\"offload\":true") != std::string::npos);
+  CHECK(offloaded.find("\"withoutOffload\":{\"gpus\":") != std::string::npos);
+  CHECK(offloaded.find("\"hostTooSmall\":0") != std::string::npos);
 }
 
 TEST_CASE("Parallel: ZeroRedundancyOptimizer gives whole parameters to ranks and the heaviest is simulated", "[parallel]") {

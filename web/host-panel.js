@@ -49,6 +49,15 @@ export function renderHost(est) {
   $('#host-table tfoot').replaceChildren(
     total('Host RAM per rank', host.rankBytes, 'host-rank-total', `${formatBytes(host.pinnedBytes)} pinned`),
     total(`Host RAM per node (${host.ranksPerNode} ${host.ranksPerNode === 1 ? 'rank' : 'ranks'})`, host.nodeBytes, 'host-node-total', ''));
+  // runtime.hostMemoryGiB stated: the core's verdict on the node's host RAM.
+  const verdict = $('#host-verdict');
+  verdict.hidden = !(host.capacityBytes > 0);
+  if (host.capacityBytes > 0) {
+    verdict.dataset.fits = String(host.fits);
+    verdict.textContent = host.fits
+      ? `Fits in the ${formatBytes(host.capacityBytes)} of host memory stated per node (${formatBytes(host.capacityBytes - host.nodeBytes)} left).`
+      : `Does not fit in the ${formatBytes(host.capacityBytes)} of host memory stated per node: a node needs ${formatBytes(host.nodeBytes)}, so the processes would run out of CPU memory.`;
+  }
   const paged = $('#host-unified');
   paged.hidden = !(host.unifiedBytes > 0);
   if (host.unifiedBytes > 0) {

@@ -164,12 +164,28 @@ export function parallelRunFewest(setup, onUse) {
     text.id = 'parallel-fewest-text';
     text.textContent = `${r.gpus} GPU${r.gpus === 1 ? '' : 's'} with ${r.layout}: ${formatBytes(r.peakDeviceBytes)} on the device per rank; ` +
       `${r.communicationParameters} Ψ communicated per step and rank (${r.estimatesRun} setups simulated).`;
+    // Offloading trades GPUs for host RAM: what a node needs, and the answer without it.
+    const host = document.createElement('p');
+    host.id = 'parallel-fewest-host';
+    const skipped = r.hostTooSmall > 0
+      ? ` ${r.hostTooSmall} offloading layout${r.hostTooSmall === 1 ? '' : 's'} skipped: more host memory per node than stated.`
+      : '';
+    if (r.offload) {
+      const alt = r.withoutOffload;
+      host.textContent = `Needs ${formatBytes(r.hostNodeBytes)} of host memory per node. ` +
+        (alt ? `Without offloading: ${alt.gpus} GPU${alt.gpus === 1 ? '' : 's'} with ${alt.layout} (${formatBytes(alt.peakDeviceBytes)} per rank).`
+             : 'Without offloading no layout of up to 4,096 GPUs fits.') + skipped;
+    } else {
+      host.textContent = skipped.trim();
+    }
+    host.hidden = host.textContent === '';
+    out.dataset.hostNodeBytes = String(r.hostNodeBytes ?? 0);
     const use = document.createElement('button');
     use.type = 'button';
     use.id = 'parallel-fewest-use';
     use.textContent = 'Use this layout';
     use.addEventListener('click', () => onUse(r.setup));
-    out.replaceChildren(text, use);
+    out.replaceChildren(text, host, use);
   });
 }
 
@@ -186,7 +202,7 @@ function parallelLayoutRow(row, index, onUse) {
   const cells = [
     `${row.dataParallel} × ${row.tensorParallel} × ${row.pipelineParallel}`,
     row.sharding,
-    row.offload,
+    row.hostNodeBytes > 0 ? `${row.offload} (${formatBytes(row.hostNodeBytes)} host per node)` : row.offload,
     row.checkpointing ? 'every block' : 'none',
     `${formatBytes(row.peakDeviceBytes)} / ${formatBytes(row.capacityBytes)}`,
     formatBytes(row.cost.communicationBytes),

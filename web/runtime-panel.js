@@ -21,6 +21,7 @@ const RUNTIME_FIELDS = {
   cublasWorkspaceConfig: { label: 'CUBLAS_WORKSPACE_CONFIG', unit: 'e.g. :4096:8; empty = PyTorch\'s default', hint: 'Each :SIZE_KiB:COUNT pair adds SIZE × COUNT KiB per handle and stream.' },
   pytorchVersion: { label: 'torch.__version__', unit: 'major.minor, e.g. 2.5 or 1.10', hint: 'Before 1.11 softmax kept its input for backward; before 2.0 one 4 MiB cuBLAS workspace and no SDPA.' },
   cudaVersion: { label: 'torch.version.cuda', unit: 'major.minor, e.g. 12.4', hint: 'Before CUDA 11.7 every kernel image loads at start: a larger context.' },
+  hostMemoryGiB: { label: 'Host memory per node', unit: 'GiB of CPU RAM; 0 = not stated', hint: 'What offloading keeps on the host must fit here; the fewest-GPUs search and the cluster layouts skip an offload that does not.' },
   lazyModuleLoading: { label: 'CUDA_MODULE_LOADING=LAZY', hint: 'PyTorch sets it since 1.13; off, the context loads every kernel image.' },
 };
 

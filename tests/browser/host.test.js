@@ -47,3 +47,22 @@ test('host memory: hidden without offloading, the core\'s rows and totals with Z
   await page.locator('#host').screenshot({ path: join(root, 'build/screenshots/host-memory.png') });
   await finish();
 });
+
+test('host memory: the runtime fold\'s host memory per node gives the core\'s verdict on it', async () => {
+  const setup = { ...BASE, parallel: { dataParallel: 8, zeroStage: 2, offload: 'optimizer' } };
+  const est = await coreEstimate(setup);
+  // One GiB less than a node keeps: does not fit; twice as much: fits.
+  const shortGiB = Math.floor(est.host.nodeBytes / 2 ** 30) - 1;
+  const { page, finish } = await openPage({ hash: hashOf({ ...setup, runtime: { hostMemoryGiB: shortGiB } }) });
+  await page.waitForFunction(() => document.querySelector('#host-verdict')?.hidden === false, null, WAIT);
+  const short = await coreEstimate({ ...setup, runtime: { hostMemoryGiB: shortGiB } });
+  assert.equal(short.host.fits, false);
+  assert.equal(await page.getAttribute('#host-verdict', 'data-fits'), 'false');
+  assert.match(await page.textContent('#host-verdict'), /Does not fit/);
+  // A link with runtime values opens the fold itself.
+  if (!(await page.$eval('#runtime-fold', (d) => d.open))) await page.click('#runtime-fold > summary');
+  await page.fill('#runtime-hostMemoryGiB', String(2 * shortGiB + 4));
+  await page.waitForFunction(() => document.querySelector('#host-verdict')?.dataset.fits === 'true', null, WAIT);
+  assert.match(await page.textContent('#host-verdict'), /^Fits in the/);
+  await finish();
+});

@@ -168,6 +168,11 @@ test('Fewest GPUs of this type runs the core\'s search in the worker; Use this l
   assert.equal(Number(await page.getAttribute('#parallel-fewest-result', 'data-gpus')), expected.gpus);
   assert.equal(Number(await page.getAttribute('#parallel-fewest-result', 'data-peak-device-bytes')), expected.peakDeviceBytes);
   assert.ok((await page.textContent('#parallel-fewest-text')).includes(expected.layout));
+  // The answer offloads: the host memory a node needs and the answer without offloading.
+  assert.equal(expected.offload, true);
+  assert.equal(Number(await page.getAttribute('#parallel-fewest-result', 'data-host-node-bytes')), expected.hostNodeBytes);
+  const host = await page.textContent('#parallel-fewest-host');
+  assert.ok(host.includes(`Without offloading: ${expected.withoutOffload.gpus} GPUs with ${expected.withoutOffload.layout}`), host);
   assert.equal(await page.getAttribute('#parallel-fewest-result', 'data-in-worker'), 'true', 'the search ran in the worker');
   await page.click('#parallel-fewest-use');
   await page.waitForFunction((p) => document.querySelector('#verdict')?.dataset.deviceBytes === String(p), expected.peakDeviceBytes, WAIT);

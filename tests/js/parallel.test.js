@@ -103,6 +103,29 @@ test('fewestGpus: the layout found is one the estimate says fits, with the same 
   assert.throws(() => gpumem.fewestGpus({ parallel: { dataParallel: 0 } }), (e) => e instanceof GpumemError && e.field === 'parallel.dataParallel');
 });
 
+test('fewestGpus: an offloading answer states its host memory per node and the answer without offloading; a stated host bounds it', () => {
+  const setup = { model: { preset: 'llama-2-7b' }, training: { precision: 'bf16Mixed', batchSize: 1, sequenceLength: 1024 }, gpu: { memoryGiB: 40 } };
+  const r = gpumem.fewestGpus(setup);
+  assert.equal(r.offload, true);
+  const est = gpumem.estimate(r.setup);
+  assert.equal(r.hostNodeBytes, est.host.nodeBytes);
+  assert.ok(r.hostNodeBytes > 0);
+  assert.equal(est.host.capacityBytes, undefined, 'not stated: no capacity in the estimate');
+  assert.ok(r.withoutOffload.gpus > r.gpus);
+  assert.equal(r.withoutOffload.offload, false);
+  assert.equal(gpumem.estimate(r.withoutOffload.setup).device.peakDeviceBytes, r.withoutOffload.peakDeviceBytes);
+  // A node with less host RAM than that layout keeps there: skipped, and the estimate says why.
+  const gib = (r.hostNodeBytes - 1) / 2 ** 30;
+  const bounded = gpumem.fewestGpus({ ...setup, runtime: { hostMemoryGiB: gib } });
+  assert.ok(bounded.hostTooSmall > 0);
+  assert.ok(bounded.gpus > r.gpus);
+  const over = gpumem.estimate({ ...r.setup, runtime: { ...r.setup.runtime, hostMemoryGiB: gib } });
+  assert.equal(over.host.fits, false);
+  assert.equal(over.host.capacityBytes, Math.round(gib * 2 ** 30));
+  assert.ok(over.notes.some((n) => n.startsWith('Host memory:')), JSON.stringify(over.notes));
+  assert.throws(() => gpumem.estimate({ runtime: { hostMemoryGiB: -1 } }), (e) => e instanceof GpumemError && e.field === 'runtime.hostMemoryGiB');
+});
+
 test('the worker runs fewestGpus from the setup text, as the page thread would', () => {
   assert.equal(CALLS.fewestGpus, 'fewestGpusJson');
   const setup = { model: { kind: 'parameterCount', parameterCount: 1e9 }, gpu: { memoryGiB: 8 } };

@@ -99,6 +99,10 @@ struct HostMemory {
   std::int64_t nodeBytes = 0;     // rankBytes × ranksPerNode (every rank holds as much: equal partitions)
   std::int64_t unifiedBytes = 0;  // paged optimizer states: may move to the host, counted on the GPU
   std::vector<HostRow> rows;      // empty when nothing lives on the host
+  // runtime.hostMemoryGiB in bytes; 0 = not stated. `fits`: nodeBytes ≤ capacityBytes (true when
+  // not stated: nothing to check against).
+  std::int64_t capacityBytes = 0;
+  bool fits = true;
 };
 
 struct Estimate {

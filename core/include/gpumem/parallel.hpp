@@ -215,17 +215,29 @@ struct LayoutCandidate {
   double communicationParameters = 0;  // Ψ multiples moved per step and rank (2 or 3)
   bool offload = false;
 };
-struct FewestGpusResult {
+// One answer of the search: the layout, its GPU count and what it needs per rank and node.
+struct FewestGpusLayout {
   bool found = false;
   std::int64_t gpus = 0;               // dataParallel × tensorParallel
   Setup layout;                        // the winning setup
   LayoutCandidate candidate;
   std::int64_t peakDeviceBytes = 0;    // the simulated rank's device figure
+  std::int64_t hostNodeBytes = 0;      // estimate.host.nodeBytes: host RAM one node needs (0 without offload)
+};
+struct FewestGpusResult : FewestGpusLayout {
+  // When the answer offloads, the fewest GPUs that train it without offloading (not found when
+  // none up to maxGpus does): offloading trades GPUs for host memory, PCIe traffic and a CPU
+  // optimizer step, so a person sees both.
+  FewestGpusLayout withoutOffload;
   std::int64_t estimates = 0;          // how many setups were simulated
+  // Layouts whose device figure fit but whose host memory per node exceeded the stated
+  // runtime.hostMemoryGiB, so they were skipped.
+  std::int64_t hostTooSmall = 0;
   std::vector<FieldError> errors;      // the setup itself is invalid
 };
 // `allowOffload`: whether layouts that move states to host memory count (they fit on fewer GPUs
-// at the cost of PCIe traffic and a CPU optimizer step).
+// at the cost of PCIe traffic and a CPU optimizer step). An offloading layout counts only if its
+// host memory per node fits runtime.hostMemoryGiB, when that is stated.
 FewestGpusResult FewestGpus(const Setup& setup, std::int64_t maxGpus = 4096, bool allowOffload = true);
 
 }  // namespace gpumem
@@ -263,6 +275,7 @@ struct LayoutRow {
   bool checkpointing = false;  // every block checkpointed (recomputed in backward)
   std::int64_t peakDeviceBytes = 0;  // the simulated rank's device figure
   std::int64_t capacityBytes = 0;
+  std::int64_t hostNodeBytes = 0;    // host RAM one node needs (estimate.host.nodeBytes; 0 without offload)
   LayoutCost cost;
   Setup setup;            // the whole setup of this layout (what the page applies)
 };
@@ -284,6 +297,7 @@ struct LayoutsResult {
   std::int64_t dominated = 0;           // not estimated: a cheaper variant of the same layout fits
   std::int64_t estimates = 0;           // simulated
   std::int64_t notFitting = 0;          // simulated and did not fit
+  std::int64_t hostTooSmall = 0;        // fit the GPU, not the stated runtime.hostMemoryGiB per node
   std::int64_t notEstimated = 0;        // beyond maxEstimates
   std::vector<FieldError> errors;       // the setup or the request is invalid
   bool ok() const { return errors.empty(); }

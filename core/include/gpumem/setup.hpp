@@ -302,6 +302,10 @@ struct RuntimeDef {
   // NCCL communicator buffers (outside the allocator), MiB per GPU; 0 = the estimate from the
   // job's communicators (docs/device.md, "NCCL buffers"; nothing on one GPU).
   double ncclBuffersMiB = 0;
+  // Host (CPU) memory of one node, GiB (2^30 bytes); 0 = not stated, so not checked. What
+  // offloading and activation offloading keep on the host (estimate.host.nodeBytes) must fit in
+  // it: the fewest-GPUs search and the cluster layouts skip an offload that does not.
+  double hostMemoryGiB = 0;
 };
 
 // "major.minor" (a patch part and a local suffix such as "2.5.1+cu124" are allowed and ignored).

@@ -83,6 +83,10 @@ void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors) {
   if (!std::isfinite(nccl) || nccl < 0 || nccl > 1 << 20) {
     bad("runtime.ncclBuffersMiB", "The NCCL buffers must be 0 (the estimate) or a positive number of MiB up to 2^20.");
   }
+  const double host = setup.runtime.hostMemoryGiB;
+  if (!std::isfinite(host) || host < 0 || host > static_cast<double>(1 << 30)) {
+    bad("runtime.hostMemoryGiB", "The host memory per node must be 0 (not stated) or a positive number of GiB up to 2^30.");
+  }
   if (setup.runtime.cublasWorkspaceConfig.size() > 256) {
     bad("runtime.cublasWorkspaceConfig", "CUBLAS_WORKSPACE_CONFIG longer than 256 characters is not meaningful.");
   } else if (!setup.runtime.cublasWorkspaceConfig.empty()) {

@@ -224,8 +224,9 @@ void WriteEstimate(JsonWriter& w, const Estimate& e) {
         .Key("pinnedBytes").Int(e.host.pinnedBytes)
         .Key("ranksPerNode").Int(e.host.ranksPerNode)
         .Key("nodeBytes").Int(e.host.nodeBytes)
-        .Key("unifiedBytes").Int(e.host.unifiedBytes)
-        .Key("rows").BeginArray();
+        .Key("unifiedBytes").Int(e.host.unifiedBytes);
+    if (e.host.capacityBytes > 0) w.Key("capacityBytes").Int(e.host.capacityBytes).Key("fits").Bool(e.host.fits);
+    w.Key("rows").BeginArray();
     for (const HostRow& r : e.host.rows) {
       w.BeginObject()
           .Key("label").String(r.label)

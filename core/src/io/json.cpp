@@ -339,7 +339,7 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
 void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
   const std::string path = "runtime";
   if (!r.ExpectObject(v, path)) return;
-  r.RejectUnknown(v, {"allocator", "cudaContextMiB", "cublasWorkspaceConfig", "pytorchVersion", "cudaVersion", "lazyModuleLoading", "ncclBuffersMiB"}, path);
+  r.RejectUnknown(v, {"allocator", "cudaContextMiB", "cublasWorkspaceConfig", "pytorchVersion", "cudaVersion", "lazyModuleLoading", "ncclBuffersMiB", "hostMemoryGiB"}, path);
   if (auto it = v.find("allocator"); it != v.end() && r.ExpectObject(*it, "runtime.allocator")) {
     const std::string a = "runtime.allocator";
     r.RejectUnknown(*it, {"expandableSegments", "maxSplitSizeMiB", "roundupPower2Divisions", "garbageCollectionThreshold"}, a);
@@ -350,6 +350,7 @@ void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
   }
   r.Number(v, "cudaContextMiB", path, runtime.cudaContextMiB);
   r.Number(v, "ncclBuffersMiB", path, runtime.ncclBuffersMiB);
+  r.Number(v, "hostMemoryGiB", path, runtime.hostMemoryGiB);
   if (auto it = v.find("cublasWorkspaceConfig"); it != v.end()) {
     if (!it->is_string()) {
       r.Fail(ErrorCode::InvalidField, "runtime.cublasWorkspaceConfig", "Must be a string such as \":4096:8\", got " + KindOf(*it) + ".");
@@ -581,7 +582,8 @@ ojson SetupJson(const Setup& s) {
                    {"pytorchVersion", s.runtime.pytorchVersion},
                    {"cudaVersion", s.runtime.cudaVersion},
                    {"lazyModuleLoading", s.runtime.lazyModuleLoading},
-                   {"ncclBuffersMiB", s.runtime.ncclBuffersMiB}}},
+                   {"ncclBuffersMiB", s.runtime.ncclBuffersMiB},
+                   {"hostMemoryGiB", s.runtime.hostMemoryGiB}}},
       {"finetune", FinetuneJson(s.finetune)},
       {"parallel", ParallelJson(s.parallel)},
   };
@@ -884,12 +886,24 @@ std::string FewestGpusJson(std::string_view setupText, bool allowOffload, int in
   const FewestGpusResult r = FewestGpus(setup, 4096, allowOffload);
   ojson out = {{"found", r.found}, {"gpus", r.found ? ojson(r.gpus) : ojson(nullptr)},
                {"estimatesRun", r.estimates}};
-  if (r.found) {
-    out["layout"] = r.candidate.label;
-    out["communicationParameters"] = r.candidate.communicationParameters;
-    out["offload"] = r.candidate.offload;
-    out["peakDeviceBytes"] = r.peakDeviceBytes;
-    out["setup"] = SetupJson(r.layout);
+  auto describe = [](ojson& o, const FewestGpusLayout& l) {
+    o["layout"] = l.candidate.label;
+    o["communicationParameters"] = l.candidate.communicationParameters;
+    o["offload"] = l.candidate.offload;
+    o["peakDeviceBytes"] = l.peakDeviceBytes;
+    o["hostNodeBytes"] = l.hostNodeBytes;
+    o["setup"] = SetupJson(l.layout);
+  };
+  if (r.found) describe(out, r);
+  out["hostTooSmall"] = r.hostTooSmall;
+  if (r.found && r.candidate.offload) {
+    // The fewest without offloading, or null when none up to the search's limit fits.
+    ojson alt = nullptr;
+    if (r.withoutOffload.found) {
+      alt = {{"gpus", r.withoutOffload.gpus}};
+      describe(alt, r.withoutOffload);
+    }
+    out["withoutOffload"] = alt;
   }
   return Dump({{"ok", true}, {"fewestGpus", out}}, indent);
 }

@@ -71,6 +71,7 @@ std::string LayoutsJson(std::string_view requestText, int indent) {
                     {"checkpointing", row.checkpointing},
                     {"peakDeviceBytes", row.peakDeviceBytes},
                     {"capacityBytes", row.capacityBytes},
+                    {"hostNodeBytes", row.hostNodeBytes},
                     {"cost", {{"dataParallelBytes", row.cost.dataParallelBytes},
                               {"tensorParallelBytes", row.cost.tensorParallelBytes},
                               {"pipelineBytes", row.cost.pipelineBytes},
@@ -89,6 +90,7 @@ std::string LayoutsJson(std::string_view requestText, int indent) {
                             {"dominated", r.dominated},
                             {"estimates", r.estimates},
                             {"notFitting", r.notFitting},
+                            {"hostTooSmall", r.hostTooSmall},
                             {"notEstimated", r.notEstimated}}}},
               indent);
 }

@@ -24,18 +24,13 @@ const Layout kLayouts[] = {
     {{"ZeRO-3 + optimizer and parameter offload", 3, true}, 3, OffloadKind::OptimizerAndParameters},
 };
 
-}  // namespace
-
-FewestGpusResult FewestGpus(const Setup& setup, std::int64_t maxGpus, bool allowOffload) {
-  FewestGpusResult r;
-  r.errors = Validate(setup);
-  if (!r.errors.empty()) return r;
+// The first layout, from `dp` data-parallel ranks up, whose device figure fits and whose host
+// memory per node fits the stated runtime.hostMemoryGiB.
+FewestGpusLayout Search(const Setup& setup, std::int64_t tp, std::int64_t dp, std::int64_t maxGpus, bool allowOffload,
+                        FewestGpusResult& counts) {
   const EstimateOptions quiet{.timeline = EstimateOptions::Timeline::None, .explain = false};
-  // GPUs per data-parallel rank: tensor × pipeline × context parallel (WorldSize at dp = 1).
-  Setup one = setup;
-  one.parallel.dataParallel = 1;
-  const std::int64_t tp = WorldSize(one.parallel);
-  for (std::int64_t dp = 1; dp * tp <= maxGpus; dp *= 2) {
+  FewestGpusLayout found;
+  for (; dp * tp <= maxGpus; dp *= 2) {
     for (const Layout& layout : kLayouts) {
       if (layout.candidate.offload && !allowOffload) continue;
       Setup candidate = setup;
@@ -45,16 +40,38 @@ FewestGpusResult FewestGpus(const Setup& setup, std::int64_t maxGpus, bool allow
       candidate.parallel.offload = layout.offload;
       if (!Validate(candidate).empty()) continue;
       const EstimateResult e = EstimateMemory(candidate, quiet);
-      ++r.estimates;
+      ++counts.estimates;
       if (!e.ok() || !e.estimate.fits) continue;
-      r.found = true;
-      r.gpus = dp * tp;
-      r.layout = candidate;
-      r.candidate = layout.candidate;
-      r.peakDeviceBytes = e.estimate.device.peakDeviceBytes;
-      return r;
+      if (!e.estimate.host.fits) {
+        ++counts.hostTooSmall;
+        continue;
+      }
+      found.found = true;
+      found.gpus = dp * tp;
+      found.layout = candidate;
+      found.candidate = layout.candidate;
+      found.peakDeviceBytes = e.estimate.device.peakDeviceBytes;
+      found.hostNodeBytes = e.estimate.host.nodeBytes;
+      return found;
     }
   }
+  return found;
+}
+
+}  // namespace
+
+FewestGpusResult FewestGpus(const Setup& setup, std::int64_t maxGpus, bool allowOffload) {
+  FewestGpusResult r;
+  r.errors = Validate(setup);
+  if (!r.errors.empty()) return r;
+  // GPUs per data-parallel rank: tensor × pipeline × context parallel (WorldSize at dp = 1).
+  Setup one = setup;
+  one.parallel.dataParallel = 1;
+  const std::int64_t tp = WorldSize(one.parallel);
+  static_cast<FewestGpusLayout&>(r) = Search(setup, tp, 1, maxGpus, allowOffload, r);
+  // At the winner's size every layout without offload was tried first and did not fit: the
+  // search without offload goes on from twice as many.
+  if (r.found && r.candidate.offload) r.withoutOffload = Search(setup, tp, 2 * r.gpus / tp, maxGpus, false, r);
   return r;
 }
 

@@ -243,6 +243,10 @@ LayoutsResult LayoutsForCluster(const Setup& setup, std::int64_t gpus, const Lay
             ++r.notFitting;
             continue;
           }
+          if (!e.estimate.host.fits) {  // the device fits, the stated host memory does not
+            ++r.hostTooSmall;
+            continue;
+          }
           fitsPlain = true;
           if (s.offload == OffloadKind::None) fitsWithoutOffload = true;
           LayoutRow row;
@@ -254,6 +258,7 @@ LayoutsResult LayoutsForCluster(const Setup& setup, std::int64_t gpus, const Lay
           row.checkpointing = ckpt == Checkpointing::EveryBlock;
           row.peakDeviceBytes = e.estimate.device.peakDeviceBytes;
           row.capacityBytes = e.estimate.device.capacityBytes;
+          row.hostNodeBytes = e.estimate.host.nodeBytes;
           row.cost = LayoutCostOf(candidate);
           row.setup = std::move(candidate);
           r.layouts.push_back(std::move(row));

@@ -258,6 +258,13 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
   for (TimelinePoint& p : est.timeline) p.reservedBytes = p.index < reserved.size() ? reserved[p.index] : 0;
   est.headroomBytes = est.device.headroomBytes;
   est.fits = est.device.fits;
+  if (!est.host.fits) {
+    // The GPU verdict stays the device figure's (issue 10); the host's is its own, and said.
+    est.notes.push_back("Host memory: this layout keeps " + HumanBytes(est.host.nodeBytes) + " on each node's host (" +
+                        FormatCount(est.host.ranksPerNode) + (est.host.ranksPerNode == 1 ? " rank × " : " ranks × ") + HumanBytes(est.host.rankBytes) +
+                        "), more than the " + HumanBytes(est.host.capacityBytes) +
+                        " stated (runtime.hostMemoryGiB): the processes would run out of CPU memory.");
+  }
   if (setup.training.optimizer == OptimizerKind::Adafactor &&
       setup.training.optimizerImplementation == OptimizerImplementation::ForEach) {
     est.notes.push_back("Adafactor is simulated as HF transformers runs it: one parameter at a time.");

@@ -5,6 +5,7 @@
 #include "replay/host_memory.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
@@ -200,6 +201,8 @@ HostMemory ComputeHostMemory(const Setup& setup, const Setup& simulated, const I
     if (row.memory == kPinned) host.pinnedBytes += row.bytes;
   }
   host.nodeBytes = host.rankBytes * host.ranksPerNode;
+  host.capacityBytes = static_cast<std::int64_t>(std::llround(setup.runtime.hostMemoryGiB * 1073741824.0));
+  host.fits = host.capacityBytes == 0 || host.nodeBytes <= host.capacityBytes;
   return host;
 }
 
