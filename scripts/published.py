@@ -98,7 +98,7 @@ def single_table(rows):
     clean = [r["error"] for r in rows if r["error"] is not None and not r["needs"]]
     approx = [r["error"] for r in rows if r["error"] is not None and r["needs"]]
     absolute = [abs(e) for e in clean]
-    summary = (f"{len(rows)} published single-GPU figures: {len(clean)} of runs gpumem simulates whole"
+    summary = (f"{len(rows)} published single-GPU figures: {len(clean)} estimated of runs gpumem simulates whole"
                + (f" (median |error| {statistics.median(absolute):.1f} %, worst {max(absolute):.1f} %, "
                   f"most under {min(clean):+.1f} %; targets 3 %, 6 %, never under by more than 3 %)"
                   if clean else "")
