@@ -617,7 +617,7 @@ export function segmentsChart(picture, { width = 640 } = {}) {
       g.append(svgEl('text', { class: 'chart-label', x: left - 4, y: y + rowH - 2, 'text-anchor': 'end' }, formatBytes(s.totalBytes)));
     }
     g.append(svgEl('rect', { class: 'bar-track', x: left, y, width: Math.max(sx(s.totalBytes), 0.5), height: rowH }));
-    const where = `segment ${s.address} (${s.pool} pool${s.expandable ? ', expandable' : ''}), ${formatBytes(s.totalBytes)}`;
+    const where = `segment ${s.address} (${s.pool} pool${s.expandable ? ', expandable' : ''}${s.stream ? `, stream ${s.stream}` : ''}), ${formatBytes(s.totalBytes)}`;
     let at = 0;
     const place = (bytes, cls, attrs, text) => {
       g.append(svgEl('rect', { class: cls, x: left + sx(at), y, width: Math.max(sx(bytes), 0.3), height: rowH, ...attrs }, titleEl(text)));

@@ -71,7 +71,14 @@ struct AllocatorEvent {
   AllocatorEventKind kind = AllocatorEventKind::Alloc;
   int tensorId = 0;        // pairs an Alloc with its Free
   std::int64_t bytes = 0;  // requested bytes (for a Free: ignored; the Alloc's size is used)
+  // The CUDA stream current at the allocation (0: the default stream; 1..kMaxAllocatorStreams−1
+  // side streams, e.g. FSDP2's all-gather copy-in stream). The block's segment belongs to that
+  // stream for good; a Free returns the block to its segment's stream whatever stream frees it
+  // (c10/cuda/CUDACachingAllocator.cpp: Block::stream, set in alloc_block; free_block).
+  std::uint8_t stream = 0;
 };
+// Streams the allocator model keeps pools for (a stream at or above it counts as the last).
+constexpr int kMaxAllocatorStreams = 8;
 
 // What to keep besides the peaks. Solvers that only need the peak switch both off.
 struct AllocatorRecording {
@@ -93,6 +100,7 @@ struct AllocatorSegmentInfo {
   std::int64_t allocatedBytes = 0;
   bool smallPool = false;   // segment of the small pool (requests ≤ 1 MiB)
   bool expandable = false;  // a mapped range of an expandable segment
+  int stream = 0;           // the stream that allocated it (PyTorch's snapshot "stream")
   std::vector<AllocatorBlockInfo> blocks;  // address order
 };
 
@@ -291,6 +299,7 @@ struct DeviceSegment {
   std::int64_t allocatedBytes = 0;  // its allocated blocks, bytes
   bool smallPool = false;           // a 2 MiB segment of the small pool (requests ≤ 1 MiB)
   bool expandable = false;          // a mapped range of an expandable segment
+  int stream = 0;                   // the stream that allocated it (0: the default stream)
   // Address order. When a segment has more blocks than the cap, its largest ones are kept (in
   // address order) and the others are counted below.
   std::vector<DeviceSegmentBlock> blocks;

@@ -43,10 +43,17 @@ struct Event {
   Category category = Category::Activations;
   Phase phase = Phase::Init;
   std::uint8_t step = 0;    // 0 during init, then 1, 2
+  // The CUDA stream an Alloc is made on: 0 the default stream; a side stream of a wrapper's
+  // collectives otherwise (parallel_step.cpp; the allocator keeps each stream's blocks apart:
+  // device.hpp AllocatorEvent::stream). Sits in the padding before `label`.
+  std::uint8_t stream = 0;
   Text label;               // what happens: "layers[0] Linear forward: output"
   Text tensor;              // which tensor: "layers[0].output"
   Text formula;             // its size: "32 × 1024 × 4 B"
 };
+
+// The stream byte took the padding of the 48-byte event (the trace is ~10^5 of them).
+static_assert(sizeof(Event) == 48, "Event grew: keep new fields in its padding");
 
 struct Trace {
   Trace();

@@ -317,6 +317,11 @@ void CachingAllocatorModel::Reset(const AllocatorOptions& options, std::int64_t 
   freeSlots_.clear();
   large_.Clear(false);
   small_.Clear(true);
+  for (std::size_t k = 0; k < sideStreamsUsed_; ++k) {
+    sideStreams_[k].large.Clear(false);
+    sideStreams_[k].small.Clear(true);
+  }
+  sideStreamsUsed_ = 0;
   segments_.clear();
   live_.Clear();
   nextAddress_ = kFirstAddress;
@@ -330,6 +335,33 @@ void CachingAllocatorModel::SetCapacity(std::int64_t capacityBytes) {
   capacity_ = std::max<std::int64_t>(capacityBytes, 0);
   // DeviceCachingAllocator::setMemoryFraction: fraction × total memory.
   allowedMemoryMaximum_ = static_cast<std::int64_t>(options_.perProcessMemoryFraction * static_cast<double>(capacity_));
+}
+
+// BlockComparatorSize orders a pool's blocks by stream first, and get_free_block gives up when
+// lower_bound lands on another stream's block ("if (it == pool.blocks.end() || (*it)->stream !=
+// p.stream()) return false"): each stream's part of a pool is a pool of its own here.
+CachingAllocatorModel::BlockPool& CachingAllocatorModel::PoolFor(int stream, bool small) {
+  stream = std::clamp(stream, 0, kMaxAllocatorStreams - 1);
+  if (stream == 0) return small ? small_ : large_;
+  const auto k = static_cast<std::size_t>(stream - 1);
+  if (k >= sideStreamsUsed_) {
+    if (sideStreams_.size() <= k) sideStreams_.resize(k + 1);
+    for (std::size_t j = sideStreamsUsed_; j <= k; ++j) {
+      sideStreams_[j].large.Clear(false);
+      sideStreams_[j].small.Clear(true);
+      sideStreams_[j].large.stream = sideStreams_[j].small.stream = static_cast<std::uint8_t>(j + 1);
+    }
+    sideStreamsUsed_ = k + 1;
+  }
+  return small ? sideStreams_[k].small : sideStreams_[k].large;
+}
+
+std::int64_t CachingAllocatorModel::GetFreeBlocksCalls(bool small) const {
+  std::int64_t calls = (small ? small_ : large_).getFreeBlocksCallCount;
+  for (std::size_t k = 0; k < sideStreamsUsed_; ++k) {
+    calls += (small ? sideStreams_[k].small : sideStreams_[k].large).getFreeBlocksCallCount;
+  }
+  return calls;
 }
 
 GPUMEM_EVENT_PATH int CachingAllocatorModel::NewBlock(const Block& init) {
@@ -352,7 +384,7 @@ void CachingAllocatorModel::DeleteBlock(int b) {
 // BlockPool::insert_into_blocks: stamps the block with the pool's get_free_block call count,
 // the clock garbage_collect_cached_blocks measures ages with.
 GPUMEM_EVENT_PATH void CachingAllocatorModel::InsertIntoBlocks(BlockPool& pool, int b) {
-  if (gcEnabled_) gcCountBase_[b] = pool.getFreeBlocksCallCount;
+  if (gcEnabled_) gcCountBase_[b] = GetFreeBlocksCalls(pool.isSmall);
   pool.blocks.Insert({blocks_[b].size, blocks_[b].ptr, b});
 }
 
@@ -423,7 +455,8 @@ bool CachingAllocatorModel::AllocBlock(AllocParams& p, bool isRetry) {
     return p.block != kNone;
   }
   if (reserved_ + p.allocSize > capacity_) return false;  // cudaMalloc: cudaErrorMemoryAllocation
-  const int b = NewBlock({.ptr = nextAddress_, .size = p.allocSize, .small = p.pool->isSmall});
+  // (new Block(p.device(), p.stream(), size, p.pool, ptr): the segment is the request's stream's.)
+  const int b = NewBlock({.ptr = nextAddress_, .size = p.allocSize, .small = p.pool->isSmall, .stream = p.pool->stream});
   nextAddress_ += static_cast<std::uint64_t>(p.allocSize);
   reserved_ += p.allocSize;
   ++numDeviceAllocs_;
@@ -465,10 +498,14 @@ bool CachingAllocatorModel::ReleaseAvailableCachedBlocks(const AllocParams& p) {
 
 // DeviceCachingAllocator::release_cached_blocks → release_blocks on both pools: cudaFree every
 // cached block that is a whole segment (not split); with expandable segments, unmap every
-// whole free page and drop a segment left with nothing mapped.
+// whole free page and drop a segment left with nothing mapped. release_blocks walks the whole
+// pool, so every stream's free segments go, not only the request's (the OOM retry of malloc
+// frees the side streams' cache too).
 bool CachingAllocatorModel::ReleaseCachedBlocks() {
   ReleaseBlocks(large_);
+  for (std::size_t k = 0; k < sideStreamsUsed_; ++k) ReleaseBlocks(sideStreams_[k].large);
   ReleaseBlocks(small_);
+  for (std::size_t k = 0; k < sideStreamsUsed_; ++k) ReleaseBlocks(sideStreams_[k].small);
   return true;
 }
 
@@ -516,8 +553,15 @@ void CachingAllocatorModel::GarbageCollectCachedBlocks() {
   std::int64_t reclaimed = 0;
   std::int64_t totalAge = 0;
   int freeable = 0;
-  auto age = [&](int b) { return large_.getFreeBlocksCallCount - gcCountBase_[b]; };
-  large_.blocks.ForEach([&](const FreeBlockIndex::Key& key) {
+  // The whole large pool, every stream's blocks (PyTorch walks large_blocks.blocks), aged by
+  // the pool's one clock.
+  const std::int64_t clock = GetFreeBlocksCalls(false);
+  auto age = [&](int b) { return clock - gcCountBase_[b]; };
+  auto forEachLarge = [&](auto&& f) {
+    large_.blocks.ForEach(f);
+    for (std::size_t k = 0; k < sideStreamsUsed_; ++k) sideStreams_[k].large.blocks.ForEach(f);
+  };
+  forEachLarge([&](const FreeBlockIndex::Key& key) {
     if (!IsSplit(key.block) && !Expandable(key.block)) {
       totalAge += age(key.block);
       ++freeable;
@@ -530,7 +574,7 @@ void CachingAllocatorModel::GarbageCollectCachedBlocks() {
     blockFreed = false;
     std::vector<int>& victims = toRelease_;
     victims.clear();
-    large_.blocks.ForEach([&](const FreeBlockIndex::Key& key) {
+    forEachLarge([&](const FreeBlockIndex::Key& key) {
       if (!IsSplit(key.block) && !Expandable(key.block) && static_cast<double>(age(key.block)) >= ageThreshold) {
         victims.push_back(key.block);
       }
@@ -557,7 +601,7 @@ GPUMEM_EVENT_PATH int CachingAllocatorModel::AllocFoundBlock(const AllocParams& 
     {
       const Block& rem = blocks_[remaining];  // read before NewBlock may move the blocks
       b = NewBlock({.ptr = rem.ptr, .size = p.size, .prev = rem.prev, .next = remaining, .segment = rem.segment,
-                    .small = rem.small});
+                    .small = rem.small, .stream = rem.stream});
     }
     Block& blk = blocks_[b];
     Block& rem = blocks_[remaining];
@@ -584,7 +628,8 @@ GPUMEM_EVENT_PATH int CachingAllocatorModel::AllocFoundBlock(const AllocParams& 
 }
 
 // DeviceCachingAllocator::malloc.
-CachingAllocatorModel::MallocOutcome CachingAllocatorModel::Malloc(int tensorId, std::int64_t requestedBytes) {
+CachingAllocatorModel::MallocOutcome CachingAllocatorModel::Malloc(int tensorId, std::int64_t requestedBytes,
+                                                                   int stream) {
   // CUDACachingAllocator::allocate: a zero-byte request gets no block.
   if (requestedBytes == 0) {
     live_.Set(tensorId, kNone);
@@ -592,7 +637,12 @@ CachingAllocatorModel::MallocOutcome CachingAllocatorModel::Malloc(int tensorId,
   }
   AllocParams p;
   p.size = RoundSize(requestedBytes);
-  p.pool = p.size <= kSmallSize ? &small_ : &large_;  // get_pool
+  // get_pool, of the request's stream (AllocParams' search_key carries the stream).
+  if (stream == 0) [[likely]] {
+    p.pool = p.size <= kSmallSize ? &small_ : &large_;
+  } else {
+    p.pool = &PoolFor(stream, p.size <= kSmallSize);
+  }
   bool found = GetFreeBlock(p);
   if (!found) {
     // get_allocation_size: only needed here (most requests find a cached block).
@@ -615,7 +665,8 @@ CachingAllocatorModel::MallocOutcome CachingAllocatorModel::Malloc(int tensorId,
   return MallocOutcome::Allocated;
 }
 
-// DeviceCachingAllocator::free → free_block (one stream, no recorded streams: no events).
+// DeviceCachingAllocator::free → free_block (no recorded streams: no events). The block goes
+// back to its segment's stream's pool whichever stream the tensor was last used on.
 bool CachingAllocatorModel::Free(int tensorId) {
   const int b = live_.Find(tensorId);
   if (b == LiveTensors::kNotLive) return false;
@@ -668,7 +719,9 @@ GPUMEM_EVENT_PATH std::int64_t CachingAllocatorModel::TryMergeBlocks(int dst, in
 }
 
 // ---------------------------------------------------------------------------------------------
-// Expandable segments (Note [Expandable Segments]): one virtual range per pool (per stream)
+// Expandable segments (Note [Expandable Segments]): one virtual range per pool and stream
+// (find_expandable_block only looks at unmapped ranges of the request's stream, and makes
+// `new ExpandableSegment(device, stream, …)` otherwise; here each stream's pool keeps its own)
 // reserved for 1⅛ × the device memory, mapped page by page: 2 MiB pages for the small pool,
 // 20 MiB (kLargeBuffer) for the large one (find_expandable_block).
 
@@ -703,6 +756,7 @@ int CachingAllocatorModel::FindExpandableBlock(BlockPool& pool, std::int64_t siz
   blk.ptr = segment.base;
   blk.size = virtualBytes;
   blk.small = pool.isSmall;
+  blk.stream = pool.stream;
   blk.mapped = false;
   blk.segment = static_cast<int>(segments_.size()) - 1;
   pool.InsertUnmapped(blk.ptr, b);
@@ -729,6 +783,7 @@ bool CachingAllocatorModel::MapBlock(int b, std::int64_t size) {
     r.ptr = blk.ptr + static_cast<std::uint64_t>(mappedBytes);
     r.size = blk.size - mappedBytes;
     r.small = blk.small;
+    r.stream = blk.stream;
     r.segment = blk.segment;
     r.mapped = false;
     r.prev = b;
@@ -779,6 +834,7 @@ void CachingAllocatorModel::UnmapBlock(int b) {
     f.ptr = blocks_[b].ptr;
     f.size = beforeBytes;
     f.small = blocks_[b].small;
+    f.stream = blocks_[b].stream;
     f.segment = blocks_[b].segment;
     f.prev = blocks_[b].prev;
     f.next = b;
@@ -792,6 +848,7 @@ void CachingAllocatorModel::UnmapBlock(int b) {
     f.ptr = unmappedPtr + static_cast<std::uint64_t>(unmappedBytes);
     f.size = afterBytes;
     f.small = blocks_[b].small;
+    f.stream = blocks_[b].stream;
     f.segment = blocks_[b].segment;
     f.prev = b;
     f.next = blocks_[b].next;
@@ -825,6 +882,7 @@ std::vector<AllocatorSegmentInfo> CachingAllocatorModel::Snapshot() const {
     segment.address = blocks_[b].ptr;
     segment.smallPool = blocks_[b].small;
     segment.expandable = blocks_[b].segment != kNone;
+    segment.stream = blocks_[b].stream;  // SegmentInfo::stream (head_block->stream)
     for (int c = b; c != kNone && blocks_[c].mapped; c = blocks_[c].next) {
       const Block& blk = blocks_[c];
       segment.blocks.push_back({blk.size, blk.allocated ? blk.requestedSize : 0, blk.allocated,
@@ -850,7 +908,14 @@ AllocatorOom CachingAllocatorModel::DescribeOom(int tensorId, std::int64_t reque
   oom.reservedBytes = reserved_;
   oom.allocatedBytes = allocated_;
   oom.unreservedBytes = std::max<std::int64_t>(0, oom.limitBytes - reserved_);
-  for (const BlockPool* pool : {&large_, &small_}) {
+  // Every stream's cached blocks are free memory the message counts (cudaMemGetInfo does not
+  // know streams; nor does "reserved but unallocated").
+  std::vector<const BlockPool*> pools = {&large_, &small_};
+  for (std::size_t k = 0; k < sideStreamsUsed_; ++k) {
+    pools.push_back(&sideStreams_[k].large);
+    pools.push_back(&sideStreams_[k].small);
+  }
+  for (const BlockPool* pool : pools) {
     pool->blocks.ForEach([&](const FreeBlockIndex::Key& key) {
       oom.cachedFreeBytes += key.size;
       ++oom.cachedFreeBlocks;
@@ -943,7 +1008,7 @@ bool RunSpan(Model& model, AllocatorResult& result, const E* events, std::size_t
       } else if (model.IsLive(e.tensorId)) {
         ++result.duplicateAllocs;
       } else {
-        const Model::MallocOutcome outcome = model.Malloc(e.tensorId, e.bytes);
+        const Model::MallocOutcome outcome = model.Malloc(e.tensorId, e.bytes, e.stream);
         if (outcome == Model::MallocOutcome::OutOfMemory) {
           result.oom = model.DescribeOom(e.tensorId, e.bytes, recording.segmentsAtOom);
           result.oom.eventIndex = index;
@@ -1045,7 +1110,7 @@ void AddSegmentsAtPeak(AllocatorEventRuns runs, const AllocatorOptions& options,
     for (std::size_t k = 0; k < count && left > 0; ++k, --left) {
       const auto& e = events[k];
       if (IsAllocEvent(e)) {
-        if (e.bytes >= 0 && !model.IsLive(e.tensorId)) model.Malloc(e.tensorId, e.bytes);
+        if (e.bytes >= 0 && !model.IsLive(e.tensorId)) model.Malloc(e.tensorId, e.bytes, e.stream);
       } else {
         model.Free(e.tensorId);
       }

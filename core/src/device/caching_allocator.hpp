@@ -1,5 +1,6 @@
-// The caching allocator model behind SimulateCachingAllocator: one device, one stream, the two
-// default pools (no CUDA graph private pools). Names follow c10/cuda/CUDACachingAllocator.cpp
+// The caching allocator model behind SimulateCachingAllocator: one device, the two default pools
+// (no CUDA graph private pools), each kept per stream as PyTorch's BlockComparatorSize orders
+// them (stream first: a request only finds cached blocks of its own stream). Names follow c10/cuda/CUDACachingAllocator.cpp
 // so that each rule can be compared with its source. Built for speed (an estimate runs it over
 // 10^4 events, a solver over 10^6): blocks live in one vector and refer to each other by index,
 // the cached free blocks of each pool sit in a FreeBlockIndex (segregated size bins, no heap
@@ -336,7 +337,8 @@ class CachingAllocatorModel {
   bool CanWatchCapacity() const { return !options_.expandableSegments && !gcEnabled_; }
 
   // DeviceCachingAllocator::malloc.
-  MallocOutcome Malloc(int tensorId, std::int64_t requestedBytes);
+  // `stream` is the request's stream (AllocatorEvent::stream; clamped to kMaxAllocatorStreams − 1).
+  MallocOutcome Malloc(int tensorId, std::int64_t requestedBytes, int stream = 0);
   // DeviceCachingAllocator::free. False when the tensor is not live.
   bool Free(int tensorId);
 
@@ -366,6 +368,7 @@ class CachingAllocatorModel {
     bool small = false;
     bool allocated = false;
     bool mapped = true;
+    std::uint8_t stream = 0;  // Block::stream: the stream whose request made its segment
   };  // 48 bytes: a block's offset is two instructions (56 took three, on every access)
   struct AddressKey {  // BlockComparatorAddress on one stream
     std::uint64_t ptr;
@@ -377,6 +380,9 @@ class CachingAllocatorModel {
     // a handful, one per segment and hole).
     std::vector<AddressKey> unmapped;
     bool isSmall = false;
+    std::uint8_t stream = 0;  // the stream whose blocks these are
+    // get_free_block calls on this stream's part of the pool (PyTorch counts the whole pool:
+    // GetFreeBlocksCalls sums the streams).
     std::int64_t getFreeBlocksCallCount = 0;
     void Clear(bool small);
     void InsertUnmapped(std::uint64_t ptr, int block);
@@ -399,7 +405,18 @@ class CachingAllocatorModel {
   void DeleteBlock(int b);
   bool IsSplit(int b) const { return blocks_[b].prev != kNone || blocks_[b].next != kNone; }
   bool Expandable(int b) const { return blocks_[b].segment != kNone; }
-  BlockPool& PoolOf(int b) { return blocks_[b].small ? small_ : large_; }
+  // The pool a block returns to: its segment's stream's (free_block inserts into
+  // block->pool, whose set orders by block->stream first).
+  BlockPool& PoolOf(int b) {
+    const Block& blk = blocks_[b];
+    if (blk.stream == 0) [[likely]] return blk.small ? small_ : large_;
+    StreamPools& side = sideStreams_[blk.stream - 1u];
+    return blk.small ? side.small : side.large;
+  }
+  // The pool of a request of `stream` (made on first use).
+  BlockPool& PoolFor(int stream, bool small);
+  // get_free_blocks_call_count of the whole small or large pool: every stream's calls.
+  std::int64_t GetFreeBlocksCalls(bool small) const;
   void InsertIntoBlocks(BlockPool& pool, int b);
   void EraseFromBlocks(BlockPool& pool, int b);
 
@@ -437,6 +454,13 @@ class CachingAllocatorModel {
   std::vector<int> freeSlots_;
   BlockPool large_;
   BlockPool small_;
+  // The pools of side streams 1, 2, … (index stream − 1), made when a request of that stream
+  // first comes: a single-stream trace never makes one, so its events cost what they did.
+  struct StreamPools {
+    BlockPool large, small;
+  };
+  std::vector<StreamPools> sideStreams_;
+  std::size_t sideStreamsUsed_ = 0;  // sideStreams_[0, used) are live since the last Reset
   std::vector<ExpandableSegment> segments_;
   LiveTensors live_;  // tensor id → allocated block (kNone for 0-byte tensors)
   std::uint64_t nextAddress_;

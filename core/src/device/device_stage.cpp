@@ -202,7 +202,7 @@ DeviceSegments PictureOf(const Trace& trace, const AllocatorResult& run, std::si
   for (std::size_t i : order) {
     const AllocatorSegmentInfo& s = all[i];
     DeviceSegment segment{.address = s.address, .totalBytes = s.totalBytes, .allocatedBytes = s.allocatedBytes,
-                          .smallPool = s.smallPool, .expandable = s.expandable};
+                          .smallPool = s.smallPool, .expandable = s.expandable, .stream = s.stream};
     // Blocks kept: all, or the largest kMaxPictureBlocksPerSegment (ties: lower address).
     std::vector<bool> keep(s.blocks.size(), s.blocks.size() <= kMaxPictureBlocksPerSegment);
     if (s.blocks.size() > kMaxPictureBlocksPerSegment) {
@@ -255,7 +255,7 @@ DeviceAllocatorInput DeviceAllocatorInputOf(const Setup& setup, const Trace& tra
       } else {
         const Event& e = r.trace[k];
         input.events.push_back({e.kind == EventKind::Alloc ? AllocatorEventKind::Alloc : AllocatorEventKind::Free,
-                                e.tensorId, e.bytes});
+                                e.tensorId, e.bytes, e.stream});
       }
     }
   }

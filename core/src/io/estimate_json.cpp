@@ -87,6 +87,7 @@ void WriteSegments(JsonWriter& w, const DeviceSegments& p) {
         .Key("allocatedBytes").Int(s.allocatedBytes)
         .Key("pool").String(s.smallPool ? "small" : "large")
         .Key("expandable").Bool(s.expandable)
+        .Key("stream").Int(s.stream)
         .Key("omittedBlocks").Int(s.omittedBlocks)
         .Key("omittedBlockBytes").Int(s.omittedBlockBytes)
         .Key("omittedAllocatedBlockBytes").Int(s.omittedAllocatedBlockBytes)

@@ -49,6 +49,28 @@ std::int64_t OnDeviceStatisticsBytes(const Tensor& t, const ShardPlan& plan, DTy
 // FSDP unit of a parameter: 0 = root, 1 + block.
 int UnitOf(const Tensor& t) { return t.layer < 0 ? 0 : t.layer + 1; }
 
+// The side streams the wrappers allocate their collectives' buffers on (Event::stream; the
+// caching allocator keeps each stream's cached blocks apart, docs/device.md). Numbers of this
+// model, not CUDA's: 1 is the gathering stream (FSDP2 FSDPCommContext.all_gather_copy_in_stream,
+// FSDP1 state._unshard_stream), 2 the reducing one (FSDP2 reduce_scatter_stream, FSDP1
+// state._post_backward_stream).
+constexpr std::uint8_t kAllGatherStream = 1;
+constexpr std::uint8_t kReduceScatterStream = 2;
+
+// The builder's allocations on `stream` for the scope's life (PyTorch's
+// `with torch.cuda.stream(s):`).
+class OnStream {
+ public:
+  OnStream(TraceBuilder& b, std::uint8_t stream) : b_(b), saved_(b.stream()) { b.SetStream(stream); }
+  ~OnStream() { b_.SetStream(saved_); }
+  OnStream(const OnStream&) = delete;
+  OnStream& operator=(const OnStream&) = delete;
+
+ private:
+  TraceBuilder& b_;
+  std::uint8_t saved_;
+};
+
 }  // namespace
 
 // The regime torch.optim sees. ZeRO hands it the fp32 flat partition with an fp32 gradient;
@@ -179,6 +201,12 @@ void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
   if (h != kNoTensor || n == 0) return;
   TextStore& text = b.text();
   const Text what = UnitName(text, unit);
+  // FSDP1: _runtime_utils.py _unshard runs handle.unshard() under
+  // `state._device_handle.stream(unshard_stream)` (state._unshard_stream, from the pre-forward
+  // and the pre-backward alike), and _flat_param.py _alloc_padded_unsharded_flat_param allocates
+  // the padded unsharded flat parameter there. (ZeRO-3's gather stays on the default stream
+  // here: not read yet.)
+  OnStream onStream(b, plan_.engine == ShardingEngine::Fsdp ? kAllGatherStream : b.stream());
   h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights), text.Make({"gathered ", what}),
               text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what}),
               text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
@@ -206,8 +234,12 @@ Text ParallelStep::UnitName(TextStore& text, int unit) const {
 //   copy-out frees it ("Defer free to allow for overlap of this copy-out with next all-gather",
 //   comm_ctx.all_gather_state), or until the root's post-forward (_fsdp_state.py _post_forward);
 //   in backward it is freed at once.
-// The collectives run on their own streams (all_gather_copy_in_stream); the allocator model has
-// one stream, so the flat outputs share its pool (docs/parallel.md).
+// Streams: foreach_all_gather makes the staging and the flat output under
+// `device_handle.stream(all_gather_copy_in_stream)`, the stream FSDPCommContext.get_all_gather_streams
+// gives an unshard that is not async_op in FORWARD or PRE_BACKWARD (every unshard here: the
+// pre-forward, the pre-backward and both prefetches, _prefetch_unshard setting that state);
+// wait_for_unshard's copy-out (init_all_gather_outputs / alloc_all_gather_outputs) runs on the
+// current, default stream. So the flat outputs are cached for the copy-in stream alone.
 void ParallelStep::GatherFsdp2(TraceBuilder& b, int unit, bool prefetch) {
   if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
   TensorHandle& outputs = gathered_[static_cast<std::size_t>(unit)];
@@ -229,6 +261,7 @@ void ParallelStep::GatherFsdp2(TraceBuilder& b, int unit, bool prefetch) {
                       " B of NF4 codes, scalers and factors"});
   };
   if (flat == kNoTensor) {
+    const OnStream onStream(b, kAllGatherStream);
     TensorHandle staging = kNoTensor;
     if (regime_.masterWeights || plan_.offloadParameters) {
       staging = b.Alloc(Category::Parameters, total / d, text.Make({"all-gather input of ", what}),
@@ -726,6 +759,13 @@ void ParallelStep::ReduceScatterFsdp2(TraceBuilder& b, int unit) {
     }
   }
   grads.clear();
+  // The input above is allocated before `with device_handle.stream(reduce_scatter_stream)`: on
+  // the default stream. The output (reduce_scatter_comm.allocate) and its cast to the
+  // parameter's dtype (_to_dtype_if_needed, under post_reduce_stream, which is the
+  // reduce-scatter stream without HSDP) are made on the reduce-scatter stream; the sharded
+  // .grad is a view of them, so their blocks return to that stream's pool when the optimizer's
+  // zero_grad lets go.
+  const OnStream onStream(b, kReduceScatterStream);
   TensorHandle out = b.Alloc(Category::Gradients, shard * BytesPerElement(reduce), text.Make({"gradient shard"}),
                              text.Make({"FSDP2 reduce-scatter of ", what}),
                              text.Make({TextPart::Count(shard), " × ", TextPart::Bytes(reduce)}), layer);
@@ -804,6 +844,11 @@ void ParallelStep::ReduceScatterFlat(TraceBuilder& b, TensorHandle& full, std::i
                                      TensorHandle& kept) {
   TextStore& text = b.text();
   const std::int64_t shard = CeilDiv(elements, plan_.shardWorld);
+  // _runtime_utils.py _post_backward_hook runs _reduce_grad under
+  // `state._device_handle.stream(state._post_backward_stream)`: the new sharded gradient
+  // (_get_reduce_scatter_tensors' torch.empty_like) and its cast (_cast_grad_to_param_dtype)
+  // are that stream's.
+  const OnStream onStream(b, kReduceScatterStream);
   TensorHandle out = b.Alloc(Category::Gradients, shard * BytesPerElement(regime_.gradients), text.Make({"gradient shard"}),
                              text.Make({"FSDP reduce-scatter of ", what}),
                              text.Make({TextPart::Count(shard), " × ", TextPart::Bytes(regime_.gradients)}), layer);

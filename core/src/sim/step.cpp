@@ -63,6 +63,7 @@ TensorHandle TraceBuilder::Alloc(Category category, std::int64_t bytes, Text ten
   e.category = category;
   e.phase = phase_;
   e.step = static_cast<std::uint8_t>(step_);
+  e.stream = stream_;
   e.layer = layer;
   e.label = label;
   e.tensor = tensor;
@@ -83,7 +84,7 @@ void TraceBuilder::Release(TensorHandle handle, Text label) {
   const Event& alloc = trace_.events[trace_.allocAt[static_cast<std::size_t>(handle)]];
   trace_.freeAt[static_cast<std::size_t>(handle)] = static_cast<std::uint32_t>(trace_.events.size());
   trace_.events.push_back({alloc.bytes, alloc.tensorId, alloc.layer, EventKind::Free, alloc.category, phase_,
-                           static_cast<std::uint8_t>(step_), label, alloc.tensor, alloc.formula});
+                           static_cast<std::uint8_t>(step_), alloc.stream, label, alloc.tensor, alloc.formula});
 }
 
 bool TraceBuilder::Repeat(std::size_t from, std::size_t to, int step, Category skip) {

@@ -28,6 +28,10 @@ class TraceBuilder {
   explicit TraceBuilder(Trace& trace) : trace_(trace) {}
 
   void SetPhase(Phase phase, int step) { phase_ = phase; step_ = step; }
+  // The CUDA stream the next allocations are made on (Event::stream; 0, the default stream,
+  // unless a multi-GPU wrapper's collective allocates on its side stream: parallel_step.cpp).
+  void SetStream(std::uint8_t stream) { stream_ = stream; }
+  std::uint8_t stream() const { return stream_; }
   int step() const { return step_; }
   TextStore& text() { return trace_.text; }
   // Megatron's GlobalMemoryBuffer "mpu" (sequence parallelism): made by the first gather of the
@@ -107,6 +111,7 @@ class TraceBuilder {
   Trace& trace_;
   Phase phase_ = Phase::Init;
   int step_ = 0;
+  std::uint8_t stream_ = 0;
   std::int64_t hostActivationBytes_ = 0;
   int touchesBelow_ = -1;                       // RecordTouches
   std::vector<std::pair<int, int>> touches_;
