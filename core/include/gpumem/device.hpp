@@ -328,7 +328,13 @@ struct DeviceEstimate {
   std::int64_t contextBytes = 0;        // CUDA context and kernel images (outside the allocator)
   std::int64_t workspaceBytes = 0;      // cuBLAS/cuBLASLt workspaces (inside reserved)
   std::int64_t communicationBytes = 0;  // NCCL buffers (outside the allocator)
-  std::int64_t peakDeviceBytes = 0;     // reserved + context + communication: what nvidia-smi shows
+  // CUDA unified memory outside the allocator (Trace::unifiedBytes: bitsandbytes' paged
+  // optimizer states): the part resident on the GPU at the peak, up to what reserved, context
+  // and communication leave of the capacity, and the part the driver keeps on the host. It
+  // never decides `fits`: a cudaMalloc that needs its pages has the driver evict them.
+  std::int64_t unifiedBytes = 0;
+  std::int64_t unifiedEvictedBytes = 0;
+  std::int64_t peakDeviceBytes = 0;     // reserved + context + communication + unified: what nvidia-smi shows
   std::int64_t capacityBytes = 0;       // the GPU's memory
   // Decided by the allocator simulation at capacity − context − communication, not by a
   // subtraction: fits ⇔ no allocation failed. When it does not fit, the figures above come
@@ -341,7 +347,7 @@ struct DeviceEstimate {
   std::string fragmentationExplanation; // one sentence on the allocator cache
   // Formulas of the figures (empty without EstimateOptions::explain).
   std::string peakAllocatedFormula, peakReservedFormula, fragmentationFormula, contextFormula,
-      workspaceFormula, communicationFormula, peakDeviceFormula, headroomFormula;
+      workspaceFormula, communicationFormula, unifiedFormula, peakDeviceFormula, headroomFormula;
   std::int64_t numAllocRetries = 0;     // cudaMalloc failures the cache release recovered from
   DeviceOom oom;
   DeviceSegments segments;  // the picture at the reserved peak (with a labelled timeline)

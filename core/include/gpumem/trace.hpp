@@ -74,6 +74,11 @@ struct Trace {
   // activations held at once in pinned host memory over the simulation (0 without it). Host
   // memory is no event of the GPU trace; the estimate's `host` section reports it.
   std::int64_t offloadedActivationsPeakBytes = 0;
+  // CUDA unified memory (cudaMallocManaged) the step makes outside PyTorch's caching allocator:
+  // bitsandbytes' paged optimizer states (optim/optimizer.py get_state_buffer → F.get_paged).
+  // Not events: torch.cuda.memory_allocated / memory_reserved never see them. Made in step 1's
+  // optimizer step and kept; the device stage counts what stays resident on the GPU.
+  std::int64_t unifiedBytes = 0;
 
   std::string Label(const Event& e) const { return text.Render(e.label); }
   std::string TensorName(const Event& e) const { return text.Render(e.tensor); }

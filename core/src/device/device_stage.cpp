@@ -338,7 +338,20 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
     const std::size_t last = trace.events.empty() ? 0 : trace.events.size() - 1;
     d.segments = PictureOf(trace, run, std::min(traceIndex, last));
   }
-  d.peakDeviceBytes = d.peakReservedBytes + d.contextBytes + d.communicationBytes;
+  // CUDA unified memory (bitsandbytes' paged optimizer states; Trace::unifiedBytes) sits on the
+  // GPU while there is room beside the allocator's segments and the context: it is made in step
+  // 1's optimizer step and kept, and reserved only grows (no empty_cache), so the end of the
+  // step is where both are largest. When a cudaMalloc needs its pages, the driver evicts them
+  // to host memory instead of failing: NVIDIA's UVM driver registers eviction callbacks with
+  // the GPU's physical memory allocator "to allow RM (which CUDA uses for non-UVM allocations)
+  // to successfully allocate memory from the user memory pool allocated by UVM"
+  // (open-gpu-kernel-modules kernel-open/nvidia-uvm/uvm_pmm_gpu.c, uvm_pmm_gpu_pma_evict_pages).
+  // So it adds to what nvidia-smi shows, up to the capacity, and never decides `fits`.
+  const std::int64_t outsideUnified = d.peakReservedBytes + d.contextBytes + d.communicationBytes;
+  const std::int64_t room = std::max<std::int64_t>(0, capacityBytes - outsideUnified);
+  d.unifiedBytes = std::min(trace.unifiedBytes, room);
+  d.unifiedEvictedBytes = trace.unifiedBytes - d.unifiedBytes;
+  d.peakDeviceBytes = outsideUnified + d.unifiedBytes;
   d.headroomBytes = capacityBytes - d.peakDeviceBytes;
   d.tight = d.fits && d.headroomBytes < std::max<std::int64_t>(kGiB, capacityBytes / 20);
   d.verdict = !d.fits ? "doesNotFit" : d.tight ? "tight" : "fits";
@@ -365,6 +378,14 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
     d.why = device + " of " + capacity + " (reserved " + HumanBytes(d.peakReservedBytes) + " + context " +
             HumanBytes(d.contextBytes) + "), " + HumanBytes(d.headroomBytes) + " to spare.";
   }
+  if (trace.unifiedBytes > 0) {
+    d.why += d.unifiedEvictedBytes > 0
+                 ? " Of the " + HumanBytes(trace.unifiedBytes) + " of paged optimizer states " +
+                       HumanBytes(d.unifiedEvictedBytes) + " do not fit beside it: the driver keeps them in host " +
+                       "memory and pages them in for each update (slower steps, no out-of-memory error)."
+                 : " It includes " + HumanBytes(d.unifiedBytes) + " of paged optimizer states (CUDA unified memory, "
+                       "outside PyTorch's allocator; evicted to host memory if the GPU runs short).";
+  }
   if (d.fits && d.numAllocRetries > 0) {
     d.why += " The allocator had to free its cache " + FormatCount(d.numAllocRetries) +
              (d.numAllocRetries == 1 ? " time" : " times") + " to get there (slow steps).";
@@ -386,8 +407,15 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   d.contextFormula = overheads.context.formula;
   d.workspaceFormula = overheads.workspace.formula;
   d.communicationFormula = overheads.communication.formula;
+  d.unifiedFormula = trace.unifiedBytes == 0
+                         ? "no unified memory"
+                         : "paged optimizer states " + FormatCount(trace.unifiedBytes) + " B, resident up to capacity − reserved − "
+                           "context − communication = " + FormatCount(room) + " B: " + FormatCount(d.unifiedBytes) + " B (" +
+                           FormatCount(d.unifiedEvictedBytes) + " B on the host)";
   d.peakDeviceFormula = "reserved " + FormatCount(d.peakReservedBytes) + " + context " + FormatCount(d.contextBytes) +
-                        " + communication " + FormatCount(d.communicationBytes) + " = " + FormatCount(d.peakDeviceBytes) + " B";
+                        " + communication " + FormatCount(d.communicationBytes) +
+                        (trace.unifiedBytes > 0 ? " + paged states " + FormatCount(d.unifiedBytes) : std::string()) + " = " +
+                        FormatCount(d.peakDeviceBytes) + " B";
   d.headroomFormula = "capacity " + FormatCount(capacityBytes) + " − device peak " + FormatCount(d.peakDeviceBytes) +
                       " = " + FormatCount(d.headroomBytes) + " B";
   return d;

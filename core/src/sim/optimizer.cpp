@@ -166,6 +166,12 @@ void OptimizerPass::CreateStates(TraceBuilder& b, std::size_t i) {
   for (const StateTensor& s : states) {
     const TextPart state = TextPart::View(s.name);  // a literal
     const bool pagedBuffer = paged && s.elements == p.Elements();  // get_state_buffer's, not absmax
+    if (pagedBuffer) {
+      // F.get_paged: cuda_ptr = lib.cget_managed_ptr(num_bytes) (cudaMallocManaged), wrapped with
+      // torch.frombuffer: no request to PyTorch's caching allocator, so no event. Kept to the end.
+      b.UnifiedBytes(s.elements * BytesPerElement(s.type));
+      continue;
+    }
     states_.push_back(b.Alloc(Category::OptimizerStates, s.elements * BytesPerElement(s.type),
                               text.Make({names_[i], ".", state}),
                               text.Make({"step ", TextPart::Int(b.step()), ": ", name, " creates ", names_[i], ".", state,

@@ -48,10 +48,11 @@ void AddSaverNotes(const Setup& setup, const Inventory& inventory, std::vector<s
   }
   if (const std::int64_t paged = PagedOptimizerStateBytes(setup, inventory); paged > 0) {
     notes.push_back(FormatCount(paged) + " B (" + HumanBytes(paged) + ") of optimizer states are paged: bitsandbytes allocates the states of "
-                    "tensors with at least 1e5 elements with cudaMallocManaged (get_state_buffer). They are "
-                    "counted here as resident, but they live outside PyTorch's caching allocator and the driver "
-                    "evicts them to host memory when the GPU runs short, so they slow the step instead of "
-                    "running out of memory.");
+                    "tensors with at least 1e5 elements with cudaMallocManaged (get_state_buffer), outside "
+                    "PyTorch's caching allocator: torch.cuda.memory_allocated and memory_reserved do not count "
+                    "them, nor does the allocated peak here. The device total counts what stays resident beside "
+                    "the allocator's segments; the driver evicts the rest to host memory when the GPU runs short, "
+                    "so they slow the step instead of running out of memory.");
   }
   if (t.optimizerInBackward) {
     notes.push_back("Optimizer in backward (torchtune optimizer_in_bwd): each parameter's own optimizer steps in "

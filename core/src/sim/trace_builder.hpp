@@ -74,6 +74,10 @@ class TraceBuilder {
     hostActivationBytes_ += delta;
     if (hostActivationBytes_ > trace_.offloadedActivationsPeakBytes) trace_.offloadedActivationsPeakBytes = hostActivationBytes_;
   }
+  // CUDA unified memory outside PyTorch's caching allocator (bitsandbytes' paged optimizer
+  // states, cudaMallocManaged): no event, so neither allocated nor reserved counts it; the trace
+  // keeps the total (Trace::unifiedBytes), which the device stage places on the GPU.
+  void UnifiedBytes(std::int64_t bytes) { trace_.unifiedBytes += bytes; }
   // How many holders a live tensor has (0 when freed or kNoTensor).
   int Holders(TensorHandle handle) const {
     return handle < 0 ? 0 : holders_[static_cast<std::size_t>(handle)];

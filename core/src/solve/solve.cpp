@@ -16,6 +16,7 @@
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
 #include "gpumem/training_modes.hpp"
+#include "sim/savers.hpp"
 
 namespace gpumem {
 namespace {
@@ -136,6 +137,13 @@ std::int64_t BoundLimit(std::int64_t hardLimit, const std::function<double(doubl
 // states are sharded or offloaded: no bound. A refused setup has none either.
 bool HasModelStatesBound(const Setup& s) { return !IsParallel(s.parallel) && Validate(s).empty(); }
 
+// The model states the caching allocator holds: all of them but bitsandbytes' paged optimizer
+// states, which live in CUDA unified memory the driver evicts rather than fail (device_stage.cpp),
+// so they bound nothing.
+std::int64_t AllocatedStates(const Setup& s, const Inventory& inventory) {
+  return ComputeModelStates(s, inventory).totalBytes - PagedOptimizerStateBytes(s, inventory);
+}
+
 // The inventory of the setup a solve starts from, shared by the changes that build the same
 // one. BuildInventory reads the model (a transformer's tensors: its architecture alone,
 // ForEachTransformerTensor), the finetune section and, with a finetune active, the precision
@@ -149,9 +157,9 @@ class InventoryCache {
   // ModelStatesLowerBound: validated first (an inventory is built only for a valid setup).
   std::int64_t Bound(const Setup& s) {
     if (!HasModelStatesBound(s)) return -1;
-    if (!SameInventory(s)) return ComputeModelStates(s, *SharedInventory(s)).totalBytes;
+    if (!SameInventory(s)) return AllocatedStates(s, *SharedInventory(s));
     if (!inventory_) inventory_.emplace(BuildInventory(base_));
-    return ComputeModelStates(s, *inventory_).totalBytes;
+    return AllocatedStates(s, *inventory_);
   }
 
  private:
@@ -188,7 +196,9 @@ std::int64_t ForwardEndFloor(const Setup& setup) {
   const auto one = savedAtForwardEnd(1), two = savedAtForwardEnd(2);
   if (!one || !two || *two <= *one) return 0;
   const ModelStates states = ComputeModelStates(setup, *SharedInventory(setup));
-  return states.parametersBytes + states.masterWeightsBytes + states.optimizerStatesBytes + (layers - 1) * (*two - *one);
+  // Paged optimizer states are no allocation (AllocatedStates).
+  return states.parametersBytes + states.masterWeightsBytes + states.optimizerStatesBytes -
+         PagedOptimizerStateBytes(setup, *SharedInventory(setup)) + (layers - 1) * (*two - *one);
 }
 
 namespace {
