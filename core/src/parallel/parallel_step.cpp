@@ -52,10 +52,22 @@ int UnitOf(const Tensor& t) { return t.layer < 0 ? 0 : t.layer + 1; }
 // The side streams the wrappers allocate their collectives' buffers on (Event::stream; the
 // caching allocator keeps each stream's cached blocks apart, docs/device.md). Numbers of this
 // model, not CUDA's: 1 is the gathering stream (FSDP2 FSDPCommContext.all_gather_copy_in_stream,
-// FSDP1 state._unshard_stream), 2 the reducing one (FSDP2 reduce_scatter_stream, FSDP1
-// state._post_backward_stream).
+// FSDP1 state._unshard_stream, DeepSpeed ZeRO-3's PartitionedParameterCoordinator
+// __allgather_stream), 2 the reducing one (FSDP2 reduce_scatter_stream, FSDP1
+// state._post_backward_stream, ZeRO-1/2's reduction_stream; ZeRO-3's
+// reduce_and_partition_stream allocates nothing the simulation models).
 constexpr std::uint8_t kAllGatherStream = 1;
 constexpr std::uint8_t kReduceScatterStream = 2;
+
+// DeepSpeed's overlap_comm (zero/config.py overlap_comm_valid: None → stage == 3). Without it
+// ZeRO-3's all-gather and reduce-and-partition "streams" are get_accelerator().default_stream()
+// (parameter_offload.py DeepSpeedZeRoOffload.__init__, stage3.py DeepSpeedZeroOptimizer_Stage3
+// .__init__), and ZeRO-1/2 run their reductions under current_stream() (stage_1_and_2.py
+// reduce_ipg_grads, average_tensor, allreduce_and_copy): every buffer on the default stream.
+bool ZeroOverlapComm(const ParallelDef& p, const ShardPlan& plan) {
+  return plan.engine == ShardingEngine::Zero &&
+         (p.overlapComm == OverlapComm::On || (p.overlapComm == OverlapComm::Default && plan.zeroStage == 3));
+}
 
 // The builder's allocations on `stream` for the scope's life (PyTorch's
 // `with torch.cuda.stream(s):`).
@@ -204,9 +216,20 @@ void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
   // FSDP1: _runtime_utils.py _unshard runs handle.unshard() under
   // `state._device_handle.stream(unshard_stream)` (state._unshard_stream, from the pre-forward
   // and the pre-backward alike), and _flat_param.py _alloc_padded_unsharded_flat_param allocates
-  // the padded unsharded flat parameter there. (ZeRO-3's gather stays on the default stream
-  // here: not read yet.)
-  OnStream onStream(b, plan_.engine == ShardingEngine::Fsdp ? kAllGatherStream : b.stream());
+  // the padded unsharded flat parameter there.
+  // ZeRO-3 (DeepSpeed partitioned_param_coordinator.py): fetch_sub_module's
+  // __all_gather_params_ calls all_gather_coalesced under
+  // `get_accelerator().stream(self.__allgather_stream)`, for prefetches too, and there
+  // partition_parameters.py _all_gather_dtype makes the flat output (torch.empty of world × the
+  // coalesced partitions; _all_gather_sequential's param_buffer for a single parameter, of which
+  // param.data is a view). The wait runs under the same stream context, so
+  // AllGatherCoalescedHandle.wait's per-parameter `param.data = torch.cat(partitions)` is that
+  // stream's as well. The simulation's gathered unit stands for both: on the all-gather stream
+  // with overlap_comm (a side stream, parameter_offload.py), on the default stream without.
+  // free_param frees param.data from the default stream (record_stream only delays the reuse,
+  // not modelled): the block goes back to the all-gather stream's pool.
+  const bool sideStream = plan_.engine == ShardingEngine::Fsdp || ZeroOverlapComm(setup_.parallel, plan_);
+  OnStream onStream(b, sideStream ? kAllGatherStream : b.stream());
   h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights), text.Make({"gathered ", what}),
               text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what}),
               text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
@@ -516,6 +539,9 @@ void ParallelStep::Init(TraceBuilder& b) {
     }
     if (plan_.zeroStage == 3 && plan_.reduceBuckets > 0) {
       // stage3.py: __ipg_bucket_flat_buffer, reduce_bucket_size elements, made at construction.
+      // On the default stream: DeepSpeedZeroOptimizer_Stage3.__init__ makes each IPGBucketZ3's
+      // buffer (torch.empty) outside any stream context; __add_grad_to_ipg_bucket only copies
+      // into it under reduce_and_partition_stream.
       reduceBuckets_.push_back(b.Alloc(Category::Gradients, plan_.reduceBucketElements * g, text.Make({"ipg bucket"}),
                                        text.Make({"ZeRO-3 init: reduce bucket (reduce_bucket_size)"}),
                                        text.Make({TextPart::Count(plan_.reduceBucketElements), " × ",
@@ -555,7 +581,9 @@ void ParallelStep::StartBackward(TraceBuilder& b) {
   if (pipelineNoSync_) ++backwardsSeen_;
   if (plan_.engine != ShardingEngine::Zero || plan_.zeroStage != 2 || plan_.reduceBuckets == 0) return;
   // stage_1_and_2.py backward(): with contiguous_gradients, ipg_buffer = [empty(reduce_bucket_size)]
-  // and a second one with overlap_comm; released by _release_ipg_buffers in step().
+  // and a second one with overlap_comm; released by _release_ipg_buffers in step(). On the default
+  // stream: setup_buckets makes them from process_gradients (the gradient hook), outside any
+  // stream context; the reduction stream only reads them (average_tensor).
   TextStore& text = b.text();
   // A later micro-batch's backward replaces the list: the old buffers go first.
   for (TensorHandle h : reduceBuckets_) b.Release(h, text.Make({"ZeRO-2 backward: previous reduce buckets let go"}));
@@ -608,6 +636,13 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
                                         text.Make({label, ": ", names_[index], ".grad"}),
                                         text.Shape(Shape(p.shape), regime_.gradients), p.layer);
       if (gradPartition_ == kNoTensor && !plan_.offloadOptimizer) {
+        // ZeRO-1/2: copy_grads_in_partition makes grads_in_partition (torch.empty) at the first
+        // copy, which reduce_ipg_grads runs under `get_accelerator().stream(stream)`, stream =
+        // self.reduction_stream with overlap_comm (stage_1_and_2.py). ZeRO-3 makes its
+        // grad_partitions_flat_buffer at construction (stage3.py, torch.zeros after the IPG
+        // buffers), on the default stream; the simulation makes it here, on the default stream.
+        const OnStream onStream(b, plan_.zeroStage < 3 && ZeroOverlapComm(setup_.parallel, plan_) ? kReduceScatterStream
+                                                                                                 : b.stream());
         gradPartition_ = b.Alloc(Category::Gradients, plan_.partitionElements * g, text.Make({"grads_in_partition"}),
                                  text.Make({"ZeRO: gradient partition (first reduce)"}),
                                  text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(regime_.gradients)}));
@@ -896,7 +931,10 @@ void ParallelStep::EndBackward(TraceBuilder& b) {
   if (plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 1 && plan_.reduceBuckets > 0 &&
       !setup_.parallel.gradReduceInFp32) {
     // stage_1_and_2.py reduce_gradients → buffered_reduce_fallback: gradients flattened into a
-    // new tensor of at most reduce_bucket_size elements, all-reduced, copied back, freed.
+    // new tensor of at most reduce_bucket_size elements, all-reduced, copied back, freed. The
+    // flattening is allreduce_bucket's self.flatten, which allreduce_and_copy runs under
+    // `get_accelerator().stream(stream)`, stream = self.reduction_stream with overlap_comm.
+    const OnStream onStream(b, ZeroOverlapComm(setup_.parallel, plan_) ? kReduceScatterStream : b.stream());
     const TensorHandle flat = b.Alloc(Category::Gradients, plan_.reduceBucketElements * BytesPerElement(regime_.gradients),
                                       text.Make({"flat gradient bucket"}), text.Make({"ZeRO-1: gradients flattened for all-reduce"}),
                                       text.Make({TextPart::Count(plan_.reduceBucketElements), " × ",

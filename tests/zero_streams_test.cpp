@@ -1,0 +1,158 @@
+// DeepSpeed ZeRO's side streams (parallel_step.cpp ZeroOverlapComm / OnStream): which of the
+// buffers the simulation makes for ZeRO-1/2/3 DeepSpeed allocates inside a
+// `with get_accelerator().stream(s):` block, read from deepspeed/runtime/zero (see the comments
+// in parallel_step.cpp), by tensor name; and that the device stage hands them to the allocator.
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "gpumem/device.hpp"
+#include "gpumem/estimate.hpp"
+#include "gpumem/inventory.hpp"
+#include "gpumem/presets.hpp"
+#include "gpumem/setup.hpp"
+#include "gpumem/trace.hpp"
+
+using namespace gpumem;
+
+namespace {
+
+Setup Llama7bZeroOn8(int stage, OverlapComm overlap) {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = FindPreset("llama-2-7b")->architecture;
+  s.training.precision = Precision::BF16Mixed;
+  s.training.sequenceLength = 512;
+  s.parallel.dataParallel = 8;
+  s.parallel.zeroStage = stage;
+  s.parallel.overlapComm = overlap;
+  return s;
+}
+
+bool StartsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+struct StreamCounts {
+  int allocs[3] = {0, 0, 0};
+  int misplaced = 0;
+  std::string firstMisplaced;
+};
+
+// Every Alloc's stream against the rule `expected(tensor name)`.
+template <typename F>
+StreamCounts Check(const Trace& trace, F expected) {
+  StreamCounts c;
+  for (const Event& e : trace.events) {
+    if (e.kind != EventKind::Alloc) continue;
+    REQUIRE(e.stream < 3);
+    ++c.allocs[e.stream];
+    const std::string name = trace.TensorName(e);
+    if (e.stream != expected(name)) {
+      if (c.misplaced++ == 0) c.firstMisplaced = name + " on stream " + std::to_string(e.stream);
+    }
+  }
+  return c;
+}
+
+StreamCounts CheckSetup(const Setup& s, int (*expected)(const std::string&)) {
+  REQUIRE(Validate(s).empty());
+  const Inventory inventory = BuildInventory(s);  // the trace's names point into it
+  const Trace trace = BuildTrace(s, inventory, true);
+  return Check(trace, expected);
+}
+
+int AllOnDefault(const std::string&) { return 0; }
+
+}  // namespace
+
+TEST_CASE("ZeRO-3 gathers on the all-gather stream with overlap_comm", "[parallel][streams]") {
+  // overlap_comm defaults to on for stage 3 (zero/config.py overlap_comm_valid).
+  for (const OverlapComm overlap : {OverlapComm::Default, OverlapComm::On}) {
+    const Setup s = Llama7bZeroOn8(3, overlap);
+    REQUIRE(Validate(s).empty());
+    const Inventory inventory = BuildInventory(s);
+    const Trace trace = BuildTrace(s, inventory, true);
+    // partitioned_param_coordinator.py __all_gather_params_: all_gather_coalesced (the flat
+    // output, and the per-parameter torch.cat made by the wait, under the same stream) on
+    // __allgather_stream. The partitions, the fp32 partition, the IPG bucket (made at
+    // construction), the .grad tensors (autograd), the gradient partition and the step's
+    // fp32 gradients on the default stream; nothing the simulation makes is the
+    // reduce_and_partition_stream's.
+    const StreamCounts c = Check(trace, [](const std::string& name) { return StartsWith(name, "gathered ") ? 1 : 0; });
+    INFO(c.firstMisplaced);
+    CHECK(c.misplaced == 0);
+    // 32 blocks gathered in forward and in backward of two steps, at least (the root once a
+    // step and the prefetches besides).
+    CHECK(c.allocs[1] >= 32 * 2 * 2);
+    CHECK(c.allocs[2] == 0);
+    CHECK(c.allocs[0] > 0);
+  }
+}
+
+TEST_CASE("ZeRO-3 without overlap_comm gathers on the default stream", "[parallel][streams]") {
+  // parameter_offload.py: __allgather_stream = get_accelerator().default_stream() when
+  // overlap_comm is off.
+  const StreamCounts c = CheckSetup(Llama7bZeroOn8(3, OverlapComm::Off), AllOnDefault);
+  INFO(c.firstMisplaced);
+  CHECK(c.misplaced == 0);
+  CHECK(c.allocs[0] > 0);
+}
+
+TEST_CASE("ZeRO-3's side stream reaches the allocator", "[parallel][streams]") {
+  const Setup s = Llama7bZeroOn8(3, OverlapComm::Default);
+  REQUIRE(Validate(s).empty());
+  const Inventory inventory = BuildInventory(s);
+  const Trace trace = BuildTrace(s, inventory, true);
+  const EstimateResult r = EstimateMemory(s);
+  REQUIRE(r.ok());
+  const DeviceAllocatorInput input = DeviceAllocatorInputOf(s, trace, r.estimate.gpuCapacityBytes);
+  std::vector<AllocatorEvent> oneStream = input.events;
+  int side = 0, gathers = 0;
+  for (AllocatorEvent& e : oneStream) {
+    side += e.kind == AllocatorEventKind::Alloc && e.stream == 1;
+    e.stream = 0;
+  }
+  for (const Event& e : trace.events) gathers += e.kind == EventKind::Alloc && StartsWith(trace.TensorName(e), "gathered ");
+  CHECK(side == gathers);
+  const AllocatorRecording recording{.timeline = false, .segmentsAtPeak = false, .segmentsAtOom = false};
+  const AllocatorResult withStreams = SimulateCachingAllocator(input.events, input.options, kUnlimitedDeviceBytes, recording);
+  const AllocatorResult single = SimulateCachingAllocator(oneStream, input.options, kUnlimitedDeviceBytes, recording);
+  CHECK(r.estimate.device.peakReservedBytes == withStreams.peakReservedBytes);
+  CHECK(withStreams.peakRequestedBytes == single.peakRequestedBytes);
+  // The gathered blocks are cached for the all-gather stream alone: the default stream's
+  // activations can no longer take them, so more is reserved.
+  CHECK(withStreams.peakReservedBytes > single.peakReservedBytes);
+}
+
+TEST_CASE("ZeRO-2 with overlap_comm makes grads_in_partition on the reduction stream", "[parallel][streams]") {
+  // stage_1_and_2.py: copy_grads_in_partition makes grads_in_partition at the first copy, inside
+  // reduce_ipg_grads' `with get_accelerator().stream(self.reduction_stream)`; setup_buckets
+  // makes both ipg_buffer halves from the gradient hook, on the default stream.
+  const StreamCounts c = CheckSetup(Llama7bZeroOn8(2, OverlapComm::On),
+                                    [](const std::string& name) { return name == "grads_in_partition" ? 2 : 0; });
+  INFO(c.firstMisplaced);
+  CHECK(c.misplaced == 0);
+  CHECK(c.allocs[2] == 2);  // once a step
+  CHECK(c.allocs[1] == 0);
+}
+
+TEST_CASE("ZeRO-1 with overlap_comm flattens its gradients on the reduction stream", "[parallel][streams]") {
+  // allreduce_and_copy runs allreduce_bucket (self.flatten) under self.reduction_stream.
+  const StreamCounts c = CheckSetup(Llama7bZeroOn8(1, OverlapComm::On),
+                                    [](const std::string& name) { return name == "flat gradient bucket" ? 2 : 0; });
+  INFO(c.firstMisplaced);
+  CHECK(c.misplaced == 0);
+  CHECK(c.allocs[2] == 2);  // once a step
+  CHECK(c.allocs[1] == 0);
+}
+
+TEST_CASE("ZeRO-1 and ZeRO-2 stay on the default stream by default", "[parallel][streams]") {
+  // overlap_comm defaults to off below stage 3: reductions run on current_stream().
+  for (const int stage : {1, 2}) {
+    for (const OverlapComm overlap : {OverlapComm::Default, OverlapComm::Off}) {
+      const StreamCounts c = CheckSetup(Llama7bZeroOn8(stage, overlap), AllOnDefault);
+      INFO("stage " << stage << ": " << c.firstMisplaced);
+      CHECK(c.misplaced == 0);
+      CHECK(c.allocs[0] > 0);
+    }
+  }
+}
