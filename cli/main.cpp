@@ -145,6 +145,9 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
   std::printf("  %-26s %12s  %s\n", "  of it allocator cache", HumanBytes(d.fragmentationBytes).c_str(), d.fragmentationFormula.c_str());
   std::printf("  %-26s %12s  %s\n", "  of it cuBLAS workspaces", HumanBytes(d.workspaceBytes).c_str(), d.workspaceFormula.c_str());
   std::printf("  %-26s %12s  %s\n", "CUDA context", HumanBytes(d.contextBytes).c_str(), d.contextFormula.c_str());
+  if (d.unifiedBytes + d.unifiedEvictedBytes > 0) {
+    std::printf("  %-26s %12s  %s\n", "Paged optimizer states", HumanBytes(d.unifiedBytes).c_str(), d.unifiedFormula.c_str());
+  }
   std::printf("  %-26s %12s  %s\n", "Device total", HumanBytes(d.peakDeviceBytes).c_str(), d.peakDeviceFormula.c_str());
   if (!e.host.rows.empty()) {  // only when offloading or paging puts (or may put) bytes there
     const HostMemory& h = e.host;

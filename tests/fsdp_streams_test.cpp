@@ -102,7 +102,8 @@ TEST_CASE("FSDP2 allocates its all-gather buffers and gradient shards on side st
 TEST_CASE("FSDP1 gathers on the unshard stream and reduces on the post-backward stream", "[parallel][streams]") {
   const Setup s = Llama7bOn8(FsdpMode::FullShard);
   REQUIRE(Validate(s).empty());
-  const Trace trace = BuildTrace(s, BuildInventory(s), true);
+  const Inventory inventory = BuildInventory(s);  // the trace's names point into it: keep it alive
+  const Trace trace = BuildTrace(s, inventory, true);
   const StreamCounts c = Check(trace, [](const std::string& name) {
     if (StartsWith(name, "gathered ")) return 1;  // _alloc_padded_unsharded_flat_param
     if (StartsWith(name, "gradient shard")) return 2;  // _reduce_grad's new_sharded_grad and its cast
@@ -119,7 +120,8 @@ TEST_CASE("one GPU and DDP stay on the default stream", "[parallel][streams]") {
   for (const int dp : {1, 8}) {
     s.parallel.dataParallel = dp;
     REQUIRE(Validate(s).empty());
-    const Trace trace = BuildTrace(s, BuildInventory(s), true);
+    const Inventory inventory = BuildInventory(s);
+    const Trace trace = BuildTrace(s, inventory, true);
     int side = 0;
     for (const Event& e : trace.events) side += e.stream != 0;
     CHECK(side == 0);

@@ -198,8 +198,9 @@ TEST_CASE("host memory: paged optimizer states are unified memory and not host b
   CHECK(e.host.nodeBytes == 0);
   REQUIRE(e.host.rows.size() == 1);
   CHECK(e.host.rows[0].memory == "unified");
-  // They stay counted on the GPU.
+  // They are model states, but no allocation: the device figure holds them while resident.
   CHECK(e.modelStates.optimizerStatesBytes == 10'000'000 * 8);
+  CHECK(e.device.unifiedBytes == 10'000'000 * 8);
 }
 
 TEST_CASE("host memory: offloaded activations peak between their pack and their unpack", "[host]") {

@@ -102,6 +102,42 @@ TEST_CASE("paged optimizer states are flagged with their bytes", "[savers]") {
   CHECK_FALSE(AnyNoteContains(MustEstimate(small), "paged"));
 }
 
+TEST_CASE("paged optimizer states live outside the caching allocator", "[savers][device]") {
+  // bitsandbytes' F.get_paged (cudaMallocManaged, wrapped by torch.frombuffer): never a request
+  // to PyTorch's allocator. PagedAdamW8bit keeps AdamW8bit's layout and loop, so the two differ
+  // only by the paged uint8 state1 and state2 of the 100,000-weight matrix: 200,000 B.
+  Setup s = LayerSetup({Linear(100, 1000)}, LossKind::MSE, 1, 1, Precision::FP32, OptimizerKind::AdamW8bit);
+  const Estimate plain = MustEstimate(s);
+  s.training.optimizer = OptimizerKind::PagedAdamW8bit;
+  const Estimate paged = MustEstimate(s);
+  CHECK(paged.host.unifiedBytes == 200'000);
+  CHECK(paged.modelStates.optimizerStatesBytes == plain.modelStates.optimizerStatesBytes);  // still states
+  // Step 2's peak has every state in both runs: the paged ones are not allocated.
+  CHECK(paged.peak.step == 2);
+  CHECK(plain.peak.step == 2);
+  CHECK(paged.peak.totalBytes == plain.peak.totalBytes - 200'000);
+  CHECK(paged.device.peakReservedBytes <= plain.device.peakReservedBytes);
+  // Resident beside the segments, and on the device total.
+  const DeviceEstimate& d = paged.device;
+  CHECK(d.unifiedBytes == 200'000);
+  CHECK(d.unifiedEvictedBytes == 0);
+  CHECK(d.peakDeviceBytes == d.peakReservedBytes + d.contextBytes + d.communicationBytes + 200'000);
+  CHECK(plain.device.unifiedBytes == 0);
+
+  // A GPU with room for only 50,000 of them beside the rest: the driver keeps 150,000 B on the
+  // host; still fits (eviction, not an out-of-memory error), with no headroom: tight.
+  const std::int64_t outside = d.peakReservedBytes + d.contextBytes + d.communicationBytes;
+  s.gpu.memoryGiB = static_cast<double>(outside + 50'000) / 1073741824.0;
+  const Estimate squeezed = MustEstimate(s);
+  CHECK(squeezed.device.fits);
+  CHECK(squeezed.device.unifiedBytes == 50'000);
+  CHECK(squeezed.device.unifiedEvictedBytes == 150'000);
+  CHECK(squeezed.device.peakDeviceBytes == squeezed.device.capacityBytes);
+  CHECK(squeezed.device.headroomBytes == 0);
+  CHECK(squeezed.device.verdict == "tight");
+  CHECK(squeezed.device.why.find("do not fit beside it") != std::string::npos);
+}
+
 TEST_CASE("Lion keeps one state and two temporaries per parameter", "[savers]") {
   // One Linear(100, 50): 5,050 fp32 values of exp_avg. lion-pytorch's update_fn holds
   // exp_avg.clone() and the update of the weight at once: 2 × 20,000 B.

@@ -37,6 +37,7 @@ function breakdownCsv(est) {
     rows.push(['device', 'workspaces', 'cuBLAS / cuBLASLt workspaces', d.workspaceBytes, f.workspaceBytes ?? '']);
     rows.push(['device', 'context', 'CUDA context and kernel images', d.contextBytes, f.contextBytes ?? '']);
     rows.push(['device', 'communication', 'Communication buffers', d.communicationBytes, f.communicationBytes ?? '']);
+    rows.push(['device', 'unified', 'Paged optimizer states resident (unified memory)', d.unifiedBytes ?? 0, f.unifiedBytes ?? '']);
     rows.push(['device', 'total', 'On the device at its peak (nvidia-smi)', d.peakDeviceBytes, f.peakDeviceBytes ?? '']);
   }
   return csvText(rows);

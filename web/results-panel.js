@@ -412,6 +412,7 @@ function deviceRows(device) {
     { part: 'workspaces', label: 'of which cuBLAS / cuBLASLt workspaces', bytes: device.workspaceBytes, formula: f.workspaceBytes, sub: true },
     { part: 'context', label: 'CUDA context and kernel images', bytes: device.contextBytes, formula: f.contextBytes },
     { part: 'communication', label: 'Communication buffers (NCCL)', bytes: device.communicationBytes, formula: f.communicationBytes },
+    { part: 'unified', label: 'Paged optimizer states (CUDA unified memory, outside the allocator)', bytes: device.unifiedBytes ?? 0, formula: f.unifiedBytes },
   ];
 }
 
@@ -428,6 +429,7 @@ function deviceSegments(device) {
     { part: 'cache', className: 'dev dev-cache', label: 'Allocator cache', bytes: device.fragmentationBytes, formula: f.fragmentationBytes },
     { part: 'context', className: 'dev dev-context', label: 'CUDA context', bytes: device.contextBytes, formula: f.contextBytes },
     { part: 'communication', className: 'dev dev-communication', label: 'NCCL buffers', bytes: device.communicationBytes, formula: f.communicationBytes },
+    { part: 'unified', className: 'dev dev-unified', label: 'Paged optimizer states', bytes: device.unifiedBytes ?? 0, formula: f.unifiedBytes },
   ];
 }
 
