@@ -47,6 +47,28 @@ test('device table and bar: reserved, cache, workspaces and context add up to th
   await finish();
 });
 
+test('paged optimizer states: outside reserved, drawn as their own part of the device total, the rest on the host', async () => {
+  // torchtune's low-memory full fine-tune of Llama 2 7B on a 24 GB card: 50.20 GiB of paged
+  // fp32 states, of which what the card has left beside reserved and the context stays resident.
+  const setup = {
+    model: { preset: 'llama-2-7b' },
+    training: { precision: 'bf16', optimizer: 'pagedAdamw', optimizerInBackward: true, checkpointing: 'everyBlock',
+                attention: 'sdpa', batchSize: 2, sequenceLength: 512 },
+    gpu: { id: 'nvidia-rtx-4090' },
+  };
+  const { page, finish } = await openPage({ hash: `#s=${Buffer.from(JSON.stringify(setup)).toString('base64url')}` });
+  const d = (await coreEstimate(setup)).device;
+  assert.ok(d.unifiedBytes > 0 && d.unifiedEvictedBytes > 0);
+  assert.equal(d.fits, true, 'evictable: never an out-of-memory');
+  await waitForAttr(page, '#device-total', 'data-bytes', String(d.peakDeviceBytes));
+  assert.equal(Number(await page.getAttribute('#device-table tr[data-part=unified] td:nth-child(3)', 'data-bytes')), d.unifiedBytes);
+  assert.equal(d.peakReservedBytes + d.contextBytes + d.communicationBytes + d.unifiedBytes, d.peakDeviceBytes);
+  const parts = await page.$$eval('#device-bar rect[data-part]', (rects) => rects.map((r) => r.dataset.part));
+  assert.ok(parts.includes('unified'), parts.join());
+  assert.match(await page.textContent('#device-legend'), /Paged optimizer states/);
+  await finish();
+});
+
 test('out of memory: the verdict and the OOM sentence name the failing request and the fragments', async () => {
   const { page, finish } = await openPage({ search: LLAMA_4090 });
   const est = await coreEstimate(LLAMA_SETUP);
