@@ -156,3 +156,38 @@ TEST_CASE("ZeRO-1 and ZeRO-2 stay on the default stream by default", "[parallel]
     }
   }
 }
+
+// stage3.py _setup_for_real_optimizer makes grad_partitions_flat_buffer at construction, right
+// after the IPG buffer, and keeps it: every partition's gradient is a view of it. ZeRO-2's
+// grads_in_partition is made by the first copy and let go in step (_release_ipg_buffers).
+TEST_CASE("ZeRO-3's flat gradient buffer lives from construction to the end; ZeRO-2's partition per step", "[parallel]") {
+  const Setup s = Llama7bZeroOn8(3, OverlapComm::Default);
+  REQUIRE(Validate(s).empty());
+  const Inventory inventory = BuildInventory(s);
+  const Trace trace = BuildTrace(s, inventory, true);
+  int found = 0;
+  for (std::size_t i = 0; i < trace.events.size(); ++i) {
+    const Event& e = trace.events[i];
+    if (e.kind != EventKind::Alloc || trace.TensorName(e) != "grad_partitions_flat_buffer") continue;
+    ++found;
+    CHECK(e.phase == Phase::Init);
+    // 6,738,415,616 parameters over 8 ranks: ⌈n / 8⌉ per tensor, summed, × 2 B (bf16).
+    CHECK(e.bytes % 2 == 0);
+    CHECK(e.bytes >= 6'738'415'616LL / 8 * 2);
+    CHECK(e.bytes < 6'738'415'616LL / 8 * 2 + 2 * 8 * 2 * static_cast<std::int64_t>(inventory.parameters.size()));
+    CHECK(trace.freeAt[static_cast<std::size_t>(e.tensorId)] == Trace::kNeverFreed);
+  }
+  CHECK(found == 1);
+
+  const Setup two = Llama7bZeroOn8(2, OverlapComm::Default);
+  const Inventory inventory2 = BuildInventory(two);
+  const Trace trace2 = BuildTrace(two, inventory2, true);
+  int made = 0, freed = 0;
+  for (const Event& e : trace2.events) {
+    if (trace2.TensorName(e) != "grads_in_partition") continue;
+    (e.kind == EventKind::Alloc ? made : freed) += 1;
+    CHECK(e.phase != Phase::Init);
+  }
+  CHECK(made == 2);  // one per step
+  CHECK(freed == 2);
+}

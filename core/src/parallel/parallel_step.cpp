@@ -547,6 +547,15 @@ void ParallelStep::Init(TraceBuilder& b) {
                                        text.Make({TextPart::Count(plan_.reduceBucketElements), " × ",
                                                   TextPart::Bytes(regime_.gradients)})));
     }
+    if (plan_.zeroStage == 3 && !plan_.offloadOptimizer) {
+      // stage3.py _setup_for_real_optimizer, right after the IPG buffer: grad_partitions_flat_buffer
+      // = torch.zeros(Σ partition_numel, gradient_accumulation_dtype, self.device), on the default
+      // stream, kept for the whole run (each partition's gradient is a narrow() view of it,
+      // __param_id_to_grad_partition). With offload_optimizer it is on the host (host_memory.cpp).
+      gradPartition_ = b.Alloc(Category::Gradients, plan_.partitionElements * g, text.Make({"grad_partitions_flat_buffer"}),
+                               text.Make({"ZeRO-3 init: gradient partitions (grad_partitions_flat_buffer)"}),
+                               text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(regime_.gradients)}));
+    }
   } else if (!fsdp && regime_.masterWeights) {
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
       const Tensor& p = inventory_.parameters[i];
@@ -638,9 +647,8 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
       if (gradPartition_ == kNoTensor && !plan_.offloadOptimizer) {
         // ZeRO-1/2: copy_grads_in_partition makes grads_in_partition (torch.empty) at the first
         // copy, which reduce_ipg_grads runs under `get_accelerator().stream(stream)`, stream =
-        // self.reduction_stream with overlap_comm (stage_1_and_2.py). ZeRO-3 makes its
-        // grad_partitions_flat_buffer at construction (stage3.py, torch.zeros after the IPG
-        // buffers), on the default stream; the simulation makes it here, on the default stream.
+        // self.reduction_stream with overlap_comm (stage_1_and_2.py). ZeRO-3's
+        // grad_partitions_flat_buffer exists from construction (Init).
         const OnStream onStream(b, plan_.zeroStage < 3 && ZeroOverlapComm(setup_.parallel, plan_) ? kReduceScatterStream
                                                                                                  : b.stream());
         gradPartition_ = b.Alloc(Category::Gradients, plan_.partitionElements * g, text.Make({"grads_in_partition"}),
@@ -955,8 +963,12 @@ void ParallelStep::BeforeOptimizerStep(TraceBuilder& b) {
                                  text.Make({"ZeRO step: fp32 gradient partition"}),
                                  text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(DType::FP32)}));
   }
-  b.Release(gradPartition_, text.Make({"ZeRO step: 16-bit gradient partition freed"}));
-  gradPartition_ = kNoTensor;
+  // ZeRO-1/2: _release_ipg_buffers lets grads_in_partition go (stage_1_and_2.py step); ZeRO-3's
+  // flat gradient buffer stays.
+  if (plan_.zeroStage < 3) {
+    b.Release(gradPartition_, text.Make({"ZeRO step: 16-bit gradient partition freed"}));
+    gradPartition_ = kNoTensor;
+  }
   if (plan_.zeroStage == 2) {
     for (TensorHandle h : reduceBuckets_) b.Release(h, text.Make({"ZeRO step: _release_ipg_buffers"}));
     reduceBuckets_.clear();
@@ -977,6 +989,9 @@ void ParallelStep::ReleaseAll(TraceBuilder& b, Text label) {
     b.Release(h, label);
     h = kNoTensor;
   }
+  // zero_grad(set_to_none=True) sets each parameter's .grad to None; ZeRO-3's flat gradient
+  // buffer stays (stage3.py zero_grad only drops the views).
+  if (plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 3) return;
   b.Release(gradPartition_, label);
   gradPartition_ = kNoTensor;
 }
