@@ -191,3 +191,45 @@ TEST_CASE("ZeRO-3's flat gradient buffer lives from construction to the end; ZeR
   CHECK(made == 2);  // one per step
   CHECK(freed == 2);
 }
+
+// stage_1_and_2.py / stage3.py initialize_optimizer_states: an optimizer step on a zero-valued
+// fp32 gradient at construction makes the states; step 1 finds them. Megatron's distributed
+// optimizer (tensor parallel here) makes them in its first step.
+TEST_CASE("DeepSpeed ZeRO makes the optimizer states at construction; Megatron in the first step", "[parallel]") {
+  for (const int stage : {1, 2, 3}) {
+    const Setup s = Llama7bZeroOn8(stage, OverlapComm::Default);
+    REQUIRE(Validate(s).empty());
+    const Inventory inventory = BuildInventory(s);
+    const Trace trace = BuildTrace(s, inventory, true);
+    int statesAtInit = 0, statesLater = 0, zeroGradients = 0;
+    std::int64_t zeroBytes = 0, stateBytes = 0;
+    for (const Event& e : trace.events) {
+      if (e.kind != EventKind::Alloc) continue;
+      if (e.category == Category::OptimizerStates) {
+        (e.phase == Phase::Init ? statesAtInit : statesLater) += 1;
+        if (e.phase == Phase::Init) stateBytes += e.bytes;
+      }
+      if (trace.TensorName(e) == "initial zero gradient (fp32)") {
+        ++zeroGradients;
+        zeroBytes = e.bytes;
+        CHECK(e.phase == Phase::Init);
+        CHECK(trace.freeAt[static_cast<std::size_t>(e.tensorId)] != Trace::kNeverFreed);
+        CHECK(trace.events[trace.freeAt[static_cast<std::size_t>(e.tensorId)]].phase == Phase::Init);
+      }
+    }
+    INFO("stage " << stage);
+    CHECK(zeroGradients == 1);
+    CHECK(statesAtInit == 2);  // AdamW's exp_avg and exp_avg_sq of the one fp32 partition
+    CHECK(statesLater == 0);
+    CHECK(stateBytes == 2 * zeroBytes);  // both fp32, partition-sized
+  }
+  Setup megatron = Llama7bZeroOn8(1, OverlapComm::Default);
+  megatron.parallel.tensorParallel = 2;
+  megatron.parallel.dataParallel = 4;
+  REQUIRE(Validate(megatron).empty());
+  const Inventory inventory = BuildInventory(megatron);
+  const Trace trace = BuildTrace(megatron, inventory, true);
+  for (const Event& e : trace.events) {
+    if (e.kind == EventKind::Alloc && e.category == Category::OptimizerStates) CHECK(e.phase != Phase::Init);
+  }
+}

@@ -975,6 +975,32 @@ void ParallelStep::BeforeOptimizerStep(TraceBuilder& b) {
   }
 }
 
+bool ParallelStep::InitializesOptimizerStates() const {
+  const ParallelDef& p = setup_.parallel;
+  const bool megatron = p.tensorParallel > 1 || p.pipelineParallel > 1 || p.contextParallel > 1 ||
+                        p.expertParallel > 1 || p.gradReduceInFp32;
+  return plan_.engine == ShardingEngine::Zero && !plan_.offloadOptimizer && !megatron &&
+         !optimizerInventory_.parameters.empty();
+}
+
+void ParallelStep::BeforeInitialOptimizerStep(TraceBuilder& b) {
+  TextStore& text = b.text();
+  // stage_1_and_2.py: single_grad_partition = torch.zeros(partition_size, fp32) as the fp32
+  // partition's .grad; stage3.py: gradient_buffer = torch.zeros(largest sub-group, fp32), each
+  // sub-group's .grad a narrow() of it (the one partition here: sub_group_size 1e9 elements).
+  std::int64_t elements = 0;
+  for (const Tensor& t : optimizerInventory_.parameters) elements = std::max(elements, t.Elements());
+  if (plan_.zeroStage == 3) elements = std::min<std::int64_t>(elements, 1'000'000'000);
+  initialGradient_ = b.Alloc(Category::Gradients, elements * 4, text.Make({"initial zero gradient (fp32)"}),
+                             text.Make({"ZeRO init: initialize_optimizer_states' zero-valued fp32 gradient"}),
+                             text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(DType::FP32)}));
+}
+
+void ParallelStep::AfterInitialOptimizerStep(TraceBuilder& b) {
+  b.Release(initialGradient_, b.text().Make({"ZeRO init: the zero gradient let go (.grad = None)"}));
+  initialGradient_ = kNoTensor;
+}
+
 void ParallelStep::AfterOptimizerStep(TraceBuilder& b) {
   b.Release(fp32GradPartition_, b.text().Make({"ZeRO step: fp32 gradient partition freed"}));
   fp32GradPartition_ = kNoTensor;

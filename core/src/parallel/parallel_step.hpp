@@ -31,6 +31,16 @@ class ParallelStep final : public GradientHook, public LayerHook {
   void EndBackward(TraceBuilder& b);
   void BeforeOptimizerStep(TraceBuilder& b);
   void AfterOptimizerStep(TraceBuilder& b);
+  // DeepSpeed ZeRO (stage_1_and_2.py and stage3.py initialize_optimizer_states, called from the
+  // optimizer's construction): one optimizer step on zero-valued fp32 gradients "to allocate
+  // internal optimizer state ... at the beginning of training instead of after activations have
+  // been allocated". True for ZeRO without optimizer offload, not for Megatron's distributed
+  // optimizer (tensor, pipeline, context or expert parallel, or its fp32 gradient buffer), whose
+  // torch optimizer makes its states in the first step. The caller runs the optimizer's step
+  // between the two calls, in the init phase.
+  bool InitializesOptimizerStates() const;
+  void BeforeInitialOptimizerStep(TraceBuilder& b);  // the zero-valued fp32 gradient
+  void AfterInitialOptimizerStep(TraceBuilder& b);   // .grad = None
 
   // GradientHook
   bool Produce(TraceBuilder& b, std::size_t index, Text label) override;
@@ -68,6 +78,7 @@ class ParallelStep final : public GradientHook, public LayerHook {
   std::vector<Text> optimizerNames_;
   Regime optimizerRegime_;
   std::vector<TensorHandle> reduceBuckets_;   // ZeRO ipg_buffer(s)
+  TensorHandle initialGradient_ = kNoTensor;  // initialize_optimizer_states' zero gradient
   TensorHandle gradPartition_ = kNoTensor;    // ZeRO-2/3 grads_in_partition (16-bit)
   TensorHandle fp32GradPartition_ = kNoTensor;
   // FSDP: per unit (index 0 = root, 1 + block), the unsharded gradient during backward and the

@@ -290,6 +290,12 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   // The optimizer in backward (savers.hpp; refused with many GPUs by validation).
   const bool inBackward = setup.training.optimizerInBackward;
   if (inBackward) gradients.OnReady([&](std::size_t index) { optimizer.StepParameter(b, index); });
+  if (parallel && parallel->InitializesOptimizerStates()) {
+    // DeepSpeed ZeRO makes the optimizer's states at construction (parallel_step.hpp).
+    parallel->BeforeInitialOptimizerStep(b);
+    optimizer.Step(b);
+    parallel->AfterInitialOptimizerStep(b);
+  }
 
   // Gradient accumulation (parallel.gradientAccumulationSteps): the micro-batches before the
   // last run forward and backward and let go of their batch; their gradients stay and the next
