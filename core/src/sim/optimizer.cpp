@@ -52,7 +52,10 @@ StateTensors OptimizerStateTensors(const TrainingDef& training, const Regime& re
   // torch.zeros_like(p): a parameter kept in a dtype of its own (fp32 adapters) keeps its states
   // in that dtype (finetune.hpp StateTypeOf).
   const DType stateType = StateTypeOf(parameter, regime.states);
-  auto full = [&](const char* name, DType type) { push({name, n, type, Shape(parameter.shape)}); };
+  // The parameter's shape converted once, not per state (called twice per parameter and
+  // estimate: ComputeModelStates and CreateStates).
+  const Shape parameterShape(parameter.shape);
+  auto full = [&](const char* name, DType type) { push({name, n, type, parameterShape}); };
   switch (training.optimizer) {
     case OptimizerKind::SGD:
       break;
