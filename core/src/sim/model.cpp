@@ -11,11 +11,23 @@
 namespace gpumem {
 
 namespace {
-// FNV-1a: names share long prefixes, so every byte counts.
+// Names share long prefixes, so every byte counts: eight at a time (an FNV-style multiply per
+// word, then a final mix of the high bits into the low ones the table's mask keeps). Byte by
+// byte FNV-1a was 1.2 % of a Mixtral estimate (the table is built once per estimate, ~45 B a
+// name); a word at a time costs about a sixth of it.
 std::uint64_t HashName(std::string_view s) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  return h;
+  std::uint64_t h = 1469598103934665603ull ^ s.size();
+  std::size_t i = 0;
+  for (; i + 8 <= s.size(); i += 8) {
+    std::uint64_t word;
+    std::memcpy(&word, s.data() + i, 8);
+    h = (h ^ word) * 1099511628211ull;
+    h ^= h >> 29;
+  }
+  std::uint64_t tail = 0;
+  if (i < s.size()) std::memcpy(&tail, s.data() + i, s.size() - i);
+  h = (h ^ tail) * 0x9e3779b97f4a7c15ull;
+  return h ^ (h >> 32);
 }
 }  // namespace
 

