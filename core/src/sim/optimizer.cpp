@@ -184,7 +184,7 @@ void OptimizerPass::CreateStates(TraceBuilder& b, std::size_t i) {
     }
     states_.push_back(b.Alloc(Category::OptimizerStates, s.elements * BytesPerElement(s.type),
                               text.Make({names_[i], ".", state}),
-                              text.Make({creates_, names_[i], ".", state, TextPart::View(pagedBuffer ? " (paged)" : "")}),
+                              text.Make({creates_, names_[i], ".", state}),
                               text.Shape(s.shape, s.type), p.layer));
   }
 }
