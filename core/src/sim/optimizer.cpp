@@ -171,7 +171,9 @@ void OptimizerPass::CreateStates(TraceBuilder& b, std::size_t i) {
   // Mixtral: two states each, ~1,000 parameters).
   if (createsStep_ != b.step()) {
     createsStep_ = b.step();
-    creates_ = text.Make({"step ", TextPart::Int(b.step()), ": ", name, " creates "});
+    // Step 0: DeepSpeed's initialize_optimizer_states at construction (parallel_step.hpp).
+    creates_ = b.step() == 0 ? text.Make({"optimizer construction: ", name, " creates "})
+                             : text.Make({"step ", TextPart::Int(b.step()), ": ", name, " creates "});
   }
   for (const StateTensor& s : states) {
     const TextPart state = TextPart::View(s.name);  // a literal
