@@ -253,24 +253,35 @@ TEST_CASE("torchtune QLoRA loading: to_nf4 at construction then again in load_st
   }
 }
 
-TEST_CASE("torchao to_nf4 in chunks: quantize_tensor_nearest on 1,048,576 values at a time", "[loading]") {
-  // gate_proj [512, 256] = 131,072 values: one chunk; a weight of 2,097,152 values would take
-  // two. With a hidden size of 2,048 and intermediate 1,024, gate_proj holds 2,097,152 values.
-  Setup s = TorchtuneQlora(true);
-  s.model.architecture.hiddenSize = 2048;
-  s.model.architecture.intermediateSize = 1024;
-  s.model.architecture.numHeads = 16;
-  s.model.architecture.numKeyValueHeads = 16;
-  const Inventory inv = BuildInventory(s);  // the trace's names view into it
+TEST_CASE("torchao to_nf4 in chunks: quantize_tensor_nearest on 1048576 values at a time", "[loading]") {
+  // With hidden 2,048 and intermediate 1,024, gate_proj holds 2,097,152 values: two full chunks,
+  // the second a repeat of the first (written out once); with intermediate 1,280 (2,621,440
+  // values) two full chunks, the second written out once, and a half one.
+  for (const std::int64_t intermediate : {1024, 1280}) {
+    Setup s = TorchtuneQlora(true);
+    s.model.architecture.hiddenSize = 2048;
+    s.model.architecture.intermediateSize = intermediate;
+    s.model.architecture.numHeads = 16;
+    s.model.architecture.numKeyValueHeads = 16;
+    const Inventory inv = BuildInventory(s);
     const Trace trace = BuildTrace(s, inv);
-  const std::vector<Ev> gate = InitEventsOf(trace, "model.layers.0.mlp.gate_proj.weight");
-  std::int64_t diffs = 0, largest = 0;
-  for (const Ev& e : gate) {
-    if (e.kind == A && e.bytes == (std::int64_t{1} << 20) * 16 * 2) ++diffs;  // [1,048,576, 16] bf16
-    largest = std::max(largest, e.bytes);
+    const std::vector<Ev> gate = InitEventsOf(trace, "model.layers.0.mlp.gate_proj.weight");
+    const std::int64_t full = (std::int64_t{1} << 20) * 16 * 2, half = full / 2;  // [c, 16] bf16
+    std::int64_t fulls = 0, halves = 0, largest = 0;
+    for (const Ev& e : gate) {
+      fulls += e.kind == A && e.bytes == full;
+      halves += e.kind == A && e.bytes == half;
+      largest = std::max(largest, e.bytes);
+    }
+    // The construction's to_nf4 (InitEventsOf reads the weight's first run of events): value −
+    // nf4 and its abs of the first chunk, and of the half chunk when there is one.
+    CHECK(fulls == 2);
+    CHECK(halves == (intermediate == 1280 ? 2 : 0));
+    CHECK(largest == full);
+    const std::string chunks = intermediate == 1280 ? "3" : "2";
+    CHECK(FirstInitIndex(trace, "chunk 1 of " + chunks + " .to(uint8)") < trace.events.size());
+    if (intermediate == 1280) CHECK(FirstInitIndex(trace, "chunk 3 of 3 .to(uint8)") < trace.events.size());
   }
-  CHECK(diffs == 4);  // value − nf4 and its abs, two chunks
-  CHECK(largest == (std::int64_t{1} << 20) * 32);
 }
 
 TEST_CASE("Loading leaves the steps' peaks as they were and raises the init peak and the reserved figure", "[loading]") {
@@ -326,4 +337,27 @@ TEST_CASE("Loading leaves the steps' peaks as they were and raises the init peak
   CHECK(plainLarge == 1);
   // The allocated peak of the steps is the same in both runs (the transients are gone by then).
   CHECK(Replay(loaded).phasePeaks[1].totalBytes == Replay(plain).phasePeaks[1].totalBytes);
+}
+
+TEST_CASE("The work budget bounds the loading events of torchtune's QLoRA", "[loading]") {
+  // setup.cpp PredictEvents with FinetuneEventsPerBlock stays an upper bound of the events with
+  // loading, chunked (up to two chunks written out per to_nf4) or whole, with and without
+  // checkpointing.
+  for (const bool chunks : {true, false}) {
+    for (const std::int64_t intermediate : {512, 1280}) {
+      for (const Checkpointing c : {Checkpointing::None, Checkpointing::EveryBlock}) {
+        Setup s = TorchtuneQlora(chunks);
+        s.model.architecture.hiddenSize = 2048;
+        s.model.architecture.intermediateSize = intermediate;
+        s.model.architecture.numHeads = 16;
+        s.model.architecture.numKeyValueHeads = 16;
+        s.finetune.targetModules = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+        s.training.checkpointing = c;
+        const EstimateResult r = EstimateMemory(s, {.timeline = EstimateOptions::Timeline::None, .timelineLimit = 0, .explain = false});
+        REQUIRE(r.ok());
+        INFO("chunks " << chunks << " intermediate " << intermediate << ": " << r.estimate.eventCount);
+        CHECK(PredictEvents(s).predictedEvents >= double(r.estimate.eventCount));
+      }
+    }
+  }
 }
