@@ -128,9 +128,9 @@ std::vector<Ev> FromTensorEvents(Category stored, bool chunks) {
       {A, n * 2, W}, {A, B * 2, W}, {A, B * 8, W}, {F, n * 2, W}, {F, B * 8, W},
       {A, B * 2, W}, {F, B * 2, W},                                 // scalers_1 − mean; old scalers_1 freed
       {A, B * 2, W}, {A, S * 2, W}, {A, S * 8, W}, {F, B * 2, W}, {F, S * 8, W},  // get_block_absmax(scalers_1, 256)
-      {A, B * 2, W}, {A, B * 2, W}, {F, B * 2, W},                  // 2 · absmax (expanded), 256 / it
+      {A, B * 2, W}, {A, B * 2, W}, {A, B * 2, W}, {F, B * 2, W}, {F, B * 2, W},  // 2 · absmax, its reciprocal, × 256
       {A, B * 2, W}, {A, B * 2, W}, {F, B * 2, W}, {A, B * 2, W}, {F, B * 2, W},  // ×, round, clamp
-      {F, B * 2, W}, {F, B * 2, W}, {F, S * 2, W}, {F, B * 2, W},   // locals freed on return
+      {F, B * 2, W}, {F, S * 2, W}, {F, B * 2, W}, {F, B * 2, W},   // locals freed on return
       // convert_to_norm_float_weight: get_block_absmax(x, 64), scaled_blocks
       {A, n * 2, W}, {A, B * 2, W}, {A, B * 8, W}, {F, n * 2, W}, {F, B * 8, W}, {A, n * 2, W},
   };
@@ -145,19 +145,18 @@ std::vector<Ev> FromTensorEvents(Category stored, bool chunks) {
   if (chunks) {  // one chunk: 65,536 < 1,048,576
     e.push_back({A, n, W});  // quantized_blocks uint8 [n]
     nearest(n);
-    for (Ev x : std::vector<Ev>{{A, n, W}, {F, n, W}, {F, n * 8, W},  // .to(uint8), copied in
-                                {A, n / 2, W}, {A, nf4Bytes, stored}, {F, n / 2, W}, {F, n, W}}) {
+    for (Ev x : std::vector<Ev>{{A, n, W}, {F, n * 8, W}, {F, n, W},  // .to(uint8), copied in
+                                {A, n / 2, W}, {A, nf4Bytes, stored}, {F, n / 2, W},
+                                {F, B * 2, W}, {F, n, W}, {F, n * 2, W}}) {  // scalers, quantized_blocks, scaled_blocks
       e.push_back(x);
     }
   } else {  // torchao 0.1: int64 indices, << 4 and | in int64, .to(uint8)
     nearest(n);
     for (Ev x : std::vector<Ev>{{A, n / 2 * 8, W}, {A, n / 2 * 8, W}, {F, n / 2 * 8, W}, {A, nf4Bytes, stored},
-                                {F, n / 2 * 8, W}, {F, n * 8, W}}) {
+                                {F, B * 2, W}, {F, n * 2, W}, {F, n * 8, W}, {F, n / 2 * 8, W}}) {
       e.push_back(x);
     }
   }
-  e.push_back({F, n * 2, W});  // scaled_blocks
-  e.push_back({F, B * 2, W});  // scalers
   return e;
 }
 

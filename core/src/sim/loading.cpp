@@ -104,9 +104,12 @@ class Loader {
     Drop(scalers1, i, t_.Make({"scalers_1 (rebound)"}));
     const TensorHandle scalerAbsmax = blockAbsmax(blocks, kTorchaoNf4ScalerBlockSize, "scaler_absmax (per 256)");
     // quantization_factor = 256 / (2 * scaler_absmax.unsqueeze(-1).expand(F, 256)): each op on
-    // the expanded view materializes F × 256 = B values ("realizes n_scaler entries").
+    // the expanded view materializes F × 256 = B values ("realizes n_scaler entries"), and
+    // `256 / t` is Tensor.__rtruediv__ (torch/_tensor.py): t.reciprocal() * 256.
     const TensorHandle twice = temp(blocks, w_, "2 · scaler_absmax (expanded)");
+    const TensorHandle reciprocal = temp(blocks, w_, "reciprocal (256 / t)");
     const TensorHandle factorFull = temp(blocks, w_, "quantization_factor (expanded)");
+    Drop(reciprocal, i, t_.Make({"reciprocal"}));
     Drop(twice, i, t_.Make({"2 · scaler_absmax"}));
     const TensorHandle scaled = temp(blocks, w_, "scaler_blocks · quantization_factor");
     const TensorHandle rounded = temp(blocks, w_, ".round()");
@@ -116,8 +119,8 @@ class Loader {
     // Returned: .flatten().to(torch.int8) [B] and quantization_factor[:, 0]...contiguous() [F]
     // (kept, inside the stored block); the locals are freed as the function returns.
     Drop(clamped, i, t_.Make({".clamp() (after .to(int8))"}));
-    Drop(centred, i, t_.Make({"scalers_1 − mean"}));
     Drop(scalerAbsmax, i, t_.Make({"scaler_absmax"}));
+    Drop(centred, i, t_.Make({"scalers_1 − mean"}));
     Drop(factorFull, i, t_.Make({"expanded quantization_factor (contiguous() copied it)"}));
     // convert_to_norm_float_weight(x, B, 64, nf4):
     const TensorHandle scalers = blockAbsmax(n, kTorchaoNf4BlockSize, "scalers (absmax per 64)");
@@ -148,8 +151,10 @@ class Loader {
       const TensorHandle combined = temp(n / 2, 8, "combined_blocks (int64)");
       Drop(shifted, i, t_.Make({"quantized_blocks[::2] << 4"}));
       out = keepOrTemp();
-      Drop(combined, i, t_.Make({"combined_blocks (int64)"}));
+      Drop(scalers, i, t_.Make({"scalers"}));
+      Drop(scaledBlocks, i, t_.Make({"scaled_blocks"}));
       Drop(indices, i, t_.Make({"quantized_blocks (int64 indices)"}));
+      Drop(combined, i, t_.Make({"combined_blocks (int64)"}));
     } else {
       // Since #196: quantized_blocks = torch.empty(n, uint8), filled chunk by chunk with
       // quantize_tensor_nearest(...).to(torch.uint8); then [::2] << 4 and | in uint8 (the .to()
@@ -165,17 +170,17 @@ class Loader {
         if (k > 0 && (k < chunks - 1 || c == chunk)) continue;
         const TensorHandle indices = nearest(c);
         const TensorHandle narrowed = temp(c, 1, "chunk .to(uint8)");
+        Drop(indices, i, t_.Make({"chunk indices"}));
         Drop(narrowed, i, t_.Make({"chunk ", TextPart::Int(k + 1), " of ", TextPart::Int(chunks),
                                    " .to(uint8), copied into quantized_blocks (full chunks repeat these events)"}));
-        Drop(indices, i, t_.Make({"chunk indices"}));
       }
       const TensorHandle shifted = temp(n / 2, 1, "quantized_blocks[::2] << 4");
       out = keepOrTemp();
       Drop(shifted, i, t_.Make({"quantized_blocks[::2] << 4"}));
+      Drop(scalers, i, t_.Make({"scalers"}));
       Drop(codes, i, t_.Make({"quantized_blocks"}));
+      Drop(scaledBlocks, i, t_.Make({"scaled_blocks"}));
     }
-    Drop(scaledBlocks, i, t_.Make({"scaled_blocks"}));
-    Drop(scalers, i, t_.Make({"scalers"}));
     return out;
   }
 
