@@ -371,6 +371,10 @@ struct FinetuneDef {
   // Which library stores the 4-bit weights: bitsandbytes (default) or torchao's NF4Tensor, as
   // torchtune's QLoRA recipes (single GPU and FSDP2) hold them.
   QuantLayout quantLayout = QuantLayout::Bitsandbytes;
+  // torchao's to_nf4 runs quantize_tensor_nearest on 1,048,576 values at a time (CHUNK_SIZE,
+  // torchao #196, 2024-05-01, torchao 0.2); false: on the whole weight at once, as torchao 0.1
+  // did (an n × 16 difference tensor per weight while loading; sim/loading.cpp).
+  bool torchaoQuantizeInChunks = true;
 
   bool operator==(const FinetuneDef&) const = default;
 };

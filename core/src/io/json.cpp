@@ -399,7 +399,8 @@ void ReadFinetune(Reader& r, const json& v, FinetuneDef& f) {
   if (!r.ExpectObject(v, path)) return;
   r.RejectUnknown(v, {"freezeEmbeddings", "freezeHead", "freezeFirstBlocks", "trainOnlyModules", "lora", "r",
                       "loraAlpha", "loraDropout", "targetModules", "useDora", "adapterDType", "quantization",
-                      "doubleQuant", "computeDType", "prepareForKbitTraining", "quantStorage", "quantLayout"}, path);
+                      "doubleQuant", "computeDType", "prepareForKbitTraining", "quantStorage", "quantLayout",
+                      "torchaoQuantizeInChunks"}, path);
   r.Bool(v, "freezeEmbeddings", path, f.freezeEmbeddings);
   r.Bool(v, "freezeHead", path, f.freezeHead);
   r.Int(v, "freezeFirstBlocks", path, f.freezeFirstBlocks);
@@ -430,6 +431,7 @@ void ReadFinetune(Reader& r, const json& v, FinetuneDef& f) {
     else r.Fail(ErrorCode::InvalidField, "finetune.quantStorage", "Must be one of uint8, bf16, fp16, fp32 (got " + Echo(*it) + ").");
   }
   r.Enum(v, "quantLayout", path, f.quantLayout);
+  r.Bool(v, "torchaoQuantizeInChunks", path, f.torchaoQuantizeInChunks);
 }
 
 ojson FinetuneJson(const FinetuneDef& f) {
@@ -439,7 +441,8 @@ ojson FinetuneJson(const FinetuneDef& f) {
           {"targetModules", f.targetModules}, {"useDora", f.useDora}, {"adapterDType", IdOf(f.adapterDType)},
           {"quantization", IdOf(f.quantization)}, {"doubleQuant", f.doubleQuant},
           {"computeDType", DTypeId(f.computeDType)}, {"quantStorage", DTypeId(f.quantStorage)},
-          {"prepareForKbitTraining", f.prepareForKbitTraining}, {"quantLayout", IdOf(f.quantLayout)}};  // the order of the page's fields
+          {"prepareForKbitTraining", f.prepareForKbitTraining}, {"quantLayout", IdOf(f.quantLayout)},
+          {"torchaoQuantizeInChunks", f.torchaoQuantizeInChunks}};  // the order of the page's fields
 }
 
 // The parallel section (docs/parallel.md); every key optional, defaults from DefaultSetup().
@@ -1030,6 +1033,7 @@ ojson FinetuneFieldsJson() {
       {"quantStorage", "Quant storage", "select", "quantStorages", "bnb_4bit_quant_storage: the packed codes' element type (bf16 for FSDP / ZeRO-3)", "quantization"},
       {"prepareForKbitTraining", "prepare_model_for_kbit_training", "bool", "", "other 16-bit parameters upcast to fp32, checkpointing on every block, input gradients", ""},
       {"quantLayout", "4-bit layout", "select", "quantLayouts", "bitsandbytes Params4bit, or torchao NF4Tensor (torchtune's QLoRA, single GPU or FSDP2)", "quantization"},
+      {"torchaoQuantizeInChunks", "to_nf4 in chunks", "bool", "", "torchao ≥ 0.2 quantizes 1,048,576 values at a time while loading; off = torchao 0.1 (whole weight)", "quantization"},
   };
   ojson out = ojson::array();
   for (const Field& f : kFields) {

@@ -337,7 +337,11 @@ double FinetuneEventsPerBlock(const Setup& setup) {
   // torchao's NF4Tensor dequantizes through get_original_weight's locals: up to 34 events more.
   const double quantized = f.quantLayout == QuantLayout::TorchaoNf4 ? 48 : 14;
   const double perLinear = (f.quantization != Quantization::None ? quantized : 0) + (f.lora ? (f.useDora ? 90 : 40) : 0);
-  return 2 * linears * perLinear;
+  // Loading (sim/loading.cpp), once per weight: bitsandbytes up to 7 events; torchao's to_nf4
+  // twice (construction and load_state_dict), about 60 events each with at most two chunks
+  // written out, so 130; prepare_model_for_kbit_training 3 per upcast parameter (a block's norms).
+  const double loading = f.quantization == Quantization::None ? 0 : f.quantLayout == QuantLayout::TorchaoNf4 ? 130 : 8;
+  return 2 * linears * perLinear + linears * loading + (f.prepareForKbitTraining ? 8 : 0);
 }
 
 namespace {

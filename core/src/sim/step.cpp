@@ -11,6 +11,7 @@
 #include "gpumem/recycle.hpp"
 #include "parallel/parallel_step.hpp"
 #include "parallel/pipeline.hpp"
+#include "sim/loading.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -261,7 +262,11 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
     parallel.emplace(setup, inventory, names, regime, text);
     parallel->Init(b);
   } else {
-    for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+    if (LoadingSimulated(setup)) {  // the loaders' transients (sim/loading.cpp)
+      AllocParametersAsLoaded(b, setup, inventory, names, regime.weights,
+                              setup.finetune.torchaoQuantizeInChunks ? kTorchaoNf4QuantizeChunk : 0);
+    }
+    for (std::size_t i = 0; i < inventory.parameters.size() && !LoadingSimulated(setup); ++i) {
       const Tensor& p = inventory.parameters[i];
       b.Alloc(Category::Parameters, StoredBytes(p, regime.weights), names[i], text.Make({"model init: ", names[i]}),
               StorageFormula(text, p, regime.weights), p.layer);
