@@ -66,14 +66,20 @@ def parallel_rows(cli, data):
     return rows
 
 
-def parallel_table(rows):
+def table_lines(rows, status_of):
+    """The markdown table of rows: predicted vs measured, and what gpumem says (status_of(row))."""
     lines = ["| published setup | figure | predicted GiB | measured GiB | error | gpumem |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         predicted = f"{r['predicted'] / GiB:,.2f}" if r["predicted"] is not None else "—"
         error = f"{r['error']:+.1f} %" if r["error"] is not None else "—"
         lines.append(f"| {r['name']} | {r['figure']} | {predicted} | {r['measured'] / GiB:,.2f} "
-                     f"| {error} | {r['status']} |")
+                     f"| {error} | {status_of(r)} |")
+    return lines
+
+
+def parallel_table(rows):
+    lines = table_lines(rows, lambda r: r["status"])
     compared = [r["error"] for r in rows if r["error"] is not None]
     summary = (f"{len(rows)} published multi-GPU figures: {len(compared)} estimated"
                + (f" (signed errors {min(compared):+.1f} % … {max(compared):+.1f} %)" if compared else "")
@@ -84,16 +90,11 @@ def parallel_table(rows):
 
 def single_table(rows):
     """The single-GPU table: every row with its kind, predicted vs measured, or why not."""
-    lines = ["| published setup | figure | predicted GiB | measured GiB | error | gpumem |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        predicted = f"{r['predicted'] / GiB:,.2f}" if r["predicted"] is not None else "—"
-        error = f"{r['error']:+.1f} %" if r["error"] is not None else "—"
-        status = r["status"]
+    def status_of(r):
         if r["needs"] and r["predicted"] is not None:
-            status += "; not simulated: " + "; ".join(r["needs"])
-        lines.append(f"| {r['name']} | {r['figure']} | {predicted} | {r['measured'] / GiB:,.2f} "
-                     f"| {error} | {status} |")
+            return r["status"] + "; not simulated: " + "; ".join(r["needs"])
+        return r["status"]
+    lines = table_lines(rows, status_of)
     # The targets are for rows whose whole run gpumem simulates (a setup and nothing in needs).
     clean = [r["error"] for r in rows if r["error"] is not None and not r["needs"]]
     approx = [r["error"] for r in rows if r["error"] is not None and r["needs"]]

@@ -17,22 +17,10 @@ using namespace gpumem::test;
 
 namespace {
 
-// hidden 256, 4 heads (4 key/value heads: q, k, v, o are [256, 256] = 65,536 values = 4 scaler
-// blocks), intermediate 512 (gate, up [512, 256] and down [256, 512]: 131,072 = 8 scaler blocks),
-// 2 blocks, an untied head and a vocabulary of 1,001 (padded on dim 0 under FSDP2). LoRA r 8 on
-// q_proj and v_proj in bf16, every block linear an NF4Tensor, as torchtune's qlora_llama3 builds it.
+// test_support.hpp's TorchtuneQloraLlama (its vocabulary of 1,001 padded on dim 0 under FSDP2),
+// on `world` ranks of FSDP2.
 Setup TorchtuneQlora(std::int64_t world) {
-  Setup s = TinyTransformer(Family::Llama, 2, Precision::BF16);  // torchtune: dtype bf16
-  ArchitectureDef& a = s.model.architecture;
-  a.vocabSize = 1001;
-  a.hiddenSize = 256;
-  a.intermediateSize = 512;
-  s.finetune.lora = true;
-  s.finetune.r = 8;
-  s.finetune.adapterDType = AdapterDType::Weights;
-  s.finetune.quantization = Quantization::NF4;
-  s.finetune.quantLayout = QuantLayout::TorchaoNf4;
-  s.finetune.computeDType = DType::BF16;  // LinearNF4: weight.to(input.dtype)
+  Setup s = TorchtuneQloraLlama();
   if (world > 1) {
     s.parallel.dataParallel = world;
     s.parallel.fsdp = FsdpMode::FullyShard;

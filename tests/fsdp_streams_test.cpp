@@ -11,45 +11,21 @@
 #include "gpumem/presets.hpp"
 #include "gpumem/setup.hpp"
 #include "gpumem/trace.hpp"
+#include "stream_counts.hpp"
 
 using namespace gpumem;
 
 namespace {
 
 Setup Llama7bOn8(FsdpMode mode) {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  s.model.architecture = FindPreset("llama-2-7b")->architecture;
-  s.training.precision = Precision::BF16Mixed;
-  s.training.sequenceLength = 512;
-  s.parallel.dataParallel = 8;
+  Setup s = test::Llama7bOn8Ranks();
   s.parallel.fsdp = mode;
   return s;
 }
 
-bool StartsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
-
-struct StreamCounts {
-  int allocs[3] = {0, 0, 0};
-  int misplaced = 0;
-  std::string firstMisplaced;
-};
-
-// Every Alloc's stream against the rule `expected(tensor name)`.
-template <typename F>
-StreamCounts Check(const Trace& trace, F expected) {
-  StreamCounts c;
-  for (const Event& e : trace.events) {
-    if (e.kind != EventKind::Alloc) continue;
-    REQUIRE(e.stream < 3);
-    ++c.allocs[e.stream];
-    const std::string name = trace.TensorName(e);
-    if (e.stream != expected(name)) {
-      if (c.misplaced++ == 0) c.firstMisplaced = name + " on stream " + std::to_string(e.stream);
-    }
-  }
-  return c;
-}
+using test::CheckStreams;
+using test::StartsWith;
+using test::StreamCounts;
 
 }  // namespace
 
@@ -62,7 +38,7 @@ TEST_CASE("FSDP2 allocates its all-gather buffers and gradient shards on side st
   // all_gather_copy_in_stream; foreach_reduce: the output and its cast under
   // reduce_scatter_stream; the per-parameter copy-outs, the reduce-scatter input and all the
   // rest on the default stream.
-  const StreamCounts c = Check(trace, [](const std::string& name) {
+  const StreamCounts c = CheckStreams(trace, [](const std::string& name) {
     if (StartsWith(name, "all-gather input of ") || StartsWith(name, "all-gather output of ")) return 1;
     if (name == "gradient shard" || name == "gradient shard (cast)") return 2;
     return 0;
@@ -104,7 +80,7 @@ TEST_CASE("FSDP1 gathers on the unshard stream and reduces on the post-backward 
   REQUIRE(Validate(s).empty());
   const Inventory inventory = BuildInventory(s);  // the trace's names point into it: keep it alive
   const Trace trace = BuildTrace(s, inventory, true);
-  const StreamCounts c = Check(trace, [](const std::string& name) {
+  const StreamCounts c = CheckStreams(trace, [](const std::string& name) {
     if (StartsWith(name, "gathered ")) return 1;  // _alloc_padded_unsharded_flat_param
     if (StartsWith(name, "gradient shard")) return 2;  // _reduce_grad's new_sharded_grad and its cast
     return 0;

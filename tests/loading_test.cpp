@@ -103,17 +103,7 @@ Setup BnbQlora(bool doubleQuant) {
 // torchtune's QLoRA on a small Llama (as tests/fsdp2_qlora_test.cpp builds it): hidden 256,
 // intermediate 512, so every block linear holds a multiple of 16,384 values.
 Setup TorchtuneQlora(bool chunks) {
-  Setup s = TinyTransformer(Family::Llama, 2, Precision::BF16);
-  ArchitectureDef& a = s.model.architecture;
-  a.vocabSize = 1001;
-  a.hiddenSize = 256;
-  a.intermediateSize = 512;
-  s.finetune.lora = true;
-  s.finetune.r = 8;
-  s.finetune.adapterDType = AdapterDType::Weights;
-  s.finetune.quantization = Quantization::NF4;
-  s.finetune.quantLayout = QuantLayout::TorchaoNf4;
-  s.finetune.computeDType = DType::BF16;
+  Setup s = TorchtuneQloraLlama();
   s.finetune.torchaoQuantizeInChunks = chunks;
   return s;
 }

@@ -102,6 +102,25 @@ inline Setup TinyTransformer(Family family, int layers = 2, Precision precision 
 
 // Llama 3.2 1B in pure bf16 with SDPA and every block checkpointed, 4 × 2048 tokens on 12 GiB:
 // the logits and their fp32 copies hold the peak (where make it fit offers a loss change).
+// torchtune's QLoRA on a small Llama (qlora_llama3 as torchtune builds it): hidden 256, 4 heads
+// (q, k, v, o [256, 256] = 65,536 values = 4 scaler blocks), intermediate 512 (gate, up, down:
+// 131,072 = 8 scaler blocks), 2 blocks, an untied head and a vocabulary of 1,001; LoRA r 8 on
+// q_proj and v_proj in bf16, every block linear a torchao NF4Tensor.
+inline Setup TorchtuneQloraLlama() {
+  Setup s = TinyTransformer(Family::Llama, 2, Precision::BF16);  // torchtune: dtype bf16
+  ArchitectureDef& a = s.model.architecture;
+  a.vocabSize = 1001;
+  a.hiddenSize = 256;
+  a.intermediateSize = 512;
+  s.finetune.lora = true;
+  s.finetune.r = 8;
+  s.finetune.adapterDType = AdapterDType::Weights;
+  s.finetune.quantization = Quantization::NF4;
+  s.finetune.quantLayout = QuantLayout::TorchaoNf4;
+  s.finetune.computeDType = DType::BF16;  // LinearNF4: weight.to(input.dtype)
+  return s;
+}
+
 inline Setup LogitsPeakSetup() {
   Setup s = DefaultSetup();
   s.model.kind = ModelKind::Transformer;

@@ -12,52 +12,28 @@
 #include "gpumem/presets.hpp"
 #include "gpumem/setup.hpp"
 #include "gpumem/trace.hpp"
+#include "stream_counts.hpp"
 
 using namespace gpumem;
 
 namespace {
 
 Setup Llama7bZeroOn8(int stage, OverlapComm overlap) {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  s.model.architecture = FindPreset("llama-2-7b")->architecture;
-  s.training.precision = Precision::BF16Mixed;
-  s.training.sequenceLength = 512;
-  s.parallel.dataParallel = 8;
+  Setup s = test::Llama7bOn8Ranks();
   s.parallel.zeroStage = stage;
   s.parallel.overlapComm = overlap;
   return s;
 }
 
-bool StartsWith(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
-
-struct StreamCounts {
-  int allocs[3] = {0, 0, 0};
-  int misplaced = 0;
-  std::string firstMisplaced;
-};
-
-// Every Alloc's stream against the rule `expected(tensor name)`.
-template <typename F>
-StreamCounts Check(const Trace& trace, F expected) {
-  StreamCounts c;
-  for (const Event& e : trace.events) {
-    if (e.kind != EventKind::Alloc) continue;
-    REQUIRE(e.stream < 3);
-    ++c.allocs[e.stream];
-    const std::string name = trace.TensorName(e);
-    if (e.stream != expected(name)) {
-      if (c.misplaced++ == 0) c.firstMisplaced = name + " on stream " + std::to_string(e.stream);
-    }
-  }
-  return c;
-}
+using test::CheckStreams;
+using test::StartsWith;
+using test::StreamCounts;
 
 StreamCounts CheckSetup(const Setup& s, int (*expected)(const std::string&)) {
   REQUIRE(Validate(s).empty());
   const Inventory inventory = BuildInventory(s);  // the trace's names point into it
   const Trace trace = BuildTrace(s, inventory, true);
-  return Check(trace, expected);
+  return CheckStreams(trace, expected);
 }
 
 int AllOnDefault(const std::string&) { return 0; }
@@ -77,7 +53,7 @@ TEST_CASE("ZeRO-3 gathers on the all-gather stream with overlap_comm", "[paralle
     // construction), the .grad tensors (autograd), the gradient partition and the step's
     // fp32 gradients on the default stream; nothing the simulation makes is the
     // reduce_and_partition_stream's.
-    const StreamCounts c = Check(trace, [](const std::string& name) { return StartsWith(name, "gathered ") ? 1 : 0; });
+    const StreamCounts c = CheckStreams(trace, [](const std::string& name) { return StartsWith(name, "gathered ") ? 1 : 0; });
     INFO(c.firstMisplaced);
     CHECK(c.misplaced == 0);
     // 32 blocks gathered in forward and in backward of two steps, at least (the root once a
