@@ -125,7 +125,8 @@ TEST_CASE("paged optimizer states live outside the caching allocator", "[savers]
   CHECK(plain.device.unifiedBytes == 0);
 
   // A GPU with room for only 50,000 of them beside the rest: the driver keeps 150,000 B on the
-  // host; still fits (eviction, not an out-of-memory error), with no headroom: tight.
+  // host; still fits (eviction, not an out-of-memory error), with no headroom shown, and tight
+  // only by what cannot give way: 50,000 B is under 5 % of this small capacity.
   const std::int64_t outside = d.peakReservedBytes + d.contextBytes + d.communicationBytes;
   s.gpu.memoryGiB = static_cast<double>(outside + 50'000) / 1073741824.0;
   const Estimate squeezed = MustEstimate(s);
@@ -136,6 +137,20 @@ TEST_CASE("paged optimizer states live outside the caching allocator", "[savers]
   CHECK(squeezed.device.headroomBytes == 0);
   CHECK(squeezed.device.verdict == "tight");
   CHECK(squeezed.device.why.find("do not fit beside it") != std::string::npos);
+
+  // 2 GiB beside what cannot give way, filled by paged states: no headroom shown, but not tight
+  // (the states give way; 2 GiB is above both 1 GiB and 5 % of the capacity).
+  Setup big = LayerSetup({Linear(100'000, 10'000)}, LossKind::MSE, 1, 1, Precision::FP32, OptimizerKind::PagedAdamW);
+  const DeviceEstimate roomy = MustEstimate(big).device;
+  REQUIRE(roomy.unifiedBytes == 8'000'000'000);  // 1e9 weights × fp32 state1 and state2
+  const std::int64_t rest = roomy.peakReservedBytes + roomy.contextBytes + roomy.communicationBytes;
+  big.gpu.memoryGiB = static_cast<double>(rest + 2 * 1073741824LL) / 1073741824.0;
+  const DeviceEstimate full = MustEstimate(big).device;
+  CHECK(full.fits);
+  CHECK(full.unifiedBytes == 2 * 1073741824LL);
+  CHECK(full.headroomBytes == 0);
+  CHECK_FALSE(full.tight);
+  CHECK(full.verdict == "fits");
 }
 
 TEST_CASE("Lion keeps one state and two temporaries per parameter", "[savers]") {

@@ -353,7 +353,9 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   d.unifiedEvictedBytes = trace.unifiedBytes - d.unifiedBytes;
   d.peakDeviceBytes = outsideUnified + d.unifiedBytes;
   d.headroomBytes = capacityBytes - d.peakDeviceBytes;
-  d.tight = d.fits && d.headroomBytes < std::max<std::int64_t>(kGiB, capacityBytes / 20);
+  // Tight: little left beside what cannot give way. Resident paged states give way (the driver
+  // evicts them), so they count in the headroom shown, not in the margin that makes it tight.
+  d.tight = d.fits && capacityBytes - outsideUnified < std::max<std::int64_t>(kGiB, capacityBytes / 20);
   d.verdict = !d.fits ? "doesNotFit" : d.tight ? "tight" : "fits";
 
   if (reservedAfterEvent) {
