@@ -165,7 +165,7 @@ void PrintTable(const gpumem::Setup& setup, const gpumem::Estimate& e, bool time
                   h.fits ? "fits" : "DOES NOT FIT: the processes would run out of CPU memory");
     }
     if (h.unifiedBytes > 0) {
-      std::printf("  %-48s %12s  counted on the GPU above; pageable: may move to host\n", "Paged (unified memory)",
+      std::printf("  %-48s %12s  outside the allocator: resident on the GPU while there is room (device figure), else on the host\n", "Paged (unified memory)",
                   HumanBytes(h.unifiedBytes).c_str());
     }
   }

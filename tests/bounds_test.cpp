@@ -241,7 +241,7 @@ TEST_CASE("the longest sequence stops at the size bound and says so", "[bounds]"
   CHECK(Validate(at).empty());
   REQUIRE(Validate(above).size() == 1);
   CHECK(Validate(above)[0].field == "training.sequenceLength");
-  CHECK(r.estimatesRun <= 14);  // 12 before the optimizer-in-backward and 8-bit AdamW changes
+  CHECK(r.estimatesRun <= 15);  // 12 before the optimizer-in-backward, 8-bit and paged AdamW changes
 }
 
 TEST_CASE("the solver runs few estimates and finds exact limits", "[bounds]") {
@@ -263,11 +263,11 @@ TEST_CASE("the solver runs few estimates and finds exact limits", "[bounds]") {
   Setup mlp = ExampleMlpSetup();
   mlp.gpu.memoryGiB = 10;
   // Each budget has two more simulations since "Make it fit" learnt the optimizer in backward
-  // and 8-bit AdamW (issue 11).
+  // and 8-bit AdamW (issue 11), and one more for paged AdamW (its states outside the allocator).
   // "Does not fit" has three more again for LoRA, QLoRA and activation offloading (offered only
   // when a setup does not fit).
-  const Case cases[] = {{"gpt2 fits", gpt2, 14}, {"gpt2 does not fit", tight, 23},
-                        {"mlp", mlp, 24}, {"quick", DefaultSetup(), 26}};
+  const Case cases[] = {{"gpt2 fits", gpt2, 15}, {"gpt2 does not fit", tight, 24},
+                        {"mlp", mlp, 25}, {"quick", DefaultSetup(), 27}};
   // mlp and quick were 13 and 11 on allocated peaks: the allocator's segment steps make the
   // device peak less affine in batch and sequence, so the secant needs more simulations
   // (worth a follow-up: extrapolate on allocated peaks, decide on the device figure).

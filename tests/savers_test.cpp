@@ -320,6 +320,19 @@ TEST_CASE("make it fit offers the optimizer in backward as free and 8-bit AdamW 
   // Neither fits 1.7 GiB: the free one ranks first, though 8-bit AdamW saves more.
   CHECK(eightBit->savedBytes > inBackward->savedBytes);
   CHECK(inBackward < eightBit);
+  // Paged AdamW: the same update with its 1 GB of states outside the allocator, so it fits; its
+  // device figure is the whole GPU (the states resident in what the step leaves, the rest on the
+  // host), and as the one change that fits it ranks first.
+  const auto paged = find("optimizer-pagedAdamw");
+  REQUIRE(paged != r.suggestions.end());
+  CHECK(paged->cost == FitCost::Compute);
+  CHECK(paged->setup.training.optimizer == OptimizerKind::PagedAdamW);
+  CHECK(paged->fits);
+  const Estimate pagedEstimate = MustEstimate(paged->setup);
+  CHECK(pagedEstimate.device.peakDeviceBytes == paged->peakBytes);
+  CHECK(paged->peakBytes == pagedEstimate.device.capacityBytes);
+  CHECK(pagedEstimate.device.unifiedEvictedBytes > 0);
+  CHECK(paged == r.suggestions.begin() + (r.suggestions.front().fits && r.suggestions.front().cost == FitCost::Free ? 1 : 0));
 }
 
 TEST_CASE("autocast in a layer list casts each linear's arguments", "[savers]") {

@@ -61,6 +61,6 @@ export function renderHost(est) {
   const paged = $('#host-unified');
   paged.hidden = !(host.unifiedBytes > 0);
   if (host.unifiedBytes > 0) {
-    paged.textContent = `${formatBytes(host.unifiedBytes)} of paged optimizer states live in CUDA unified memory: counted on the GPU above, and moved to host RAM by the driver only when the GPU runs short.`;
+    paged.textContent = `${formatBytes(host.unifiedBytes)} of paged optimizer states live in CUDA unified memory, outside PyTorch's allocator: on the GPU while there is room beside it (the device figure counts what stays), moved to host RAM by the driver when the GPU runs short.`;
   }
 }

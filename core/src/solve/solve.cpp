@@ -488,6 +488,16 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         "the step where the copies do not overlap with compute",
         {"training.activationOffloading"}, [](Setup& s) { s.training.activationOffloading = true; });
   }
+  if (t.optimizer == OptimizerKind::Adam || t.optimizer == OptimizerKind::AdamW) {
+    // bitsandbytes' 32-bit AdamW with paged states (transformers' optim="paged_adamw_32bit"): the
+    // same update; the states of tensors with at least 1e5 elements are CUDA unified memory, outside
+    // the caching allocator, which the driver evicts to host memory rather than fail
+    // (docs/device.md, "Paged optimizer states are not allocations").
+    add(FitCost::Compute, "optimizer-pagedAdamw", "Use paged AdamW (bitsandbytes PagedAdamW, paged_adamw_32bit)",
+        "the same update; the optimizer states live in CUDA unified memory that the driver moves to host memory "
+        "when the GPU runs short, which slows the steps that page them back",
+        {"training.optimizer"}, [](Setup& s) { s.training.optimizer = OptimizerKind::PagedAdamW; });
+  }
   if (t.optimizer == OptimizerKind::Adam || t.optimizer == OptimizerKind::AdamW || t.optimizer == OptimizerKind::PagedAdamW) {
     add(FitCost::ChangesResults, "optimizer-adamw8bit", "Use 8-bit AdamW (bitsandbytes AdamW8bit)",
         "states quantized blockwise to 8 bits (2.03 B per parameter instead of 8): close to AdamW, not identical",
