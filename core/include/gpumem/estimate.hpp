@@ -154,5 +154,7 @@ Estimate Replay(const Trace& trace, const EstimateOptions& options = {});
 // Persistent model states of a validated setup, computed from the same per-tensor rules the
 // trace uses (parameters, master weights, gradients, optimizer states).
 ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory);
+// Its totalBytes alone, without the words (the solver's bounds).
+std::int64_t ModelStatesTotalBytes(const Setup& setup, const Inventory& inventory);
 
 }  // namespace gpumem

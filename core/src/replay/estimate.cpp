@@ -111,7 +111,44 @@ std::string ExplainPeak(const Snapshot& peak, Estimate::Dominant& dominant) {
          "): " + why + ".";
 }
 
+// The sums ComputeModelStates reports, tensor by tensor with the trace's own rules (StoredBytes,
+// GradientTypeOf, HasMasterCopy, OptimizerStateTensors, OptimizerSharedStates); `eachState` sees
+// every optimizer state and whether it is a shared one, for ComputeModelStates' words (the
+// solver's bounds need the sums alone: ModelStatesTotalBytes). Returns the master elements.
+template <typename F>
+std::int64_t SumModelStates(const Setup& setup, const Inventory& inventory, const Regime& regime, ModelStates& m,
+                            F&& eachState) {
+  std::int64_t masterElements = 0;
+  for (const Tensor& p : inventory.parameters) {
+    m.parametersBytes += StoredBytes(p, regime.weights);
+    if (!p.trainable) continue;
+    // The optimizer in backward frees each gradient once applied: no gradient set persists.
+    if (!setup.training.optimizerInBackward)
+      m.gradientsBytes += p.Elements() * BytesPerElement(GradientTypeOf(p, regime.gradients));
+    if (HasMasterCopy(p, regime.masterWeights)) masterElements += p.Elements();
+  }
+  m.masterWeightsBytes = masterElements * 4;
+  for (const Tensor& p : inventory.parameters) {
+    for (const StateTensor& s : OptimizerStateTensors(setup.training, regime, p)) {
+      m.optimizerStatesBytes += s.elements * BytesPerElement(s.type);
+      eachState(s, false);
+    }
+  }
+  for (const StateTensor& s : OptimizerSharedStates(setup.training, inventory)) {  // bitsandbytes' maps
+    m.optimizerStatesBytes += s.elements * BytesPerElement(s.type);
+    eachState(s, true);
+  }
+  m.totalBytes = m.parametersBytes + m.masterWeightsBytes + m.gradientsBytes + m.optimizerStatesBytes;
+  return masterElements;
+}
+
 }  // namespace
+
+std::int64_t ModelStatesTotalBytes(const Setup& setup, const Inventory& inventory) {
+  ModelStates m;
+  SumModelStates(setup, inventory, RegimeOf(setup.training.precision), m, [](const StateTensor&, bool) {});
+  return m.totalBytes;
+}
 
 ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   const Regime regime = RegimeOf(setup.training.precision);
@@ -130,40 +167,24 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
   const std::int64_t trainable = inventory.TrainableCount();
   // Per tensor, as the trace allocates them: fine-tuning gives some tensors a dtype or a
   // bitsandbytes layout of their own (finetune.hpp); without it these are N × the regime's bytes.
-  std::int64_t masterElements = 0;
-  for (const Tensor& p : inventory.parameters) {
-    m.parametersBytes += StoredBytes(p, regime.weights);
-    if (!p.trainable) continue;
-    // The optimizer in backward frees each gradient once applied: no gradient set persists.
-    if (!setup.training.optimizerInBackward)
-      m.gradientsBytes += p.Elements() * BytesPerElement(GradientTypeOf(p, regime.gradients));
-    if (HasMasterCopy(p, regime.masterWeights)) masterElements += p.Elements();
-  }
-  m.masterWeightsBytes = masterElements * 4;
-
   // Optimizer states from the same per-tensor rule the trace uses, summed by state name.
   std::vector<std::pair<std::string_view, std::int64_t>> valuesByName;
   DType stateType = regime.states;
   bool mixedTypes = false;  // bitsandbytes 8-bit: uint8 states, fp32 absmax and small tensors
   bool anyState = false;
-  for (const Tensor& p : inventory.parameters) {
-    for (const StateTensor& s : OptimizerStateTensors(setup.training, regime, p)) {
-      m.optimizerStatesBytes += s.elements * BytesPerElement(s.type);
-      mixedTypes = mixedTypes || (anyState && s.type != stateType);
-      anyState = true;
-      stateType = s.type;
-      auto it = std::find_if(valuesByName.begin(), valuesByName.end(),
-                             [&](const auto& v) { return v.first == s.name; });
-      if (it == valuesByName.end()) valuesByName.emplace_back(s.name, s.elements);
-      else it->second += s.elements;
+  const std::int64_t masterElements = SumModelStates(setup, inventory, regime, m, [&](const StateTensor& s, bool shared) {
+    if (shared) {  // one each: listed as they are
+      valuesByName.emplace_back(s.name, s.elements);
+      mixedTypes = mixedTypes || s.type != stateType;
+      return;
     }
-  }
-  for (const StateTensor& s : OptimizerSharedStates(setup.training, inventory)) {
-    m.optimizerStatesBytes += s.elements * BytesPerElement(s.type);
-    valuesByName.emplace_back(s.name, s.elements);
-    mixedTypes = mixedTypes || s.type != stateType;
-  }
-  m.totalBytes = m.parametersBytes + m.masterWeightsBytes + m.gradientsBytes + m.optimizerStatesBytes;
+    mixedTypes = mixedTypes || (anyState && s.type != stateType);
+    anyState = true;
+    stateType = s.type;
+    auto it = std::find_if(valuesByName.begin(), valuesByName.end(), [&](const auto& v) { return v.first == s.name; });
+    if (it == valuesByName.end()) valuesByName.emplace_back(s.name, s.elements);
+    else it->second += s.elements;
+  });
 
   if (!FinetuneActive(setup.finetune)) {
     m.rows.push_back({Category::Parameters, m.parametersBytes, PerParameter(m.parameterCount, regime.weights)});

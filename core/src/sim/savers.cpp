@@ -11,6 +11,10 @@
 namespace gpumem {
 
 std::int64_t PagedOptimizerStateBytes(const Setup& setup, const Inventory& inventory) {
+  // Not a paged optimizer: nothing to walk (the solver asks this of every change it bounds).
+  if (setup.training.optimizer != OptimizerKind::PagedAdamW && setup.training.optimizer != OptimizerKind::PagedAdamW8bit) {
+    return 0;
+  }
   const Regime regime = RegimeOf(setup.training.precision);
   std::int64_t bytes = 0;
   for (const Tensor& p : inventory.parameters) {

@@ -141,7 +141,7 @@ bool HasModelStatesBound(const Setup& s) { return !IsParallel(s.parallel) && Val
 // states, which live in CUDA unified memory the driver evicts rather than fail (device_stage.cpp),
 // so they bound nothing.
 std::int64_t AllocatedStates(const Setup& s, const Inventory& inventory) {
-  return ComputeModelStates(s, inventory).totalBytes - PagedOptimizerStateBytes(s, inventory);
+  return ModelStatesTotalBytes(s, inventory) - PagedOptimizerStateBytes(s, inventory);
 }
 
 // The inventory of the setup a solve starts from, shared by the changes that build the same
@@ -159,7 +159,20 @@ class InventoryCache {
     if (!HasModelStatesBound(s)) return -1;
     if (!SameInventory(s)) return AllocatedStates(s, *SharedInventory(s));
     if (!inventory_) inventory_.emplace(BuildInventory(base_));
-    return AllocatedStates(s, *inventory_);
+    // On one inventory the states' sum reads only these training fields (ComputeModelStates:
+    // the precision's regime, optimizerInBackward; OptimizerStateTensors and the shared and
+    // paged states: optimizer, optimizerImplementation, adafactorBeta1). Most changes (attention,
+    // checkpointing, the allocator, the loss) leave them as they are.
+    const TrainingDef& t = s.training;
+    for (const Known& k : known_) {
+      if (k.precision == t.precision && k.optimizer == t.optimizer && k.implementation == t.optimizerImplementation &&
+          k.adafactorBeta1 == t.adafactorBeta1 && k.inBackward == t.optimizerInBackward) {
+        return k.bytes;
+      }
+    }
+    const std::int64_t bytes = AllocatedStates(s, *inventory_);
+    known_.push_back({t.precision, t.optimizer, t.optimizerImplementation, t.adafactorBeta1, t.optimizerInBackward, bytes});
+    return bytes;
   }
 
  private:
@@ -169,8 +182,17 @@ class InventoryCache {
            s.parallel.expertParallel == base_.parallel.expertParallel &&
            (s.training.precision == base_.training.precision || !FinetuneActive(s.finetune));
   }
+  struct Known {
+    Precision precision;
+    OptimizerKind optimizer;
+    OptimizerImplementation implementation;
+    bool adafactorBeta1;
+    bool inBackward;
+    std::int64_t bytes;
+  };
   const Setup& base_;
   std::optional<Inventory> inventory_;
+  std::vector<Known> known_;  // Bound's sums on inventory_, by the fields they read
 };
 
 }  // namespace
