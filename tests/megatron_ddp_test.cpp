@@ -72,11 +72,11 @@ TEST_CASE("Megatron DDP: the main params take fp32 views of the buffer and upcas
   Setup s = FullRecomputeRun();
   s.training.optimizerImplementation = OptimizerImplementation::ForEach;
   s.parallel.gradientAsBucketView = true;
-  CHECK(FirstAllocBytes(MustEstimateLabelled(s), "foreach: gradients upcast to fp32") == 64'109'568LL * 4);
+  CHECK(StepAllocBytes(MustEstimateLabelled(s), "foreach: gradients upcast to fp32") == 64'109'568LL * 4);
   s.parallel.gradReduceInFp32 = true;
   const Estimate megatron = MustEstimateLabelled(s);
-  CHECK(FirstAllocBytes(megatron, "foreach: gradients upcast to fp32") == -1);
-  CHECK(FirstAllocBytes(megatron, "_foreach_sqrt(exp_avg_sq)") == 64'109'568LL * 4);
+  CHECK(StepAllocBytes(megatron, "foreach: gradients upcast to fp32") == -1);
+  CHECK(StepAllocBytes(megatron, "_foreach_sqrt(exp_avg_sq)") == 64'109'568LL * 4);
 }
 
 TEST_CASE("Megatron DDP: one GPU and tensor parallel alone keep the buffer", "[parallel][megatron-ddp]") {

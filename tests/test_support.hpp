@@ -157,6 +157,15 @@ inline std::int64_t FirstAllocBytes(const Estimate& e, const std::string& label)
 inline std::int64_t FirstAllocBytes(const Setup& setup, const std::string& label) {
   return FirstAllocBytes(MustEstimateLabelled(setup), label);
 }
+// The bytes of every allocation whose label holds `label` in step `step` (a foreach list is one
+// allocation per tensor); -1 when there is none.
+inline std::int64_t StepAllocBytes(const Estimate& e, const std::string& label, int step = 1) {
+  std::int64_t sum = -1;
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.step == step && p.deltaBytes > 0 && p.label.find(label) != std::string::npos) sum = (sum < 0 ? 0 : sum) + p.deltaBytes;
+  }
+  return sum;
+}
 
 // Megatron-LM's GPT 12 × 512 of its functional tests (tests/data/published-parallel.json): 8
 // heads, vocabulary 50,304, 1,024 positions, FFN 2,048, tied; bf16 with fp32 masters, fused

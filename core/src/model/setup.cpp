@@ -314,7 +314,7 @@ constexpr double kRecomputeFactor = 1.45, kSelectiveFactor = 1.1;
 // block checkpointed only the blocks' inputs are packed: ×1.02–1.04).
 constexpr double kOffloadFactor = 1.4, kOffloadCheckpointedFactor = 1.1;
 constexpr double kAdafactorPerTensor = 24;  // factored second moments: row, column, update
-constexpr double kPerParameterPerTensor = 8;  // a Python loop's temporaries, one tensor at a time
+constexpr double kPerParameterPerTensor = 8;  // a step's temporaries per tensor (a loop's, or foreach lists'), 2 steps
 constexpr double kTransformerConstant = 500;  // embeddings, head, loss, step bookkeeping
 // Layer lists: a linear (or embedding) layer with its parameters; any other layer.
 constexpr double kParameterLayer = 70, kOtherLayer = 12, kLayerListConstant = 100;
@@ -373,7 +373,8 @@ EventBudget PredictEventsOf(const Setup& setup) {
   }
   if (t.optimizer == OptimizerKind::Adafactor) {
     block += events::kAdafactorPerTensor * tensors;
-  } else if (t.optimizerImplementation == OptimizerImplementation::PerParameter) {
+  } else if (t.optimizerImplementation != OptimizerImplementation::Fused) {
+    // foreach lists are one allocation per tensor too (sim/optimizer.cpp UpcastGradients).
     block += events::kPerParameterPerTensor * tensors;
   }
   budget.predictedEvents = events::kTransformerConstant + double(a.numLayers) * (block + FinetuneEventsPerBlock(setup));

@@ -6,16 +6,18 @@
 //   factor of prod(shape[:-1]) and a column factor of prod(shape[:-2])·m values, a full second
 //   moment for vectors, plus a full exp_avg when β1 is set; always fp32.
 // Temporaries (intermediates):
-//   foreach Adam/AdamW: torch._foreach_sqrt(exp_avg_sqs) makes one state-sized copy of every
-//     parameter at once (then divided and ε-added in place, consumed by _foreach_addcdiv_).
+//   foreach Adam/AdamW: torch._foreach_sqrt(exp_avg_sqs) makes a state-sized copy of every
+//     parameter, one allocation each, all alive at once (then divided and ε-added in place,
+//     consumed by _foreach_addcdiv_).
 //   per-parameter Adam/AdamW: (exp_avg_sq.sqrt() / bias_correction2_sqrt) holds two copies of
 //     one parameter for an instant.
 //   Adafactor (per parameter): grad², grad²+ε, the factored update and −update: two copies of
 //     one parameter at most, plus fp32 copies of a 16-bit parameter and gradient.
 //   SGD and momentum (no weight decay): in place, none.
 //   fused: the kernel reads and writes in place, none.
-//   Mixed precision: the 16-bit gradients are upcast to fp32 for the master update (all at once
-//     with foreach, one tensor at a time per parameter, not at all when fused).
+//   Mixed precision: the 16-bit gradients are upcast to fp32 for the master update (with foreach
+//     every one, one allocation each, before the step creates its states; one tensor at a time
+//     per parameter; not at all when fused).
 // bitsandbytes (bitsandbytes/optim/optimizer.py):
 //   Optimizer2State.init_state: optim_bits 8 → state1, state2 uint8 (get_state_buffer) and, with
 //     block_wise (the default), absmax1, absmax2 fp32 of ceil(n / 256) blocks; a tensor with
@@ -204,8 +206,12 @@ void OptimizerPass::Step(TraceBuilder& b) {
     }
     return;
   }
+  // Mixed precision with one foreach optimizer over the masters (validate.py optimizer_step):
+  // every 16-bit gradient is upcast (grads32 = [p.grad.float() for p in params]) before
+  // optimizer.step() creates the states, so the fp32 gradients come first.
+  std::vector<TensorHandle> grads32 = UpcastGradients(b, all);
   for (std::size_t i : all) CreateStates(b, i);
-  Temporaries(b, all);
+  Temporaries(b, all, &grads32);
 }
 
 void OptimizerPass::StepParameter(TraceBuilder& b, std::size_t index) {
@@ -214,18 +220,48 @@ void OptimizerPass::StepParameter(TraceBuilder& b, std::size_t index) {
   Temporaries(b, {index});
 }
 
-void OptimizerPass::Temporaries(TraceBuilder& b, const std::vector<std::size_t>& indices) {
+OptimizerImplementation OptimizerPass::Implementation() const {
+  const TrainingDef& t = setup_.training;
+  // Adafactor, Lion and bitsandbytes loop over parameters whatever the setting says.
+  if (t.optimizer == OptimizerKind::Adafactor || t.optimizer == OptimizerKind::Lion || BitsAndBytes(t.optimizer)) {
+    return t.optimizerImplementation == OptimizerImplementation::Fused ? OptimizerImplementation::Fused
+                                                                       : OptimizerImplementation::PerParameter;
+  }
+  return t.optimizerImplementation;
+}
+
+// A foreach list is one allocation per tensor, in order: p.grad.float() per parameter, and the
+// foreach kernels (aten/src/ATen/native/cuda/ForeachUnaryOp.cu, via foreach_tensor_*_cuda) make
+// their outputs with one at::empty_like per input tensor before launching. The allocator sees
+// each parameter's own size, never one block of their sum: measured on an H100 (torch 2.11,
+// tests/data/cuda), a single block of the sum could not reuse the freed activations' 512 MiB
+// blocks and overstated reserved memory by 9 GiB for Llama 3.2 1B in bf16 with fp32 masters.
+std::vector<TensorHandle> OptimizerPass::UpcastGradients(TraceBuilder& b, const std::vector<std::size_t>& indices) {
+  std::vector<TensorHandle> grads32;
+  if (Implementation() != OptimizerImplementation::ForEach || !regime_.masterWeights) return grads32;
+  TextStore& text = b.text();
+  const Text label = text.Make({TextPart::View(LabelOf(setup_.training.optimizer)), " step: foreach: gradients upcast to fp32"});
+  for (std::size_t i : indices) {
+    const Tensor& p = inventory_.parameters[i];
+    if (!HasMasterCopy(p, true)) continue;  // the parameters kept in their own dtype (fp32 adapters)
+    grads32.push_back(b.Alloc(Category::OptimizerIntermediates, p.Elements() * 4, text.Make({names_[i], ".grad (fp32)"}),
+                              label, text.Shape(Shape(p.shape), DType::FP32), p.layer));
+  }
+  return grads32;
+}
+
+void OptimizerPass::Temporaries(TraceBuilder& b, const std::vector<std::size_t>& indices,
+                                std::vector<TensorHandle>* upcastGrads) {
   const TrainingDef& t = setup_.training;
   const TextPart name = TextPart::View(LabelOf(t.optimizer));
   TextStore& text = b.text();
 
-  OptimizerImplementation impl = t.optimizerImplementation;
-  if (impl == OptimizerImplementation::Fused) return;
+  const OptimizerImplementation impl = Implementation();
+  if (t.optimizerImplementation == OptimizerImplementation::Fused) return;
   const bool adam = t.optimizer == OptimizerKind::Adam || t.optimizer == OptimizerKind::AdamW;
   const bool adafactor = t.optimizer == OptimizerKind::Adafactor;
   const bool lion = t.optimizer == OptimizerKind::Lion;
   const bool bnb = BitsAndBytes(t.optimizer);
-  if (adafactor || lion || bnb) impl = OptimizerImplementation::PerParameter;  // loops over parameters
   const bool upcast = regime_.masterWeights;
   if (bnb && !upcast) return;  // one in-place kernel per parameter
   const DType stateType = regime_.states;
@@ -235,26 +271,30 @@ void OptimizerPass::Temporaries(TraceBuilder& b, const std::vector<std::size_t>&
   };
 
   if (impl == OptimizerImplementation::ForEach) {
-    std::int64_t elements = 0, stateBytesAll = 0, upcastElements = 0;
-    for (std::size_t i : indices) {
-      const Tensor& p = inventory_.parameters[i];
-      elements += p.Elements();
-      stateBytesAll += p.Elements() * BytesPerElement(StateTypeOf(p, stateType));
-      if (HasMasterCopy(p, upcast)) upcastElements += p.Elements();
-    }
-    TensorHandle grads32 = kNoTensor;
-    if (upcastElements > 0) {  // the 16-bit parameters with an fp32 master (all but own-dtype ones)
-      grads32 = temp(upcastElements * 4, text.Make({"fp32 gradients (all)"}),
-                     text.Make({"foreach: gradients upcast to fp32"}),
-                     text.Make({TextPart::Count(upcastElements), " × ", TextPart::Bytes(DType::FP32)}));
+    std::vector<TensorHandle> own;
+    if (upcastGrads == nullptr) {
+      own = UpcastGradients(b, indices);
+      upcastGrads = &own;
     }
     if (adam) {
-      TensorHandle denom = temp(stateBytesAll, text.Make({"sqrt(exp_avg_sq) (all)"}),
-                                text.Make({"foreach: _foreach_sqrt(exp_avg_sq) for every parameter"}),
-                                text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(stateType)}));
-      b.Release(denom, text.Make({step, "foreach addcdiv done"}));
+      // exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs), divided and ε-added in place, consumed
+      // by _foreach_addcdiv_ (torch/optim/adam.py _multi_tensor_adam): one state-sized tensor
+      // per parameter, all alive until the list is dropped.
+      const Text label = text.Make({step, "foreach: _foreach_sqrt(exp_avg_sq)"});
+      std::vector<TensorHandle> roots;
+      roots.reserve(indices.size());
+      for (std::size_t i : indices) {
+        const Tensor& p = inventory_.parameters[i];
+        const DType own = StateTypeOf(p, stateType);
+        roots.push_back(b.Alloc(Category::OptimizerIntermediates, p.Elements() * BytesPerElement(own),
+                                text.Make({"sqrt(", names_[i], ".exp_avg_sq)"}), label,
+                                text.Shape(Shape(p.shape), own), p.layer));
+      }
+      const Text done = text.Make({step, "foreach addcdiv done"});
+      for (TensorHandle h : roots) b.Release(h, done);
     }
-    b.Release(grads32, text.Make({step, "fp32 gradients freed"}));
+    const Text freed = text.Make({step, "fp32 gradients freed"});
+    for (TensorHandle h : *upcastGrads) b.Release(h, freed);
     return;
   }
 

@@ -242,8 +242,15 @@ class OptimizerPass {
 
  private:
   void CreateStates(TraceBuilder& builder, std::size_t index);
-  // The step's temporaries over `indices` (one foreach call, or one parameter at a time).
-  void Temporaries(TraceBuilder& builder, const std::vector<std::size_t>& indices);
+  // The implementation that runs: Adafactor, Lion and bitsandbytes always loop over parameters.
+  OptimizerImplementation Implementation() const;
+  // foreach under fp32 masters: the fp32 copy of every gradient in `indices`, one allocation each
+  // (none otherwise). Released by Temporaries.
+  std::vector<TensorHandle> UpcastGradients(TraceBuilder& builder, const std::vector<std::size_t>& indices);
+  // The step's temporaries over `indices` (one foreach call, or one parameter at a time);
+  // `upcast` the foreach fp32 gradients made before the states (null: made here).
+  void Temporaries(TraceBuilder& builder, const std::vector<std::size_t>& indices,
+                   std::vector<TensorHandle>* upcast = nullptr);
   const Setup& setup_;
   const Inventory& inventory_;
   const std::vector<Text>& names_;
