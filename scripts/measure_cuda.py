@@ -230,6 +230,24 @@ def run_case(case, baseline, out_dir):
         torch.cuda.reset_peak_memory_stats()
 
     phase("init", t0)
+    result["memGetInfoBeforeSteps"] = list(torch.cuda.mem_get_info())
+    try:
+        train_steps(case, model, params, masters, optimizer, scaler, amp, amp_dtype, phase, result)
+    except torch.OutOfMemoryError as e:
+        # The out-of-memory line: where the allocator gave up, with what it held then.
+        result["oom"] = {"message": str(e).split("\n")[0][:600], "phasesDone": [p["phase"] for p in phases],
+                         **snapshot_memory(torch), "nvmlUsed": nvml_used() - baseline,
+                         "numAllocRetries": torch.cuda.memory_stats().get("num_alloc_retries"),
+                         "memGetInfo": list(torch.cuda.mem_get_info())}
+        result["phases"] = phases
+        return result
+    result["phases"] = phases
+    return finish_case(case, result, phases, baseline, out_dir, x)
+
+
+def train_steps(case, model, params, masters, optimizer, scaler, amp, amp_dtype, phase, result):
+    import torch
+    mixed = masters is not None
     vocab = case["hfConfig"]["vocab_size"]
     b, s = case["batchSize"], case["sequenceLength"]
     for step in (1, 2):
@@ -269,7 +287,10 @@ def run_case(case, baseline, out_dir):
         result.setdefault("loss", []).append(float(loss))
         del loss, batch
         phase(f"optimizerStep:{step}", t)
-    result["phases"] = phases
+
+
+def finish_case(case, result, phases, baseline, out_dir, x):
+    import torch
     result["peakAllocated"] = max(p["maxAllocated"] for p in phases)
     result["peakReserved"] = max(p["maxReserved"] for p in phases)
     result["nvmlUsedEnd"] = nvml_used() - baseline
@@ -300,7 +321,12 @@ def child(kind, arg, baseline, out_dir):
         else:
             with open(CASES) as f:
                 case = next(c for c in json.load(f)["cases"] if c["name"] == arg)
+            overrides = json.loads(os.environ.get("MEASURE_OVERRIDES", "{}"))
+            case.update(overrides)
+            if overrides.get("snapshot"):
+                case["name"] = f"{case['name']}-b{case['batchSize']}"
             res = run_case(case, baseline, out_dir)
+            res["overrides"] = overrides
     except Exception as e:  # noqa: BLE001 - every failure is reported as data, not a crash
         import traceback
         res = {"case": arg, "probe": kind, "error": f"{type(e).__name__}: {e}",
@@ -314,6 +340,12 @@ def main():
         return
     out_dir = sys.argv[1]
     wanted = sys.argv[2:]
+    plan = None
+    if wanted and wanted[0].startswith("--plan="):
+        # A plan: [{"case": name, "env": {...}, "overrides": {"batchSize": N, "snapshot": true}}, ...]
+        with open(wanted[0][len("--plan="):]) as f:
+            plan = json.load(f)
+        wanted = []
     os.makedirs(out_dir, exist_ok=True)
     start = time.time()
     baseline = nvml_used()
@@ -321,8 +353,12 @@ def main():
         names = [c["name"] for c in json.load(f)["cases"]]
     if wanted:
         names = [n for n in names if n in wanted]
-    jobs = [("context", "lazy", {}), ("context", "eager", {"CUDA_MODULE_LOADING": "EAGER"}),
+    jobs = [] if plan is not None else [("context", "lazy", {}), ("context", "eager", {"CUDA_MODULE_LOADING": "EAGER"}),
             ("workspaces", "default", {})] + [("case", n, {}) for n in names]
+    if plan is not None:
+        jobs = [("case", j["case"], {**j.get("env", {}), "MEASURE_OVERRIDES": json.dumps(j.get("overrides", {}))})
+                for j in plan]
+        names = []
     # The allocator option the page offers as a change (docs/device.md), measured on two cases.
     for n in ("llama3.2-1b-amp-sdpa-ckpt-b4-s2048", "llama3.2-1b-bf16mixed-eager-b1-s2048"):
         if n in names:
@@ -349,7 +385,8 @@ def main():
             res["jobEnv"] = env
             results.write(json.dumps(res) + "\n")
             results.flush()
-            summary = {k: res.get(k) for k in ("case", "probe", "error", "peakAllocated", "peakReserved", "nvmlUsedEnd", "wallSeconds")}
+            summary = {k: res.get(k) for k in ("case", "probe", "error", "peakAllocated", "peakReserved", "nvmlUsedEnd", "wallSeconds", "overrides")}
+            summary["oom"] = (res.get("oom") or {}).get("phasesDone")
             print(json.dumps(summary), flush=True)
 
 
