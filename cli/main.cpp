@@ -275,10 +275,11 @@ int CompareSnapshot(const char* snapshotPath, const std::string& setupText, bool
   row("Measured peak allocated", m.peakAllocatedBytes);
   row("Measured peak reserved", m.peakReservedBytes);
   if (!setupText.empty()) {
-    const std::int64_t peak = estimate.estimate.peak.totalBytes;
-    row("Estimated peak", peak);
-    row("Estimate minus measured allocated", peak - m.peakAllocatedBytes);
-    row("Estimate minus measured reserved", peak - m.peakReservedBytes);
+    const DeviceEstimate& d = estimate.estimate.device;
+    row("Estimated peak allocated", d.peakAllocatedBytes);
+    row("Estimated peak reserved", d.peakReservedBytes);
+    row("Estimate minus measured allocated", d.peakAllocatedBytes - m.peakAllocatedBytes);
+    row("Estimate minus measured reserved", d.peakReservedBytes - m.peakReservedBytes);
   }
   const SegmentSummary& s = m.segments;
   std::printf("At the snapshot: %zu segments, %s reserved, %s allocated, %s cached in %zu free blocks "

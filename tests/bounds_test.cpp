@@ -257,7 +257,7 @@ TEST_CASE("the solver runs few estimates and finds exact limits", "[bounds]") {
   tight.training.batchSize = 64;
   tight.training.precision = Precision::FP32;
   tight.gpu.memoryGiB = 8;
-  // The MLP's 7.3 GiB of model states leave no room for the 426 MiB CUDA context on its 8 GiB
+  // The MLP's 7.3 GiB of model states leave no room for the 574 MiB CUDA context on its 8 GiB
   // GPU (the device figure decides fits): solved on 10 GiB. "Does not fit" simulates one more
   // change: expandable segments.
   Setup mlp = ExampleMlpSetup();
@@ -265,8 +265,9 @@ TEST_CASE("the solver runs few estimates and finds exact limits", "[bounds]") {
   // Each budget has two more simulations since "Make it fit" learnt the optimizer in backward
   // and 8-bit AdamW (issue 11), and one more for paged AdamW (its states outside the allocator).
   // "Does not fit" has three more again for LoRA, QLoRA and activation offloading (offered only
-  // when a setup does not fit).
-  const Case cases[] = {{"gpt2 fits", gpt2, 15}, {"gpt2 does not fit", tight, 24},
+  // when a setup does not fit). "gpt2 does not fit" took one more when the context grew by the
+  // kernels a training step loads (148 MiB, measured on an H100).
+  const Case cases[] = {{"gpt2 fits", gpt2, 15}, {"gpt2 does not fit", tight, 25},
                         {"mlp", mlp, 25}, {"quick", DefaultSetup(), 27}};
   // mlp and quick were 13 and 11 on allocated peaks: the allocator's segment steps make the
   // device peak less affine in batch and sequence, so the secant needs more simulations

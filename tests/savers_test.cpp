@@ -300,7 +300,7 @@ TEST_CASE("make it fit offers the optimizer in backward as free and 8-bit AdamW 
   s.training.optimizer = OptimizerKind::AdamW;
   s.training.attention = AttentionImplementation::SDPA;
   s.training.checkpointing = Checkpointing::EveryBlock;
-  s.gpu.memoryGiB = 1.7;
+  s.gpu.memoryGiB = 1.85;
   const SolveResult r = Solve(s);
   REQUIRE(r.ok());
   const auto find = [&](const char* id) {
@@ -317,7 +317,7 @@ TEST_CASE("make it fit offers the optimizer in backward as free and 8-bit AdamW 
   CHECK(MustEstimate(eightBit->setup).device.peakDeviceBytes == eightBit->peakBytes);
   CHECK_FALSE(inBackward->peakIsLowerBound);
   CHECK_FALSE(eightBit->peakIsLowerBound);
-  // Neither fits 1.7 GiB: the free one ranks first, though 8-bit AdamW saves more.
+  // Neither fits 1.85 GiB: the free one ranks first, though 8-bit AdamW saves more.
   CHECK(eightBit->savedBytes > inBackward->savedBytes);
   CHECK(inBackward < eightBit);
   // Paged AdamW: the same update with its 1 GB of states outside the allocator, so it fits; its

@@ -80,7 +80,8 @@ function snapshotRender(card, name, result) {
     ['snapshot-peak-reserved', 'Measured peak reserved', m.peakReservedBytes, 'torch.cuda.max_memory_reserved(): segments from cudaMalloc'],
   ];
   if (e) {
-    rows.push(['snapshot-estimate-peak', 'Estimated peak', e.peakBytes, 'this setup, simulated'],
+    rows.push(['snapshot-estimate-peak', 'Estimated peak allocated', e.peakAllocatedBytes, 'this setup, simulated: tensors as the allocator rounds them, and workspaces'],
+      ['snapshot-estimate-reserved', 'Estimated peak reserved', e.peakReservedBytes, 'this setup, the allocator simulated'],
       ['snapshot-diff-allocated', 'Estimate − measured allocated', result.comparison.estimateMinusPeakAllocatedBytes, ''],
       ['snapshot-diff-reserved', 'Estimate − measured reserved', result.comparison.estimateMinusPeakReservedBytes, '']);
   }

@@ -73,7 +73,8 @@ test('snapshot: a dropped .pickle is measured and drawn under the estimate', asy
   const bytesOf = (id) => page.getAttribute(`#${id}`, 'data-bytes').then(Number);
   assert.equal(await bytesOf('snapshot-peak-allocated'), expected.measured.peakAllocatedBytes);
   assert.equal(await bytesOf('snapshot-peak-reserved'), expected.measured.peakReservedBytes);
-  assert.equal(await bytesOf('snapshot-estimate-peak'), expected.estimate.peakBytes);
+  assert.equal(await bytesOf('snapshot-estimate-peak'), expected.estimate.peakAllocatedBytes);
+  assert.equal(await bytesOf('snapshot-estimate-reserved'), expected.estimate.peakReservedBytes);
   assert.match(await page.textContent('#snapshot-peak-allocated'), /22,544,384/);
   assert.match(await page.textContent('#snapshot-peak-reserved'), /23,068,672/);
   // The chart: the estimate's panel, and the measured allocated and reserved lines under it.
@@ -89,7 +90,7 @@ test('snapshot: a dropped .pickle is measured and drawn under the estimate', asy
   const expectedBigger = api.compareSnapshot(new Uint8Array(readFileSync(snapshotPath('simple.pickle'))), bigger);
   await page.evaluate((hash) => { location.hash = hash; }, `#s=${Buffer.from(JSON.stringify(bigger)).toString('base64url')}`);
   await page.waitForFunction((want) => document.querySelector('#snapshot-estimate-peak')?.dataset.bytes === want,
-    String(expectedBigger.estimate.peakBytes), WAIT);
+    String(expectedBigger.estimate.peakAllocatedBytes), WAIT);
 
   // A pickle that would call Python code: refused, named, and the figures hidden.
   await drop(page, 'hostile_reduce.pickle');

@@ -37,7 +37,9 @@ test('compareSnapshot with a setup puts the estimate beside the measurement', ()
   const estimate = gpumem.estimate(setup);
   assert.equal(result.estimate.peakBytes, estimate.peak.totalBytes);
   assert.ok(result.estimate.timeline.length > 2);
-  assert.equal(result.comparison.estimateMinusPeakAllocatedBytes, estimate.peak.totalBytes - 21.5 * MiB);
+  assert.equal(result.estimate.peakAllocatedBytes, estimate.device.peakAllocatedBytes);
+  assert.equal(result.comparison.estimateMinusPeakAllocatedBytes, estimate.device.peakAllocatedBytes - 21.5 * MiB);
+  assert.equal(result.comparison.estimateMinusPeakReservedBytes, estimate.device.peakReservedBytes - 22 * MiB);
 });
 
 test('compareSnapshot refuses code and non-bytes with GpumemErrors', () => {

@@ -1,5 +1,8 @@
 // The GPU list. Capacities are the nominal memory of each product (its data sheet's figure,
 // read as GiB as nvidia-smi and rocm-smi report it); a few hundred MiB of it is not usable.
+// Where a GPU was measured, its capacity is what CUDA reports (torch.cuda.get_device_properties
+// total_memory = cudaMemGetInfo's total, the "total capacity" of PyTorch's out-of-memory
+// message): the line the caching allocator really runs into.
 #include "gpumem/gpus.hpp"
 
 namespace gpumem {
@@ -9,7 +12,9 @@ constexpr GpuModel kGpus[] = {
     {"nvidia-b200", "NVIDIA B200 192 GB", 192, "NVIDIA", "dataCenter"},
     {"nvidia-h200", "NVIDIA H200 141 GB", 141, "NVIDIA", "dataCenter"},
     {"nvidia-h100-nvl", "NVIDIA H100 NVL 94 GB", 94, "NVIDIA", "dataCenter"},
-    {"nvidia-h100-sxm", "NVIDIA H100 SXM 80 GB", 80, "NVIDIA", "dataCenter"},
+    // Measured (tests/data/cuda): total_memory 85,017,493,504 B = 79.18 GiB ("H100 80GB HBM3",
+    // driver 580.159.04; NVML's total 85,520,809,984 B).
+    {"nvidia-h100-sxm", "NVIDIA H100 SXM 80 GB", 85017493504.0 / 1073741824.0, "NVIDIA", "dataCenter"},
     {"nvidia-h100-pcie", "NVIDIA H100 PCIe 80 GB", 80, "NVIDIA", "dataCenter"},
     {"nvidia-a100-80", "NVIDIA A100 80 GB", 80, "NVIDIA", "dataCenter"},
     {"nvidia-a100-40", "NVIDIA A100 40 GB", 40, "NVIDIA", "dataCenter"},
