@@ -193,8 +193,12 @@ def run_case(case, baseline, out_dir):
     torch.cuda.synchronize()
     result["contextNvml"] = nvml_used() - baseline
     if case.get("snapshot"):
-        # No stack traces (context=None): the trace alone, small enough to bring back.
-        torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=200000)
+        if case.get("snapshotStacks"):
+            # Python stacks of each allocation: which line of transformers / torch made it.
+            torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=200000)
+        else:
+            # No stack traces (context=None): the trace alone, small enough to bring back.
+            torch.cuda.memory._record_memory_history(enabled="all", context=None, max_entries=200000)
     t0 = time.time()
     model, dtype = build_model(case, torch)
     if case["checkpointing"] == "everyBlock":

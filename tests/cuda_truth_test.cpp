@@ -1,0 +1,115 @@
+// The estimate against what an H100 measured (tests/data/cuda; scripts/measure_cuda.py ran there,
+// scripts/cuda_compare.py prints the same comparison): PyTorch 2.11 + CUDA 13.0, transformers
+// 5.17, peft 0.21, models built from their configs, two training steps each.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "gpumem/json.hpp"
+
+#ifndef GPUMEM_TEST_DATA
+#define GPUMEM_TEST_DATA "tests/data"
+#endif
+
+namespace {
+
+using nlohmann::json;
+
+std::vector<json> Lines(const char* name) {
+  std::ifstream in(std::string(GPUMEM_TEST_DATA "/cuda/") + name);
+  std::vector<json> out;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) out.push_back(json::parse(line));
+  }
+  return out;
+}
+
+std::map<std::string, json> Cases() {
+  std::ifstream in(GPUMEM_TEST_DATA "/cuda/cases.json");
+  std::map<std::string, json> cases;
+  const json document = json::parse(in);  // kept: a range over a temporary's member would dangle
+  for (const json& c : document["cases"]) cases[c["name"].get<std::string>()] = c;
+  return cases;
+}
+
+// The case's setup with what the run changed: its batch size, allocator or module loading.
+json SetupOf(const json& c, const json& run) {
+  json s = c["setup"];
+  const json env = run.value("jobEnv", json::object());
+  if (env.value("PYTORCH_CUDA_ALLOC_CONF", "") == "expandable_segments:True") {
+    s["runtime"]["allocator"] = {{"expandableSegments", true}};
+  }
+  if (env.value("CUDA_MODULE_LOADING", "") == "EAGER") s["runtime"]["lazyModuleLoading"] = false;
+  const json overrides = run.value("overrides", json::object());
+  if (overrides.contains("batchSize")) s["training"]["batchSize"] = overrides["batchSize"];
+  return s;
+}
+
+gpumem::DeviceEstimate Device(const json& setup) {
+  const gpumem::EstimateResult r = gpumem::EstimateFromJson(setup.dump());
+  REQUIRE(r.ok());
+  return r.estimate.device;
+}
+
+double Percent(std::int64_t estimate, std::int64_t measured) {
+  return 100.0 * (double(estimate) / double(measured) - 1.0);
+}
+
+}  // namespace
+
+TEST_CASE("allocated, reserved and the device total against an H100", "[cuda]") {
+  const auto cases = Cases();
+  int compared = 0, exact = 0;
+  std::vector<double> device;
+  for (const char* file : {"measured-h100-torch2.11.jsonl", "measured-h100-torch2.11-oom-line.jsonl"}) {
+    for (const json& run : Lines(file)) {
+      if (!run.contains("peakAllocated") || !cases.contains(run.value("case", ""))) continue;
+      if (run.value("overrides", json::object()).contains("batchSize")) continue;  // the OOM line, below
+      const gpumem::DeviceEstimate d = Device(SetupOf(cases.at(run["case"]), run));
+      const double allocated = Percent(d.peakAllocatedBytes, run["peakAllocated"]);
+      const double reserved = Percent(d.peakReservedBytes, run["peakReserved"]);
+      const double total = Percent(d.peakDeviceBytes, run["nvmlUsedEnd"]);
+      INFO(run["case"] << " " << run.value("jobEnv", json::object()).dump() << ": allocated " << allocated
+                       << " %, reserved " << reserved << " %, device " << total << " %");
+      // Measured 2026-11-24: every case within 3.8 %; the misses are SDPA's (GPT-2 −2.2 / −3.5 %,
+      // Llama 3.2 1B in bf16 +2.3 %, BERT's fp16 −1.2 %): docs/validation.md, "CUDA truth".
+      CHECK(std::abs(allocated) < 4.0);
+      CHECK(std::abs(reserved) < 4.0);
+      CHECK(std::abs(total) < 4.0);
+      ++compared;
+      exact += std::abs(allocated) < 0.05;
+      device.push_back(std::abs(total));
+    }
+  }
+  CHECK(compared == 14);
+  // The eager-attention, checkpointed, LoRA and MoE runs' allocated peaks are exact to 0.05 %.
+  CHECK(exact >= 8);
+  REQUIRE_FALSE(device.empty());
+  std::sort(device.begin(), device.end());
+  CHECK(device[device.size() / 2] < 1.0);  // the median device total within 1 %
+}
+
+TEST_CASE("the out-of-memory line on an H100: every batch tried at capacity called right", "[cuda]") {
+  // Batch sizes around the solver's answer, each in a fresh process at the GPU's whole capacity
+  // (CUDA's total, 79.18 GiB): Llama 3.2 1B checkpointed runs out at 17, fits at 18 and runs out
+  // at 19 (the allocator's segments, not the allocated peak, decide it), and the estimate, which
+  // simulates the allocator at capacity, calls each one.
+  const auto cases = Cases();
+  int tried = 0;
+  for (const json& run : Lines("measured-h100-torch2.11-oom-line.jsonl")) {
+    if (!run.value("overrides", json::object()).contains("batchSize")) continue;
+    const gpumem::DeviceEstimate d = Device(SetupOf(cases.at(run["case"]), run));
+    const bool measuredFits = !run.contains("oom") || run["oom"].is_null();
+    INFO(run["case"] << " batch " << run["overrides"]["batchSize"]);
+    CHECK(d.capacityBytes == 85'017'493'504);
+    CHECK(d.fits == measuredFits);
+    ++tried;
+  }
+  CHECK(tried == 13);
+}
