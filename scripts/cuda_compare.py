@@ -43,7 +43,7 @@ def main():
     with open(os.path.join(DATA, "cases.json")) as f:
         cases = {c["name"]: c for c in json.load(f)["cases"]}
     runs = [r for r in records("measured-h100-torch2.11.jsonl") + records("measured-h100-torch2.11-oom-line.jsonl")
-            if r.get("case") in cases]
+            + records("measured-h100-torch2.11-no-cache.jsonl") if r.get("case") in cases]
     print("H100 SXM, PyTorch 2.11 + CUDA 13.0, transformers 5.17, peft 0.21 (tests/data/cuda): estimate vs measured")
     print(f"{'case':44s} {'allocated':>10s} {'reserved':>10s} {'device':>10s}   (measured GiB: allocated / reserved / NVML)")
     errors = {"allocated": [], "reserved": [], "device": []}
@@ -52,6 +52,8 @@ def main():
             continue
         d = estimate(gpumem, setup_of(cases[r["case"]], r))
         tag = r["case"] + ("".join(f" {k}={v}" for k, v in r.get("jobEnv", {}).items() if k != "MEASURE_OVERRIDES"))
+        if r.get("overrides", {}).get("hfConfig", {}).get("use_cache") is False:
+            tag += " use_cache=False"
         pa, pr, nv = r["peakAllocated"], r["peakReserved"], r["nvmlUsedEnd"]
         ea, er, ed = (d["peakAllocatedBytes"] / pa - 1) * 100, (d["peakReservedBytes"] / pr - 1) * 100, (d["peakDeviceBytes"] / nv - 1) * 100
         errors["allocated"].append(ea)

@@ -67,7 +67,8 @@ TEST_CASE("allocated, reserved and the device total against an H100", "[cuda]") 
   const auto cases = Cases();
   int compared = 0, exact = 0;
   std::vector<double> device;
-  for (const char* file : {"measured-h100-torch2.11.jsonl", "measured-h100-torch2.11-oom-line.jsonl"}) {
+  for (const char* file : {"measured-h100-torch2.11.jsonl", "measured-h100-torch2.11-oom-line.jsonl",
+                           "measured-h100-torch2.11-no-cache.jsonl"}) {
     for (const json& run : Lines(file)) {
       if (!run.contains("peakAllocated") || !cases.contains(run.value("case", ""))) continue;
       if (run.value("overrides", json::object()).contains("batchSize")) continue;  // the OOM line, below
@@ -77,8 +78,10 @@ TEST_CASE("allocated, reserved and the device total against an H100", "[cuda]") 
       const double total = Percent(d.peakDeviceBytes, run["nvmlUsedEnd"]);
       INFO(run["case"] << " " << run.value("jobEnv", json::object()).dump() << ": allocated " << allocated
                        << " %, reserved " << reserved << " %, device " << total << " %");
-      // Measured 2026-11-24: every case within 3.8 %; the misses are SDPA's (GPT-2 −2.2 / −3.5 %,
-      // Llama 3.2 1B in bf16 +2.3 %, BERT's fp16 −1.2 %): docs/validation.md, "CUDA truth".
+      // Measured 2026-11-24: every case within 3.8 %. GPT-2 under SDPA is −2.2 / −3.5 % with
+      // transformers' default use_cache (a DynamicCache's copies of k and v per layer, not
+      // simulated) and exact with use_cache=False; Llama 3.2 1B in bf16 +2.3 %, BERT's fp16
+      // −1.2 % remain: docs/validation.md, "CUDA truth".
       CHECK(std::abs(allocated) < 4.0);
       CHECK(std::abs(reserved) < 4.0);
       CHECK(std::abs(total) < 4.0);
@@ -87,9 +90,10 @@ TEST_CASE("allocated, reserved and the device total against an H100", "[cuda]") 
       device.push_back(std::abs(total));
     }
   }
-  CHECK(compared == 14);
-  // The eager-attention, checkpointed, LoRA and MoE runs' allocated peaks are exact to 0.05 %.
-  CHECK(exact >= 8);
+  CHECK(compared == 18);
+  // The eager-attention, checkpointed, LoRA and MoE runs' allocated peaks are exact to 0.05 %,
+  // and GPT-2's without the cache.
+  CHECK(exact >= 11);
   REQUIRE_FALSE(device.empty());
   std::sort(device.begin(), device.end());
   CHECK(device[device.size() / 2] < 1.0);  // the median device total within 1 %

@@ -39,9 +39,14 @@ export function buildGpuSelect() {
       select.append(group);
     }
     const option = new Option(gpu.label, gpu.id);
-    option.title = `${gpu.vendor} · ${gpu.memoryGiB} GiB`;
+    option.title = `${gpu.vendor} · ${gpuCapacityText(gpu)}`;
     groups.get(key).append(option);
   }
+}
+
+// A listed GPU's capacity for people: whole GiB as sold, or a measured total to 2 decimals.
+function gpuCapacityText(gpu) {
+  return `${Number.isInteger(gpu.memoryGiB) ? gpu.memoryGiB : gpu.memoryGiB.toFixed(2)} GiB`;
 }
 
 // The select names a GPU only while the size field holds that GPU's memory.
@@ -52,7 +57,9 @@ export function syncGpuSelect() {
   const hint = $('#gpu-hint');
   const chosen = gpuById(state.gpuId);
   hint.textContent = chosen
-    ? `${chosen.label}: ${chosen.memoryGiB} GiB as sold (${chosen.vendor}); the driver keeps a little of it back.`
+    ? (chosen.capacitySource
+      ? `${chosen.label}: ${gpuCapacityText(chosen)}, the capacity CUDA reports (${chosen.capacitySource}).`
+      : `${chosen.label}: ${gpuCapacityText(chosen)} as sold (${chosen.vendor}); the driver keeps a little of it back.`)
     : gpus().length ? 'Choose a GPU, or type a custom size in GiB (2^30 bytes).' : 'Memory in GiB (2^30 bytes).';
 }
 

@@ -104,7 +104,7 @@ test('exported charts carry a title, the legend, the setup in one line and the g
 test('"headroom" on a listed GPU is written in GiB whatever the units, as its name is', async () => {
   const { page, finish } = await openPage({ search: '?preset=gpt2&batch-size=1&gpu=nvidia-h100-sxm&units=GB' });
   await page.waitForSelector('#verdict[data-verdict=fits]', WAIT);
-  assert.match(await page.textContent('#verdict-amount'), /headroom of 80\.00 GiB/);
+  assert.match(await page.textContent('#verdict-amount'), /headroom of 79\.18 GiB/);  // CUDA's measured total
   const est = await coreEstimate({ model: { preset: 'gpt2' }, training: { batchSize: 1 }, gpu: { id: 'nvidia-h100-sxm' } });
   assert.ok(est.device.fits);
   await finish();

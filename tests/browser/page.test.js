@@ -580,8 +580,11 @@ test('the timeline chart: phases labelled, blocks ticked, the peak marked, keybo
   await settled(page);
   const chart = '#timeline-chart svg';
   const bandLabels = await page.$$eval(`${chart} .band-label`, (els) => els.map((e) => e.textContent));
+  // A band too narrow for its whole name keeps the phase (the step is in its data-step below):
+  // since foreach lists are one event per tensor, the optimizer steps take more of the axis.
   for (const phase of ['Forward · step 1', 'Backward · step 1', 'Forward · step 2', 'Backward · step 2']) {
-    assert.ok(bandLabels.includes(phase), `"${phase}" is labelled (labels: ${bandLabels.join(', ')})`);
+    const named = bandLabels.includes(phase) || bandLabels.includes(phase.split(' · ')[0]);
+    assert.ok(named, `"${phase}" is labelled (labels: ${bandLabels.join(', ')})`);
   }
   const bands = await page.$$eval(`${chart} .band`, (els) => els.map((e) => `${e.dataset.phase}:${e.dataset.step}`));
   assert.deepEqual(bands, ['init:0', 'forward:1', 'backward:1', 'optimizerStep:1', 'forward:2', 'backward:2', 'optimizerStep:2']);
@@ -801,7 +804,8 @@ test('GPU list: choosing a GPU sets its memory, flips the verdict, and the link 
   // … and fits an H100, with the headroom shown.
   await page.selectOption(GPU_CHOICE, 'nvidia-h100-sxm');
   await waitForAttr(page, '#verdict', 'data-fits', 'true');
-  assert.match(await page.textContent('#verdict'), /headroom of 80\.00 GiB/);
+  assert.match(await page.textContent('#verdict'), /headroom of 79\.18 GiB/);  // CUDA's measured total
+  assert.match(await page.textContent('#gpu-hint'), /79\.18 GiB, the capacity CUDA reports/);
   assert.match(await page.textContent('#gpu-hint'), /H100 SXM/);
   await settled(page);
   const url = page.url();
@@ -817,7 +821,8 @@ test('GPU list: choosing a GPU sets its memory, flips the verdict, and the link 
   const again = await openPage({ url });
   await settled(again.page);
   assert.equal(await again.page.inputValue(GPU_CHOICE), 'nvidia-h100-sxm', 'the link restores the chosen GPU');
-  assert.equal(await again.page.inputValue('#memoryGiB'), '80');
+  // The H100 SXM's capacity is CUDA's measured total (85,017,493,504 B), kept exact.
+  assert.equal(await again.page.inputValue('#memoryGiB'), String(85017493504 / 2 ** 30));
   await again.finish();
 });
 

@@ -42,7 +42,8 @@ test('options.gpus: at least 15 GPUs with id, label, memory, vendor and kind; gp
   }
   const checked = gpumem.validate({ gpu: { id: 'nvidia-h100-sxm' } });
   assert.equal(checked.ok, true);
-  assert.deepEqual(checked.setup.gpu, { memoryGiB: 80, id: 'nvidia-h100-sxm' }, 'the page reads the id and size back from a validated setup');
+  // The H100 SXM's capacity is CUDA's measured total, 85,017,493,504 B (tests/data/cuda).
+  assert.deepEqual(checked.setup.gpu, { memoryGiB: 85017493504 / 2 ** 30, id: 'nvidia-h100-sxm' }, 'the page reads the id and size back from a validated setup');
   assert.throws(() => gpumem.estimate({ gpu: { id: 'no-such-gpu' } }), (e) => e instanceof GpumemError && e.field === 'gpu.id');
 });
 

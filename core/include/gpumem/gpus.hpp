@@ -9,9 +9,12 @@ namespace gpumem {
 struct GpuModel {
   const char* id;      // "nvidia-h100-sxm"
   const char* label;   // "NVIDIA H100 SXM 80 GB"
-  double memoryGiB;    // nominal capacity as sold, in GiB (2^30 B); the driver keeps a little back
+  double memoryGiB;    // capacity in GiB (2^30 B): nominal as sold, or CUDA's total where measured
   const char* vendor;  // "NVIDIA", "AMD"
   const char* kind;    // "dataCenter", "workstation", "consumer"
+  // Where memoryGiB was measured (CUDA's total_memory, what PyTorch's out-of-memory message calls
+  // "total capacity"); empty for the nominal figure.
+  const char* capacitySource = "";
 };
 
 std::span<const GpuModel> Gpus();

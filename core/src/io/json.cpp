@@ -1116,7 +1116,8 @@ std::string OptionsJson(int indent) {
   }
   ojson gpus = ojson::array();
   for (const GpuModel& g : Gpus()) {
-    gpus.push_back({{"id", g.id}, {"label", g.label}, {"memoryGiB", g.memoryGiB}, {"vendor", g.vendor}, {"kind", g.kind}});
+    gpus.push_back({{"id", g.id}, {"label", g.label}, {"memoryGiB", g.memoryGiB}, {"vendor", g.vendor}, {"kind", g.kind},
+                    {"capacitySource", g.capacitySource}});
   }
   ojson fields = ojson::array();
   for (const ArchitectureField& f : ArchitectureFields()) {

@@ -14,7 +14,8 @@ constexpr GpuModel kGpus[] = {
     {"nvidia-h100-nvl", "NVIDIA H100 NVL 94 GB", 94, "NVIDIA", "dataCenter"},
     // Measured (tests/data/cuda): total_memory 85,017,493,504 B = 79.18 GiB ("H100 80GB HBM3",
     // driver 580.159.04; NVML's total 85,520,809,984 B).
-    {"nvidia-h100-sxm", "NVIDIA H100 SXM 80 GB", 85017493504.0 / 1073741824.0, "NVIDIA", "dataCenter"},
+    {"nvidia-h100-sxm", "NVIDIA H100 SXM 80 GB", 85017493504.0 / 1073741824.0, "NVIDIA", "dataCenter",
+     "CUDA's total memory measured on an H100 80GB HBM3 (driver 580, PyTorch 2.11): 85,017,493,504 B"},
     {"nvidia-h100-pcie", "NVIDIA H100 PCIe 80 GB", 80, "NVIDIA", "dataCenter"},
     {"nvidia-a100-80", "NVIDIA A100 80 GB", 80, "NVIDIA", "dataCenter"},
     {"nvidia-a100-40", "NVIDIA A100 40 GB", 40, "NVIDIA", "dataCenter"},
