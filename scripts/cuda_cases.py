@@ -39,11 +39,11 @@ def config(name, **overrides):
 
 
 def case(name, hf_config, precision, batch, seq, attention="sdpa", checkpointing="none", lora=None,
-         task="causalLm", snapshot=False, optimizer="adamw"):
+         task="causalLm", snapshot=False, optimizer="adamw", implementation="forEach"):
     return {"name": name, "hfConfig": hf_config, "task": task, "precision": precision,
             "batchSize": batch, "sequenceLength": seq, "attention": attention,
             "checkpointing": checkpointing, "lora": lora, "optimizer": optimizer,
-            "snapshot": snapshot}
+            "optimizerImplementation": implementation, "snapshot": snapshot}
 
 
 CASES = [
@@ -63,6 +63,19 @@ CASES = [
     case("bert-base-cls-ampfp16-b32-s512", config("bert-base-uncased.json"), "ampFp16", 32, 512,
          task="sequenceClassification"),
     case("mixtral-2layer-bf16-sdpa-b1-s1024", config("mixtral-8x7b.json", num_hidden_layers=2), "bf16", 1, 1024),
+    # Breadth: the Llama family's eager path under autocast, fused and per-parameter AdamW,
+    # fp16 with GradScaler on a decoder, a 7B LoRA on all linears without checkpointing, and
+    # models without transformers' training-time cache (use_cache=False; docs/validation.md).
+    case("qwen2.5-1.5b-amp-eager-nocache-b1-s2048", config("qwen2.5-1.5b.json", use_cache=False), "ampBf16", 1, 2048,
+         attention="eager"),
+    case("llama3.2-1b-bf16-sdpa-fused-b2-s2048", LLAMA_32_1B, "bf16", 2, 2048, implementation="fused"),
+    case("llama3.2-1b-amp-sdpa-perparam-b2-s2048", LLAMA_32_1B, "ampBf16", 2, 2048, implementation="perParameter"),
+    case("gpt2-ampfp16-sdpa-nocache-b8", config("gpt2.json", use_cache=False), "ampFp16", 8, 1024),
+    case("gpt2-bf16mixed-eager-nocache-b16", config("gpt2.json", use_cache=False), "bf16Mixed", 16, 1024, attention="eager"),
+    case("llama2-7b-lora-all-bf16-sdpa-b2-s1024", config("llama-2-7b.json"), "bf16", 2, 1024,
+         lora={"r": 16, "loraAlpha": 32, "targetModules": ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                          "gate_proj", "up_proj", "down_proj"]}),
+    case("bert-base-cls-fp32-b16-s512", config("bert-base-uncased.json"), "fp32", 16, 512, task="sequenceClassification"),
 ]
 
 
@@ -78,7 +91,8 @@ def gpumem_setup(gpumem, c):
         setup["model"]["architecture"]["numLabels"] = 2
     setup["training"] = {"batchSize": c["batchSize"], "sequenceLength": c["sequenceLength"],
                          "precision": c["precision"], "optimizer": c["optimizer"],
-                         "optimizerImplementation": "forEach", "attention": c["attention"],
+                         "optimizerImplementation": c.get("optimizerImplementation", "forEach"),
+                         "attention": c["attention"],
                          "checkpointing": c["checkpointing"]}
     setup["gpu"] = {"id": "nvidia-h100-sxm"}
     # The GPU machine's software (docs/validation.md, "CUDA truth"): PyTorch 2.11 on CUDA 13.0.

@@ -43,7 +43,8 @@ def main():
     with open(os.path.join(DATA, "cases.json")) as f:
         cases = {c["name"]: c for c in json.load(f)["cases"]}
     runs = [r for r in records("measured-h100-torch2.11.jsonl") + records("measured-h100-torch2.11-oom-line.jsonl")
-            + records("measured-h100-torch2.11-no-cache.jsonl") if r.get("case") in cases]
+            + records("measured-h100-torch2.11-no-cache.jsonl") + records("measured-h100-torch2.11-breadth.jsonl")
+            if r.get("case") in cases]
     print("H100 SXM, PyTorch 2.11 + CUDA 13.0, transformers 5.17, peft 0.21 (tests/data/cuda): estimate vs measured")
     print(f"{'case':44s} {'allocated':>10s} {'reserved':>10s} {'device':>10s}   (measured GiB: allocated / reserved / NVML)")
     errors = {"allocated": [], "reserved": [], "device": []}

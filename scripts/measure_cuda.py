@@ -223,7 +223,9 @@ def run_case(case, baseline, out_dir):
     amp = case["precision"] in ("ampBf16", "ampFp16")
     amp_dtype = torch.float16 if case["precision"] == "ampFp16" else torch.bfloat16
     masters = [p.detach().float() for p in params] if mixed else None
-    optimizer = torch.optim.AdamW(masters if mixed else params, lr=1e-5)
+    impl = case.get("optimizerImplementation", "forEach")
+    flavour = {"fused": {"fused": True}, "perParameter": {"foreach": False}}.get(impl, {})
+    optimizer = torch.optim.AdamW(masters if mixed else params, lr=1e-5, **flavour)
     scaler = torch.amp.GradScaler("cuda") if case["precision"] == "ampFp16" else None
     phases = []
 

@@ -202,15 +202,20 @@ class Dropout(nn.Module):
         return dropout(x, self.p) if self.training else x
 
 
-def eager_attention(query, key, value, mask, *, n_rep, scaling, dropout_p):
-    """HF eager_attention_forward (llama's, used here for all three families)."""
+def eager_attention(query, key, value, mask, *, n_rep, scaling, dropout_p, softmax_fp32=True):
+    """HF eager_attention_forward (llama's, used here for all three families). GPT-2's own
+    (transformers 5.x modeling_gpt2.py) calls softmax in the scores' dtype, then .type(value's):
+    softmax_fp32=False; CUDA autocast still runs it in fp32."""
     key_states = repeat_kv(key, n_rep)
     value_states = repeat_kv(value, n_rep)
     attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling   # (b,h,s,s), then * scaling: a second one
     if mask is not None:
         causal_mask = mask[:, :, :, : key_states.shape[-2]]                    # a view
         attn_weights = attn_weights + causal_mask                              # (b,h,s,s), fp32 under autocast (mask is fp32)
-    attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)  # fp32 softmax, cast back
+    if softmax_fp32 or torch.is_autocast_cpu_enabled():
+        attn_weights = F.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)  # fp32 softmax, cast back
+    else:
+        attn_weights = F.softmax(attn_weights, dim=-1)  # GPT-2 in 16-bit weights: the scores' dtype
     attn_weights = dropout(attn_weights, dropout_p)
     attn_output = torch.matmul(attn_weights, value_states)                      # (b,h,s,d)
     attn_output = attn_output.transpose(1, 2).contiguous()                      # (b,s,h,d) copy
@@ -346,7 +351,7 @@ def attention_core(cfg, query, key, value, mask, *, n_rep, causal):
     if cfg.attention == "sdpa":
         fn = functools.partial(sdpa_attention, causal=causal, **kwargs)
     else:
-        fn = functools.partial(eager_attention, **kwargs)
+        fn = functools.partial(eager_attention, softmax_fp32=cfg.family != "gpt2", **kwargs)
     if cfg.checkpointing == "selective":
         return checkpoint(fn, query, key, value, mask, use_reentrant=True)
     return fn(query, key, value, mask)

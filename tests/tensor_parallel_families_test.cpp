@@ -134,6 +134,10 @@ Setup Blocks(const char* preset, std::int64_t layers, std::int64_t t, bool seque
   s.training.batchSize = 1;
   s.training.sequenceLength = 512;
   s.parallel.sequenceParallel = sequenceParallel;
+  // GPT-2 as Megatron's GPT at every t, t = 1 included: Megatron's loss (what a block saves is
+  // the difference of two depths, so the loss cancels) keeps its fp32 eager softmax, where
+  // Hugging Face's GPT-2 runs softmax in the scores' 16-bit dtype (sim/blocks/attention.cpp).
+  if (s.model.architecture.family == Family::GPT2) s.training.lossImplementation = LossImplementation::MegatronVocabParallel;
   return s;
 }
 

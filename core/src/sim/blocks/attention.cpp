@@ -7,9 +7,15 @@
 namespace gpumem::blocks {
 namespace {
 
-// Hugging Face's eager scores → probabilities (GPT-2's _attn): scaled, the mask added, softmax
-// in fp32 (saved), cast back to the value's dtype. Releases `raw`.
-ValueId EagerSoftmax(Tape& t, ValueId raw, ValueId mask, DType type) {
+// Hugging Face's eager scores → probabilities: scaled, the mask added, softmax (saved), cast back
+// to the value's dtype. Llama's eager_attention_forward asks softmax for fp32
+// (softmax(..., dtype=torch.float32).to(query.dtype)); GPT-2's (transformers 5.x
+// modeling_gpt2.py eager_attention_forward) calls softmax in the scores' own dtype, then
+// .type(value.dtype), a no-op: in 16-bit weights without autocast its probabilities stay 16-bit.
+// Measured on an H100 (tests/data/cuda/stacks, GPT-2 bf16: the softmax output is the bf16
+// scores' size). Under autocast softmax runs in fp32 either way (autocast's fp32 op list).
+// Releases `raw`.
+ValueId EagerSoftmax(Tape& t, ValueId raw, ValueId mask, DType type, bool softmaxInFp32) {
   ValueId scaled = ops::Scale(t, raw, "scores × 1/√d");
   t.Drop(raw);
   if (mask != kNoValue) {
@@ -17,11 +23,24 @@ ValueId EagerSoftmax(Tape& t, ValueId raw, ValueId mask, DType type) {
     t.Drop(scaled);
     scaled = masked;
   }
+  if (!softmaxInFp32 && !t.autocast()) {
+    const ValueId probs = ops::Softmax(t, scaled, "softmax", t.TypeOf(scaled));
+    t.Drop(scaled);
+    return probs;
+  }
   const ValueId probs32 = ops::Softmax(t, scaled, "softmax (fp32)", DType::FP32);
   t.Drop(scaled);
   const ValueId probs = ops::To(t, probs32, type);
   t.Drop(probs32);
   return probs;
+}
+
+// Whether the eager softmax is asked for fp32: everywhere but Hugging Face's GPT-2. Megatron's
+// GPT (the GPT-2 family with tensor parallelism, Megatron's loss or its masked-softmax fusion,
+// which the Megatron import sets) keeps the fp32 softmax the simulation has always given it.
+bool SoftmaxInFp32(const Model& m) {
+  return m.a.family != Family::GPT2 || m.vocabShards > 1 || m.training.maskedSoftmaxFusion ||
+         m.training.lossImplementation == LossImplementation::MegatronVocabParallel;
 }
 
 // Megatron's FusedScaleMaskSoftmax on its fused path (megatron/core/fusions/fused_softmax.py
@@ -120,7 +139,7 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
   t.Drop(kT);
   const ValueId probs = m.training.maskedSoftmaxFusion && MaskedSoftmaxKernelAvailable(b, heads, s, s, t.TypeOf(raw))
                             ? FusedScaleMaskSoftmax(t, raw)
-                            : EagerSoftmax(t, raw, mask, t.TypeOf(q));
+                            : EagerSoftmax(t, raw, mask, t.TypeOf(q), SoftmaxInFp32(m));
   const ValueId dropped = ops::Dropout(t, probs, m.a.attentionDropout, "attention dropout");
   t.Drop(probs);
   out = ops::MatMul(t, dropped, vals, full, "probs·v");
