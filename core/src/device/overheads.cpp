@@ -294,49 +294,41 @@ DeviceOverheadsResult DeviceOverheads(std::string_view gpuId, const RuntimeOptio
     r.context.source = "runtime.cudaContextMiB";
   } else {
     const bool lazyAvailable = o.cudaMajor > 11 || (o.cudaMajor == 11 && o.cudaMinor >= 7);
-    if (lazyAvailable && o.lazyModuleLoading) {
-      // The context at the first CUDA call, by generation, plus the kernel images a training step
-      // loads lazily. Measured on an H100 SXM (tests/data/cuda, PyTorch 2.11 + CUDA 13.0, driver
-      // 580): NVML used − the 2 MiB segment after torch.ones(1, device="cuda") 619 MiB; NVML used −
-      // max_memory_reserved after two training steps 751 MiB (eager attention) to 767 MiB (SDPA's
-      // flash kernels too), so a step's kernels add 148 MiB at most.
-      constexpr std::int64_t kTrainingKernelsMiB = 767 - 619;
-      if (r.computeCapability.major >= 9 && !amd) {
-        r.context.bytes = 767 * kMiB;
-        r.context.formula = "767 MiB (Hopper and later, CUDA_MODULE_LOADING=LAZY: 619 MiB at the first CUDA call + 148 MiB "
-                            "of kernel images a training step loads)";
-        r.context.source =
-            "measured on an H100 SXM, PyTorch 2.11 + CUDA 13.0, driver 580.159.04: NVML used − max_memory_reserved "
-            "after two training steps (tests/data/cuda/measured-h100-torch2.11.jsonl)";
-      } else {
-        r.context.bytes = (426 + kTrainingKernelsMiB) * kMiB;
-        r.context.formula = "574 MiB (CUDA ≥ 11.7, CUDA_MODULE_LOADING=LAZY: 426 MiB at the first CUDA call + 148 MiB "
-                            "of kernel images a training step loads)";
-        r.context.source =
-            "unslothai/unsloth-zoo PR #1053: 426 MiB in nvidia-smi after torch.cuda.mem_get_info, PyTorch 2.10 + "
-            "CUDA 13.0, RTX 6000 Ada (ptrblck in pytorch/pytorch#109888: around 400 MB with CUDA >= 11.7 and lazy "
-            "loading); the 148 MiB a training step's kernels add measured on an H100 (tests/data/cuda)";
-      }
-    } else if (lazyAvailable) {
-      // Eager loading: every kernel image of the process at the first call, and the libraries'
-      // own (cuBLAS, cuBLASLt) when their handles are made. Measured on the H100 (tests/data/cuda):
-      // 1,259 MiB at the first call, 1,863 MiB after two training steps: 604 MiB more.
-      constexpr std::int64_t kEagerTrainingMiB = 1863 - 1259;
-      if (r.computeCapability.major >= 9 && !amd) {
-        r.context.bytes = 1863 * kMiB;
-        r.context.formula = "1863 MiB (Hopper and later, CUDA_MODULE_LOADING=EAGER: 1259 MiB at the first CUDA call + "
-                            "604 MiB the libraries load in a training step)";
-        r.context.source =
-            "measured on an H100 SXM, PyTorch 2.11 + CUDA 13.0, driver 580.159.04: NVML used − max_memory_reserved "
-            "after two training steps (tests/data/cuda/measured-h100-torch2.11-oom-line.jsonl)";
-      } else {
-        r.context.bytes = (616 + kEagerTrainingMiB) * kMiB;
-        r.context.formula = "1220 MiB (CUDA ≥ 11.7, CUDA_MODULE_LOADING=EAGER: 616 MiB at the first CUDA call + 604 MiB "
-                            "the libraries load in a training step)";
-        r.context.source =
-            "pytorch/pytorch PR #86509 (1.13): total − free 666,632,192 B eager (vs 287,047,680 B lazy) with one "
-            "6.4 MB tensor, less its 20 MiB segment; the 604 MiB a training step adds measured on an H100 (tests/data/cuda)";
-      }
+    if (lazyAvailable) {
+      // The context at the first CUDA call plus what a training step loads after it. Measured on
+      // an H100 SXM (tests/data/cuda, PyTorch 2.11 + CUDA 13.0, driver 580): NVML used less the
+      // 2 MiB segment after torch.ones(1, device="cuda"), then NVML used − max_memory_reserved
+      // after two training steps. Lazy: 619 → 751 MiB (eager attention) to 767 MiB (SDPA's flash
+      // kernels too). Eager: every image at the first call, the libraries' own (cuBLAS, cuBLASLt)
+      // when their handles are made: 1,259 → 1,863 MiB. Other generations take a published
+      // first-call figure and the step's share measured on Hopper.
+      struct ContextRule {
+        std::int64_t firstCallMiB, stepMiB;
+        const char* what;
+        const char* source;
+      };
+      constexpr const char* kMeasured =
+          "measured on an H100 SXM, PyTorch 2.11 + CUDA 13.0, driver 580.159.04: NVML used − max_memory_reserved "
+          "after two training steps (tests/data/cuda)";
+      const bool hopper = r.computeCapability.major >= 9 && !amd;
+      const ContextRule rule =
+          o.lazyModuleLoading
+              ? (hopper ? ContextRule{619, 148, "Hopper and later, CUDA_MODULE_LOADING=LAZY", kMeasured}
+                        : ContextRule{426, 148, "CUDA ≥ 11.7, CUDA_MODULE_LOADING=LAZY",
+                                      "unslothai/unsloth-zoo PR #1053: 426 MiB in nvidia-smi after torch.cuda.mem_get_info, "
+                                      "PyTorch 2.10 + CUDA 13.0, RTX 6000 Ada (ptrblck in pytorch/pytorch#109888: around 400 MB "
+                                      "with CUDA >= 11.7 and lazy loading); the 148 MiB a training step adds measured on an H100 "
+                                      "(tests/data/cuda)"})
+              : (hopper ? ContextRule{1259, 604, "Hopper and later, CUDA_MODULE_LOADING=EAGER", kMeasured}
+                        : ContextRule{616, 604, "CUDA ≥ 11.7, CUDA_MODULE_LOADING=EAGER",
+                                      "pytorch/pytorch PR #86509 (1.13): total − free 666,632,192 B eager (vs 287,047,680 B lazy) "
+                                      "with one 6.4 MB tensor, less its 20 MiB segment; the 604 MiB a training step adds "
+                                      "measured on an H100 (tests/data/cuda)"});
+      r.context.bytes = (rule.firstCallMiB + rule.stepMiB) * kMiB;
+      r.context.formula = std::to_string(rule.firstCallMiB + rule.stepMiB) + " MiB (" + rule.what + ": " +
+                          std::to_string(rule.firstCallMiB) + " MiB at the first CUDA call + " +
+                          std::to_string(rule.stepMiB) + " MiB a training step loads)";
+      r.context.source = rule.source;
     } else {
       r.context.bytes = 1024 * kMiB;
       r.context.formula = "1024 MiB (CUDA < 11.7: every kernel image loaded at start)";
