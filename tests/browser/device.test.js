@@ -236,7 +236,9 @@ test('the allocator\'s segments at the reserved peak are drawn under the timelin
   const named = new RegExp(`^${tensor.label.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}:`);
   for (let attempt = 0; attempt < 5; ++attempt) {
     await page.mouse.move(0, 0);
-    await page.hover(selector, { force: true });
+    // A re-render between finding the block and hovering it can leave it briefly out of view.
+    const hovered = await page.hover(selector, { force: true, timeout: 2000 }).then(() => true, () => false);
+    if (!hovered) continue;
     const shown = await page.waitForFunction((source) => new RegExp(source).test(document.querySelector('#segments-chart .chart-readout')?.textContent ?? ''), named.source, { timeout: 2000 })
       .then(() => true, () => false);
     if (shown) break;
