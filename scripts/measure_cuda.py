@@ -192,6 +192,13 @@ def run_case(case, baseline, out_dir):
     x = torch.ones(1, device="cuda")  # the context first, as the probe measured it
     torch.cuda.synchronize()
     result["contextNvml"] = nvml_used() - baseline
+    if case.get("allocatorLimitBytes"):
+        # A smaller GPU for the allocator: set_per_process_memory_fraction caps what it may
+        # reserve (CUDACachingAllocator's allowed_memory_maximum), so its out-of-memory line
+        # can be found at any capacity on this one.
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(case["allocatorLimitBytes"] / total)
+        result["allocatorLimitBytes"] = case["allocatorLimitBytes"]
     if case.get("snapshot"):
         if case.get("snapshotStacks"):
             # Python stacks of each allocation: which line of transformers / torch made it.
