@@ -29,7 +29,12 @@ def setup_of(case, record):
         s["runtime"]["allocator"] = {"expandableSegments": True}
     if env.get("CUDA_MODULE_LOADING") == "EAGER":
         s["runtime"]["lazyModuleLoading"] = False
-    s["training"].update({k: v for k, v in record.get("overrides", {}).items() if k == "batchSize"})
+    overrides = record.get("overrides", {})
+    s["training"].update({k: v for k, v in overrides.items() if k in ("batchSize", "sequenceLength")})
+    if "allocatorLimitBytes" in overrides:
+        # set_per_process_memory_fraction caps the allocator; the estimate gives it capacity −
+        # context, so the capacity is the limit + the H100's 767 MiB context.
+        s["gpu"]["memoryGiB"] = (overrides["allocatorLimitBytes"] + 767 * 2**20) / GiB
     return s
 
 
@@ -43,6 +48,7 @@ def main():
     with open(os.path.join(DATA, "cases.json")) as f:
         cases = {c["name"]: c for c in json.load(f)["cases"]}
     runs = [r for r in records("measured-h100-torch2.11.jsonl") + records("measured-h100-torch2.11-oom-line.jsonl")
+            + records("measured-h100-torch2.11-limit-24gib.jsonl")
             + records("measured-h100-torch2.11-no-cache.jsonl") + records("measured-h100-torch2.11-breadth.jsonl")
             if r.get("case") in cases]
     print("H100 SXM, PyTorch 2.11 + CUDA 13.0, transformers 5.17, peft 0.21 (tests/data/cuda): estimate vs measured")
@@ -64,17 +70,20 @@ def main():
     for k, v in errors.items():
         a = [abs(x) for x in v]
         print(f"  {k}: median |error| {statistics.median(a):.1f} %, worst {max(v, key=abs):+.1f} %, most under {min(v):+.1f} %")
-    print("\nThe out-of-memory line at the GPU's capacity (79.18 GiB, CUDA's total):")
+    print("\nThe out-of-memory line at the GPU's capacity (79.18 GiB, CUDA's total), or at an allocator limit:")
     right = total = 0
     for r in runs:
-        if "batchSize" not in r.get("overrides", {}):
+        o = r.get("overrides", {})
+        if "batchSize" not in o:
             continue
         d = estimate(gpumem, setup_of(cases[r["case"]], r))
         measured_fits = "oom" not in r or r["oom"] is None
         total += 1
         right += measured_fits == d["fits"]
         what = "fits" if measured_fits else "out of memory after " + r["oom"]["phasesDone"][-1]
-        print(f"  {r['case'][:40]:40s} batch {r['overrides']['batchSize']:3d}: measured {what:38s} estimate "
+        where = f"batch {o['batchSize']:3d}" + (f" × {o['sequenceLength']} at a {o['allocatorLimitBytes'] / GiB:.0f} GiB limit"
+                                                if "allocatorLimitBytes" in o else "")
+        print(f"  {r['case'][:40]:40s} {where}: measured {what:38s} estimate "
               f"{'fits' if d['fits'] else 'does not fit'}{'' if measured_fits == d['fits'] else '   <- wrong'}")
     print(f"  {right} of {total} verdicts right")
 

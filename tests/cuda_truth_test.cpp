@@ -48,6 +48,12 @@ json SetupOf(const json& c, const json& run) {
   if (env.value("CUDA_MODULE_LOADING", "") == "EAGER") s["runtime"]["lazyModuleLoading"] = false;
   const json overrides = run.value("overrides", json::object());
   if (overrides.contains("batchSize")) s["training"]["batchSize"] = overrides["batchSize"];
+  if (overrides.contains("sequenceLength")) s["training"]["sequenceLength"] = overrides["sequenceLength"];
+  if (overrides.contains("allocatorLimitBytes")) {
+    // set_per_process_memory_fraction caps what the allocator may reserve; the estimate's
+    // allocator gets capacity − context, so the capacity is the limit + the H100's 767 MiB.
+    s["gpu"]["memoryGiB"] = (overrides["allocatorLimitBytes"].get<double>() + 767.0 * (1 << 20)) / double(1 << 30);
+  }
   return s;
 }
 
@@ -120,4 +126,17 @@ TEST_CASE("the out-of-memory line on an H100: every batch tried at capacity call
     ++tried;
   }
   CHECK(tried == 13);
+  // A smaller GPU: the allocator capped at 24 GiB, Llama 3.2 1B checkpointed under autocast at
+  // batch 1. Its allocated peak is 23.09 GiB at every length, yet it runs out from 4,608 tokens:
+  // the segments decide, and the simulation, which frees and retries as the allocator does,
+  // calls 3,072 and 4,096 fits and 4,608 / 5,120 / 6,144 out of memory.
+  int limited = 0;
+  for (const json& run : Lines("measured-h100-torch2.11-limit-24gib.jsonl")) {
+    if (!run.value("overrides", json::object()).contains("allocatorLimitBytes")) continue;
+    const gpumem::DeviceEstimate d = Device(SetupOf(cases.at(run["case"]), run));
+    INFO("sequence " << run["overrides"]["sequenceLength"]);
+    CHECK(d.fits == (!run.contains("oom") || run["oom"].is_null()));
+    ++limited;
+  }
+  CHECK(limited == 5);
 }
