@@ -22,7 +22,7 @@ def estimate(gpumem, setup):
     return json.loads(out.stdout)["estimate"]["device"]
 
 
-def setup_of(case, record):
+def setup_of(case, record, gpumem):
     s = json.loads(json.dumps(case["setup"]))
     env = record.get("jobEnv", {})
     if "expandable_segments:True" in (env.get("PYTORCH_CUDA_ALLOC_CONF") or ""):
@@ -33,8 +33,8 @@ def setup_of(case, record):
     s["training"].update({k: v for k, v in overrides.items() if k in ("batchSize", "sequenceLength")})
     if "allocatorLimitBytes" in overrides:
         # set_per_process_memory_fraction caps the allocator; the estimate gives it capacity −
-        # context, so the capacity is the limit + the H100's 767 MiB context.
-        s["gpu"]["memoryGiB"] = (overrides["allocatorLimitBytes"] + 767 * 2**20) / GiB
+        # context, so the capacity is the limit + the estimate's own context.
+        s["gpu"]["memoryGiB"] = (overrides["allocatorLimitBytes"] + estimate(gpumem, s)["contextBytes"]) / GiB
     return s
 
 
@@ -57,7 +57,7 @@ def main():
     for r in runs:
         if "peakAllocated" not in r or "batchSize" in r.get("overrides", {}):
             continue
-        d = estimate(gpumem, setup_of(cases[r["case"]], r))
+        d = estimate(gpumem, setup_of(cases[r["case"]], r, gpumem))
         tag = r["case"] + ("".join(f" {k}={v}" for k, v in r.get("jobEnv", {}).items() if k != "MEASURE_OVERRIDES"))
         if r.get("overrides", {}).get("hfConfig", {}).get("use_cache") is False:
             tag += " use_cache=False"
@@ -76,7 +76,7 @@ def main():
         o = r.get("overrides", {})
         if "batchSize" not in o:
             continue
-        d = estimate(gpumem, setup_of(cases[r["case"]], r))
+        d = estimate(gpumem, setup_of(cases[r["case"]], r, gpumem))
         measured_fits = "oom" not in r or r["oom"] is None
         total += 1
         right += measured_fits == d["fits"]

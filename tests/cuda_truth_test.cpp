@@ -51,8 +51,11 @@ json SetupOf(const json& c, const json& run) {
   if (overrides.contains("sequenceLength")) s["training"]["sequenceLength"] = overrides["sequenceLength"];
   if (overrides.contains("allocatorLimitBytes")) {
     // set_per_process_memory_fraction caps what the allocator may reserve; the estimate's
-    // allocator gets capacity − context, so the capacity is the limit + the H100's 767 MiB.
-    s["gpu"]["memoryGiB"] = (overrides["allocatorLimitBytes"].get<double>() + 767.0 * (1 << 20)) / double(1 << 30);
+    // allocator gets capacity − context, so the capacity is the limit + the estimate's own context.
+    const gpumem::EstimateResult r = gpumem::EstimateFromJson(s.dump());
+    REQUIRE(r.ok());
+    s["gpu"]["memoryGiB"] = double(overrides["allocatorLimitBytes"].get<std::int64_t>() + r.estimate.device.contextBytes) /
+                            double(1 << 30);
   }
   return s;
 }
