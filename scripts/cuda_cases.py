@@ -89,7 +89,8 @@ def gpumem_setup(gpumem, c):
     if c["task"] == "sequenceClassification":
         setup["model"]["architecture"]["encoderHead"] = "classification"
         setup["model"]["architecture"]["numLabels"] = 2
-    setup["training"] = {"batchSize": c["batchSize"], "sequenceLength": c["sequenceLength"],
+    # The importer's training fields (use_cache=False configs: useCache false), then the case's.
+    setup["training"] = {**setup.get("training", {}), "batchSize": c["batchSize"], "sequenceLength": c["sequenceLength"],
                          "precision": c["precision"], "optimizer": c["optimizer"],
                          "optimizerImplementation": c.get("optimizerImplementation", "forEach"),
                          "attention": c["attention"],

@@ -31,6 +31,8 @@ def setup_of(case, record, gpumem):
         s["runtime"]["lazyModuleLoading"] = False
     overrides = record.get("overrides", {})
     s["training"].update({k: v for k, v in overrides.items() if k in ("batchSize", "sequenceLength")})
+    if overrides.get("hfConfig", {}).get("use_cache") is False:  # a run with use_cache=False
+        s["training"]["useCache"] = False
     if "allocatorLimitBytes" in overrides:
         # set_per_process_memory_fraction caps the allocator; the estimate gives it capacity −
         # context, so the capacity is the limit + the estimate's own context.

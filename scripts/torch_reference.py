@@ -104,6 +104,10 @@ def read_config(setup):
         loss_chunks=(t.get("lossChunks") or 8) if t.get("lossImplementation") == "chunked" else 0,
         loss_upcast=not t.get("lossInModelDtype", False),
         loss_megatron=t.get("lossImplementation") == "megatronVocabParallel",
+        # transformers 5.x's DynamicCache in training (use_cache, on by default; gradient
+        # checkpointing turns it off): its first update copies each layer's key and value.
+        use_cache=t.get("useCache", True) and t.get("checkpointing", "none") == "none"
+        and not t.get("maskedSoftmaxFusion", False),
     )
     if family in ("gpt2", "bert") and cfg.max_pos <= 0:
         raise ValueError(f"{family}: maxPositionEmbeddings is required")
@@ -386,6 +390,13 @@ class GPT2Attention(nn.Module):
         query = query.view(b, s, -1, cfg.head_dim).transpose(1, 2)
         key = key.view(b, s, -1, cfg.head_dim).transpose(1, 2)
         value = value.view(b, s, -1, cfg.head_dim).transpose(1, 2)
+        if cfg.use_cache and cfg.attention == "sdpa" and not cfg.loss_megatron:
+            # DynamicLayer.update (transformers 5.x cache_utils.py): torch.cat onto an empty
+            # tensor, a contiguous copy of each that the attention then takes. Under eager
+            # attention the copies stand in for the ones matmul makes of the non-contiguous views
+            # (measured: the same bytes with and without the cache), so they are left out there.
+            key = torch.cat([key.new_empty(b, key.shape[1], 0, cfg.head_dim), key], dim=-2)
+            value = torch.cat([value.new_empty(b, value.shape[1], 0, cfg.head_dim), value], dim=-2)
         attn_output = attention_core(cfg, query, key, value, mask, n_rep=1, causal=True)
         attn_output = attn_output.reshape(b, s, -1).contiguous()   # a view
         attn_output = self.c_proj(attn_output)

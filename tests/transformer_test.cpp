@@ -4,6 +4,8 @@
 
 #include <map>
 
+#include <nlohmann/json.hpp>
+
 #include "gpumem/inventory.hpp"
 #include "gpumem/json.hpp"
 #include "gpumem/presets.hpp"
@@ -11,6 +13,7 @@
 
 using namespace gpumem;
 using namespace gpumem::test;
+using json = nlohmann::json;
 
 namespace {
 
@@ -309,5 +312,52 @@ TEST_CASE("transformer setups in JSON", "[transformer][json]") {
     CHECK(back.training.checkpointInterval == 4);
     CHECK(back.training.precision == Precision::AmpBF16);
     CHECK(back.training.attention == AttentionImplementation::SDPA);
+  }
+}
+
+TEST_CASE("transformers' DynamicCache: GPT-2 under SDPA keeps a copy of every layer's key and value",
+          "[transformer][cache]") {
+  // transformers 5.x builds the cache in training whenever use_cache holds, and its first update
+  // copies the key and the value (torch.cat onto an empty tensor); SDPA then saves those copies.
+  // Measured on an H100 (tests/data/cuda, docs/validation.md "CUDA truth"): GPT-2 8 × 1024 under
+  // autocast, 303 MB between use_cache on and off.
+  ArchitectureDef a = DefaultArchitecture(Family::GPT2);
+  a.vocabSize = 100; a.hiddenSize = 64; a.numLayers = 3; a.numHeads = 4; a.maxPositionEmbeddings = 64;
+  const std::int64_t b = 2, s = 16, h = 64, layers = 3;
+  Setup setup = TransformerSetup(a, b, s, Precision::AmpBF16);
+  setup.training.attention = AttentionImplementation::SDPA;
+  REQUIRE(setup.training.useCache);  // transformers' default
+  const std::int64_t cached = SavedAtForwardEnd(setup);
+  setup.training.useCache = false;
+  const std::int64_t uncached = SavedAtForwardEnd(setup);
+  // Two bf16 tensors of b·s·h per layer.
+  CHECK(cached - uncached == layers * 2 * b * s * h * 2);
+
+  SECTION("nothing changes where the copies cost nothing or the cache is off") {
+    auto difference = [](Setup with) {
+      with.training.useCache = true;
+      Setup without = with;
+      without.training.useCache = false;
+      return SavedAtForwardEnd(with) - SavedAtForwardEnd(without);
+    };
+    Setup eager = setup;  // eager matmuls copy the non-contiguous k and v anyway
+    eager.training.attention = AttentionImplementation::Eager;
+    CHECK(difference(eager) == 0);
+    Setup checkpointed = setup;  // gradient checkpointing turns use_cache off
+    checkpointed.training.checkpointing = Checkpointing::EveryBlock;
+    CHECK(difference(checkpointed) == 0);
+    Setup llama = TransformerSetup(TinyLlama(), b, s, Precision::AmpBF16);  // k after RoPE and v_proj's
+    llama.training.attention = AttentionImplementation::SDPA;               // output are freed once copied
+    CHECK(difference(llama) == 0);
+  }
+  SECTION("a config with use_cache false imports as training.useCache false") {
+    const json imported = json::parse(ImportConfigJson(
+        R"({"model_type": "gpt2", "vocab_size": 100, "n_embd": 64, "n_layer": 3, "n_head": 4,
+            "n_positions": 64, "use_cache": false})"));
+    REQUIRE(imported["ok"] == true);
+    CHECK(imported["setup"]["training"]["useCache"] == false);
+    const json defaulted = json::parse(ImportConfigJson(
+        R"({"model_type": "gpt2", "vocab_size": 100, "n_embd": 64, "n_layer": 3, "n_head": 4, "n_positions": 64})"));
+    CHECK_FALSE(defaulted["setup"].contains("training"));
   }
 }

@@ -18,6 +18,7 @@ namespace gpumem {
 struct ConfigImport {
   ArchitectureDef architecture;
   std::string modelType;                 // config's model_type ("llama", "gpt2", …)
+  bool useCache = true;                  // config's use_cache (transformers' default True)
   std::vector<std::string> ignoredFields;
   std::vector<std::string> notes;        // how the config was read (e.g. Gemma with Llama's block)
   std::vector<FieldError> errors;

@@ -268,6 +268,13 @@ struct TrainingDef {
   bool activationOffloading = false;
   // Packed sequences (see PackedSequences): what the attention mask costs.
   PackedSequences packedSequences = PackedSequences::None;
+  // transformers' KV cache in training (the config's use_cache, True by default). transformers
+  // 5.x builds a DynamicCache whenever use_cache holds, in training too, and its first update
+  // copies every layer's key and value (cache_utils.py DynamicLayer.update: torch.cat onto an
+  // empty tensor); gradient checkpointing turns it off (GPT2Model.forward: use_cache=False with
+  // a warning). What it costs depends on the attention (sim/families/gpt2.cpp); false is
+  // use_cache=False, what TRL and torchtune-style loops pass.
+  bool useCache = true;
 };
 
 struct GpuDef {

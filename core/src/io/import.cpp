@@ -152,6 +152,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   r.Use("model_type");
   r.Use("architectures");
   r.Use("quantization_config");  // read by ImportQuantizationConfig
+  r.Bool({"use_cache"}, out.useCache);  // training.useCache
   ArchitectureDef& a = out.architecture;
 
   if (t == "gpt2") {

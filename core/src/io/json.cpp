@@ -310,13 +310,13 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
                                           "attention", "checkpointing", "checkpointInterval",
                                           "lossImplementation", "lossChunks", "lossInModelDtype",
                                           "optimizerInBackward", "activationOffloading", "packedSequences",
-                                          "maskedSoftmaxFusion"};
+                                          "maskedSoftmaxFusion", "useCache"};
   for (const char* key : kKeys) if (v.contains(key)) given.trainingKeys.push_back(key);
   r.RejectUnknown(v, {"batchSize", "sequenceLength", "precision", "optimizer",
                       "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
                       "attention", "checkpointing", "checkpointInterval", "lossImplementation",
                       "lossChunks", "lossInModelDtype", "optimizerInBackward", "activationOffloading",
-                      "packedSequences", "maskedSoftmaxFusion"}, path);
+                      "packedSequences", "maskedSoftmaxFusion", "useCache"}, path);
   r.Enum(v, "attention", path, t.attention);
   r.Enum(v, "checkpointing", path, t.checkpointing);
   r.Int(v, "checkpointInterval", path, t.checkpointInterval);
@@ -334,6 +334,7 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
   r.Bool(v, "optimizerInBackward", path, t.optimizerInBackward);
   r.Bool(v, "activationOffloading", path, t.activationOffloading);
   r.Enum(v, "packedSequences", path, t.packedSequences);
+  r.Bool(v, "useCache", path, t.useCache);
 }
 
 void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
@@ -573,7 +574,8 @@ ojson SetupJson(const Setup& s) {
                     {"optimizerInBackward", s.training.optimizerInBackward},
                     {"activationOffloading", s.training.activationOffloading},
                     {"packedSequences", IdOf(s.training.packedSequences)},
-                    {"maskedSoftmaxFusion", s.training.maskedSoftmaxFusion}}},
+                    {"maskedSoftmaxFusion", s.training.maskedSoftmaxFusion},
+                    {"useCache", s.training.useCache}}},
       {"gpu", s.gpu.id.empty() ? ojson{{"memoryGiB", s.gpu.memoryGiB}}
                                : ojson{{"memoryGiB", s.gpu.memoryGiB}, {"id", s.gpu.id}}},
       {"runtime", {{"allocator", {{"expandableSegments", s.runtime.allocator.expandableSegments},
@@ -814,6 +816,10 @@ std::string ImportConfigJson(std::string_view configText, int indent) {
   const ojson count = problems.empty() ? ojson(BuildInventory(imported).ParameterCount()) : ojson(nullptr);
   ojson setup = {{"model", {{"kind", IdOf(ModelKind::Transformer)}, {"architecture", ArchitectureJson(c.architecture)}}}};
   std::vector<std::string> notes = c.notes;
+  if (!c.useCache) {
+    setup["training"] = {{"useCache", false}};
+    notes.push_back("use_cache is false: transformers keeps no KV cache in training (training.useCache).");
+  }
   // A quantized checkpoint's quantization_config: the finetune section's quantization fields.
   const QuantizationImport q = ImportQuantizationConfig(configText);
   if (!q.errors.empty()) return Dump({{"ok", false}, {"errors", ErrorsArray(q.errors)}}, indent);
@@ -1078,6 +1084,11 @@ ojson SaverFields() {
        "Megatron-LM: --masked-softmax-fusion (on unless --no-masked-softmax-fusion; FusedScaleMaskSoftmax)",
        "one kernel scales, masks and softmaxes the 16-bit scores and keeps only its 16-bit output; used where "
        "is_kernel_available holds (16 < s ≤ 4096, s, b·heads multiples of 4); GPT-2 family, eager attention"},
+      {"useCache", "Keep transformers' KV cache in training (use_cache)", "bool", "",
+       "transformers: the config's use_cache (True by default); model(..., use_cache=False) or "
+       "config.use_cache = False turns it off, gradient checkpointing turns it off by itself",
+       "transformers 5.x copies every layer's key and value into a DynamicCache; under SDPA the GPT-2 family's "
+       "attention then keeps those copies (2 · b · s · h per layer) instead of views of c_attn's output"},
   };
   ojson out = ojson::array();
   for (const Saver& f : kSavers) {

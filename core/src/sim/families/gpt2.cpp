@@ -6,6 +6,30 @@
 
 namespace gpumem::families {
 
+namespace {
+
+// Whether transformers' DynamicCache costs the GPT-2 family memory in this step. transformers 5.x
+// builds the cache in training whenever use_cache holds (GPT2Model.forward: DynamicCache() when
+// use_cache and past_key_values is None), and DynamicLayer.update's first call copies the key and
+// the value (cache_utils.py: torch.cat onto the empty tensor of lazy_initialization); the
+// attention then takes those copies. Under SDPA the kernels read the views of c_attn's output as
+// they are, so the copies are two b·s·kv-width tensors more per layer, saved for backward
+// (measured on an H100, torch 2.11, transformers 5.17: GPT-2 8 × 1024 under autocast 303 MB
+// more than with use_cache=False, and GPT-2 fp32 4 × 1024 the same, both −2 … −3.5 % without
+// this; tests/data/cuda/measured-h100-torch2.11.jsonl). Under eager attention the copies replace
+// the ones matmul makes anyway of the non-contiguous views (its reshape to 3-D), and the measured
+// eager run is exact without them. Gradient checkpointing turns the cache off (GPT2Model.forward:
+// "use_cache=True is incompatible with gradient checkpointing"). Megatron's GPT (tensor,
+// sequence or context parallel, its loss or its softmax fusion) has no such cache.
+bool KeepsDynamicCache(const Model& m) {
+  return m.training.useCache && m.training.attention == AttentionImplementation::SDPA &&
+         m.training.checkpointing == Checkpointing::None && m.vocabShards == 1 && m.sequenceShards == 1 &&
+         m.contextShards == 1 && !m.training.maskedSoftmaxFusion &&
+         m.training.lossImplementation != LossImplementation::MegatronVocabParallel;
+}
+
+}  // namespace
+
 ValueId Gpt2Block(Model& m, ValueId x, const Context& c, int i) {
   Tape& t = m.t;
   const Module root = m.BlockRoot("transformer.h.", i);
@@ -33,9 +57,17 @@ ValueId Gpt2Block(Model& m, ValueId x, const Context& c, int i) {
     t.Drop(q);
     q = copied;
   }
-  const ValueId k = blocks::Heads(m, parts[1], groups, "key");
-  const ValueId v = blocks::Heads(m, parts[2], groups, "value");
+  ValueId k = blocks::Heads(m, parts[1], groups, "key");
+  ValueId v = blocks::Heads(m, parts[2], groups, "value");
   for (ValueId p : parts) t.Drop(p);
+  if (KeepsDynamicCache(m)) {
+    const ValueId cachedKey = ops::Copy(t, k, t.ShapeOf(k), "DynamicCache.update: torch.cat (key)");
+    t.Drop(k);
+    k = cachedKey;
+    const ValueId cachedValue = ops::Copy(t, v, t.ShapeOf(v), "DynamicCache.update: torch.cat (value)");
+    t.Drop(v);
+    v = cachedValue;
+  }
   const ValueId dropped =
       blocks::AttentionOutput(m, q, k, v, c.mask, true, m.Child(root, "attn.c_proj"), "c_proj", m.a.hiddenDropout);
   const ValueId x2 = ops::Add(t, dropped, residual, "residual add");
