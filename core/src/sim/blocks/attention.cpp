@@ -5,6 +5,15 @@
 #include "parallel/sequence_split.hpp"
 
 namespace gpumem::blocks {
+
+// Megatron's GPT: the GPT-2 family with tensor (and so sequence) or context parallelism,
+// Megatron's loss or its masked-softmax fusion, which the Megatron import sets.
+bool MegatronGpt(const Model& m) {
+  return m.a.family == Family::GPT2 &&
+         (m.vocabShards > 1 || m.sequenceShards > 1 || m.contextShards > 1 || m.training.maskedSoftmaxFusion ||
+          m.training.lossImplementation == LossImplementation::MegatronVocabParallel);
+}
+
 namespace {
 
 // Hugging Face's eager scores → probabilities: scaled, the mask added, softmax (saved), cast back
@@ -36,12 +45,8 @@ ValueId EagerSoftmax(Tape& t, ValueId raw, ValueId mask, DType type, bool softma
 }
 
 // Whether the eager softmax is asked for fp32: everywhere but Hugging Face's GPT-2. Megatron's
-// GPT (the GPT-2 family with tensor parallelism, Megatron's loss or its masked-softmax fusion,
-// which the Megatron import sets) keeps the fp32 softmax the simulation has always given it.
-bool SoftmaxInFp32(const Model& m) {
-  return m.a.family != Family::GPT2 || m.vocabShards > 1 || m.training.maskedSoftmaxFusion ||
-         m.training.lossImplementation == LossImplementation::MegatronVocabParallel;
-}
+// GPT keeps the fp32 softmax the simulation has always given it.
+bool SoftmaxInFp32(const Model& m) { return m.a.family != Family::GPT2 || MegatronGpt(m); }
 
 // Megatron's FusedScaleMaskSoftmax on its fused path (megatron/core/fusions/fused_softmax.py
 // forward_fused_softmax, causal: ScaledUpperTriangMaskedSoftmax.apply): scale, causal mask and

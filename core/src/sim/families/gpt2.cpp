@@ -23,9 +23,7 @@ namespace {
 // sequence or context parallel, its loss or its softmax fusion) has no such cache.
 bool KeepsDynamicCache(const Model& m) {
   return m.training.useCache && m.training.attention == AttentionImplementation::SDPA &&
-         m.training.checkpointing == Checkpointing::None && m.vocabShards == 1 && m.sequenceShards == 1 &&
-         m.contextShards == 1 && !m.training.maskedSoftmaxFusion &&
-         m.training.lossImplementation != LossImplementation::MegatronVocabParallel;
+         m.training.checkpointing == Checkpointing::None && !blocks::MegatronGpt(m);
 }
 
 }  // namespace
