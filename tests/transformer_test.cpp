@@ -2,13 +2,16 @@
 // forward pass counted by hand, checkpointing, fused attention, autocast and bad input.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <map>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
 #include "gpumem/inventory.hpp"
 #include "gpumem/json.hpp"
 #include "gpumem/presets.hpp"
+#include "gpumem/solve.hpp"
 #include "test_support.hpp"
 
 using namespace gpumem;
@@ -359,5 +362,46 @@ TEST_CASE("transformers' DynamicCache: GPT-2 under SDPA keeps a copy of every la
     const json defaulted = json::parse(ImportConfigJson(
         R"({"model_type": "gpt2", "vocab_size": 100, "n_embd": 64, "n_layer": 3, "n_head": 4, "n_positions": 64})"));
     CHECK_FALSE(defaulted["setup"].contains("training"));
+  }
+  SECTION("the estimate says so, and make it fit offers use_cache=False where it saves") {
+    const auto noted = [](const Setup& with) {
+      const Estimate r = MustEstimate(with);
+      return std::any_of(r.notes.begin(), r.notes.end(),
+                         [](const std::string& n) { return n.find("DynamicCache") != std::string::npos; });
+    };
+    const auto offer = [](const Setup& with) -> std::optional<FitSuggestion> {
+      const SolveResult r = Solve(with);
+      REQUIRE(r.ok());
+      for (const FitSuggestion& f : r.suggestions) {
+        if (f.id == "no-kv-cache") return f;
+      }
+      return std::nullopt;
+    };
+    // Activations hold the peak (at b·s = 32 × 64), so the solver tries the change.
+    setup = TransformerSetup(a, 32, 64, Precision::AmpBF16);
+    setup.training.attention = AttentionImplementation::SDPA;
+    CHECK(noted(setup));
+    const std::optional<FitSuggestion> off = offer(setup);
+    REQUIRE(off);
+    CHECK(off->cost == FitCost::Free);
+    CHECK(off->changedFields == std::vector<std::string>{"training.useCache"});
+    CHECK_FALSE(off->setup.training.useCache);
+    Setup without = setup;
+    without.training.useCache = false;
+    CHECK(off->peakBytes == MustEstimate(without).device.peakDeviceBytes);
+    CHECK(off->savedBytes == MustEstimate(setup).device.peakDeviceBytes - off->peakBytes);
+    CHECK(off->savedBytes > 0);
+    // Not offered, nor noted, where the cache costs nothing or is off already.
+    Setup eager = setup;
+    eager.training.attention = AttentionImplementation::Eager;
+    Setup llama = TransformerSetup(TinyLlama(), 32, 64, Precision::AmpBF16);
+    llama.training.attention = AttentionImplementation::SDPA;
+    Setup kbit = setup;  // peft's prepare_model_for_kbit_training turns checkpointing on
+    kbit.finetune.lora = true;
+    kbit.finetune.prepareForKbitTraining = true;
+    for (const Setup& other : {without, eager, llama, kbit}) {
+      CHECK_FALSE(noted(other));
+      CHECK_FALSE(offer(other));
+    }
   }
 }

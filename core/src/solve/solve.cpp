@@ -16,6 +16,7 @@
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
 #include "gpumem/training_modes.hpp"
+#include "sim/families/family.hpp"
 #include "sim/savers.hpp"
 
 namespace gpumem {
@@ -299,7 +300,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
     static constexpr std::string_view kStatesUnchanged[] = {
         "training.checkpointing",       "training.attention",   "training.batchSize",
         "training.lossImplementation",  "training.lossChunks",  "training.activationOffloading",
-        "runtime.allocator.expandableSegments"};
+        "training.useCache",            "runtime.allocator.expandableSegments"};
     return std::all_of(fields.begin(), fields.end(), [](const std::string& f) {
       return std::find(std::begin(kStatesUnchanged), std::end(kStatesUnchanged), f) != std::end(kStatesUnchanged);
     });
@@ -494,6 +495,13 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
           s.training.lossChunks = 8;
         });
   }
+  // transformers' DynamicCache in training: where it keeps copies of every layer's key and value
+  // (families::KeepsDynamicCache), use_cache=False computes the same loss without them.
+  if (activationsMatter && families::KeepsDynamicCache(setup)) {
+    add(FitCost::Free, "no-kv-cache", "Turn off the KV cache in training (use_cache=False)",
+        "free: the same loss; transformers keeps no copy of each layer's key and value for a generation that never comes",
+        {"training.useCache"}, [](Setup& s) { s.training.useCache = false; });
+  }
   if (!t.optimizerInBackward && heldAtPeak({Category::Gradients, Category::OptimizerIntermediates})) {
     add(FitCost::Free, "optimizer-in-backward", "Step the optimizer in backward (torchtune optimizer_in_bwd=True)",
         "the same update; each gradient is freed once applied, so gradient accumulation is not possible",
@@ -589,6 +597,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         if (f == "training.lossChunks") next.training.lossChunks = s.setup.training.lossChunks;
         if (f == "training.optimizerInBackward") next.training.optimizerInBackward = s.setup.training.optimizerInBackward;
         if (f == "training.activationOffloading") next.training.activationOffloading = s.setup.training.activationOffloading;
+        if (f == "training.useCache") next.training.useCache = s.setup.training.useCache;
         if (f.rfind("finetune.", 0) == 0) next.finetune = s.setup.finetune;  // only LoRA / QLoRA touch it
       }
       // A step whose model states alone pass the capacity cannot fit: it is

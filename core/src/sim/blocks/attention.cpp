@@ -8,11 +8,14 @@ namespace gpumem::blocks {
 
 // Megatron's GPT: the GPT-2 family with tensor (and so sequence) or context parallelism,
 // Megatron's loss or its masked-softmax fusion, which the Megatron import sets.
-bool MegatronGpt(const Model& m) {
-  return m.a.family == Family::GPT2 &&
-         (m.vocabShards > 1 || m.sequenceShards > 1 || m.contextShards > 1 || m.training.maskedSoftmaxFusion ||
-          m.training.lossImplementation == LossImplementation::MegatronVocabParallel);
+// Sequence parallelism needs t > 1, so it is covered by the tensor-parallel size.
+bool MegatronGpt(const ArchitectureDef& a, const TrainingDef& t, std::int64_t tensorParallel,
+                 std::int64_t contextParallel) {
+  return a.family == Family::GPT2 &&
+         (tensorParallel > 1 || contextParallel > 1 || t.maskedSoftmaxFusion ||
+          t.lossImplementation == LossImplementation::MegatronVocabParallel);
 }
+bool MegatronGpt(const Model& m) { return MegatronGpt(m.a, m.training, m.vocabShards, m.contextShards); }
 
 namespace {
 

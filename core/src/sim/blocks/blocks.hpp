@@ -36,8 +36,11 @@ ValueId MoE(Model& m, ValueId x, const Module& block);
 // Whether Megatron's fused causal scale-mask-softmax kernel runs on [b, heads, sq, sk] scores of
 // this dtype (FusedScaleMaskSoftmax.is_kernel_available); otherwise Megatron falls back to
 // forward_torch_softmax, simulated as the eager ops. `heads` = the rank's heads.
-// Megatron's GPT rather than Hugging Face's GPT-2 (attention.cpp).
+// Megatron's GPT rather than Hugging Face's GPT-2 (attention.cpp): asked of a model, or of an
+// architecture, its training section and its tensor- and context-parallel sizes.
 bool MegatronGpt(const Model& m);
+bool MegatronGpt(const ArchitectureDef& a, const TrainingDef& t, std::int64_t tensorParallel,
+                 std::int64_t contextParallel);
 bool MaskedSoftmaxKernelAvailable(std::int64_t b, std::int64_t heads, std::int64_t sq, std::int64_t sk, DType scores);
 // [b, s, n·d] → [b, n, s, d] (views).
 ValueId Heads(Model& m, ValueId x, std::int64_t n, const char* name);

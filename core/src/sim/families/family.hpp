@@ -32,4 +32,13 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c);
 // A module path from the model's root ("transformer.ln_f").
 Module RootModule(Model& m, const char* path);
 
+// The training section as the model runs it (transformer.cpp): peft's
+// prepare_model_for_kbit_training turns gradient checkpointing on.
+TrainingDef EffectiveTraining(const Setup& setup);
+
+// Whether transformers' DynamicCache costs the step memory (gpt2.cpp, with its sources): asked
+// of the model being simulated, or of a setup (the solver's use_cache=False, the estimate's note).
+bool KeepsDynamicCache(const Model& m);
+bool KeepsDynamicCache(const Setup& setup);
+
 }  // namespace gpumem::families

@@ -21,12 +21,19 @@ namespace {
 // eager run is exact without them. Gradient checkpointing turns the cache off (GPT2Model.forward:
 // "use_cache=True is incompatible with gradient checkpointing"). Megatron's GPT (tensor,
 // sequence or context parallel, its loss or its softmax fusion) has no such cache.
-bool KeepsDynamicCache(const Model& m) {
-  return m.training.useCache && m.training.attention == AttentionImplementation::SDPA &&
-         m.training.checkpointing == Checkpointing::None && !blocks::MegatronGpt(m);
+bool KeepsDynamicCache(const ArchitectureDef& a, const TrainingDef& t, std::int64_t tensorParallel,
+                       std::int64_t contextParallel) {
+  return a.family == Family::GPT2 && t.useCache && t.attention == AttentionImplementation::SDPA &&
+         t.checkpointing == Checkpointing::None && !blocks::MegatronGpt(a, t, tensorParallel, contextParallel);
 }
 
 }  // namespace
+
+bool KeepsDynamicCache(const Model& m) { return KeepsDynamicCache(m.a, m.training, m.vocabShards, m.contextShards); }
+bool KeepsDynamicCache(const Setup& setup) {
+  return KeepsDynamicCache(setup.model.architecture, EffectiveTraining(setup), setup.parallel.tensorParallel,
+                           setup.parallel.contextParallel);
+}
 
 ValueId Gpt2Block(Model& m, ValueId x, const Context& c, int i) {
   Tape& t = m.t;

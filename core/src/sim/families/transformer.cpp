@@ -33,7 +33,7 @@ class TransformerPass final : public ModelPass {
  public:
   TransformerPass(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names,
                   const Regime& regime, const PipelineChunk& chunk = {})
-      : chunk_(chunk), inventory_(inventory), a_(setup.model.architecture), t_(EffectiveTraining(setup)), regime_(regime), b_(setup.training.batchSize),
+      : chunk_(chunk), inventory_(inventory), a_(setup.model.architecture), t_(families::EffectiveTraining(setup)), regime_(regime), b_(setup.training.batchSize),
         s_(setup.training.sequenceLength),
         parameters_(inventory, names, regime.weights, setup.finetune.computeDType),
         parameterCount_(inventory.parameters.size()),
@@ -250,20 +250,13 @@ class TransformerPass final : public ModelPass {
     return outs.front();
   }
 
-  // peft prepare_model_for_kbit_training (utils/other.py) calls gradient_checkpointing_enable():
-  // every block is checkpointed whatever the training section says.
-  static TrainingDef EffectiveTraining(const Setup& setup) {
-    TrainingDef t = setup.training;
-    if (setup.finetune.prepareForKbitTraining) t.checkpointing = Checkpointing::EveryBlock;
-    return t;
-  }
   // enable_input_require_grads(): a forward hook makes the embeddings' output require a
   // gradient, so that reentrant checkpointing passes gradients to the adapters of frozen blocks.
   // prepare_model_for_kbit_training calls it; so does transformers' gradient_checkpointing_enable
   // on a PEFT model (modeling_utils.py, _hf_peft_config_loaded).
   static bool InputRequiresGrad(const Setup& setup) {
     const FinetuneDef& f = setup.finetune;
-    return f.prepareForKbitTraining || (f.lora && EffectiveTraining(setup).checkpointing != Checkpointing::None);
+    return f.prepareForKbitTraining || (f.lora && families::EffectiveTraining(setup).checkpointing != Checkpointing::None);
   }
 
   PipelineChunk chunk_;
@@ -294,6 +287,14 @@ class TransformerPass final : public ModelPass {
 
 }  // namespace
 
+// peft prepare_model_for_kbit_training (utils/other.py) calls gradient_checkpointing_enable():
+// every block is checkpointed whatever the training section says.
+TrainingDef families::EffectiveTraining(const Setup& setup) {
+  TrainingDef t = setup.training;
+  if (setup.finetune.prepareForKbitTraining) t.checkpointing = Checkpointing::EveryBlock;
+  return t;
+}
+
 std::unique_ptr<ModelPass> MakeTransformerPass(const Setup& setup, const Inventory& inventory,
                                                const std::vector<Text>& names, const Regime& regime,
                                                std::vector<std::string>& notes) {
@@ -319,6 +320,11 @@ std::unique_ptr<ModelPass> MakeTransformerPass(const Setup& setup, const Invento
                           "is_kernel_available: 16-bit scores, 16 < s ≤ 4096, s and b·heads multiples of 4 and of "
                           "the kernel's rows per block): Megatron falls back to the unfused softmax, simulated as "
                           "the eager ops.");
+  }
+  if (families::KeepsDynamicCache(setup)) {
+    notes.push_back("transformers' DynamicCache (use_cache): each layer's key and value are copied into the "
+                    "cache and attention saves the copies for backward; use_cache=False "
+                    "(training.useCache false) leaves them out.");
   }
   if (setup.training.precision == Precision::AmpFP16) {
     notes.push_back("fp16 autocast with GradScaler: the loss is scaled before backward and the "
