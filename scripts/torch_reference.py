@@ -250,7 +250,7 @@ class FusedAttentionEmulation(torch.autograd.Function):
     Matmuls run in the inputs' dtype, softmax and accumulation in fp32, as FA2's MMAs do."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scaling, dropout_p, seed):
+    def forward(ctx, q, k, v, causal, scaling, dropout_p, seed, n_rep=1):
         with torch.autocast("cpu", enabled=False):  # the kernel picks its own precisions
             b, h, s, d = q.shape
             acc = torch.promote_types(q.dtype, torch.float32)   # fp32 (fp64 only for gradcheck)
@@ -260,7 +260,7 @@ class FusedAttentionEmulation(torch.autograd.Function):
             gen = torch.Generator().manual_seed(seed) if dropout_p > 0 else None
             for bi in range(b):
                 for hi in range(h):
-                    q_bh, k_bh, v_bh = q[bi, hi], k[bi, hi], v[bi, hi]
+                    q_bh, k_bh, v_bh = q[bi, hi], k[bi, hi // n_rep], v[bi, hi // n_rep]
                     for r0 in range(0, s, SDPA_BLOCK):
                         r1 = min(r0 + SDPA_BLOCK, s)
                         kv_end = r1 if causal else s
@@ -274,23 +274,28 @@ class FusedAttentionEmulation(torch.autograd.Function):
                             p.masked_fill_(_dropout_drop(gen, p.shape, dropout_p), 0.0).mul_(1.0 / (1.0 - dropout_p))
                         out[bi, hi, r0:r1] = torch.matmul(p.to(v.dtype), v_bh[:kv_end])
                         del scores, m, p
-        ctx.causal, ctx.scaling, ctx.dropout_p, ctx.seed = causal, scaling, dropout_p, seed
+        ctx.causal, ctx.scaling, ctx.dropout_p, ctx.seed, ctx.n_rep = causal, scaling, dropout_p, seed, n_rep
         ctx.save_for_backward(q, k, v, out, lse)
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
-        causal, scaling, dropout_p = ctx.causal, ctx.scaling, ctx.dropout_p
+        causal, scaling, dropout_p, n_rep = ctx.causal, ctx.scaling, ctx.dropout_p, ctx.n_rep
         with torch.autocast("cpu", enabled=False):
             b, h, s, d = q.shape
+            kvh = h // n_rep
             dt = q.dtype
             acc = torch.promote_types(dt, torch.float32)
             dq = torch.empty((b, s, h, d), dtype=q.dtype).transpose(1, 2)
-            dk = torch.empty((b, s, h, d), dtype=k.dtype).transpose(1, 2)
-            dv = torch.empty((b, s, h, d), dtype=v.dtype).transpose(1, 2)
+            dk = torch.empty((b, s, kvh, d), dtype=k.dtype).transpose(1, 2)
+            dv = torch.empty((b, s, kvh, d), dtype=v.dtype).transpose(1, 2)
             delta = torch.empty((b, h, s), dtype=acc)                              # FA2's softmax_d
             dq_acc = torch.zeros((b, s, h, d), dtype=acc).transpose(1, 2)          # FA2's dq_accum
+            # Grouped kv heads (flash_api.cpp mha_bwd): dk and dv per query head, summed over
+            # each group into dk, dv after the kernel.
+            dk_exp = torch.empty((b, s, h, d), dtype=dt).transpose(1, 2) if n_rep > 1 else dk
+            dv_exp = torch.empty((b, s, h, d), dtype=dt).transpose(1, 2) if n_rep > 1 else dv
             for bi in range(b):
                 for hi in range(h):
                     delta[bi, hi] = (dout[bi, hi].to(acc) * out[bi, hi].to(acc)).sum(-1)
@@ -298,7 +303,7 @@ class FusedAttentionEmulation(torch.autograd.Function):
             gen = torch.Generator().manual_seed(ctx.seed) if dropout_p > 0 else None
             for bi in range(b):
                 for hi in range(h):
-                    q_bh, k_bh, v_bh = q[bi, hi], k[bi, hi], v[bi, hi]
+                    q_bh, k_bh, v_bh = q[bi, hi], k[bi, hi // n_rep], v[bi, hi // n_rep]
                     dk_acc = torch.zeros((s, d), dtype=acc)
                     dv_acc = torch.zeros((s, d), dtype=acc)
                     for r0 in range(0, s, SDPA_BLOCK):
@@ -323,27 +328,36 @@ class FusedAttentionEmulation(torch.autograd.Function):
                         dq_acc[bi, hi, r0:r1] = torch.matmul(ds, k_blk)
                         dk_acc[:kv_end] += torch.matmul(ds.t(), q_blk)
                         del scores, p, dp, p_used, ds
-                    dk[bi, hi] = dk_acc
-                    dv[bi, hi] = dv_acc
+                    dk_exp[bi, hi] = dk_acc
+                    dv_exp[bi, hi] = dv_acc
                     del dk_acc, dv_acc
             dq.copy_(dq_acc)
-            del dq_acc, delta
-        return dq, dk, dv, None, None, None, None
+            if n_rep > 1:   # at::sum_out(dk, dk_expanded viewed (b, s, kvh, n_rep, d), {3})
+                torch.sum(dk_exp.transpose(1, 2).view(b, s, kvh, n_rep, d), dim=3, out=dk.transpose(1, 2))
+                torch.sum(dv_exp.transpose(1, 2).view(b, s, kvh, n_rep, d), dim=3, out=dv.transpose(1, 2))
+            del dq_acc, delta, dk_exp, dv_exp
+        return dq, dk, dv, None, None, None, None, None
 
 
 def sdpa_attention(query, key, value, mask, *, n_rep, scaling, dropout_p, causal):
     """HF sdpa_attention_forward with the fused kernel emulated. The all-ones padding mask is
     dropped (HF passes attn_mask=None, is_causal=True for decoders, nothing for BERT)."""
     assert mask is None
-    key = repeat_kv(key, n_rep)      # HF repeats before the kernel
-    value = repeat_kv(value, n_rep)
+    # From PyTorch 2.5 HF passes enable_gqa=True instead of repeating when there is no mask
+    # (integrations/sdpa_attention.py use_gqa_in_sdpa); flash, the kernel for 16-bit inputs,
+    # reads the grouped heads as they are. In fp32 the repeat stays (as the simulation has it).
+    grouped = n_rep > 1 and (torch.is_autocast_cpu_enabled() or query.dtype != torch.float32)
+    if not grouped:
+        key = repeat_kv(key, n_rep)      # HF repeats before the kernel
+        value = repeat_kv(value, n_rep)
     if torch.is_autocast_cpu_enabled():
         # scaled_dot_product_attention is on autocast's lower-precision list: every floating
         # input not already in the autocast dtype is cast (copied), as cached_cast does.
         dt = torch.get_autocast_cpu_dtype()
         query, key, value = query.to(dt), key.to(dt), value.to(dt)
     seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if dropout_p > 0 else 0  # Philox seed
-    attn_output = FusedAttentionEmulation.apply(query, key, value, causal, scaling, dropout_p, seed)
+    attn_output = FusedAttentionEmulation.apply(query, key, value, causal, scaling, dropout_p, seed,
+                                                n_rep if grouped else 1)
     attn_output = attn_output.transpose(1, 2).contiguous()   # already (b,s,h,d)-contiguous: no copy
     return attn_output
 
@@ -1272,9 +1286,19 @@ def check_fused_attention():
         assert torch.allclose(ref, out, atol=1e-5), (causal, n_rep, (ref - out).abs().max())
         for a, c in zip(grads_ref, grads):
             assert torch.allclose(a, c, atol=1e-4), (causal, n_rep, (a - c).abs().max())
+        # The grouped kernel (enable_gqa: k, v not repeated, dk, dv summed over each group).
+        grouped = FusedAttentionEmulation.apply(q, k, v, causal, d ** -0.5, 0.0, 0, n_rep)
+        grads = torch.autograd.grad(grouped.transpose(1, 2).contiguous(), (q, k, v), g)
+        assert torch.allclose(ref, grouped.transpose(1, 2), atol=1e-5), (causal, n_rep)
+        for a, c in zip(grads_ref, grads):
+            assert torch.allclose(a, c, atol=1e-4), (causal, n_rep, "grouped", (a - c).abs().max())
     q, k, v = (torch.randn(1, 2, 70, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
     assert torch.autograd.gradcheck(
         lambda q, k, v: FusedAttentionEmulation.apply(q, k, v, True, 0.5, 0.3, 1234), (q, k, v))
+    q = torch.randn(1, 4, 40, 3, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, 2, 40, 3, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: FusedAttentionEmulation.apply(q, k, v, True, 0.5, 0.3, 1234, 2), (q, k, v))
     print("fused-attention emulation: matches eager (values, grads; causal, GQA, bidirectional); "
           "gradcheck with dropout passes")
 

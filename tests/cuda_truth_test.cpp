@@ -89,10 +89,11 @@ TEST_CASE("allocated, reserved and the device total against an H100", "[cuda]") 
       const double total = Percent(d.peakDeviceBytes, run["nvmlUsedEnd"]);
       INFO(run["case"] << " " << run.value("jobEnv", json::object()).dump() << ": allocated " << allocated
                        << " %, reserved " << reserved << " %, device " << total << " %");
-      // Measured 2026-11-24: every allocated peak within 2.3 %. GPT-2 under SDPA was −2.2 / −3.5 %
-      // before transformers' DynamicCache was simulated (training.useCache); Llama 3.2 1B in
-      // bf16 +2.3 %, BERT's fp16 −1.2 % remain: docs/validation.md, "CUDA truth".
-      CHECK(std::abs(allocated) < 2.5);
+      // Measured 2026-11-24: every allocated peak within 1.2 %. GPT-2 under SDPA was −2.2 / −3.5 %
+      // before transformers' DynamicCache was simulated (training.useCache), the Llama family's
+      // grouped-query runs under SDPA +1.3 … +2.3 % before enable_gqa was (no repeat_kv copies);
+      // BERT's −1.2 % (fp16) and −0.8 % (fp32) remain: docs/validation.md, "CUDA truth".
+      CHECK(std::abs(allocated) < 1.5);
       // Under by less than 4 %; over by less than 8 %: the worst is Qwen2.5 1.5B under autocast
       // with eager attention, +7.8 % reserved with its allocated peak exact (docs/validation.md).
       CHECK(reserved > -4.0);
@@ -105,9 +106,8 @@ TEST_CASE("allocated, reserved and the device total against an H100", "[cuda]") 
     }
   }
   CHECK(compared == 25);
-  // The eager-attention, checkpointed, LoRA and MoE runs' allocated peaks are exact to 0.05 %,
-  // and GPT-2's with and without the cache.
-  CHECK(exact >= 18);
+  // Every allocated peak but BERT's two is exact to 0.05 %.
+  CHECK(exact >= 23);
   REQUIRE_FALSE(device.empty());
   std::sort(device.begin(), device.end());
   CHECK(device[device.size() / 2] < 1.0);  // the median device total within 1 %

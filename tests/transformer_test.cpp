@@ -405,3 +405,49 @@ TEST_CASE("transformers' DynamicCache: GPT-2 under SDPA keeps a copy of every la
     }
   }
 }
+
+TEST_CASE("SDPA takes grouped key/value heads as they are from PyTorch 2.5 (transformers' enable_gqa)",
+          "[transformer][gqa]") {
+  // transformers' sdpa_attention_forward passes enable_gqa=True instead of calling repeat_kv on
+  // PyTorch >= 2.5 without an attention mask; FlashAttention (16-bit) then saves the kv heads as
+  // they are. Measured on an H100 (docs/validation.md "CUDA truth": Llama 3.2 1B and Qwen2.5 under
+  // SDPA went from +2.3 / +1.3 % to exact).
+  ArchitectureDef a = TinyLlama();
+  a.numKeyValueHeads = 1;  // 4 query heads of 16 share one key/value head
+  const std::int64_t b = 2, s = 32, layers = 2, heads = 4, kv = 1, d = 16;
+  Setup setup = TransformerSetup(a, b, s, Precision::BF16);
+  setup.training.attention = AttentionImplementation::SDPA;
+  REQUIRE(setup.runtime.pytorchVersion == "2.5");  // the default
+  const auto withRepeat = [](Setup x) {
+    x.runtime.pytorchVersion = "2.4";
+    return x;
+  };
+  // Before 2.5 SDPA saves repeat_kv's copies of k and v, (heads − kv)·d wider each per token.
+  CHECK(SavedAtForwardEnd(withRepeat(setup)) - SavedAtForwardEnd(setup) == layers * 2 * b * s * (heads - kv) * d * 2);
+  // Flash's backward writes dk and dv per query head, then sums each group into dk, dv.
+  const Estimate grouped = MustEstimateLabelled(setup);
+  CHECK(FirstAllocBytes(grouped, "dk per query head (dk_expanded)") == b * s * heads * d * 2);
+  CHECK(FirstAllocBytes(grouped, "dv per query head (dv_expanded)") == b * s * heads * d * 2);
+  CHECK(FirstAllocBytes(grouped, "repeat_kv") == -1);
+  CHECK(FirstAllocBytes(withRepeat(setup), "repeat_kv(key)") == b * s * heads * d * 2);
+  CHECK(FirstAllocBytes(withRepeat(setup), "dk_expanded") == -1);
+
+  SECTION("under autocast too: the kernel reads 16-bit copies") {
+    Setup amp = setup;
+    amp.training.precision = Precision::AmpBF16;
+    CHECK(SavedAtForwardEnd(withRepeat(amp)) > SavedAtForwardEnd(amp));
+    CHECK(FirstAllocBytes(amp, "dk_expanded") == b * s * heads * d * 2);
+  }
+  SECTION("fp32, eager attention and multi-head attention keep what they had") {
+    Setup fp32 = setup;  // flash does not run in fp32: repeat_kv stays (docs/device.md)
+    fp32.training.precision = Precision::FP32;
+    Setup eager = setup;  // eager_attention_forward always repeats
+    eager.training.attention = AttentionImplementation::Eager;
+    Setup mha = setup;  // nothing to repeat
+    mha.model.architecture.numKeyValueHeads = heads;
+    for (const Setup& x : {fp32, eager, mha}) {
+      CHECK(SavedAtForwardEnd(withRepeat(x)) == SavedAtForwardEnd(x));
+      CHECK(FirstAllocBytes(x, "dk_expanded") == -1);
+    }
+  }
+}

@@ -495,9 +495,9 @@ void Tape::Execute(int index) {
   const bool unpacks = any && offload_ && node.packed >= 0;
   if (unpacks) UnpackSaved(node);
   if (any) {
-    SmallVec<TensorHandle, 2> temps;
-    static const SmallVec<BackwardTemp, 2> kNone{};
-    const SmallVec<BackwardTemp, 2>& specs = node.temps >= 0 ? temps_[static_cast<std::size_t>(node.temps)] : kNone;
+    SmallVec<TensorHandle, 4> temps;
+    static const BackwardTemps kNone{};
+    const BackwardTemps& specs = node.temps >= 0 ? temps_[static_cast<std::size_t>(node.temps)] : kNone;
     for (const BackwardTemp& t : specs) {
       const TextPart name = TextPart::View(t.name);
       temps.push_back(b_.Alloc(Category::ActivationGradients, t.shape.Elements() * BytesPerElement(t.type),

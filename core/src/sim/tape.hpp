@@ -80,6 +80,8 @@ struct BackwardTemp {
   // that die when it returns (torchao's NF4Tensor.get_original_weight in LinearNF4.backward).
   bool beforeGradients = false;
 };
+// An op's backward temporaries (FlashAttention's GQA backward has four).
+using BackwardTemps = SmallVec<BackwardTemp, 4>;
 
 class Tape {
  public:
@@ -148,7 +150,7 @@ class Tape {
     SmallVec<ValueId, 4> saves;          // values whose storage the node keeps
     bool savesOutput = false;            // the node keeps its own output (softmax, tanh)
     SmallVec<BackwardTemp, 2> saveNew;   // extra tensors made and saved (dropout mask, stats)
-    SmallVec<BackwardTemp, 2> backwardTemps;
+    BackwardTemps backwardTemps;
     ValueId viewOf = kNoValue;           // output shares this value's storage (no allocation)
     // What op-level selective checkpointing sees (torchtitan's _save_list): aten.mm (a Linear on
     // a 3-D input) or an SDPA kernel; other ops are recomputed.
@@ -180,6 +182,10 @@ class Tape {
   // (ops::Softmax reads this; pytorch/pytorch#64000, fixed by PR #65242).
   bool softmaxSavesInput() const { return softmaxSavesInput_; }
   void SetSoftmaxSavesInput(bool on) { softmaxSavesInput_ = on; }
+  // From PyTorch 2.5 scaled_dot_product_attention takes enable_gqa, and transformers passes it
+  // instead of repeating k and v (blocks::AttentionCore reads this).
+  bool sdpaEnableGqa() const { return sdpaEnableGqa_; }
+  void SetSdpaEnableGqa(bool on) { sdpaEnableGqa_ = on; }
 
   // --- checkpointing ---
   using Values = SmallVec<ValueId, 4>;
@@ -297,7 +303,7 @@ class Tape {
     std::vector<std::int64_t> dims;
     std::vector<Value> values;  // a forward span's
     std::vector<Node> nodes;    // a plain forward span's
-    std::vector<SmallVec<BackwardTemp, 2>> temps;
+    std::vector<BackwardTemps> temps;
   };
   // The spans after a checked prediction: the predicted span and how far each of its numbers
   // moves from one span to the next.
@@ -446,6 +452,7 @@ class Tape {
   DType compute_;
   bool autocast_;
   bool softmaxSavesInput_ = false;
+  bool sdpaEnableGqa_ = false;
   bool recording_ = true;
   // The scope and its three joins, made once per scope rather than once per event: "scope: ",
   // "scope." and "scope " (each empty when the scope is).
@@ -467,7 +474,7 @@ class Tape {
   bool sacCollect_ = false;
   int sacMmCount_ = 0;
   bool SacSaves(Tape::OpSpec::Sac kind);
-  std::vector<SmallVec<BackwardTemp, 2>> temps_;
+  std::vector<BackwardTemps> temps_;
   std::vector<TensorHandle> grads_;  // gradient buffer of each value, during backward
   std::vector<CastCache> caches_;    // [0] the forward's; deeper ones for recomputes
   ActivationOffload* offload_ = nullptr;

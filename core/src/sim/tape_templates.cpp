@@ -788,8 +788,8 @@ bool Tape::PredictForward(const SpanRecord& a, const SpanRecord& b, PredictedSpa
     }
   }
   for (int j = 0; j < b.tempTo - b.tempFrom; ++j) {
-    const SmallVec<BackwardTemp, 2>& x = temps_[static_cast<std::size_t>(a.tempFrom + j)];
-    const SmallVec<BackwardTemp, 2>& y = temps_[static_cast<std::size_t>(b.tempFrom + j)];
+    const BackwardTemps& x = temps_[static_cast<std::size_t>(a.tempFrom + j)];
+    const BackwardTemps& y = temps_[static_cast<std::size_t>(b.tempFrom + j)];
     if (x.size() != y.size()) return false;
     for (int k = 0; k < y.size(); ++k) {
       if (!(x[k].shape == y[k].shape) || x[k].type != y[k].type || std::strcmp(x[k].name, y[k].name) != 0) return false;

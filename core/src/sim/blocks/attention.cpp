@@ -78,7 +78,22 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
   // attention is Megatron's GPT, whose fused attention (SDPA here) is Transformer Engine's
   // DotProductAttention, given num_gqa_groups (megatron/core/extensions/transformer_engine.py
   // TEDotProductAttention) and reading the g key/value heads as they are: no copies.
-  const bool native = kv != heads && m.training.attention == AttentionImplementation::SDPA && m.a.family == Family::GPT2;
+  //
+  // Hugging Face's SDPA path does not repeat either where it can help it: sdpa_attention_forward
+  // (transformers integrations/sdpa_attention.py) passes enable_gqa=True instead of calling
+  // repeat_kv when use_gqa_in_sdpa holds, i.e. PyTorch >= 2.5 and no attention mask (decoders
+  // without padding: the causal mask is dropped for is_causal). FlashAttention, the kernel for
+  // 16-bit q, k, v, then reads the kv heads as they are and saves them so (measured on an H100,
+  // torch 2.11, transformers 5.17: the stack-labelled snapshots in tests/data/cuda/stacks/ hold no
+  // repeat_kv allocation, and Llama 3.2 1B / Qwen2.5 1.5B under SDPA read +2.3 % / +1.3 %
+  // allocated with the copies). In fp32 flash does not run; which kernel takes grouped heads
+  // there has changed between PyTorch versions (memory-efficient, else math), so fp32 keeps
+  // repeat_kv's copies.
+  const bool sdpa = m.training.attention == AttentionImplementation::SDPA;
+  const bool sixteenBit = t.autocast() || t.TypeOf(q) != DType::FP32;
+  const bool hfGroupedHeads = kv != heads && sdpa && m.a.family != Family::GPT2 && mask == kNoValue &&
+                              t.sdpaEnableGqa() && sixteenBit;
+  const bool native = (kv != heads && sdpa && m.a.family == Family::GPT2) || hfGroupedHeads;
   const ValueId keys = kv == heads || native ? t.Keep(k) : ops::Copy(t, k, full, "repeat_kv(key)", In::Compute);
   const ValueId vals = kv == heads || native ? t.Keep(v) : ops::Copy(t, v, full, "repeat_kv(value)", In::Compute);
   ValueId out = kNoValue;
@@ -123,17 +138,25 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
     // The kernels write their output in [b, s, heads, d] memory order and return it
     // transposed, so HF's .transpose(1, 2).contiguous() afterwards copies nothing. Flash keeps
     // q, k, v, its output and an fp32 log-sum-exp; its backward holds FA2's fp32 dq
-    // accumulator and the row sums of dO·O.
-    out = t.Apply({.name = "scaled_dot_product_attention",
-                   .inputs = {{q16}, {k16}, {v16}},
-                   .shape = {b, s, heads, d},
-                   .type = t.TypeOf(q16),
-                   .saves = {q16, k16, v16},
-                   .savesOutput = true,
-                   .saveNew = {{{b, heads, s}, DType::FP32, "logsumexp"}},
-                   .backwardTemps = {{full, DType::FP32, "dq accumulator (fp32)"},
-                                     {{b, heads, s}, DType::FP32, "softmax_d = rowsum(dO·O)"}},
-                   .sac = Tape::OpSpec::Sac::Attention});
+    // accumulator and the row sums of dO·O. With grouped kv heads taken as they are, its
+    // backward writes dk and dv per query head and sums them over each group after the kernel
+    // (PyTorch's flash_attn/flash_api.cpp mha_bwd: dk_expanded, dv_expanded [b, s, heads, d] in
+    // q's dtype, then at::sum_out into dk, dv).
+    Tape::OpSpec spec{.name = "scaled_dot_product_attention",
+                      .inputs = {{q16}, {k16}, {v16}},
+                      .shape = {b, s, heads, d},
+                      .type = t.TypeOf(q16),
+                      .saves = {q16, k16, v16},
+                      .savesOutput = true,
+                      .saveNew = {{{b, heads, s}, DType::FP32, "logsumexp"}},
+                      .backwardTemps = {{full, DType::FP32, "dq accumulator (fp32)"},
+                                        {{b, heads, s}, DType::FP32, "softmax_d = rowsum(dO·O)"}},
+                      .sac = Tape::OpSpec::Sac::Attention};
+    if (hfGroupedHeads) {
+      spec.backwardTemps.push_back({full, t.TypeOf(q16), "dk per query head (dk_expanded)"});
+      spec.backwardTemps.push_back({full, t.TypeOf(q16), "dv per query head (dv_expanded)"});
+    }
+    out = t.Apply(spec);
     t.Drop(q16);
     t.Drop(k16);
     t.Drop(v16);

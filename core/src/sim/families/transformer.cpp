@@ -29,6 +29,15 @@ bool SoftmaxSavesInput(const RuntimeDef& runtime) {
   return major < 1 || (major == 1 && minor < 11);
 }
 
+// scaled_dot_product_attention's enable_gqa first shipped in PyTorch 2.5, and transformers'
+// use_gqa_in_sdpa (integrations/sdpa_attention.py) asks for that version.
+bool SdpaEnableGqa(const RuntimeDef& runtime) {
+  int major = 2;
+  int minor = 5;
+  if (!ParseMajorMinor(runtime.pytorchVersion, major, minor)) return true;
+  return major > 2 || (major == 2 && minor >= 5);
+}
+
 class TransformerPass final : public ModelPass {
  public:
   TransformerPass(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names,
@@ -38,7 +47,7 @@ class TransformerPass final : public ModelPass {
         parameters_(inventory, names, regime.weights, setup.finetune.computeDType),
         parameterCount_(inventory.parameters.size()),
         inputRequiresGrad_(InputRequiresGrad(setup)), finetune_(setup.finetune),
-        softmaxSavesInput_(SoftmaxSavesInput(setup.runtime)),
+        softmaxSavesInput_(SoftmaxSavesInput(setup.runtime)), sdpaEnableGqa_(SdpaEnableGqa(setup.runtime)),
         vocabShards_(std::max<std::int64_t>(1, setup.parallel.tensorParallel)),
         sequenceShards_(setup.parallel.sequenceParallel ? setup.parallel.tensorParallel : 1),
         contextShards_(setup.parallel.contextParallel), expertShards_(setup.parallel.expertParallel),
@@ -48,6 +57,7 @@ class TransformerPass final : public ModelPass {
     tape_.emplace(b, regime_.compute, regime_.autocast, parameterCount_);
     tape_->SetLayerHook(layerHook_);
     tape_->SetSoftmaxSavesInput(softmaxSavesInput_);
+    tape_->SetSdpaEnableGqa(sdpaEnableGqa_);
     // About 70 values per block and 25 per expert, two thirds as many nodes.
     const auto blocks = static_cast<std::size_t>(a_.numLayers);
     const auto experts = static_cast<std::size_t>(std::max<std::int64_t>(0, a_.numExperts));
@@ -274,6 +284,7 @@ class TransformerPass final : public ModelPass {
   const FinetuneDef& finetune_;
   std::optional<Tape> tape_;
   bool softmaxSavesInput_ = false;
+  bool sdpaEnableGqa_ = true;
   std::optional<Model> model_;
   std::vector<TensorHandle> batch_;
   ValueId ids_ = kNoValue, labels_ = kNoValue, tokenTypes_ = kNoValue, loss_ = kNoValue;
