@@ -20,23 +20,25 @@
 namespace gpumem {
 namespace {
 
+// Whether the setup's PyTorch is at least major.minor (an unreadable version, refused by
+// validation, reads as the default 2.5).
+bool PyTorchAtLeast(const RuntimeDef& runtime, int major, int minor) {
+  int have = 2;
+  int haveMinor = 5;
+  if (!ParseMajorMinor(runtime.pytorchVersion, have, haveMinor)) {
+    have = 2;
+    haveMinor = 5;
+  }
+  return have > major || (have == major && haveMinor >= minor);
+}
+
 // PyTorch before 1.11 kept softmax's and log_softmax's input for backward (pytorch/pytorch#64000;
 // PR #65242 first released in 1.11 passes only the input's dtype to the backward).
-bool SoftmaxSavesInput(const RuntimeDef& runtime) {
-  int major = 2;
-  int minor = 5;
-  if (!ParseMajorMinor(runtime.pytorchVersion, major, minor)) return false;
-  return major < 1 || (major == 1 && minor < 11);
-}
+bool SoftmaxSavesInput(const RuntimeDef& runtime) { return !PyTorchAtLeast(runtime, 1, 11); }
 
 // scaled_dot_product_attention's enable_gqa first shipped in PyTorch 2.5, and transformers'
 // use_gqa_in_sdpa (integrations/sdpa_attention.py) asks for that version.
-bool SdpaEnableGqa(const RuntimeDef& runtime) {
-  int major = 2;
-  int minor = 5;
-  if (!ParseMajorMinor(runtime.pytorchVersion, major, minor)) return true;
-  return major > 2 || (major == 2 && minor >= 5);
-}
+bool SdpaEnableGqa(const RuntimeDef& runtime) { return PyTorchAtLeast(runtime, 2, 5); }
 
 class TransformerPass final : public ModelPass {
  public:
