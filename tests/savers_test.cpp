@@ -303,13 +303,10 @@ TEST_CASE("make it fit offers the optimizer in backward as free and 8-bit AdamW 
   s.gpu.memoryGiB = 1.85;
   const SolveResult r = Solve(s);
   REQUIRE(r.ok());
-  const auto find = [&](const char* id) {
-    return std::find_if(r.suggestions.begin(), r.suggestions.end(), [&](const FitSuggestion& f) { return f.id == id; });
-  };
-  const auto inBackward = find("optimizer-in-backward");
-  const auto eightBit = find("optimizer-adamw8bit");
-  REQUIRE(inBackward != r.suggestions.end());
-  REQUIRE(eightBit != r.suggestions.end());
+  const FitSuggestion* inBackward = Suggestion(r, "optimizer-in-backward");
+  const FitSuggestion* eightBit = Suggestion(r, "optimizer-adamw8bit");
+  REQUIRE(inBackward != nullptr);
+  REQUIRE(eightBit != nullptr);
   CHECK(inBackward->cost == FitCost::Free);
   CHECK(eightBit->cost == FitCost::ChangesResults);
   CHECK(inBackward->setup.training.optimizerInBackward);
@@ -323,8 +320,8 @@ TEST_CASE("make it fit offers the optimizer in backward as free and 8-bit AdamW 
   // Paged AdamW: the same update with its 1 GB of states outside the allocator, so it fits; its
   // device figure is the whole GPU (the states resident in what the step leaves, the rest on the
   // host), and as the one change that fits it ranks first.
-  const auto paged = find("optimizer-pagedAdamw");
-  REQUIRE(paged != r.suggestions.end());
+  const FitSuggestion* paged = Suggestion(r, "optimizer-pagedAdamw");
+  REQUIRE(paged != nullptr);
   CHECK(paged->cost == FitCost::Compute);
   CHECK(paged->setup.training.optimizer == OptimizerKind::PagedAdamW);
   CHECK(paged->fits);
@@ -332,7 +329,7 @@ TEST_CASE("make it fit offers the optimizer in backward as free and 8-bit AdamW 
   CHECK(pagedEstimate.device.peakDeviceBytes == paged->peakBytes);
   CHECK(paged->peakBytes == pagedEstimate.device.capacityBytes);
   CHECK(pagedEstimate.device.unifiedEvictedBytes > 0);
-  CHECK(paged == r.suggestions.begin() + (r.suggestions.front().fits && r.suggestions.front().cost == FitCost::Free ? 1 : 0));
+  CHECK(paged == r.suggestions.data() + (r.suggestions.front().fits && r.suggestions.front().cost == FitCost::Free ? 1 : 0));
 }
 
 TEST_CASE("autocast in a layer list casts each linear's arguments", "[savers]") {
@@ -693,12 +690,9 @@ TEST_CASE("make it fit offers the fused loss as free where the logits matter", "
   Setup s = LogitsPeakSetup();
   const SolveResult r = Solve(s);
   REQUIRE(r.ok());
-  const auto has = [](const SolveResult& result, const char* id) {
-    return std::find_if(result.suggestions.begin(), result.suggestions.end(), [&](const FitSuggestion& f) { return f.id == id; });
-  };
-  const auto fused = has(r, "loss-fused");
-  REQUIRE(fused != r.suggestions.end());
-  CHECK(has(r, "loss-chunked") == r.suggestions.end());  // one loss change: the fused one where it applies
+  const FitSuggestion* fused = Suggestion(r, "loss-fused");
+  REQUIRE(fused != nullptr);
+  CHECK(Suggestion(r, "loss-chunked") == nullptr);  // one loss change: the fused one where it applies
   CHECK(fused->cost == FitCost::Free);
   CHECK(fused->setup.training.lossImplementation == LossImplementation::FusedLinearCrossEntropy);
   CHECK(MustEstimate(fused->setup).device.peakDeviceBytes == fused->peakBytes);
@@ -708,6 +702,6 @@ TEST_CASE("make it fit offers the fused loss as free where the logits matter", "
   // Under autocast Liger is refused: the chunked loss is offered instead.
   s.training.precision = Precision::AmpBF16;
   const SolveResult amp = Solve(s);
-  CHECK(has(amp, "loss-fused") == amp.suggestions.end());
-  CHECK(has(amp, "loss-chunked") != amp.suggestions.end());
+  CHECK(Suggestion(amp, "loss-fused") == nullptr);
+  CHECK(Suggestion(amp, "loss-chunked") != nullptr);
 }

@@ -11,6 +11,7 @@
 #include "gpumem/estimate.hpp"
 #include "gpumem/presets.hpp"
 #include "gpumem/setup.hpp"
+#include "gpumem/solve.hpp"
 
 namespace gpumem::test {
 
@@ -132,6 +133,14 @@ inline Setup LogitsPeakSetup() {
   s.training.checkpointing = Checkpointing::EveryBlock;
   s.gpu.memoryGiB = 12;
   return s;
+}
+
+// The suggestion of "Make it fit" with this id, or nullptr when it is not offered.
+inline const FitSuggestion* Suggestion(const SolveResult& r, std::string_view id) {
+  for (const FitSuggestion& f : r.suggestions) {
+    if (f.id == id) return &f;
+  }
+  return nullptr;
 }
 
 // Estimates a setup that must be valid, with the labelled timeline (every event, named).

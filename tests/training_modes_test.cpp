@@ -16,13 +16,6 @@ using namespace gpumem::test;
 
 namespace {
 
-const FitSuggestion* Suggestion(const SolveResult& r, const std::string& id) {
-  for (const FitSuggestion& f : r.suggestions) {
-    if (f.id == id) return &f;
-  }
-  return nullptr;
-}
-
 Setup OnCard(const char* preset, double gib) {
   Setup s = DefaultSetup();
   s.model.kind = ModelKind::Transformer;

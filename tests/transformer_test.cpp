@@ -372,10 +372,8 @@ TEST_CASE("transformers' DynamicCache: GPT-2 under SDPA keeps a copy of every la
     const auto offer = [](const Setup& with) -> std::optional<FitSuggestion> {
       const SolveResult r = Solve(with);
       REQUIRE(r.ok());
-      for (const FitSuggestion& f : r.suggestions) {
-        if (f.id == "no-kv-cache") return f;
-      }
-      return std::nullopt;
+      const FitSuggestion* f = Suggestion(r, "no-kv-cache");
+      return f != nullptr ? std::optional<FitSuggestion>(*f) : std::nullopt;
     };
     // Activations hold the peak (at b·s = 32 × 64), so the solver tries the change.
     setup = TransformerSetup(a, 32, 64, Precision::AmpBF16);
