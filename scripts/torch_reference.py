@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Importing validate also installs its torch >= 2.0 foreach Adam/AdamW op sequence.
 import finetune_reference  # noqa: E402
 import validate  # noqa: E402
-from validate import PHASES, allocation_events, make_optimizer, summarise  # noqa: E402
+from validate import PHASES, allocation_events, cuda_sum_scratch, emulate_cuda_bias_sums, make_optimizer, summarise  # noqa: E402
 
 SDPA_BLOCK = 64          # query rows per block of the emulated fused attention kernel
 AMP_FP16_SCALE = 65536.0  # GradScaler's initial scale (init_scale=2.**16)
@@ -642,7 +642,17 @@ class LlamaRMSNorm(nn.Module):
         hidden_states = hidden_states.to(torch.float32)
         variance = mean_last_dim(hidden_states.pow(2))
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        return self.weight * hidden_states.to(input_dtype)
+        out = self.weight * hidden_states.to(input_dtype)
+        if out.grad_fn is not None and self.weight.requires_grad:
+            # The weight's gradient, grad * x at full size, is summed over the rows on CUDA with
+            # a scratch buffer (validate.cuda_sum_scratch); the full-size product is still live
+            # then, and freed by the time the node's post hook runs here, so it is counted in.
+            n = self.weight.numel()
+            rows, element_bytes = out.numel() // n, out.element_size()
+            product = out.numel() * out.element_size()
+            out.grad_fn.register_hook(
+                lambda grad_inputs, grad_outputs: cuda_sum_scratch(rows, n, element_bytes, product))
+        return out
 
 
 class LlamaRotaryEmbedding(nn.Module):
@@ -1130,6 +1140,7 @@ def measure_transformer(setup, tracker=fast_allocation_events):
             # optimizer and the masters see only what trains.
             if finetune_reference.apply(model, setup, dtype, Dropout):
                 finetune_reference.hook_input_grads(model, cfg.family)
+            emulate_cuda_bias_sums(model)  # CUDA's bias-gradient sums take scratch (validate.py)
             all_params = list(model.parameters())
             params = [p for p in all_params if p.requires_grad]
             if mixed:

@@ -68,6 +68,83 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "bf16Mixed": torch.bflo
           "ampBf16": torch.float32}  # autocast: fp32 weights and batch
 
 
+# ---------------------------------------------------------------------------------------------
+# CUDA reductions' scratch, which CPU sums do not allocate. A sum over the rows of a [rows, n]
+# gradient (autograd's sum_to of a bias's or a broadcast weight's gradient) may split its rows
+# across thread blocks; it then takes a partial-sums buffer and semaphores from the caching
+# allocator and frees them when it returns (aten/src/ATen/native/cuda/Reduce.cuh setReduceConfig,
+# global_memory_size, semaphore_size). Written here apart from the estimator's
+# core/src/sim/reduction.cpp so the two check each other; the GPU is the setups' default, the
+# H100 SXM (132 SMs, 2048 threads per SM, 32-wide warps).
+
+def cuda_sum_scratch_bytes(rows, n, element_bytes, sms=132, threads_per_sm=2048, warp=32):
+    """(buffer bytes, semaphore bytes) of a CUDA sum of a contiguous [rows, n] tensor over rows."""
+    if rows <= 1 or n <= 0:
+        return 0, 0
+    while rows > 1 and rows * n * element_bytes > 2**31 - 1:   # can_use_32bit_indexing: halves
+        rows = -(-rows // 2)
+
+    def last_pow2(x):
+        return 1 << (x.bit_length() - 1)
+
+    vec = 4
+    while n % vec:
+        vec //= 2
+    max_threads = 512 // vec
+    dim0 = n // vec
+    dim0_pow2 = last_pow2(dim0) if dim0 < max_threads else max_threads
+    dim1_pow2 = last_pow2(rows) if rows < max_threads else max_threads
+    width = min(dim0_pow2, warp)
+    height = min(dim1_pow2, max_threads // width)
+    width = min(dim0_pow2, max_threads // height)
+    step_output, step_input = width, 1
+    if rows >= height * 16 or rows >= 256:
+        step_input = height
+    else:
+        return 0, 0                      # warps take outputs: no split across blocks
+    grid = -(-dim0 // step_output)
+    per_thread = -(-rows // step_input)
+    target = sms * (threads_per_sm // (width * height))
+    if per_thread < 256 or grid > target:
+        return 0, 0
+    ctas = max(min(-(-target // grid), -(-per_thread // 16)), -(-per_thread // 256))
+    if ctas <= 1:
+        return 0, 0
+    return 4 * n * ctas * width * vec, 4 * grid
+
+
+def cuda_sum_scratch(rows, n, element_bytes, extra_bytes=0):
+    """Allocates and frees what the CUDA sum would (plus `extra_bytes` live beside it)."""
+    buffer, semaphores = cuda_sum_scratch_bytes(rows, n, element_bytes)
+    if buffer == 0:
+        return
+    scratch = torch.empty(buffer + extra_bytes, dtype=torch.uint8)
+    flags = torch.empty(semaphores, dtype=torch.uint8)
+    del scratch, flags
+
+
+def _bias_sum_scratch(module, inputs, output):
+    """nn.Linear's forward hook: its bias gradient is summed on CUDA once addmm's backward has
+    made the node's gradients (the engine's validate_outputs runs sum_to, then the node's post
+    hooks): the scratch is allocated there, from a post hook on that node."""
+    if module.bias is None or not module.bias.requires_grad or output.grad_fn is None:
+        return
+    node = output.grad_fn
+    while type(node).__name__ in ("ViewBackward0", "UnsafeViewBackward0"):   # F.linear on 3-D input
+        node = node.next_functions[0][0]
+    n = output.shape[-1]
+    rows, element_bytes = output.numel() // n, output.element_size()
+    node.register_hook(lambda grad_inputs, grad_outputs: cuda_sum_scratch(rows, n, element_bytes))
+
+
+def emulate_cuda_bias_sums(model):
+    """Every nn.Linear with a bias in `model` gets the CUDA sum's scratch in its backward."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            module.register_forward_hook(_bias_sum_scratch)
+    return model
+
+
 def build_model(setup, dtype):
     """Parameters are created in their dtype, as a model loaded or moved to the GPU would be:
     building in fp32 and converting would add a transient fp32 copy the estimator rightly omits."""
@@ -82,7 +159,7 @@ def build_model(setup, dtype):
             layers.append(nn.Dropout(layer["p"]))
         else:
             layers.append({"relu": nn.ReLU, "gelu": nn.GELU, "tanh": nn.Tanh, "sigmoid": nn.Sigmoid}[t]())
-    return nn.Sequential(*layers)
+    return emulate_cuda_bias_sums(nn.Sequential(*layers))
 
 
 def output_width(layers):

@@ -76,7 +76,7 @@ double Percent(std::int64_t estimate, std::int64_t measured) {
 
 TEST_CASE("allocated, reserved and the device total against an H100", "[cuda]") {
   const auto cases = Cases();
-  int compared = 0, exact = 0;
+  int compared = 0;
   std::vector<double> device;
   for (const char* file : {"measured-h100-torch2.11.jsonl", "measured-h100-torch2.11-oom-line.jsonl",
                            "measured-h100-torch2.11-no-cache.jsonl", "measured-h100-torch2.11-breadth.jsonl"}) {
@@ -89,11 +89,12 @@ TEST_CASE("allocated, reserved and the device total against an H100", "[cuda]") 
       const double total = Percent(d.peakDeviceBytes, run["nvmlUsedEnd"]);
       INFO(run["case"] << " " << run.value("jobEnv", json::object()).dump() << ": allocated " << allocated
                        << " %, reserved " << reserved << " %, device " << total << " %");
-      // Measured 2026-11-24: every allocated peak within 1.2 %. GPT-2 under SDPA was −2.2 / −3.5 %
+      // Measured 2026-11-24: every allocated peak within 0.05 %. GPT-2 under SDPA was −2.2 / −3.5 %
       // before transformers' DynamicCache was simulated (training.useCache), the Llama family's
-      // grouped-query runs under SDPA +1.3 … +2.3 % before enable_gqa was (no repeat_kv copies);
-      // BERT's −1.2 % (fp16) and −0.8 % (fp32) remain: docs/validation.md, "CUDA truth".
-      CHECK(std::abs(allocated) < 1.5);
+      // grouped-query runs under SDPA +1.3 … +2.3 % before enable_gqa was (no repeat_kv copies),
+      // BERT −1.2 % (fp16) and −0.8 % (fp32) before the bias gradients' CUDA sums took their
+      // scratch (sim/reduction.cpp): docs/validation.md, "CUDA truth".
+      CHECK(std::abs(allocated) < 0.05);
       // Under by less than 4 %; over by less than 8 %: the worst is Qwen2.5 1.5B under autocast
       // with eager attention, +7.8 % reserved with its allocated peak exact (docs/validation.md).
       CHECK(reserved > -4.0);
@@ -101,13 +102,10 @@ TEST_CASE("allocated, reserved and the device total against an H100", "[cuda]") 
       CHECK(total > -4.0);
       CHECK(total < 8.0);
       ++compared;
-      exact += std::abs(allocated) < 0.05;
       device.push_back(std::abs(total));
     }
   }
   CHECK(compared == 25);
-  // Every allocated peak but BERT's two is exact to 0.05 %.
-  CHECK(exact >= 23);
   REQUIRE_FALSE(device.empty());
   std::sort(device.begin(), device.end());
   CHECK(device[device.size() / 2] < 1.0);  // the median device total within 1 %

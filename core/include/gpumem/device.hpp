@@ -227,6 +227,16 @@ struct ComputeCapability {
 // Keyed by the ids of Gpus(); unknown ids give {0, 0, ""}.
 ComputeCapability GpuComputeCapability(std::string_view gpuId);
 
+// What cudaGetDeviceProperties says of the GPU's parallelism. Some kernels size their scratch by
+// it: a CUDA reduction split across blocks (sim/reduction.hpp). A custom or unknown GPU reads as
+// the H100 SXM, the default GPU.
+struct GpuParallelism {
+  int multiprocessors = 132;               // multiProcessorCount
+  int maxThreadsPerMultiprocessor = 2048;  // maxThreadsPerMultiProcessor
+  int warpSize = 32;                       // warpSize (64 on AMD's CDNA)
+};
+GpuParallelism GpuParallelismOf(std::string_view gpuId);
+
 struct OverheadPart {
   std::int64_t bytes = 0;
   std::string formula;  // "2 handles × (4096 KiB × 2 + 16 KiB × 8)"

@@ -186,40 +186,44 @@ AllocatorConfParse ParseAllocatorConf(std::string_view text) {
 
 // ---------------------------------------------------------------------------------------------
 // GPUs: compute capability by the ids of Gpus() (NVIDIA's CUDA GPUs list,
-// developer.nvidia.com/cuda-gpus; AMD's gfx targets from the ROCm GPU support matrix).
+// developer.nvidia.com/cuda-gpus; AMD's gfx targets from the ROCm GPU support matrix), and the
+// multiprocessor count each product's data sheet gives (NVIDIA's architecture whitepapers: H100
+// SXM 132 SMs, H100 PCIe 114, A100 108, B200 148; AMD's CDNA 3 whitepaper: MI300X 304 CUs; the
+// MI250X's 220 CUs are two GCDs, and PyTorch sees each GCD, 110 CUs, as a device).
 
 namespace {
 
 struct CapabilityRow {
   const char* id;
   ComputeCapability capability;
+  int multiprocessors;  // cudaDeviceProp::multiProcessorCount (AMD: compute units of one GCD)
 };
 
 constexpr CapabilityRow kCapabilities[] = {
-    {"nvidia-b200", {10, 0, "Blackwell"}},
-    {"nvidia-h200", {9, 0, "Hopper"}},
-    {"nvidia-h100-nvl", {9, 0, "Hopper"}},
-    {"nvidia-h100-sxm", {9, 0, "Hopper"}},
-    {"nvidia-h100-pcie", {9, 0, "Hopper"}},
-    {"nvidia-a100-80", {8, 0, "Ampere"}},
-    {"nvidia-a100-40", {8, 0, "Ampere"}},
-    {"nvidia-l40s", {8, 9, "Ada Lovelace"}},
-    {"nvidia-a10g", {8, 6, "Ampere"}},
-    {"nvidia-l4", {8, 9, "Ada Lovelace"}},
-    {"nvidia-v100-32", {7, 0, "Volta"}},
-    {"nvidia-v100-16", {7, 0, "Volta"}},
-    {"nvidia-t4", {7, 5, "Turing"}},
-    {"amd-mi300x", {0, 0, "gfx942"}},
-    {"amd-mi250x", {0, 0, "gfx90a"}},
-    {"nvidia-rtx-6000-ada", {8, 9, "Ada Lovelace"}},
-    {"nvidia-rtx-a6000", {8, 6, "Ampere"}},
-    {"nvidia-rtx-5090", {12, 0, "Blackwell"}},
-    {"nvidia-rtx-4090", {8, 9, "Ada Lovelace"}},
-    {"nvidia-rtx-3090", {8, 6, "Ampere"}},
-    {"nvidia-rtx-4080", {8, 9, "Ada Lovelace"}},
-    {"nvidia-rtx-4060-ti-16", {8, 9, "Ada Lovelace"}},
-    {"nvidia-rtx-3060", {8, 6, "Ampere"}},
-    {"nvidia-rtx-3080", {8, 6, "Ampere"}},
+    {"nvidia-b200", {10, 0, "Blackwell"}, 148},
+    {"nvidia-h200", {9, 0, "Hopper"}, 132},
+    {"nvidia-h100-nvl", {9, 0, "Hopper"}, 132},
+    {"nvidia-h100-sxm", {9, 0, "Hopper"}, 132},
+    {"nvidia-h100-pcie", {9, 0, "Hopper"}, 114},
+    {"nvidia-a100-80", {8, 0, "Ampere"}, 108},
+    {"nvidia-a100-40", {8, 0, "Ampere"}, 108},
+    {"nvidia-l40s", {8, 9, "Ada Lovelace"}, 142},
+    {"nvidia-a10g", {8, 6, "Ampere"}, 80},
+    {"nvidia-l4", {8, 9, "Ada Lovelace"}, 58},
+    {"nvidia-v100-32", {7, 0, "Volta"}, 80},
+    {"nvidia-v100-16", {7, 0, "Volta"}, 80},
+    {"nvidia-t4", {7, 5, "Turing"}, 40},
+    {"amd-mi300x", {0, 0, "gfx942"}, 304},
+    {"amd-mi250x", {0, 0, "gfx90a"}, 110},
+    {"nvidia-rtx-6000-ada", {8, 9, "Ada Lovelace"}, 142},
+    {"nvidia-rtx-a6000", {8, 6, "Ampere"}, 84},
+    {"nvidia-rtx-5090", {12, 0, "Blackwell"}, 170},
+    {"nvidia-rtx-4090", {8, 9, "Ada Lovelace"}, 128},
+    {"nvidia-rtx-3090", {8, 6, "Ampere"}, 82},
+    {"nvidia-rtx-4080", {8, 9, "Ada Lovelace"}, 76},
+    {"nvidia-rtx-4060-ti-16", {8, 9, "Ada Lovelace"}, 34},
+    {"nvidia-rtx-3060", {8, 6, "Ampere"}, 28},
+    {"nvidia-rtx-3080", {8, 6, "Ampere"}, 68},
 };
 
 bool AtLeast(const RuntimeOptions& o, int major, int minor) {
@@ -268,6 +272,27 @@ ComputeCapability GpuComputeCapability(std::string_view gpuId) {
     if (gpuId == row.id) return row.capability;
   }
   return {};
+}
+
+GpuParallelism GpuParallelismOf(std::string_view gpuId) {
+  GpuParallelism p;
+  for (const CapabilityRow& row : kCapabilities) {
+    if (gpuId != row.id) continue;
+    p.multiprocessors = row.multiprocessors;
+    const ComputeCapability& c = row.capability;
+    if (gpuId.starts_with("amd-")) {
+      // CDNA: 64-wide wavefronts, 2048 threads per compute unit (hipDeviceProp_t).
+      p.warpSize = 64;
+      p.maxThreadsPerMultiprocessor = 2048;
+    } else {
+      // CUDA C Programming Guide, "Technical Specifications per Compute Capability": maximum
+      // resident threads per SM, 1024 on 7.5, 1536 on 8.6 / 8.9 / 12.x, 2048 on 7.0 / 8.0 / 9.0 / 10.0.
+      const bool fewer = c.major == 12 || (c.major == 8 && c.minor >= 6);
+      p.maxThreadsPerMultiprocessor = c.major == 7 && c.minor == 5 ? 1024 : fewer ? 1536 : 2048;
+    }
+    return p;
+  }
+  return p;
 }
 
 DeviceOverheadsResult DeviceOverheads(std::string_view gpuId, const RuntimeOptions& o) {

@@ -302,10 +302,12 @@ SizeBound SizeBoundOf(const Setup& setup, const std::optional<ParameterSplit>& s
 // 1-3 blocks × precision × optimizer × implementation × attention × checkpointing (the
 // largest slope seen, rounded up; docs/budget.md). Both simulated steps are included.
 namespace events {
-// A transformer block without checkpointing, the most any precision or attention makes.
-constexpr double kGpt2Block = 440, kBertBlock = 460, kLlamaBlock = 520;
-constexpr double kAttentionBias = 70;   // Qwen2's q/k/v biases
-constexpr double kExpert = 150;         // one routed expert's ops (gate, up, down, act, index)
+// A transformer block without checkpointing, the most any precision or attention makes. Each
+// trained bias and RMSNorm weight adds 4 events a step for its CUDA sum's scratch, and each
+// broadcast product 2 (sim/ops.cpp SumToScratch, Mul).
+constexpr double kGpt2Block = 480, kBertBlock = 510, kLlamaBlock = 555;
+constexpr double kAttentionBias = 95;   // Qwen2's q/k/v biases
+constexpr double kExpert = 155;         // one routed expert's ops (gate, up, down, act, index, routing weight)
 constexpr double kSharedExpert = 160;   // Qwen2-MoE's shared expert and its gate
 // Recomputing blocks during backward: the whole block (every/every-kth) or its attention core.
 constexpr double kRecomputeFactor = 1.45, kSelectiveFactor = 1.1;
@@ -317,7 +319,7 @@ constexpr double kAdafactorPerTensor = 24;  // factored second moments: row, col
 constexpr double kPerParameterPerTensor = 8;  // a step's temporaries per tensor (a loop's, or foreach lists'), 2 steps
 constexpr double kTransformerConstant = 500;  // embeddings, head, loss, step bookkeeping
 // Layer lists: a linear (or embedding) layer with its parameters; any other layer.
-constexpr double kParameterLayer = 70, kOtherLayer = 12, kLayerListConstant = 100;
+constexpr double kParameterLayer = 80, kOtherLayer = 12, kLayerListConstant = 100;
 // Quick mode: a fixed handful, plus Adafactor's work per listed matrix.
 constexpr double kQuickConstant = 40, kQuickMatrix = 30;
 }  // namespace events

@@ -38,6 +38,9 @@ ValueId GatherLinear(Model& m, ValueId x, ValueId weight, ValueId bias, std::int
   if (ops::Grad(t, x16)) spec.saves.push_back(w16);
   if (b16 != kNoValue) spec.inputs.push_back({b16});
   spec.backwardTemps.push_back({gathered, t.TypeOf(x16), "grad_input [b, s, h] before reduce-scatter"});
+  // grad_bias = grad_output.sum(dim=0) over the gathered rows (megatron/core/tensor_parallel/
+  // layers.py LinearWithGradAccumulationAndAsyncCommunication.backward).
+  if (b16 != kNoValue && ops::Grad(t, b16)) ops::SumToScratch(t, spec, result.Elements() / out, out, type);
   const ValueId y = t.Apply(spec);
   t.Drop(x16);
   t.Drop(w16);

@@ -1,6 +1,8 @@
 // The primitive ops (see ops.hpp for what each saves and why).
 #include "sim/ops.hpp"
 
+#include "sim/reduction.hpp"
+
 namespace gpumem::ops {
 namespace {
 
@@ -16,6 +18,18 @@ const Shape& Larger(const Tape& t, ValueId a, ValueId b) {
 }  // namespace
 
 bool Grad(const Tape& t, ValueId v) { return t.recording() && t.RequiresGrad(v); }
+
+void SumToScratch(Tape& t, Tape::OpSpec& spec, std::int64_t rows, std::int64_t outputs, DType type) {
+  const ReductionScratch r = LeadingSumScratch(rows, outputs, BytesPerElement(type), t.gpu());
+  if (r.bufferBytes <= 0 || spec.backwardTemps.size() > 2) return;
+  // Reduce.cuh gpu_reduce_kernel: buffer then semaphores from the caching allocator, both freed
+  // when the launch returns. The buffer holds fp32 partial sums: outputs × blocks per output ×
+  // the block's 32 × 4 outputs (block.x × output_vec_size) / outputs per thread.
+  spec.backwardTemps.push_back({.shape = {r.bufferBytes / 4}, .type = DType::FP32,
+                                .name = "sum_to scratch (CUDA reduction's partial sums)", .afterGradients = true});
+  spec.backwardTemps.push_back({.shape = {r.semaphoreBytes}, .type = DType::UInt8,
+                                .name = "sum_to semaphores (int per output tile)", .afterGradients = true});
+}
 
 ValueId Linear(Tape& t, ValueId x, ValueId weight, ValueId bias, std::int64_t out, TextPart name) {
   const ValueId x16 = t.ForMatmul(x);
@@ -35,6 +49,9 @@ ValueId Linear(Tape& t, ValueId x, ValueId weight, ValueId bias, std::int64_t ou
   if (Grad(t, w16)) spec.saves.push_back(x16);
   if (Grad(t, x16)) spec.saves.push_back(w16);
   if (b16 != kNoValue) spec.inputs.push_back({b16});
+  // addmm's bias gradient is the output's gradient summed over its rows (derivatives.yaml
+  // addmm self: maybe_multiply(grad, beta), then the engine's sum_to to the bias's shape).
+  if (b16 != kNoValue && Grad(t, b16)) SumToScratch(t, spec, spec.shape.Elements() / out, out, type);
   const ValueId y = t.Apply(spec);
   t.Drop(x16);
   t.Drop(w16);
@@ -90,6 +107,22 @@ ValueId Mul(Tape& t, ValueId a, ValueId b, TextPart name) {
                     .type = Promote(t.TypeOf(a), t.TypeOf(b))};
   if (Grad(t, a)) spec.saves.push_back(b);
   if (Grad(t, b)) spec.saves.push_back(a);
+  // mul_tensor_backward(grad, other) is grad * other at the output's size; for an operand
+  // broadcast to the output the engine then sums it down (validate_outputs → sum_to), and the
+  // full-size product is freed once the sum is made.
+  for (ValueId v : {a, b}) {
+    const std::int64_t elements = t.Elements(v);
+    if (!Grad(t, v) || elements >= spec.shape.Elements()) continue;
+    spec.backwardTemps.push_back({.shape = spec.shape, .type = spec.type, .name = "grad * other before sum_to",
+                                  .afterGradients = true});
+    // Broadcast over leading dimensions only (a [h] weight on [b, s, h]): a sum over rows.
+    const Shape& small = t.ShapeOf(v);
+    int k = small.rank;
+    while (k > 0 && small[small.rank - k] == 1) --k;  // leading ones broadcast too
+    bool leading = k <= spec.shape.rank;
+    for (int i = 1; leading && i <= k; ++i) leading = small[small.rank - i] == spec.shape[spec.shape.rank - i];
+    if (leading) SumToScratch(t, spec, spec.shape.Elements() / elements, elements, spec.type);
+  }
   return t.Apply(spec);
 }
 

@@ -18,6 +18,11 @@
 
 namespace gpumem::ops {
 
+// The scratch a CUDA sum of a [rows, outputs] gradient over its rows allocates (sim/reduction.hpp):
+// autograd's sum_to of a bias's or a broadcast weight's gradient, Megatron's grad_output.sum(0).
+// Added to `spec` as temporaries made after the node's gradients and freed at once.
+void SumToScratch(Tape& t, Tape::OpSpec& spec, std::int64_t rows, std::int64_t outputs, DType type);
+
 // x @ Wᵀ + b (bias may be kNoValue); the output's last dimension is `out`.
 ValueId Linear(Tape& t, ValueId x, ValueId weight, ValueId bias, std::int64_t out, TextPart name);
 // a @ b with the given output shape.
@@ -34,7 +39,9 @@ ValueId Add(Tape& t, ValueId a, ValueId b, TextPart name);
 ValueId AddConstant(Tape& t, ValueId a, ValueId constant, TextPart name);
 // a * Python float.
 ValueId Scale(Tape& t, ValueId a, TextPart name);
-// a * b: each operand is saved only if the other needs a gradient.
+// a * b: each operand is saved only if the other needs a gradient. A broadcast operand's gradient
+// is made full-size (grad * other) and summed down to its shape, with a CUDA sum's scratch when it
+// was broadcast over leading dimensions (RMSNorm's weight).
 ValueId Mul(Tape& t, ValueId a, ValueId b, TextPart name);
 // Element-wise ops that keep their input (gelu, silu) or their output (tanh, sigmoid, softmax).
 ValueId SavesInput(Tape& t, ValueId x, TextPart name);

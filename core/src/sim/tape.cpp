@@ -498,11 +498,12 @@ void Tape::Execute(int index) {
     SmallVec<TensorHandle, 4> temps;
     static const BackwardTemps kNone{};
     const BackwardTemps& specs = node.temps >= 0 ? temps_[static_cast<std::size_t>(node.temps)] : kNone;
-    for (const BackwardTemp& t : specs) {
+    auto make = [&](const BackwardTemp& t) {
       const TextPart name = TextPart::View(t.name);
-      temps.push_back(b_.Alloc(Category::ActivationGradients, t.shape.Elements() * BytesPerElement(t.type),
-                               T({name}), T({label, ": ", name}), text().Shape(t.shape, t.type), layer_));
-    }
+      return b_.Alloc(Category::ActivationGradients, t.shape.Elements() * BytesPerElement(t.type), T({name}),
+                      T({label, ": ", name}), text().Shape(t.shape, t.type), layer_);
+    };
+    for (const BackwardTemp& t : specs) temps.push_back(t.afterGradients ? kNoTensor : make(t));
     for (int k = 0; k < specs.size(); ++k) {
       if (!specs[k].beforeGradients) continue;
       ReleaseWith(temps[k], [&] { return T({label, ": temporary freed"}); });
@@ -536,6 +537,9 @@ void Tape::Execute(int index) {
                      text().Shape(v.shape, v.type), layer_);
       }
       Deliver(in.value, g, label);
+    }
+    for (int k = 0; k < specs.size(); ++k) {
+      if (specs[k].afterGradients) temps[k] = make(specs[k]);
     }
     for (TensorHandle t : temps) {
       if (t != kNoTensor) ReleaseWith(t, [&] { return T({label, ": temporary freed"}); });

@@ -25,6 +25,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpumem/device.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -79,6 +80,10 @@ struct BackwardTemp {
   // Freed once the node's temporaries are made, before the input gradients: a helper's locals
   // that die when it returns (torchao's NF4Tensor.get_original_weight in LinearNF4.backward).
   bool beforeGradients = false;
+  // Made once the input gradients are, and freed at once: the scratch of autograd's sum_to of a
+  // broadcast gradient, which the engine runs on the node's outputs (torch/csrc/autograd/
+  // engine.cpp validate_outputs → InputMetadata::reduce_grad → at::sum_to).
+  bool afterGradients = false;
 };
 // An op's backward temporaries (FlashAttention's GQA backward has four).
 using BackwardTemps = SmallVec<BackwardTemp, 4>;
@@ -186,6 +191,10 @@ class Tape {
   // instead of repeating k and v (blocks::AttentionCore reads this).
   bool sdpaEnableGqa() const { return sdpaEnableGqa_; }
   void SetSdpaEnableGqa(bool on) { sdpaEnableGqa_ = on; }
+  // The GPU's multiprocessors and threads, which size a CUDA reduction's scratch (ops.cpp
+  // SumToScratch; setup.gpu.id, the H100 SXM's when custom).
+  const GpuParallelism& gpu() const { return gpu_; }
+  void SetGpu(const GpuParallelism& gpu) { gpu_ = gpu; }
 
   // --- checkpointing ---
   using Values = SmallVec<ValueId, 4>;
@@ -453,6 +462,7 @@ class Tape {
   bool autocast_;
   bool softmaxSavesInput_ = false;
   bool sdpaEnableGqa_ = false;
+  GpuParallelism gpu_;
   bool recording_ = true;
   // The scope and its three joins, made once per scope rather than once per event: "scope: ",
   // "scope." and "scope " (each empty when the scope is).

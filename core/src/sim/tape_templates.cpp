@@ -792,7 +792,10 @@ bool Tape::PredictForward(const SpanRecord& a, const SpanRecord& b, PredictedSpa
     const BackwardTemps& y = temps_[static_cast<std::size_t>(b.tempFrom + j)];
     if (x.size() != y.size()) return false;
     for (int k = 0; k < y.size(); ++k) {
-      if (!(x[k].shape == y[k].shape) || x[k].type != y[k].type || std::strcmp(x[k].name, y[k].name) != 0) return false;
+      if (!(x[k].shape == y[k].shape) || x[k].type != y[k].type || std::strcmp(x[k].name, y[k].name) != 0 ||
+          x[k].beforeGradients != y[k].beforeGradients || x[k].afterGradients != y[k].afterGradients) {
+        return false;
+      }
     }
     out.temps.push_back(y);
   }

@@ -26,6 +26,7 @@
 
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
+#include "sim/reduction.hpp"
 #include "sim/trace_builder.hpp"
 
 namespace gpumem {
@@ -38,7 +39,7 @@ class LayerListPass final : public ModelPass {
         batch_(setup.training.batchSize), sequence_(setup.training.sequenceLength),
         saved_(setup.model.layers.size(), kNoTensor), savedWeight_(setup.model.layers.size(), kNoTensor),
         types_(setup.model.layers.size(), regime.activations), inTypes_(setup.model.layers.size(), regime.activations),
-        castInput_(setup.model.layers.size(), false) {
+        castInput_(setup.model.layers.size(), false), gpu_(GpuParallelismOf(setup.gpu.id)) {
     // Each layer's output width, in one pass: OutputWidth(layers, i) walks layers 0..i, so
     // calling it per layer made long lists quadratic (issue 14).
     widths_.resize(layers_.size());
@@ -258,6 +259,9 @@ class LayerListPass final : public ModelPass {
         const Text opText = b.text().Own(op);
         for (std::size_t p : parameterIndices_[i]) gradients.Produce(p, opText);
       }
+      if (layer.kind == LayerKind::Linear && layer.bias) {
+        BiasSumScratch(b, tokens, layer.outFeatures, autocastLinear ? regime_.compute : types_[i], name, op, index);
+      }
       b.Release(saved_[i], op + ": saved tensor freed");
       saved_[i] = kNoTensor;
       b.Release(savedWeight_[i], op + ": saved 16-bit weight freed");
@@ -283,6 +287,24 @@ class LayerListPass final : public ModelPass {
       gradients.RunReady();  // the parameters' AccumulateGrad (and its hooks) after the op
       gradOut = gradIn;
     }
+  }
+
+  // addmm's bias gradient is the output gradient summed over its rows (autograd's sum_to, once
+  // the node's gradients are made); on CUDA that sum may split its rows across blocks and take a
+  // scratch buffer and semaphores from the caching allocator, freed when it returns
+  // (sim/reduction.hpp).
+  void BiasSumScratch(TraceBuilder& b, std::int64_t rows, std::int64_t outputs, DType type, const std::string& name,
+                      const std::string& op, int layer) {
+    const ReductionScratch r = LeadingSumScratch(rows, outputs, BytesPerElement(type), gpu_);
+    if (r.bufferBytes <= 0) return;
+    const TensorHandle buffer = b.Alloc(Category::ActivationGradients, r.bufferBytes, name + " sum_to scratch",
+                                        op + ": bias gradient's CUDA sum, partial sums",
+                                        SizeFormula({r.bufferBytes / 4}, DType::FP32), layer);
+    const TensorHandle semaphores = b.Alloc(Category::ActivationGradients, r.semaphoreBytes, name + " sum_to semaphores",
+                                            op + ": bias gradient's CUDA sum, semaphores",
+                                            SizeFormula({r.semaphoreBytes}, DType::UInt8), layer);
+    b.Release(buffer, op + ": sum scratch freed");
+    b.Release(semaphores, op + ": sum scratch freed");
   }
 
   // Under autocast, addmm's backward makes the 16-bit gradients of the weight and bias copies
@@ -319,6 +341,7 @@ class LayerListPass final : public ModelPass {
   std::vector<TensorHandle> savedWeight_;  // autocast: the 16-bit weight copy a linear saves
   std::vector<DType> types_, inTypes_;     // each layer's output and input dtype
   std::vector<bool> castInput_;            // autocast: the linear copied an fp32 input to 16-bit
+  GpuParallelism gpu_;                     // sizes the bias sums' CUDA scratch
   std::vector<TensorHandle> castGrads_;    // autocast: a linear's 16-bit weight and bias gradients
   bool lossUpcast_ = false;
   std::vector<std::int64_t> widths_;  // widths_[i] == OutputWidth(layers_, i), features

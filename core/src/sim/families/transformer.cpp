@@ -50,6 +50,7 @@ class TransformerPass final : public ModelPass {
         parameterCount_(inventory.parameters.size()),
         inputRequiresGrad_(InputRequiresGrad(setup)), finetune_(setup.finetune),
         softmaxSavesInput_(SoftmaxSavesInput(setup.runtime)), sdpaEnableGqa_(SdpaEnableGqa(setup.runtime)),
+        gpu_(GpuParallelismOf(setup.gpu.id)),
         vocabShards_(std::max<std::int64_t>(1, setup.parallel.tensorParallel)),
         sequenceShards_(setup.parallel.sequenceParallel ? setup.parallel.tensorParallel : 1),
         contextShards_(setup.parallel.contextParallel), expertShards_(setup.parallel.expertParallel),
@@ -60,6 +61,7 @@ class TransformerPass final : public ModelPass {
     tape_->SetLayerHook(layerHook_);
     tape_->SetSoftmaxSavesInput(softmaxSavesInput_);
     tape_->SetSdpaEnableGqa(sdpaEnableGqa_);
+    tape_->SetGpu(gpu_);
     // About 70 values per block and 25 per expert, two thirds as many nodes.
     const auto blocks = static_cast<std::size_t>(a_.numLayers);
     const auto experts = static_cast<std::size_t>(std::max<std::int64_t>(0, a_.numExperts));
@@ -287,6 +289,7 @@ class TransformerPass final : public ModelPass {
   std::optional<Tape> tape_;
   bool softmaxSavesInput_ = false;
   bool sdpaEnableGqa_ = true;
+  GpuParallelism gpu_;
   std::optional<Model> model_;
   std::vector<TensorHandle> batch_;
   ValueId ids_ = kNoValue, labels_ = kNoValue, tokenTypes_ = kNoValue, loss_ = kNoValue;
