@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "gpumem/device.hpp"
 #include "gpumem/json.hpp"
+#include "gpumem/pickle.hpp"
 
 #ifndef GPUMEM_TEST_DATA
 #define GPUMEM_TEST_DATA "tests/data"
@@ -142,3 +145,78 @@ TEST_CASE("the out-of-memory line on an H100: every batch tried at capacity call
   }
   CHECK(limited == 5);
 }
+
+namespace {
+
+// A measured trace (the stack-labelled snapshots in tests/data/cuda/stacks) as the allocator
+// model's events, and the reserved peak PyTorch's own segment events reached.
+struct MeasuredTrace {
+  std::vector<gpumem::AllocatorEvent> events;
+  std::int64_t peakReservedBytes = 0;
+};
+
+MeasuredTrace ReadTrace(const std::string& name) {
+  std::ifstream in(std::string(GPUMEM_TEST_DATA "/cuda/stacks/") + name, std::ios::binary);
+  REQUIRE(in.good());
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const gpumem::pickle::Result r = gpumem::pickle::Unpickle(bytes);
+  REQUIRE(r.ok());
+  const gpumem::pickle::Document& d = r.document;
+  const gpumem::pickle::Node* traces = d.Get(d.at(d.root), "device_traces");
+  REQUIRE(traces != nullptr);
+  MeasuredTrace t;
+  std::map<std::int64_t, int> live;  // address → tensor id
+  std::int64_t reserved = 0;
+  for (std::uint32_t id : d.at(traces->items.at(0)).items) {
+    const gpumem::pickle::Node& e = d.at(id);
+    const std::string_view action = d.Get(e, "action")->text;
+    const std::int64_t address = d.Get(e, "addr")->integer, size = d.Get(e, "size")->integer;
+    if (action == "segment_alloc") reserved += size;
+    if (action == "segment_free") reserved -= size;
+    t.peakReservedBytes = std::max(t.peakReservedBytes, reserved);
+    if (action == "alloc") {
+      const int tensor = static_cast<int>(t.events.size());
+      live[address] = tensor;
+      t.events.push_back({gpumem::AllocatorEventKind::Alloc, tensor, size, 0});
+    } else if (action == "free_completed") {  // the block is reusable from here
+      const auto it = live.find(address);
+      REQUIRE(it != live.end());
+      t.events.push_back({gpumem::AllocatorEventKind::Free, it->second, 0, 0});
+      live.erase(it);
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("the allocator model replays the H100's own traces to the segments PyTorch reserved", "[cuda][allocator]") {
+  // The same alloc / free sequence PyTorch's allocator saw, through the model: what is left is
+  // the allocator model alone (no simulation of the step). Each trace lacks the segments made
+  // before recording began (a 2 MiB one for the first tensors), so the model may be that much over.
+  const gpumem::AllocatorRecording peaksOnly{false, false, false};
+  for (const char* name : {"bert-base-cls-ampfp16-b32-s512-b8.pickle", "gpt2-amp-eager-b8-b4.pickle",
+                           "gpt2-amp-sdpa-b8-b8.pickle", "gpt2-bf16mixed-eager-nocache-b16-b4.pickle",
+                           "gpt2-fp32-sdpa-b4-b4.pickle", "llama3.2-1b-bf16-sdpa-b4-s2048-b1.pickle",
+                           "qwen2.5-1.5b-amp-sdpa-b2-s2048-b1.pickle"}) {
+    const MeasuredTrace t = ReadTrace(name);
+    const gpumem::AllocatorResult r = gpumem::SimulateCachingAllocator(
+        t.events, gpumem::DefaultAllocatorOptions(), gpumem::kUnlimitedDeviceBytes, peaksOnly);
+    INFO(name << ": model " << r.peakReservedBytes << " B, measured " << t.peakReservedBytes << " B");
+    CHECK(r.peakReservedBytes >= t.peakReservedBytes);
+    CHECK(r.peakReservedBytes <= t.peakReservedBytes + (2 << 20));
+  }
+  // Qwen2.5 1.5B under autocast with eager attention (28 layers, 20,807 events) is the exception:
+  // the model reserves 41.35 GiB where PyTorch reserved 39.30. The driver's addresses decide it:
+  // best fit takes the lowest address among equal-sized free blocks, and CUDA hands out segments
+  // above 20 MiB downwards (355 of this trace's 408 landed below the one before), where the model
+  // gives every segment a higher address than the last. With the trace's own segment addresses,
+  // or with larger segments placed downwards, the model reserves 39.31 GiB; that placement moved
+  // the simulated runs' reserved peaks both ways (Qwen2.5 under SDPA −2.4 % → +2.1 %, this one
+  // +7.8 % → +7.5 %) and so is not taken (docs/validation.md, "CUDA truth").
+  const MeasuredTrace qwen = ReadTrace("qwen2.5-1.5b-amp-eager-nocache-b1-s2048-b1.pickle");
+  const gpumem::AllocatorResult r = gpumem::SimulateCachingAllocator(
+      qwen.events, gpumem::DefaultAllocatorOptions(), gpumem::kUnlimitedDeviceBytes, peaksOnly);
+  CHECK(double(r.peakReservedBytes) / double(qwen.peakReservedBytes) == Approx(1.052).margin(0.005));
+}
+
