@@ -118,7 +118,7 @@ test('a long layer list is edited as JSON, and an edit there is estimated', asyn
 
 test('Cancel ends a search in flight; the page solves again afterwards', async () => {
   // A deep model near the work budget: each estimate takes tens of milliseconds, a search a second or more.
-  const { page, context } = await settle(llama({ vocabSize: 1000, hiddenSize: 64, numLayers: 600, numHeads: 4, intermediateSize: 128 },
+  const { page, context } = await settle(llama({ vocabSize: 1000, hiddenSize: 64, numLayers: 560, numHeads: 4, intermediateSize: 128 },
     { checkpointing: 'everyBlock', attention: 'eager' }));
   await page.click('#solve-run');
   await page.waitForFunction(() => document.querySelector('#solve').getAttribute('aria-busy') === 'true');
