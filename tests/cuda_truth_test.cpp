@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -14,7 +13,7 @@
 
 #include "gpumem/device.hpp"
 #include "gpumem/json.hpp"
-#include "gpumem/pickle.hpp"
+#include "test_support.hpp"
 
 #ifndef GPUMEM_TEST_DATA
 #define GPUMEM_TEST_DATA "tests/data"
@@ -156,30 +155,19 @@ struct MeasuredTrace {
 };
 
 MeasuredTrace ReadTrace(const std::string& name) {
-  std::ifstream in(std::string(GPUMEM_TEST_DATA "/cuda/stacks/") + name, std::ios::binary);
-  REQUIRE(in.good());
-  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
-  const gpumem::pickle::Result r = gpumem::pickle::Unpickle(bytes);
-  REQUIRE(r.ok());
-  const gpumem::pickle::Document& d = r.document;
-  const gpumem::pickle::Node* traces = d.Get(d.at(d.root), "device_traces");
-  REQUIRE(traces != nullptr);
   MeasuredTrace t;
   std::map<std::int64_t, int> live;  // address → tensor id
   std::int64_t reserved = 0;
-  for (std::uint32_t id : d.at(traces->items.at(0)).items) {
-    const gpumem::pickle::Node& e = d.at(id);
-    const std::string_view action = d.Get(e, "action")->text;
-    const std::int64_t address = d.Get(e, "addr")->integer, size = d.Get(e, "size")->integer;
-    if (action == "segment_alloc") reserved += size;
-    if (action == "segment_free") reserved -= size;
+  for (const gpumem::test::StackTraceEntry& e : gpumem::test::ReadStackTrace(name)) {
+    if (e.action == "segment_alloc") reserved += e.size;
+    if (e.action == "segment_free") reserved -= e.size;
     t.peakReservedBytes = std::max(t.peakReservedBytes, reserved);
-    if (action == "alloc") {
+    if (e.action == "alloc") {
       const int tensor = static_cast<int>(t.events.size());
-      live[address] = tensor;
-      t.events.push_back({gpumem::AllocatorEventKind::Alloc, tensor, size, 0});
-    } else if (action == "free_completed") {  // the block is reusable from here
-      const auto it = live.find(address);
+      live[e.address] = tensor;
+      t.events.push_back({gpumem::AllocatorEventKind::Alloc, tensor, e.size, 0});
+    } else if (e.action == "free_completed") {  // the block is reusable from here
+      const auto it = live.find(e.address);
       REQUIRE(it != live.end());
       t.events.push_back({gpumem::AllocatorEventKind::Free, it->second, 0, 0});
       live.erase(it);

@@ -3,13 +3,10 @@
 // allocations of the H100 snapshots in tests/data/cuda/stacks, and where the simulation adds it.
 #include <catch2/catch.hpp>
 
-#include <fstream>
-#include <iterator>
 #include <set>
 #include <string>
 #include <utility>
 
-#include "gpumem/pickle.hpp"
 #include "sim/reduction.hpp"
 #include "test_support.hpp"
 
@@ -24,31 +21,12 @@ const GpuParallelism kH100 = GpuParallelismOf("nvidia-h100-sxm");
 // small one of a multiple of 4 bytes that is freed next (gpu_reduce_kernel's buffer, then its
 // semaphores, freed when the launch returns).
 std::set<std::pair<std::int64_t, std::int64_t>> MeasuredScratch(const std::string& name) {
-  std::ifstream in(std::string(GPUMEM_TEST_DATA) + "/cuda/stacks/" + name, std::ios::binary);
-  REQUIRE(in.good());
-  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
-  const pickle::Result r = pickle::Unpickle(bytes);
-  REQUIRE(r.ok());
-  const pickle::Document& d = r.document;
-  const pickle::Node* traces = d.Get(d.at(d.root), "device_traces");
-  REQUIRE(traces != nullptr);
-  REQUIRE_FALSE(traces->items.empty());
-  const pickle::Node& trace = d.at(traces->items[0]);
-  struct Entry { std::string_view action; std::int64_t size, addr; };
-  std::vector<Entry> entries;
-  for (std::uint32_t id : trace.items) {
-    const pickle::Node& e = d.at(id);
-    const pickle::Node* action = d.Get(e, "action");
-    const pickle::Node* size = d.Get(e, "size");
-    const pickle::Node* addr = d.Get(e, "addr");
-    if (action == nullptr || size == nullptr || addr == nullptr) continue;
-    entries.push_back({action->text, size->integer, addr->integer});
-  }
+  const std::vector<StackTraceEntry> entries = ReadStackTrace(name);
   std::set<std::pair<std::int64_t, std::int64_t>> pairs;
   for (std::size_t i = 0; i + 2 < entries.size(); ++i) {
-    const Entry &a = entries[i], &b = entries[i + 1], &c = entries[i + 2];
+    const StackTraceEntry &a = entries[i], &b = entries[i + 1], &c = entries[i + 2];
     if (a.action == "alloc" && b.action == "alloc" && b.size <= 1024 && b.size % 4 == 0 &&
-        c.action == "free_requested" && c.addr == b.addr) {
+        c.action == "free_requested" && c.address == b.address) {
       pairs.insert({a.size, b.size});
     }
   }

@@ -2,13 +2,17 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
+#include <fstream>
 #include <functional>
-
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
 #include "gpumem/estimate.hpp"
+#include "gpumem/pickle.hpp"
 #include "gpumem/presets.hpp"
 #include "gpumem/setup.hpp"
 #include "gpumem/solve.hpp"
@@ -220,6 +224,36 @@ inline std::int64_t SavedPerBlock(Setup s) {
 inline bool HasErrorOn(const std::vector<FieldError>& errors, const std::string& field) {
   for (const auto& e : errors) if (e.field == field) return true;
   return false;
+}
+
+// One entry of a measured snapshot's trace (the H100's stack-labelled snapshots in
+// tests/data/cuda/stacks): "alloc", "free_requested", "free_completed", "segment_alloc", …,
+// with its bytes and address.
+struct StackTraceEntry {
+  std::string action;
+  std::int64_t size = 0;
+  std::int64_t address = 0;
+};
+inline std::vector<StackTraceEntry> ReadStackTrace(const std::string& name) {
+  std::ifstream in(std::string(GPUMEM_TEST_DATA) + "/cuda/stacks/" + name, std::ios::binary);
+  REQUIRE(in.good());
+  const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+  const pickle::Result r = pickle::Unpickle(bytes);
+  REQUIRE(r.ok());
+  const pickle::Document& d = r.document;
+  const pickle::Node* traces = d.Get(d.at(d.root), "device_traces");
+  REQUIRE(traces != nullptr);
+  REQUIRE_FALSE(traces->items.empty());
+  std::vector<StackTraceEntry> entries;
+  for (std::uint32_t id : d.at(traces->items[0]).items) {
+    const pickle::Node& e = d.at(id);
+    const pickle::Node* action = d.Get(e, "action");
+    const pickle::Node* size = d.Get(e, "size");
+    const pickle::Node* address = d.Get(e, "addr");
+    if (action == nullptr || size == nullptr || address == nullptr) continue;
+    entries.push_back({std::string(action->text), size->integer, address->integer});
+  }
+  return entries;
 }
 
 }  // namespace gpumem::test

@@ -21,6 +21,7 @@ bool Grad(const Tape& t, ValueId v) { return t.recording() && t.RequiresGrad(v);
 
 void SumToScratch(Tape& t, Tape::OpSpec& spec, std::int64_t rows, std::int64_t outputs, DType type) {
   const ReductionScratch r = LeadingSumScratch(rows, outputs, BytesPerElement(type), t.gpu());
+  // (BackwardTemps holds 4: the ops that add this have at most one other temporary.)
   if (r.bufferBytes <= 0 || spec.backwardTemps.size() > 2) return;
   // Reduce.cuh gpu_reduce_kernel: buffer then semaphores from the caching allocator, both freed
   // when the launch returns. The buffer holds fp32 partial sums: outputs × blocks per output ×
