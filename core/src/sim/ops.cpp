@@ -24,8 +24,8 @@ void SumToScratch(Tape& t, Tape::OpSpec& spec, std::int64_t rows, std::int64_t o
   // (BackwardTemps holds 4: the ops that add this have at most one other temporary.)
   if (r.bufferBytes <= 0 || spec.backwardTemps.size() > 2) return;
   // Reduce.cuh gpu_reduce_kernel: buffer then semaphores from the caching allocator, both freed
-  // when the launch returns. The buffer holds fp32 partial sums: outputs × blocks per output ×
-  // the block's 32 × 4 outputs (block.x × output_vec_size) / outputs per thread.
+  // when the launch returns. The buffer holds fp32 partial sums (global_memory_size: outputs ×
+  // blocks per output × block.x × output_vec_size), the semaphores one int per output tile.
   spec.backwardTemps.push_back({.shape = {r.bufferBytes / 4}, .type = DType::FP32,
                                 .name = "sum_to scratch (CUDA reduction's partial sums)", .afterGradients = true});
   spec.backwardTemps.push_back({.shape = {r.semaphoreBytes}, .type = DType::UInt8,
