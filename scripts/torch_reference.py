@@ -85,6 +85,9 @@ def read_config(setup):
         type_vocab=a.get("typeVocabSize") or 2,
         tie=a.get("tieWordEmbeddings", family in ("gpt2", "bert")),
         attention_bias=bool(a.get("attentionBias", False)),
+        qk_norm=family == "llama" and bool(a.get("queryKeyNorm", False)),
+        rms_unit_offset=family == "llama" and bool(a.get("rmsNormUnitOffset", False)),
+        embedding_scale=family == "llama" and bool(a.get("embeddingScale", False)),
         act=a.get("hiddenAct") or default_act,
         num_experts=num_experts,
         top_k=a.get("expertsPerToken") or 2,
@@ -632,12 +635,32 @@ def mean_last_dim(x):
 
 
 class LlamaRMSNorm(nn.Module):
-    def __init__(self, hidden, eps, dtype, device):
+    """LlamaRMSNorm, or with unit_offset GemmaRMSNorm (transformers models/gemma/modeling_gemma.py:
+    the weight applied as 1 + weight in fp32 before the cast back)."""
+
+    def __init__(self, hidden, eps, dtype, device, unit_offset=False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden, dtype=dtype, device=device))
         self.variance_epsilon = eps
+        self.unit_offset = unit_offset
+
+    def _gemma(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(mean_last_dim(h.pow(2)) + self.variance_epsilon)
+        out = h * (1.0 + self.weight.float())
+        if out.grad_fn is not None and self.weight.requires_grad:
+            # The broadcast operand is 1 + weight (fp32): its gradient is the fp32 product summed
+            # over the rows, with the CUDA sum's scratch, as below.
+            n = self.weight.numel()
+            rows, element_bytes = out.numel() // n, out.element_size()
+            product = out.numel() * out.element_size()
+            out.grad_fn.register_hook(
+                lambda grad_inputs, grad_outputs: cuda_sum_scratch(rows, n, element_bytes, product))
+        return out.type_as(x)
 
     def forward(self, hidden_states):
+        if self.unit_offset:
+            return self._gemma(hidden_states)
         input_dtype = hidden_states.dtype
         hidden_states = hidden_states.to(torch.float32)
         variance = mean_last_dim(hidden_states.pow(2))
@@ -698,13 +721,20 @@ class LlamaAttention(nn.Module):
         self.k_proj = nn.Linear(h, cfg.kv_heads * d, bias=bias, dtype=dtype, device=device)
         self.v_proj = nn.Linear(h, cfg.kv_heads * d, bias=bias, dtype=dtype, device=device)
         self.o_proj = nn.Linear(cfg.heads * d, h, bias=False, dtype=dtype, device=device)
+        if cfg.qk_norm:   # Qwen3Attention: an RMSNorm over each head of q and k
+            self.q_norm = LlamaRMSNorm(d, cfg.rms_eps, dtype, device, cfg.rms_unit_offset)
+            self.k_norm = LlamaRMSNorm(d, cfg.rms_eps, dtype, device, cfg.rms_unit_offset)
 
     def forward(self, hidden_states, mask, cos, sin):
         cfg = self.cfg
         b, s, _ = hidden_states.shape
         hidden_shape = (b, s, -1, cfg.head_dim)
-        query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        if cfg.qk_norm:
+            query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+            key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
+        else:
+            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
         attn_output = attention_core(cfg, query_states, key_states, value_states, mask,
@@ -796,8 +826,8 @@ class LlamaDecoderLayer(nn.Module):
             self.block_sparse_moe = SparseMoeBlock(cfg, dtype, device, route_bias)
         else:
             self.mlp = LlamaMLP(cfg, cfg.inter, dtype, device)
-        self.input_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device)
-        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device)
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device, cfg.rms_unit_offset)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device, cfg.rms_unit_offset)
 
     def forward(self, hidden_states, mask, cos, sin):
         residual = hidden_states
@@ -818,7 +848,7 @@ class LlamaModel(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab, cfg.hidden, dtype=dtype, device=device)
         self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, dtype, device, route_bias) for _ in range(cfg.layers)])
-        self.norm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device)
+        self.norm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device, cfg.rms_unit_offset)
         self.rotary_emb = LlamaRotaryEmbedding(cfg, device)
 
     def forward(self, input_ids, attention_mask):
@@ -829,10 +859,18 @@ class LlamaModel(nn.Module):
         position_ids = cache_position.unsqueeze(0)
         mask = decoder_eager_mask(b, s, inputs_embeds.dtype) if cfg.attention == "eager" else None
         hidden_states = inputs_embeds
-        del inputs_embeds
         cos, sin = self.rotary_emb(hidden_states, position_ids)
+        if cfg.embedding_scale:
+            # GemmaModel: the embeddings times √hidden in their own dtype; inputs_embeds stays
+            # referenced by the forward until it returns.
+            normalizer = torch.tensor(cfg.hidden ** 0.5, dtype=hidden_states.dtype)
+            hidden_states = hidden_states * normalizer
+        else:
+            del inputs_embeds
         for i, layer in enumerate(self.layers):
             hidden_states = run_layer(cfg, i, layer, hidden_states, mask, cos, sin)
+        if cfg.embedding_scale:
+            del inputs_embeds
         hidden_states = self.norm(hidden_states)
         return hidden_states
 
@@ -1221,7 +1259,8 @@ def formula_count(setup):
         return V * h + c.max_pos * h + L * layer + 2 * h + (0 if c.tie else V * h)
     if c.family == "llama":
         q, kv = c.heads * c.head_dim, c.kv_heads * c.head_dim
-        attn = h * q + 2 * h * kv + q * h + ((q + 2 * kv) if c.attention_bias else 0)
+        attn = (h * q + 2 * h * kv + q * h + ((q + 2 * kv) if c.attention_bias else 0)
+                + (2 * c.head_dim if c.qk_norm else 0))
         if c.num_experts:
             ffn = c.num_experts * h + c.num_experts * 3 * h * c.expert_inter
             if c.shared_inter:
@@ -1265,6 +1304,12 @@ TINY = {
     "qwen2-gqa": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
                   "numKeyValueHeads": 2, "intermediateSize": 352, "attentionBias": True,
                   "tieWordEmbeddings": True},
+    "qwen3": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+              "numKeyValueHeads": 2, "headDim": 48, "intermediateSize": 352, "queryKeyNorm": True,
+              "tieWordEmbeddings": True},
+    "gemma": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+              "numKeyValueHeads": 1, "headDim": 64, "intermediateSize": 512, "hiddenAct": "geluTanh",
+              "rmsNormUnitOffset": True, "embeddingScale": True, "tieWordEmbeddings": True},
     "mixtral": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
                 "numKeyValueHeads": 2, "intermediateSize": 256, "numExperts": 4, "expertsPerToken": 2},
     "qwen2-moe": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,

@@ -529,6 +529,18 @@ TRANSFORMER_CASES = [
     tcase("llama-gqa-fp32", arch("llama", numKeyValueHeads=2)),
     tcase("qwen-style-bf16", arch("llama", numKeyValueHeads=2, attentionBias=True, tieWordEmbeddings=True), precision="bf16"),
     tcase("llama-bf16mixed-loop", arch("llama"), precision="bf16Mixed", optimizer="adam", impl="perParameter"),
+    # Qwen3's per-head q_norm / k_norm (head_dim ≠ hidden / heads), Gemma's (1 + weight) fp32 norm
+    # and scaled embeddings.
+    tcase("qwen3-style-bf16", arch("llama", numKeyValueHeads=2, headDim=48, queryKeyNorm=True, tieWordEmbeddings=True),
+          precision="bf16"),
+    tcase("qwen3-style-ampbf16-sdpa", arch("llama", numKeyValueHeads=4, headDim=32, queryKeyNorm=True),
+          precision="ampBf16", attention="sdpa"),
+    tcase("gemma-style-bf16", arch("llama", numKeyValueHeads=1, headDim=64, hiddenAct="geluTanh",
+                                   rmsNormUnitOffset=True, embeddingScale=True, tieWordEmbeddings=True),
+          precision="bf16"),
+    tcase("gemma-style-fp32-ckpt", arch("llama", numKeyValueHeads=1, headDim=64, hiddenAct="geluTanh",
+                                        rmsNormUnitOffset=True, embeddingScale=True, tieWordEmbeddings=True),
+          checkpointing="everyBlock"),
     tcase("llama-ampbf16", arch("llama", numKeyValueHeads=4), precision="ampBf16"),
     tcase("llama-ampfp16-scaled", arch("llama"), precision="ampFp16"),
     tcase("llama-sdpa-bf16mixed", arch("llama", numKeyValueHeads=2), precision="bf16Mixed", attention="sdpa"),

@@ -120,7 +120,8 @@ TEST_CASE("the predicted events bound every preset and checkpointing mode within
 TEST_CASE("the prediction stays an upper bound across precision optimizer and attention", "[budget]") {
   // The options that add events per block: autocast's weight copies, a Python loop's
   // temporaries, Adafactor's factored moments, eager attention's extra ops.
-  for (const char* id : {"gpt2", "bert-base-uncased", "qwen2.5-0.5b", "mixtral-8x7b", "qwen1.5-moe-a2.7b"}) {
+  for (const char* id : {"gpt2", "bert-base-uncased", "qwen2.5-0.5b", "qwen3-0.6b", "gemma-2b", "mixtral-8x7b",
+                         "qwen1.5-moe-a2.7b"}) {
     for (Precision pr : {Precision::FP32, Precision::BF16, Precision::FP16Mixed, Precision::AmpFP16}) {
       for (OptimizerImplementation im : {OptimizerImplementation::ForEach, OptimizerImplementation::PerParameter}) {
         for (OptimizerKind opt : {OptimizerKind::SGD, OptimizerKind::AdamW, OptimizerKind::Adafactor}) {
@@ -310,6 +311,8 @@ Setup RandomSetup(std::mt19937_64& rng) {
     while (a.numHeads % kv != 0) kv /= 2;
     a.numKeyValueHeads = kv;
     a.attentionBias = pick(0, 1) == 1;
+    a.queryKeyNorm = pick(0, 2) == 0;
+    a.rmsNormUnitOffset = a.embeddingScale = pick(0, 2) == 0;
     if (pick(0, 3) == 0) {
       a.numExperts = pick(2, 16);
       a.expertsPerToken = pick(1, a.numExperts);

@@ -56,7 +56,38 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
       "vocab_size": 256000, "hidden_act": "gelu_pytorch_tanh"})");
     REQUIRE(g.ok());
     CHECK(CountOf(g.architecture) == 2'506'172'416);
-    CHECK_FALSE(g.notes.empty());
+    // GemmaRMSNorm's fp32 (1 + weight) and the √hidden normaliser are simulated: no caveat left.
+    CHECK(g.architecture.rmsNormUnitOffset);
+    CHECK(g.architecture.embeddingScale);
+    CHECK_FALSE(g.architecture.queryKeyNorm);
+    CHECK(g.notes.empty());
+  }
+  SECTION("Qwen3 normalises each query and key head: 2 × head_dim parameters a layer") {
+    // Qwen/Qwen3-0.6B's config.json; its model card: 0.6B parameters, 0.44B without embeddings.
+    const ConfigImport q = ImportHfConfig(R"({"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+      "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8, "head_dim": 128,
+      "vocab_size": 151936, "tie_word_embeddings": true, "attention_bias": false})");
+    REQUIRE(q.ok());
+    CHECK(q.architecture.queryKeyNorm);
+    CHECK_FALSE(q.architecture.attentionBias);
+    CHECK_FALSE(q.architecture.rmsNormUnitOffset);
+    CHECK(CountOf(q.architecture) == 596'049'920);
+    CHECK(CountOf(q.architecture) - 151'936 * 1024 == 440'467'456);  // the card's 0.44B
+    CHECK(q.notes.empty());
+  }
+  SECTION("Qwen3-MoE: the q/k norms and 128 routed experts without a shared one") {
+    // Qwen/Qwen3-30B-A3B's config.json; its model card: 30.5B parameters, 29.9B without embeddings.
+    const ConfigImport q = ImportHfConfig(R"({"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+      "num_attention_heads": 32, "num_hidden_layers": 48, "num_key_value_heads": 4, "head_dim": 128,
+      "vocab_size": 151936, "tie_word_embeddings": false, "num_experts": 128, "num_experts_per_tok": 8,
+      "moe_intermediate_size": 768, "norm_topk_prob": true})");
+    REQUIRE(q.ok());
+    CHECK(q.architecture.queryKeyNorm);
+    CHECK(q.architecture.numExperts == 128);
+    CHECK(q.architecture.expertsPerToken == 8);
+    CHECK(q.architecture.sharedExpertIntermediateSize == 0);
+    CHECK(CountOf(q.architecture) == 30'532'122'624);
+    CHECK(CountOf(q.architecture) - 2 * 151'936 * 2048 == 29'909'792'768);
   }
   SECTION("a BERT checkpoint for masked LM gets the MLM head") {
     const ConfigImport b = ImportHfConfig(R"({"model_type": "bert", "architectures": ["BertForMaskedLM"],

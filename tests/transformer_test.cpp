@@ -277,7 +277,7 @@ TEST_CASE("the form's architecture fields are exactly the schema's", "[transform
                                              "\":" + value + "}}}", parsed);
     for (const FieldError& e : errors) CHECK(e.code != ErrorCode::UnknownField);
   }
-  CHECK(listed == 21);
+  CHECK(listed == 24);
 }
 
 TEST_CASE("transformer setups in JSON", "[transformer][json]") {
@@ -447,5 +447,38 @@ TEST_CASE("SDPA takes grouped key/value heads as they are from PyTorch 2.5 (tran
       CHECK(SavedAtForwardEnd(withRepeat(x)) == SavedAtForwardEnd(x));
       CHECK(FirstAllocBytes(x, "dk_expanded") == -1);
     }
+  }
+}
+
+TEST_CASE("Qwen3's per-head q/k norms and Gemma's norm keep what their forwards save", "[transformer]") {
+  // A Llama-family model in pure bf16 (no autocast), eager attention, b = 2, s = 64.
+  const std::int64_t b = 2, s = 64, L = 2, h = 128, heads = 4, kv = 2, d = 48;
+  auto setup = [&](auto change) {
+    Setup x = TinyTransformer(Family::Llama, static_cast<int>(L), Precision::BF16);
+    ArchitectureDef& a = x.model.architecture;
+    a.hiddenSize = h; a.numHeads = heads; a.numKeyValueHeads = kv; a.headDim = d;
+    x.training.batchSize = b;
+    x.training.sequenceLength = s;
+    change(a);
+    return x;
+  };
+  const std::int64_t plain = SavedAtForwardEnd(setup([](ArchitectureDef&) {}));
+  SECTION("q_norm and k_norm save, per head and token, the fp32 copy, its rsqrt and the bf16 cast") {
+    // Qwen3RMSNorm on [b, s, n, d]: hidden_states.to(float32) (4 B per element, kept by pow),
+    // rsqrt of the mean (4 B per row), the bf16 cast the weight multiplies (2 B per element).
+    // The projections' outputs were never saved (RoPE multiplies by cos and sin, which need no
+    // gradient), so nothing else changes.
+    const std::int64_t rows = b * s * (heads + kv);
+    const std::int64_t perLayer = rows * (4 * d + 4 + 2 * d);
+    CHECK(SavedAtForwardEnd(setup([](ArchitectureDef& a) { a.queryKeyNorm = true; })) - plain == L * perLayer);
+  }
+  SECTION("GemmaRMSNorm keeps its fp32 normalised rows where Llama's keeps their bf16 cast") {
+    // output * (1.0 + self.weight.float()) saves the fp32 product's input (4 B per element, not
+    // Llama's 2) and the [h] fp32 scale; two norms a block and the final one, all held at the
+    // end of the forward. The scaled embeddings change nothing saved.
+    const std::int64_t norms = 2 * L + 1;
+    const std::int64_t perNorm = b * s * h * (4 - 2) + 4 * h;
+    CHECK(SavedAtForwardEnd(setup([](ArchitectureDef& a) { a.rmsNormUnitOffset = a.embeddingScale = true; })) - plain ==
+          norms * perNorm);
   }
 }

@@ -182,6 +182,11 @@ struct ArchitectureDef {
   std::int64_t typeVocabSize = 2;           // BERT: rows of the token-type table
   bool tieWordEmbeddings = false;           // output head shares the token embedding
   bool attentionBias = false;               // Llama family: q/k/v projections have biases (Qwen2)
+  bool queryKeyNorm = false;                // Llama family: an RMSNorm over each head of q and k before
+                                            // RoPE (Qwen3's q_norm / k_norm, head_dim weights)
+  bool rmsNormUnitOffset = false;           // Llama family: RMSNorm scales by 1 + weight in fp32 and
+                                            // casts after (GemmaRMSNorm)
+  bool embeddingScale = false;              // Llama family: embeddings × √hiddenSize (Gemma's normalizer)
   HiddenAct hiddenAct = HiddenAct::SiLU;    // hidden_act / activation_function
   // Mixture of experts (Llama family): 0 experts = a dense MLP.
   std::int64_t numExperts = 0;              // num_local_experts / num_experts

@@ -143,7 +143,8 @@ ConfigImport ImportHfConfig(std::string_view text) {
   auto type = doc.find("model_type");
   if (type == doc.end() || !type->is_string()) {
     out.errors.push_back({ErrorCode::MissingField, "config.model_type",
-                          "config.json needs a model_type (gpt2, llama, mistral, qwen2, mixtral, qwen2_moe, gemma, phi3, bert)."});
+                          "config.json needs a model_type (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, "
+                          "phi3, bert)."});
     return out;
   }
   out.modelType = type->get<std::string>();
@@ -169,12 +170,14 @@ ConfigImport ImportHfConfig(std::string_view text) {
     r.Number({"attn_pdrop"}, a.attentionDropout);
     r.Bool({"tie_word_embeddings"}, a.tieWordEmbeddings);
   } else if (t == "llama" || t == "mistral" || t == "qwen2" || t == "mixtral" || t == "qwen2_moe" ||
-             t == "gemma" || t == "phi3" || t == "qwen3") {
+             t == "gemma" || t == "phi3" || t == "qwen3" || t == "qwen3_moe") {
     a = DefaultArchitecture(Family::Llama);
     a.numKeyValueHeads = 0;
     a.tieWordEmbeddings = t == "gemma";  // each config class's default
     a.attentionBias = t == "qwen2" || t == "qwen2_moe";
     a.hiddenAct = t == "gemma" ? HiddenAct::GELUTanh : HiddenAct::SiLU;
+    a.queryKeyNorm = t == "qwen3" || t == "qwen3_moe";      // Qwen3Attention's q_norm, k_norm
+    a.rmsNormUnitOffset = a.embeddingScale = t == "gemma";  // GemmaRMSNorm, GemmaModel's normalizer
     r.Int({"vocab_size"}, a.vocabSize, true);
     r.Int({"hidden_size"}, a.hiddenSize, true);
     r.Int({"num_hidden_layers"}, a.numLayers, true);
@@ -189,6 +192,14 @@ ConfigImport ImportHfConfig(std::string_view text) {
     if (t == "mixtral") {
       r.Int({"num_local_experts"}, a.numExperts, true);
       r.Int({"num_experts_per_tok"}, a.expertsPerToken, true);
+    } else if (t == "qwen3_moe") {
+      // Qwen3MoeSparseMoeBlock: routed experts only (no shared expert), top-k renormalised when
+      // norm_topk_prob (Qwen3-30B-A3B, 235B-A22B).
+      r.Int({"num_experts"}, a.numExperts, true);
+      r.Int({"num_experts_per_tok"}, a.expertsPerToken, true);
+      r.Int({"moe_intermediate_size"}, a.expertIntermediateSize, true);
+      r.Use("norm_topk_prob");
+      out.notes.push_back("Qwen3-MoE: every layer is taken as sparse (decoder_sparse_step 1, no mlp_only_layers).");
     } else if (t == "qwen2_moe") {
       r.Int({"num_experts"}, a.numExperts, true);
       r.Int({"num_experts_per_tok"}, a.expertsPerToken, true);
@@ -197,16 +208,9 @@ ConfigImport ImportHfConfig(std::string_view text) {
       a.sharedExpertGate = a.sharedExpertIntermediateSize > 0;
       out.notes.push_back("Qwen2-MoE: every layer is taken as sparse (decoder_sparse_step 1, no mlp_only_layers).");
     }
-    if (t == "gemma") {
-      out.notes.push_back("Gemma is simulated with the Llama block (same tensors and count); its embedding "
-                          "scaling and (1 + weight) RMSNorm are not separate ops here.");
-    }
     if (t == "phi3") {
       out.notes.push_back("Phi-3's fused qkv_proj and gate_up_proj are listed as Llama's separate q/k/v and "
                           "gate/up projections: the same parameters, near-identical activations.");
-    }
-    if (t == "qwen3") {
-      out.notes.push_back("Qwen3's per-head q/k RMSNorms (2 × head_dim parameters per layer) are not listed.");
     }
   } else if (t == "bert") {
     a = DefaultArchitecture(Family::BERT);
@@ -231,7 +235,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   } else {
     out.errors.push_back({ErrorCode::InvalidField, "config.model_type",
                           "model_type \"" + t.substr(0, 40) + "\" is not simulated yet; supported: gpt2, llama, "
-                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, gemma, phi3, bert."});
+                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, phi3, bert."});
     return out;
   }
   r.ListIgnored();

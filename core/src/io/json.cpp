@@ -212,7 +212,8 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
 
   r.RejectUnknown(v, {"family", "vocabSize", "hiddenSize", "numLayers", "numHeads", "numKeyValueHeads",
                       "headDim", "intermediateSize", "maxPositionEmbeddings", "typeVocabSize",
-                      "tieWordEmbeddings", "attentionBias", "hiddenAct", "numExperts", "expertsPerToken",
+                      "tieWordEmbeddings", "attentionBias", "queryKeyNorm", "rmsNormUnitOffset",
+                      "embeddingScale", "hiddenAct", "numExperts", "expertsPerToken",
                       "expertIntermediateSize", "sharedExpertIntermediateSize", "sharedExpertGate",
                       "hiddenDropout", "attentionDropout", "encoderHead", "numLabels"},
                   path);
@@ -232,6 +233,9 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
   r.Int(v, "typeVocabSize", path, a.typeVocabSize);
   r.Bool(v, "tieWordEmbeddings", path, a.tieWordEmbeddings);
   r.Bool(v, "attentionBias", path, a.attentionBias);
+  r.Bool(v, "queryKeyNorm", path, a.queryKeyNorm);
+  r.Bool(v, "rmsNormUnitOffset", path, a.rmsNormUnitOffset);
+  r.Bool(v, "embeddingScale", path, a.embeddingScale);
   r.Enum(v, "hiddenAct", path, a.hiddenAct);
   r.Int(v, "numExperts", path, a.numExperts);
   r.Int(v, "expertsPerToken", path, a.expertsPerToken);
@@ -542,7 +546,8 @@ ojson ArchitectureJson(const ArchitectureDef& a) {
           {"headDim", a.headDim}, {"intermediateSize", a.intermediateSize},
           {"maxPositionEmbeddings", a.maxPositionEmbeddings}, {"typeVocabSize", a.typeVocabSize},
           {"tieWordEmbeddings", a.tieWordEmbeddings}, {"attentionBias", a.attentionBias},
-          {"hiddenAct", IdOf(a.hiddenAct)}, {"numExperts", a.numExperts},
+          {"queryKeyNorm", a.queryKeyNorm}, {"rmsNormUnitOffset", a.rmsNormUnitOffset},
+          {"embeddingScale", a.embeddingScale}, {"hiddenAct", IdOf(a.hiddenAct)}, {"numExperts", a.numExperts},
           {"expertsPerToken", a.expertsPerToken}, {"expertIntermediateSize", a.expertIntermediateSize},
           {"sharedExpertIntermediateSize", a.sharedExpertIntermediateSize},
           {"sharedExpertGate", a.sharedExpertGate}, {"hiddenDropout", a.hiddenDropout},

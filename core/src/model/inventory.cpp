@@ -90,6 +90,10 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
         add(b, "self_attn.v_proj.weight", {kv * d, h}, L);
         if (a.attentionBias) add(b, "self_attn.v_proj.bias", {kv * d}, L);
         add(b, "self_attn.o_proj.weight", {h, heads * d}, L);
+        if (a.queryKeyNorm) {  // Qwen3Attention registers them after o_proj
+          add(b, "self_attn.q_norm.weight", {d}, L);
+          add(b, "self_attn.k_norm.weight", {d}, L);
+        }
         add(b, "post_attention_layernorm.weight", {h}, L);
         if (a.numExperts == 0) {
           add(b, "mlp.gate_proj.weight", {inter, h}, L);

@@ -14,7 +14,7 @@ constexpr Named<ModelKind> kModelKinds[] = {
 };
 constexpr Named<Family> kFamilies[] = {
     {Family::GPT2, "gpt2", "GPT-2"},
-    {Family::Llama, "llama", "Llama / Mistral / Qwen2 / Mixtral"},
+    {Family::Llama, "llama", "Llama / Mistral / Qwen / Gemma / Mixtral"},
     {Family::BERT, "bert", "BERT (encoder)"},
 };
 constexpr Named<HiddenAct> kHiddenActs[] = {

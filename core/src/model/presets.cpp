@@ -61,8 +61,11 @@ std::vector<Preset> MakePresets() {
   auto qwen = [](ArchitectureDef a) { a.attentionBias = true; return a; };
   auto gemma = [](ArchitectureDef a) {
     a.headDim = 256; a.tieWordEmbeddings = true; a.hiddenAct = HiddenAct::GELUTanh;
+    a.rmsNormUnitOffset = true; a.embeddingScale = true;
     return a;
   };
+  // Qwen3: q_norm / k_norm on each head, head_dim 128 whatever the hidden size.
+  auto qwen3 = [](ArchitectureDef a) { a.queryKeyNorm = true; a.headDim = 128; return a; };
   auto experts = [](ArchitectureDef a, std::int64_t count, std::int64_t perToken) {
     a.numExperts = count; a.expertsPerToken = perToken;
     return a;
@@ -96,13 +99,16 @@ std::vector<Preset> MakePresets() {
   add("qwen2.5-14b", "Qwen2.5 14B", "Qwen/Qwen2.5-14B", qwen(llama(152064, 5120, 48, 40, 8, 13824)), 14'770'033'664);
   add("qwen2.5-72b", "Qwen2.5 72B", "Qwen/Qwen2.5-72B", qwen(llama(152064, 8192, 80, 64, 8, 29568)), 72'706'203'648);
 
-  const char* allCounted = "all parameters (tied head counted once)";
-  const char* gemmaNote = "Simulated with the Llama block: the same tensors and count; Gemma's embedding "
-                          "scaling and (1 + weight) RMSNorm are not separate ops here.";
-  add("gemma-2b", "Gemma 2B", "google/gemma-2b", gemma(llama(256000, 2048, 18, 8, 1, 16384)), 2'506'172'416,
-      allCounted, gemmaNote);
-  add("gemma-7b", "Gemma 7B", "google/gemma-7b", gemma(llama(256000, 3072, 28, 16, 16, 24576)), 8'537'680'896,
-      allCounted, gemmaNote);
+  // Qwen3 model cards: 0.6B (0.44B non-embedding), 1.7B (1.4B), 4.0B (3.6B), 8.2B (6.95B); the
+  // counts below are the configs' exact ones, which round to those.
+  add("qwen3-0.6b", "Qwen3 0.6B", "Qwen/Qwen3-0.6B", tied(qwen3(llama(151936, 1024, 28, 16, 8, 3072))), 596'049'920);
+  add("qwen3-1.7b", "Qwen3 1.7B", "Qwen/Qwen3-1.7B", tied(qwen3(llama(151936, 2048, 28, 16, 8, 6144))),
+      1'720'574'976);
+  add("qwen3-4b", "Qwen3 4B", "Qwen/Qwen3-4B", tied(qwen3(llama(151936, 2560, 36, 32, 8, 9728))), 4'022'468'096);
+  add("qwen3-8b", "Qwen3 8B", "Qwen/Qwen3-8B", qwen3(llama(151936, 4096, 36, 32, 8, 12288)), 8'190'735'360);
+
+  add("gemma-2b", "Gemma 2B", "google/gemma-2b", gemma(llama(256000, 2048, 18, 8, 1, 16384)), 2'506'172'416);
+  add("gemma-7b", "Gemma 7B", "google/gemma-7b", gemma(llama(256000, 3072, 28, 16, 16, 24576)), 8'537'680'896);
   add("phi-3-mini-4k", "Phi-3 mini 4k (3.8B)", "microsoft/Phi-3-mini-4k-instruct",
       llama(32064, 3072, 32, 32, 32, 8192), 3'821'079'552, "all parameters",
       "Phi-3's fused qkv_proj and gate_up_proj are listed as separate projections: the same parameters.");

@@ -307,6 +307,8 @@ namespace events {
 // broadcast product 2 (sim/ops.cpp SumToScratch, Mul).
 constexpr double kGpt2Block = 480, kBertBlock = 510, kLlamaBlock = 555;
 constexpr double kAttentionBias = 95;   // Qwen2's q/k/v biases
+constexpr double kQueryKeyNorm = 170;   // Qwen3's q_norm and k_norm (two RMSNorms on the heads)
+constexpr double kUnitOffsetNorm = 40;  // Gemma's norms: weight.float(), 1 + weight, the fp32 product (two a block)
 constexpr double kExpert = 155;         // one routed expert's ops (gate, up, down, act, index, routing weight)
 constexpr double kSharedExpert = 160;   // Qwen2-MoE's shared expert and its gate
 // Recomputing blocks during backward: the whole block (every/every-kth) or its attention core.
@@ -357,9 +359,10 @@ EventBudget PredictEventsOf(const Setup& setup) {
     case Family::BERT: block = events::kBertBlock; tensors = 16; break;
     case Family::Llama:
       block = events::kLlamaBlock + (a.attentionBias ? events::kAttentionBias : 0.0) +
+              (a.queryKeyNorm ? events::kQueryKeyNorm : 0.0) + (a.rmsNormUnitOffset ? events::kUnitOffsetNorm : 0.0) +
               events::kExpert * experts +
               (a.sharedExpertIntermediateSize > 0 ? events::kSharedExpert : 0.0);
-      tensors = 9 + (a.attentionBias ? 3 : 0) + (experts > 0 ? 1 + 3 * experts : 0) +
+      tensors = 9 + (a.attentionBias ? 3 : 0) + (a.queryKeyNorm ? 2 : 0) + (experts > 0 ? 1 + 3 * experts : 0) +
                 (a.sharedExpertIntermediateSize > 0 ? 4 : 0);
       break;
   }
@@ -498,6 +501,9 @@ std::span<const ArchitectureField> ArchitectureFields() {
       {"numLabels", "Classes", "count", "", "outputs of the classifier", false, false, true, "encoderHead", "classification"},
       {"tieWordEmbeddings", "Output head shares the token embedding (tied)", "bool", "", "", true, true, false, "", ""},
       {"attentionBias", "q/k/v projections have biases (Qwen2)", "bool", "", "", false, true, false, "", ""},
+      {"queryKeyNorm", "RMSNorm on each query and key head (Qwen3)", "bool", "", "", false, true, false, "", ""},
+      {"rmsNormUnitOffset", "RMSNorm scales by 1 + weight in fp32 (Gemma)", "bool", "", "", false, true, false, "", ""},
+      {"embeddingScale", "Embeddings scaled by √hidden size (Gemma)", "bool", "", "", false, true, false, "", ""},
       {"numExperts", "Experts", "count", "", "0 = dense MLP (mixture of experts when more)", false, true, false, "", ""},
       {"expertsPerToken", "Experts per token", "count", "", "top-k routing", false, true, false, "numExperts", "positive"},
       {"expertIntermediateSize", "Expert MLP width", "count", "", "elements; 0 = intermediateSize", false, true, false, "numExperts", "positive"},

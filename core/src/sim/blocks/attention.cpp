@@ -224,6 +224,18 @@ ValueId Heads(Model& m, ValueId x, std::int64_t n, const char* name) {
   return heads;
 }
 
+ValueId NormedHeads(Model& m, ValueId projected, std::int64_t n, const Module& norm, const char* name) {
+  Tape& t = m.t;
+  const TextPart base = TextPart::View(name);
+  const ValueId split = ops::View(t, projected, {m.b, m.s, n, HeadDim(m.a)}, t.T({base, " view"}));
+  t.Drop(projected);
+  const ValueId normed = RmsNorm(m, split, norm);
+  t.Drop(split);
+  const ValueId heads = ops::View(t, normed, {m.b, n, m.s, HeadDim(m.a)}, t.T({base, " transpose"}));
+  t.Drop(normed);
+  return heads;
+}
+
 ValueId Rope(Model& m, ValueId x, ValueId cos, ValueId sin, const char* name) {
   Tape& t = m.t;
   const TextPart n = TextPart::View(name);

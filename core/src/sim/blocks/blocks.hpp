@@ -44,6 +44,9 @@ bool MegatronGpt(const ArchitectureDef& a, const TrainingDef& t, std::int64_t te
 bool MaskedSoftmaxKernelAvailable(std::int64_t b, std::int64_t heads, std::int64_t sq, std::int64_t sk, DType scores);
 // [b, s, n·d] → [b, n, s, d] (views).
 ValueId Heads(Model& m, ValueId x, std::int64_t n, const char* name);
+// norm(x.view(b, s, n, d)).transpose(1, 2): an RMSNorm over each head (Qwen3's q_norm, k_norm).
+// Takes the caller's reference to `projected` (the projection's output, released here).
+ValueId NormedHeads(Model& m, ValueId projected, std::int64_t n, const Module& norm, const char* name);
 // apply_rotary_pos_emb: x·cos + rotate_half(x)·sin.
 ValueId Rope(Model& m, ValueId x, ValueId cos, ValueId sin, const char* name);
 // Attention on q, k, v (the caller's, released here; eager or SDPA, recomputed under selective

@@ -22,6 +22,21 @@ ValueId RmsNorm(Model& m, ValueId x, const Module& module) {
   const ValueId normed = ops::Mul(t, x32, rstd, t.T({name, " x * rsqrt"}));
   t.Drop(x32);
   t.Drop(rstd);
+  if (m.a.rmsNormUnitOffset) {
+    // GemmaRMSNorm (transformers models/gemma/modeling_gemma.py): output * (1.0 +
+    // self.weight.float()), then output.type_as(x). The scale is applied in fp32, so the product
+    // saves the fp32 normalised rows where Llama's saves their 16-bit cast; weight.float() and
+    // 1 + weight are [hidden] temporaries.
+    const ValueId weight32 = ops::To(t, m.P(module), DType::FP32);
+    const ValueId scale = ops::AddConstant(t, weight32, kNoValue, t.T({name, " 1 + weight"}));
+    t.Drop(weight32);
+    const ValueId scaled = ops::Mul(t, normed, scale, t.T({name, " x * (1 + weight)"}));
+    t.Drop(normed);
+    t.Drop(scale);
+    const ValueId y = ops::To(t, scaled, inputType);
+    t.Drop(scaled);
+    return y;
+  }
   const ValueId cast = ops::To(t, normed, inputType);
   t.Drop(normed);
   const ValueId y = ops::Mul(t, m.P(module), cast, t.T({name, " weight * x"}));

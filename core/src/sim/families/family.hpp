@@ -16,6 +16,9 @@ using RunBlock = std::function<ValueId(ValueId x, const Context& c, int i)>;
 ValueId Gpt2Forward(Model& m, ValueId ids, const RunBlock& block);
 ValueId Gpt2Block(Model& m, ValueId x, const Context& c, int i);
 ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block);
+// Gemma's (embeddingScale) hidden states: inputs_embeds * √hidden, a new tensor; the caller
+// keeps its reference to inputs_embeds.
+ValueId ScaledEmbeddings(Model& m, ValueId inputsEmbeds);
 ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i);
 // BERT: embeddings (with token types), post-norm layers, a classification or masked-LM head.
 ValueId BertForward(Model& m, ValueId ids, ValueId tokenTypes, const RunBlock& block);

@@ -22,16 +22,31 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
   m.Scope(i, "attention");
   const ValueId residual = t.Keep(x);
   const ValueId n1 = blocks::RmsNorm(m, x, m.Child(root, "input_layernorm"));
-  const ValueId qp = blocks::Linear(m, n1, m.Child(root, "self_attn.q_proj"), heads * d, "q_proj");
-  const ValueId kp = blocks::Linear(m, n1, m.Child(root, "self_attn.k_proj"), kv * d, "k_proj");
-  const ValueId vp = blocks::Linear(m, n1, m.Child(root, "self_attn.v_proj"), kv * d, "v_proj");
-  t.Drop(n1);
-  const ValueId q = blocks::Heads(m, qp, heads, "query");
-  const ValueId k = blocks::Heads(m, kp, kv, "key");
-  const ValueId v = blocks::Heads(m, vp, kv, "value");
-  t.Drop(qp);
-  t.Drop(kp);
-  t.Drop(vp);
+  ValueId q = kNoValue, k = kNoValue, v = kNoValue;
+  if (m.a.queryKeyNorm) {
+    // Qwen3Attention: q_norm(q_proj(x).view(b, s, heads, d)).transpose(1, 2), then k the same,
+    // then v (transformers models/qwen3/modeling_qwen3.py): each projection is normalised before
+    // the next one runs.
+    q = blocks::NormedHeads(m, blocks::Linear(m, n1, m.Child(root, "self_attn.q_proj"), heads * d, "q_proj"), heads,
+                            m.Child(root, "self_attn.q_norm"), "query");
+    k = blocks::NormedHeads(m, blocks::Linear(m, n1, m.Child(root, "self_attn.k_proj"), kv * d, "k_proj"), kv,
+                            m.Child(root, "self_attn.k_norm"), "key");
+    const ValueId vp = blocks::Linear(m, n1, m.Child(root, "self_attn.v_proj"), kv * d, "v_proj");
+    t.Drop(n1);
+    v = blocks::Heads(m, vp, kv, "value");
+    t.Drop(vp);
+  } else {
+    const ValueId qp = blocks::Linear(m, n1, m.Child(root, "self_attn.q_proj"), heads * d, "q_proj");
+    const ValueId kp = blocks::Linear(m, n1, m.Child(root, "self_attn.k_proj"), kv * d, "k_proj");
+    const ValueId vp = blocks::Linear(m, n1, m.Child(root, "self_attn.v_proj"), kv * d, "v_proj");
+    t.Drop(n1);
+    q = blocks::Heads(m, qp, heads, "query");
+    k = blocks::Heads(m, kp, kv, "key");
+    v = blocks::Heads(m, vp, kv, "value");
+    t.Drop(qp);
+    t.Drop(kp);
+    t.Drop(vp);
+  }
   const ValueId qr = blocks::Rope(m, q, c.cos, c.sin, "q");
   const ValueId kr = blocks::Rope(m, k, c.cos, c.sin, "k");
   t.Drop(q);
@@ -54,18 +69,36 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
   return y;
 }
 
+ValueId ScaledEmbeddings(Model& m, ValueId inputsEmbeds) {
+  // GemmaModel.forward: hidden_states = inputs_embeds * normalizer, a 0-dim tensor of
+  // hidden_size ** 0.5 in the embeddings' dtype, made after the rotary tables
+  // (transformers models/gemma/modeling_gemma.py). The product is a new tensor and saves
+  // nothing (the normalizer needs no gradient).
+  return ops::Scale(m.t, inputsEmbeds, "inputs_embeds * normalizer (√hidden)");
+}
+
 ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block) {
   Tape& t = m.t;
   Context c;
   m.Scope(-1, "embeddings");
-  ValueId x = blocks::WordEmbedding(m, ids, m.parameters.ByName(t, "model.embed_tokens.weight"),
-                                    "embed_tokens(input_ids)");
-  if (m.sequenceShards > 1) x = ScatterOwned(m, x, "embeddings reduce-scatter (s/t)");
+  // The model's forward holds inputs_embeds until it returns; with Gemma's scaling that is a
+  // tensor of its own (`held`), released after the last block.
+  const ValueId inputsEmbeds = blocks::WordEmbedding(m, ids, m.parameters.ByName(t, "model.embed_tokens.weight"),
+                                                     "embed_tokens(input_ids)");
+  ValueId x = m.a.embeddingScale ? kNoValue : inputsEmbeds;
+  const ValueId held = m.a.embeddingScale ? inputsEmbeds : kNoValue;
+  if (x != kNoValue && m.sequenceShards > 1) x = ScatterOwned(m, x, "embeddings reduce-scatter (s/t)");
   // Rotary tables for this forward: cos and sin [1, 1, s, head_dim] in the hidden dtype.
   m.Scope(-1, "rotary embedding");
-  c.cos = t.Fresh({1, 1, m.s, HeadDim(m.a)}, t.TypeOf(x), "cos");
-  c.sin = t.Fresh({1, 1, m.s, HeadDim(m.a)}, t.TypeOf(x), "sin");
+  c.cos = t.Fresh({1, 1, m.s, HeadDim(m.a)}, t.TypeOf(inputsEmbeds), "cos");
+  c.sin = t.Fresh({1, 1, m.s, HeadDim(m.a)}, t.TypeOf(inputsEmbeds), "sin");
+  if (held != kNoValue) {
+    m.Scope(-1, "embeddings");
+    x = ScaledEmbeddings(m, held);
+    if (m.sequenceShards > 1) x = ScatterOwned(m, x, "embeddings reduce-scatter (s/t)");
+  }
   x = DecoderBlocks(m, x, c, block);
+  t.Drop(held);
   m.Scope(-1, "final norm");
   const ValueId normed = blocks::RmsNorm(m, x, RootModule(m, "model.norm"));
   t.Drop(x);

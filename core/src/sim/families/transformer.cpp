@@ -142,6 +142,7 @@ class TransformerPass final : public ModelPass {
     Tape& t = m.t;
     Context c;
     ValueId x = kNoValue;
+    ValueId inputsEmbeds = kNoValue;  // Gemma's unscaled embeddings, held to the last block
     const bool gpt2 = a_.family == Family::GPT2;
     if (chunk_.embeddings) {
       m.Scope(-1, "embeddings");
@@ -159,9 +160,14 @@ class TransformerPass final : public ModelPass {
         x = ops::Dropout(t, sum, a_.hiddenDropout, "embedding dropout");
         t.Drop(sum);
       } else {  // as families::LlamaForward
-        x = blocks::WordEmbedding(m, ids_, m.parameters.ByName(t, "model.embed_tokens.weight"),
-                                  "embed_tokens(input_ids)");
-        x = sequence_split::RowParallelOutput(m, x, "embeddings reduce-scatter (s/t)");  // as LlamaForward
+        inputsEmbeds = blocks::WordEmbedding(m, ids_, m.parameters.ByName(t, "model.embed_tokens.weight"),
+                                             "embed_tokens(input_ids)");
+        if (a_.embeddingScale) {
+          x = t.Keep(inputsEmbeds);  // scaled after the rotary tables, as LlamaForward
+        } else {
+          x = sequence_split::RowParallelOutput(m, inputsEmbeds, "embeddings reduce-scatter (s/t)");
+          inputsEmbeds = kNoValue;
+        }
       }
     } else {
       // With sequence parallelism the stage boundary carries the rank's s/t tokens (Megatron
@@ -180,7 +186,14 @@ class TransformerPass final : public ModelPass {
       c.cos = t.Fresh({1, 1, s_, HeadDim(a_)}, t.TypeOf(x), "cos");
       c.sin = t.Fresh({1, 1, s_, HeadDim(a_)}, t.TypeOf(x), "sin");
     }
+    if (inputsEmbeds != kNoValue) {
+      m.Scope(-1, "embeddings");
+      t.Drop(x);
+      x = sequence_split::RowParallelOutput(m, families::ScaledEmbeddings(m, inputsEmbeds),
+                                            "embeddings reduce-scatter (s/t)");
+    }
     x = families::DecoderBlocks(m, x, c, block);
+    t.Drop(inputsEmbeds);
     if (chunk_.head) {
       m.Scope(-1, "final norm");
       const ValueId normed = gpt2 ? blocks::LayerNorm(m, x, families::RootModule(m, "transformer.ln_f"))
