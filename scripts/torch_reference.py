@@ -88,6 +88,9 @@ def read_config(setup):
         qk_norm=family == "llama" and bool(a.get("queryKeyNorm", False)),
         rms_unit_offset=family == "llama" and bool(a.get("rmsNormUnitOffset", False)),
         embedding_scale=family == "llama" and bool(a.get("embeddingScale", False)),
+        fused_projections=family == "llama" and bool(a.get("fusedProjections", False)),
+        # Phi3RotaryEmbedding: dim = int(head_dim * partial_rotary_factor)
+        rotary_dim=int(head_dim * float(a.get("partialRotaryFactor") or 1.0)),
         act=a.get("hiddenAct") or default_act,
         num_experts=num_experts,
         top_k=a.get("expertsPerToken") or 2,
@@ -681,7 +684,7 @@ class LlamaRMSNorm(nn.Module):
 class LlamaRotaryEmbedding(nn.Module):
     def __init__(self, cfg, device, base=10000.0):
         super().__init__()
-        d = cfg.head_dim
+        d = cfg.rotary_dim
         inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
         self.register_buffer("inv_freq", inv_freq, persistent=False)   # fp32 (d/2,)
 
@@ -703,12 +706,14 @@ def rotate_half(x):
     return torch.cat((-x2, x1), dim=-1)
 
 
+def rotate(x, cos, sin):
+    return (x * cos) + (rotate_half(x) * sin)
+
+
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
-    q_embed = (q * cos) + (rotate_half(q) * sin)
-    k_embed = (k * cos) + (rotate_half(k) * sin)
-    return q_embed, k_embed
+    return rotate(q, cos, sin), rotate(k, cos, sin)
 
 
 class LlamaAttention(nn.Module):
@@ -742,6 +747,63 @@ class LlamaAttention(nn.Module):
         attn_output = attn_output.reshape(b, s, -1).contiguous()
         attn_output = self.o_proj(attn_output)
         return attn_output
+
+
+def phi3_apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+    """Phi-3's (transformers models/phi3/modeling_phi3.py): the rotary part, then a cat with the
+    pass-through part (empty when the rotary dimension is the whole head)."""
+    cos = cos.unsqueeze(unsqueeze_dim)
+    sin = sin.unsqueeze(unsqueeze_dim)
+    rotary_dim = cos.shape[-1]
+    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+    k_rot, k_pass = k[..., :rotary_dim], k[..., rotary_dim:]
+    q_embed = torch.cat([rotate(q_rot, cos, sin), q_pass], dim=-1)
+    k_embed = torch.cat([rotate(k_rot, cos, sin), k_pass], dim=-1)
+    return q_embed, k_embed
+
+
+class Phi3Attention(nn.Module):
+    """Phi3Attention: one qkv_proj, sliced into q, k and v."""
+
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.cfg = cfg
+        h, d = cfg.hidden, cfg.head_dim
+        op_size = cfg.heads * d + 2 * (cfg.kv_heads * d)
+        self.o_proj = nn.Linear(cfg.heads * d, h, bias=False, dtype=dtype, device=device)
+        self.qkv_proj = nn.Linear(h, op_size, bias=False, dtype=dtype, device=device)
+
+    def forward(self, hidden_states, mask, cos, sin):
+        cfg = self.cfg
+        b, s, _ = hidden_states.shape
+        hidden_shape = (b, s, -1, cfg.head_dim)
+        qkv = self.qkv_proj(hidden_states)
+        query_pos = cfg.heads * cfg.head_dim
+        query_states = qkv[..., :query_pos]
+        key_states = qkv[..., query_pos:query_pos + cfg.kv_heads * cfg.head_dim]
+        value_states = qkv[..., query_pos + cfg.kv_heads * cfg.head_dim:]
+        query_states = query_states.view(hidden_shape).transpose(1, 2)
+        key_states = key_states.view(hidden_shape).transpose(1, 2)
+        value_states = value_states.view(hidden_shape).transpose(1, 2)
+        query_states, key_states = phi3_apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        attn_output = attention_core(cfg, query_states, key_states, value_states, mask,
+                                     n_rep=cfg.heads // cfg.kv_heads, causal=True)
+        attn_output = attn_output.reshape(b, s, -1).contiguous()
+        return self.o_proj(attn_output)   # qkv, a local, lives until this returns
+
+
+class Phi3MLP(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.act = cfg.act
+        self.gate_up_proj = nn.Linear(cfg.hidden, 2 * cfg.inter, bias=False, dtype=dtype, device=device)
+        self.down_proj = nn.Linear(cfg.inter, cfg.hidden, bias=False, dtype=dtype, device=device)
+
+    def forward(self, hidden_states):
+        up_states = self.gate_up_proj(hidden_states)
+        gate, up_states = up_states.chunk(2, dim=-1)
+        up_states = up_states * activation(self.act, gate)
+        return self.down_proj(up_states)
 
 
 class LlamaMLP(nn.Module):
@@ -821,8 +883,10 @@ class SparseMoeBlock(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg, dtype, device, route_bias=None):
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, dtype, device)
-        if cfg.num_experts:
+        self.self_attn = (Phi3Attention if cfg.fused_projections else LlamaAttention)(cfg, dtype, device)
+        if cfg.fused_projections:
+            self.mlp = Phi3MLP(cfg, dtype, device)
+        elif cfg.num_experts:
             self.block_sparse_moe = SparseMoeBlock(cfg, dtype, device, route_bias)
         else:
             self.mlp = LlamaMLP(cfg, cfg.inter, dtype, device)
@@ -1310,6 +1374,8 @@ TINY = {
     "gemma": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
               "numKeyValueHeads": 1, "headDim": 64, "intermediateSize": 512, "hiddenAct": "geluTanh",
               "rmsNormUnitOffset": True, "embeddingScale": True, "tieWordEmbeddings": True},
+    "phi3": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+             "numKeyValueHeads": 4, "intermediateSize": 352, "fusedProjections": True},
     "mixtral": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
                 "numKeyValueHeads": 2, "intermediateSize": 256, "numExperts": 4, "expertsPerToken": 2},
     "qwen2-moe": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,

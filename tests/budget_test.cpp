@@ -313,7 +313,11 @@ Setup RandomSetup(std::mt19937_64& rng) {
     a.attentionBias = pick(0, 1) == 1;
     a.queryKeyNorm = pick(0, 2) == 0;
     a.rmsNormUnitOffset = a.embeddingScale = pick(0, 2) == 0;
-    if (pick(0, 3) == 0) {
+    if (pick(0, 3) == 0) {  // Phi-3: fused projections (a dense MLP, no biases or q/k norms)
+      a.fusedProjections = true;
+      a.attentionBias = a.queryKeyNorm = false;
+      if (pick(0, 1)) a.partialRotaryFactor = 0.5;
+    } else if (pick(0, 3) == 0) {
       a.numExperts = pick(2, 16);
       a.expertsPerToken = pick(1, a.numExperts);
       a.expertIntermediateSize = pick(16, 2048);

@@ -75,6 +75,24 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(CountOf(q.architecture) - 151'936 * 1024 == 440'467'456);  // the card's 0.44B
     CHECK(q.notes.empty());
   }
+  SECTION("Phi-3's fused projections, and Phi-4-mini's partial rotary factor") {
+    const ConfigImport p = ImportHfConfig(R"({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+      "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+      "tie_word_embeddings": false})");
+    REQUIRE(p.ok());
+    CHECK(p.architecture.fusedProjections);
+    CHECK(CountOf(p.architecture) == FindPreset("phi-3-mini-4k")->publishedParameters);
+    CHECK(p.notes.empty());
+    // microsoft/Phi-4-mini-instruct's config.json (3.84B on its model card).
+    const ConfigImport four = ImportHfConfig(R"({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
+      "num_attention_heads": 24, "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 200064,
+      "tie_word_embeddings": true, "partial_rotary_factor": 0.75})");
+    REQUIRE(four.ok());
+    CHECK(CountOf(four.architecture) == 3'836'021'760);
+    CHECK(four.architecture.partialRotaryFactor == 0.75);
+    CHECK(RotaryDim(four.architecture) == 96);  // of 128
+    CHECK(four.notes.empty());
+  }
   SECTION("Qwen3-MoE: the q/k norms and 128 routed experts without a shared one") {
     // Qwen/Qwen3-30B-A3B's config.json; its model card: 30.5B parameters, 29.9B without embeddings.
     const ConfigImport q = ImportHfConfig(R"({"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,

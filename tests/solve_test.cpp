@@ -129,7 +129,7 @@ TEST_CASE("Llama 3 8B on a 24 GB card: the first answer is a LoRA or QLoRA setup
   CHECK(Peak(qlora->setup) == qlora->peakBytes);
   CHECK(lora->setup.finetune.r == 8);
   CHECK(lora->setup.finetune.loraAlpha == 16);
-  CHECK(lora->setup.finetune.targetModules.size() == 6);
+  CHECK(lora->setup.finetune.targetModules.size() == 8);  // Phi-3 fused names included
   CHECK(qlora->setup.finetune.quantization == Quantization::NF4);
   CHECK(qlora->setup.finetune.doubleQuant);
   CHECK(qlora->setup.finetune.computeDType == DType::BF16);

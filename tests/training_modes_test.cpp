@@ -42,7 +42,8 @@ TEST_CASE("the training modes are full then torchtune's LoRA and QLoRA recipes",
   CHECK(l.r == 8);
   CHECK(l.loraAlpha == 16);
   CHECK(l.loraDropout == 0);
-  CHECK(l.targetModules == std::vector<std::string>{"q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"});
+  CHECK(l.targetModules == std::vector<std::string>{"q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+                                                   "qkv_proj", "gate_up_proj"});
   CHECK(l.quantization == Quantization::None);
   CHECK(TrainingModeFinetune(*lora, Family::GPT2).targetModules == std::vector<std::string>{"all-linear"});
   const FinetuneDef q = TrainingModeFinetune(*qlora, Family::Llama);

@@ -277,7 +277,7 @@ TEST_CASE("the form's architecture fields are exactly the schema's", "[transform
                                              "\":" + value + "}}}", parsed);
     for (const FieldError& e : errors) CHECK(e.code != ErrorCode::UnknownField);
   }
-  CHECK(listed == 24);
+  CHECK(listed == 26);
 }
 
 TEST_CASE("transformer setups in JSON", "[transformer][json]") {
@@ -481,4 +481,27 @@ TEST_CASE("Qwen3's per-head q/k norms and Gemma's norm keep what their forwards 
     CHECK(SavedAtForwardEnd(setup([](ArchitectureDef& a) { a.rmsNormUnitOffset = a.embeddingScale = true; })) - plain ==
           norms * perNorm);
   }
+}
+
+TEST_CASE("Phi-3's fused qkv_proj stays whole while SDPA saves the value, and eager saves matmul's copy", "[transformer]") {
+  // Same shapes with separate and with fused projections, pure bf16, b = 2, s = 64.
+  const std::int64_t b = 2, s = 64, L = 2, h = 128, heads = 4, d = 32;
+  auto saved = [&](bool fused, AttentionImplementation attention) {
+    Setup x = TinyTransformer(Family::Llama, static_cast<int>(L), Precision::BF16);
+    ArchitectureDef& a = x.model.architecture;
+    a.hiddenSize = h; a.numHeads = heads; a.numKeyValueHeads = heads; a.headDim = d;
+    a.fusedProjections = fused;
+    x.training.batchSize = b;
+    x.training.sequenceLength = s;
+    x.training.attention = attention;
+    return SavedAtForwardEnd(x);
+  };
+  // SDPA saves the value as the view it is: a view of v_proj's output, or of the whole fused
+  // projection, whose query and key parts (heads·d + kv·d per token, 2 B) then stay too. The
+  // gate/up halves are views of gate_up_proj's output: the same bytes as two projections.
+  CHECK(saved(true, AttentionImplementation::SDPA) - saved(false, AttentionImplementation::SDPA) ==
+        L * b * s * (heads * d + heads * d) * 2);
+  // Eager's matmul copies the transposed value view to 3-D and saves the copy, as many bytes as
+  // v_proj's output: fused or not, the same is kept.
+  CHECK(saved(true, AttentionImplementation::Eager) == saved(false, AttentionImplementation::Eager));
 }

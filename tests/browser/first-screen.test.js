@@ -122,7 +122,7 @@ test('what you will do: LoRA and QLoRA set the core\'s fine-tuning fields; the e
 
   await page.selectOption('#training-mode', 'lora');
   const lora = await coreEstimate({ ...base, finetune: section('lora') });
-  assert.deepEqual(section('lora').targetModules, ['q_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj']);
+  assert.deepEqual(section('lora').targetModules, ['q_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj', 'qkv_proj', 'gate_up_proj']);
   assert.equal(await page.inputValue('#finetune-loraAlpha'), '16');
   await waitForAttr(page, '#peak-total', 'data-bytes', String(lora.peak.totalBytes));
   assert.equal(await page.isChecked('#finetune-lora'), true);

@@ -45,7 +45,7 @@ test('Llama 3 8B on a 24 GB card: the first suggestion is LoRA or QLoRA and appl
     const s = result.suggestions.find((x) => x.id === id);
     assert.ok(s, `${id} offered`);
     assert.equal(s.cost, 'changesResults');
-    assert.deepEqual(s.change.finetune.targetModules, ['q_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj']);
+    assert.deepEqual(s.change.finetune.targetModules, ['q_proj', 'v_proj', 'o_proj', 'gate_proj', 'up_proj', 'down_proj', 'qkv_proj', 'gate_up_proj']);
     assert.equal(gpumem.estimate(mergeSetup(setup, s.change)).device.peakDeviceBytes, s.peakBytes, `${id}: its change gives its peak`);
   }
   const qlora = result.suggestions.find((x) => x.id === 'finetune-qlora');

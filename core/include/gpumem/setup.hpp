@@ -187,6 +187,10 @@ struct ArchitectureDef {
   bool rmsNormUnitOffset = false;           // Llama family: RMSNorm scales by 1 + weight in fp32 and
                                             // casts after (GemmaRMSNorm)
   bool embeddingScale = false;              // Llama family: embeddings × √hiddenSize (Gemma's normalizer)
+  bool fusedProjections = false;            // Llama family: Phi3DecoderLayer's fused qkv_proj and
+                                            // gate_up_proj (sliced and chunked), and its RoPE's cat
+  double partialRotaryFactor = 1.0;         // with fusedProjections: the share of each head RoPE
+                                            // rotates, in (0, 1] (partial_rotary_factor; Phi-4-mini 0.75)
   HiddenAct hiddenAct = HiddenAct::SiLU;    // hidden_act / activation_function
   // Mixture of experts (Llama family): 0 experts = a dense MLP.
   std::int64_t numExperts = 0;              // num_local_experts / num_experts
@@ -220,6 +224,7 @@ std::span<const ArchitectureField> ArchitectureFields();
 ArchitectureDef DefaultArchitecture(Family family);
 // Derived sizes (zero fields resolved).
 std::int64_t HeadDim(const ArchitectureDef& a);            // headDim or hiddenSize / numHeads
+std::int64_t RotaryDim(const ArchitectureDef& a);          // int(headDim × partialRotaryFactor)
 std::int64_t KeyValueHeads(const ArchitectureDef& a);      // numKeyValueHeads or numHeads
 std::int64_t IntermediateSize(const ArchitectureDef& a);   // intermediateSize or 4·hiddenSize
 std::int64_t ExpertIntermediateSize(const ArchitectureDef& a);

@@ -209,8 +209,8 @@ ConfigImport ImportHfConfig(std::string_view text) {
       out.notes.push_back("Qwen2-MoE: every layer is taken as sparse (decoder_sparse_step 1, no mlp_only_layers).");
     }
     if (t == "phi3") {
-      out.notes.push_back("Phi-3's fused qkv_proj and gate_up_proj are listed as Llama's separate q/k/v and "
-                          "gate/up projections: the same parameters, near-identical activations.");
+      a.fusedProjections = true;  // Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj
+      r.Number({"partial_rotary_factor"}, a.partialRotaryFactor);  // Phi-4-mini: 0.75
     }
   } else if (t == "bert") {
     a = DefaultArchitecture(Family::BERT);

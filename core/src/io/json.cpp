@@ -213,7 +213,7 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
   r.RejectUnknown(v, {"family", "vocabSize", "hiddenSize", "numLayers", "numHeads", "numKeyValueHeads",
                       "headDim", "intermediateSize", "maxPositionEmbeddings", "typeVocabSize",
                       "tieWordEmbeddings", "attentionBias", "queryKeyNorm", "rmsNormUnitOffset",
-                      "embeddingScale", "hiddenAct", "numExperts", "expertsPerToken",
+                      "embeddingScale", "fusedProjections", "partialRotaryFactor", "hiddenAct", "numExperts", "expertsPerToken",
                       "expertIntermediateSize", "sharedExpertIntermediateSize", "sharedExpertGate",
                       "hiddenDropout", "attentionDropout", "encoderHead", "numLabels"},
                   path);
@@ -236,6 +236,8 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
   r.Bool(v, "queryKeyNorm", path, a.queryKeyNorm);
   r.Bool(v, "rmsNormUnitOffset", path, a.rmsNormUnitOffset);
   r.Bool(v, "embeddingScale", path, a.embeddingScale);
+  r.Bool(v, "fusedProjections", path, a.fusedProjections);
+  r.Number(v, "partialRotaryFactor", path, a.partialRotaryFactor);
   r.Enum(v, "hiddenAct", path, a.hiddenAct);
   r.Int(v, "numExperts", path, a.numExperts);
   r.Int(v, "expertsPerToken", path, a.expertsPerToken);
@@ -547,7 +549,8 @@ ojson ArchitectureJson(const ArchitectureDef& a) {
           {"maxPositionEmbeddings", a.maxPositionEmbeddings}, {"typeVocabSize", a.typeVocabSize},
           {"tieWordEmbeddings", a.tieWordEmbeddings}, {"attentionBias", a.attentionBias},
           {"queryKeyNorm", a.queryKeyNorm}, {"rmsNormUnitOffset", a.rmsNormUnitOffset},
-          {"embeddingScale", a.embeddingScale}, {"hiddenAct", IdOf(a.hiddenAct)}, {"numExperts", a.numExperts},
+          {"embeddingScale", a.embeddingScale}, {"fusedProjections", a.fusedProjections},
+          {"partialRotaryFactor", a.partialRotaryFactor}, {"hiddenAct", IdOf(a.hiddenAct)}, {"numExperts", a.numExperts},
           {"expertsPerToken", a.expertsPerToken}, {"expertIntermediateSize", a.expertIntermediateSize},
           {"sharedExpertIntermediateSize", a.sharedExpertIntermediateSize},
           {"sharedExpertGate", a.sharedExpertGate}, {"hiddenDropout", a.hiddenDropout},

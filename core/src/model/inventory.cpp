@@ -83,6 +83,14 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
         const std::string b = named ? "model.layers." + std::to_string(i) + "." : none;
         const int L = static_cast<int>(i);
         add(b, "input_layernorm.weight", {h}, L);
+        if (a.fusedProjections) {  // Phi3Attention: one [(heads + 2·kv)·d, h] projection
+          add(b, "self_attn.qkv_proj.weight", {(heads + 2 * kv) * d, h}, L);
+          add(b, "self_attn.o_proj.weight", {h, heads * d}, L);
+          add(b, "post_attention_layernorm.weight", {h}, L);
+          add(b, "mlp.gate_up_proj.weight", {2 * inter, h}, L);
+          add(b, "mlp.down_proj.weight", {h, inter}, L);
+          continue;
+        }
         add(b, "self_attn.q_proj.weight", {heads * d, h}, L);
         if (a.attentionBias) add(b, "self_attn.q_proj.bias", {heads * d}, L);
         add(b, "self_attn.k_proj.weight", {kv * d, h}, L);

@@ -109,9 +109,10 @@ std::vector<Preset> MakePresets() {
 
   add("gemma-2b", "Gemma 2B", "google/gemma-2b", gemma(llama(256000, 2048, 18, 8, 1, 16384)), 2'506'172'416);
   add("gemma-7b", "Gemma 7B", "google/gemma-7b", gemma(llama(256000, 3072, 28, 16, 16, 24576)), 8'537'680'896);
-  add("phi-3-mini-4k", "Phi-3 mini 4k (3.8B)", "microsoft/Phi-3-mini-4k-instruct",
-      llama(32064, 3072, 32, 32, 32, 8192), 3'821'079'552, "all parameters",
-      "Phi-3's fused qkv_proj and gate_up_proj are listed as separate projections: the same parameters.");
+  ArchitectureDef phi3 = llama(32064, 3072, 32, 32, 32, 8192);
+  phi3.fusedProjections = true;  // qkv_proj, gate_up_proj
+  add("phi-3-mini-4k", "Phi-3 mini 4k (3.8B)", "microsoft/Phi-3-mini-4k-instruct", phi3, 3'821'079'552,
+      "all parameters");
 
   add("mixtral-8x7b", "Mixtral 8x7B", "mistralai/Mixtral-8x7B-v0.1", experts(llama(32000, 4096, 32, 32, 8, 14336), 8, 2),
       46'702'792'704);

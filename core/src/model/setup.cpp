@@ -171,6 +171,19 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
     CheckCount(errors, p + "maxPositionEmbeddings", a.maxPositionEmbeddings, Limits::maxSequenceLength,
                "maxPositionEmbeddings (rows of the learned position table)");
   }
+  if (!std::isfinite(a.partialRotaryFactor) || a.partialRotaryFactor <= 0.0 || a.partialRotaryFactor > 1.0) {
+    errors.push_back({ErrorCode::InvalidField, p + "partialRotaryFactor",
+                      "The rotary share of a head must be in (0, 1] (1 rotates the whole head)."});
+  } else if (a.partialRotaryFactor < 1.0 && !(a.family == Family::Llama && a.fusedProjections)) {
+    errors.push_back({ErrorCode::InvalidField, p + "partialRotaryFactor",
+                      "A partial rotary share is simulated with Phi-3's RoPE (fusedProjections); Llama's "
+                      "apply_rotary_pos_emb rotates whole heads."});
+  }
+  if (a.family == Family::Llama && a.fusedProjections && (a.numExperts > 0 || a.attentionBias || a.queryKeyNorm)) {
+    // Phi3DecoderLayer: one bias-free qkv_proj and a dense gate_up_proj, nothing else.
+    errors.push_back({ErrorCode::InvalidField, p + "fusedProjections",
+                      "Fused projections (Phi-3) go with a dense MLP, no q/k/v biases and no q/k norms."});
+  }
   if (a.family == Family::BERT) {
     CheckCount(errors, p + "typeVocabSize", a.typeVocabSize, kMaxVocab, "typeVocabSize");
     if (a.encoderHead == EncoderHead::Classification) {
@@ -183,6 +196,12 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
   }
   if (errors.size() != before) return;  // the relations below need sane sizes
 
+  if (a.partialRotaryFactor < 1.0 && (RotaryDim(a) < 2 || RotaryDim(a) % 2 != 0)) {
+    // rotate_half splits the rotary part in two halves.
+    errors.push_back({ErrorCode::InvalidField, p + "partialRotaryFactor",
+                      "The rotary part of a head (" + FormatCount(RotaryDim(a)) + " of " + FormatCount(HeadDim(a)) +
+                          " values) must be a positive even number."});
+  }
   if (a.headDim == 0 && a.hiddenSize % a.numHeads != 0) {
     // Only the Llama family has a head_dim of its own (Gemma, Qwen3 set it); GPT-2 and BERT
     // split the hidden size across the heads.
@@ -504,6 +523,8 @@ std::span<const ArchitectureField> ArchitectureFields() {
       {"queryKeyNorm", "RMSNorm on each query and key head (Qwen3)", "bool", "", "", false, true, false, "", ""},
       {"rmsNormUnitOffset", "RMSNorm scales by 1 + weight in fp32 (Gemma)", "bool", "", "", false, true, false, "", ""},
       {"embeddingScale", "Embeddings scaled by √hidden size (Gemma)", "bool", "", "", false, true, false, "", ""},
+      {"fusedProjections", "Fused qkv and gate/up projections (Phi-3)", "bool", "", "", false, true, false, "", ""},
+      {"partialRotaryFactor", "Rotary share of a head", "number", "", "0 < f ≤ 1 (Phi-4-mini 0.75); fused projections only", false, true, false, "", ""},
       {"numExperts", "Experts", "count", "", "0 = dense MLP (mixture of experts when more)", false, true, false, "", ""},
       {"expertsPerToken", "Experts per token", "count", "", "top-k routing", false, true, false, "numExperts", "positive"},
       {"expertIntermediateSize", "Expert MLP width", "count", "", "elements; 0 = intermediateSize", false, true, false, "numExperts", "positive"},
@@ -538,6 +559,10 @@ ArchitectureDef DefaultArchitecture(Family family) {
 
 std::int64_t HeadDim(const ArchitectureDef& a) {
   return a.headDim > 0 ? a.headDim : a.numHeads > 0 ? a.hiddenSize / a.numHeads : 0;
+}
+std::int64_t RotaryDim(const ArchitectureDef& a) {
+  // Phi3RotaryEmbedding: dim = int(head_dim * partial_rotary_factor).
+  return a.partialRotaryFactor >= 1.0 ? HeadDim(a) : static_cast<std::int64_t>(double(HeadDim(a)) * a.partialRotaryFactor);
 }
 std::int64_t KeyValueHeads(const ArchitectureDef& a) {
   return a.numKeyValueHeads > 0 ? a.numKeyValueHeads : a.numHeads;

@@ -46,8 +46,12 @@ void ApplyTrainingMode(const TrainingMode& mode, Family family, FinetuneDef& f) 
   f.r = 8;
   f.loraAlpha = 16;
   f.loraDropout = 0;
+  // Phi-3's fused projections are named qkv_proj and gate_up_proj (its PEFT recipes target those
+  // with o_proj and down_proj); a name that matches no module is skipped, as PEFT does while
+  // another one matches.
   f.targetModules = family == Family::Llama
-                        ? std::vector<std::string>{"q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+                        ? std::vector<std::string>{"q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                   "down_proj", "qkv_proj", "gate_up_proj"}
                         : std::vector<std::string>{"all-linear"};
   if (mode.nf4) {
     f.quantization = Quantization::NF4;

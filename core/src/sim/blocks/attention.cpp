@@ -173,7 +173,14 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
                             : EagerSoftmax(t, raw, mask, t.TypeOf(q), SoftmaxInFp32(m));
   const ValueId dropped = ops::Dropout(t, probs, m.a.attentionDropout, "attention dropout");
   t.Drop(probs);
-  out = ops::MatMul(t, dropped, vals, full, "probs·v");
+  // torch.matmul reshapes a 4-D operand to 3-D for bmm, copying a value view that cannot be
+  // viewed so (a transposed projection), and bmm saves that copy. Where the value is a
+  // projection's own output the saved view keeps the same bytes, so only Phi-3's value, a slice
+  // of the wider fused qkv, is copied here: the copy is saved and qkv can go.
+  const bool copiesValue = m.a.fusedProjections && kv == heads;
+  const ValueId read = copiesValue ? ops::Copy(t, vals, full, "value.reshape (matmul's copy of the view)") : t.Keep(vals);
+  out = ops::MatMul(t, dropped, read, full, "probs·v");
+  t.Drop(read);
   t.Drop(dropped);
   t.Drop(keys);
   t.Drop(vals);
@@ -234,6 +241,70 @@ ValueId NormedHeads(Model& m, ValueId projected, std::int64_t n, const Module& n
   const ValueId heads = ops::View(t, normed, {m.b, n, m.s, HeadDim(m.a)}, t.T({base, " transpose"}));
   t.Drop(normed);
   return heads;
+}
+
+namespace {
+
+// x[..., from:from + width] along the last dimension: a view whose backward (SliceBackward0,
+// slice_backward) makes a zero gradient of x's whole size and copies its own into it.
+ValueId SliceLast(Tape& t, ValueId x, std::int64_t width, TextPart name) {
+  Shape shape = t.ShapeOf(x);
+  shape.back() = width;
+  return t.Apply({.name = name, .inputs = {{x}}, .shape = shape, .type = t.TypeOf(x), .viewOf = x});
+}
+
+}  // namespace
+
+FusedHeads FusedQkvHeads(Model& m, ValueId qkv) {
+  Tape& t = m.t;
+  const std::int64_t heads = m.a.numHeads, kv = KeyValueHeads(m.a), d = HeadDim(m.a);
+  // Phi3Attention.forward (transformers models/phi3/modeling_phi3.py): query, key and value are
+  // slices of qkv's last dimension, each viewed as heads and transposed. The slices keep qkv's
+  // storage: while SDPA saves the value view, the whole projection stays.
+  const ValueId qs = SliceLast(t, qkv, heads * d, "qkv[..., :query_pos]");
+  const ValueId ks = SliceLast(t, qkv, kv * d, "qkv[..., query_pos:query_pos + kv·d]");
+  const ValueId vs = SliceLast(t, qkv, kv * d, "qkv[..., query_pos + kv·d:]");
+  FusedHeads out;
+  out.q = Heads(m, qs, heads, "query");
+  out.k = Heads(m, ks, kv, "key");
+  out.v = Heads(m, vs, kv, "value");
+  t.Drop(qs);
+  t.Drop(ks);
+  t.Drop(vs);
+  return out;
+}
+
+std::pair<ValueId, ValueId> RopeWithPass(Model& m, ValueId q, ValueId k, ValueId cos, ValueId sin) {
+  Tape& t = m.t;
+  // Phi-3's apply_rotary_pos_emb: q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:] (and
+  // k's), then torch.cat([q_rot·cos + rotate_half(q_rot)·sin, q_pass], dim=-1). With the rotary
+  // dimension the whole head, q[..., :d] is q itself (indexing returns self for a full slice)
+  // and q_pass an empty view whose SliceBackward0 still makes a zero gradient of q's size; with
+  // a partial one (partial_rotary_factor) both are slices, each with such a gradient. The cat is
+  // a new tensor; its backward hands each part a narrowed view of its gradient.
+  const std::int64_t d = HeadDim(m.a), rotary = RotaryDim(m.a);
+  auto rot = [&](ValueId x, const char* name) {
+    return rotary == d ? t.Keep(x) : SliceLast(t, x, rotary, t.T({TextPart::View(name), "[..., :rotary_dim]"}));
+  };
+  const ValueId qRot = rot(q, "q");
+  const ValueId qPass = SliceLast(t, q, d - rotary, "q[..., rotary_dim:]");
+  const ValueId kRot = rot(k, "k");
+  const ValueId kPass = SliceLast(t, k, d - rotary, "k[..., rotary_dim:]");
+  auto embed = [&](ValueId x, ValueId pass, const char* name) {
+    const ValueId rotated = Rope(m, x, cos, sin, name);
+    t.Drop(x);
+    Shape shape = t.ShapeOf(x);
+    shape.back() = d;
+    const ValueId y = t.Apply({.name = t.T({TextPart::View(name), " cat([rotated, pass])"}),
+                               .inputs = {{rotated, In::PassThrough}, {pass, In::PassThrough}},
+                               .shape = shape, .type = t.TypeOf(rotated)});
+    t.Drop(rotated);
+    t.Drop(pass);
+    return y;
+  };
+  const ValueId qEmbed = embed(qRot, qPass, "q");
+  const ValueId kEmbed = embed(kRot, kPass, "k");
+  return {qEmbed, kEmbed};
 }
 
 ValueId Rope(Model& m, ValueId x, ValueId cos, ValueId sin, const char* name) {

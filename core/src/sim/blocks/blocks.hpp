@@ -28,6 +28,10 @@ ValueId PlainMlp(Model& m, ValueId x, const Module& up, const Module& down, cons
 ValueId GatedMlp(Model& m, ValueId x, const Module& module, std::int64_t inter, const char* gate,
                  const char* up, const char* down, TextPart label);
 
+// Phi3MLP: gate_up_proj, chunked into gate and up (views sharing one SplitBackward), then
+// down(up · act(gate)).
+ValueId FusedGatedMlp(Model& m, ValueId x, const Module& module, std::int64_t inter, TextPart label);
+
 // --- mixture of experts (moe.cpp) ---
 // MixtralSparseMoeBlock (with Qwen2-MoE's gated shared expert when the architecture has one).
 ValueId MoE(Model& m, ValueId x, const Module& block);
@@ -47,6 +51,15 @@ ValueId Heads(Model& m, ValueId x, std::int64_t n, const char* name);
 // norm(x.view(b, s, n, d)).transpose(1, 2): an RMSNorm over each head (Qwen3's q_norm, k_norm).
 // Takes the caller's reference to `projected` (the projection's output, released here).
 ValueId NormedHeads(Model& m, ValueId projected, std::int64_t n, const Module& norm, const char* name);
+// Phi-3's fused projection [b, s, (heads + 2·kv)·d] sliced into q, k, v heads ([b, n, s, d] views);
+// the caller keeps its reference to qkv.
+struct FusedHeads {
+  ValueId q = kNoValue, k = kNoValue, v = kNoValue;
+};
+FusedHeads FusedQkvHeads(Model& m, ValueId qkv);
+// Phi-3's apply_rotary_pos_emb: RoPE on q and k, each then cat with its (empty) pass-through
+// slice. Returns the new q and k; the caller keeps its references to q and k.
+std::pair<ValueId, ValueId> RopeWithPass(Model& m, ValueId q, ValueId k, ValueId cos, ValueId sin);
 // apply_rotary_pos_emb: x·cos + rotate_half(x)·sin.
 ValueId Rope(Model& m, ValueId x, ValueId cos, ValueId sin, const char* name);
 // Attention on q, k, v (the caller's, released here; eager or SDPA, recomputed under selective

@@ -72,4 +72,24 @@ ValueId GatedMlp(Model& m, ValueId x, const Module& module, std::int64_t inter, 
   return sequence_split::RowParallelOutput(m, y, t.T({d_, " reduce-scatter (s/t)"}));
 }
 
+ValueId FusedGatedMlp(Model& m, ValueId x, const Module& module, std::int64_t inter, TextPart label) {
+  Tape& t = m.t;
+  // Phi3MLP.forward (transformers models/phi3/modeling_phi3.py): up_states = gate_up_proj(x);
+  // gate, up_states = up_states.chunk(2, dim=-1); up_states = up_states * act(gate). The two
+  // halves are views of one [b, s, 2·inter] tensor that act and the product keep, and their
+  // gradients meet in one full-size tensor (split_backward's cat) before gate_up_proj's backward.
+  const ValueId gateUp = Linear(m, x, m.Child(module, "gate_up_proj"), 2 * inter, t.T({label, " gate_up_proj"}));
+  const int last = t.ShapeOf(gateUp).rank - 1;
+  const SmallVec<ValueId, 8> halves = t.Chunk(t.T({label, " gate_up.chunk(2)"}), gateUp, 2, last);
+  t.Drop(gateUp);
+  const ValueId act = Activation(m, halves[0], t.T({label, " act_fn(gate)"}));
+  const ValueId prod = ops::Mul(t, halves[1], act, t.T({label, " up·act"}));
+  t.Drop(halves[0]);
+  t.Drop(halves[1]);
+  t.Drop(act);
+  const ValueId y = Linear(m, prod, m.Child(module, "down_proj"), m.a.hiddenSize, t.T({label, " down_proj"}));
+  t.Drop(prod);
+  return sequence_split::RowParallelOutput(m, y, t.T({label, " down_proj reduce-scatter (s/t)"}));
+}
+
 }  // namespace gpumem::blocks

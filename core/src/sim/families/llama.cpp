@@ -1,5 +1,7 @@
 // LlamaForCausalLM and its relatives (Mistral, Qwen2 with QKV biases, Mixtral and Qwen2-MoE):
 // RMSNorm, rotary embeddings, grouped-query attention, a SwiGLU MLP or a mixture of experts.
+#include <tuple>
+
 #include "sim/families/family.hpp"
 #include "parallel/sequence_split.hpp"
 
@@ -22,8 +24,18 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
   m.Scope(i, "attention");
   const ValueId residual = t.Keep(x);
   const ValueId n1 = blocks::RmsNorm(m, x, m.Child(root, "input_layernorm"));
-  ValueId q = kNoValue, k = kNoValue, v = kNoValue;
-  if (m.a.queryKeyNorm) {
+  ValueId q = kNoValue, k = kNoValue, v = kNoValue, qkvLocal = kNoValue;
+  if (m.a.fusedProjections) {
+    // Phi3Attention: one qkv_proj, sliced; its RoPE ends in a cat with the pass-through part.
+    const ValueId qkv = blocks::Linear(m, n1, m.Child(root, "self_attn.qkv_proj"), (heads + 2 * kv) * d, "qkv_proj");
+    t.Drop(n1);
+    const blocks::FusedHeads fused = blocks::FusedQkvHeads(m, qkv);
+    qkvLocal = qkv;  // Phi3Attention.forward's local `qkv`: referenced until it returns
+    v = fused.v;
+    std::tie(q, k) = blocks::RopeWithPass(m, fused.q, fused.k, c.cos, c.sin);
+    t.Drop(fused.q);
+    t.Drop(fused.k);
+  } else if (m.a.queryKeyNorm) {
     // Qwen3Attention: q_norm(q_proj(x).view(b, s, heads, d)).transpose(1, 2), then k the same,
     // then v (transformers models/qwen3/modeling_qwen3.py): each projection is normalised before
     // the next one runs.
@@ -47,21 +59,25 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
     t.Drop(kp);
     t.Drop(vp);
   }
-  const ValueId qr = blocks::Rope(m, q, c.cos, c.sin, "q");
-  const ValueId kr = blocks::Rope(m, k, c.cos, c.sin, "k");
-  t.Drop(q);
-  t.Drop(k);
+  ValueId qr = q, kr = k;  // Phi-3's are rotated already
+  if (!m.a.fusedProjections) {
+    qr = blocks::Rope(m, q, c.cos, c.sin, "q");
+    kr = blocks::Rope(m, k, c.cos, c.sin, "k");
+    t.Drop(q);
+    t.Drop(k);
+  }
   // Sequence parallelism: AttentionOutput and GatedMlp reduce-scatter their row-parallel output.
   const ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
+  t.Drop(qkvLocal);
   const ValueId x2 = ops::Add(t, residual, o, "residual add");
   t.Drop(residual);
   t.Drop(o);
   m.Scope(i, m.a.numExperts > 0 ? "moe" : "mlp");
   const ValueId n2 = blocks::RmsNorm(m, x2, m.Child(root, "post_attention_layernorm"));
-  const ValueId mlp = m.a.numExperts > 0
-                          ? blocks::MoE(m, n2, root)
-                          : blocks::GatedMlp(m, n2, m.Child(root, "mlp."), IntermediateSize(m.a), "gate_proj",
-                                             "up_proj", "down_proj", "mlp");
+  const ValueId mlp = m.a.numExperts > 0       ? blocks::MoE(m, n2, root)
+                      : m.a.fusedProjections ? blocks::FusedGatedMlp(m, n2, m.Child(root, "mlp."), IntermediateSize(m.a), "mlp")
+                                             : blocks::GatedMlp(m, n2, m.Child(root, "mlp."), IntermediateSize(m.a),
+                                                                "gate_proj", "up_proj", "down_proj", "mlp");
   t.Drop(n2);
   const ValueId y = ops::Add(t, x2, mlp, "residual add");
   t.Drop(x2);
@@ -88,10 +104,10 @@ ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block) {
   ValueId x = m.a.embeddingScale ? kNoValue : inputsEmbeds;
   const ValueId held = m.a.embeddingScale ? inputsEmbeds : kNoValue;
   if (x != kNoValue && m.sequenceShards > 1) x = ScatterOwned(m, x, "embeddings reduce-scatter (s/t)");
-  // Rotary tables for this forward: cos and sin [1, 1, s, head_dim] in the hidden dtype.
+  // Rotary tables for this forward: cos and sin [1, 1, s, rotary dim] in the hidden dtype.
   m.Scope(-1, "rotary embedding");
-  c.cos = t.Fresh({1, 1, m.s, HeadDim(m.a)}, t.TypeOf(inputsEmbeds), "cos");
-  c.sin = t.Fresh({1, 1, m.s, HeadDim(m.a)}, t.TypeOf(inputsEmbeds), "sin");
+  c.cos = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, t.TypeOf(inputsEmbeds), "cos");
+  c.sin = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, t.TypeOf(inputsEmbeds), "sin");
   if (held != kNoValue) {
     m.Scope(-1, "embeddings");
     x = ScaledEmbeddings(m, held);

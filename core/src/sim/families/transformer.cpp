@@ -183,8 +183,8 @@ class TransformerPass final : public ModelPass {
     }
     if (!gpt2) {
       m.Scope(-1, "rotary embedding");
-      c.cos = t.Fresh({1, 1, s_, HeadDim(a_)}, t.TypeOf(x), "cos");
-      c.sin = t.Fresh({1, 1, s_, HeadDim(a_)}, t.TypeOf(x), "sin");
+      c.cos = t.Fresh({1, 1, s_, RotaryDim(a_)}, t.TypeOf(x), "cos");
+      c.sin = t.Fresh({1, 1, s_, RotaryDim(a_)}, t.TypeOf(x), "sin");
     }
     if (inputsEmbeds != kNoValue) {
       m.Scope(-1, "embeddings");
