@@ -14,7 +14,7 @@ constexpr Named<ModelKind> kModelKinds[] = {
 };
 constexpr Named<Family> kFamilies[] = {
     {Family::GPT2, "gpt2", "GPT-2"},
-    {Family::Llama, "llama", "Llama / Mistral / Qwen / Gemma / Mixtral"},
+    {Family::Llama, "llama", "Llama / Mistral / Qwen / Gemma / Phi-3 / Mixtral"},
     {Family::BERT, "bert", "BERT (encoder)"},
 };
 constexpr Named<HiddenAct> kHiddenActs[] = {
