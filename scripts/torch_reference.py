@@ -786,6 +786,12 @@ class Phi3Attention(nn.Module):
         key_states = key_states.view(hidden_shape).transpose(1, 2)
         value_states = value_states.view(hidden_shape).transpose(1, 2)
         query_states, key_states = phi3_apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if cfg.use_cache and cfg.attention == "sdpa":
+            # DynamicLayer.update's copies, as GPT2Attention's above: SDPA then saves them, not
+            # the value's view of qkv.
+            key_states = torch.cat([key_states.new_empty(b, key_states.shape[1], 0, cfg.head_dim), key_states], dim=-2)
+            value_states = torch.cat([value_states.new_empty(b, value_states.shape[1], 0, cfg.head_dim),
+                                      value_states], dim=-2)
         attn_output = attention_core(cfg, query_states, key_states, value_states, mask,
                                      n_rep=cfg.heads // cfg.kv_heads, causal=True)
         attn_output = attn_output.reshape(b, s, -1).contiguous()

@@ -543,6 +543,8 @@ TRANSFORMER_CASES = [
     tcase("phi3-style-ampbf16-sdpa", arch("llama", numKeyValueHeads=4, fusedProjections=True),
           precision="ampBf16", attention="sdpa"),
     tcase("phi3-style-fp32-ckpt", arch("llama", fusedProjections=True), checkpointing="everyBlock"),
+    tcase("phi3-style-bf16-sdpa-nocache", arch("llama", fusedProjections=True), precision="bf16", attention="sdpa",
+          useCache=False),
     tcase("phi4-style-partial-rotary-bf16", arch("llama", numKeyValueHeads=2, fusedProjections=True,
                                                  partialRotaryFactor=0.75, tieWordEmbeddings=True), precision="bf16"),
     tcase("gemma-style-fp32-ckpt", arch("llama", numKeyValueHeads=1, headDim=64, hiddenAct="geluTanh",

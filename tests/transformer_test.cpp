@@ -483,10 +483,10 @@ TEST_CASE("Qwen3's per-head q/k norms and Gemma's norm keep what their forwards 
   }
 }
 
-TEST_CASE("Phi-3's fused qkv_proj stays whole while SDPA saves the value, and eager saves matmul's copy", "[transformer]") {
+TEST_CASE("Phi-3's fused qkv_proj stays whole while SDPA saves the value, unless the KV cache copies it", "[transformer]") {
   // Same shapes with separate and with fused projections, pure bf16, b = 2, s = 64.
   const std::int64_t b = 2, s = 64, L = 2, h = 128, heads = 4, d = 32;
-  auto saved = [&](bool fused, AttentionImplementation attention) {
+  auto saved = [&](bool fused, AttentionImplementation attention, bool useCache) {
     Setup x = TinyTransformer(Family::Llama, static_cast<int>(L), Precision::BF16);
     ArchitectureDef& a = x.model.architecture;
     a.hiddenSize = h; a.numHeads = heads; a.numKeyValueHeads = heads; a.headDim = d;
@@ -494,14 +494,19 @@ TEST_CASE("Phi-3's fused qkv_proj stays whole while SDPA saves the value, and ea
     x.training.batchSize = b;
     x.training.sequenceLength = s;
     x.training.attention = attention;
+    x.training.useCache = useCache;
     return SavedAtForwardEnd(x);
   };
-  // SDPA saves the value as the view it is: a view of v_proj's output, or of the whole fused
-  // projection, whose query and key parts (heads·d + kv·d per token, 2 B) then stay too. The
-  // gate/up halves are views of gate_up_proj's output: the same bytes as two projections.
-  CHECK(saved(true, AttentionImplementation::SDPA) - saved(false, AttentionImplementation::SDPA) ==
-        L * b * s * (heads * d + heads * d) * 2);
+  const auto sdpa = AttentionImplementation::SDPA, eager = AttentionImplementation::Eager;
+  // Without the cache SDPA saves the value as the view it is: of v_proj's output, or of the
+  // whole fused projection, whose query and key parts (heads·d + kv·d per token, 2 B) then stay
+  // too. The gate/up halves are views of gate_up_proj's output: the same bytes as two projections.
+  CHECK(saved(true, sdpa, false) - saved(false, sdpa, false) == L * b * s * (heads * d + heads * d) * 2);
+  // With transformers' DynamicCache (use_cache, the default) SDPA saves the cache's copies of the
+  // key and the value: qkv goes, and the fused model keeps what the separate one does.
+  CHECK(saved(true, sdpa, true) == saved(false, sdpa, true));
   // Eager's matmul copies the transposed value view to 3-D and saves the copy, as many bytes as
   // v_proj's output: fused or not, the same is kept.
-  CHECK(saved(true, AttentionImplementation::Eager) == saved(false, AttentionImplementation::Eager));
+  CHECK(saved(true, eager, true) == saved(false, eager, true));
+  CHECK(saved(true, eager, false) == saved(false, eager, false));
 }
