@@ -647,38 +647,29 @@ class LlamaRMSNorm(nn.Module):
         self.variance_epsilon = eps
         self.unit_offset = unit_offset
 
-    def _gemma(self, x):
-        h = x.float()
-        h = h * torch.rsqrt(mean_last_dim(h.pow(2)) + self.variance_epsilon)
-        out = h * (1.0 + self.weight.float())
+    def _sum_scratch_on_cuda(self, out):
+        """The weight's gradient, grad * x at full size (x the 16-bit cast, or Gemma's fp32 rows
+        times 1 + weight), is summed over the rows on CUDA with a scratch buffer
+        (validate.cuda_sum_scratch); the full-size product is still live then, and freed by the
+        time the node's post hook runs here, so it is counted in."""
         if out.grad_fn is not None and self.weight.requires_grad:
-            # The broadcast operand is 1 + weight (fp32): its gradient is the fp32 product summed
-            # over the rows, with the CUDA sum's scratch, as below.
-            n = self.weight.numel()
-            rows, element_bytes = out.numel() // n, out.element_size()
-            product = out.numel() * out.element_size()
-            out.grad_fn.register_hook(
-                lambda grad_inputs, grad_outputs: cuda_sum_scratch(rows, n, element_bytes, product))
-        return out.type_as(x)
-
-    def forward(self, hidden_states):
-        if self.unit_offset:
-            return self._gemma(hidden_states)
-        input_dtype = hidden_states.dtype
-        hidden_states = hidden_states.to(torch.float32)
-        variance = mean_last_dim(hidden_states.pow(2))
-        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
-        out = self.weight * hidden_states.to(input_dtype)
-        if out.grad_fn is not None and self.weight.requires_grad:
-            # The weight's gradient, grad * x at full size, is summed over the rows on CUDA with
-            # a scratch buffer (validate.cuda_sum_scratch); the full-size product is still live
-            # then, and freed by the time the node's post hook runs here, so it is counted in.
             n = self.weight.numel()
             rows, element_bytes = out.numel() // n, out.element_size()
             product = out.numel() * out.element_size()
             out.grad_fn.register_hook(
                 lambda grad_inputs, grad_outputs: cuda_sum_scratch(rows, n, element_bytes, product))
         return out
+
+    def forward(self, hidden_states):
+        if self.unit_offset:
+            h = hidden_states.float()
+            h = h * torch.rsqrt(mean_last_dim(h.pow(2)) + self.variance_epsilon)
+            return self._sum_scratch_on_cuda(h * (1.0 + self.weight.float())).type_as(hidden_states)
+        input_dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = mean_last_dim(hidden_states.pow(2))
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self._sum_scratch_on_cuda(self.weight * hidden_states.to(input_dtype))
 
 
 class LlamaRotaryEmbedding(nn.Module):

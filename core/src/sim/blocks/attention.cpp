@@ -255,6 +255,19 @@ ValueId SliceLast(Tape& t, ValueId x, std::int64_t width, TextPart name) {
 
 }  // namespace
 
+void DynamicCacheCopies(Model& m, ValueId& k, ValueId& v) {
+  Tape& t = m.t;
+  // DynamicLayer.update's first call (transformers 5.x cache_utils.py): torch.cat onto the empty
+  // tensor of lazy_initialization, a contiguous copy of the key and of the value that the
+  // attention then reads (and SDPA saves) in place of the caller's.
+  const ValueId cachedKey = ops::Copy(t, k, t.ShapeOf(k), "DynamicCache.update: torch.cat (key)");
+  t.Drop(k);
+  k = cachedKey;
+  const ValueId cachedValue = ops::Copy(t, v, t.ShapeOf(v), "DynamicCache.update: torch.cat (value)");
+  t.Drop(v);
+  v = cachedValue;
+}
+
 FusedHeads FusedQkvHeads(Model& m, ValueId qkv) {
   Tape& t = m.t;
   const std::int64_t heads = m.a.numHeads, kv = KeyValueHeads(m.a), d = HeadDim(m.a);

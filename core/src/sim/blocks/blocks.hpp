@@ -51,6 +51,9 @@ ValueId Heads(Model& m, ValueId x, std::int64_t n, const char* name);
 // norm(x.view(b, s, n, d)).transpose(1, 2): an RMSNorm over each head (Qwen3's q_norm, k_norm).
 // Takes the caller's reference to `projected` (the projection's output, released here).
 ValueId NormedHeads(Model& m, ValueId projected, std::int64_t n, const Module& norm, const char* name);
+// transformers' DynamicCache in training: k and v replaced by the cache's copies (the callers'
+// references move to them).
+void DynamicCacheCopies(Model& m, ValueId& k, ValueId& v);
 // Phi-3's fused projection [b, s, (heads + 2·kv)·d] sliced into q, k, v heads ([b, n, s, d] views);
 // the caller keeps its reference to qkv.
 struct FusedHeads {

@@ -65,14 +65,7 @@ ValueId Gpt2Block(Model& m, ValueId x, const Context& c, int i) {
   ValueId k = blocks::Heads(m, parts[1], groups, "key");
   ValueId v = blocks::Heads(m, parts[2], groups, "value");
   for (ValueId p : parts) t.Drop(p);
-  if (KeepsDynamicCache(m)) {
-    const ValueId cachedKey = ops::Copy(t, k, t.ShapeOf(k), "DynamicCache.update: torch.cat (key)");
-    t.Drop(k);
-    k = cachedKey;
-    const ValueId cachedValue = ops::Copy(t, v, t.ShapeOf(v), "DynamicCache.update: torch.cat (value)");
-    t.Drop(v);
-    v = cachedValue;
-  }
+  if (KeepsDynamicCache(m)) blocks::DynamicCacheCopies(m, k, v);
   const ValueId dropped =
       blocks::AttentionOutput(m, q, k, v, c.mask, true, m.Child(root, "attn.c_proj"), "c_proj", m.a.hiddenDropout);
   const ValueId x2 = ops::Add(t, dropped, residual, "residual add");

@@ -35,18 +35,12 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
     std::tie(q, k) = blocks::RopeWithPass(m, fused.q, fused.k, c.cos, c.sin);
     t.Drop(fused.q);
     t.Drop(fused.k);
+    // transformers 5.x's DynamicCache in training (as the GPT-2 family's): SDPA saves the
+    // cache's copies. For separate projections they weigh what the views kept; here they let
+    // the whole qkv go once the forward returns.
     if (m.training.useCache && m.training.attention == AttentionImplementation::SDPA &&
         m.training.checkpointing == Checkpointing::None) {
-      // transformers 5.x's DynamicCache in training (as the GPT-2 family's, gpt2.cpp
-      // KeepsDynamicCache): DynamicLayer.update copies the key and the value, and SDPA saves
-      // the copies. For separate projections they weigh what the views kept; here they let
-      // the whole qkv go once the forward returns.
-      const ValueId cachedKey = ops::Copy(t, k, t.ShapeOf(k), "DynamicCache.update: torch.cat (key)");
-      t.Drop(k);
-      k = cachedKey;
-      const ValueId cachedValue = ops::Copy(t, v, t.ShapeOf(v), "DynamicCache.update: torch.cat (value)");
-      t.Drop(v);
-      v = cachedValue;
+      blocks::DynamicCacheCopies(m, k, v);
     }
   } else if (m.a.queryKeyNorm) {
     // Qwen3Attention: q_norm(q_proj(x).view(b, s, heads, d)).transpose(1, 2), then k the same,
