@@ -304,10 +304,10 @@ std::pair<ValueId, ValueId> RopeWithPass(Model& m, ValueId q, ValueId k, ValueId
   const ValueId kRot = rot(k, "k");
   const ValueId kPass = SliceLast(t, k, d - rotary, "k[..., rotary_dim:]");
   auto embed = [&](ValueId x, ValueId pass, const char* name) {
-    const ValueId rotated = Rope(m, x, cos, sin, name);
-    t.Drop(x);
     Shape shape = t.ShapeOf(x);
     shape.back() = d;
+    const ValueId rotated = Rope(m, x, cos, sin, name);
+    t.Drop(x);
     const ValueId y = t.Apply({.name = t.T({TextPart::View(name), " cat([rotated, pass])"}),
                                .inputs = {{rotated, In::PassThrough}, {pass, In::PassThrough}},
                                .shape = shape, .type = t.TypeOf(rotated)});
@@ -326,10 +326,8 @@ ValueId Rope(Model& m, ValueId x, ValueId cos, ValueId sin, const char* name) {
   Shape half = t.ShapeOf(x);
   half.back() /= 2;
   const ValueId xc = ops::Mul(t, x, cos, t.T({n, "·cos"}));
-  const ValueId x1 = t.Apply({.name = t.T({n, "[..., :d/2]"}), .inputs = {{x}}, .shape = half,
-                              .type = t.TypeOf(x), .viewOf = x});
-  const ValueId x2 = t.Apply({.name = t.T({n, "[..., d/2:]"}), .inputs = {{x}}, .shape = half,
-                              .type = t.TypeOf(x), .viewOf = x});
+  const ValueId x1 = SliceLast(t, x, half.back(), t.T({n, "[..., :d/2]"}));
+  const ValueId x2 = SliceLast(t, x, half.back(), t.T({n, "[..., d/2:]"}));
   const ValueId negated = t.Apply({.name = t.T({"−", n, "₂"}), .inputs = {{x2}}, .shape = half, .type = t.TypeOf(x)});
   const Text rotatedName = t.T({"rotate_half(", n, ")"});
   const ValueId rotated = t.Apply({.name = rotatedName,
