@@ -89,6 +89,12 @@ def read_config(setup):
         rms_unit_offset=family == "llama" and bool(a.get("rmsNormUnitOffset", False)),
         embedding_scale=family == "llama" and bool(a.get("embeddingScale", False)),
         fused_projections=family == "llama" and bool(a.get("fusedProjections", False)),
+        # Gemma 2 (transformers models/gemma2/modeling_gemma2.py)
+        sandwich_norms=family == "llama" and bool(a.get("sandwichNorms", False)),
+        attn_softcap=float(a.get("attentionLogitSoftcap") or 0.0) if family == "llama" else 0.0,
+        final_softcap=float(a.get("finalLogitSoftcap") or 0.0) if family == "llama" else 0.0,
+        sliding_window=int(a.get("slidingWindow") or 0) if family == "llama" else 0,
+        sliding_pattern=int(a.get("slidingWindowPattern") or 0),
         # Phi3RotaryEmbedding: dim = int(head_dim * partial_rotary_factor)
         rotary_dim=int(head_dim * float(a.get("partialRotaryFactor") or 1.0)),
         act=a.get("hiddenAct") or default_act,
@@ -212,13 +218,17 @@ class Dropout(nn.Module):
         return dropout(x, self.p) if self.training else x
 
 
-def eager_attention(query, key, value, mask, *, n_rep, scaling, dropout_p, softmax_fp32=True):
+def eager_attention(query, key, value, mask, *, n_rep, scaling, dropout_p, softmax_fp32=True, softcap=0.0):
     """HF eager_attention_forward (llama's, used here for all three families). GPT-2's own
     (transformers 5.x modeling_gpt2.py) calls softmax in the scores' dtype, then .type(value's):
     softmax_fp32=False; CUDA autocast still runs it in fp32."""
     key_states = repeat_kv(key, n_rep)
     value_states = repeat_kv(value, n_rep)
     attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling   # (b,h,s,s), then * scaling: a second one
+    if softcap:   # Gemma 2's attn_logit_softcapping
+        attn_weights = attn_weights / softcap
+        attn_weights = torch.tanh(attn_weights)
+        attn_weights = attn_weights * softcap
     if mask is not None:
         causal_mask = mask[:, :, :, : key_states.shape[-2]]                    # a view
         attn_weights = attn_weights + causal_mask                              # (b,h,s,s), fp32 under autocast (mask is fp32)
@@ -375,10 +385,24 @@ def attention_core(cfg, query, key, value, mask, *, n_rep, causal):
     if cfg.attention == "sdpa":
         fn = functools.partial(sdpa_attention, causal=causal, **kwargs)
     else:
-        fn = functools.partial(eager_attention, softmax_fp32=cfg.family != "gpt2", **kwargs)
+        fn = functools.partial(eager_attention, softmax_fp32=cfg.family != "gpt2", softcap=cfg.attn_softcap, **kwargs)
     if cfg.checkpointing == "selective":
         return checkpoint(fn, query, key, value, mask, use_reentrant=True)
     return fn(query, key, value, mask)
+
+
+def sliding_eager_mask(b, s, dtype, window):
+    """Gemma 2's sliding layers' eager mask (create_sliding_window_causal_mask): also finfo.min
+    where a key is `window` or more tokens behind the query."""
+    min_dtype = torch.finfo(dtype).min
+    keep = torch.ones((s, s), dtype=torch.bool).tril().triu(diagonal=-(window - 1))  # (s,s) temporaries
+    causal_mask = torch.where(keep, torch.tensor(0.0, dtype=dtype), torch.tensor(min_dtype, dtype=dtype))
+    return causal_mask[None, None, :, :].expand(b, 1, s, s).contiguous()
+
+
+def sliding_layer(cfg, i):
+    """Gemma2Config.layer_types: sliding unless (i + 1) % pattern == 0."""
+    return cfg.sliding_window > 0 and (cfg.sliding_pattern == 0 or (i + 1) % cfg.sliding_pattern != 0)
 
 
 def decoder_eager_mask(b, s, dtype):
@@ -594,6 +618,10 @@ def decoder_head_and_loss(cfg, lm_head, hidden_states, labels):
         return megatron_language_model_loss(logits, labels), logits
     if not cfg.loss_chunks:
         logits = lm_head(hidden_states)          # logits_to_keep=0: all positions (a view slice)
+        if cfg.final_softcap:                    # Gemma2ForCausalLM's final_logit_softcapping
+            logits = logits / cfg.final_softcap
+            logits = torch.tanh(logits)
+            logits = logits * cfg.final_softcap
         return causal_lm_loss(logits, labels, cfg.vocab, upcast=cfg.loss_upcast), logits
     logits = [lm_head(chunk) for chunk in hidden_states.chunk(cfg.loss_chunks, dim=1)]
     del hidden_states
@@ -889,15 +917,31 @@ class LlamaDecoderLayer(nn.Module):
             self.mlp = LlamaMLP(cfg, cfg.inter, dtype, device)
         self.input_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device, cfg.rms_unit_offset)
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device, cfg.rms_unit_offset)
+        if cfg.sandwich_norms:  # Gemma2DecoderLayer
+            self.pre_feedforward_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device, cfg.rms_unit_offset)
+            self.post_feedforward_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device,
+                                                           cfg.rms_unit_offset)
+        self.sandwich = cfg.sandwich_norms
 
     def forward(self, hidden_states, mask, cos, sin):
+        ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+        if self.sandwich:   # Gemma2DecoderLayer.forward
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states = self.self_attn(hidden_states, mask, cos, sin)
+            hidden_states = self.post_attention_layernorm(hidden_states)
+            hidden_states = residual + hidden_states
+            residual = hidden_states
+            hidden_states = self.pre_feedforward_layernorm(hidden_states)
+            hidden_states = ffn(hidden_states)
+            hidden_states = self.post_feedforward_layernorm(hidden_states)
+            return residual + hidden_states
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
         hidden_states = self.self_attn(hidden_states, mask, cos, sin)
         hidden_states = residual + hidden_states
         residual = hidden_states
         hidden_states = self.post_attention_layernorm(hidden_states)
-        ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
         hidden_states = ffn(hidden_states)
         hidden_states = residual + hidden_states
         return hidden_states
@@ -919,6 +963,12 @@ class LlamaModel(nn.Module):
         cache_position = torch.arange(s)
         position_ids = cache_position.unsqueeze(0)
         mask = decoder_eager_mask(b, s, inputs_embeds.dtype) if cfg.attention == "eager" else None
+        sliding_mask = None
+        if cfg.sliding_window:
+            if cfg.attention != "eager" and s > cfg.sliding_window:
+                raise ValueError("the reference's SDPA takes no mask: keep the sequence within the window")
+            if cfg.attention == "eager":
+                sliding_mask = sliding_eager_mask(b, s, inputs_embeds.dtype, cfg.sliding_window)
         hidden_states = inputs_embeds
         cos, sin = self.rotary_emb(hidden_states, position_ids)
         if cfg.embedding_scale:
@@ -929,7 +979,8 @@ class LlamaModel(nn.Module):
         else:
             del inputs_embeds
         for i, layer in enumerate(self.layers):
-            hidden_states = run_layer(cfg, i, layer, hidden_states, mask, cos, sin)
+            layer_mask = sliding_mask if sliding_mask is not None and sliding_layer(cfg, i) else mask
+            hidden_states = run_layer(cfg, i, layer, hidden_states, layer_mask, cos, sin)
         if cfg.embedding_scale:
             del inputs_embeds
         hidden_states = self.norm(hidden_states)
@@ -1328,7 +1379,8 @@ def formula_count(setup):
                 ffn += 3 * h * c.shared_inter + (h if c.shared_gate else 0)
         else:
             ffn = 3 * h * I
-        return V * h + L * (2 * h + attn + ffn) + h + (0 if c.tie else V * h)
+        norms = (4 if c.sandwich_norms else 2) * h
+        return V * h + L * (norms + attn + ffn) + h + (0 if c.tie else V * h)
     layer = 4 * (h * h + h) + 2 * 2 * h + (h * I + I) + (I * h + h)
     base = V * h + c.max_pos * h + c.type_vocab * h + 2 * h + L * layer
     if c.head == "classification":
@@ -1371,6 +1423,11 @@ TINY = {
     "gemma": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
               "numKeyValueHeads": 1, "headDim": 64, "intermediateSize": 512, "hiddenAct": "geluTanh",
               "rmsNormUnitOffset": True, "embeddingScale": True, "tieWordEmbeddings": True},
+    "gemma2": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+               "numKeyValueHeads": 2, "headDim": 64, "intermediateSize": 512, "hiddenAct": "geluTanh",
+               "rmsNormUnitOffset": True, "embeddingScale": True, "tieWordEmbeddings": True,
+               "sandwichNorms": True, "attentionLogitSoftcap": 50.0, "finalLogitSoftcap": 30.0,
+               "slidingWindow": 32, "slidingWindowPattern": 2},
     "phi3": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
              "numKeyValueHeads": 4, "intermediateSize": 352, "fusedProjections": True},
     "mixtral": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,

@@ -517,6 +517,10 @@ def tcase(name, architecture, batch=4, seq=256, precision="fp32", optimizer="ada
     }
 
 
+GEMMA2 = dict(numKeyValueHeads=2, headDim=64, hiddenAct="geluTanh", rmsNormUnitOffset=True, embeddingScale=True,
+              tieWordEmbeddings=True, sandwichNorms=True, attentionLogitSoftcap=50.0, finalLogitSoftcap=30.0,
+              slidingWindow=128, slidingWindowPattern=2)
+
 TRANSFORMER_CASES = [
     tcase("gpt2-fp32-adamw", arch("gpt2")),
     tcase("gpt2-fp32-sdpa", arch("gpt2"), attention="sdpa"),
@@ -550,6 +554,13 @@ TRANSFORMER_CASES = [
     tcase("gemma-style-fp32-ckpt", arch("llama", numKeyValueHeads=1, headDim=64, hiddenAct="geluTanh",
                                         rmsNormUnitOffset=True, embeddingScale=True, tieWordEmbeddings=True),
           checkpointing="everyBlock"),
+    # Gemma 2: norms after attention and the MLP, tanh soft caps on the eager scores and the
+    # logits, the even layers' sliding-window mask (a second eager mask; none under SDPA while
+    # the window covers the sequence).
+    tcase("gemma2-style-bf16", arch("llama", **GEMMA2), precision="bf16"),
+    tcase("gemma2-style-ampbf16-sdpa", arch("llama", **{**GEMMA2, "slidingWindow": 256}), precision="ampBf16",
+          attention="sdpa"),
+    tcase("gemma2-style-fp32-ckpt", arch("llama", **GEMMA2), checkpointing="everyBlock"),
     tcase("llama-ampbf16", arch("llama", numKeyValueHeads=4), precision="ampBf16"),
     tcase("llama-ampfp16-scaled", arch("llama"), precision="ampFp16"),
     tcase("llama-sdpa-bf16mixed", arch("llama", numKeyValueHeads=2), precision="bf16Mixed", attention="sdpa"),

@@ -322,6 +322,12 @@ Setup RandomSetup(std::mt19937_64& rng) {
       a.expertsPerToken = pick(1, a.numExperts);
       a.expertIntermediateSize = pick(16, 2048);
       if (pick(0, 1)) a.sharedExpertIntermediateSize = pick(16, 2048);
+    } else if (pick(0, 2) == 0) {  // Gemma 2: sandwich norms, soft caps, sliding layers
+      a.sandwichNorms = true;
+      a.attentionLogitSoftcap = 50.0;
+      a.finalLogitSoftcap = pick(0, 1) ? 30.0 : 0.0;
+      a.slidingWindow = pick(0, 1) ? pick(1, 4096) : 0;
+      a.slidingWindowPattern = pick(0, 3);
     }
   } else {
     a.numKeyValueHeads = 0;

@@ -75,6 +75,39 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(CountOf(q.architecture) - 151'936 * 1024 == 440'467'456);  // the card's 0.44B
     CHECK(q.notes.empty());
   }
+  SECTION("Gemma 2: sandwich norms, both soft caps and the sliding window of every other layer") {
+    // google/gemma-2-9b's config.json (9.24B on its model card).
+    const ConfigImport g = ImportHfConfig(R"({"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,
+      "num_attention_heads": 16, "num_hidden_layers": 42, "num_key_value_heads": 8, "head_dim": 256,
+      "vocab_size": 256000, "hidden_activation": "gelu_pytorch_tanh", "attn_logit_softcapping": 50.0,
+      "final_logit_softcapping": 30.0, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+      "max_position_embeddings": 8192, "rms_norm_eps": 1e-06, "cache_implementation": "hybrid"})");
+    REQUIRE(g.ok());
+    const ArchitectureDef& a = g.architecture;
+    CHECK(a.sandwichNorms);
+    CHECK(a.rmsNormUnitOffset);
+    CHECK(a.embeddingScale);
+    CHECK(a.tieWordEmbeddings);
+    CHECK(a.attentionLogitSoftcap == 50.0);
+    CHECK(a.finalLogitSoftcap == 30.0);
+    CHECK(a.slidingWindow == 4096);
+    CHECK(a.slidingWindowPattern == 2);
+    CHECK(CountOf(a) == FindPreset("gemma-2-9b")->publishedParameters);
+    CHECK(CountOf(a) == 9'241'705'984);
+    CHECK(g.notes.empty());
+    // A config that switches the caps off (null) and lists layer_types: a full layer every 3.
+    const ConfigImport n = ImportHfConfig(R"({"model_type": "gemma2", "hidden_size": 256, "intermediate_size": 512,
+      "num_attention_heads": 4, "num_hidden_layers": 6, "num_key_value_heads": 2, "head_dim": 64,
+      "vocab_size": 1000, "attn_logit_softcapping": null, "final_logit_softcapping": null,
+      "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                      "sliding_attention", "sliding_attention", "full_attention"]})");
+    REQUIRE(n.ok());
+    CHECK(n.architecture.attentionLogitSoftcap == 0.0);
+    CHECK(n.architecture.finalLogitSoftcap == 0.0);
+    CHECK(n.architecture.slidingWindowPattern == 3);
+    CHECK(n.notes.empty());
+    CHECK(n.ignoredFields.empty());
+  }
   SECTION("Phi-3's fused projections, and Phi-4-mini's partial rotary factor") {
     const ConfigImport p = ImportHfConfig(R"({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
       "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32064,

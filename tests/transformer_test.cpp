@@ -1,5 +1,6 @@
 // Transformers: exact inventories of published models, the tensors autograd keeps after the
 // forward pass counted by hand, checkpointing, fused attention, autocast and bad input.
+#include <limits>
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -277,7 +278,7 @@ TEST_CASE("the form's architecture fields are exactly the schema's", "[transform
                                              "\":" + value + "}}}", parsed);
     for (const FieldError& e : errors) CHECK(e.code != ErrorCode::UnknownField);
   }
-  CHECK(listed == 26);
+  CHECK(listed == 31);
 }
 
 TEST_CASE("transformer setups in JSON", "[transformer][json]") {
@@ -480,6 +481,116 @@ TEST_CASE("Qwen3's per-head q/k norms and Gemma's norm keep what their forwards 
     const std::int64_t perNorm = b * s * h * (4 - 2) + 4 * h;
     CHECK(SavedAtForwardEnd(setup([](ArchitectureDef& a) { a.rmsNormUnitOffset = a.embeddingScale = true; })) - plain ==
           norms * perNorm);
+  }
+}
+
+TEST_CASE("Gemma 2's sandwich norms, soft caps and sliding-window masks keep what their forwards save", "[transformer]") {
+  // A Gemma-style model (Gemma's norms and scaled embeddings) in pure bf16, b = 2, s = 64, eager
+  // attention unless a section says otherwise; every Gemma 2 field off, then one at a time.
+  const std::int64_t b = 2, s = 64, h = 128, heads = 4, kv = 2, d = 48, V = 1000;
+  auto setup = [&](std::int64_t layers, auto change) {
+    Setup x = TinyTransformer(Family::Llama, static_cast<int>(layers), Precision::BF16);
+    ArchitectureDef& a = x.model.architecture;
+    a.hiddenSize = h; a.numHeads = heads; a.numKeyValueHeads = kv; a.headDim = d; a.vocabSize = V;
+    a.rmsNormUnitOffset = a.embeddingScale = true;
+    x.training.batchSize = b;
+    x.training.sequenceLength = s;
+    change(x);
+    return x;
+  };
+  const auto none = [](Setup&) {};
+  SECTION("two more Gemma norms a block, each keeping its fp32 rows twice, its rsqrt and its fp32 scale") {
+    // post_attention_layernorm on o_proj's output and post_feedforward_layernorm on down_proj's
+    // (pre_feedforward_layernorm takes the place of Llama's post_attention_layernorm). A Gemma
+    // norm keeps x.float() (4 B per element, for pow and the product), rsqrt of the mean (4 B per
+    // row), the normalised fp32 rows (4 B per element, for × (1 + w)) and 1 + w.float() ([h],
+    // 4 B). Neither projection's output was saved before, so nothing else changes.
+    const std::int64_t L = 2;
+    const std::int64_t perNorm = b * s * h * (4 + 4) + b * s * 4 + 4 * h;
+    CHECK(SavedAtForwardEnd(setup(L, [](Setup& x) { x.model.architecture.sandwichNorms = true; })) -
+              SavedAtForwardEnd(setup(L, none)) ==
+          L * 2 * perNorm);
+  }
+  SECTION("the attention soft cap keeps tanh's output: one bf16 [b, heads, s, s] per layer") {
+    // scores / cap and × cap save nothing (a Python scalar); tanh saves its result.
+    const std::int64_t L = 2;
+    CHECK(SavedAtForwardEnd(setup(L, [](Setup& x) { x.model.architecture.attentionLogitSoftcap = 50.0; })) -
+              SavedAtForwardEnd(setup(L, none)) ==
+          L * b * heads * s * s * 2);
+    SECTION("SDPA's kernels take no cap here, so nothing changes there") {
+      auto sdpa = [](double cap) {
+        return [cap](Setup& x) {
+          x.training.attention = AttentionImplementation::SDPA;
+          x.model.architecture.attentionLogitSoftcap = cap;
+        };
+      };
+      CHECK(SavedAtForwardEnd(setup(L, sdpa(50.0))) == SavedAtForwardEnd(setup(L, sdpa(0.0))));
+    }
+  }
+  SECTION("the final soft cap keeps tanh's output: one bf16 [b, s, vocab]") {
+    const std::int64_t L = 1;
+    CHECK(SavedAtForwardEnd(setup(L, [](Setup& x) { x.model.architecture.finalLogitSoftcap = 30.0; })) -
+              SavedAtForwardEnd(setup(L, none)) ==
+          b * s * V * 2);
+  }
+  SECTION("sliding layers (0 and 2 of 3, a full one every 2) read a second mask") {
+    const std::int64_t L = 3;
+    auto window = [](std::int64_t w, AttentionImplementation attention, Checkpointing checkpointing) {
+      return [=](Setup& x) {
+        x.model.architecture.slidingWindow = w;
+        x.model.architecture.slidingWindowPattern = 2;
+        x.model.architecture.numKeyValueHeads = heads;  // no grouped heads: the kernels save the same k, v
+        x.training.attention = attention;
+        x.training.checkpointing = checkpointing;
+      };
+    };
+    using A = AttentionImplementation;
+    SECTION("eager: a bf16 [b, 1, s, s] mask, kept by the checkpoints of the sliding blocks") {
+      const std::int64_t base = SavedAtForwardEnd(setup(L, window(0, A::Eager, Checkpointing::EveryBlock)));
+      CHECK(SavedAtForwardEnd(setup(L, window(32, A::Eager, Checkpointing::EveryBlock))) - base == b * s * s * 2);
+    }
+    SECTION("SDPA: no mask while the window covers the sequence") {
+      CHECK(SavedAtForwardEnd(setup(L, window(s, A::SDPA, Checkpointing::None))) ==
+            SavedAtForwardEnd(setup(L, window(0, A::SDPA, Checkpointing::None))));
+    }
+    SECTION("SDPA past the window: each sliding layer's kernel keeps the mask as a bf16 bias") {
+      // The memory-efficient kernel (an explicit mask rules out flash) saves
+      // convert_boolean_attn_mask's [b, 1, s, s] in q's dtype; s = 64 needs no padding to 8, and
+      // its logsumexp, ceil(s / 32)·32 = s per row, weighs what flash's does.
+      CHECK(SavedAtForwardEnd(setup(L, window(32, A::SDPA, Checkpointing::None))) -
+                SavedAtForwardEnd(setup(L, window(0, A::SDPA, Checkpointing::None))) ==
+            2 * b * s * s * 2);
+    }
+  }
+}
+
+TEST_CASE("Gemma 2's fields are refused where they are not simulated", "[transformer][validation]") {
+  Setup s = TransformerSetup(TinyLlama(), 1, 16);
+  SECTION("outside the llama family") {
+    s.model.architecture = FindPreset("gpt2")->architecture;
+    s.model.architecture.finalLogitSoftcap = 30.0;
+    CHECK(HasErrorOn(Validate(s), "model.architecture.finalLogitSoftcap"));
+  }
+  SECTION("a negative or non-finite cap") {
+    s.model.architecture.attentionLogitSoftcap = -1.0;
+    s.model.architecture.finalLogitSoftcap = std::numeric_limits<double>::quiet_NaN();
+    const auto errors = Validate(s);
+    CHECK(HasErrorOn(errors, "model.architecture.attentionLogitSoftcap"));
+    CHECK(HasErrorOn(errors, "model.architecture.finalLogitSoftcap"));
+  }
+  SECTION("a negative window") {
+    s.model.architecture.slidingWindow = -4;
+    CHECK(HasErrorOn(Validate(s), "model.architecture.slidingWindow"));
+  }
+  SECTION("sandwich norms with experts") {
+    s.model.architecture.sandwichNorms = true;
+    s.model.architecture.numExperts = 4;
+    CHECK(HasErrorOn(Validate(s), "model.architecture.sandwichNorms"));
+  }
+  SECTION("the logit cap with a loss that makes no logits tensor") {
+    s.model.architecture.finalLogitSoftcap = 30.0;
+    s.training.lossImplementation = LossImplementation::Chunked;
+    CHECK(HasErrorOn(Validate(s), "training.lossImplementation"));
   }
 }
 

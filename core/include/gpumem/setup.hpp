@@ -191,6 +191,16 @@ struct ArchitectureDef {
                                             // gate_up_proj (sliced and chunked), and its RoPE's cat
   double partialRotaryFactor = 1.0;         // with fusedProjections: the share of each head RoPE
                                             // rotates, in (0, 1] (partial_rotary_factor; Phi-4-mini 0.75)
+  // Gemma 2 (Llama family; transformers models/gemma2/modeling_gemma2.py):
+  bool sandwichNorms = false;               // RMSNorms on the attention's and the MLP's outputs too
+                                            // (post_attention_layernorm, pre_/post_feedforward_layernorm)
+  double attentionLogitSoftcap = 0.0;       // attn_logit_softcapping: eager scores become
+                                            // cap·tanh(scores / cap); 0 = none (Gemma 2: 50)
+  double finalLogitSoftcap = 0.0;           // final_logit_softcapping: the logits the same; 0 = none
+                                            // (Gemma 2: 30)
+  std::int64_t slidingWindow = 0;           // sliding_window (tokens a sliding layer attends to); 0 = none
+  std::int64_t slidingWindowPattern = 0;    // with slidingWindow: layer i attends to all tokens when
+                                            // (i + 1) % pattern == 0 (Gemma 2: 2); 0 = every layer slides
   HiddenAct hiddenAct = HiddenAct::SiLU;    // hidden_act / activation_function
   // Mixture of experts (Llama family): 0 experts = a dense MLP.
   std::int64_t numExperts = 0;              // num_local_experts / num_experts

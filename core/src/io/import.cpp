@@ -134,6 +134,50 @@ bool ArchitecturesContain(const json& doc, const char* name) {
   return false;
 }
 
+// Gemma2Config (transformers models/gemma2/configuration_gemma2.py): norms after attention and
+// the MLP, soft caps of 50 (scores) and 30 (logits) unless the config sets them null, a 4,096-token
+// window on the layers layer_types calls sliding (by default the even ones).
+void ReadGemma2(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImport& out) {
+  a.sandwichNorms = true;
+  a.slidingWindowPattern = 2;
+  auto cap = [&](const char* key, double fallback, double& target) {
+    target = fallback;
+    if (auto it = doc.find(key); it != doc.end() && it->is_null()) {
+      r.Use(key);
+      target = 0.0;  // None: no capping
+      return;
+    }
+    r.Number({key}, target);
+  };
+  cap("attn_logit_softcapping", 50.0, a.attentionLogitSoftcap);
+  cap("final_logit_softcapping", 30.0, a.finalLogitSoftcap);
+  a.slidingWindow = 4096;
+  r.Int({"sliding_window"}, a.slidingWindow, false);
+  r.Use("query_pre_attn_scalar");  // the scores' scale: no memory of its own
+  auto types = doc.find("layer_types");
+  if (types == doc.end() || !types->is_array()) return;
+  r.Use("layer_types");
+  // Read as "every n-th layer attends to all tokens" (n = the first full layer's index + 1, or
+  // every layer sliding); a list that does not follow one such pattern is noted.
+  std::int64_t firstFull = -1;
+  for (std::size_t i = 0; i < types->size(); ++i) {
+    if ((*types)[i] == "full_attention") {
+      firstFull = static_cast<std::int64_t>(i);
+      break;
+    }
+  }
+  a.slidingWindowPattern = firstFull < 0 ? 0 : firstFull + 1;
+  bool regular = true;
+  for (std::size_t i = 0; i < types->size(); ++i) {
+    const bool full = a.slidingWindowPattern > 0 && (static_cast<std::int64_t>(i) + 1) % a.slidingWindowPattern == 0;
+    regular = regular && (*types)[i] == (full ? "full_attention" : "sliding_attention");
+  }
+  if (!regular) {
+    out.notes.push_back("Gemma 2: layer_types does not repeat one pattern; taken as a full-attention layer every " +
+                        FormatCount(a.slidingWindowPattern) + " (the first full one's position).");
+  }
+}
+
 }  // namespace
 
 ConfigImport ImportHfConfig(std::string_view text) {
@@ -144,7 +188,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   if (type == doc.end() || !type->is_string()) {
     out.errors.push_back({ErrorCode::MissingField, "config.model_type",
                           "config.json needs a model_type (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, "
-                          "phi3, bert)."});
+                          "gemma2, phi3, bert)."});
     return out;
   }
   out.modelType = type->get<std::string>();
@@ -170,14 +214,15 @@ ConfigImport ImportHfConfig(std::string_view text) {
     r.Number({"attn_pdrop"}, a.attentionDropout);
     r.Bool({"tie_word_embeddings"}, a.tieWordEmbeddings);
   } else if (t == "llama" || t == "mistral" || t == "qwen2" || t == "mixtral" || t == "qwen2_moe" ||
-             t == "gemma" || t == "phi3" || t == "qwen3" || t == "qwen3_moe") {
+             t == "gemma" || t == "gemma2" || t == "phi3" || t == "qwen3" || t == "qwen3_moe") {
     a = DefaultArchitecture(Family::Llama);
     a.numKeyValueHeads = 0;
-    a.tieWordEmbeddings = t == "gemma";  // each config class's default
+    const bool gemma = t == "gemma" || t == "gemma2";
+    a.tieWordEmbeddings = gemma;  // each config class's default
     a.attentionBias = t == "qwen2" || t == "qwen2_moe";
-    a.hiddenAct = t == "gemma" ? HiddenAct::GELUTanh : HiddenAct::SiLU;
-    a.queryKeyNorm = t == "qwen3" || t == "qwen3_moe";      // Qwen3Attention's q_norm, k_norm
-    a.rmsNormUnitOffset = a.embeddingScale = t == "gemma";  // GemmaRMSNorm, GemmaModel's normalizer
+    a.hiddenAct = gemma ? HiddenAct::GELUTanh : HiddenAct::SiLU;
+    a.queryKeyNorm = t == "qwen3" || t == "qwen3_moe";  // Qwen3Attention's q_norm, k_norm
+    a.rmsNormUnitOffset = a.embeddingScale = gemma;     // GemmaRMSNorm, GemmaModel's normalizer
     r.Int({"vocab_size"}, a.vocabSize, true);
     r.Int({"hidden_size"}, a.hiddenSize, true);
     r.Int({"num_hidden_layers"}, a.numLayers, true);
@@ -208,6 +253,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
       a.sharedExpertGate = a.sharedExpertIntermediateSize > 0;
       out.notes.push_back("Qwen2-MoE: every layer is taken as sparse (decoder_sparse_step 1, no mlp_only_layers).");
     }
+    if (t == "gemma2") ReadGemma2(doc, r, a, out);
     if (t == "phi3") {
       a.fusedProjections = true;  // Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj
       r.Number({"partial_rotary_factor"}, a.partialRotaryFactor);  // Phi-4-mini: 0.75
@@ -235,7 +281,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   } else {
     out.errors.push_back({ErrorCode::InvalidField, "config.model_type",
                           "model_type \"" + t.substr(0, 40) + "\" is not simulated yet; supported: gpt2, llama, "
-                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, phi3, bert."});
+                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, gemma2, phi3, bert."});
     return out;
   }
   r.ListIgnored();

@@ -213,7 +213,8 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
   r.RejectUnknown(v, {"family", "vocabSize", "hiddenSize", "numLayers", "numHeads", "numKeyValueHeads",
                       "headDim", "intermediateSize", "maxPositionEmbeddings", "typeVocabSize",
                       "tieWordEmbeddings", "attentionBias", "queryKeyNorm", "rmsNormUnitOffset",
-                      "embeddingScale", "fusedProjections", "partialRotaryFactor", "hiddenAct", "numExperts", "expertsPerToken",
+                      "embeddingScale", "fusedProjections", "partialRotaryFactor", "sandwichNorms",
+                      "attentionLogitSoftcap", "finalLogitSoftcap", "slidingWindow", "slidingWindowPattern", "hiddenAct", "numExperts", "expertsPerToken",
                       "expertIntermediateSize", "sharedExpertIntermediateSize", "sharedExpertGate",
                       "hiddenDropout", "attentionDropout", "encoderHead", "numLabels"},
                   path);
@@ -238,6 +239,11 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
   r.Bool(v, "embeddingScale", path, a.embeddingScale);
   r.Bool(v, "fusedProjections", path, a.fusedProjections);
   r.Number(v, "partialRotaryFactor", path, a.partialRotaryFactor);
+  r.Bool(v, "sandwichNorms", path, a.sandwichNorms);
+  r.Number(v, "attentionLogitSoftcap", path, a.attentionLogitSoftcap);
+  r.Number(v, "finalLogitSoftcap", path, a.finalLogitSoftcap);
+  r.Int(v, "slidingWindow", path, a.slidingWindow);
+  r.Int(v, "slidingWindowPattern", path, a.slidingWindowPattern);
   r.Enum(v, "hiddenAct", path, a.hiddenAct);
   r.Int(v, "numExperts", path, a.numExperts);
   r.Int(v, "expertsPerToken", path, a.expertsPerToken);
@@ -550,7 +556,10 @@ ojson ArchitectureJson(const ArchitectureDef& a) {
           {"tieWordEmbeddings", a.tieWordEmbeddings}, {"attentionBias", a.attentionBias},
           {"queryKeyNorm", a.queryKeyNorm}, {"rmsNormUnitOffset", a.rmsNormUnitOffset},
           {"embeddingScale", a.embeddingScale}, {"fusedProjections", a.fusedProjections},
-          {"partialRotaryFactor", a.partialRotaryFactor}, {"hiddenAct", IdOf(a.hiddenAct)}, {"numExperts", a.numExperts},
+          {"partialRotaryFactor", a.partialRotaryFactor}, {"sandwichNorms", a.sandwichNorms},
+          {"attentionLogitSoftcap", a.attentionLogitSoftcap}, {"finalLogitSoftcap", a.finalLogitSoftcap},
+          {"slidingWindow", a.slidingWindow}, {"slidingWindowPattern", a.slidingWindowPattern},
+          {"hiddenAct", IdOf(a.hiddenAct)}, {"numExperts", a.numExperts},
           {"expertsPerToken", a.expertsPerToken}, {"expertIntermediateSize", a.expertIntermediateSize},
           {"sharedExpertIntermediateSize", a.sharedExpertIntermediateSize},
           {"sharedExpertGate", a.sharedExpertGate}, {"hiddenDropout", a.hiddenDropout},

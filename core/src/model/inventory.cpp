@@ -103,10 +103,14 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
           add(b, "self_attn.k_norm.weight", {d}, L);
         }
         add(b, "post_attention_layernorm.weight", {h}, L);
+        // Gemma2DecoderLayer: its post_attention_layernorm normalises the attention's output;
+        // the MLP's own norms come before and after it.
+        if (a.sandwichNorms) add(b, "pre_feedforward_layernorm.weight", {h}, L);
         if (a.numExperts == 0) {
           add(b, "mlp.gate_proj.weight", {inter, h}, L);
           add(b, "mlp.up_proj.weight", {inter, h}, L);
           add(b, "mlp.down_proj.weight", {h, inter}, L);
+          if (a.sandwichNorms) add(b, "post_feedforward_layernorm.weight", {h}, L);
           continue;
         }
         add(b, "block_sparse_moe.gate.weight", {a.numExperts, h}, L);

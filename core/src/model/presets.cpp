@@ -64,6 +64,15 @@ std::vector<Preset> MakePresets() {
     a.rmsNormUnitOffset = true; a.embeddingScale = true;
     return a;
   };
+  // Gemma 2 (Gemma2Config defaults): Gemma's norms and embeddings, norms after attention and the
+  // MLP too, tanh soft caps on the scores (50) and the logits (30), every other layer (the even
+  // ones) attending through a 4,096-token window.
+  auto gemma2 = [&gemma](ArchitectureDef a, std::int64_t headDim) {
+    a = gemma(a);
+    a.headDim = headDim; a.sandwichNorms = true; a.attentionLogitSoftcap = 50.0; a.finalLogitSoftcap = 30.0;
+    a.slidingWindow = 4096; a.slidingWindowPattern = 2;
+    return a;
+  };
   // Qwen3: q_norm / k_norm on each head, head_dim 128 whatever the hidden size.
   auto qwen3 = [](ArchitectureDef a) { a.queryKeyNorm = true; a.headDim = 128; return a; };
   auto experts = [](ArchitectureDef a, std::int64_t count, std::int64_t perToken) {
@@ -109,6 +118,12 @@ std::vector<Preset> MakePresets() {
 
   add("gemma-2b", "Gemma 2B", "google/gemma-2b", gemma(llama(256000, 2048, 18, 8, 1, 16384)), 2'506'172'416);
   add("gemma-7b", "Gemma 7B", "google/gemma-7b", gemma(llama(256000, 3072, 28, 16, 16, 24576)), 8'537'680'896);
+  add("gemma-2-2b", "Gemma 2 2B", "google/gemma-2-2b", gemma2(llama(256000, 2304, 26, 8, 4, 9216), 256),
+      2'614'341'888);
+  add("gemma-2-9b", "Gemma 2 9B", "google/gemma-2-9b", gemma2(llama(256000, 3584, 42, 16, 8, 14336), 256),
+      9'241'705'984);
+  add("gemma-2-27b", "Gemma 2 27B", "google/gemma-2-27b", gemma2(llama(256000, 4608, 46, 32, 16, 36864), 128),
+      27'227'128'320);
   ArchitectureDef phi3 = llama(32064, 3072, 32, 32, 32, 8192);
   phi3.fusedProjections = true;  // qkv_proj, gate_up_proj
   add("phi-3-mini-4k", "Phi-3 mini 4k (3.8B)", "microsoft/Phi-3-mini-4k-instruct", phi3, 3'821'079'552,

@@ -184,6 +184,32 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
     errors.push_back({ErrorCode::InvalidField, p + "fusedProjections",
                       "Fused projections (Phi-3) go with a dense MLP, no q/k/v biases and no q/k norms."});
   }
+  // Gemma 2's fields: a cap is a positive number or 0 (none); the window a count or 0 (none).
+  for (const auto& [key, cap] : {std::pair<const char*, double>{"attentionLogitSoftcap", a.attentionLogitSoftcap},
+                                 std::pair<const char*, double>{"finalLogitSoftcap", a.finalLogitSoftcap}}) {
+    if (!std::isfinite(cap) || cap < 0.0 || cap > 1e9) {
+      errors.push_back({ErrorCode::InvalidField, p + key,
+                        "A soft cap must be a positive number of logits (cap · tanh(x / cap)), or 0 for none."});
+    }
+  }
+  CheckRange(errors, p + "slidingWindow", a.slidingWindow, 0, Limits::maxSequenceLength,
+             "slidingWindow (tokens; 0 = none)");
+  CheckRange(errors, p + "slidingWindowPattern", a.slidingWindowPattern, 0, Limits::maxLayers,
+             "slidingWindowPattern (0 = every layer slides)");
+  if (a.family != Family::Llama &&
+      (a.sandwichNorms || a.attentionLogitSoftcap != 0.0 || a.finalLogitSoftcap != 0.0 || a.slidingWindow != 0)) {
+    errors.push_back({ErrorCode::InvalidField,
+                      p + (a.sandwichNorms                        ? "sandwichNorms"
+                           : a.attentionLogitSoftcap != 0.0       ? "attentionLogitSoftcap"
+                           : a.finalLogitSoftcap != 0.0           ? "finalLogitSoftcap"
+                                                                  : "slidingWindow"),
+                      "Sandwich norms, soft caps and sliding windows (Gemma 2) are simulated in the llama family."});
+  }
+  if (a.family == Family::Llama && a.sandwichNorms && (a.fusedProjections || a.numExperts > 0)) {
+    // Gemma2DecoderLayer: separate projections and a dense MLP.
+    errors.push_back({ErrorCode::InvalidField, p + "sandwichNorms",
+                      "Sandwich norms (Gemma 2) go with separate q/k/v projections and a dense MLP."});
+  }
   if (a.family == Family::BERT) {
     CheckCount(errors, p + "typeVocabSize", a.typeVocabSize, kMaxVocab, "typeVocabSize");
     if (a.encoderHead == EncoderHead::Classification) {
@@ -328,6 +354,8 @@ constexpr double kGpt2Block = 480, kBertBlock = 510, kLlamaBlock = 555;
 constexpr double kAttentionBias = 95;   // Qwen2's q/k/v biases
 constexpr double kQueryKeyNorm = 170;   // Qwen3's q_norm and k_norm (two RMSNorms on the heads)
 constexpr double kUnitOffsetNorm = 40;  // Gemma's norms: weight.float(), 1 + weight, the fp32 product (two a block)
+constexpr double kSandwichNorms = 190;  // (measured 182) Gemma 2's two more norms a block (each as Gemma's, unit offset)
+constexpr double kAttentionSoftcap = 30; // ÷ cap, tanh, × cap on the eager scores (measured 24)
 constexpr double kExpert = 155;         // one routed expert's ops (gate, up, down, act, index, routing weight)
 constexpr double kSharedExpert = 160;   // Qwen2-MoE's shared expert and its gate
 // Recomputing blocks during backward: the whole block (every/every-kth) or its attention core.
@@ -379,9 +407,10 @@ EventBudget PredictEventsOf(const Setup& setup) {
     case Family::Llama:
       block = events::kLlamaBlock + (a.attentionBias ? events::kAttentionBias : 0.0) +
               (a.queryKeyNorm ? events::kQueryKeyNorm : 0.0) + (a.rmsNormUnitOffset ? events::kUnitOffsetNorm : 0.0) +
-              events::kExpert * experts +
+              (a.sandwichNorms ? events::kSandwichNorms : 0.0) +
+              (a.attentionLogitSoftcap > 0.0 ? events::kAttentionSoftcap : 0.0) + events::kExpert * experts +
               (a.sharedExpertIntermediateSize > 0 ? events::kSharedExpert : 0.0);
-      tensors = 9 + (a.attentionBias ? 3 : 0) + (a.queryKeyNorm ? 2 : 0) + (experts > 0 ? 1 + 3 * experts : 0) +
+      tensors = 9 + (a.attentionBias ? 3 : 0) + (a.queryKeyNorm ? 2 : 0) + (a.sandwichNorms ? 2 : 0) + (experts > 0 ? 1 + 3 * experts : 0) +
                 (a.sharedExpertIntermediateSize > 0 ? 4 : 0);
       break;
   }
@@ -525,6 +554,11 @@ std::span<const ArchitectureField> ArchitectureFields() {
       {"embeddingScale", "Embeddings scaled by √hidden size (Gemma)", "bool", "", "", false, true, false, "", ""},
       {"fusedProjections", "Fused qkv and gate/up projections (Phi-3)", "bool", "", "", false, true, false, "", ""},
       {"partialRotaryFactor", "Rotary share of a head", "number", "", "0 < f ≤ 1 (Phi-4-mini 0.75); fused projections only", false, true, false, "", ""},
+      {"sandwichNorms", "Norms after attention and MLP too (Gemma 2)", "bool", "", "", false, true, false, "", ""},
+      {"attentionLogitSoftcap", "Attention score soft cap", "number", "", "cap · tanh(s / cap) on eager scores; 0 = none (Gemma 2: 50)", false, true, false, "", ""},
+      {"finalLogitSoftcap", "Logit soft cap", "number", "", "cap · tanh(x / cap) on the logits; 0 = none (Gemma 2: 30)", false, true, false, "", ""},
+      {"slidingWindow", "Sliding window", "count", "", "tokens a sliding layer attends to; 0 = none (Gemma 2: 4096)", false, true, false, "", ""},
+      {"slidingWindowPattern", "Full-attention layer every", "count", "", "layers; 0 = every layer slides (Gemma 2: 2)", false, true, false, "slidingWindow", "positive"},
       {"numExperts", "Experts", "count", "", "0 = dense MLP (mixture of experts when more)", false, true, false, "", ""},
       {"expertsPerToken", "Experts per token", "count", "", "top-k routing", false, true, false, "numExperts", "positive"},
       {"expertIntermediateSize", "Expert MLP width", "count", "", "elements; 0 = intermediateSize", false, true, false, "numExperts", "positive"},
@@ -673,6 +707,15 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
     errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",
                       "The chunked loss (torchtune's CEWithChunkedOutputLoss) is simulated for decoder "
                       "transformers (GPT-2, Llama family); choose standard."});
+  }
+  if (m.kind == ModelKind::Transformer && m.architecture.finalLogitSoftcap > 0.0 &&
+      (t.lossImplementation == LossImplementation::Chunked ||
+       t.lossImplementation == LossImplementation::FusedLinearCrossEntropy)) {
+    // Gemma2ForCausalLM caps the whole logits tensor before the loss; the chunked and fused
+    // losses make no such tensor, and their own capping is not simulated.
+    errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",
+                      "A logit soft cap (Gemma 2's final_logit_softcapping) is simulated with the standard loss; "
+                      "choose standard, or set finalLogitSoftcap to 0."});
   }
   if (t.lossImplementation == LossImplementation::FusedLinearCrossEntropy) {
     // Liger patches the causal-LM forward of decoders (liger_kernel/transformers/monkey_patch.py);

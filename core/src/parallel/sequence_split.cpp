@@ -65,6 +65,7 @@ ValueId RowParallelOutput(Model& m, ValueId y, TextPart name) {
 ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) {
   Tape& t = m.t;
   t.Drop(c.mask);
+  t.Drop(c.slidingMask);
   t.Drop(c.cos);
   t.Drop(c.sin);
   m.Scope(-1, "lm_head");

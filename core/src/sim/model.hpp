@@ -106,6 +106,8 @@ struct Model {
 // The shared context every block sees of the others (rotary tables, the additive mask).
 struct Context {
   ValueId mask = kNoValue, cos = kNoValue, sin = kNoValue;
+  // Gemma 2's sliding layers' mask (architecture.slidingWindow), beside the full layers' `mask`.
+  ValueId slidingMask = kNoValue;
 };
 
 }  // namespace gpumem

@@ -26,10 +26,21 @@ namespace {
 // .type(value.dtype), a no-op: in 16-bit weights without autocast its probabilities stay 16-bit.
 // Measured on an H100 (tests/data/cuda/stacks, GPT-2 bf16: the softmax output is the bf16
 // scores' size). Under autocast softmax runs in fp32 either way (autocast's fp32 op list).
+// Gemma 2's attn_logit_softcapping (softcap > 0; modeling_gemma2.py eager_attention_forward)
+// comes between the scaling and the mask: scores / cap, tanh (which saves its output), × cap,
+// each a new [b, heads, s, s] tensor in the scores' dtype (tanh is on no autocast list).
 // Releases `raw`.
-ValueId EagerSoftmax(Tape& t, ValueId raw, ValueId mask, DType type, bool softmaxInFp32) {
+ValueId EagerSoftmax(Tape& t, ValueId raw, ValueId mask, DType type, bool softmaxInFp32, double softcap) {
   ValueId scaled = ops::Scale(t, raw, "scores × 1/√d");
   t.Drop(raw);
+  if (softcap > 0.0) {
+    const ValueId divided = ops::Scale(t, scaled, "scores / softcap");
+    t.Drop(scaled);
+    const ValueId capped = ops::SavesOutput(t, divided, "tanh(scores / softcap)", t.TypeOf(divided));
+    t.Drop(divided);
+    scaled = ops::Scale(t, capped, "scores × softcap");
+    t.Drop(capped);
+  }
   if (mask != kNoValue) {
     const ValueId masked = ops::AddConstant(t, scaled, mask, "scores + mask");
     t.Drop(scaled);
@@ -170,7 +181,7 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
   t.Drop(kT);
   const ValueId probs = m.training.maskedSoftmaxFusion && MaskedSoftmaxKernelAvailable(b, heads, s, s, t.TypeOf(raw))
                             ? FusedScaleMaskSoftmax(t, raw)
-                            : EagerSoftmax(t, raw, mask, t.TypeOf(q), SoftmaxInFp32(m));
+                            : EagerSoftmax(t, raw, mask, t.TypeOf(q), SoftmaxInFp32(m), m.a.attentionLogitSoftcap);
   const ValueId dropped = ops::Dropout(t, probs, m.a.attentionDropout, "attention dropout");
   t.Drop(probs);
   // torch.matmul reshapes a 4-D operand to 3-D for bmm, copying a value view that cannot be

@@ -20,6 +20,8 @@ ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block);
 // keeps its reference to inputs_embeds.
 ValueId ScaledEmbeddings(Model& m, ValueId inputsEmbeds);
 ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i);
+// Whether block i attends through the sliding window (Gemma 2's layer_types).
+bool SlidingLayer(const ArchitectureDef& a, int i);
 // BERT: embeddings (with token types), post-norm layers, a classification or masked-LM head.
 ValueId BertForward(Model& m, ValueId ids, ValueId tokenTypes, const RunBlock& block);
 ValueId BertLayer(Model& m, ValueId x, const Context& c, int i);

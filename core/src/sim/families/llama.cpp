@@ -15,7 +15,22 @@ ValueId ScatterOwned(Model& m, ValueId y, const char* name) {
   return sharded;
 }
 
+// Gemma2DecoderLayer's norms on a sub-layer's output (post_attention_layernorm after the
+// attention, post_feedforward_layernorm after the MLP): the caller's reference moves to the
+// normalised tensor.
+ValueId NormedOwned(Model& m, ValueId x, const Module& norm) {
+  const ValueId y = blocks::RmsNorm(m, x, norm);
+  m.t.Drop(x);
+  return y;
+}
+
 }  // namespace
+
+bool SlidingLayer(const ArchitectureDef& a, int i) {
+  // Gemma2Config.layer_types: "sliding_attention" if bool((i + 1) % sliding_window_pattern) else
+  // "full_attention" (Gemma 2: the even layers slide).
+  return a.slidingWindow > 0 && (a.slidingWindowPattern == 0 || (i + 1) % a.slidingWindowPattern != 0);
+}
 
 ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
   Tape& t = m.t;
@@ -74,18 +89,21 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
     t.Drop(k);
   }
   // Sequence parallelism: AttentionOutput and GatedMlp reduce-scatter their row-parallel output.
-  const ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
+  ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
   t.Drop(qkvLocal);
+  if (m.a.sandwichNorms) o = NormedOwned(m, o, m.Child(root, "post_attention_layernorm"));
   const ValueId x2 = ops::Add(t, residual, o, "residual add");
   t.Drop(residual);
   t.Drop(o);
   m.Scope(i, m.a.numExperts > 0 ? "moe" : "mlp");
-  const ValueId n2 = blocks::RmsNorm(m, x2, m.Child(root, "post_attention_layernorm"));
-  const ValueId mlp = m.a.numExperts > 0       ? blocks::MoE(m, n2, root)
-                      : m.a.fusedProjections ? blocks::FusedGatedMlp(m, n2, m.Child(root, "mlp."), IntermediateSize(m.a), "mlp")
-                                             : blocks::GatedMlp(m, n2, m.Child(root, "mlp."), IntermediateSize(m.a),
-                                                                "gate_proj", "up_proj", "down_proj", "mlp");
+  const ValueId n2 = blocks::RmsNorm(
+      m, x2, m.Child(root, m.a.sandwichNorms ? "pre_feedforward_layernorm" : "post_attention_layernorm"));
+  ValueId mlp = m.a.numExperts > 0       ? blocks::MoE(m, n2, root)
+                : m.a.fusedProjections ? blocks::FusedGatedMlp(m, n2, m.Child(root, "mlp."), IntermediateSize(m.a), "mlp")
+                                       : blocks::GatedMlp(m, n2, m.Child(root, "mlp."), IntermediateSize(m.a),
+                                                          "gate_proj", "up_proj", "down_proj", "mlp");
   t.Drop(n2);
+  if (m.a.sandwichNorms) mlp = NormedOwned(m, mlp, m.Child(root, "post_feedforward_layernorm"));
   const ValueId y = ops::Add(t, x2, mlp, "residual add");
   t.Drop(x2);
   t.Drop(mlp);

@@ -121,12 +121,28 @@ class TransformerPass final : public ModelPass {
       case Family::Llama: logits = families::LlamaForward(m, ids_, block); break;
       case Family::BERT: logits = families::BertForward(m, ids_, tokenTypes_, block); break;
     }
+    if (logits != kNoValue && a_.finalLogitSoftcap > 0.0) logits = SoftcappedLogits(m, logits);
     if (layerHook_) layerHook_->ForwardEnd(b);  // Many GPUs: FSDP2 output unit resharded
     m.Scope(-1, "loss");
     if (offload_) offload_->SetActive(false);  // the loss runs outside the context
     loss_ = m.loss != kNoValue ? m.loss : blocks::CrossEntropy(m, logits, labels_, !bert);
     t.Drop(logits);  // compute_loss returns the loss only: the model output goes
     t.EndAutocast();
+  }
+
+  // Gemma2ForCausalLM.forward's final_logit_softcapping: logits / cap, tanh, × cap before the
+  // loss, each a new logits-sized tensor in the logits' dtype; tanh saves its output. The
+  // caller's reference moves to the capped logits.
+  static ValueId SoftcappedLogits(Model& m, ValueId logits) {
+    Tape& t = m.t;
+    m.Scope(-1, "lm_head");
+    const ValueId divided = ops::Scale(t, logits, "logits / final_logit_softcapping");
+    t.Drop(logits);
+    const ValueId capped = ops::SavesOutput(t, divided, "tanh(logits / softcap)", t.TypeOf(divided));
+    t.Drop(divided);
+    const ValueId out = ops::Scale(t, capped, "logits × final_logit_softcapping");
+    t.Drop(capped);
+    return out;
   }
 
   // Pipeline parallelism: one chunk of the stage (parallel/pipeline.hpp). The first chunk of the
@@ -204,6 +220,7 @@ class TransformerPass final : public ModelPass {
       return families::LmHead(m, normed, tied, c);
     }
     t.Drop(c.mask);
+    t.Drop(c.slidingMask);
     t.Drop(c.cos);
     t.Drop(c.sin);
     m.Scope(-1, "pipeline send");
@@ -238,8 +255,13 @@ class TransformerPass final : public ModelPass {
 
  private:
   // Runs block i, wrapped in a checkpoint when the setup says so.
-  ValueId Block(ValueId x, const Context& c, int i) {
+  ValueId Block(ValueId x, const Context& shared, int i) {
     Model& m = *model_;
+    // The block's own mask: Gemma 2's sliding layers take the sliding-window one
+    // (decoder_layer(…, attention_mask=causal_mask_mapping[decoder_layer.attention_type])).
+    Context c = shared;
+    if (c.slidingMask != kNoValue && families::SlidingLayer(a_, i)) c.mask = c.slidingMask;
+    c.slidingMask = kNoValue;
     // A pipeline chunk runs only its own blocks; the others pass x through untouched.
     if (chunk_.active && (i < chunk_.firstLayer || i >= chunk_.firstLayer + chunk_.layers)) return m.t.Keep(x);
     // The hook sits on the embeddings; block 0's input is their output (GPT-2: wte + wpe).
