@@ -95,6 +95,7 @@ def read_config(setup):
         final_softcap=float(a.get("finalLogitSoftcap") or 0.0) if family == "llama" else 0.0,
         sliding_window=int(a.get("slidingWindow") or 0) if family == "llama" else 0,
         sliding_pattern=int(a.get("slidingWindowPattern") or 0),
+        gemma3_layout=family == "llama" and bool(a.get("gemma3Layout", False)),
         # Phi3RotaryEmbedding: dim = int(head_dim * partial_rotary_factor)
         rotary_dim=int(head_dim * float(a.get("partialRotaryFactor") or 1.0)),
         act=a.get("hiddenAct") or default_act,
@@ -753,13 +754,21 @@ class LlamaAttention(nn.Module):
         cfg = self.cfg
         b, s, _ = hidden_states.shape
         hidden_shape = (b, s, -1, cfg.head_dim)
-        if cfg.qk_norm:
+        if cfg.qk_norm and cfg.gemma3_layout:
+            # Gemma3Attention: the three projections first, then q_norm and k_norm on the heads.
+            query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+            query_states = self.q_norm(query_states)
+            key_states = self.k_norm(key_states)
+        elif cfg.qk_norm:
             query_states = self.q_norm(self.q_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
             key_states = self.k_norm(self.k_proj(hidden_states).view(hidden_shape)).transpose(1, 2)
         else:
             query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
             key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        if not (cfg.qk_norm and cfg.gemma3_layout):
+            value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
         attn_output = attention_core(cfg, query_states, key_states, value_states, mask,
                                      n_rep=cfg.heads // cfg.kv_heads, causal=True)
@@ -960,6 +969,9 @@ class LlamaModel(nn.Module):
         cfg = self.cfg
         b, s = input_ids.shape
         inputs_embeds = self.embed_tokens(input_ids)
+        if cfg.gemma3_layout:
+            # Gemma3TextScaledWordEmbedding: the module scales its rows; the unscaled ones go.
+            inputs_embeds = inputs_embeds * torch.tensor(cfg.hidden ** 0.5, dtype=inputs_embeds.dtype)
         cache_position = torch.arange(s)
         position_ids = cache_position.unsqueeze(0)
         mask = decoder_eager_mask(b, s, inputs_embeds.dtype) if cfg.attention == "eager" else None
@@ -970,8 +982,13 @@ class LlamaModel(nn.Module):
             if cfg.attention == "eager":
                 sliding_mask = sliding_eager_mask(b, s, inputs_embeds.dtype, cfg.sliding_window)
         hidden_states = inputs_embeds
+        sliding_cos = sliding_sin = None
+        if cfg.gemma3_layout and cfg.sliding_window:
+            # Gemma3TextModel: one table per layer type (the sliding layers' base differs; layer 0
+            # slides, so its table is made first).
+            sliding_cos, sliding_sin = self.rotary_emb(hidden_states, position_ids)
         cos, sin = self.rotary_emb(hidden_states, position_ids)
-        if cfg.embedding_scale:
+        if cfg.embedding_scale and not cfg.gemma3_layout:
             # GemmaModel: the embeddings times √hidden in their own dtype; inputs_embeds stays
             # referenced by the forward until it returns.
             normalizer = torch.tensor(cfg.hidden ** 0.5, dtype=hidden_states.dtype)
@@ -979,9 +996,11 @@ class LlamaModel(nn.Module):
         else:
             del inputs_embeds
         for i, layer in enumerate(self.layers):
-            layer_mask = sliding_mask if sliding_mask is not None and sliding_layer(cfg, i) else mask
-            hidden_states = run_layer(cfg, i, layer, hidden_states, layer_mask, cos, sin)
-        if cfg.embedding_scale:
+            sliding = sliding_layer(cfg, i)
+            layer_mask = sliding_mask if sliding_mask is not None and sliding else mask
+            layer_cos, layer_sin = (sliding_cos, sliding_sin) if sliding_cos is not None and sliding else (cos, sin)
+            hidden_states = run_layer(cfg, i, layer, hidden_states, layer_mask, layer_cos, layer_sin)
+        if cfg.embedding_scale and not cfg.gemma3_layout:
             del inputs_embeds
         hidden_states = self.norm(hidden_states)
         return hidden_states

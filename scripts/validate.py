@@ -521,6 +521,9 @@ GEMMA2 = dict(numKeyValueHeads=2, headDim=64, hiddenAct="geluTanh", rmsNormUnitO
               tieWordEmbeddings=True, sandwichNorms=True, attentionLogitSoftcap=50.0, finalLogitSoftcap=30.0,
               slidingWindow=128, slidingWindowPattern=2)
 
+GEMMA3 = {**GEMMA2, "queryKeyNorm": True, "gemma3Layout": True, "attentionLogitSoftcap": 0.0,
+          "finalLogitSoftcap": 0.0, "slidingWindowPattern": 3}
+
 TRANSFORMER_CASES = [
     tcase("gpt2-fp32-adamw", arch("gpt2")),
     tcase("gpt2-fp32-sdpa", arch("gpt2"), attention="sdpa"),
@@ -561,6 +564,12 @@ TRANSFORMER_CASES = [
     tcase("gemma2-style-ampbf16-sdpa", arch("llama", **{**GEMMA2, "slidingWindow": 256}), precision="ampBf16",
           attention="sdpa"),
     tcase("gemma2-style-fp32-ckpt", arch("llama", **GEMMA2), checkpointing="everyBlock"),
+    # Gemma 3: q/k norms after all three projections, the embedding scaled in its module, the
+    # sliding layers' own rotary table; no soft caps.
+    tcase("gemma3-style-bf16", arch("llama", **GEMMA3), precision="bf16"),
+    tcase("gemma3-style-ampbf16-sdpa", arch("llama", **{**GEMMA3, "slidingWindow": 256}), precision="ampBf16",
+          attention="sdpa"),
+    tcase("gemma3-style-fp32-ckpt", arch("llama", **GEMMA3), checkpointing="everyBlock"),
     tcase("llama-ampbf16", arch("llama", numKeyValueHeads=4), precision="ampBf16"),
     tcase("llama-ampfp16-scaled", arch("llama"), precision="ampFp16"),
     tcase("llama-sdpa-bf16mixed", arch("llama", numKeyValueHeads=2), precision="bf16Mixed", attention="sdpa"),
@@ -853,6 +862,9 @@ def write_markdown(path, rows, median, worst, exact):
         "  magnitude is initialised at construction (this PEFT version does it in the first forward),",
         "  which moves a transient [out, in] product into init. bitsandbytes does not run here: its",
         "  layouts are exact byte tests in tests/finetune_test.cpp.",
+        "- **Masks under `sdpa`:** the emulated kernel takes no mask, so the SDPA cases have none: the",
+        "  Gemma 2 case keeps its window at the sequence. Past the window (and with packed",
+        "  sequences) the mask path is worked by hand in tests/transformer_test.cpp.",
         "- **Residues:** a few bytes per case are CPU-side Python scalars wrapped as 0-dim tensors",
         "  and the RNG state that reentrant checkpointing stashes (about 5 KB per checkpointed call).",
         "",

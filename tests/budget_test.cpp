@@ -328,6 +328,7 @@ Setup RandomSetup(std::mt19937_64& rng) {
       a.finalLogitSoftcap = pick(0, 1) ? 30.0 : 0.0;
       a.slidingWindow = pick(0, 1) ? pick(1, 4096) : 0;
       a.slidingWindowPattern = pick(0, 3);
+      a.gemma3Layout = a.queryKeyNorm && a.embeddingScale && pick(0, 1) == 1;
     }
   } else {
     a.numKeyValueHeads = 0;

@@ -108,6 +108,27 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(n.notes.empty());
     CHECK(n.ignoredFields.empty());
   }
+  SECTION("Gemma 3 (text): q/k norms in its own layout, no soft caps, a full layer every 6") {
+    // google/gemma-3-1b-pt's config.json (1B on its model card).
+    const ConfigImport g = ImportHfConfig(R"({"model_type": "gemma3_text", "hidden_size": 1152,
+      "intermediate_size": 6912, "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+      "head_dim": 256, "vocab_size": 262144, "hidden_activation": "gelu_pytorch_tanh",
+      "attn_logit_softcapping": null, "final_logit_softcapping": null, "query_pre_attn_scalar": 256,
+      "sliding_window": 512, "sliding_window_pattern": 6, "rope_theta": 1000000, "rope_local_base_freq": 10000,
+      "max_position_embeddings": 32768})");
+    REQUIRE(g.ok());
+    const ArchitectureDef& a = g.architecture;
+    CHECK(a.gemma3Layout);
+    CHECK(a.queryKeyNorm);
+    CHECK(a.sandwichNorms);
+    CHECK(a.attentionLogitSoftcap == 0.0);
+    CHECK(a.finalLogitSoftcap == 0.0);
+    CHECK(a.slidingWindow == 512);
+    CHECK(a.slidingWindowPattern == 6);
+    CHECK(CountOf(a) == 999'885'952);
+    CHECK(CountOf(a) == FindPreset("gemma-3-1b")->publishedParameters);
+    CHECK(g.notes.empty());
+  }
   SECTION("Phi-3's fused projections, and Phi-4-mini's partial rotary factor") {
     const ConfigImport p = ImportHfConfig(R"({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
       "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32064,

@@ -278,7 +278,7 @@ TEST_CASE("the form's architecture fields are exactly the schema's", "[transform
                                              "\":" + value + "}}}", parsed);
     for (const FieldError& e : errors) CHECK(e.code != ErrorCode::UnknownField);
   }
-  CHECK(listed == 31);
+  CHECK(listed == 32);
 }
 
 TEST_CASE("transformer setups in JSON", "[transformer][json]") {
@@ -561,6 +561,33 @@ TEST_CASE("Gemma 2's sandwich norms, soft caps and sliding-window masks keep wha
                 SavedAtForwardEnd(setup(L, window(0, A::SDPA, Checkpointing::None))) ==
             2 * b * s * s * 2);
     }
+  }
+}
+
+TEST_CASE("Gemma 3's layout keeps one more rotary table, for its sliding layers", "[transformer]") {
+  // Gemma 3 (q/k norms, sandwich norms, scaled embeddings, a 32-token window on layers 0 and 2 of
+  // 3), every block checkpointed: the checkpoints keep the cos and sin each block was given.
+  // With the layout the sliding blocks get their own pair, [1, 1, s, d] bf16 each. Its other
+  // changes move nothing held at the end of the forward: the q/k norms save the same tensors in
+  // another order, and Gemma 1/2's unscaled embeddings were released after the last block.
+  const std::int64_t s = 64, d = 48;
+  auto setup = [&](bool layout) {
+    Setup x = TinyTransformer(Family::Llama, 3, Precision::BF16);
+    ArchitectureDef& a = x.model.architecture;
+    a.hiddenSize = 128; a.numHeads = 4; a.numKeyValueHeads = 2; a.headDim = d;
+    a.queryKeyNorm = a.sandwichNorms = a.rmsNormUnitOffset = a.embeddingScale = true;
+    a.slidingWindow = 32; a.slidingWindowPattern = 2;
+    a.gemma3Layout = layout;
+    x.training.batchSize = 2;
+    x.training.sequenceLength = s;
+    x.training.checkpointing = Checkpointing::EveryBlock;
+    return x;
+  };
+  CHECK(SavedAtForwardEnd(setup(true)) - SavedAtForwardEnd(setup(false)) == 2 * s * d * 2);
+  SECTION("the layout needs the fields it places") {
+    Setup bare = TransformerSetup(TinyLlama(), 1, 16);
+    bare.model.architecture.gemma3Layout = true;
+    CHECK(HasErrorOn(Validate(bare), "model.architecture.gemma3Layout"));
   }
 }
 

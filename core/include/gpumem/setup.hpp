@@ -201,6 +201,9 @@ struct ArchitectureDef {
   std::int64_t slidingWindow = 0;           // sliding_window (tokens a sliding layer attends to); 0 = none
   std::int64_t slidingWindowPattern = 0;    // with slidingWindow: layer i attends to all tokens when
                                             // (i + 1) % pattern == 0 (Gemma 2: 2); 0 = every layer slides
+  bool gemma3Layout = false;                // Gemma 3 (transformers models/gemma3/modeling_gemma3.py): q/k
+                                            // norms after all three projections, the embedding scaled
+                                            // inside its module, a second rotary table for sliding layers
   HiddenAct hiddenAct = HiddenAct::SiLU;    // hidden_act / activation_function
   // Mixture of experts (Llama family): 0 experts = a dense MLP.
   std::int64_t numExperts = 0;              // num_local_experts / num_experts

@@ -134,12 +134,14 @@ bool ArchitecturesContain(const json& doc, const char* name) {
   return false;
 }
 
-// Gemma2Config (transformers models/gemma2/configuration_gemma2.py): norms after attention and
-// the MLP, soft caps of 50 (scores) and 30 (logits) unless the config sets them null, a 4,096-token
-// window on the layers layer_types calls sliding (by default the even ones).
-void ReadGemma2(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImport& out) {
+// Gemma2Config (transformers models/gemma2/configuration_gemma2.py) and Gemma3TextConfig: norms
+// after attention and the MLP, soft caps (Gemma 2's default 50 on the scores and 30 on the logits;
+// none for Gemma 3) unless the config sets them (null: none), a 4,096-token window on the layers
+// layer_types calls sliding (by default every layer but each pattern-th).
+void ReadGemma2(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImport& out, double attentionCap,
+                double logitCap, std::int64_t window, std::int64_t pattern) {
   a.sandwichNorms = true;
-  a.slidingWindowPattern = 2;
+  a.slidingWindowPattern = pattern;
   auto cap = [&](const char* key, double fallback, double& target) {
     target = fallback;
     if (auto it = doc.find(key); it != doc.end() && it->is_null()) {
@@ -149,9 +151,9 @@ void ReadGemma2(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImpo
     }
     r.Number({key}, target);
   };
-  cap("attn_logit_softcapping", 50.0, a.attentionLogitSoftcap);
-  cap("final_logit_softcapping", 30.0, a.finalLogitSoftcap);
-  a.slidingWindow = 4096;
+  cap("attn_logit_softcapping", attentionCap, a.attentionLogitSoftcap);
+  cap("final_logit_softcapping", logitCap, a.finalLogitSoftcap);
+  a.slidingWindow = window;
   r.Int({"sliding_window"}, a.slidingWindow, false);
   r.Use("query_pre_attn_scalar");  // the scores' scale: no memory of its own
   auto types = doc.find("layer_types");
@@ -173,7 +175,7 @@ void ReadGemma2(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImpo
     regular = regular && (*types)[i] == (full ? "full_attention" : "sliding_attention");
   }
   if (!regular) {
-    out.notes.push_back("Gemma 2: layer_types does not repeat one pattern; taken as a full-attention layer every " +
+    out.notes.push_back("Gemma: layer_types does not repeat one pattern; taken as a full-attention layer every " +
                         FormatCount(a.slidingWindowPattern) + " (the first full one's position).");
   }
 }
@@ -188,7 +190,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   if (type == doc.end() || !type->is_string()) {
     out.errors.push_back({ErrorCode::MissingField, "config.model_type",
                           "config.json needs a model_type (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, "
-                          "gemma2, phi3, bert)."});
+                          "gemma2, gemma3_text, phi3, bert)."});
     return out;
   }
   out.modelType = type->get<std::string>();
@@ -214,14 +216,14 @@ ConfigImport ImportHfConfig(std::string_view text) {
     r.Number({"attn_pdrop"}, a.attentionDropout);
     r.Bool({"tie_word_embeddings"}, a.tieWordEmbeddings);
   } else if (t == "llama" || t == "mistral" || t == "qwen2" || t == "mixtral" || t == "qwen2_moe" ||
-             t == "gemma" || t == "gemma2" || t == "phi3" || t == "qwen3" || t == "qwen3_moe") {
+             t == "gemma" || t == "gemma2" || t == "gemma3_text" || t == "phi3" || t == "qwen3" || t == "qwen3_moe") {
     a = DefaultArchitecture(Family::Llama);
     a.numKeyValueHeads = 0;
-    const bool gemma = t == "gemma" || t == "gemma2";
+    const bool gemma = t == "gemma" || t == "gemma2" || t == "gemma3_text";
     a.tieWordEmbeddings = gemma;  // each config class's default
     a.attentionBias = t == "qwen2" || t == "qwen2_moe";
     a.hiddenAct = gemma ? HiddenAct::GELUTanh : HiddenAct::SiLU;
-    a.queryKeyNorm = t == "qwen3" || t == "qwen3_moe";  // Qwen3Attention's q_norm, k_norm
+    a.queryKeyNorm = t == "qwen3" || t == "qwen3_moe" || t == "gemma3_text";  // q_norm, k_norm
     a.rmsNormUnitOffset = a.embeddingScale = gemma;     // GemmaRMSNorm, GemmaModel's normalizer
     r.Int({"vocab_size"}, a.vocabSize, true);
     r.Int({"hidden_size"}, a.hiddenSize, true);
@@ -253,7 +255,18 @@ ConfigImport ImportHfConfig(std::string_view text) {
       a.sharedExpertGate = a.sharedExpertIntermediateSize > 0;
       out.notes.push_back("Qwen2-MoE: every layer is taken as sparse (decoder_sparse_step 1, no mlp_only_layers).");
     }
-    if (t == "gemma2") ReadGemma2(doc, r, a, out);
+    if (t == "gemma2") ReadGemma2(doc, r, a, out, 50.0, 30.0, 4096, 2);
+    if (t == "gemma3_text") {
+      // Gemma3TextConfig: no soft caps by default, a full layer every 6, its own layout.
+      ReadGemma2(doc, r, a, out, 0.0, 0.0, 4096, 6);
+      r.Use("sliding_window_pattern");
+      if (auto p = doc.find("sliding_window_pattern"); p != doc.end() && p->is_number_integer() &&
+          doc.find("layer_types") == doc.end()) {
+        a.slidingWindowPattern = p->get<std::int64_t>();
+      }
+      a.gemma3Layout = true;
+      r.Use("rope_local_base_freq");  // the sliding layers' table: its size, not its base, matters
+    }
     if (t == "phi3") {
       a.fusedProjections = true;  // Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj
       r.Number({"partial_rotary_factor"}, a.partialRotaryFactor);  // Phi-4-mini: 0.75
@@ -281,7 +294,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   } else {
     out.errors.push_back({ErrorCode::InvalidField, "config.model_type",
                           "model_type \"" + t.substr(0, 40) + "\" is not simulated yet; supported: gpt2, llama, "
-                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, gemma2, phi3, bert."});
+                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, phi3, bert."});
     return out;
   }
   r.ListIgnored();

@@ -214,7 +214,7 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
                       "headDim", "intermediateSize", "maxPositionEmbeddings", "typeVocabSize",
                       "tieWordEmbeddings", "attentionBias", "queryKeyNorm", "rmsNormUnitOffset",
                       "embeddingScale", "fusedProjections", "partialRotaryFactor", "sandwichNorms",
-                      "attentionLogitSoftcap", "finalLogitSoftcap", "slidingWindow", "slidingWindowPattern", "hiddenAct", "numExperts", "expertsPerToken",
+                      "attentionLogitSoftcap", "finalLogitSoftcap", "slidingWindow", "slidingWindowPattern", "gemma3Layout", "hiddenAct", "numExperts", "expertsPerToken",
                       "expertIntermediateSize", "sharedExpertIntermediateSize", "sharedExpertGate",
                       "hiddenDropout", "attentionDropout", "encoderHead", "numLabels"},
                   path);
@@ -244,6 +244,7 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
   r.Number(v, "finalLogitSoftcap", path, a.finalLogitSoftcap);
   r.Int(v, "slidingWindow", path, a.slidingWindow);
   r.Int(v, "slidingWindowPattern", path, a.slidingWindowPattern);
+  r.Bool(v, "gemma3Layout", path, a.gemma3Layout);
   r.Enum(v, "hiddenAct", path, a.hiddenAct);
   r.Int(v, "numExperts", path, a.numExperts);
   r.Int(v, "expertsPerToken", path, a.expertsPerToken);
@@ -559,6 +560,7 @@ ojson ArchitectureJson(const ArchitectureDef& a) {
           {"partialRotaryFactor", a.partialRotaryFactor}, {"sandwichNorms", a.sandwichNorms},
           {"attentionLogitSoftcap", a.attentionLogitSoftcap}, {"finalLogitSoftcap", a.finalLogitSoftcap},
           {"slidingWindow", a.slidingWindow}, {"slidingWindowPattern", a.slidingWindowPattern},
+          {"gemma3Layout", a.gemma3Layout},
           {"hiddenAct", IdOf(a.hiddenAct)}, {"numExperts", a.numExperts},
           {"expertsPerToken", a.expertsPerToken}, {"expertIntermediateSize", a.expertIntermediateSize},
           {"sharedExpertIntermediateSize", a.sharedExpertIntermediateSize},

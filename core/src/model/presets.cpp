@@ -124,6 +124,13 @@ std::vector<Preset> MakePresets() {
       9'241'705'984);
   add("gemma-2-27b", "Gemma 2 27B", "google/gemma-2-27b", gemma2(llama(256000, 4608, 46, 32, 16, 36864), 128),
       27'227'128'320);
+  // google/gemma-3-1b-pt (Gemma3ForCausalLM): q/k norms, no soft caps, a 512-token window on five
+  // layers of every six.
+  ArchitectureDef gemma3 = gemma2(llama(262144, 1152, 26, 4, 1, 6912), 256);
+  gemma3.queryKeyNorm = gemma3.gemma3Layout = true;
+  gemma3.attentionLogitSoftcap = gemma3.finalLogitSoftcap = 0.0;
+  gemma3.slidingWindow = 512; gemma3.slidingWindowPattern = 6;
+  add("gemma-3-1b", "Gemma 3 1B", "google/gemma-3-1b-pt", gemma3, 999'885'952);
   ArchitectureDef phi3 = llama(32064, 3072, 32, 32, 32, 8192);
   phi3.fusedProjections = true;  // qkv_proj, gate_up_proj
   add("phi-3-mini-4k", "Phi-3 mini 4k (3.8B)", "microsoft/Phi-3-mini-4k-instruct", phi3, 3'821'079'552,

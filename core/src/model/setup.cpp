@@ -205,6 +205,12 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
                                                                   : "slidingWindow"),
                       "Sandwich norms, soft caps and sliding windows (Gemma 2) are simulated in the llama family."});
   }
+  if (a.gemma3Layout && !(a.family == Family::Llama && a.queryKeyNorm && a.sandwichNorms && a.embeddingScale)) {
+    // Gemma3DecoderLayer: the layout changes where Gemma 3's q/k norms, scaled embeddings and
+    // sliding layers' rotary table sit; without them it has nothing to place.
+    errors.push_back({ErrorCode::InvalidField, p + "gemma3Layout",
+                      "Gemma 3's layout goes with q/k norms, sandwich norms and scaled embeddings (llama family)."});
+  }
   if (a.family == Family::Llama && a.sandwichNorms && (a.fusedProjections || a.numExperts > 0)) {
     // Gemma2DecoderLayer: separate projections and a dense MLP.
     errors.push_back({ErrorCode::InvalidField, p + "sandwichNorms",
@@ -559,6 +565,7 @@ std::span<const ArchitectureField> ArchitectureFields() {
       {"finalLogitSoftcap", "Logit soft cap", "number", "", "cap · tanh(x / cap) on the logits; 0 = none (Gemma 2: 30)", false, true, false, "", ""},
       {"slidingWindow", "Sliding window", "count", "", "tokens a sliding layer attends to; 0 = none (Gemma 2: 4096)", false, true, false, "", ""},
       {"slidingWindowPattern", "Full-attention layer every", "count", "", "layers; 0 = every layer slides (Gemma 2: 2)", false, true, false, "slidingWindow", "positive"},
+      {"gemma3Layout", "Gemma 3 layout", "bool", "", "q/k norms after all projections, embedding scaled in its module, a rotary table for sliding layers", false, true, false, "", ""},
       {"numExperts", "Experts", "count", "", "0 = dense MLP (mixture of experts when more)", false, true, false, "", ""},
       {"expertsPerToken", "Experts per token", "count", "", "top-k routing", false, true, false, "numExperts", "positive"},
       {"expertIntermediateSize", "Expert MLP width", "count", "", "elements; 0 = intermediateSize", false, true, false, "numExperts", "positive"},

@@ -68,6 +68,8 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) 
   t.Drop(c.slidingMask);
   t.Drop(c.cos);
   t.Drop(c.sin);
+  t.Drop(c.slidingCos);
+  t.Drop(c.slidingSin);
   m.Scope(-1, "lm_head");
   const ValueId weight = m.parameters.Has("lm_head.weight") ? m.parameters.ByName(t, "lm_head.weight")
                                                             : m.parameters.ByName(t, tiedEmbedding);

@@ -108,6 +108,8 @@ struct Context {
   ValueId mask = kNoValue, cos = kNoValue, sin = kNoValue;
   // Gemma 2's sliding layers' mask (architecture.slidingWindow), beside the full layers' `mask`.
   ValueId slidingMask = kNoValue;
+  // Gemma 3's sliding layers' rotary table (its own RoPE base), beside the full layers' cos, sin.
+  ValueId slidingCos = kNoValue, slidingSin = kNoValue;
 };
 
 }  // namespace gpumem

@@ -20,6 +20,9 @@ ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block);
 // keeps its reference to inputs_embeds.
 ValueId ScaledEmbeddings(Model& m, ValueId inputsEmbeds);
 ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i);
+// The rotary tables of a forward: cos and sin [1, 1, s, rotary dim] in `type`, and Gemma 3's
+// sliding layers' own pair.
+void RotaryTables(Model& m, Context& c, DType type);
 // Whether block i attends through the sliding window (Gemma 2's layer_types).
 bool SlidingLayer(const ArchitectureDef& a, int i);
 // BERT: embeddings (with token types), post-norm layers, a classification or masked-LM head.

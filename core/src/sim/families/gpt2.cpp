@@ -156,6 +156,8 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) 
   t.Drop(c.slidingMask);
   t.Drop(c.cos);
   t.Drop(c.sin);
+  t.Drop(c.slidingCos);
+  t.Drop(c.slidingSin);
   m.Scope(-1, "lm_head");
   // torchtune get_act_offloading_ctx_manager: NoOpManager hooks around the output head, whose
   // activations the loss needs at once (what follows is the head and, outside the context, the loss).

@@ -57,6 +57,17 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
         m.training.checkpointing == Checkpointing::None) {
       blocks::DynamicCacheCopies(m, k, v);
     }
+  } else if (m.a.queryKeyNorm && m.a.gemma3Layout) {
+    // Gemma3Attention: q_proj, k_proj and v_proj (each viewed as heads and transposed), then
+    // q_norm and k_norm (transformers models/gemma3/modeling_gemma3.py).
+    const ValueId qp = blocks::Linear(m, n1, m.Child(root, "self_attn.q_proj"), heads * d, "q_proj");
+    const ValueId kp = blocks::Linear(m, n1, m.Child(root, "self_attn.k_proj"), kv * d, "k_proj");
+    const ValueId vp = blocks::Linear(m, n1, m.Child(root, "self_attn.v_proj"), kv * d, "v_proj");
+    t.Drop(n1);
+    v = blocks::Heads(m, vp, kv, "value");
+    t.Drop(vp);
+    q = blocks::NormedHeads(m, qp, heads, m.Child(root, "self_attn.q_norm"), "query");
+    k = blocks::NormedHeads(m, kp, kv, m.Child(root, "self_attn.k_norm"), "key");
   } else if (m.a.queryKeyNorm) {
     // Qwen3Attention: q_norm(q_proj(x).view(b, s, heads, d)).transpose(1, 2), then k the same,
     // then v (transformers models/qwen3/modeling_qwen3.py): each projection is normalised before
@@ -118,21 +129,40 @@ ValueId ScaledEmbeddings(Model& m, ValueId inputsEmbeds) {
   return ops::Scale(m.t, inputsEmbeds, "inputs_embeds * normalizer (√hidden)");
 }
 
+void RotaryTables(Model& m, Context& c, DType type) {
+  Tape& t = m.t;
+  // Gemma3TextModel.forward: position_embeddings[layer_type] = rotary_emb(…, layer_type) for each
+  // entry of layer_types, each type with its own RoPE base; layer 0 slides, so its table comes
+  // first (the later calls replace a type's table with an equal one).
+  if (m.a.gemma3Layout && m.a.slidingWindow > 0) {
+    c.slidingCos = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, type, "cos (sliding layers)");
+    c.slidingSin = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, type, "sin (sliding layers)");
+  }
+  c.cos = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, type, "cos");
+  c.sin = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, type, "sin");
+}
+
 ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block) {
   Tape& t = m.t;
   Context c;
   m.Scope(-1, "embeddings");
   // The model's forward holds inputs_embeds until it returns; with Gemma's scaling that is a
   // tensor of its own (`held`), released after the last block.
-  const ValueId inputsEmbeds = blocks::WordEmbedding(m, ids, m.parameters.ByName(t, "model.embed_tokens.weight"),
-                                                     "embed_tokens(input_ids)");
-  ValueId x = m.a.embeddingScale ? kNoValue : inputsEmbeds;
-  const ValueId held = m.a.embeddingScale ? inputsEmbeds : kNoValue;
+  ValueId inputsEmbeds = blocks::WordEmbedding(m, ids, m.parameters.ByName(t, "model.embed_tokens.weight"),
+                                               "embed_tokens(input_ids)");
+  if (m.a.gemma3Layout) {
+    // Gemma3TextScaledWordEmbedding: the module returns the scaled rows, and the unscaled ones go.
+    const ValueId scaled = ScaledEmbeddings(m, inputsEmbeds);
+    t.Drop(inputsEmbeds);
+    inputsEmbeds = scaled;
+  }
+  const bool scaleLater = m.a.embeddingScale && !m.a.gemma3Layout;
+  ValueId x = scaleLater ? kNoValue : inputsEmbeds;
+  const ValueId held = scaleLater ? inputsEmbeds : kNoValue;
   if (x != kNoValue && m.sequenceShards > 1) x = ScatterOwned(m, x, "embeddings reduce-scatter (s/t)");
   // Rotary tables for this forward: cos and sin [1, 1, s, rotary dim] in the hidden dtype.
   m.Scope(-1, "rotary embedding");
-  c.cos = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, t.TypeOf(inputsEmbeds), "cos");
-  c.sin = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, t.TypeOf(inputsEmbeds), "sin");
+  RotaryTables(m, c, t.TypeOf(inputsEmbeds));
   if (held != kNoValue) {
     m.Scope(-1, "embeddings");
     x = ScaledEmbeddings(m, held);

@@ -178,7 +178,12 @@ class TransformerPass final : public ModelPass {
       } else {  // as families::LlamaForward
         inputsEmbeds = blocks::WordEmbedding(m, ids_, m.parameters.ByName(t, "model.embed_tokens.weight"),
                                              "embed_tokens(input_ids)");
-        if (a_.embeddingScale) {
+        if (a_.gemma3Layout) {  // scaled in the embedding module, as LlamaForward
+          const ValueId scaled = families::ScaledEmbeddings(m, inputsEmbeds);
+          t.Drop(inputsEmbeds);
+          inputsEmbeds = scaled;
+        }
+        if (a_.embeddingScale && !a_.gemma3Layout) {
           x = t.Keep(inputsEmbeds);  // scaled after the rotary tables, as LlamaForward
         } else {
           x = sequence_split::RowParallelOutput(m, inputsEmbeds, "embeddings reduce-scatter (s/t)");
@@ -199,8 +204,7 @@ class TransformerPass final : public ModelPass {
     }
     if (!gpt2) {
       m.Scope(-1, "rotary embedding");
-      c.cos = t.Fresh({1, 1, s_, RotaryDim(a_)}, t.TypeOf(x), "cos");
-      c.sin = t.Fresh({1, 1, s_, RotaryDim(a_)}, t.TypeOf(x), "sin");
+      families::RotaryTables(m, c, t.TypeOf(x));
     }
     if (inputsEmbeds != kNoValue) {
       m.Scope(-1, "embeddings");
@@ -223,6 +227,8 @@ class TransformerPass final : public ModelPass {
     t.Drop(c.slidingMask);
     t.Drop(c.cos);
     t.Drop(c.sin);
+    t.Drop(c.slidingCos);
+    t.Drop(c.slidingSin);
     m.Scope(-1, "pipeline send");
     Tape::OpSpec send;
     send.name = "send output_tensor";
@@ -260,8 +266,12 @@ class TransformerPass final : public ModelPass {
     // The block's own mask: Gemma 2's sliding layers take the sliding-window one
     // (decoder_layer(…, attention_mask=causal_mask_mapping[decoder_layer.attention_type])).
     Context c = shared;
-    if (c.slidingMask != kNoValue && families::SlidingLayer(a_, i)) c.mask = c.slidingMask;
-    c.slidingMask = kNoValue;
+    if (families::SlidingLayer(a_, i)) {
+      if (c.slidingMask != kNoValue) c.mask = c.slidingMask;
+      if (c.slidingCos != kNoValue) c.cos = c.slidingCos;
+      if (c.slidingSin != kNoValue) c.sin = c.slidingSin;
+    }
+    c.slidingMask = c.slidingCos = c.slidingSin = kNoValue;
     // A pipeline chunk runs only its own blocks; the others pass x through untouched.
     if (chunk_.active && (i < chunk_.firstLayer || i >= chunk_.firstLayer + chunk_.layers)) return m.t.Keep(x);
     // The hook sits on the embeddings; block 0's input is their output (GPT-2: wte + wpe).
