@@ -974,11 +974,13 @@ class LlamaModel(nn.Module):
             inputs_embeds = inputs_embeds * torch.tensor(cfg.hidden ** 0.5, dtype=inputs_embeds.dtype)
         cache_position = torch.arange(s)
         position_ids = cache_position.unsqueeze(0)
-        mask = decoder_eager_mask(b, s, inputs_embeds.dtype) if cfg.attention == "eager" else None
+        # Mistral's sliding_window (every layer slides: pattern 0) makes only the sliding mask.
+        only_sliding = cfg.sliding_window and not cfg.sliding_pattern
+        mask = decoder_eager_mask(b, s, inputs_embeds.dtype) if cfg.attention == "eager" and not only_sliding else None
         sliding_mask = None
         if cfg.sliding_window:
-            if cfg.attention != "eager" and s > cfg.sliding_window:
-                raise ValueError("the reference's SDPA takes no mask: keep the sequence within the window")
+            if cfg.attention != "eager" and s >= cfg.sliding_window:
+                raise ValueError("the reference's SDPA takes no mask: keep the sequence shorter than the window")
             if cfg.attention == "eager":
                 sliding_mask = sliding_eager_mask(b, s, inputs_embeds.dtype, cfg.sliding_window)
         hidden_states = inputs_embeds

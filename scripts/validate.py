@@ -561,15 +561,17 @@ TRANSFORMER_CASES = [
     # logits, the even layers' sliding-window mask (a second eager mask; none under SDPA while
     # the window covers the sequence).
     tcase("gemma2-style-bf16", arch("llama", **GEMMA2), precision="bf16"),
-    tcase("gemma2-style-ampbf16-sdpa", arch("llama", **{**GEMMA2, "slidingWindow": 256}), precision="ampBf16",
+    tcase("gemma2-style-ampbf16-sdpa", arch("llama", **{**GEMMA2, "slidingWindow": 512}), precision="ampBf16",
           attention="sdpa"),
     tcase("gemma2-style-fp32-ckpt", arch("llama", **GEMMA2), checkpointing="everyBlock"),
     # Gemma 3: q/k norms after all three projections, the embedding scaled in its module, the
     # sliding layers' own rotary table; no soft caps.
     tcase("gemma3-style-bf16", arch("llama", **GEMMA3), precision="bf16"),
-    tcase("gemma3-style-ampbf16-sdpa", arch("llama", **{**GEMMA3, "slidingWindow": 256}), precision="ampBf16",
+    tcase("gemma3-style-ampbf16-sdpa", arch("llama", **{**GEMMA3, "slidingWindow": 512}), precision="ampBf16",
           attention="sdpa"),
     tcase("gemma3-style-fp32-ckpt", arch("llama", **GEMMA3), checkpointing="everyBlock"),
+    # Mistral 7B v0.1's sliding_window: every layer slides, one (sliding) eager mask.
+    tcase("mistral-style-sliding-bf16", arch("llama", numKeyValueHeads=2, slidingWindow=128), precision="bf16"),
     tcase("llama-ampbf16", arch("llama", numKeyValueHeads=4), precision="ampBf16"),
     tcase("llama-ampfp16-scaled", arch("llama"), precision="ampFp16"),
     tcase("llama-sdpa-bf16mixed", arch("llama", numKeyValueHeads=2), precision="bf16Mixed", attention="sdpa"),

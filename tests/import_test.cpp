@@ -36,6 +36,16 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(CountOf(c.architecture) == FindPreset("mistral-7b-v0.1")->publishedParameters);
     CHECK(std::find(c.ignoredFields.begin(), c.ignoredFields.end(), "rope_theta") != c.ignoredFields.end());
     CHECK(std::find(c.ignoredFields.begin(), c.ignoredFields.end(), "hidden_size") == c.ignoredFields.end());
+    // sliding_window: every layer attends through a 4,096-token window (the preset's too).
+    CHECK(c.architecture.slidingWindow == 4096);
+    CHECK(c.architecture.slidingWindowPattern == 0);
+    CHECK(FindPreset("mistral-7b-v0.1")->architecture.slidingWindow == 4096);
+    // Mistral v0.2 and later: null, no window.
+    const ConfigImport later = ImportHfConfig(R"({"model_type": "mistral", "hidden_size": 4096,
+      "intermediate_size": 14336, "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+      "vocab_size": 32768, "sliding_window": null})");
+    REQUIRE(later.ok());
+    CHECK(later.architecture.slidingWindow == 0);
   }
   SECTION("GPT-2 names its fields differently; n_inner null means 4 × hidden") {
     const ConfigImport c = ImportHfConfig(R"({"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,

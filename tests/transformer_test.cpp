@@ -549,17 +549,33 @@ TEST_CASE("Gemma 2's sandwich norms, soft caps and sliding-window masks keep wha
       const std::int64_t base = SavedAtForwardEnd(setup(L, window(0, A::Eager, Checkpointing::EveryBlock)));
       CHECK(SavedAtForwardEnd(setup(L, window(32, A::Eager, Checkpointing::EveryBlock))) - base == b * s * s * 2);
     }
-    SECTION("SDPA: no mask while the window covers the sequence") {
-      CHECK(SavedAtForwardEnd(setup(L, window(s, A::SDPA, Checkpointing::None))) ==
+    SECTION("SDPA: no mask while the sequence is shorter than the window") {
+      CHECK(SavedAtForwardEnd(setup(L, window(s + 1, A::SDPA, Checkpointing::None))) ==
             SavedAtForwardEnd(setup(L, window(0, A::SDPA, Checkpointing::None))));
     }
-    SECTION("SDPA past the window: each sliding layer's kernel keeps the mask as a bf16 bias") {
+    SECTION("SDPA from the window on: each sliding layer's kernel keeps the mask as a bf16 bias") {
       // The memory-efficient kernel (an explicit mask rules out flash) saves
       // convert_boolean_attn_mask's [b, 1, s, s] in q's dtype; s = 64 needs no padding to 8, and
-      // its logsumexp, ceil(s / 32)·32 = s per row, weighs what flash's does.
-      CHECK(SavedAtForwardEnd(setup(L, window(32, A::SDPA, Checkpointing::None))) -
-                SavedAtForwardEnd(setup(L, window(0, A::SDPA, Checkpointing::None))) ==
-            2 * b * s * s * 2);
+      // its logsumexp, ceil(s / 32)·32 = s per row, weighs what flash's does. A window of s
+      // itself already makes the mask (kv_length < local_attention_size is what skips it).
+      const std::int64_t none = SavedAtForwardEnd(setup(L, window(0, A::SDPA, Checkpointing::None)));
+      CHECK(SavedAtForwardEnd(setup(L, window(32, A::SDPA, Checkpointing::None))) - none == 2 * b * s * s * 2);
+      CHECK(SavedAtForwardEnd(setup(L, window(s, A::SDPA, Checkpointing::None))) - none == 2 * b * s * s * 2);
+    }
+    SECTION("every layer sliding (Mistral's sliding_window): one mask, the sliding one") {
+      auto mistral = [&](std::int64_t w, AttentionImplementation attention) {
+        return [=](Setup& x) {
+          window(w, attention, Checkpointing::EveryBlock)(x);
+          x.model.architecture.slidingWindowPattern = 0;
+        };
+      };
+      // Eager: the sliding mask takes the causal one's place (the same bytes).
+      CHECK(SavedAtForwardEnd(setup(L, mistral(32, A::Eager))) ==
+            SavedAtForwardEnd(setup(L, window(0, A::Eager, Checkpointing::EveryBlock))));
+      // SDPA from the window on: a bool mask kept by every checkpoint (all three blocks slide).
+      CHECK(SavedAtForwardEnd(setup(L, mistral(32, A::SDPA))) -
+                SavedAtForwardEnd(setup(L, window(0, A::SDPA, Checkpointing::EveryBlock))) ==
+            b * s * s);
     }
   }
 }

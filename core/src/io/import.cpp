@@ -236,6 +236,21 @@ ConfigImport ImportHfConfig(std::string_view text) {
     r.Bool({"attention_bias"}, a.attentionBias);
     r.Activation({"hidden_act", "hidden_activation"}, a.hiddenAct);
     r.Number({"attention_dropout"}, a.attentionDropout);
+    if (t == "mistral" || t == "mixtral") {
+      // MistralConfig / MixtralConfig sliding_window (Mistral 7B v0.1: 4096; later ones null):
+      // every layer attends through it, with the mask create_sliding_window_causal_mask makes.
+      r.Int({"sliding_window"}, a.slidingWindow, false);
+      a.slidingWindowPattern = 0;
+    } else if ((t == "qwen2" || t == "qwen2_moe" || t == "qwen3" || t == "qwen3_moe") &&
+               doc.contains("use_sliding_window")) {
+      // Qwen2Config keeps sliding_window only with use_sliding_window (off in released models).
+      r.Use("use_sliding_window");
+      r.Use("sliding_window");
+      r.Use("max_window_layers");
+      if (doc["use_sliding_window"] == true) {
+        out.notes.push_back("use_sliding_window is not simulated: every layer is taken as attending to all tokens.");
+      }
+    }
     if (t == "mixtral") {
       r.Int({"num_local_experts"}, a.numExperts, true);
       r.Int({"num_experts_per_tok"}, a.expertsPerToken, true);

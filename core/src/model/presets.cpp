@@ -86,8 +86,10 @@ std::vector<Preset> MakePresets() {
   add("tinyllama-1.1b", "TinyLlama 1.1B", "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T",
       llama(32000, 2048, 22, 32, 4, 5632), 1'100'048'384);
   out.back().defaultSequenceLength = 2048;  // max_position_embeddings 2048 (trained at 2048)
-  add("mistral-7b-v0.1", "Mistral 7B v0.1", "mistralai/Mistral-7B-v0.1", llama(32000, 4096, 32, 32, 8, 14336),
-      7'241'732'096);
+  // Its config.json sets sliding_window 4096 (every layer; v0.2 and later set null).
+  ArchitectureDef mistral = llama(32000, 4096, 32, 32, 8, 14336);
+  mistral.slidingWindow = 4096;
+  add("mistral-7b-v0.1", "Mistral 7B v0.1", "mistralai/Mistral-7B-v0.1", mistral, 7'241'732'096);
   add("llama-3-8b", "Llama 3 8B", "meta-llama/Meta-Llama-3-8B", llama(128256, 4096, 32, 32, 8, 14336), 8'030'261'248);
   add("llama-3-70b", "Llama 3 / 3.1 70B", "meta-llama/Meta-Llama-3-70B", llama(128256, 8192, 80, 64, 8, 28672),
       70'553'706'496);

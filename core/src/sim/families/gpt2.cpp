@@ -112,27 +112,30 @@ ValueId Gpt2Forward(Model& m, ValueId ids, const RunBlock& block) {
 
 ValueId DecoderBlocks(Model& m, ValueId x, Context& c, const RunBlock& block) {
   Tape& t = m.t;
-  // Gemma 2's sliding layers get a mask of their own (transformers masking_utils
-  // create_sliding_window_causal_mask, made after the full one into causal_mask_mapping).
-  // Eager adds it to the scores like the causal one. SDPA can drop it only while the window
-  // covers the sequence (_ignore_causal_mask_sdpa's local_attention_size test) and nothing is
-  // packed; else sdpa_mask materialises a bool [b, 1, s, s], which the kernel takes as an
-  // explicit mask.
+  // Sliding layers get a mask of their own (transformers masking_utils
+  // create_sliding_window_causal_mask). Gemma 2 and 3 make it after the full one, both into
+  // causal_mask_mapping; Mistral (every layer sliding: slidingWindowPattern 0) makes only it
+  // (MistralModel.forward: mask_function = create_sliding_window_causal_mask when
+  // config.sliding_window is set). Eager adds it to the scores like the causal one. SDPA drops
+  // it only while the sequence is shorter than the window (_ignore_causal_mask_sdpa: kv_length <
+  // local_attention_size) and nothing is packed; else sdpa_mask materialises a bool
+  // [b, 1, s, s], which the kernel takes as an explicit mask.
   const bool sliding = m.a.slidingWindow > 0;
+  const bool full = !sliding || m.a.slidingWindowPattern > 0;
   const bool packed = m.training.packedSequences == PackedSequences::BlockCausalMask;
   if (m.training.attention == AttentionImplementation::Eager) {
     m.Scope(-1, "causal mask");
-    c.mask = t.Fresh({m.b, 1, m.s, m.s}, t.TypeOf(x), "causal mask (b, 1, s, s)");
+    if (full) c.mask = t.Fresh({m.b, 1, m.s, m.s}, t.TypeOf(x), "causal mask (b, 1, s, s)");
     if (sliding) c.slidingMask = t.Fresh({m.b, 1, m.s, m.s}, t.TypeOf(x), "sliding-window mask (b, 1, s, s)");
   } else {
-    if (packed) {
+    if (packed && full) {
       // transformers masking_utils.create_causal_mask with packed position_ids under sdpa: sdpa_mask
       // returns a bool [b, 1, s, s] (True: attend), made once and passed to every layer. (Eager
       // makes the dtype's mask above: packing changes its values, not its size.)
       m.Scope(-1, "causal mask");
       c.mask = t.Fresh({m.b, 1, m.s, m.s}, DType::Bool, "block-causal mask, packed (b, 1, s, s) bool");
     }
-    if (sliding && (packed || m.s > m.a.slidingWindow)) {
+    if (sliding && (packed || m.s >= m.a.slidingWindow)) {
       m.Scope(-1, "causal mask");
       c.slidingMask = t.Fresh({m.b, 1, m.s, m.s}, DType::Bool, "sliding-window mask (b, 1, s, s) bool");
     }
