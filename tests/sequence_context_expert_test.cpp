@@ -194,6 +194,9 @@ TEST_CASE("Context parallel: refused where the ring does not split or is not sim
   Setup fine = LlamaBlocks(2);
   fine.parallel.contextParallel = 2;
   CHECK(Validate(fine).empty());
+  Setup sliding = fine;  // the ring simulated is the causal one (Gemma 2's, Mistral's windows are not)
+  sliding.model.architecture.slidingWindow = 128;
+  CHECK(HasErrorOn(Validate(sliding), "parallel.contextParallel"));
 }
 
 namespace {

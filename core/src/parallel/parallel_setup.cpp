@@ -494,6 +494,10 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
     } else if (setup.training.attention != AttentionImplementation::SDPA) {
       bad("contextParallel", "Context parallelism runs Transformer Engine's ring attention on fused kernels: choose "
                              "the fused attention (SDPA), not eager.");
+    } else if (setup.model.architecture.slidingWindow > 0) {
+      // The simulated ring attention (context_split.cpp) is the causal one: no window, no mask.
+      bad("contextParallel", "Context parallelism is simulated with causal ring attention, without a sliding "
+                             "window: set slidingWindow to 0, or the context parallel size to 1.");
     }
   }
   ValidateExpertParallel(setup, sizesOk, errors);
