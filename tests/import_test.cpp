@@ -139,6 +139,12 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(CountOf(a) == FindPreset("gemma-3-1b")->publishedParameters);
     CHECK(g.notes.empty());
   }
+  SECTION("multimodal Gemma 3 is refused, pointing at its language model's config") {
+    const ConfigImport g = ImportHfConfig(R"({"model_type": "gemma3", "text_config": {"hidden_size": 2560}})");
+    REQUIRE_FALSE(g.ok());
+    CHECK(g.errors.front().field == "config.model_type");
+    CHECK(g.errors.front().message.find("gemma3_text") != std::string::npos);
+  }
   SECTION("Phi-3's fused projections, and Phi-4-mini's partial rotary factor") {
     const ConfigImport p = ImportHfConfig(R"({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
       "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32064,

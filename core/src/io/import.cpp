@@ -306,6 +306,14 @@ ConfigImport ImportHfConfig(std::string_view text) {
       r.Use("id2label");
       r.Use("label2id");
     }
+  } else if (t == "gemma3") {
+    // Gemma3ForConditionalGeneration (Gemma 3 4B, 12B, 27B): a SigLIP vision tower and projector
+    // beside the language model, whose config is text_config (model_type gemma3_text).
+    out.errors.push_back({ErrorCode::InvalidField, "config.model_type",
+                          "Gemma 3 4B, 12B and 27B are multimodal (a SigLIP vision tower beside the language "
+                          "model), which is not simulated. Its language model alone is gemma3_text: import the "
+                          "config's text_config with \"model_type\": \"gemma3_text\" (Gemma3ForCausalLM)."});
+    return out;
   } else {
     out.errors.push_back({ErrorCode::InvalidField, "config.model_type",
                           "model_type \"" + t.substr(0, 40) + "\" is not simulated yet; supported: gpt2, llama, "
