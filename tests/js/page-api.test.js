@@ -75,6 +75,29 @@ test('importConfig: Llama-2-7B\'s config.json gives the preset\'s architecture a
   assert.equal(gpumem.importConfig(config('gpt2')).setup.model.architecture.family, 'gpt2');
 });
 
+test('importConfig: Gemma 2 9B and Gemma 3 1B configs give their presets\' architectures; soft caps and windows cost memory', () => {
+  for (const [name, id, count] of [['gemma-2-9b', 'gemma-2-9b', 9241705984], ['gemma-3-1b', 'gemma-3-1b', 999885952]]) {
+    const result = gpumem.importConfig(config(name));
+    const preset = options.presets.find((p) => p.id === id);
+    for (const [key, value] of Object.entries(preset.architecture)) {
+      assert.equal(result.setup.model.architecture[key], value, `${name}: architecture.${key} equals the preset's`);
+    }
+    const estimate = gpumem.estimate({ ...gpumem.defaultSetup(), model: result.setup.model,
+      training: { ...gpumem.defaultSetup().training, sequenceLength: 1024, attention: 'eager' } });
+    assert.equal(estimate.modelStates.parameterCount, count, name);
+  }
+  // Gemma 2's caps keep tanh's outputs: without them the forward ends holding less.
+  const gemma2 = gpumem.importConfig(config('gemma-2-9b')).setup.model;
+  const training = { ...gpumem.defaultSetup().training, batchSize: 1, sequenceLength: 1024, attention: 'eager' };
+  const capped = gpumem.estimate({ ...gpumem.defaultSetup(), model: gemma2, training });
+  const uncapped = gpumem.estimate({ ...gpumem.defaultSetup(), training,
+    model: { ...gemma2, architecture: { ...gemma2.architecture, attentionLogitSoftcap: 0, finalLogitSoftcap: 0 } } });
+  assert.ok(capped.forwardEnd.totalBytes > uncapped.forwardEnd.totalBytes,
+    `${capped.forwardEnd.totalBytes} > ${uncapped.forwardEnd.totalBytes}`);
+  assert.throws(() => gpumem.importConfig('{"model_type": "gemma3", "text_config": {}}'),
+    (e) => e instanceof GpumemError && /gemma3_text/.test(e.message));
+});
+
 test('importConfig: missing fields are named as config.<key>; malformed JSON is a GpumemError', () => {
   assert.throws(() => gpumem.importConfig('{"model_type": "llama", "hidden_size": 4096}'),
     (e) => e instanceof GpumemError && /^config\./.test(e.field) && e.errors.length >= 2);
