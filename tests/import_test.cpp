@@ -148,9 +148,12 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
   SECTION("Phi-3's fused projections, and Phi-4-mini's partial rotary factor") {
     const ConfigImport p = ImportHfConfig(R"({"model_type": "phi3", "hidden_size": 3072, "intermediate_size": 8192,
       "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32, "vocab_size": 32064,
-      "tie_word_embeddings": false})");
+      "tie_word_embeddings": false, "sliding_window": 2047})");
     REQUIRE(p.ok());
     CHECK(p.architecture.fusedProjections);
+    CHECK(p.architecture.slidingWindow == 2047);  // every layer (Phi3Model's one sliding mask)
+    CHECK(p.architecture.slidingWindowPattern == 0);
+    CHECK(p.architecture == FindPreset("phi-3-mini-4k")->architecture);
     CHECK(CountOf(p.architecture) == FindPreset("phi-3-mini-4k")->publishedParameters);
     CHECK(p.notes.empty());
     // microsoft/Phi-4-mini-instruct's config.json (3.84B on its model card).

@@ -236,9 +236,11 @@ ConfigImport ImportHfConfig(std::string_view text) {
     r.Bool({"attention_bias"}, a.attentionBias);
     r.Activation({"hidden_act", "hidden_activation"}, a.hiddenAct);
     r.Number({"attention_dropout"}, a.attentionDropout);
-    if (t == "mistral" || t == "mixtral") {
-      // MistralConfig / MixtralConfig sliding_window (Mistral 7B v0.1: 4096; later ones null):
-      // every layer attends through it, with the mask create_sliding_window_causal_mask makes.
+    if (t == "mistral" || t == "mixtral" || t == "phi3") {
+      // MistralConfig / MixtralConfig / Phi3Config sliding_window (Mistral 7B v0.1: 4096, later
+      // ones null; Phi-3 mini 4k: 2047, the 128k ones and Phi-4-mini: 262144): every layer attends
+      // through it, with the mask create_sliding_window_causal_mask makes (MistralModel.forward,
+      // Phi3Model.forward).
       r.Int({"sliding_window"}, a.slidingWindow, false);
       a.slidingWindowPattern = 0;
     } else if ((t == "qwen2" || t == "qwen2_moe" || t == "qwen3" || t == "qwen3_moe") &&

@@ -135,6 +135,7 @@ std::vector<Preset> MakePresets() {
   add("gemma-3-1b", "Gemma 3 1B", "google/gemma-3-1b-pt", gemma3, 999'885'952);
   ArchitectureDef phi3 = llama(32064, 3072, 32, 32, 32, 8192);
   phi3.fusedProjections = true;  // qkv_proj, gate_up_proj
+  phi3.slidingWindow = 2047;     // its config.json's sliding_window
   add("phi-3-mini-4k", "Phi-3 mini 4k (3.8B)", "microsoft/Phi-3-mini-4k-instruct", phi3, 3'821'079'552,
       "all parameters");
 
