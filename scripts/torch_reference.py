@@ -60,7 +60,7 @@ def read_config(setup):
     a = setup["model"]["architecture"]
     t = setup.get("training", {})
     family = a["family"]
-    if family not in ("gpt2", "llama", "bert"):
+    if family not in ("gpt2", "llama", "bert", "gptNeox"):
         raise ValueError(f"unknown family {family!r}")
     h, heads = a["hiddenSize"], a["numHeads"]
     head_dim = a.get("headDim") or h // heads
@@ -72,11 +72,11 @@ def read_config(setup):
     inter = a.get("intermediateSize") or 0
     num_experts = (a.get("numExperts") or 0) if family == "llama" else 0
     if not inter:
-        if family in ("gpt2", "bert"):
+        if family in ("gpt2", "bert", "gptNeox"):
             inter = 4 * h  # GPT-2's n_inner=None; BERT's configs all use 4h
         elif not (num_experts and a.get("expertIntermediateSize")):
             raise ValueError("llama: intermediateSize is required")
-    default_act = {"gpt2": "geluNew", "llama": "silu", "bert": "gelu"}[family]
+    default_act = {"gpt2": "geluNew", "llama": "silu", "bert": "gelu", "gptNeox": "gelu"}[family]
     cfg = SimpleNamespace(
         family=family,
         vocab=a["vocabSize"], hidden=h, layers=a["numLayers"], heads=heads, kv_heads=kv_heads,
@@ -84,7 +84,8 @@ def read_config(setup):
         max_pos=a.get("maxPositionEmbeddings") or 0,
         type_vocab=a.get("typeVocabSize") or 2,
         tie=a.get("tieWordEmbeddings", family in ("gpt2", "bert")),
-        attention_bias=bool(a.get("attentionBias", False)),
+        attention_bias=bool(a.get("attentionBias", family == "gptNeox")),
+        parallel_residual=bool(a.get("parallelResidual", True)),
         qk_norm=family == "llama" and bool(a.get("queryKeyNorm", False)),
         rms_unit_offset=family == "llama" and bool(a.get("rmsNormUnitOffset", False)),
         embedding_scale=family == "llama" and bool(a.get("embeddingScale", False)),
@@ -111,7 +112,7 @@ def read_config(setup):
         attention=t.get("attention", "eager"),
         checkpointing=t.get("checkpointing", "none"),
         interval=t.get("checkpointInterval") or 1,
-        rms_eps=1e-6, ln_eps={"gpt2": 1e-5, "bert": 1e-12}.get(family, 1e-5),
+        rms_eps=1e-6, ln_eps={"gpt2": 1e-5, "bert": 1e-12}.get(family, 1e-5),  # GPT-NeoX: 1e-5
         # Memory savers (issue 11): torchtune's chunked output and loss, the loss without the
         # fp32 upcast.
         loss_chunks=(t.get("lossChunks") or 8) if t.get("lossImplementation") == "chunked" else 0,
@@ -1025,6 +1026,109 @@ class LlamaForCausalLM(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
+# GPT-NeoX (GPTNeoXForCausalLM: Pythia), transformers models/gpt_neox/modeling_gpt_neox.py.
+
+class GPTNeoXAttention(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden
+        self.query_key_value = nn.Linear(h, 3 * h, bias=cfg.attention_bias, dtype=dtype, device=device)
+        self.dense = nn.Linear(h, h, bias=cfg.attention_bias, dtype=dtype, device=device)
+
+    def forward(self, hidden_states, mask, cos, sin):
+        cfg = self.cfg
+        b, s, _ = hidden_states.shape
+        qkv = self.query_key_value(hidden_states).view(b, s, -1, 3 * cfg.head_dim).transpose(1, 2)
+        query_states, key_states, value_states = qkv.chunk(3, dim=-1)
+        # apply_rotary_pos_emb: the rotary_pct share rotated, cat with the rest (as Phi-3's).
+        query_states, key_states = phi3_apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        if cfg.use_cache and cfg.attention == "sdpa":
+            # DynamicLayer.update's copies (as Phi3Attention's): SDPA saves them, not the views of qkv.
+            key_states = torch.cat([key_states.new_empty(b, key_states.shape[1], 0, cfg.head_dim), key_states], dim=-2)
+            value_states = torch.cat([value_states.new_empty(b, value_states.shape[1], 0, cfg.head_dim),
+                                      value_states], dim=-2)
+        attn_output = attention_core(cfg, query_states, key_states, value_states, mask, n_rep=1, causal=True)
+        attn_output = attn_output.reshape(b, s, -1).contiguous()
+        return self.dense(attn_output)   # qkv, a local, lives until this returns
+
+
+class GPTNeoXMLP(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.act = cfg.act
+        self.dense_h_to_4h = nn.Linear(cfg.hidden, cfg.inter, dtype=dtype, device=device)
+        self.dense_4h_to_h = nn.Linear(cfg.inter, cfg.hidden, dtype=dtype, device=device)
+
+    def forward(self, hidden_states):
+        return self.dense_4h_to_h(activation(self.act, self.dense_h_to_4h(hidden_states)))
+
+
+class GPTNeoXLayer(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.use_parallel_residual = cfg.parallel_residual
+        self.input_layernorm = LayerNorm(cfg.hidden, eps=cfg.ln_eps, dtype=dtype, device=device)
+        self.post_attention_layernorm = LayerNorm(cfg.hidden, eps=cfg.ln_eps, dtype=dtype, device=device)
+        self.post_attention_dropout = Dropout(cfg.hidden_dropout)
+        self.post_mlp_dropout = Dropout(cfg.hidden_dropout)
+        self.attention = GPTNeoXAttention(cfg, dtype, device)
+        self.mlp = GPTNeoXMLP(cfg, dtype, device)
+
+    def forward(self, hidden_states, mask, cos, sin):
+        attn_output = self.attention(self.input_layernorm(hidden_states), mask, cos, sin)
+        attn_output = self.post_attention_dropout(attn_output)
+        if self.use_parallel_residual:
+            mlp_output = self.mlp(self.post_attention_layernorm(hidden_states))
+            mlp_output = self.post_mlp_dropout(mlp_output)
+            return mlp_output + attn_output + hidden_states
+        attn_output = attn_output + hidden_states
+        mlp_output = self.mlp(self.post_attention_layernorm(attn_output))
+        mlp_output = self.post_mlp_dropout(mlp_output)
+        return mlp_output + attn_output
+
+
+class GPTNeoXModel(nn.Module):
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.cfg = cfg
+        self.embed_in = nn.Embedding(cfg.vocab, cfg.hidden, dtype=dtype, device=device)
+        self.emb_dropout = Dropout(cfg.hidden_dropout)
+        self.layers = nn.ModuleList([GPTNeoXLayer(cfg, dtype, device) for _ in range(cfg.layers)])
+        self.final_layer_norm = LayerNorm(cfg.hidden, eps=cfg.ln_eps, dtype=dtype, device=device)
+        self.rotary_emb = LlamaRotaryEmbedding(cfg, device)
+
+    def forward(self, input_ids, attention_mask):
+        cfg = self.cfg
+        b, s = input_ids.shape
+        inputs_embeds = self.embed_in(input_ids)
+        position_ids = torch.arange(s).unsqueeze(0)
+        mask = decoder_eager_mask(b, s, inputs_embeds.dtype) if cfg.attention == "eager" else None
+        hidden_states = self.emb_dropout(inputs_embeds)
+        del inputs_embeds
+        cos, sin = self.rotary_emb(hidden_states, position_ids)
+        for i, layer in enumerate(self.layers):
+            hidden_states = run_layer(cfg, i, layer, hidden_states, mask, cos, sin)
+        return self.final_layer_norm(hidden_states)
+
+
+class GPTNeoXForCausalLM(nn.Module):
+    def __init__(self, cfg, dtype, device, **unused):
+        super().__init__()
+        self.cfg = cfg
+        self.gpt_neox = GPTNeoXModel(cfg, dtype, device)
+        if cfg.tie:
+            self.embed_out = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device="meta")
+            self.embed_out.weight = self.gpt_neox.embed_in.weight
+        else:
+            self.embed_out = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device=device)
+
+    def forward(self, input_ids, attention_mask, labels):
+        hidden_states = self.gpt_neox(input_ids, attention_mask)
+        return decoder_head_and_loss(self.cfg, self.embed_out, hidden_states, labels)
+
+
+# ---------------------------------------------------------------------------------------------
 # BERT (BertForSequenceClassification, BertForMaskedLM).
 
 def _container(**modules):
@@ -1196,6 +1300,8 @@ class BertForMaskedLM(nn.Module):
 def model_class(cfg):
     if cfg.family == "gpt2":
         return GPT2LMHeadModel
+    if cfg.family == "gptNeox":
+        return GPTNeoXForCausalLM
     if cfg.family == "llama":
         return LlamaForCausalLM
     if cfg.head == "maskedLm":
@@ -1402,6 +1508,10 @@ def formula_count(setup):
             ffn = 3 * h * I
         norms = (4 if c.sandwich_norms else 2) * h
         return V * h + L * (norms + attn + ffn) + h + (0 if c.tie else V * h)
+    if c.family == "gptNeox":
+        bias = c.attention_bias
+        layer = 2 * 2 * h + (h * 3 * h + (3 * h if bias else 0)) + (h * h + (h if bias else 0)) + (h * I + I) + (I * h + h)
+        return V * h + L * layer + 2 * h + (0 if c.tie else V * h)
     layer = 4 * (h * h + h) + 2 * 2 * h + (h * I + I) + (I * h + h)
     base = V * h + c.max_pos * h + c.type_vocab * h + 2 * h + L * layer
     if c.head == "classification":
@@ -1449,6 +1559,9 @@ TINY = {
                "rmsNormUnitOffset": True, "embeddingScale": True, "tieWordEmbeddings": True,
                "sandwichNorms": True, "attentionLogitSoftcap": 50.0, "finalLogitSoftcap": 30.0,
                "slidingWindow": 32, "slidingWindowPattern": 2},
+    "gpt-neox": {"family": "gptNeox", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
+                 "intermediateSize": 512, "partialRotaryFactor": 0.25, "attentionBias": True,
+                 "parallelResidual": True, "hiddenAct": "gelu", "tieWordEmbeddings": False},
     "phi3": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,
              "numKeyValueHeads": 4, "intermediateSize": 352, "fusedProjections": True},
     "mixtral": {"family": "llama", "vocabSize": 1000, "hiddenSize": 128, "numLayers": 2, "numHeads": 4,

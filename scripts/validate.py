@@ -493,6 +493,9 @@ def arch(family, **fields):
                      hiddenDropout=0.1, attentionDropout=0.1),
         "llama": dict(family="llama", vocabSize=8000, hiddenSize=256, numLayers=4, numHeads=8,
                       numKeyValueHeads=8, intermediateSize=688, hiddenAct="silu"),
+        "gptNeox": dict(family="gptNeox", vocabSize=8000, hiddenSize=256, numLayers=4, numHeads=8,
+                        intermediateSize=1024, partialRotaryFactor=0.25, attentionBias=True, parallelResidual=True,
+                        hiddenAct="gelu", tieWordEmbeddings=False),
         "moe": dict(family="llama", vocabSize=4000, hiddenSize=128, numLayers=2, numHeads=4,
                     numKeyValueHeads=2, intermediateSize=256, numExperts=4, expertsPerToken=2,
                     hiddenAct="silu"),
@@ -572,6 +575,13 @@ TRANSFORMER_CASES = [
     tcase("gemma3-style-fp32-ckpt", arch("llama", **GEMMA3), checkpointing="everyBlock"),
     # Mistral 7B v0.1's sliding_window: every layer slides, one (sliding) eager mask.
     tcase("mistral-style-sliding-bf16", arch("llama", numKeyValueHeads=2, slidingWindow=128), precision="bf16"),
+    # GPT-NeoX (Pythia): one query_key_value chunked per head, RoPE on a quarter of each head,
+    # attention and MLP side by side.
+    tcase("gptneox-fp32", arch("gptNeox")),
+    tcase("gptneox-bf16", arch("gptNeox"), precision="bf16"),
+    tcase("gptneox-ampbf16-sdpa", arch("gptNeox"), precision="ampBf16", attention="sdpa"),
+    tcase("gptneox-bf16-sdpa-nocache", arch("gptNeox"), precision="bf16", attention="sdpa", useCache=False),
+    tcase("gptneox-sequential-ckpt", arch("gptNeox", parallelResidual=False), checkpointing="everyBlock"),
     tcase("llama-ampbf16", arch("llama", numKeyValueHeads=4), precision="ampBf16"),
     tcase("llama-ampfp16-scaled", arch("llama"), precision="ampFp16"),
     tcase("llama-sdpa-bf16mixed", arch("llama", numKeyValueHeads=2), precision="bf16Mixed", attention="sdpa"),

@@ -297,7 +297,7 @@ Setup RandomSetup(std::mt19937_64& rng) {
   }
   s.model.kind = ModelKind::Transformer;
   ArchitectureDef& a = s.model.architecture;
-  a.family = static_cast<Family>(pick(0, 2));
+  a.family = static_cast<Family>(pick(0, 3));
   a.numHeads = pick(1, 16);
   const std::int64_t headDim = 2 * pick(4, 64);
   a.hiddenSize = a.numHeads * headDim;
@@ -333,7 +333,11 @@ Setup RandomSetup(std::mt19937_64& rng) {
   } else {
     a.numKeyValueHeads = 0;
     a.numExperts = 0;
-    a.attentionBias = false;
+    a.attentionBias = a.family == Family::GPTNeoX;
+    if (a.family == Family::GPTNeoX) {  // Pythia: a quarter of each head rotated, parallel residual
+      a.partialRotaryFactor = headDim % 8 == 0 ? 0.25 : 1.0;
+      a.parallelResidual = pick(0, 1) == 1;
+    }
   }
   t.precision = static_cast<Precision>(pick(0, 5));
   t.attention = pick(0, 1) ? AttentionImplementation::SDPA : AttentionImplementation::Eager;

@@ -139,6 +139,31 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(CountOf(a) == FindPreset("gemma-3-1b")->publishedParameters);
     CHECK(g.notes.empty());
   }
+  SECTION("GPT-NeoX (Pythia): rotary_pct, parallel residual, an untied embed_out") {
+    // EleutherAI/pythia-160m's config.json (162,322,944 parameters in the Pythia suite's table).
+    const ConfigImport p = ImportHfConfig(R"({"architectures": ["GPTNeoXForCausalLM"], "bos_token_id": 0,
+      "eos_token_id": 0, "hidden_act": "gelu", "hidden_size": 768, "initializer_range": 0.02,
+      "intermediate_size": 3072, "layer_norm_eps": 1e-05, "max_position_embeddings": 2048,
+      "model_type": "gpt_neox", "num_attention_heads": 12, "num_hidden_layers": 12, "rotary_emb_base": 10000,
+      "rotary_pct": 0.25, "tie_word_embeddings": false, "torch_dtype": "float16", "use_cache": true,
+      "use_parallel_residual": true, "vocab_size": 50304})");
+    REQUIRE(p.ok());
+    const ArchitectureDef& a = p.architecture;
+    CHECK(a.family == Family::GPTNeoX);
+    CHECK(a.partialRotaryFactor == 0.25);
+    CHECK(RotaryDim(a) == 16);  // of 64
+    CHECK(a.parallelResidual);
+    CHECK_FALSE(a.tieWordEmbeddings);
+    CHECK(CountOf(a) == 162'322'944);
+    CHECK(a == FindPreset("pythia-160m")->architecture);
+    CHECK(p.notes.empty());
+    // EleutherAI/gpt-neox-20b (20,554,567,680 parameters).
+    const ConfigImport big = ImportHfConfig(R"({"model_type": "gpt_neox", "hidden_size": 6144,
+      "intermediate_size": 24576, "num_attention_heads": 64, "num_hidden_layers": 44, "rotary_pct": 0.25,
+      "vocab_size": 50432, "use_parallel_residual": true, "tie_word_embeddings": false})");
+    REQUIRE(big.ok());
+    CHECK(CountOf(big.architecture) == 20'554'567'680);
+  }
   SECTION("multimodal Gemma 3 is refused, pointing at its language model's config") {
     const ConfigImport g = ImportHfConfig(R"({"model_type": "gemma3", "text_config": {"hidden_size": 2560}})");
     REQUIRE_FALSE(g.ok());

@@ -268,7 +268,7 @@ TEST_CASE("the form's architecture fields are exactly the schema's", "[transform
   for (const ArchitectureField& f : ArchitectureFields()) {
     INFO(f.key);
     CHECK(setup.find(std::string("\"") + f.key + "\":") != std::string::npos);
-    CHECK((f.gpt2 || f.llama || f.bert));
+    CHECK((f.gpt2 || f.llama || f.bert || f.neox));
     ++listed;
   }
   Setup parsed;
@@ -278,7 +278,7 @@ TEST_CASE("the form's architecture fields are exactly the schema's", "[transform
                                              "\":" + value + "}}}", parsed);
     for (const FieldError& e : errors) CHECK(e.code != ErrorCode::UnknownField);
   }
-  CHECK(listed == 32);
+  CHECK(listed == 33);
 }
 
 TEST_CASE("transformer setups in JSON", "[transformer][json]") {
@@ -604,6 +604,45 @@ TEST_CASE("Gemma 3's layout keeps one more rotary table, for its sliding layers"
     Setup bare = TransformerSetup(TinyLlama(), 1, 16);
     bare.model.architecture.gemma3Layout = true;
     CHECK(HasErrorOn(Validate(bare), "model.architecture.gemma3Layout"));
+  }
+}
+
+TEST_CASE("GPT-NeoX keeps what its forward saves: the MLP's norm input and the value's view of query_key_value",
+          "[transformer]") {
+  // Pythia-style blocks in pure bf16, b = 2, s = 64, h = 128 (4 heads of 32, a quarter rotated).
+  const std::int64_t b = 2, s = 64, h = 128, L = 2;
+  auto setup = [&](auto change) {
+    Setup x = TinyTransformer(Family::GPTNeoX, static_cast<int>(L), Precision::BF16);
+    ArchitectureDef& a = x.model.architecture;
+    a.hiddenSize = h; a.numHeads = 4; a.numKeyValueHeads = 0; a.intermediateSize = 4 * h;
+    a.partialRotaryFactor = 0.25; a.maxPositionEmbeddings = 2048;
+    x.training.batchSize = b;
+    x.training.sequenceLength = s;
+    change(x);
+    return x;
+  };
+  SECTION("without the parallel residual, the MLP's LayerNorm saves attn + x, a tensor of its own") {
+    // With it, post_attention_layernorm reads the block input, which input_layernorm saves already.
+    CHECK(SavedAtForwardEnd(setup([](Setup& x) { x.model.architecture.parallelResidual = false; })) -
+              SavedAtForwardEnd(setup([](Setup&) {})) ==
+          L * b * s * h * 2);
+  }
+  SECTION("under SDPA the value's view holds all of query_key_value unless the KV cache copies k and v") {
+    // Without the cache SDPA saves q, k and the value view (qkv's 3·b·s·h); with it q and the
+    // cache's copies of k and v (b·s·h each): 2·b·s·h per layer less.
+    auto sdpa = [](bool cache) {
+      return [cache](Setup& x) {
+        x.training.attention = AttentionImplementation::SDPA;
+        x.training.useCache = cache;
+      };
+    };
+    CHECK(SavedAtForwardEnd(setup(sdpa(false))) - SavedAtForwardEnd(setup(sdpa(true))) == L * 2 * b * s * h * 2);
+  }
+  SECTION("refused where it is not simulated") {
+    Setup tp = setup([](Setup& x) { x.parallel.tensorParallel = 2; });
+    CHECK(HasErrorOn(Validate(tp), "parallel.tensorParallel"));
+    Setup kv = setup([](Setup& x) { x.model.architecture.numKeyValueHeads = 2; });
+    CHECK(HasErrorOn(Validate(kv), "model.architecture.numKeyValueHeads"));
   }
 }
 

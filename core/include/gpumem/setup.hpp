@@ -33,6 +33,8 @@ enum class Family {
   Llama,  // RMSNorm, RoPE, grouped-query attention, SwiGLU MLP or mixture of experts
           // (also Mistral, Qwen2 with attentionBias, Mixtral with numExperts)
   BERT,   // encoder: word + position + token-type embeddings, post-LayerNorm, GELU MLP
+  GPTNeoX,  // Pythia, GPT-NeoX: LayerNorm, one query_key_value per head, partial RoPE, GELU MLP,
+            // attention and MLP side by side (parallel residual), an untied head
 };
 
 // The MLP's activation, as config.json names it ("gelu_new" is GPT-2's tanh formula written
@@ -201,6 +203,8 @@ struct ArchitectureDef {
   std::int64_t slidingWindow = 0;           // sliding_window (tokens a sliding layer attends to); 0 = none
   std::int64_t slidingWindowPattern = 0;    // with slidingWindow: layer i attends to all tokens when
                                             // (i + 1) % pattern == 0 (Gemma 2: 2); 0 = every layer slides
+  bool parallelResidual = true;             // GPT-NeoX: use_parallel_residual, x + attn(ln1(x)) + mlp(ln2(x))
+                                            // (false: the MLP reads x + attn(ln1(x)))
   bool gemma3Layout = false;                // Gemma 3 (transformers models/gemma3/modeling_gemma3.py): q/k
                                             // norms after all three projections, the embedding scaled
                                             // inside its module, a second rotary table for sliding layers
@@ -227,7 +231,7 @@ struct ArchitectureField {
   const char* kind;       // "count" (whole number), "number", "bool" or "select"
   const char* options;    // for "select": the options list of its ids ("hiddenActs"), else ""
   const char* hint;       // unit and meaning ("0 = numHeads")
-  bool gpt2, llama, bert; // the families whose simulation reads it
+  bool gpt2, llama, bert, neox;  // the families whose simulation reads it
   const char* whenField;  // "" or another field it depends on…
   const char* whenValue;  // …which must be positive ("positive") or equal this id
 };

@@ -190,7 +190,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   if (type == doc.end() || !type->is_string()) {
     out.errors.push_back({ErrorCode::MissingField, "config.model_type",
                           "config.json needs a model_type (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, "
-                          "gemma2, gemma3_text, phi3, bert)."});
+                          "gemma2, gemma3_text, phi3, gpt_neox, bert)."});
     return out;
   }
   out.modelType = type->get<std::string>();
@@ -288,6 +288,24 @@ ConfigImport ImportHfConfig(std::string_view text) {
       a.fusedProjections = true;  // Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj
       r.Number({"partial_rotary_factor"}, a.partialRotaryFactor);  // Phi-4-mini: 0.75
     }
+  } else if (t == "gpt_neox") {
+    // GPTNeoXConfig: rotary_pct (partial_rotary_factor in newer configs), use_parallel_residual,
+    // attention_bias (default true), an untied embed_out by default.
+    a = DefaultArchitecture(Family::GPTNeoX);
+    a.tieWordEmbeddings = false;
+    r.Int({"vocab_size"}, a.vocabSize, true);
+    r.Int({"hidden_size"}, a.hiddenSize, true);
+    r.Int({"num_hidden_layers"}, a.numLayers, true);
+    r.Int({"num_attention_heads"}, a.numHeads, true);
+    r.Int({"intermediate_size"}, a.intermediateSize, true);
+    r.Int({"max_position_embeddings"}, a.maxPositionEmbeddings, false);
+    r.Number({"rotary_pct", "partial_rotary_factor"}, a.partialRotaryFactor);
+    r.Bool({"use_parallel_residual"}, a.parallelResidual);
+    r.Bool({"attention_bias"}, a.attentionBias);
+    r.Bool({"tie_word_embeddings"}, a.tieWordEmbeddings);
+    r.Activation({"hidden_act"}, a.hiddenAct);
+    r.Number({"hidden_dropout"}, a.hiddenDropout);
+    r.Number({"attention_dropout"}, a.attentionDropout);
   } else if (t == "bert") {
     a = DefaultArchitecture(Family::BERT);
     r.Int({"vocab_size"}, a.vocabSize, true);
@@ -319,7 +337,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   } else {
     out.errors.push_back({ErrorCode::InvalidField, "config.model_type",
                           "model_type \"" + t.substr(0, 40) + "\" is not simulated yet; supported: gpt2, llama, "
-                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, phi3, bert."});
+                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, phi3, gpt_neox, bert."});
     return out;
   }
   r.ListIgnored();

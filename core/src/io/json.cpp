@@ -214,7 +214,7 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
                       "headDim", "intermediateSize", "maxPositionEmbeddings", "typeVocabSize",
                       "tieWordEmbeddings", "attentionBias", "queryKeyNorm", "rmsNormUnitOffset",
                       "embeddingScale", "fusedProjections", "partialRotaryFactor", "sandwichNorms",
-                      "attentionLogitSoftcap", "finalLogitSoftcap", "slidingWindow", "slidingWindowPattern", "gemma3Layout", "hiddenAct", "numExperts", "expertsPerToken",
+                      "attentionLogitSoftcap", "finalLogitSoftcap", "slidingWindow", "slidingWindowPattern", "gemma3Layout", "parallelResidual", "hiddenAct", "numExperts", "expertsPerToken",
                       "expertIntermediateSize", "sharedExpertIntermediateSize", "sharedExpertGate",
                       "hiddenDropout", "attentionDropout", "encoderHead", "numLabels"},
                   path);
@@ -245,6 +245,7 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
   r.Int(v, "slidingWindow", path, a.slidingWindow);
   r.Int(v, "slidingWindowPattern", path, a.slidingWindowPattern);
   r.Bool(v, "gemma3Layout", path, a.gemma3Layout);
+  r.Bool(v, "parallelResidual", path, a.parallelResidual);
   r.Enum(v, "hiddenAct", path, a.hiddenAct);
   r.Int(v, "numExperts", path, a.numExperts);
   r.Int(v, "expertsPerToken", path, a.expertsPerToken);
@@ -560,7 +561,7 @@ ojson ArchitectureJson(const ArchitectureDef& a) {
           {"partialRotaryFactor", a.partialRotaryFactor}, {"sandwichNorms", a.sandwichNorms},
           {"attentionLogitSoftcap", a.attentionLogitSoftcap}, {"finalLogitSoftcap", a.finalLogitSoftcap},
           {"slidingWindow", a.slidingWindow}, {"slidingWindowPattern", a.slidingWindowPattern},
-          {"gemma3Layout", a.gemma3Layout},
+          {"gemma3Layout", a.gemma3Layout}, {"parallelResidual", a.parallelResidual},
           {"hiddenAct", IdOf(a.hiddenAct)}, {"numExperts", a.numExperts},
           {"expertsPerToken", a.expertsPerToken}, {"expertIntermediateSize", a.expertIntermediateSize},
           {"sharedExpertIntermediateSize", a.sharedExpertIntermediateSize},
@@ -1155,6 +1156,7 @@ std::string OptionsJson(int indent) {
     if (f.gpt2) families.push_back(IdOf(Family::GPT2));
     if (f.llama) families.push_back(IdOf(Family::Llama));
     if (f.bert) families.push_back(IdOf(Family::BERT));
+    if (f.neox) families.push_back(IdOf(Family::GPTNeoX));
     ojson field = {{"key", f.key}, {"label", f.label}, {"kind", f.kind}, {"hint", f.hint}, {"families", families}};
     if (*f.options) field["options"] = f.options;
     if (*f.whenField) field["when"] = {{"field", f.whenField}, {"value", f.whenValue}};

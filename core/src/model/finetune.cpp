@@ -31,18 +31,21 @@ bool HasComponents(std::string_view path, std::string_view name) {
 
 bool IsEmbedding(std::string_view name) {
   return name.find("embed_tokens") != std::string_view::npos || name.starts_with("transformer.wte") ||
-         name.starts_with("transformer.wpe") || name.starts_with("bert.embeddings.");
+         name.starts_with("transformer.wpe") || name.starts_with("bert.embeddings.") ||
+         name.starts_with("gpt_neox.embed_in.");
 }
 
 // The model's output layer and heads outside the base model (what freezeHead means).
 bool IsHead(std::string_view name) {
   return name.starts_with("lm_head.") || name.starts_with("classifier.") || name.starts_with("bert.pooler.") ||
-         name.starts_with("cls.");
+         name.starts_with("cls.") || name.starts_with("embed_out.");  // embed_out: GPT-NeoX's head
 }
 
 // The output layer: never quantized (transformers get_keys_to_not_convert) nor an "all-linear"
 // target (PEFT _maybe_include_all_linear_layers removes the output embedding layer).
-bool IsOutputLayer(std::string_view module) { return module == "lm_head" || module == "classifier"; }
+bool IsOutputLayer(std::string_view module) {
+  return module == "lm_head" || module == "classifier" || module == "embed_out";  // embed_out: GPT-NeoX's head
+}
 
 // A linear module's weight: a 2-D weight that is not an embedding table.
 bool IsLinearWeight(const Tensor& p) {
@@ -57,6 +60,7 @@ std::string_view ModuleOf(std::string_view tensorName) {
 constexpr const char* kLlamaTargets[] = {"q_proj", "v_proj"};
 constexpr const char* kGpt2Targets[] = {"c_attn"};
 constexpr const char* kBertTargets[] = {"query", "value"};
+constexpr const char* kGptNeoXTargets[] = {"query_key_value"};  // PEFT's mapping for gpt_neox
 
 }  // namespace
 
@@ -67,6 +71,7 @@ std::span<const char* const> DefaultTargetModules(Family family) {
     case Family::GPT2: return kGpt2Targets;
     case Family::BERT: return kBertTargets;
     case Family::Llama: return kLlamaTargets;
+    case Family::GPTNeoX: return kGptNeoXTargets;
   }
   return kLlamaTargets;
 }

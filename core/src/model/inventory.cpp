@@ -132,6 +132,31 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
       if (!a.tieWordEmbeddings) add(none, "lm_head.weight", {V, h});
       break;
     }
+    case Family::GPTNeoX: {
+      // GPTNeoXForCausalLM: GPTNeoXLayer registers its two norms, then attention (one
+      // query_key_value of 3·h, each head's q, k, v side by side), then the MLP.
+      add(none, "gpt_neox.embed_in.weight", {V, h});
+      for (std::int64_t i = 0; i < a.numLayers; ++i) {
+        const std::string b = named ? "gpt_neox.layers." + std::to_string(i) + "." : none;
+        const int L = static_cast<int>(i);
+        add(b, "input_layernorm.weight", {h}, L);
+        add(b, "input_layernorm.bias", {h}, L);
+        add(b, "post_attention_layernorm.weight", {h}, L);
+        add(b, "post_attention_layernorm.bias", {h}, L);
+        add(b, "attention.query_key_value.weight", {3 * attn, h}, L);
+        if (a.attentionBias) add(b, "attention.query_key_value.bias", {3 * attn}, L);
+        add(b, "attention.dense.weight", {h, attn}, L);
+        if (a.attentionBias) add(b, "attention.dense.bias", {h}, L);
+        add(b, "mlp.dense_h_to_4h.weight", {inter, h}, L);
+        add(b, "mlp.dense_h_to_4h.bias", {inter}, L);
+        add(b, "mlp.dense_4h_to_h.weight", {h, inter}, L);
+        add(b, "mlp.dense_4h_to_h.bias", {h}, L);
+      }
+      add(none, "gpt_neox.final_layer_norm.weight", {h});
+      add(none, "gpt_neox.final_layer_norm.bias", {h});
+      if (!a.tieWordEmbeddings) add(none, "embed_out.weight", {V, h});
+      break;
+    }
     case Family::BERT: {
       add(none, "bert.embeddings.word_embeddings.weight", {V, h});
       add(none, "bert.embeddings.position_embeddings.weight", {a.maxPositionEmbeddings, h});

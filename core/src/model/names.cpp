@@ -16,6 +16,7 @@ constexpr Named<Family> kFamilies[] = {
     {Family::GPT2, "gpt2", "GPT-2"},
     {Family::Llama, "llama", "Llama / Mistral / Qwen / Gemma / Phi-3 / Mixtral"},
     {Family::BERT, "bert", "BERT (encoder)"},
+    {Family::GPTNeoX, "gptNeox", "GPT-NeoX / Pythia"},
 };
 constexpr Named<HiddenAct> kHiddenActs[] = {
     {HiddenAct::GELU, "gelu", "GELU (erf)"},

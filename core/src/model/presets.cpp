@@ -45,6 +45,17 @@ std::vector<Preset> MakePresets() {
   gpt2xl.hiddenSize = 1600; gpt2xl.numLayers = 48; gpt2xl.numHeads = 25;
   add("gpt2-xl", "GPT-2 XL (1.5B)", "openai-community/gpt2-xl", gpt2xl, 1'557'611'200);
 
+  // Pythia (GPT-NeoX): rotary_pct 0.25, use_parallel_residual, an untied embed_out; counts from
+  // the Pythia suite's table (total parameters).
+  auto pythia = [](std::int64_t V, std::int64_t h, std::int64_t L, std::int64_t heads) {
+    ArchitectureDef a = DefaultArchitecture(Family::GPTNeoX);
+    a.vocabSize = V; a.hiddenSize = h; a.numLayers = L; a.numHeads = heads; a.intermediateSize = 4 * h;
+    return a;
+  };
+  add("pythia-160m", "Pythia 160M", "EleutherAI/pythia-160m", pythia(50304, 768, 12, 12), 162'322'944);
+  add("pythia-1b", "Pythia 1B", "EleutherAI/pythia-1b", pythia(50304, 2048, 16, 8), 1'011'781'632);
+  add("pythia-6.9b", "Pythia 6.9B", "EleutherAI/pythia-6.9b", pythia(50432, 4096, 32, 32), 6'857'302'016);
+
   add("bert-base-uncased", "BERT-base uncased (110M), classification", "google-bert/bert-base-uncased",
       DefaultArchitecture(Family::BERT), 109'482'240, "BertModel with its pooler, without the classifier");
 

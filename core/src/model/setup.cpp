@@ -164,20 +164,24 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
     }
     // GPT-2's family takes grouped-query attention as Megatron's GPT writes it
     // (--group-query-attention --num-query-groups; families/gpt2.cpp); BERT has none.
-    if (a.family == Family::BERT && a.numKeyValueHeads != 0 && a.numKeyValueHeads != a.numHeads) {
+    if ((a.family == Family::BERT || a.family == Family::GPTNeoX) && a.numKeyValueHeads != 0 &&
+        a.numKeyValueHeads != a.numHeads) {
       errors.push_back({ErrorCode::InvalidField, p + "numKeyValueHeads",
                         std::string(LabelOf(a.family)) + " has one key/value head per query head."});
     }
-    CheckCount(errors, p + "maxPositionEmbeddings", a.maxPositionEmbeddings, Limits::maxSequenceLength,
-               "maxPositionEmbeddings (rows of the learned position table)");
+    if (a.family != Family::GPTNeoX) {  // RoPE: no position table
+      CheckCount(errors, p + "maxPositionEmbeddings", a.maxPositionEmbeddings, Limits::maxSequenceLength,
+                 "maxPositionEmbeddings (rows of the learned position table)");
+    }
   }
   if (!std::isfinite(a.partialRotaryFactor) || a.partialRotaryFactor <= 0.0 || a.partialRotaryFactor > 1.0) {
     errors.push_back({ErrorCode::InvalidField, p + "partialRotaryFactor",
                       "The rotary share of a head must be in (0, 1] (1 rotates the whole head)."});
-  } else if (a.partialRotaryFactor < 1.0 && !(a.family == Family::Llama && a.fusedProjections)) {
+  } else if (a.partialRotaryFactor < 1.0 && !(a.family == Family::Llama && a.fusedProjections) &&
+             a.family != Family::GPTNeoX) {
     errors.push_back({ErrorCode::InvalidField, p + "partialRotaryFactor",
-                      "A partial rotary share is simulated with Phi-3's RoPE (fusedProjections); Llama's "
-                      "apply_rotary_pos_emb rotates whole heads."});
+                      "A partial rotary share is simulated with Phi-3's RoPE (fusedProjections) and GPT-NeoX's "
+                      "(rotary_pct); Llama's apply_rotary_pos_emb rotates whole heads."});
   }
   if (a.family == Family::Llama && a.fusedProjections && (a.numExperts > 0 || a.attentionBias || a.queryKeyNorm)) {
     // Phi3DecoderLayer: one bias-free qkv_proj and a dense gate_up_proj, nothing else.
@@ -256,7 +260,11 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
   } else if (a.family == Family::Llama && a.headDim % 2 != 0) {
     errors.push_back({ErrorCode::InvalidField, p + "headDim", "RoPE needs an even head dimension."});
   }
-  if (a.family != Family::Llama && setup.training.sequenceLength > a.maxPositionEmbeddings) {
+  if (a.family == Family::GPTNeoX && a.headDim != 0 && a.headDim * a.numHeads != a.hiddenSize) {
+    // GPTNeoXAttention: head_size = hidden_size // num_attention_heads.
+    errors.push_back({ErrorCode::InvalidField, p + "headDim", "GPT-NeoX's heads split the hidden size: leave headDim at 0."});
+  }
+  if ((a.family == Family::GPT2 || a.family == Family::BERT) && setup.training.sequenceLength > a.maxPositionEmbeddings) {
     errors.push_back({ErrorCode::InvalidField, "training.sequenceLength",
                       "The sequence (" + FormatCount(setup.training.sequenceLength) +
                           " tokens) is longer than the position table: maxPositionEmbeddings (" +
@@ -356,7 +364,7 @@ namespace events {
 // A transformer block without checkpointing, the most any precision or attention makes. Each
 // trained bias and RMSNorm weight adds 4 events a step for its CUDA sum's scratch, and each
 // broadcast product 2 (sim/ops.cpp SumToScratch, Mul).
-constexpr double kGpt2Block = 480, kBertBlock = 510, kLlamaBlock = 555;
+constexpr double kGpt2Block = 480, kBertBlock = 510, kLlamaBlock = 555, kGptNeoXBlock = 560;
 constexpr double kAttentionBias = 95;   // Qwen2's q/k/v biases
 constexpr double kQueryKeyNorm = 170;   // Qwen3's q_norm and k_norm (two RMSNorms on the heads)
 constexpr double kUnitOffsetNorm = 40;  // Gemma's norms: weight.float(), 1 + weight, the fp32 product (two a block)
@@ -410,6 +418,7 @@ EventBudget PredictEventsOf(const Setup& setup) {
   switch (a.family) {
     case Family::GPT2: block = events::kGpt2Block; tensors = 12; break;
     case Family::BERT: block = events::kBertBlock; tensors = 16; break;
+    case Family::GPTNeoX: block = events::kGptNeoXBlock; tensors = 12; break;
     case Family::Llama:
       block = events::kLlamaBlock + (a.attentionBias ? events::kAttentionBias : 0.0) +
               (a.queryKeyNorm ? events::kQueryKeyNorm : 0.0) + (a.rmsNormUnitOffset ? events::kUnitOffsetNorm : 0.0) +
@@ -539,38 +548,39 @@ double LayerParameterCount(const LayerDef& layer) {
 std::span<const ArchitectureField> ArchitectureFields() {
   // gpt2, llama, bert: which family's forward reads the field (trace_transformer.cpp).
   static constexpr ArchitectureField kFields[] = {
-      {"vocabSize", "Vocabulary", "count", "", "tokens (embedding rows)", true, true, true, "", ""},
-      {"hiddenSize", "Hidden size", "count", "", "elements per token", true, true, true, "", ""},
-      {"numLayers", "Blocks", "count", "", "transformer layers", true, true, true, "", ""},
-      {"numHeads", "Attention heads", "count", "", "query heads", true, true, true, "", ""},
-      {"numKeyValueHeads", "Key/value heads", "count", "", "0 = numHeads (grouped-query attention when fewer)", false, true, false, "", ""},
-      {"headDim", "Head dimension", "count", "", "elements; 0 = hiddenSize / numHeads", false, true, false, "", ""},
-      {"intermediateSize", "MLP width", "count", "", "elements; 0 = 4 × hiddenSize", true, true, true, "", ""},
-      {"maxPositionEmbeddings", "Position table", "count", "", "positions (rows); at least the sequence length", true, false, true, "", ""},
-      {"typeVocabSize", "Token types", "count", "", "rows of the token-type table", false, false, true, "", ""},
-      {"hiddenAct", "Activation", "select", "hiddenActs", "", true, true, true, "", ""},
-      {"hiddenDropout", "Hidden dropout", "number", "", "probability, 0 ≤ p < 1; 0 keeps no mask", true, false, true, "", ""},
-      {"attentionDropout", "Attention dropout", "number", "", "probability, 0 ≤ p < 1", true, true, true, "", ""},
-      {"encoderHead", "Training head", "select", "encoderHeads", "", false, false, true, "", ""},
-      {"numLabels", "Classes", "count", "", "outputs of the classifier", false, false, true, "encoderHead", "classification"},
-      {"tieWordEmbeddings", "Output head shares the token embedding (tied)", "bool", "", "", true, true, false, "", ""},
-      {"attentionBias", "q/k/v projections have biases (Qwen2)", "bool", "", "", false, true, false, "", ""},
-      {"queryKeyNorm", "RMSNorm on each query and key head (Qwen3)", "bool", "", "", false, true, false, "", ""},
-      {"rmsNormUnitOffset", "RMSNorm scales by 1 + weight in fp32 (Gemma)", "bool", "", "", false, true, false, "", ""},
-      {"embeddingScale", "Embeddings scaled by √hidden size (Gemma)", "bool", "", "", false, true, false, "", ""},
-      {"fusedProjections", "Fused qkv and gate/up projections (Phi-3)", "bool", "", "", false, true, false, "", ""},
-      {"partialRotaryFactor", "Rotary share of a head", "number", "", "0 < f ≤ 1 (Phi-4-mini 0.75); fused projections only", false, true, false, "", ""},
-      {"sandwichNorms", "Norms after attention and MLP too (Gemma 2)", "bool", "", "", false, true, false, "", ""},
-      {"attentionLogitSoftcap", "Attention score soft cap", "number", "", "cap · tanh(s / cap) on eager scores; 0 = none (Gemma 2: 50)", false, true, false, "", ""},
-      {"finalLogitSoftcap", "Logit soft cap", "number", "", "cap · tanh(x / cap) on the logits; 0 = none (Gemma 2: 30)", false, true, false, "", ""},
-      {"slidingWindow", "Sliding window", "count", "", "tokens a sliding layer attends to; 0 = none (Gemma 2: 4096)", false, true, false, "", ""},
-      {"slidingWindowPattern", "Full-attention layer every", "count", "", "layers; 0 = every layer slides (Gemma 2: 2)", false, true, false, "slidingWindow", "positive"},
-      {"gemma3Layout", "Gemma 3 layout", "bool", "", "q/k norms after all projections, embedding scaled in its module, a rotary table for sliding layers", false, true, false, "", ""},
-      {"numExperts", "Experts", "count", "", "0 = dense MLP (mixture of experts when more)", false, true, false, "", ""},
-      {"expertsPerToken", "Experts per token", "count", "", "top-k routing", false, true, false, "numExperts", "positive"},
-      {"expertIntermediateSize", "Expert MLP width", "count", "", "elements; 0 = intermediateSize", false, true, false, "numExperts", "positive"},
-      {"sharedExpertIntermediateSize", "Shared expert width", "count", "", "elements; 0 = no shared expert", false, true, false, "numExperts", "positive"},
-      {"sharedExpertGate", "Sigmoid gate on the shared expert", "bool", "", "", false, true, false, "sharedExpertIntermediateSize", "positive"},
+      {"vocabSize", "Vocabulary", "count", "", "tokens (embedding rows)", true, true, true, true, "", ""},
+      {"hiddenSize", "Hidden size", "count", "", "elements per token", true, true, true, true, "", ""},
+      {"numLayers", "Blocks", "count", "", "transformer layers", true, true, true, true, "", ""},
+      {"numHeads", "Attention heads", "count", "", "query heads", true, true, true, true, "", ""},
+      {"numKeyValueHeads", "Key/value heads", "count", "", "0 = numHeads (grouped-query attention when fewer)", false, true, false, false, "", ""},
+      {"headDim", "Head dimension", "count", "", "elements; 0 = hiddenSize / numHeads", false, true, false, false, "", ""},
+      {"intermediateSize", "MLP width", "count", "", "elements; 0 = 4 × hiddenSize", true, true, true, true, "", ""},
+      {"maxPositionEmbeddings", "Position table", "count", "", "positions (rows); at least the sequence length", true, false, true, false, "", ""},
+      {"typeVocabSize", "Token types", "count", "", "rows of the token-type table", false, false, true, false, "", ""},
+      {"hiddenAct", "Activation", "select", "hiddenActs", "", true, true, true, true, "", ""},
+      {"hiddenDropout", "Hidden dropout", "number", "", "probability, 0 ≤ p < 1; 0 keeps no mask", true, false, true, true, "", ""},
+      {"attentionDropout", "Attention dropout", "number", "", "probability, 0 ≤ p < 1", true, true, true, true, "", ""},
+      {"encoderHead", "Training head", "select", "encoderHeads", "", false, false, true, false, "", ""},
+      {"numLabels", "Classes", "count", "", "outputs of the classifier", false, false, true, false, "encoderHead", "classification"},
+      {"tieWordEmbeddings", "Output head shares the token embedding (tied)", "bool", "", "", true, true, false, true, "", ""},
+      {"attentionBias", "q/k/v projections have biases (Qwen2; GPT-NeoX: its projections)", "bool", "", "", false, true, false, true, "", ""},
+      {"queryKeyNorm", "RMSNorm on each query and key head (Qwen3)", "bool", "", "", false, true, false, false, "", ""},
+      {"rmsNormUnitOffset", "RMSNorm scales by 1 + weight in fp32 (Gemma)", "bool", "", "", false, true, false, false, "", ""},
+      {"embeddingScale", "Embeddings scaled by √hidden size (Gemma)", "bool", "", "", false, true, false, false, "", ""},
+      {"fusedProjections", "Fused qkv and gate/up projections (Phi-3)", "bool", "", "", false, true, false, false, "", ""},
+      {"partialRotaryFactor", "Rotary share of a head", "number", "", "0 < f ≤ 1 (Phi-4-mini 0.75, Pythia 0.25); Llama family: fused projections only", false, true, false, true, "", ""},
+      {"sandwichNorms", "Norms after attention and MLP too (Gemma 2)", "bool", "", "", false, true, false, false, "", ""},
+      {"attentionLogitSoftcap", "Attention score soft cap", "number", "", "cap · tanh(s / cap) on eager scores; 0 = none (Gemma 2: 50)", false, true, false, false, "", ""},
+      {"finalLogitSoftcap", "Logit soft cap", "number", "", "cap · tanh(x / cap) on the logits; 0 = none (Gemma 2: 30)", false, true, false, false, "", ""},
+      {"slidingWindow", "Sliding window", "count", "", "tokens a sliding layer attends to; 0 = none (Gemma 2: 4096)", false, true, false, false, "", ""},
+      {"slidingWindowPattern", "Full-attention layer every", "count", "", "layers; 0 = every layer slides (Gemma 2: 2)", false, true, false, false, "slidingWindow", "positive"},
+      {"gemma3Layout", "Gemma 3 layout", "bool", "", "q/k norms after all projections, embedding scaled in its module, a rotary table for sliding layers", false, true, false, false, "", ""},
+      {"parallelResidual", "Attention and MLP side by side (parallel residual)", "bool", "", "use_parallel_residual (GPT-NeoX)", false, false, false, true, "", ""},
+      {"numExperts", "Experts", "count", "", "0 = dense MLP (mixture of experts when more)", false, true, false, false, "", ""},
+      {"expertsPerToken", "Experts per token", "count", "", "top-k routing", false, true, false, false, "numExperts", "positive"},
+      {"expertIntermediateSize", "Expert MLP width", "count", "", "elements; 0 = intermediateSize", false, true, false, false, "numExperts", "positive"},
+      {"sharedExpertIntermediateSize", "Shared expert width", "count", "", "elements; 0 = no shared expert", false, true, false, false, "numExperts", "positive"},
+      {"sharedExpertGate", "Sigmoid gate on the shared expert", "bool", "", "", false, true, false, false, "sharedExpertIntermediateSize", "positive"},
   };
   return kFields;
 }
@@ -593,6 +603,11 @@ ArchitectureDef DefaultArchitecture(Family family) {
       a.intermediateSize = 3072; a.maxPositionEmbeddings = 512; a.typeVocabSize = 2;
       a.tieWordEmbeddings = true; a.hiddenAct = HiddenAct::GELU;
       a.hiddenDropout = 0.1; a.attentionDropout = 0.1;
+      break;
+    case Family::GPTNeoX:  // EleutherAI/pythia-160m
+      a.vocabSize = 50304; a.hiddenSize = 768; a.numLayers = 12; a.numHeads = 12;
+      a.intermediateSize = 3072; a.maxPositionEmbeddings = 2048; a.hiddenAct = HiddenAct::GELU;
+      a.partialRotaryFactor = 0.25; a.attentionBias = true; a.parallelResidual = true;
       break;
   }
   return a;
@@ -733,7 +748,8 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
     if (!decoder) why = "is simulated for decoder transformers (GPT-2, Llama family)";
     else if (p == Precision::AmpBF16 || p == Precision::AmpFP16) why = "is not simulated under autocast; choose a 16-bit or fp32 precision";
     else if (setup.finetune.lora && !m.architecture.tieWordEmbeddings &&
-             IsLoraTarget(setup.finetune, m.architecture.family, "lm_head"))
+             IsLoraTarget(setup.finetune, m.architecture.family,
+                          m.architecture.family == Family::GPTNeoX ? "embed_out" : "lm_head"))
       why = "reads lm_head.weight, which a LoRA adapter on lm_head replaces; drop lm_head from the target modules";
     if (!why.empty()) {
       errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",

@@ -514,6 +514,16 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
     }
   }
   // Gradient accumulation's work budget is checked with the rest of the budget (setup.cpp).
+  if (setup.model.kind == ModelKind::Transformer && setup.model.architecture.family == Family::GPTNeoX) {
+    // Megatron's layers are simulated on the GPT-2 and Llama families' blocks.
+    for (const auto& [field, size] : {std::pair<const char*, std::int64_t>{"tensorParallel", p.tensorParallel},
+                                      {"pipelineParallel", p.pipelineParallel}}) {
+      if (size > 1) {
+        bad(field, "GPT-NeoX is simulated on data-parallel ranks (DDP, ZeRO, FSDP); tensor and pipeline parallelism "
+                   "are simulated for the GPT-2 and Llama families.");
+      }
+    }
+  }
   if (p.tensorParallel > 1 && sizesOk) {
     if (setup.model.kind != ModelKind::Transformer) {
       bad("tensorParallel", "Tensor parallelism splits attention heads and MLP widths: it needs a transformer architecture.");

@@ -333,7 +333,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   // Longest sequence: the position table (GPT-2, BERT), the estimator's limits, the size bound.
   {
     const ArchitectureDef& a = setup.model.architecture;
-    const bool positionTable = transformer && a.family != Family::Llama;
+    const bool positionTable = transformer && (a.family == Family::GPT2 || a.family == Family::BERT);
     const std::int64_t estimatorLimit = std::min(Limits::maxSequenceLength, Limits::maxTokens / t.batchSize);
     const std::int64_t hard = positionTable ? std::min(estimatorLimit, a.maxPositionEmbeddings) : estimatorLimit;
     const std::int64_t limit = BoundLimit(hard, [&](double n) { return bound.Total(double(t.batchSize), n); });

@@ -71,8 +71,9 @@ std::vector<std::int64_t> PowerAxis(std::int64_t current, std::int64_t limit, in
   return values;
 }
 
-bool HasPositionTable(const Setup& setup) {
-  return setup.model.kind == ModelKind::Transformer && setup.model.architecture.family != Family::Llama;
+bool HasPositionTable(const Setup& setup) {  // learned positions: GPT-2, BERT (RoPE has no table)
+  const Family f = setup.model.architecture.family;
+  return setup.model.kind == ModelKind::Transformer && (f == Family::GPT2 || f == Family::BERT);
 }
 
 // Curves are denser than the heat map's axis: the powers of two with 3·2^(k−1) between each pair.

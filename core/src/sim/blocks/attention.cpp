@@ -188,7 +188,8 @@ ValueId AttentionCore(Model& m, ValueId q, ValueId k, ValueId v, ValueId mask) {
   // viewed so (a transposed projection), and bmm saves that copy. Where the value is a
   // projection's own output the saved view keeps the same bytes, so only Phi-3's value, a slice
   // of the wider fused qkv, is copied here: the copy is saved and qkv can go.
-  const bool copiesValue = m.a.fusedProjections && kv == heads;
+  // GPT-NeoX's value is a chunk of its transposed query_key_value the same way.
+  const bool copiesValue = (m.a.fusedProjections || m.a.family == Family::GPTNeoX) && kv == heads;
   const ValueId read = copiesValue ? ops::Copy(t, vals, full, "value.reshape (matmul's copy of the view)") : t.Keep(vals);
   out = ops::MatMul(t, dropped, read, full, "probs·v");
   t.Drop(read);

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <functional>
+#include <string>
+#include <string_view>
 
 #include "sim/blocks/blocks.hpp"
 
@@ -25,6 +27,9 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i);
 void RotaryTables(Model& m, Context& c, DType type);
 // Whether block i attends through the sliding window (Gemma 2's layer_types).
 bool SlidingLayer(const ArchitectureDef& a, int i);
+// GPT-NeoX (Pythia): LayerNorm blocks with one query_key_value, partial RoPE, parallel residual.
+ValueId GptNeoXForward(Model& m, ValueId ids, const RunBlock& block);
+ValueId GptNeoXBlock(Model& m, ValueId x, const Context& c, int i);
 // BERT: embeddings (with token types), post-norm layers, a classification or masked-LM head.
 ValueId BertForward(Model& m, ValueId ids, ValueId tokenTypes, const RunBlock& block);
 ValueId BertLayer(Model& m, ValueId x, const Context& c, int i);
@@ -35,7 +40,8 @@ ValueId DecoderBlocks(Model& m, ValueId x, Context& c, const RunBlock& block);
 
 // The decoders' shared tail: the base model returns (its mask and rotary tables go) and the
 // LM head projects onto the vocabulary.
-ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c);
+// `head` is the output layer's module (GPT-NeoX: embed_out).
+ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c, std::string_view head = "lm_head");
 
 // A module path from the model's root ("transformer.ln_f").
 Module RootModule(Model& m, const char* path);

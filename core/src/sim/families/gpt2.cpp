@@ -153,7 +153,7 @@ Module RootModule(Model& m, const char* path) {
   return m.Child(none, path);
 }
 
-ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) {
+ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c, std::string_view head) {
   Tape& t = m.t;
   t.Drop(c.mask);
   t.Drop(c.slidingMask);
@@ -165,13 +165,14 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) 
   // torchtune get_act_offloading_ctx_manager: NoOpManager hooks around the output head, whose
   // activations the loss needs at once (what follows is the head and, outside the context, the loss).
   if (ActivationOffload* offload = t.offload()) offload->SetActive(false);
-  if (m.parameters.Has("lm_head.base_layer.weight")) {  // LoRA on lm_head (PEFT renames its weight)
-    const ValueId logits = blocks::Linear(m, normed, RootModule(m, "lm_head"), m.a.vocabSize, "logits");
+  const std::string headWeight = std::string(head) + ".weight";
+  if (m.parameters.Has(std::string(head) + ".base_layer.weight")) {  // LoRA on the head (PEFT renames its weight)
+    const ValueId logits = blocks::Linear(m, normed, RootModule(m, std::string(head).c_str()), m.a.vocabSize, "logits");
     t.Drop(normed);
     return logits;
   }
-  const ValueId weight = m.parameters.Has("lm_head.weight") ? m.parameters.ByName(t, "lm_head.weight")
-                                                            : m.parameters.ByName(t, tiedEmbedding);
+  const ValueId weight = m.parameters.Has(headWeight) ? m.parameters.ByName(t, headWeight)
+                                                      : m.parameters.ByName(t, tiedEmbedding);
   if (m.training.lossImplementation == LossImplementation::Chunked) {
     // torchtune: the output projection runs per chunk and the loss follows (loss.cpp).
     m.loss = blocks::ChunkedOutputLoss(m, normed, weight, m.labels);

@@ -120,6 +120,7 @@ class TransformerPass final : public ModelPass {
       case Family::GPT2: logits = families::Gpt2Forward(m, ids_, block); break;
       case Family::Llama: logits = families::LlamaForward(m, ids_, block); break;
       case Family::BERT: logits = families::BertForward(m, ids_, tokenTypes_, block); break;
+      case Family::GPTNeoX: logits = families::GptNeoXForward(m, ids_, block); break;
     }
     if (logits != kNoValue && a_.finalLogitSoftcap > 0.0) logits = SoftcappedLogits(m, logits);
     if (layerHook_) layerHook_->ForwardEnd(b);  // Many GPUs: FSDP2 output unit resharded
@@ -281,6 +282,7 @@ class TransformerPass final : public ModelPass {
         case Family::GPT2: return families::Gpt2Block(m, in, ctx, i);
         case Family::Llama: return families::LlamaBlock(m, in, ctx, i);
         case Family::BERT: return families::BertLayer(m, in, ctx, i);
+        case Family::GPTNeoX: return families::GptNeoXBlock(m, in, ctx, i);
       }
       return m.t.Keep(in);
     };
