@@ -57,11 +57,12 @@ test('one list of training modes: the page\'s options.trainingModes are what mak
   assert.deepEqual(modes.map((m) => m.id), ['full', 'lora', 'qlora']);
   for (const m of modes) {
     assert.ok(m.label && m.source, `${m.id}: label and source`);
-    assert.deepEqual(Object.keys(m.finetuneByFamily).sort(), ['bert', 'gpt2', 'llama']);
+    assert.deepEqual(Object.keys(m.finetuneByFamily).sort(), ['bert', 'gpt2', 'gptNeox', 'llama']);
   }
   // full is the default finetune section.
   for (const section of Object.values(modes[0].finetuneByFamily)) assert.deepEqual(section, gpumem.defaultSetup().finetune);
-  for (const [preset, family, gpu] of [['llama-3-8b', 'llama', { id: 'nvidia-rtx-4090' }], ['gpt2-xl', 'gpt2', { memoryGiB: 8 }]]) {
+  for (const [preset, family, gpu] of [['llama-3-8b', 'llama', { id: 'nvidia-rtx-4090' }], ['gpt2-xl', 'gpt2', { memoryGiB: 8 }],
+    ['pythia-6.9b', 'gptNeox', { id: 'nvidia-rtx-4090' }]]) {
     const setup = mergeSetup(gpumem.defaultSetup(), { model: { kind: 'transformer', preset }, gpu });
     delete setup.model.architecture;
     const result = gpumem.solve(setup);
