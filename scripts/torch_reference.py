@@ -512,17 +512,22 @@ class GPT2Model(nn.Module):
         return hidden_states
 
 
+def output_head(cfg, embedding, dtype, device):
+    """The decoders' vocabulary projection: its own weight, or (tied) the embedding's, built on
+    meta and then tied, so that no transient V x h weight exists (from_pretrained's way)."""
+    if not cfg.tie:
+        return nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device=device)
+    head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device="meta")
+    head.weight = embedding.weight
+    return head
+
+
 class GPT2LMHeadModel(nn.Module):
     def __init__(self, cfg, dtype, device, **unused):
         super().__init__()
         self.cfg = cfg
         self.transformer = GPT2Model(cfg, dtype, device)
-        if cfg.tie:
-            # Built on meta and then tied: no transient V x h weight (from_pretrained's way).
-            self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device="meta")
-            self.lm_head.weight = self.transformer.wte.weight
-        else:
-            self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device=device)
+        self.lm_head = output_head(cfg, self.transformer.wte, dtype, device)
 
     def forward(self, input_ids, attention_mask, labels):
         hidden_states = self.transformer(input_ids, attention_mask)
@@ -1014,11 +1019,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.model = LlamaModel(cfg, dtype, device, route_bias)
-        if cfg.tie:
-            self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device="meta")
-            self.lm_head.weight = self.model.embed_tokens.weight
-        else:
-            self.lm_head = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device=device)
+        self.lm_head = output_head(cfg, self.model.embed_tokens, dtype, device)
 
     def forward(self, input_ids, attention_mask, labels):
         hidden_states = self.model(input_ids, attention_mask)
@@ -1117,11 +1118,7 @@ class GPTNeoXForCausalLM(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.gpt_neox = GPTNeoXModel(cfg, dtype, device)
-        if cfg.tie:
-            self.embed_out = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device="meta")
-            self.embed_out.weight = self.gpt_neox.embed_in.weight
-        else:
-            self.embed_out = nn.Linear(cfg.hidden, cfg.vocab, bias=False, dtype=dtype, device=device)
+        self.embed_out = output_head(cfg, self.gpt_neox.embed_in, dtype, device)
 
     def forward(self, input_ids, attention_mask, labels):
         hidden_states = self.gpt_neox(input_ids, attention_mask)
