@@ -102,6 +102,8 @@ std::string FinetuneParameterFormula(const Setup& setup, const Inventory& invent
 // --- LoRA targets ---
 // PEFT's default target_modules for the family (q_proj/v_proj, c_attn, query/value).
 std::span<const char* const> DefaultTargetModules(Family family);
+// The decoder's vocabulary projection as the model names it: lm_head, GPT-NeoX's embed_out.
+const char* OutputModule(Family family);
 // Whether the linear at module path `module` ("model.layers.0.self_attn.q_proj") is adapted.
 bool IsLoraTarget(const FinetuneDef& f, Family family, std::string_view module);
 

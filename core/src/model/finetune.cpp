@@ -44,7 +44,7 @@ bool IsHead(std::string_view name) {
 // The output layer: never quantized (transformers get_keys_to_not_convert) nor an "all-linear"
 // target (PEFT _maybe_include_all_linear_layers removes the output embedding layer).
 bool IsOutputLayer(std::string_view module) {
-  return module == "lm_head" || module == "classifier" || module == "embed_out";  // embed_out: GPT-NeoX's head
+  return module == OutputModule(Family::Llama) || module == OutputModule(Family::GPTNeoX) || module == "classifier";
 }
 
 // A linear module's weight: a 2-D weight that is not an embedding table.
@@ -65,6 +65,8 @@ constexpr const char* kGptNeoXTargets[] = {"query_key_value"};  // PEFT's mappin
 }  // namespace
 
 bool FinetuneActive(const FinetuneDef& f) { return !(f == FinetuneDef{}); }
+
+const char* OutputModule(Family family) { return family == Family::GPTNeoX ? "embed_out" : "lm_head"; }
 
 std::span<const char* const> DefaultTargetModules(Family family) {
   switch (family) {

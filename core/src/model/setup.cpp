@@ -748,8 +748,7 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
     if (!decoder) why = "is simulated for decoder transformers (GPT-2, Llama family)";
     else if (p == Precision::AmpBF16 || p == Precision::AmpFP16) why = "is not simulated under autocast; choose a 16-bit or fp32 precision";
     else if (setup.finetune.lora && !m.architecture.tieWordEmbeddings &&
-             IsLoraTarget(setup.finetune, m.architecture.family,
-                          m.architecture.family == Family::GPTNeoX ? "embed_out" : "lm_head"))
+             IsLoraTarget(setup.finetune, m.architecture.family, OutputModule(m.architecture.family)))
       why = "reads lm_head.weight, which a LoRA adapter on lm_head replaces; drop lm_head from the target modules";
     if (!why.empty()) {
       errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",

@@ -4,6 +4,7 @@
 // residual), and an untied embed_out head.
 #include <tuple>
 
+#include "gpumem/finetune.hpp"
 #include "sim/families/family.hpp"
 
 namespace gpumem::families {
@@ -72,7 +73,7 @@ ValueId GptNeoXForward(Model& m, ValueId ids, const RunBlock& block) {
   const ValueId normed = blocks::LayerNorm(m, x, RootModule(m, "gpt_neox.final_layer_norm"));
   t.Drop(x);
   // embed_out (untied; a tied config reads embed_in's weight).
-  return LmHead(m, normed, "gpt_neox.embed_in.weight", c, "embed_out");
+  return LmHead(m, normed, "gpt_neox.embed_in.weight", c, OutputModule(Family::GPTNeoX));
 }
 
 }  // namespace gpumem::families
