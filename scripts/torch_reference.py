@@ -97,6 +97,9 @@ def read_config(setup):
         sliding_window=int(a.get("slidingWindow") or 0) if family == "llama" else 0,
         sliding_pattern=int(a.get("slidingWindowPattern") or 0),
         gemma3_layout=family == "llama" and bool(a.get("gemma3Layout", False)),
+        # OLMo 2 (transformers models/olmo2/modeling_olmo2.py)
+        olmo2_layout=family == "llama" and bool(a.get("olmo2Layout", False)),
+        rotary_fp32=family == "llama" and bool(a.get("rotaryFp32", False)),
         # Phi3RotaryEmbedding: dim = int(head_dim * partial_rotary_factor)
         rotary_dim=int(head_dim * float(a.get("partialRotaryFactor") or 1.0)),
         act=a.get("hiddenAct") or default_act,
@@ -676,11 +679,12 @@ class LlamaRMSNorm(nn.Module):
     """LlamaRMSNorm, or with unit_offset GemmaRMSNorm (transformers models/gemma/modeling_gemma.py:
     the weight applied as 1 + weight in fp32 before the cast back)."""
 
-    def __init__(self, hidden, eps, dtype, device, unit_offset=False):
+    def __init__(self, hidden, eps, dtype, device, unit_offset=False, olmo=False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden, dtype=dtype, device=device))
         self.variance_epsilon = eps
         self.unit_offset = unit_offset
+        self.olmo = olmo   # Olmo2RMSNorm: (weight * fp32 rows).to(input_dtype)
 
     def _sum_scratch_on_cuda(self, out):
         """The weight's gradient, grad * x at full size (x the 16-bit cast, or Gemma's fp32 rows
@@ -704,6 +708,8 @@ class LlamaRMSNorm(nn.Module):
         hidden_states = hidden_states.to(torch.float32)
         variance = mean_last_dim(hidden_states.pow(2))
         hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        if self.olmo:
+            return self._sum_scratch_on_cuda(self.weight * hidden_states).to(input_dtype)
         return self._sum_scratch_on_cuda(self.weight * hidden_states.to(input_dtype))
 
 
@@ -711,6 +717,7 @@ class LlamaRotaryEmbedding(nn.Module):
     def __init__(self, cfg, device, base=10000.0):
         super().__init__()
         d = cfg.rotary_dim
+        self.keep_fp32 = getattr(cfg, "rotary_fp32", False)   # Olmo2RotaryEmbedding: no cast
         inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64, device=device).float() / d))
         self.register_buffer("inv_freq", inv_freq, persistent=False)   # fp32 (d/2,)
 
@@ -723,6 +730,8 @@ class LlamaRotaryEmbedding(nn.Module):
             emb = torch.cat((freqs, freqs), dim=-1)
             cos = emb.cos()
             sin = emb.sin()
+        if self.keep_fp32:
+            return cos, sin
         return cos.to(dtype=x.dtype), sin.to(dtype=x.dtype)   # (1, s, d) each
 
 
@@ -736,10 +745,16 @@ def rotate(x, cos, sin):
     return (x * cos) + (rotate_half(x) * sin)
 
 
-def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, cast_back=False):
+    # OLMo 2 and 3 cast the rotated q and k back to their dtype (q_embed.to(q_type)); Llama's
+    # keep the promoted dtype (fp32 under autocast, where the tables are fp32).
+    q_type, k_type = q.dtype, k.dtype
     cos = cos.unsqueeze(unsqueeze_dim)
     sin = sin.unsqueeze(unsqueeze_dim)
-    return rotate(q, cos, sin), rotate(k, cos, sin)
+    q_embed, k_embed = rotate(q, cos, sin), rotate(k, cos, sin)
+    if cast_back:
+        return q_embed.to(q_type), k_embed.to(k_type)
+    return q_embed, k_embed
 
 
 class LlamaAttention(nn.Module):
@@ -751,8 +766,12 @@ class LlamaAttention(nn.Module):
         self.q_proj = nn.Linear(h, cfg.heads * d, bias=bias, dtype=dtype, device=device)
         self.k_proj = nn.Linear(h, cfg.kv_heads * d, bias=bias, dtype=dtype, device=device)
         self.v_proj = nn.Linear(h, cfg.kv_heads * d, bias=bias, dtype=dtype, device=device)
-        self.o_proj = nn.Linear(cfg.heads * d, h, bias=False, dtype=dtype, device=device)
-        if cfg.qk_norm:   # Qwen3Attention: an RMSNorm over each head of q and k
+        # (Olmo2Attention's o_proj takes attention_bias too; Qwen2's has none.)
+        self.o_proj = nn.Linear(cfg.heads * d, h, bias=bias and cfg.olmo2_layout, dtype=dtype, device=device)
+        if cfg.qk_norm and cfg.olmo2_layout:   # Olmo2Attention: over the whole projections
+            self.q_norm = LlamaRMSNorm(cfg.heads * d, cfg.rms_eps, dtype, device, olmo=True)
+            self.k_norm = LlamaRMSNorm(cfg.kv_heads * d, cfg.rms_eps, dtype, device, olmo=True)
+        elif cfg.qk_norm:   # Qwen3Attention: an RMSNorm over each head of q and k
             self.q_norm = LlamaRMSNorm(d, cfg.rms_eps, dtype, device, cfg.rms_unit_offset)
             self.k_norm = LlamaRMSNorm(d, cfg.rms_eps, dtype, device, cfg.rms_unit_offset)
 
@@ -760,7 +779,11 @@ class LlamaAttention(nn.Module):
         cfg = self.cfg
         b, s, _ = hidden_states.shape
         hidden_shape = (b, s, -1, cfg.head_dim)
-        if cfg.qk_norm and cfg.gemma3_layout:
+        if cfg.olmo2_layout:
+            # Olmo2Attention: q_norm(q_proj(x)), k_norm(k_proj(x)), v_proj(x), then the views.
+            query_states = self.q_norm(self.q_proj(hidden_states)).view(hidden_shape).transpose(1, 2)
+            key_states = self.k_norm(self.k_proj(hidden_states)).view(hidden_shape).transpose(1, 2)
+        elif cfg.qk_norm and cfg.gemma3_layout:
             # Gemma3Attention: the three projections first, then q_norm and k_norm on the heads.
             query_states = self.q_proj(hidden_states).view(hidden_shape).transpose(1, 2)
             key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
@@ -775,7 +798,8 @@ class LlamaAttention(nn.Module):
             key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         if not (cfg.qk_norm and cfg.gemma3_layout):
             value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)
+        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin,
+                                                        cast_back=cfg.olmo2_layout)
         attn_output = attention_core(cfg, query_states, key_states, value_states, mask,
                                      n_rep=cfg.heads // cfg.kv_heads, causal=True)
         attn_output = attn_output.reshape(b, s, -1).contiguous()
@@ -920,6 +944,28 @@ class SparseMoeBlock(nn.Module):
         return final_hidden_states.reshape(batch_size, sequence_length, hidden_dim)
 
 
+class Olmo2DecoderLayer(nn.Module):
+    """Olmo2DecoderLayer (transformers models/olmo2/modeling_olmo2.py): no input norms, each
+    sub-layer's output normalised before its residual add; modules in its registration order."""
+
+    def __init__(self, cfg, dtype, device):
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, dtype, device)
+        self.mlp = LlamaMLP(cfg, cfg.inter, dtype, device)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device, olmo=True)
+        self.post_feedforward_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device, olmo=True)
+
+    def forward(self, hidden_states, mask, cos, sin):
+        residual = hidden_states
+        hidden_states = self.self_attn(hidden_states, mask, cos, sin)
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        hidden_states = residual + hidden_states
+        residual = hidden_states
+        hidden_states = self.mlp(hidden_states)
+        hidden_states = self.post_feedforward_layernorm(hidden_states)
+        return residual + hidden_states
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg, dtype, device, route_bias=None):
         super().__init__()
@@ -967,8 +1013,9 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab, cfg.hidden, dtype=dtype, device=device)
-        self.layers = nn.ModuleList([LlamaDecoderLayer(cfg, dtype, device, route_bias) for _ in range(cfg.layers)])
-        self.norm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device, cfg.rms_unit_offset)
+        self.layers = nn.ModuleList([Olmo2DecoderLayer(cfg, dtype, device) if cfg.olmo2_layout
+                                     else LlamaDecoderLayer(cfg, dtype, device, route_bias) for _ in range(cfg.layers)])
+        self.norm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device, cfg.rms_unit_offset, olmo=cfg.olmo2_layout)
         self.rotary_emb = LlamaRotaryEmbedding(cfg, device)
 
     def forward(self, input_ids, attention_mask):

@@ -527,6 +527,12 @@ GEMMA2 = dict(numKeyValueHeads=2, headDim=64, hiddenAct="geluTanh", rmsNormUnitO
 GEMMA3 = {**GEMMA2, "queryKeyNorm": True, "gemma3Layout": True, "attentionLogitSoftcap": 0.0,
           "finalLogitSoftcap": 0.0, "slidingWindowPattern": 3}
 
+# OLMo 2: norms after the sub-layers only, q/k norms over the whole projections, each norm's
+# weight applied in fp32, fp32 rotary tables. OLMo 3 casts the tables and adds sliding layers
+# (three of every four).
+OLMO2 = dict(numKeyValueHeads=8, queryKeyNorm=True, olmo2Layout=True, rotaryFp32=True)
+OLMO3 = {**OLMO2, "rotaryFp32": False, "slidingWindow": 128, "slidingWindowPattern": 4}
+
 TRANSFORMER_CASES = [
     tcase("gpt2-fp32-adamw", arch("gpt2")),
     tcase("gpt2-fp32-sdpa", arch("gpt2"), attention="sdpa"),
@@ -575,6 +581,11 @@ TRANSFORMER_CASES = [
     tcase("gemma3-style-fp32-ckpt", arch("llama", **GEMMA3), checkpointing="everyBlock"),
     # Mistral 7B v0.1's sliding_window: every layer slides, one (sliding) eager mask.
     tcase("mistral-style-sliding-bf16", arch("llama", numKeyValueHeads=2, slidingWindow=128), precision="bf16"),
+    tcase("olmo2-style-bf16", arch("llama", **OLMO2), precision="bf16"),
+    tcase("olmo2-style-ampbf16-sdpa", arch("llama", **{**OLMO2, "numKeyValueHeads": 2}), precision="ampBf16",
+          attention="sdpa"),
+    tcase("olmo2-style-fp32-ckpt", arch("llama", **OLMO2), checkpointing="everyBlock"),
+    tcase("olmo3-style-bf16", arch("llama", **OLMO3), precision="bf16"),
     # GPT-NeoX (Pythia): one query_key_value chunked per head, RoPE on a quarter of each head,
     # attention and MLP side by side.
     tcase("gptneox-fp32", arch("gptNeox")),

@@ -329,6 +329,12 @@ Setup RandomSetup(std::mt19937_64& rng) {
       a.slidingWindow = pick(0, 1) ? pick(1, 4096) : 0;
       a.slidingWindowPattern = pick(0, 3);
       a.gemma3Layout = a.queryKeyNorm && a.embeddingScale && pick(0, 1) == 1;
+    } else if (pick(0, 2) == 0) {  // OLMo 2 / 3: post norms, q/k norms over the projections
+      a.queryKeyNorm = a.olmo2Layout = true;
+      a.rmsNormUnitOffset = a.embeddingScale = false;
+      a.rotaryFp32 = pick(0, 1) == 1;
+      a.slidingWindow = pick(0, 1) ? pick(1, 4096) : 0;
+      a.slidingWindowPattern = pick(0, 4);
     }
   } else {
     a.numKeyValueHeads = 0;

@@ -118,6 +118,43 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(n.notes.empty());
     CHECK(n.ignoredFields.empty());
   }
+  SECTION("OLMo 2: norms after the sub-layers, q/k norms over the projections, fp32 rotary tables") {
+    // allenai/OLMo-2-1124-7B's config.json (7.30B on its model card).
+    const ConfigImport o = ImportHfConfig(R"({"architectures": ["Olmo2ForCausalLM"], "attention_bias": false,
+      "attention_dropout": 0.0, "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 11008,
+      "max_position_embeddings": 4096, "model_type": "olmo2", "num_attention_heads": 32, "num_hidden_layers": 32,
+      "num_key_value_heads": 32, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 500000,
+      "tie_word_embeddings": false, "vocab_size": 100352})");
+    REQUIRE(o.ok());
+    const ArchitectureDef& a = o.architecture;
+    CHECK(a.olmo2Layout);
+    CHECK(a.queryKeyNorm);
+    CHECK(a.rotaryFp32);
+    CHECK_FALSE(a.sandwichNorms);
+    CHECK_FALSE(a.tieWordEmbeddings);
+    CHECK(a.slidingWindow == 0);
+    CHECK(CountOf(a) == FindPreset("olmo-2-7b")->publishedParameters);
+    CHECK(CountOf(a) == 7'298'617'344);
+    CHECK(o.notes.empty());
+    Setup s = DefaultSetup();
+    s.model.kind = ModelKind::Transformer;
+    s.model.architecture = a;
+    s.training.sequenceLength = 512;
+    CHECK(Validate(s).empty());
+  }
+  SECTION("OLMo 3: OLMo 2's layout with 16-bit rotary tables and three sliding layers of four") {
+    const ConfigImport o = ImportHfConfig(R"({"model_type": "olmo3", "hidden_size": 256, "intermediate_size": 512,
+      "num_attention_heads": 4, "num_hidden_layers": 8, "num_key_value_heads": 4, "vocab_size": 1000,
+      "sliding_window": 4096, "layer_types": ["sliding_attention", "sliding_attention", "sliding_attention",
+      "full_attention", "sliding_attention", "sliding_attention", "sliding_attention", "full_attention"]})");
+    REQUIRE(o.ok());
+    CHECK(o.architecture.olmo2Layout);
+    CHECK_FALSE(o.architecture.rotaryFp32);
+    CHECK(o.architecture.slidingWindow == 4096);
+    CHECK(o.architecture.slidingWindowPattern == 4);
+    CHECK(o.notes.empty());
+    CHECK(o.ignoredFields.empty());
+  }
   SECTION("Gemma 3 (text): q/k norms in its own layout, no soft caps, a full layer every 6") {
     // google/gemma-3-1b-pt's config.json (1B on its model card).
     const ConfigImport g = ImportHfConfig(R"({"model_type": "gemma3_text", "hidden_size": 1152,

@@ -278,7 +278,7 @@ TEST_CASE("the form's architecture fields are exactly the schema's", "[transform
                                              "\":" + value + "}}}", parsed);
     for (const FieldError& e : errors) CHECK(e.code != ErrorCode::UnknownField);
   }
-  CHECK(listed == 33);
+  CHECK(listed == 35);
 }
 
 TEST_CASE("transformer setups in JSON", "[transformer][json]") {
@@ -604,6 +604,51 @@ TEST_CASE("Gemma 3's layout keeps one more rotary table, for its sliding layers"
     Setup bare = TransformerSetup(TinyLlama(), 1, 16);
     bare.model.architecture.gemma3Layout = true;
     CHECK(HasErrorOn(Validate(bare), "model.architecture.gemma3Layout"));
+  }
+}
+
+TEST_CASE("OLMo 2's norms after each sub-layer and over whole projections keep what its forward saves", "[transformer]") {
+  // A Llama-family model in pure bf16, eager attention, b = 2, s = 64, two blocks; Llama's layout
+  // against OLMo 2's (transformers models/olmo2/modeling_olmo2.py), worked tensor by tensor.
+  const std::int64_t b = 2, s = 64, L = 2, h = 128, heads = 4, kv = 2, d = 48;
+  auto setup = [&](auto change) {
+    Setup x = TinyTransformer(Family::Llama, static_cast<int>(L), Precision::BF16);
+    ArchitectureDef& a = x.model.architecture;
+    a.hiddenSize = h; a.numHeads = heads; a.numKeyValueHeads = kv; a.headDim = d;
+    x.training.batchSize = b;
+    x.training.sequenceLength = s;
+    change(a);
+    return x;
+  };
+  const std::int64_t llama = SavedAtForwardEnd(setup([](ArchitectureDef&) {}));
+  const std::int64_t olmo = SavedAtForwardEnd(setup([](ArchitectureDef& a) { a.queryKeyNorm = a.olmo2Layout = true; }));
+  SECTION("norms on the outputs, q/k norms over the projections, the weight times fp32 rows") {
+    // Llama, per block: input_layernorm and post_attention_layernorm each save the fp32 copy
+    // (4 B an element), the rsqrt (4 B a row) and the bf16 cast the weight multiplies (2 B);
+    // the q/k/v and gate/up projections save the norms' bf16 outputs (2 B each).
+    // OLMo 2, per block: post_attention_layernorm and post_feedforward_layernorm save the fp32
+    // copy, the rsqrt and the fp32 rows the weight multiplies (Olmo2RMSNorm: (weight · x).to);
+    // the projections save the block's input and the residual sum (2 B each, as before);
+    // q_norm and k_norm do the same over [b, s, heads·d] and [b, s, kv·d].
+    const std::int64_t bsh = b * s * h, rows = b * s;
+    const std::int64_t llamaBlock = 2 * (6 * bsh + 4 * rows) + 2 * bsh + 2 * bsh;
+    const std::int64_t olmoBlock = 2 * (8 * bsh + 4 * rows) + 2 * bsh + 2 * bsh +
+                                   (8 * rows * heads * d + 4 * rows) + (8 * rows * kv * d + 4 * rows);
+    // The final norm keeps its fp32 rows (4 B) where Llama's keeps their bf16 cast (2 B).
+    CHECK(olmo - llama == L * (olmoBlock - llamaBlock) + 2 * bsh);
+  }
+  SECTION("OLMo 2's rotary tables stay fp32: cos and sin, saved by RoPE's products, twice the bytes") {
+    const std::int64_t fp32 = SavedAtForwardEnd(
+        setup([](ArchitectureDef& a) { a.queryKeyNorm = a.olmo2Layout = a.rotaryFp32 = true; }));
+    CHECK(fp32 - olmo == 2 * s * d * (4 - 2));
+  }
+  SECTION("the layout needs its q/k norms and no other family's norms") {
+    Setup bare = setup([](ArchitectureDef& a) { a.olmo2Layout = true; });
+    CHECK(HasErrorOn(Validate(bare), "model.architecture.olmo2Layout"));
+    Setup gemma = setup([](ArchitectureDef& a) { a.queryKeyNorm = a.olmo2Layout = a.sandwichNorms = true; });
+    CHECK(HasErrorOn(Validate(gemma), "model.architecture.olmo2Layout"));
+    Setup phi = setup([](ArchitectureDef& a) { a.fusedProjections = a.rotaryFp32 = true; });
+    CHECK(HasErrorOn(Validate(phi), "model.architecture.rotaryFp32"));
   }
 }
 

@@ -208,6 +208,12 @@ struct ArchitectureDef {
   bool gemma3Layout = false;                // Gemma 3 (transformers models/gemma3/modeling_gemma3.py): q/k
                                             // norms after all three projections, the embedding scaled
                                             // inside its module, a second rotary table for sliding layers
+  // OLMo 2 and 3 (Llama family; transformers models/olmo2/modeling_olmo2.py, olmo3):
+  bool olmo2Layout = false;                 // with queryKeyNorm: RMSNorms only on the attention's and the
+                                            // MLP's outputs (no input norms), q_norm / k_norm over the
+                                            // whole projections, each RMSNorm's weight applied in fp32
+  bool rotaryFp32 = false;                  // the rotary tables stay fp32 and q, k are rotated in fp32
+                                            // and cast back (Olmo2RotaryEmbedding; OLMo 3 casts them)
   HiddenAct hiddenAct = HiddenAct::SiLU;    // hidden_act / activation_function
   // Mixture of experts (Llama family): 0 experts = a dense MLP.
   std::int64_t numExperts = 0;              // num_local_experts / num_experts

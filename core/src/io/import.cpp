@@ -134,6 +134,32 @@ bool ArchitecturesContain(const json& doc, const char* name) {
   return false;
 }
 
+// layer_types (Gemma 2/3, OLMo 3): read as "every n-th layer attends to all tokens" (n = the first
+// full layer's index + 1, or every layer sliding); a list that does not follow one such pattern
+// is noted.
+void ReadLayerTypes(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImport& out, const char* who) {
+  auto types = doc.find("layer_types");
+  if (types == doc.end() || !types->is_array()) return;
+  r.Use("layer_types");
+  std::int64_t firstFull = -1;
+  for (std::size_t i = 0; i < types->size(); ++i) {
+    if ((*types)[i] == "full_attention") {
+      firstFull = static_cast<std::int64_t>(i);
+      break;
+    }
+  }
+  a.slidingWindowPattern = firstFull < 0 ? 0 : firstFull + 1;
+  bool regular = true;
+  for (std::size_t i = 0; i < types->size(); ++i) {
+    const bool full = a.slidingWindowPattern > 0 && (static_cast<std::int64_t>(i) + 1) % a.slidingWindowPattern == 0;
+    regular = regular && (*types)[i] == (full ? "full_attention" : "sliding_attention");
+  }
+  if (!regular) {
+    out.notes.push_back(std::string(who) + ": layer_types does not repeat one pattern; taken as a full-attention layer every " +
+                        FormatCount(a.slidingWindowPattern) + " (the first full one's position).");
+  }
+}
+
 // Gemma2Config (transformers models/gemma2/configuration_gemma2.py) and Gemma3TextConfig: norms
 // after attention and the MLP, soft caps (Gemma 2's default 50 on the scores and 30 on the logits;
 // none for Gemma 3) unless the config sets them (null: none), a 4,096-token window on the layers
@@ -156,28 +182,21 @@ void ReadGemma2(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImpo
   a.slidingWindow = window;
   r.Int({"sliding_window"}, a.slidingWindow, false);
   r.Use("query_pre_attn_scalar");  // the scores' scale: no memory of its own
-  auto types = doc.find("layer_types");
-  if (types == doc.end() || !types->is_array()) return;
-  r.Use("layer_types");
-  // Read as "every n-th layer attends to all tokens" (n = the first full layer's index + 1, or
-  // every layer sliding); a list that does not follow one such pattern is noted.
-  std::int64_t firstFull = -1;
-  for (std::size_t i = 0; i < types->size(); ++i) {
-    if ((*types)[i] == "full_attention") {
-      firstFull = static_cast<std::int64_t>(i);
-      break;
-    }
-  }
-  a.slidingWindowPattern = firstFull < 0 ? 0 : firstFull + 1;
-  bool regular = true;
-  for (std::size_t i = 0; i < types->size(); ++i) {
-    const bool full = a.slidingWindowPattern > 0 && (static_cast<std::int64_t>(i) + 1) % a.slidingWindowPattern == 0;
-    regular = regular && (*types)[i] == (full ? "full_attention" : "sliding_attention");
-  }
-  if (!regular) {
-    out.notes.push_back("Gemma: layer_types does not repeat one pattern; taken as a full-attention layer every " +
-                        FormatCount(a.slidingWindowPattern) + " (the first full one's position).");
-  }
+  ReadLayerTypes(doc, r, a, out, "Gemma");
+}
+
+// OLMo 2 and 3 (Olmo2Config, Olmo3Config; transformers models/olmo2, models/olmo3): Llama's
+// fields with q_norm / k_norm over the whole projections and norms after each sub-layer. OLMo 2's
+// rotary tables stay fp32; OLMo 3 casts them and lets three layers of four slide (layer_types,
+// sliding_window 4096 by default).
+void ReadOlmo(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImport& out, bool olmo3) {
+  a.queryKeyNorm = a.olmo2Layout = true;
+  a.rotaryFp32 = !olmo3;
+  if (!olmo3) return;
+  a.slidingWindow = 4096;
+  a.slidingWindowPattern = 4;
+  r.Int({"sliding_window"}, a.slidingWindow, false);
+  ReadLayerTypes(doc, r, a, out, "OLMo 3");
 }
 
 }  // namespace
@@ -190,7 +209,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   if (type == doc.end() || !type->is_string()) {
     out.errors.push_back({ErrorCode::MissingField, "config.model_type",
                           "config.json needs a model_type (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, "
-                          "gemma2, gemma3_text, phi3, gpt_neox, bert)."});
+                          "gemma2, gemma3_text, phi3, olmo2, olmo3, gpt_neox, bert)."});
     return out;
   }
   out.modelType = type->get<std::string>();
@@ -216,7 +235,8 @@ ConfigImport ImportHfConfig(std::string_view text) {
     r.Number({"attn_pdrop"}, a.attentionDropout);
     r.Bool({"tie_word_embeddings"}, a.tieWordEmbeddings);
   } else if (t == "llama" || t == "mistral" || t == "qwen2" || t == "mixtral" || t == "qwen2_moe" ||
-             t == "gemma" || t == "gemma2" || t == "gemma3_text" || t == "phi3" || t == "qwen3" || t == "qwen3_moe") {
+             t == "gemma" || t == "gemma2" || t == "gemma3_text" || t == "phi3" || t == "qwen3" || t == "qwen3_moe" ||
+             t == "olmo2" || t == "olmo3") {
     a = DefaultArchitecture(Family::Llama);
     a.numKeyValueHeads = 0;
     const bool gemma = t == "gemma" || t == "gemma2" || t == "gemma3_text";
@@ -284,6 +304,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
       a.gemma3Layout = true;
       r.Use("rope_local_base_freq");  // the sliding layers' table: its size, not its base, matters
     }
+    if (t == "olmo2" || t == "olmo3") ReadOlmo(doc, r, a, out, t == "olmo3");
     if (t == "phi3") {
       a.fusedProjections = true;  // Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj
       r.Number({"partial_rotary_factor"}, a.partialRotaryFactor);  // Phi-4-mini: 0.75
@@ -337,7 +358,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   } else {
     out.errors.push_back({ErrorCode::InvalidField, "config.model_type",
                           "model_type \"" + t.substr(0, 40) + "\" is not simulated yet; supported: gpt2, llama, "
-                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, phi3, gpt_neox, bert."});
+                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, phi3, olmo2, olmo3, gpt_neox, bert."});
     return out;
   }
   r.ListIgnored();

@@ -82,6 +82,26 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
       for (std::int64_t i = 0; i < a.numLayers; ++i) {
         const std::string b = named ? "model.layers." + std::to_string(i) + "." : none;
         const int L = static_cast<int>(i);
+        if (a.olmo2Layout) {
+          // Olmo2DecoderLayer registers self_attn (q, k, v, o, then q_norm and k_norm over the
+          // whole projections), mlp, post_attention_layernorm, post_feedforward_layernorm.
+          add(b, "self_attn.q_proj.weight", {heads * d, h}, L);
+          if (a.attentionBias) add(b, "self_attn.q_proj.bias", {heads * d}, L);
+          add(b, "self_attn.k_proj.weight", {kv * d, h}, L);
+          if (a.attentionBias) add(b, "self_attn.k_proj.bias", {kv * d}, L);
+          add(b, "self_attn.v_proj.weight", {kv * d, h}, L);
+          if (a.attentionBias) add(b, "self_attn.v_proj.bias", {kv * d}, L);
+          add(b, "self_attn.o_proj.weight", {h, heads * d}, L);
+          if (a.attentionBias) add(b, "self_attn.o_proj.bias", {h}, L);
+          add(b, "self_attn.q_norm.weight", {heads * d}, L);
+          add(b, "self_attn.k_norm.weight", {kv * d}, L);
+          add(b, "mlp.gate_proj.weight", {inter, h}, L);
+          add(b, "mlp.up_proj.weight", {inter, h}, L);
+          add(b, "mlp.down_proj.weight", {h, inter}, L);
+          add(b, "post_attention_layernorm.weight", {h}, L);
+          add(b, "post_feedforward_layernorm.weight", {h}, L);
+          continue;
+        }
         add(b, "input_layernorm.weight", {h}, L);
         if (a.fusedProjections) {  // Phi3Attention: one [(heads + 2·kv)·d, h] projection
           add(b, "self_attn.qkv_proj.weight", {(heads + 2 * kv) * d, h}, L);

@@ -150,6 +150,19 @@ std::vector<Preset> MakePresets() {
   add("phi-3-mini-4k", "Phi-3 mini 4k (3.8B)", "microsoft/Phi-3-mini-4k-instruct", phi3, 3'821'079'552,
       "all parameters");
 
+  // OLMo 2 (Olmo2Config): q/k norms over the whole projections, norms after each sub-layer, fp32
+  // rotary tables, an untied head; the model cards' 1.48B / 7.30B / 13.7B, exactly as the configs
+  // count them.
+  auto olmo2 = [](ArchitectureDef a) {
+    a.queryKeyNorm = a.olmo2Layout = a.rotaryFp32 = true;
+    return a;
+  };
+  add("olmo-2-1b", "OLMo 2 1B", "allenai/OLMo-2-0425-1B", olmo2(llama(100352, 2048, 16, 16, 16, 8192)), 1'484'916'736);
+  add("olmo-2-7b", "OLMo 2 7B", "allenai/OLMo-2-1124-7B", olmo2(llama(100352, 4096, 32, 32, 32, 11008)),
+      7'298'617'344);
+  add("olmo-2-13b", "OLMo 2 13B", "allenai/OLMo-2-1124-13B", olmo2(llama(100352, 5120, 40, 40, 40, 13824)),
+      13'716'198'400);
+
   add("mixtral-8x7b", "Mixtral 8x7B", "mistralai/Mixtral-8x7B-v0.1", experts(llama(32000, 4096, 32, 32, 8, 14336), 8, 2),
       46'702'792'704);
   add("mixtral-8x22b", "Mixtral 8x22B", "mistralai/Mixtral-8x22B-v0.1",

@@ -215,6 +215,19 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
     errors.push_back({ErrorCode::InvalidField, p + "gemma3Layout",
                       "Gemma 3's layout goes with q/k norms, sandwich norms and scaled embeddings (llama family)."});
   }
+  if (a.olmo2Layout && !(a.family == Family::Llama && a.queryKeyNorm && !a.sandwichNorms && !a.gemma3Layout &&
+                         !a.fusedProjections && !a.rmsNormUnitOffset && !a.embeddingScale && a.numExperts == 0)) {
+    // Olmo2DecoderLayer: separate projections with q_norm / k_norm over them, a dense MLP, its
+    // own RMSNorm (weight × fp32 rows), no other family's norms or scaling.
+    errors.push_back({ErrorCode::InvalidField, p + "olmo2Layout",
+                      "OLMo 2's layout goes with q/k norms, separate projections and a dense MLP (llama family), "
+                      "without sandwich norms, Gemma's norms or scaled embeddings."});
+  }
+  if (a.rotaryFp32 && !(a.family == Family::Llama && !a.fusedProjections)) {
+    errors.push_back({ErrorCode::InvalidField, p + "rotaryFp32",
+                      "fp32 rotary tables (Olmo2RotaryEmbedding) are simulated in the llama family with separate "
+                      "projections."});
+  }
   if (a.family == Family::Llama && a.sandwichNorms && (a.fusedProjections || a.numExperts > 0)) {
     // Gemma2DecoderLayer: separate projections and a dense MLP.
     errors.push_back({ErrorCode::InvalidField, p + "sandwichNorms",
@@ -370,6 +383,7 @@ constexpr double kQueryKeyNorm = 170;   // Qwen3's q_norm and k_norm (two RMSNor
 constexpr double kUnitOffsetNorm = 40;  // Gemma's norms: weight.float(), 1 + weight, the fp32 product (two a block)
 constexpr double kSandwichNorms = 190;  // (measured 182) Gemma 2's two more norms a block (each as Gemma's, unit offset)
 constexpr double kAttentionSoftcap = 30; // ÷ cap, tanh, × cap on the eager scores (measured 24)
+constexpr double kRotaryFp32 = 40;      // OLMo 2's casts of q and k back from the fp32 rotation
 constexpr double kExpert = 155;         // one routed expert's ops (gate, up, down, act, index, routing weight)
 constexpr double kSharedExpert = 160;   // Qwen2-MoE's shared expert and its gate
 // Recomputing blocks during backward: the whole block (every/every-kth) or its attention core.
@@ -423,7 +437,8 @@ EventBudget PredictEventsOf(const Setup& setup) {
       block = events::kLlamaBlock + (a.attentionBias ? events::kAttentionBias : 0.0) +
               (a.queryKeyNorm ? events::kQueryKeyNorm : 0.0) + (a.rmsNormUnitOffset ? events::kUnitOffsetNorm : 0.0) +
               (a.sandwichNorms ? events::kSandwichNorms : 0.0) +
-              (a.attentionLogitSoftcap > 0.0 ? events::kAttentionSoftcap : 0.0) + events::kExpert * experts +
+              (a.attentionLogitSoftcap > 0.0 ? events::kAttentionSoftcap : 0.0) +
+              (a.rotaryFp32 ? events::kRotaryFp32 : 0.0) + events::kExpert * experts +
               (a.sharedExpertIntermediateSize > 0 ? events::kSharedExpert : 0.0);
       tensors = 9 + (a.attentionBias ? 3 : 0) + (a.queryKeyNorm ? 2 : 0) + (a.sandwichNorms ? 2 : 0) + (experts > 0 ? 1 + 3 * experts : 0) +
                 (a.sharedExpertIntermediateSize > 0 ? 4 : 0);
@@ -575,6 +590,8 @@ std::span<const ArchitectureField> ArchitectureFields() {
       {"slidingWindow", "Sliding window", "count", "", "tokens a sliding layer attends to; 0 = none (Gemma 2: 4096)", false, true, false, false, "", ""},
       {"slidingWindowPattern", "Full-attention layer every", "count", "", "layers; 0 = every layer slides (Gemma 2: 2)", false, true, false, false, "slidingWindow", "positive"},
       {"gemma3Layout", "Gemma 3 layout", "bool", "", "q/k norms after all projections, embedding scaled in its module, a rotary table for sliding layers", false, true, false, false, "", ""},
+      {"olmo2Layout", "OLMo 2 layout", "bool", "", "norms only after attention and MLP, q/k norms over whole projections, norm weight in fp32", false, true, false, false, "", ""},
+      {"rotaryFp32", "Rotary tables in fp32", "bool", "", "q and k rotated in fp32, then cast back (OLMo 2)", false, true, false, false, "", ""},
       {"parallelResidual", "Attention and MLP side by side (parallel residual)", "bool", "", "use_parallel_residual (GPT-NeoX)", false, false, false, true, "", ""},
       {"numExperts", "Experts", "count", "", "0 = dense MLP (mixture of experts when more)", false, true, false, false, "", ""},
       {"expertsPerToken", "Experts per token", "count", "", "top-k routing", false, true, false, false, "numExperts", "positive"},

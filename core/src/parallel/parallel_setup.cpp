@@ -534,6 +534,12 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
         if (n % t != 0) bad("tensorParallel", std::string("Megatron splits ") + what + " (" + std::to_string(n) +
                                                   ") evenly: the tensor parallel size must divide it.");
       };
+      if (a.olmo2Layout) {
+        // Olmo2Attention's q_norm / k_norm run over the whole projection, which Megatron's
+        // column-parallel q/k/v would leave split across the ranks: not simulated.
+        bad("tensorParallel", "OLMo 2's q/k norms run over whole projections, which tensor parallelism splits: "
+                              "not simulated; use data parallelism (DDP, ZeRO, FSDP).");
+      }
       divides(a.numHeads, "the attention heads");
       divides(KeyValueHeads(a), "the key/value heads");
       divides(IntermediateSize(a), "the MLP width");

@@ -37,6 +37,16 @@ ValueId RmsNorm(Model& m, ValueId x, const Module& module) {
     t.Drop(scaled);
     return y;
   }
+  if (m.a.olmo2Layout) {
+    // Olmo2RMSNorm (transformers models/olmo2/modeling_olmo2.py): (self.weight * hidden_states)
+    // .to(input_dtype). The weight multiplies the fp32 rows, so the product saves them where
+    // Llama's saves their 16-bit cast, and the product is fp32 until the cast.
+    const ValueId scaled = ops::Mul(t, m.P(module), normed, t.T({name, " weight * x (fp32)"}));
+    t.Drop(normed);
+    const ValueId y = ops::To(t, scaled, inputType);
+    t.Drop(scaled);
+    return y;
+  }
   const ValueId cast = ops::To(t, normed, inputType);
   t.Drop(normed);
   const ValueId y = ops::Mul(t, m.P(module), cast, t.T({name, " weight * x"}));

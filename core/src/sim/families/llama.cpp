@@ -1,6 +1,7 @@
 // LlamaForCausalLM and its relatives (Mistral, Qwen2 with QKV biases, Mixtral and Qwen2-MoE):
 // RMSNorm, rotary embeddings, grouped-query attention, a SwiGLU MLP or a mixture of experts.
 #include <tuple>
+#include <utility>
 
 #include "sim/families/family.hpp"
 #include "parallel/sequence_split.hpp"
@@ -32,7 +33,68 @@ bool SlidingLayer(const ArchitectureDef& a, int i) {
   return a.slidingWindow > 0 && (a.slidingWindowPattern == 0 || (i + 1) % a.slidingWindowPattern != 0);
 }
 
+// apply_rotary_pos_emb on q and k; the caller's references move. OLMo's (modeling_olmo2.py,
+// modeling_olmo3.py) ends in q_embed.to(q_type): where the tables are fp32 (Olmo2RotaryEmbedding
+// returns them uncast; any under autocast) the fp32 products are cast back. Llama's keeps them.
+std::pair<ValueId, ValueId> RotatedQueryKey(Model& m, ValueId q, ValueId k, ValueId cos, ValueId sin) {
+  Tape& t = m.t;
+  const DType qType = t.TypeOf(q), kType = t.TypeOf(k);
+  ValueId qr = blocks::Rope(m, q, cos, sin, "q");
+  ValueId kr = blocks::Rope(m, k, cos, sin, "k");
+  t.Drop(q);
+  t.Drop(k);
+  if (!m.a.olmo2Layout) return {qr, kr};
+  if (t.TypeOf(qr) != qType) {
+    const ValueId cast = ops::To(t, qr, qType);
+    t.Drop(qr);
+    qr = cast;
+  }
+  if (t.TypeOf(kr) != kType) {
+    const ValueId cast = ops::To(t, kr, kType);
+    t.Drop(kr);
+    kr = cast;
+  }
+  return {qr, kr};
+}
+
+// Olmo2DecoderLayer.forward (transformers models/olmo2/modeling_olmo2.py; OLMo 3 the same with
+// its sliding layers): no norm before the sub-layers; q_norm(q_proj(x)) and k_norm(k_proj(x))
+// over the whole projections, then v_proj, each viewed as heads; each sub-layer's output is
+// normalised before its residual add.
+ValueId Olmo2Block(Model& m, ValueId x, const Context& c, int i) {
+  Tape& t = m.t;
+  const Module root = m.BlockRoot("model.layers.", i);
+  const std::int64_t heads = m.a.numHeads, kv = KeyValueHeads(m.a), d = HeadDim(m.a);
+  m.Scope(i, "attention");
+  const ValueId qp = blocks::Linear(m, x, m.Child(root, "self_attn.q_proj"), heads * d, "q_proj");
+  const ValueId qn = NormedOwned(m, qp, m.Child(root, "self_attn.q_norm"));
+  const ValueId kp = blocks::Linear(m, x, m.Child(root, "self_attn.k_proj"), kv * d, "k_proj");
+  const ValueId kn = NormedOwned(m, kp, m.Child(root, "self_attn.k_norm"));
+  const ValueId vp = blocks::Linear(m, x, m.Child(root, "self_attn.v_proj"), kv * d, "v_proj");
+  const ValueId q = blocks::Heads(m, qn, heads, "query");
+  const ValueId k = blocks::Heads(m, kn, kv, "key");
+  const ValueId v = blocks::Heads(m, vp, kv, "value");
+  t.Drop(qn);
+  t.Drop(kn);
+  t.Drop(vp);
+  // (TransformerPass::Block hands a sliding layer its mask in c.mask.)
+  const auto [qr, kr] = RotatedQueryKey(m, q, k, c.cos, c.sin);
+  ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
+  o = NormedOwned(m, o, m.Child(root, "post_attention_layernorm"));
+  const ValueId x2 = ops::Add(t, x, o, "residual add");
+  t.Drop(o);
+  m.Scope(i, "mlp");
+  ValueId mlp = blocks::GatedMlp(m, x2, m.Child(root, "mlp."), IntermediateSize(m.a), "gate_proj", "up_proj",
+                                 "down_proj", "mlp");
+  mlp = NormedOwned(m, mlp, m.Child(root, "post_feedforward_layernorm"));
+  const ValueId y = ops::Add(t, x2, mlp, "residual add");
+  t.Drop(x2);
+  t.Drop(mlp);
+  return y;
+}
+
 ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
+  if (m.a.olmo2Layout) return Olmo2Block(m, x, c, i);
   Tape& t = m.t;
   const Module root = m.BlockRoot("model.layers.", i);
   const std::int64_t heads = m.a.numHeads, kv = KeyValueHeads(m.a), d = HeadDim(m.a);
@@ -93,12 +155,7 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
     t.Drop(vp);
   }
   ValueId qr = q, kr = k;  // Phi-3's are rotated already
-  if (!m.a.fusedProjections) {
-    qr = blocks::Rope(m, q, c.cos, c.sin, "q");
-    kr = blocks::Rope(m, k, c.cos, c.sin, "k");
-    t.Drop(q);
-    t.Drop(k);
-  }
+  if (!m.a.fusedProjections) std::tie(qr, kr) = RotatedQueryKey(m, q, k, c.cos, c.sin);
   // Sequence parallelism: AttentionOutput and GatedMlp reduce-scatter their row-parallel output.
   ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
   t.Drop(qkvLocal);
@@ -138,6 +195,9 @@ void RotaryTables(Model& m, Context& c, DType type) {
     c.slidingCos = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, type, "cos (sliding layers)");
     c.slidingSin = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, type, "sin (sliding layers)");
   }
+  // Olmo2RotaryEmbedding.forward returns cos and sin as computed, in fp32 (Llama's casts them to
+  // the hidden states' dtype).
+  if (m.a.rotaryFp32) type = DType::FP32;
   c.cos = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, type, "cos");
   c.sin = t.Fresh({1, 1, m.s, RotaryDim(m.a)}, type, "sin");
 }
