@@ -100,6 +100,8 @@ def read_config(setup):
         # OLMo 2 (transformers models/olmo2/modeling_olmo2.py)
         olmo2_layout=family == "llama" and bool(a.get("olmo2Layout", False)),
         rotary_fp32=family == "llama" and bool(a.get("rotaryFp32", False)),
+        # Granite (transformers models/granite/modeling_granite.py): scalar multipliers
+        granite=family == "llama" and bool(a.get("graniteMultipliers", False)),
         # Phi3RotaryEmbedding: dim = int(head_dim * partial_rotary_factor)
         rotary_dim=int(head_dim * float(a.get("partialRotaryFactor") or 1.0)),
         act=a.get("hiddenAct") or default_act,
@@ -632,6 +634,8 @@ def decoder_head_and_loss(cfg, lm_head, hidden_states, labels):
             logits = logits / cfg.final_softcap
             logits = torch.tanh(logits)
             logits = logits * cfg.final_softcap
+        if cfg.granite:                          # GraniteForCausalLM: logits / logits_scaling
+            logits = logits / 8.0
         return causal_lm_loss(logits, labels, cfg.vocab, upcast=cfg.loss_upcast), logits
     logits = [lm_head(chunk) for chunk in hidden_states.chunk(cfg.loss_chunks, dim=1)]
     del hidden_states
@@ -983,6 +987,7 @@ class LlamaDecoderLayer(nn.Module):
             self.post_feedforward_layernorm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device,
                                                            cfg.rms_unit_offset)
         self.sandwich = cfg.sandwich_norms
+        self.granite = cfg.granite
 
     def forward(self, hidden_states, mask, cos, sin):
         ffn = self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
@@ -1000,11 +1005,17 @@ class LlamaDecoderLayer(nn.Module):
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
         hidden_states = self.self_attn(hidden_states, mask, cos, sin)
-        hidden_states = residual + hidden_states
+        if self.granite:   # GraniteDecoderLayer: residual + hidden_states * residual_multiplier
+            hidden_states = residual + hidden_states * 0.22
+        else:
+            hidden_states = residual + hidden_states
         residual = hidden_states
         hidden_states = self.post_attention_layernorm(hidden_states)
         hidden_states = ffn(hidden_states)
-        hidden_states = residual + hidden_states
+        if self.granite:
+            hidden_states = residual + hidden_states * 0.22
+        else:
+            hidden_states = residual + hidden_states
         return hidden_states
 
 
@@ -1025,6 +1036,9 @@ class LlamaModel(nn.Module):
         if cfg.gemma3_layout:
             # Gemma3TextScaledWordEmbedding: the module scales its rows; the unscaled ones go.
             inputs_embeds = inputs_embeds * torch.tensor(cfg.hidden ** 0.5, dtype=inputs_embeds.dtype)
+        if cfg.granite:
+            # GraniteModel.forward: inputs_embeds = inputs_embeds * embedding_multiplier (a float).
+            inputs_embeds = inputs_embeds * 12.0
         cache_position = torch.arange(s)
         position_ids = cache_position.unsqueeze(0)
         # Mistral's sliding_window (every layer slides: pattern 0) makes only the sliding mask.

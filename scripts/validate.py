@@ -586,6 +586,11 @@ TRANSFORMER_CASES = [
           attention="sdpa"),
     tcase("olmo2-style-fp32-ckpt", arch("llama", **OLMO2), checkpointing="everyBlock"),
     tcase("olmo3-style-bf16", arch("llama", **OLMO3), precision="bf16"),
+    # Granite: the embeddings, each sub-layer's output and the logits scaled by Python floats.
+    tcase("granite-style-bf16", arch("llama", numKeyValueHeads=2, tieWordEmbeddings=True, graniteMultipliers=True),
+          precision="bf16"),
+    tcase("granite-style-ampbf16-sdpa", arch("llama", numKeyValueHeads=2, graniteMultipliers=True),
+          precision="ampBf16", attention="sdpa"),
     # GPT-NeoX (Pythia): one query_key_value chunked per head, RoPE on a quarter of each head,
     # attention and MLP side by side.
     tcase("gptneox-fp32", arch("gptNeox")),

@@ -335,6 +335,8 @@ Setup RandomSetup(std::mt19937_64& rng) {
       a.rotaryFp32 = pick(0, 1) == 1;
       a.slidingWindow = pick(0, 1) ? pick(1, 4096) : 0;
       a.slidingWindowPattern = pick(0, 4);
+    } else if (pick(0, 2) == 0 && !a.embeddingScale) {  // Granite: scalar multipliers
+      a.graniteMultipliers = true;
     }
   } else {
     a.numKeyValueHeads = 0;

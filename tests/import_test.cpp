@@ -155,6 +155,24 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(o.notes.empty());
     CHECK(o.ignoredFields.empty());
   }
+  SECTION("Granite: Llama's fields, a tied head and three multipliers; biases refused") {
+    // ibm-granite/granite-3.1-2b-base's config.json (2.53B).
+    const ConfigImport g = ImportHfConfig(R"({"model_type": "granite", "architectures": ["GraniteForCausalLM"],
+      "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40, "num_attention_heads": 32,
+      "num_key_value_heads": 8, "vocab_size": 49155, "rope_theta": 5000000.0, "tie_word_embeddings": true,
+      "embedding_multiplier": 12.0, "residual_multiplier": 0.22, "attention_multiplier": 0.015625,
+      "logits_scaling": 8.0, "attention_bias": false, "mlp_bias": false, "hidden_act": "silu"})");
+    REQUIRE(g.ok());
+    CHECK(g.architecture.graniteMultipliers);
+    CHECK(g.architecture.tieWordEmbeddings);
+    CHECK(CountOf(g.architecture) == FindPreset("granite-3.1-2b")->publishedParameters);
+    CHECK(g.notes.empty());
+    const ConfigImport biased = ImportHfConfig(R"({"model_type": "granite", "hidden_size": 256,
+      "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1000,
+      "mlp_bias": true})");
+    REQUIRE_FALSE(biased.ok());
+    CHECK(biased.errors.front().field == "config.mlp_bias");
+  }
   SECTION("Gemma 3 (text): q/k norms in its own layout, no soft caps, a full layer every 6") {
     // google/gemma-3-1b-pt's config.json (1B on its model card).
     const ConfigImport g = ImportHfConfig(R"({"model_type": "gemma3_text", "hidden_size": 1152,

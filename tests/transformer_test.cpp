@@ -278,7 +278,7 @@ TEST_CASE("the form's architecture fields are exactly the schema's", "[transform
                                              "\":" + value + "}}}", parsed);
     for (const FieldError& e : errors) CHECK(e.code != ErrorCode::UnknownField);
   }
-  CHECK(listed == 35);
+  CHECK(listed == 36);
 }
 
 TEST_CASE("transformer setups in JSON", "[transformer][json]") {
@@ -649,6 +649,38 @@ TEST_CASE("OLMo 2's norms after each sub-layer and over whole projections keep w
     CHECK(HasErrorOn(Validate(gemma), "model.architecture.olmo2Layout"));
     Setup phi = setup([](ArchitectureDef& a) { a.fusedProjections = a.rotaryFp32 = true; });
     CHECK(HasErrorOn(Validate(phi), "model.architecture.rotaryFp32"));
+  }
+}
+
+TEST_CASE("Granite's multipliers make new tensors and save none", "[transformer]") {
+  // GraniteModel / GraniteDecoderLayer / GraniteForCausalLM: inputs_embeds × embedding_multiplier,
+  // residual + out × residual_multiplier after attention and after the MLP, logits ÷
+  // logits_scaling, each by a Python float: a product the size of its input, alive until the next
+  // op has used it, saving nothing for backward. Pure bf16, b = 2, s = 64, two blocks.
+  const std::int64_t b = 2, s = 64, L = 2, h = 64, V = 100;
+  auto setup = [&](bool granite) {
+    ArchitectureDef a = TinyLlama();
+    a.graniteMultipliers = granite;
+    return TransformerSetup(a, b, s, Precision::BF16);
+  };
+  CHECK(SavedAtForwardEnd(setup(true)) == SavedAtForwardEnd(setup(false)));
+  const Setup granite = setup(true);
+  const Trace trace = BuildTrace(granite, BuildInventory(granite));
+  std::int64_t residual = 0, embeddings = 0, logits = 0;
+  for (const Event& e : trace.events) {
+    if (e.kind != EventKind::Alloc || e.step != 1 || e.phase != Phase::Forward) continue;
+    const std::string label = trace.Label(e);
+    if (label.find("* residual_multiplier") != std::string::npos && e.bytes == b * s * h * 2) ++residual;
+    if (label.find("* embedding_multiplier") != std::string::npos && e.bytes == b * s * h * 2) ++embeddings;
+    if (label.find("/ logits_scaling") != std::string::npos && e.bytes == b * s * V * 2) ++logits;
+  }
+  CHECK(residual == 2 * L);
+  CHECK(embeddings == 1);
+  CHECK(logits == 1);
+  SECTION("the chunked loss makes no whole logits tensor to scale: refused") {
+    Setup chunked = setup(true);
+    chunked.training.lossImplementation = LossImplementation::Chunked;
+    CHECK(HasErrorOn(Validate(chunked), "training.lossImplementation"));
   }
 }
 

@@ -98,6 +98,43 @@ test('importConfig: Gemma 2 9B and Gemma 3 1B configs give their presets\' archi
     (e) => e instanceof GpumemError && /gemma3_text/.test(e.message));
 });
 
+test('importConfig: an OLMo 2 7B config gives its preset; its fp32 norm rows and rotary tables cost memory', () => {
+  const result = gpumem.importConfig(config('olmo-2-1124-7b'));
+  const preset = options.presets.find((p) => p.id === 'olmo-2-7b');
+  for (const [key, value] of Object.entries(preset.architecture)) {
+    assert.equal(result.setup.model.architecture[key], value, `architecture.${key} equals the preset's`);
+  }
+  const training = { ...gpumem.defaultSetup().training, batchSize: 1, sequenceLength: 1024, precision: 'bf16',
+    attention: 'sdpa' };
+  const olmo = gpumem.estimate({ ...gpumem.defaultSetup(), model: result.setup.model, training });
+  assert.equal(olmo.modelStates.parameterCount, 7298617344);
+  // The same shapes in Llama's layout (input norms that save 16-bit casts) end the forward holding less.
+  const { olmo2Layout, rotaryFp32, queryKeyNorm, ...shapes } = result.setup.model.architecture;
+  const llama = gpumem.estimate({ ...gpumem.defaultSetup(), training,
+    model: { ...result.setup.model, architecture: { ...shapes, olmo2Layout: false, rotaryFp32: false, queryKeyNorm: false } } });
+  assert.ok(olmo.forwardEnd.totalBytes > llama.forwardEnd.totalBytes,
+    `${olmo.forwardEnd.totalBytes} > ${llama.forwardEnd.totalBytes}`);
+});
+
+test('importConfig: a Granite 3.1 config gives its preset; its multipliers add tensors but save none', () => {
+  const text = JSON.stringify({ model_type: 'granite', hidden_size: 2048, intermediate_size: 8192,
+    num_hidden_layers: 40, num_attention_heads: 32, num_key_value_heads: 8, vocab_size: 49155,
+    tie_word_embeddings: true, embedding_multiplier: 12.0, residual_multiplier: 0.22,
+    attention_multiplier: 0.015625, logits_scaling: 8.0 });
+  const model = gpumem.importConfig(text).setup.model;
+  const preset = options.presets.find((p) => p.id === 'granite-3.1-2b');
+  for (const [key, value] of Object.entries(preset.architecture)) {
+    assert.equal(model.architecture[key], value, `architecture.${key} equals the preset's`);
+  }
+  const training = { ...gpumem.defaultSetup().training, batchSize: 1, sequenceLength: 512, precision: 'bf16' };
+  const granite = gpumem.estimate({ ...gpumem.defaultSetup(), model, training });
+  const plain = gpumem.estimate({ ...gpumem.defaultSetup(), training,
+    model: { ...model, architecture: { ...model.architecture, graniteMultipliers: false } } });
+  assert.equal(granite.modelStates.parameterCount, 2533531648);
+  assert.equal(granite.forwardEnd.totalBytes, plain.forwardEnd.totalBytes);
+  assert.ok(granite.timelineEventCount > plain.timelineEventCount);
+});
+
 test('importConfig: missing fields are named as config.<key>; malformed JSON is a GpumemError', () => {
   assert.throws(() => gpumem.importConfig('{"model_type": "llama", "hidden_size": 4096}'),
     (e) => e instanceof GpumemError && /^config\./.test(e.field) && e.errors.length >= 2);

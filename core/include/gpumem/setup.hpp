@@ -214,6 +214,10 @@ struct ArchitectureDef {
                                             // whole projections, each RMSNorm's weight applied in fp32
   bool rotaryFp32 = false;                  // the rotary tables stay fp32 and q, k are rotated in fp32
                                             // and cast back (Olmo2RotaryEmbedding; OLMo 3 casts them)
+  bool graniteMultipliers = false;          // Granite (models/granite/modeling_granite.py): embeddings ×
+                                            // embedding_multiplier, each sub-layer's output ×
+                                            // residual_multiplier, logits ÷ logits_scaling: each a new
+                                            // tensor (the values change no byte)
   HiddenAct hiddenAct = HiddenAct::SiLU;    // hidden_act / activation_function
   // Mixture of experts (Llama family): 0 experts = a dense MLP.
   std::int64_t numExperts = 0;              // num_local_experts / num_experts

@@ -199,6 +199,24 @@ void ReadOlmo(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImport
   ReadLayerTypes(doc, r, a, out, "OLMo 3");
 }
 
+// GraniteConfig (transformers models/granite/configuration_granite.py): Llama's fields, a tied
+// head by default (Granite 3.x ties it), and three multipliers whose values change no byte.
+// GraniteAttention gives o_proj attention_bias too and GraniteMLP takes mlp_bias: neither is
+// simulated (every released Granite 3 sets both false).
+void ReadGranite(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImport& out) {
+  a.graniteMultipliers = true;
+  for (const char* key : {"embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"}) {
+    r.Use(key);
+  }
+  bool mlpBias = false;
+  r.Bool({"mlp_bias"}, mlpBias);
+  if (mlpBias || a.attentionBias) {
+    out.errors.push_back({ErrorCode::InvalidField, mlpBias ? "config.mlp_bias" : "config.attention_bias",
+                          "Granite with biases on its projections is not simulated: released Granite 3 models have "
+                          "none (attention_bias and mlp_bias false)."});
+  }
+}
+
 }  // namespace
 
 ConfigImport ImportHfConfig(std::string_view text) {
@@ -209,7 +227,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   if (type == doc.end() || !type->is_string()) {
     out.errors.push_back({ErrorCode::MissingField, "config.model_type",
                           "config.json needs a model_type (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, "
-                          "gemma2, gemma3_text, phi3, olmo2, olmo3, gpt_neox, bert)."});
+                          "gemma2, gemma3_text, phi3, olmo2, olmo3, granite, gpt_neox, bert)."});
     return out;
   }
   out.modelType = type->get<std::string>();
@@ -236,7 +254,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
     r.Bool({"tie_word_embeddings"}, a.tieWordEmbeddings);
   } else if (t == "llama" || t == "mistral" || t == "qwen2" || t == "mixtral" || t == "qwen2_moe" ||
              t == "gemma" || t == "gemma2" || t == "gemma3_text" || t == "phi3" || t == "qwen3" || t == "qwen3_moe" ||
-             t == "olmo2" || t == "olmo3") {
+             t == "olmo2" || t == "olmo3" || t == "granite") {
     a = DefaultArchitecture(Family::Llama);
     a.numKeyValueHeads = 0;
     const bool gemma = t == "gemma" || t == "gemma2" || t == "gemma3_text";
@@ -305,6 +323,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
       r.Use("rope_local_base_freq");  // the sliding layers' table: its size, not its base, matters
     }
     if (t == "olmo2" || t == "olmo3") ReadOlmo(doc, r, a, out, t == "olmo3");
+    if (t == "granite") ReadGranite(doc, r, a, out);
     if (t == "phi3") {
       a.fusedProjections = true;  // Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj
       r.Number({"partial_rotary_factor"}, a.partialRotaryFactor);  // Phi-4-mini: 0.75
@@ -358,7 +377,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   } else {
     out.errors.push_back({ErrorCode::InvalidField, "config.model_type",
                           "model_type \"" + t.substr(0, 40) + "\" is not simulated yet; supported: gpt2, llama, "
-                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, phi3, olmo2, olmo3, gpt_neox, bert."});
+                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, phi3, olmo2, olmo3, granite, gpt_neox, bert."});
     return out;
   }
   r.ListIgnored();

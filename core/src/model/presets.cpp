@@ -163,6 +163,17 @@ std::vector<Preset> MakePresets() {
   add("olmo-2-13b", "OLMo 2 13B", "allenai/OLMo-2-1124-13B", olmo2(llama(100352, 5120, 40, 40, 40, 13824)),
       13'716'198'400);
 
+  // Granite 3.1 (GraniteConfig): Llama's blocks, a tied head, scalar multipliers on the
+  // embeddings, each sub-layer's output and the logits; 2.53B and 8.17B as the configs count them.
+  auto granite = [](ArchitectureDef a) {
+    a.tieWordEmbeddings = a.graniteMultipliers = true;
+    return a;
+  };
+  add("granite-3.1-2b", "Granite 3.1 2B", "ibm-granite/granite-3.1-2b-base", granite(llama(49155, 2048, 40, 32, 8, 8192)),
+      2'533'531'648);
+  add("granite-3.1-8b", "Granite 3.1 8B", "ibm-granite/granite-3.1-8b-base", granite(llama(49155, 4096, 40, 32, 8, 12800)),
+      8'170'848'256);
+
   add("mixtral-8x7b", "Mixtral 8x7B", "mistralai/Mixtral-8x7B-v0.1", experts(llama(32000, 4096, 32, 32, 8, 14336), 8, 2),
       46'702'792'704);
   add("mixtral-8x22b", "Mixtral 8x22B", "mistralai/Mixtral-8x22B-v0.1",

@@ -228,6 +228,13 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
                       "fp32 rotary tables (Olmo2RotaryEmbedding) are simulated in the llama family with separate "
                       "projections."});
   }
+  if (a.graniteMultipliers && !(a.family == Family::Llama && !a.fusedProjections && !a.embeddingScale &&
+                                !a.olmo2Layout && !a.sandwichNorms)) {
+    // GraniteModel / GraniteDecoderLayer: Llama's blocks with three scalar multipliers.
+    errors.push_back({ErrorCode::InvalidField, p + "graniteMultipliers",
+                      "Granite's multipliers go with Llama's layout (llama family, separate projections), not with "
+                      "Gemma's scaled embeddings, sandwich norms or OLMo 2's layout."});
+  }
   if (a.family == Family::Llama && a.sandwichNorms && (a.fusedProjections || a.numExperts > 0)) {
     // Gemma2DecoderLayer: separate projections and a dense MLP.
     errors.push_back({ErrorCode::InvalidField, p + "sandwichNorms",
@@ -384,6 +391,8 @@ constexpr double kUnitOffsetNorm = 40;  // Gemma's norms: weight.float(), 1 + we
 constexpr double kSandwichNorms = 190;  // (measured 182) Gemma 2's two more norms a block (each as Gemma's, unit offset)
 constexpr double kAttentionSoftcap = 30; // ÷ cap, tanh, × cap on the eager scores (measured 24)
 constexpr double kRotaryFp32 = 40;      // OLMo 2's casts of q and k back from the fp32 rotation
+constexpr double kOlmo2Layout = 30;     // OLMo 2's norms in fp32 and its o_proj bias (measured 11 over Qwen3's with biases)
+constexpr double kGraniteMultipliers = 30;  // Granite's residual multipliers, two products a block (measured 16)
 constexpr double kExpert = 155;         // one routed expert's ops (gate, up, down, act, index, routing weight)
 constexpr double kSharedExpert = 160;   // Qwen2-MoE's shared expert and its gate
 // Recomputing blocks during backward: the whole block (every/every-kth) or its attention core.
@@ -438,9 +447,10 @@ EventBudget PredictEventsOf(const Setup& setup) {
               (a.queryKeyNorm ? events::kQueryKeyNorm : 0.0) + (a.rmsNormUnitOffset ? events::kUnitOffsetNorm : 0.0) +
               (a.sandwichNorms ? events::kSandwichNorms : 0.0) +
               (a.attentionLogitSoftcap > 0.0 ? events::kAttentionSoftcap : 0.0) +
-              (a.rotaryFp32 ? events::kRotaryFp32 : 0.0) + events::kExpert * experts +
+              (a.rotaryFp32 ? events::kRotaryFp32 : 0.0) + (a.olmo2Layout ? events::kOlmo2Layout : 0.0) +
+              (a.graniteMultipliers ? events::kGraniteMultipliers : 0.0) + events::kExpert * experts +
               (a.sharedExpertIntermediateSize > 0 ? events::kSharedExpert : 0.0);
-      tensors = 9 + (a.attentionBias ? 3 : 0) + (a.queryKeyNorm ? 2 : 0) + (a.sandwichNorms ? 2 : 0) + (experts > 0 ? 1 + 3 * experts : 0) +
+      tensors = 9 + (a.attentionBias ? (a.olmo2Layout ? 4 : 3) : 0) + (a.queryKeyNorm ? 2 : 0) + (a.sandwichNorms ? 2 : 0) + (experts > 0 ? 1 + 3 * experts : 0) +
                 (a.sharedExpertIntermediateSize > 0 ? 4 : 0);
       break;
   }
@@ -592,6 +602,7 @@ std::span<const ArchitectureField> ArchitectureFields() {
       {"gemma3Layout", "Gemma 3 layout", "bool", "", "q/k norms after all projections, embedding scaled in its module, a rotary table for sliding layers", false, true, false, false, "", ""},
       {"olmo2Layout", "OLMo 2 layout", "bool", "", "norms only after attention and MLP, q/k norms over whole projections, norm weight in fp32", false, true, false, false, "", ""},
       {"rotaryFp32", "Rotary tables in fp32", "bool", "", "q and k rotated in fp32, then cast back (OLMo 2)", false, true, false, false, "", ""},
+      {"graniteMultipliers", "Granite multipliers", "bool", "", "embeddings ×, sub-layer outputs × and logits ÷ a scalar, each a new tensor (Granite 3)", false, true, false, false, "", ""},
       {"parallelResidual", "Attention and MLP side by side (parallel residual)", "bool", "", "use_parallel_residual (GPT-NeoX)", false, false, false, true, "", ""},
       {"numExperts", "Experts", "count", "", "0 = dense MLP (mixture of experts when more)", false, true, false, false, "", ""},
       {"expertsPerToken", "Experts per token", "count", "", "top-k routing", false, true, false, false, "numExperts", "positive"},
@@ -746,6 +757,13 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
     errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",
                       "The chunked loss (torchtune's CEWithChunkedOutputLoss) is simulated for decoder "
                       "transformers (GPT-2, Llama family); choose standard."});
+  }
+  if (m.kind == ModelKind::Transformer && m.architecture.graniteMultipliers &&
+      t.lossImplementation != LossImplementation::Standard) {
+    // GraniteForCausalLM divides the whole logits tensor by logits_scaling before the loss; the
+    // chunked, fused and vocabulary-parallel losses make no such tensor.
+    errors.push_back({ErrorCode::InvalidField, "training.lossImplementation",
+                      "Granite's logits_scaling is simulated with the standard loss; choose standard."});
   }
   if (m.kind == ModelKind::Transformer && m.architecture.finalLogitSoftcap > 0.0 &&
       (t.lossImplementation == LossImplementation::Chunked ||

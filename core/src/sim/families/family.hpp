@@ -21,6 +21,9 @@ ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block);
 // Gemma's (embeddingScale) hidden states: inputs_embeds * √hidden, a new tensor; the caller
 // keeps its reference to inputs_embeds.
 ValueId ScaledEmbeddings(Model& m, ValueId inputsEmbeds);
+// Whether the scaled embeddings replace the unscaled ones at once (Gemma 3's module, Granite's
+// multiplier) rather than after the blocks (Gemma 1/2's normalizer).
+bool EmbeddingsScaledAtOnce(const ArchitectureDef& a);
 ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i);
 // The rotary tables of a forward: cos and sin [1, 1, s, rotary dim] in `type`, and Gemma 3's
 // sliding layers' own pair.

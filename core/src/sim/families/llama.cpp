@@ -25,6 +25,18 @@ ValueId NormedOwned(Model& m, ValueId x, const Module& norm) {
   return y;
 }
 
+// residual + out, or Granite's residual + out * residual_multiplier (GraniteDecoderLayer.forward):
+// the product is a new tensor, alive with `out` until the sum is made; it saves nothing (a
+// Python scalar). The caller still holds both operands.
+ValueId ResidualAdd(Model& m, ValueId residual, ValueId out) {
+  Tape& t = m.t;
+  if (!m.a.graniteMultipliers) return ops::Add(t, residual, out, "residual add");
+  const ValueId scaled = ops::Scale(t, out, "output * residual_multiplier");
+  const ValueId y = ops::Add(t, residual, scaled, "residual add");
+  t.Drop(scaled);
+  return y;
+}
+
 }  // namespace
 
 bool SlidingLayer(const ArchitectureDef& a, int i) {
@@ -160,7 +172,7 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
   ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
   t.Drop(qkvLocal);
   if (m.a.sandwichNorms) o = NormedOwned(m, o, m.Child(root, "post_attention_layernorm"));
-  const ValueId x2 = ops::Add(t, residual, o, "residual add");
+  const ValueId x2 = ResidualAdd(m, residual, o);
   t.Drop(residual);
   t.Drop(o);
   m.Scope(i, m.a.numExperts > 0 ? "moe" : "mlp");
@@ -172,17 +184,20 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
                                                           "gate_proj", "up_proj", "down_proj", "mlp");
   t.Drop(n2);
   if (m.a.sandwichNorms) mlp = NormedOwned(m, mlp, m.Child(root, "post_feedforward_layernorm"));
-  const ValueId y = ops::Add(t, x2, mlp, "residual add");
+  const ValueId y = ResidualAdd(m, x2, mlp);
   t.Drop(x2);
   t.Drop(mlp);
   return y;
 }
 
+bool EmbeddingsScaledAtOnce(const ArchitectureDef& a) { return a.gemma3Layout || a.graniteMultipliers; }
+
 ValueId ScaledEmbeddings(Model& m, ValueId inputsEmbeds) {
   // GemmaModel.forward: hidden_states = inputs_embeds * normalizer, a 0-dim tensor of
   // hidden_size ** 0.5 in the embeddings' dtype, made after the rotary tables
   // (transformers models/gemma/modeling_gemma.py). The product is a new tensor and saves
-  // nothing (the normalizer needs no gradient).
+  // nothing (the normalizer needs no gradient). Granite's embedding_multiplier is a Python float.
+  if (m.a.graniteMultipliers) return ops::Scale(m.t, inputsEmbeds, "inputs_embeds * embedding_multiplier");
   return ops::Scale(m.t, inputsEmbeds, "inputs_embeds * normalizer (√hidden)");
 }
 
@@ -210,8 +225,9 @@ ValueId LlamaForward(Model& m, ValueId ids, const RunBlock& block) {
   // tensor of its own (`held`), released after the last block.
   ValueId inputsEmbeds = blocks::WordEmbedding(m, ids, m.parameters.ByName(t, "model.embed_tokens.weight"),
                                                "embed_tokens(input_ids)");
-  if (m.a.gemma3Layout) {
-    // Gemma3TextScaledWordEmbedding: the module returns the scaled rows, and the unscaled ones go.
+  if (EmbeddingsScaledAtOnce(m.a)) {
+    // Gemma3TextScaledWordEmbedding: the module returns the scaled rows, and the unscaled ones go;
+    // GraniteModel.forward: inputs_embeds = inputs_embeds * embedding_multiplier, the same.
     const ValueId scaled = ScaledEmbeddings(m, inputsEmbeds);
     t.Drop(inputsEmbeds);
     inputsEmbeds = scaled;

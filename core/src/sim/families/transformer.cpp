@@ -123,6 +123,14 @@ class TransformerPass final : public ModelPass {
       case Family::GPTNeoX: logits = families::GptNeoXForward(m, ids_, block); break;
     }
     if (logits != kNoValue && a_.finalLogitSoftcap > 0.0) logits = SoftcappedLogits(m, logits);
+    if (logits != kNoValue && a_.graniteMultipliers) {
+      // GraniteForCausalLM.forward: logits = logits / self.config.logits_scaling, a new tensor;
+      // the unscaled logits go once it is made (nothing saved them).
+      m.Scope(-1, "lm_head");
+      const ValueId scaled = ops::Scale(t, logits, "logits / logits_scaling");
+      t.Drop(logits);
+      logits = scaled;
+    }
     if (layerHook_) layerHook_->ForwardEnd(b);  // Many GPUs: FSDP2 output unit resharded
     m.Scope(-1, "loss");
     if (offload_) offload_->SetActive(false);  // the loss runs outside the context
@@ -179,7 +187,7 @@ class TransformerPass final : public ModelPass {
       } else {  // as families::LlamaForward
         inputsEmbeds = blocks::WordEmbedding(m, ids_, m.parameters.ByName(t, "model.embed_tokens.weight"),
                                              "embed_tokens(input_ids)");
-        if (a_.gemma3Layout) {  // scaled in the embedding module, as LlamaForward
+        if (families::EmbeddingsScaledAtOnce(a_)) {  // scaled at once, as LlamaForward
           const ValueId scaled = families::ScaledEmbeddings(m, inputsEmbeds);
           t.Drop(inputsEmbeds);
           inputsEmbeds = scaled;
