@@ -102,6 +102,8 @@ def read_config(setup):
         rotary_fp32=family == "llama" and bool(a.get("rotaryFp32", False)),
         # Granite (transformers models/granite/modeling_granite.py): scalar multipliers
         granite=family == "llama" and bool(a.get("graniteMultipliers", False)),
+        # SmolLM3 (transformers models/smollm3/modular_smollm3.py): no RoPE on every n-th layer
+        no_rope_interval=int(a.get("noRopeInterval") or 0) if family == "llama" else 0,
         # Phi3RotaryEmbedding: dim = int(head_dim * partial_rotary_factor)
         rotary_dim=int(head_dim * float(a.get("partialRotaryFactor") or 1.0)),
         act=a.get("hiddenAct") or default_act,
@@ -762,9 +764,10 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1, cast_back=False):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg, dtype, device):
+    def __init__(self, cfg, dtype, device, use_rope=True):
         super().__init__()
         self.cfg = cfg
+        self.use_rope = use_rope   # SmolLM3Attention: config.no_rope_layers[layer_idx]
         h, d = cfg.hidden, cfg.head_dim
         bias = cfg.attention_bias
         self.q_proj = nn.Linear(h, cfg.heads * d, bias=bias, dtype=dtype, device=device)
@@ -802,8 +805,9 @@ class LlamaAttention(nn.Module):
             key_states = self.k_proj(hidden_states).view(hidden_shape).transpose(1, 2)
         if not (cfg.qk_norm and cfg.gemma3_layout):
             value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
-        query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin,
-                                                        cast_back=cfg.olmo2_layout)
+        if self.use_rope:
+            query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin,
+                                                            cast_back=cfg.olmo2_layout)
         attn_output = attention_core(cfg, query_states, key_states, value_states, mask,
                                      n_rep=cfg.heads // cfg.kv_heads, causal=True)
         attn_output = attn_output.reshape(b, s, -1).contiguous()
@@ -971,9 +975,13 @@ class Olmo2DecoderLayer(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg, dtype, device, route_bias=None):
+    def __init__(self, cfg, dtype, device, route_bias=None, index=0):
         super().__init__()
-        self.self_attn = (Phi3Attention if cfg.fused_projections else LlamaAttention)(cfg, dtype, device)
+        if cfg.fused_projections:
+            self.self_attn = Phi3Attention(cfg, dtype, device)
+        else:
+            use_rope = not cfg.no_rope_interval or (index + 1) % cfg.no_rope_interval != 0
+            self.self_attn = LlamaAttention(cfg, dtype, device, use_rope=use_rope)
         if cfg.fused_projections:
             self.mlp = Phi3MLP(cfg, dtype, device)
         elif cfg.num_experts:
@@ -1025,7 +1033,8 @@ class LlamaModel(nn.Module):
         self.cfg = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab, cfg.hidden, dtype=dtype, device=device)
         self.layers = nn.ModuleList([Olmo2DecoderLayer(cfg, dtype, device) if cfg.olmo2_layout
-                                     else LlamaDecoderLayer(cfg, dtype, device, route_bias) for _ in range(cfg.layers)])
+                                     else LlamaDecoderLayer(cfg, dtype, device, route_bias, index=i)
+                                     for i in range(cfg.layers)])
         self.norm = LlamaRMSNorm(cfg.hidden, cfg.rms_eps, dtype, device, cfg.rms_unit_offset, olmo=cfg.olmo2_layout)
         self.rotary_emb = LlamaRotaryEmbedding(cfg, device)
 

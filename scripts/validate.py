@@ -591,6 +591,11 @@ TRANSFORMER_CASES = [
           precision="bf16"),
     tcase("granite-style-ampbf16-sdpa", arch("llama", numKeyValueHeads=2, graniteMultipliers=True),
           precision="ampBf16", attention="sdpa"),
+    # SmolLM3: every fourth layer without RoPE (its q and k views go to attention as they are).
+    tcase("smollm3-style-bf16", arch("llama", numKeyValueHeads=2, tieWordEmbeddings=True, noRopeInterval=4),
+          precision="bf16"),
+    tcase("smollm3-style-ampbf16-sdpa", arch("llama", numKeyValueHeads=2, noRopeInterval=2), precision="ampBf16",
+          attention="sdpa"),
     # GPT-NeoX (Pythia): one query_key_value chunked per head, RoPE on a quarter of each head,
     # attention and MLP side by side.
     tcase("gptneox-fp32", arch("gptNeox")),

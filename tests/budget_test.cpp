@@ -338,6 +338,7 @@ Setup RandomSetup(std::mt19937_64& rng) {
     } else if (pick(0, 2) == 0 && !a.embeddingScale) {  // Granite: scalar multipliers
       a.graniteMultipliers = true;
     }
+    if (!a.fusedProjections && !a.olmo2Layout && pick(0, 3) == 0) a.noRopeInterval = pick(1, 4);  // SmolLM3
   } else {
     a.numKeyValueHeads = 0;
     a.numExperts = 0;

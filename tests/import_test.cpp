@@ -173,6 +173,22 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     REQUIRE_FALSE(biased.ok());
     CHECK(biased.errors.front().field == "config.mlp_bias");
   }
+  SECTION("SmolLM3: Llama's fields, a tied head by default, every fourth layer without RoPE") {
+    // HuggingFaceTB/SmolLM3-3B's config.json (its index: total_parameters 3,075,098,624).
+    std::string layers;
+    for (int i = 0; i < 36; ++i) layers += std::string(i ? ", " : "") + ((i + 1) % 4 == 0 ? "0" : "1");
+    const ConfigImport g = ImportHfConfig(R"({"model_type": "smollm3", "architectures": ["SmolLM3ForCausalLM"],
+      "hidden_size": 2048, "intermediate_size": 11008, "num_hidden_layers": 36, "num_attention_heads": 16,
+      "num_key_value_heads": 4, "vocab_size": 128256, "use_sliding_window": false,
+      "sliding_window": null, "no_rope_layer_interval": 4, "no_rope_layers": [)" + layers + "]}");
+    REQUIRE(g.ok());
+    CHECK(g.architecture.noRopeInterval == 4);
+    CHECK(g.architecture.tieWordEmbeddings);
+    CHECK(CountOf(g.architecture) == FindPreset("smollm3-3b")->publishedParameters);
+    CHECK(CountOf(g.architecture) == 3'075'098'624);
+    CHECK(g.notes.empty());
+    CHECK(g.ignoredFields.empty());
+  }
   SECTION("Gemma 3 (text): q/k norms in its own layout, no soft caps, a full layer every 6") {
     // google/gemma-3-1b-pt's config.json (1B on its model card).
     const ConfigImport g = ImportHfConfig(R"({"model_type": "gemma3_text", "hidden_size": 1152,

@@ -278,7 +278,7 @@ TEST_CASE("the form's architecture fields are exactly the schema's", "[transform
                                              "\":" + value + "}}}", parsed);
     for (const FieldError& e : errors) CHECK(e.code != ErrorCode::UnknownField);
   }
-  CHECK(listed == 36);
+  CHECK(listed == 37);
 }
 
 TEST_CASE("transformer setups in JSON", "[transformer][json]") {
@@ -681,6 +681,41 @@ TEST_CASE("Granite's multipliers make new tensors and save none", "[transformer]
     Setup chunked = setup(true);
     chunked.training.lossImplementation = LossImplementation::Chunked;
     CHECK(HasErrorOn(Validate(chunked), "training.lossImplementation"));
+  }
+}
+
+TEST_CASE("SmolLM3's layers without RoPE hand attention their q and k views", "[transformer]") {
+  // SmolLM3Attention skips apply_rotary_pos_emb where no_rope_layers[i] is 0 (every fourth layer
+  // by default): no rotated q and k are made there, and attention saves the projections' views,
+  // as many bytes as the rotated tensors it saves elsewhere. Four blocks, pure bf16.
+  auto setup = [&](std::int64_t interval) {
+    ArchitectureDef a = TinyLlama();
+    a.numLayers = 4;
+    a.noRopeInterval = interval;
+    return TransformerSetup(a, 2, 32, Precision::BF16);
+  };
+  auto rotated = [](const Setup& s) {
+    const Trace trace = BuildTrace(s, BuildInventory(s));
+    int n = 0;
+    for (const Event& e : trace.events) {
+      if (e.kind == EventKind::Alloc && e.step == 1 && e.phase == Phase::Forward &&
+          trace.Label(e).find("q with RoPE") != std::string::npos) {
+        ++n;
+      }
+    }
+    return n;
+  };
+  CHECK(rotated(setup(0)) == 4);
+  CHECK(rotated(setup(4)) == 3);  // layer 3 has none
+  CHECK(rotated(setup(2)) == 2);  // layers 1 and 3 have none
+  CHECK(rotated(setup(1)) == 0);
+  CHECK(SavedAtForwardEnd(setup(4)) == SavedAtForwardEnd(setup(0)));
+  SECTION("refused where the attention is not Llama's") {
+    Setup phi = setup(4);
+    phi.model.architecture.fusedProjections = true;
+    CHECK(HasErrorOn(Validate(phi), "model.architecture.noRopeInterval"));
+    Setup negative = setup(-1);
+    CHECK(HasErrorOn(Validate(negative), "model.architecture.noRopeInterval"));
   }
 }
 

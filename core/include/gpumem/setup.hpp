@@ -214,6 +214,8 @@ struct ArchitectureDef {
                                             // whole projections, each RMSNorm's weight applied in fp32
   bool rotaryFp32 = false;                  // the rotary tables stay fp32 and q, k are rotated in fp32
                                             // and cast back (Olmo2RotaryEmbedding; OLMo 3 casts them)
+  std::int64_t noRopeInterval = 0;          // SmolLM3's no_rope_layers: layer i runs without RoPE when
+                                            // (i + 1) % interval == 0 (SmolLM3: 4); 0 = every layer rotates
   bool graniteMultipliers = false;          // Granite (models/granite/modeling_granite.py): embeddings ×
                                             // embedding_multiplier, each sub-layer's output ×
                                             // residual_multiplier, logits ÷ logits_scaling: each a new

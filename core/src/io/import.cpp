@@ -217,6 +217,41 @@ void ReadGranite(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImp
   }
 }
 
+// SmolLM3Config (transformers models/smollm3/configuration_smollm3.py): Llama's fields, a tied head
+// by default, and no_rope_layers (1: RoPE, 0: none; by default 0 on every
+// no_rope_layer_interval-th layer, 4), read as "every n-th layer without RoPE". Its sliding window
+// (use_sliding_window, off in the released model) is noted, not simulated.
+void ReadSmolLM3(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImport& out) {
+  a.noRopeInterval = 4;
+  r.Int({"no_rope_layer_interval"}, a.noRopeInterval, false);
+  if (auto list = doc.find("no_rope_layers"); list != doc.end() && list->is_array()) {
+    r.Use("no_rope_layers");
+    std::int64_t firstOff = -1;
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      if ((*list)[i] == 0) {
+        firstOff = static_cast<std::int64_t>(i);
+        break;
+      }
+    }
+    a.noRopeInterval = firstOff < 0 ? 0 : firstOff + 1;
+    bool regular = true;
+    for (std::size_t i = 0; i < list->size(); ++i) {
+      const bool rope = a.noRopeInterval <= 0 || (static_cast<std::int64_t>(i) + 1) % a.noRopeInterval != 0;
+      regular = regular && (*list)[i] == (rope ? 1 : 0);
+    }
+    if (!regular) {
+      out.notes.push_back("SmolLM3: no_rope_layers does not repeat one pattern; taken as a layer without RoPE every " +
+                          FormatCount(a.noRopeInterval) + " (the first one's position).");
+    }
+  }
+  r.Use("use_sliding_window");
+  r.Use("sliding_window");
+  r.Use("layer_types");
+  if (auto w = doc.find("use_sliding_window"); w != doc.end() && *w == true) {
+    out.notes.push_back("use_sliding_window is not simulated: every layer is taken as attending to all tokens.");
+  }
+}
+
 }  // namespace
 
 ConfigImport ImportHfConfig(std::string_view text) {
@@ -227,7 +262,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   if (type == doc.end() || !type->is_string()) {
     out.errors.push_back({ErrorCode::MissingField, "config.model_type",
                           "config.json needs a model_type (gpt2, llama, mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, "
-                          "gemma2, gemma3_text, phi3, olmo2, olmo3, granite, gpt_neox, bert)."});
+                          "gemma2, gemma3_text, phi3, olmo2, olmo3, granite, smollm3, gpt_neox, bert)."});
     return out;
   }
   out.modelType = type->get<std::string>();
@@ -254,11 +289,11 @@ ConfigImport ImportHfConfig(std::string_view text) {
     r.Bool({"tie_word_embeddings"}, a.tieWordEmbeddings);
   } else if (t == "llama" || t == "mistral" || t == "qwen2" || t == "mixtral" || t == "qwen2_moe" ||
              t == "gemma" || t == "gemma2" || t == "gemma3_text" || t == "phi3" || t == "qwen3" || t == "qwen3_moe" ||
-             t == "olmo2" || t == "olmo3" || t == "granite") {
+             t == "olmo2" || t == "olmo3" || t == "granite" || t == "smollm3") {
     a = DefaultArchitecture(Family::Llama);
     a.numKeyValueHeads = 0;
     const bool gemma = t == "gemma" || t == "gemma2" || t == "gemma3_text";
-    a.tieWordEmbeddings = gemma;  // each config class's default
+    a.tieWordEmbeddings = gemma || t == "smollm3";  // each config class's default
     a.attentionBias = t == "qwen2" || t == "qwen2_moe";
     a.hiddenAct = gemma ? HiddenAct::GELUTanh : HiddenAct::SiLU;
     a.queryKeyNorm = t == "qwen3" || t == "qwen3_moe" || t == "gemma3_text";  // q_norm, k_norm
@@ -324,6 +359,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
     }
     if (t == "olmo2" || t == "olmo3") ReadOlmo(doc, r, a, out, t == "olmo3");
     if (t == "granite") ReadGranite(doc, r, a, out);
+    if (t == "smollm3") ReadSmolLM3(doc, r, a, out);
     if (t == "phi3") {
       a.fusedProjections = true;  // Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj
       r.Number({"partial_rotary_factor"}, a.partialRotaryFactor);  // Phi-4-mini: 0.75
@@ -377,7 +413,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
   } else {
     out.errors.push_back({ErrorCode::InvalidField, "config.model_type",
                           "model_type \"" + t.substr(0, 40) + "\" is not simulated yet; supported: gpt2, llama, "
-                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, phi3, olmo2, olmo3, granite, gpt_neox, bert."});
+                          "mistral, qwen2, qwen3, mixtral, qwen2_moe, qwen3_moe, gemma, gemma2, gemma3_text, phi3, olmo2, olmo3, granite, smollm3, gpt_neox, bert."});
     return out;
   }
   r.ListIgnored();

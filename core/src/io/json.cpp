@@ -214,7 +214,7 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
                       "headDim", "intermediateSize", "maxPositionEmbeddings", "typeVocabSize",
                       "tieWordEmbeddings", "attentionBias", "queryKeyNorm", "rmsNormUnitOffset",
                       "embeddingScale", "fusedProjections", "partialRotaryFactor", "sandwichNorms",
-                      "attentionLogitSoftcap", "finalLogitSoftcap", "slidingWindow", "slidingWindowPattern", "gemma3Layout", "olmo2Layout", "rotaryFp32", "graniteMultipliers", "parallelResidual", "hiddenAct", "numExperts", "expertsPerToken",
+                      "attentionLogitSoftcap", "finalLogitSoftcap", "slidingWindow", "slidingWindowPattern", "gemma3Layout", "olmo2Layout", "rotaryFp32", "noRopeInterval", "graniteMultipliers", "parallelResidual", "hiddenAct", "numExperts", "expertsPerToken",
                       "expertIntermediateSize", "sharedExpertIntermediateSize", "sharedExpertGate",
                       "hiddenDropout", "attentionDropout", "encoderHead", "numLabels"},
                   path);
@@ -248,6 +248,7 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
   r.Bool(v, "olmo2Layout", path, a.olmo2Layout);
   r.Bool(v, "rotaryFp32", path, a.rotaryFp32);
   r.Bool(v, "graniteMultipliers", path, a.graniteMultipliers);
+  r.Int(v, "noRopeInterval", path, a.noRopeInterval);
   r.Bool(v, "parallelResidual", path, a.parallelResidual);
   r.Enum(v, "hiddenAct", path, a.hiddenAct);
   r.Int(v, "numExperts", path, a.numExperts);
@@ -566,6 +567,7 @@ ojson ArchitectureJson(const ArchitectureDef& a) {
           {"slidingWindow", a.slidingWindow}, {"slidingWindowPattern", a.slidingWindowPattern},
           {"gemma3Layout", a.gemma3Layout}, {"olmo2Layout", a.olmo2Layout},
           {"rotaryFp32", a.rotaryFp32}, {"graniteMultipliers", a.graniteMultipliers},
+          {"noRopeInterval", a.noRopeInterval},
           {"parallelResidual", a.parallelResidual},
           {"hiddenAct", IdOf(a.hiddenAct)}, {"numExperts", a.numExperts},
           {"expertsPerToken", a.expertsPerToken}, {"expertIntermediateSize", a.expertIntermediateSize},

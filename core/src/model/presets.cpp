@@ -174,6 +174,12 @@ std::vector<Preset> MakePresets() {
   add("granite-3.1-8b", "Granite 3.1 8B", "ibm-granite/granite-3.1-8b-base", granite(llama(49155, 4096, 40, 32, 8, 12800)),
       8'170'848'256);
 
+  // SmolLM3 (SmolLM3Config): Llama's blocks, a tied head, every fourth layer without RoPE; its
+  // safetensors index's total_parameters.
+  ArchitectureDef smollm3 = tied(llama(128256, 2048, 36, 16, 4, 11008));
+  smollm3.noRopeInterval = 4;
+  add("smollm3-3b", "SmolLM3 3B", "HuggingFaceTB/SmolLM3-3B", smollm3, 3'075'098'624);
+
   add("mixtral-8x7b", "Mixtral 8x7B", "mistralai/Mixtral-8x7B-v0.1", experts(llama(32000, 4096, 32, 32, 8, 14336), 8, 2),
       46'702'792'704);
   add("mixtral-8x22b", "Mixtral 8x22B", "mistralai/Mixtral-8x22B-v0.1",

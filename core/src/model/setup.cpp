@@ -228,6 +228,14 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
                       "fp32 rotary tables (Olmo2RotaryEmbedding) are simulated in the llama family with separate "
                       "projections."});
   }
+  CheckRange(errors, p + "noRopeInterval", a.noRopeInterval, 0, Limits::maxLayers,
+             "noRopeInterval (layers; 0 = every layer uses RoPE)");
+  if (a.noRopeInterval != 0 && !(a.family == Family::Llama && !a.fusedProjections && !a.olmo2Layout)) {
+    // SmolLM3Attention (a LlamaAttention that skips apply_rotary_pos_emb where no_rope_layers is 0).
+    errors.push_back({ErrorCode::InvalidField, p + "noRopeInterval",
+                      "Layers without RoPE (SmolLM3) are simulated in the llama family with Llama's attention, "
+                      "not with fused projections or OLMo 2's layout."});
+  }
   if (a.graniteMultipliers && !(a.family == Family::Llama && !a.fusedProjections && !a.embeddingScale &&
                                 !a.olmo2Layout && !a.sandwichNorms)) {
     // GraniteModel / GraniteDecoderLayer: Llama's blocks with three scalar multipliers.
@@ -602,6 +610,7 @@ std::span<const ArchitectureField> ArchitectureFields() {
       {"gemma3Layout", "Gemma 3 layout", "bool", "", "q/k norms after all projections, embedding scaled in its module, a rotary table for sliding layers", false, true, false, false, "", ""},
       {"olmo2Layout", "OLMo 2 layout", "bool", "", "norms only after attention and MLP, q/k norms over whole projections, norm weight in fp32", false, true, false, false, "", ""},
       {"rotaryFp32", "Rotary tables in fp32", "bool", "", "q and k rotated in fp32, then cast back (OLMo 2)", false, true, false, false, "", ""},
+      {"noRopeInterval", "Layer without RoPE every", "count", "", "layers; 0 = every layer uses RoPE (SmolLM3: 4)", false, true, false, false, "", ""},
       {"graniteMultipliers", "Granite multipliers", "bool", "", "embeddings ×, sub-layer outputs × and logits ÷ a scalar, each a new tensor (Granite 3)", false, true, false, false, "", ""},
       {"parallelResidual", "Attention and MLP side by side (parallel residual)", "bool", "", "use_parallel_residual (GPT-NeoX)", false, false, false, true, "", ""},
       {"numExperts", "Experts", "count", "", "0 = dense MLP (mixture of experts when more)", false, true, false, false, "", ""},

@@ -24,6 +24,8 @@ ValueId ScaledEmbeddings(Model& m, ValueId inputsEmbeds);
 // Whether the scaled embeddings replace the unscaled ones at once (Gemma 3's module, Granite's
 // multiplier) rather than after the blocks (Gemma 1/2's normalizer).
 bool EmbeddingsScaledAtOnce(const ArchitectureDef& a);
+// Whether block i rotates q and k (SmolLM3's layers without RoPE do not).
+bool RopeLayer(const ArchitectureDef& a, int i);
 ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i);
 // The rotary tables of a forward: cos and sin [1, 1, s, rotary dim] in `type`, and Gemma 3's
 // sliding layers' own pair.

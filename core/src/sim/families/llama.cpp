@@ -39,6 +39,13 @@ ValueId ResidualAdd(Model& m, ValueId residual, ValueId out) {
 
 }  // namespace
 
+bool RopeLayer(const ArchitectureDef& a, int i) {
+  // SmolLM3Attention: self.use_rope = config.no_rope_layers[layer_idx], by default 0 (no RoPE) on
+  // every no_rope_layer_interval-th layer (SmolLM3Config); the q and k views go to attention as
+  // they are there.
+  return a.noRopeInterval <= 0 || (i + 1) % a.noRopeInterval != 0;
+}
+
 bool SlidingLayer(const ArchitectureDef& a, int i) {
   // Gemma2Config.layer_types: "sliding_attention" if bool((i + 1) % sliding_window_pattern) else
   // "full_attention" (Gemma 2: the even layers slide).
@@ -167,7 +174,7 @@ ValueId LlamaBlock(Model& m, ValueId x, const Context& c, int i) {
     t.Drop(vp);
   }
   ValueId qr = q, kr = k;  // Phi-3's are rotated already
-  if (!m.a.fusedProjections) std::tie(qr, kr) = RotatedQueryKey(m, q, k, c.cos, c.sin);
+  if (!m.a.fusedProjections && RopeLayer(m.a, i)) std::tie(qr, kr) = RotatedQueryKey(m, q, k, c.cos, c.sin);
   // Sequence parallelism: AttentionOutput and GatedMlp reduce-scatter their row-parallel output.
   ValueId o = blocks::AttentionOutput(m, qr, kr, v, c.mask, true, m.Child(root, "self_attn.o_proj"), "o_proj", 0.0);
   t.Drop(qkvLocal);
