@@ -50,6 +50,20 @@ std::map<Category, std::int64_t> HeldAfterForward(const Estimate& e) {
   return held;
 }
 
+// A Llama-family model in pure bf16 (no autocast), eager attention, for the norm tests: the
+// shapes given, `change` then edits its architecture.
+template <typename Change>
+Setup NormTestLlama(std::int64_t b, std::int64_t s, std::int64_t layers, std::int64_t h, std::int64_t heads,
+                    std::int64_t kv, std::int64_t d, Change change) {
+  Setup x = TinyTransformer(Family::Llama, static_cast<int>(layers), Precision::BF16);
+  ArchitectureDef& a = x.model.architecture;
+  a.hiddenSize = h; a.numHeads = heads; a.numKeyValueHeads = kv; a.headDim = d;
+  x.training.batchSize = b;
+  x.training.sequenceLength = s;
+  change(a);
+  return x;
+}
+
 }  // namespace
 
 TEST_CASE("every preset reproduces its published parameter count", "[transformer][presets]") {
@@ -454,15 +468,7 @@ TEST_CASE("SDPA takes grouped key/value heads as they are from PyTorch 2.5 (tran
 TEST_CASE("Qwen3's per-head q/k norms and Gemma's norm keep what their forwards save", "[transformer]") {
   // A Llama-family model in pure bf16 (no autocast), eager attention, b = 2, s = 64.
   const std::int64_t b = 2, s = 64, L = 2, h = 128, heads = 4, kv = 2, d = 48;
-  auto setup = [&](auto change) {
-    Setup x = TinyTransformer(Family::Llama, static_cast<int>(L), Precision::BF16);
-    ArchitectureDef& a = x.model.architecture;
-    a.hiddenSize = h; a.numHeads = heads; a.numKeyValueHeads = kv; a.headDim = d;
-    x.training.batchSize = b;
-    x.training.sequenceLength = s;
-    change(a);
-    return x;
-  };
+  auto setup = [&](auto change) { return NormTestLlama(b, s, L, h, heads, kv, d, change); };
   const std::int64_t plain = SavedAtForwardEnd(setup([](ArchitectureDef&) {}));
   SECTION("q_norm and k_norm save, per head and token, the fp32 copy, its rsqrt and the bf16 cast") {
     // Qwen3RMSNorm on [b, s, n, d]: hidden_states.to(float32) (4 B per element, kept by pow),
@@ -611,15 +617,7 @@ TEST_CASE("OLMo 2's norms after each sub-layer and over whole projections keep w
   // A Llama-family model in pure bf16, eager attention, b = 2, s = 64, two blocks; Llama's layout
   // against OLMo 2's (transformers models/olmo2/modeling_olmo2.py), worked tensor by tensor.
   const std::int64_t b = 2, s = 64, L = 2, h = 128, heads = 4, kv = 2, d = 48;
-  auto setup = [&](auto change) {
-    Setup x = TinyTransformer(Family::Llama, static_cast<int>(L), Precision::BF16);
-    ArchitectureDef& a = x.model.architecture;
-    a.hiddenSize = h; a.numHeads = heads; a.numKeyValueHeads = kv; a.headDim = d;
-    x.training.batchSize = b;
-    x.training.sequenceLength = s;
-    change(a);
-    return x;
-  };
+  auto setup = [&](auto change) { return NormTestLlama(b, s, L, h, heads, kv, d, change); };
   const std::int64_t llama = SavedAtForwardEnd(setup([](ArchitectureDef&) {}));
   const std::int64_t olmo = SavedAtForwardEnd(setup([](ArchitectureDef& a) { a.queryKeyNorm = a.olmo2Layout = true; }));
   SECTION("norms on the outputs, q/k norms over the projections, the weight times fp32 rows") {

@@ -82,9 +82,8 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
       for (std::int64_t i = 0; i < a.numLayers; ++i) {
         const std::string b = named ? "model.layers." + std::to_string(i) + "." : none;
         const int L = static_cast<int>(i);
-        if (a.olmo2Layout) {
-          // Olmo2DecoderLayer registers self_attn (q, k, v, o, then q_norm and k_norm over the
-          // whole projections), mlp, post_attention_layernorm, post_feedforward_layernorm.
+        // q, k, v and o with their biases (Qwen2's on q, k, v; OLMo 2's o_proj takes one too).
+        auto projections = [&] {
           add(b, "self_attn.q_proj.weight", {heads * d, h}, L);
           if (a.attentionBias) add(b, "self_attn.q_proj.bias", {heads * d}, L);
           add(b, "self_attn.k_proj.weight", {kv * d, h}, L);
@@ -92,12 +91,20 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
           add(b, "self_attn.v_proj.weight", {kv * d, h}, L);
           if (a.attentionBias) add(b, "self_attn.v_proj.bias", {kv * d}, L);
           add(b, "self_attn.o_proj.weight", {h, heads * d}, L);
-          if (a.attentionBias) add(b, "self_attn.o_proj.bias", {h}, L);
-          add(b, "self_attn.q_norm.weight", {heads * d}, L);
-          add(b, "self_attn.k_norm.weight", {kv * d}, L);
+          if (a.attentionBias && a.olmo2Layout) add(b, "self_attn.o_proj.bias", {h}, L);
+        };
+        auto denseMlp = [&] {
           add(b, "mlp.gate_proj.weight", {inter, h}, L);
           add(b, "mlp.up_proj.weight", {inter, h}, L);
           add(b, "mlp.down_proj.weight", {h, inter}, L);
+        };
+        if (a.olmo2Layout) {
+          // Olmo2DecoderLayer registers self_attn (q, k, v, o, then q_norm and k_norm over the
+          // whole projections), mlp, post_attention_layernorm, post_feedforward_layernorm.
+          projections();
+          add(b, "self_attn.q_norm.weight", {heads * d}, L);
+          add(b, "self_attn.k_norm.weight", {kv * d}, L);
+          denseMlp();
           add(b, "post_attention_layernorm.weight", {h}, L);
           add(b, "post_feedforward_layernorm.weight", {h}, L);
           continue;
@@ -111,13 +118,7 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
           add(b, "mlp.down_proj.weight", {h, inter}, L);
           continue;
         }
-        add(b, "self_attn.q_proj.weight", {heads * d, h}, L);
-        if (a.attentionBias) add(b, "self_attn.q_proj.bias", {heads * d}, L);
-        add(b, "self_attn.k_proj.weight", {kv * d, h}, L);
-        if (a.attentionBias) add(b, "self_attn.k_proj.bias", {kv * d}, L);
-        add(b, "self_attn.v_proj.weight", {kv * d, h}, L);
-        if (a.attentionBias) add(b, "self_attn.v_proj.bias", {kv * d}, L);
-        add(b, "self_attn.o_proj.weight", {h, heads * d}, L);
+        projections();
         if (a.queryKeyNorm) {  // Qwen3Attention registers them after o_proj
           add(b, "self_attn.q_norm.weight", {d}, L);
           add(b, "self_attn.k_norm.weight", {d}, L);
@@ -127,9 +128,7 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
         // the MLP's own norms come before and after it.
         if (a.sandwichNorms) add(b, "pre_feedforward_layernorm.weight", {h}, L);
         if (a.numExperts == 0) {
-          add(b, "mlp.gate_proj.weight", {inter, h}, L);
-          add(b, "mlp.up_proj.weight", {inter, h}, L);
-          add(b, "mlp.down_proj.weight", {h, inter}, L);
+          denseMlp();
           if (a.sandwichNorms) add(b, "post_feedforward_layernorm.weight", {h}, L);
           continue;
         }
