@@ -197,6 +197,12 @@ void ReadOlmo(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImport
   a.slidingWindowPattern = 4;
   r.Int({"sliding_window"}, a.slidingWindow, false);
   ReadLayerTypes(doc, r, a, out, "OLMo 3");
+  if (doc.contains("rope_scaling") && !doc["rope_scaling"].is_null()) {
+    // transformers 4.57 scales RoPE (YaRN) on the full-attention layers only, with a table of
+    // their own; 5.2 built one shared table. One is simulated: a pair of [s, head_dim] tables less.
+    out.notes.push_back("OLMo 3: the full-attention layers' own scaled rotary table (transformers 4.57 and later) is "
+                        "not simulated; one cos/sin pair of sequence × head_dim serves every layer.");
+  }
 }
 
 // GraniteConfig (transformers models/granite/configuration_granite.py): Llama's fields, a tied
