@@ -188,6 +188,13 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(CountOf(g.architecture) == 3'075'098'624);
     CHECK(g.notes.empty());
     CHECK(g.ignoredFields.empty());
+    // A list with no single period is read by its first layer without RoPE, and noted.
+    const ConfigImport odd = ImportHfConfig(R"({"model_type": "smollm3", "hidden_size": 256,
+      "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 1000,
+      "no_rope_layers": [1, 0, 0, 1]})");
+    REQUIRE(odd.ok());
+    CHECK(odd.architecture.noRopeInterval == 2);
+    CHECK(odd.notes.size() == 1);
   }
   SECTION("Gemma 3 (text): q/k norms in its own layout, no soft caps, a full layer every 6") {
     // google/gemma-3-1b-pt's config.json (1B on its model card).

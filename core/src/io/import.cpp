@@ -134,6 +134,22 @@ bool ArchitecturesContain(const json& doc, const char* name) {
   return false;
 }
 
+// A per-layer list read as "every n-th entry is `marked`, the others `other`": n is the first
+// marked entry's index + 1 (0 when none is marked). `regular` says whether the whole list follows
+// that one pattern.
+std::int64_t EveryNth(const json& list, const json& marked, const json& other, bool& regular) {
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i < list.size() && n == 0; ++i) {
+    if (list[i] == marked) n = static_cast<std::int64_t>(i) + 1;
+  }
+  regular = true;
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const bool isMarked = n > 0 && (static_cast<std::int64_t>(i) + 1) % n == 0;
+    regular = regular && list[i] == (isMarked ? marked : other);
+  }
+  return n;
+}
+
 // layer_types (Gemma 2/3, OLMo 3): read as "every n-th layer attends to all tokens" (n = the first
 // full layer's index + 1, or every layer sliding); a list that does not follow one such pattern
 // is noted.
@@ -141,19 +157,8 @@ void ReadLayerTypes(const json& doc, ConfigReader& r, ArchitectureDef& a, Config
   auto types = doc.find("layer_types");
   if (types == doc.end() || !types->is_array()) return;
   r.Use("layer_types");
-  std::int64_t firstFull = -1;
-  for (std::size_t i = 0; i < types->size(); ++i) {
-    if ((*types)[i] == "full_attention") {
-      firstFull = static_cast<std::int64_t>(i);
-      break;
-    }
-  }
-  a.slidingWindowPattern = firstFull < 0 ? 0 : firstFull + 1;
   bool regular = true;
-  for (std::size_t i = 0; i < types->size(); ++i) {
-    const bool full = a.slidingWindowPattern > 0 && (static_cast<std::int64_t>(i) + 1) % a.slidingWindowPattern == 0;
-    regular = regular && (*types)[i] == (full ? "full_attention" : "sliding_attention");
-  }
+  a.slidingWindowPattern = EveryNth(*types, "full_attention", "sliding_attention", regular);
   if (!regular) {
     out.notes.push_back(std::string(who) + ": layer_types does not repeat one pattern; taken as a full-attention layer every " +
                         FormatCount(a.slidingWindowPattern) + " (the first full one's position).");
@@ -232,19 +237,8 @@ void ReadSmolLM3(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImp
   r.Int({"no_rope_layer_interval"}, a.noRopeInterval, false);
   if (auto list = doc.find("no_rope_layers"); list != doc.end() && list->is_array()) {
     r.Use("no_rope_layers");
-    std::int64_t firstOff = -1;
-    for (std::size_t i = 0; i < list->size(); ++i) {
-      if ((*list)[i] == 0) {
-        firstOff = static_cast<std::int64_t>(i);
-        break;
-      }
-    }
-    a.noRopeInterval = firstOff < 0 ? 0 : firstOff + 1;
     bool regular = true;
-    for (std::size_t i = 0; i < list->size(); ++i) {
-      const bool rope = a.noRopeInterval <= 0 || (static_cast<std::int64_t>(i) + 1) % a.noRopeInterval != 0;
-      regular = regular && (*list)[i] == (rope ? 1 : 0);
-    }
+    a.noRopeInterval = EveryNth(*list, 0, 1, regular);  // 0: no RoPE on that layer
     if (!regular) {
       out.notes.push_back("SmolLM3: no_rope_layers does not repeat one pattern; taken as a layer without RoPE every " +
                           FormatCount(a.noRopeInterval) + " (the first one's position).");
