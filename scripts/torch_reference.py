@@ -85,6 +85,9 @@ def read_config(setup):
         type_vocab=a.get("typeVocabSize") or 2,
         tie=a.get("tieWordEmbeddings", family in ("gpt2", "bert")),
         attention_bias=bool(a.get("attentionBias", family == "gptNeox")),
+        # LlamaAttention's o_proj with attention_bias; LlamaMLP's mlp_bias
+        output_bias=family == "llama" and bool(a.get("outputBias", False)),
+        mlp_bias=family == "llama" and bool(a.get("mlpBias", False)),
         parallel_residual=bool(a.get("parallelResidual", True)),
         qk_norm=family == "llama" and bool(a.get("queryKeyNorm", False)),
         rms_unit_offset=family == "llama" and bool(a.get("rmsNormUnitOffset", False)),
@@ -773,8 +776,8 @@ class LlamaAttention(nn.Module):
         self.q_proj = nn.Linear(h, cfg.heads * d, bias=bias, dtype=dtype, device=device)
         self.k_proj = nn.Linear(h, cfg.kv_heads * d, bias=bias, dtype=dtype, device=device)
         self.v_proj = nn.Linear(h, cfg.kv_heads * d, bias=bias, dtype=dtype, device=device)
-        # (Olmo2Attention's o_proj takes attention_bias too; Qwen2's has none.)
-        self.o_proj = nn.Linear(cfg.heads * d, h, bias=bias and cfg.olmo2_layout, dtype=dtype, device=device)
+        # (LlamaAttention's o_proj takes attention_bias too; Qwen2's has none.)
+        self.o_proj = nn.Linear(cfg.heads * d, h, bias=cfg.output_bias, dtype=dtype, device=device)
         if cfg.qk_norm and cfg.olmo2_layout:   # Olmo2Attention: over the whole projections
             self.q_norm = LlamaRMSNorm(cfg.heads * d, cfg.rms_eps, dtype, device, olmo=True)
             self.k_norm = LlamaRMSNorm(cfg.kv_heads * d, cfg.rms_eps, dtype, device, olmo=True)
@@ -882,9 +885,10 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg, inter, dtype, device):
         super().__init__()
         self.act = cfg.act
-        self.gate_proj = nn.Linear(cfg.hidden, inter, bias=False, dtype=dtype, device=device)
-        self.up_proj = nn.Linear(cfg.hidden, inter, bias=False, dtype=dtype, device=device)
-        self.down_proj = nn.Linear(inter, cfg.hidden, bias=False, dtype=dtype, device=device)
+        bias = cfg.mlp_bias
+        self.gate_proj = nn.Linear(cfg.hidden, inter, bias=bias, dtype=dtype, device=device)
+        self.up_proj = nn.Linear(cfg.hidden, inter, bias=bias, dtype=dtype, device=device)
+        self.down_proj = nn.Linear(inter, cfg.hidden, bias=bias, dtype=dtype, device=device)
 
     def forward(self, x):
         return self.down_proj(activation(self.act, self.gate_proj(x)) * self.up_proj(x))

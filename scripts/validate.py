@@ -591,6 +591,9 @@ TRANSFORMER_CASES = [
           precision="bf16"),
     tcase("granite-style-ampbf16-sdpa", arch("llama", numKeyValueHeads=2, graniteMultipliers=True),
           precision="ampBf16", attention="sdpa"),
+    # LlamaConfig's attention_bias (q, k, v and o) and mlp_bias (gate, up, down).
+    tcase("llama-all-biases-bf16", arch("llama", numKeyValueHeads=2, attentionBias=True, outputBias=True,
+                                        mlpBias=True), precision="bf16"),
     # SmolLM3: every fourth layer without RoPE (its q and k views go to attention as they are).
     tcase("smollm3-style-bf16", arch("llama", numKeyValueHeads=2, tieWordEmbeddings=True, noRopeInterval=4),
           precision="bf16"),

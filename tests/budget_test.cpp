@@ -339,6 +339,10 @@ Setup RandomSetup(std::mt19937_64& rng) {
       a.graniteMultipliers = true;
     }
     if (!a.fusedProjections && !a.olmo2Layout && pick(0, 3) == 0) a.noRopeInterval = pick(1, 4);  // SmolLM3
+    if (!a.fusedProjections) {  // LlamaConfig's attention_bias on o_proj, mlp_bias on a dense MLP
+      a.outputBias = pick(0, 3) == 0;
+      a.mlpBias = a.numExperts == 0 && pick(0, 3) == 0;
+    }
   } else {
     a.numKeyValueHeads = 0;
     a.numExperts = 0;

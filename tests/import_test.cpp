@@ -60,7 +60,16 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
       "tie_word_embeddings": true})");
     REQUIRE(q.ok());
     CHECK(q.architecture.attentionBias);
+    CHECK_FALSE(q.architecture.outputBias);  // Qwen2Attention: o_proj has none
     CHECK(CountOf(q.architecture) == 1'543'714'304);
+    // LlamaAttention's attention_bias reaches o_proj; LlamaMLP's mlp_bias gate, up and down.
+    const ConfigImport l = ImportHfConfig(R"({"model_type": "llama", "hidden_size": 256, "intermediate_size": 512,
+      "num_attention_heads": 4, "num_hidden_layers": 2, "vocab_size": 1000, "attention_bias": true,
+      "mlp_bias": true})");
+    REQUIRE(l.ok());
+    CHECK(l.architecture.outputBias);
+    CHECK(l.architecture.mlpBias);
+    CHECK(l.ignoredFields.empty());
     const ConfigImport g = ImportHfConfig(R"({"model_type": "gemma", "hidden_size": 2048, "intermediate_size": 16384,
       "num_attention_heads": 8, "num_hidden_layers": 18, "num_key_value_heads": 1, "head_dim": 256,
       "vocab_size": 256000, "hidden_act": "gelu_pytorch_tanh"})");
@@ -155,7 +164,7 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(o.notes.empty());
     CHECK(o.ignoredFields.empty());
   }
-  SECTION("Granite: Llama's fields, a tied head and three multipliers; biases refused") {
+  SECTION("Granite: Llama's fields, a tied head and three multipliers; its biases as Llama's") {
     // ibm-granite/granite-3.1-2b-base's config.json (2.53B).
     const ConfigImport g = ImportHfConfig(R"({"model_type": "granite", "architectures": ["GraniteForCausalLM"],
       "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 40, "num_attention_heads": 32,
@@ -170,8 +179,9 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     const ConfigImport biased = ImportHfConfig(R"({"model_type": "granite", "hidden_size": 256,
       "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 1000,
       "mlp_bias": true})");
-    REQUIRE_FALSE(biased.ok());
-    CHECK(biased.errors.front().field == "config.mlp_bias");
+    REQUIRE(biased.ok());
+    CHECK(biased.architecture.mlpBias);
+    CHECK_FALSE(biased.architecture.outputBias);
   }
   SECTION("SmolLM3: Llama's fields, a tied head by default, every fourth layer without RoPE") {
     // HuggingFaceTB/SmolLM3-3B's config.json (its index: total_parameters 3,075,098,624).

@@ -292,7 +292,7 @@ TEST_CASE("the form's architecture fields are exactly the schema's", "[transform
                                              "\":" + value + "}}}", parsed);
     for (const FieldError& e : errors) CHECK(e.code != ErrorCode::UnknownField);
   }
-  CHECK(listed == 37);
+  CHECK(listed == 39);
 }
 
 TEST_CASE("transformer setups in JSON", "[transformer][json]") {
@@ -679,6 +679,31 @@ TEST_CASE("Granite's multipliers make new tensors and save none", "[transformer]
     Setup chunked = setup(true);
     chunked.training.lossImplementation = LossImplementation::Chunked;
     CHECK(HasErrorOn(Validate(chunked), "training.lossImplementation"));
+  }
+}
+
+TEST_CASE("attention_bias puts a bias on o_proj as well, and mlp_bias on gate, up and down", "[transformer]") {
+  // LlamaAttention: o_proj = nn.Linear(…, bias=config.attention_bias); LlamaMLP: every projection
+  // bias=config.mlp_bias. Qwen2's fixed q/k/v biases leave o_proj without one (attentionBias
+  // alone). Two blocks of hidden 64, MLP width 96.
+  auto estimate = [](const ArchitectureDef& a) { return MustEstimate(TransformerSetup(a, 1, 16)).modelStates; };
+  ArchitectureDef a = TinyLlama();
+  const ModelStates plain = estimate(a);
+  a.outputBias = true;
+  CHECK(estimate(a).parameterCount - plain.parameterCount == 2 * 64);
+  a.mlpBias = true;
+  const ModelStates biased = estimate(a);
+  CHECK(biased.parameterCount - plain.parameterCount == 2 * (64 + 96 + 96 + 64));
+  // Each bias value is an fp32 weight, its gradient and two AdamW states: 16 B.
+  CHECK(biased.totalBytes - plain.totalBytes == 16 * 2 * (64 + 96 + 96 + 64));
+  const Setup with = TransformerSetup(a, 1, 16);
+  SECTION("refused where the projections are fused or the MLP is a mixture of experts") {
+    Setup phi = with;
+    phi.model.architecture.fusedProjections = true;
+    CHECK(HasErrorOn(Validate(phi), "model.architecture.outputBias"));
+    Setup moe = with;
+    moe.model.architecture.numExperts = 4;
+    CHECK(HasErrorOn(Validate(moe), "model.architecture.mlpBias"));
   }
 }
 

@@ -184,6 +184,9 @@ struct ArchitectureDef {
   std::int64_t typeVocabSize = 2;           // BERT: rows of the token-type table
   bool tieWordEmbeddings = false;           // output head shares the token embedding
   bool attentionBias = false;               // Llama family: q/k/v projections have biases (Qwen2)
+  bool outputBias = false;                  // Llama family: o_proj has a bias too (LlamaAttention's,
+                                            // Gemma's, Qwen3's, OLMo 2's attention_bias; not Qwen2's)
+  bool mlpBias = false;                     // Llama family, dense MLP: gate/up/down have biases (mlp_bias)
   bool queryKeyNorm = false;                // Llama family: an RMSNorm over each head of q and k before
                                             // RoPE (Qwen3's q_norm / k_norm, head_dim weights)
   bool rmsNormUnitOffset = false;           // Llama family: RMSNorm scales by 1 + weight in fp32 and

@@ -210,21 +210,13 @@ void ReadOlmo(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImport
   }
 }
 
-// GraniteConfig (transformers models/granite/configuration_granite.py): Llama's fields, a tied
-// head by default (Granite 3.x ties it), and three multipliers whose values change no byte.
-// GraniteAttention gives o_proj attention_bias too and GraniteMLP takes mlp_bias: neither is
-// simulated (every released Granite 3 sets both false).
-void ReadGranite(const json& doc, ConfigReader& r, ArchitectureDef& a, ConfigImport& out) {
+// GraniteConfig (transformers models/granite/configuration_granite.py): Llama's fields (with
+// attention_bias on all four projections and mlp_bias) and three multipliers whose values change
+// no byte.
+void ReadGranite(ConfigReader& r, ArchitectureDef& a) {
   a.graniteMultipliers = true;
   for (const char* key : {"embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"}) {
     r.Use(key);
-  }
-  bool mlpBias = false;
-  r.Bool({"mlp_bias"}, mlpBias);
-  if (mlpBias || a.attentionBias) {
-    out.errors.push_back({ErrorCode::InvalidField, mlpBias ? "config.mlp_bias" : "config.attention_bias",
-                          "Granite with biases on its projections is not simulated: released Granite 3 models have "
-                          "none (attention_bias and mlp_bias false)."});
   }
 }
 
@@ -307,6 +299,13 @@ ConfigImport ImportHfConfig(std::string_view text) {
     r.Int({"intermediate_size"}, a.intermediateSize, true);
     r.Bool({"tie_word_embeddings"}, a.tieWordEmbeddings);
     r.Bool({"attention_bias"}, a.attentionBias);
+    // attention_bias puts a bias on o_proj as well in LlamaAttention and the attentions written
+    // like it (Gemma's, Qwen3's, OLMo's, Granite's, SmolLM3's); Qwen2's q/k/v biases are fixed and
+    // its o_proj has none; Mistral's and Phi-3's attentions take no biases.
+    a.outputBias = a.attentionBias && t != "qwen2" && t != "qwen2_moe";
+    if (t == "llama" || t == "granite" || t == "smollm3") {
+      r.Bool({"mlp_bias"}, a.mlpBias);  // LlamaMLP's (GraniteMLP's) gate/up/down
+    }
     r.Activation({"hidden_act", "hidden_activation"}, a.hiddenAct);
     r.Number({"attention_dropout"}, a.attentionDropout);
     if (t == "mistral" || t == "mixtral" || t == "phi3") {
@@ -358,7 +357,7 @@ ConfigImport ImportHfConfig(std::string_view text) {
       r.Use("rope_local_base_freq");  // the sliding layers' table: its size, not its base, matters
     }
     if (t == "olmo2" || t == "olmo3") ReadOlmo(doc, r, a, out, t == "olmo3");
-    if (t == "granite") ReadGranite(doc, r, a, out);
+    if (t == "granite") ReadGranite(r, a);
     if (t == "smollm3") ReadSmolLM3(doc, r, a, out);
     if (t == "phi3") {
       a.fusedProjections = true;  // Phi3Attention.qkv_proj, Phi3MLP.gate_up_proj

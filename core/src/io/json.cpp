@@ -212,7 +212,7 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
 
   r.RejectUnknown(v, {"family", "vocabSize", "hiddenSize", "numLayers", "numHeads", "numKeyValueHeads",
                       "headDim", "intermediateSize", "maxPositionEmbeddings", "typeVocabSize",
-                      "tieWordEmbeddings", "attentionBias", "queryKeyNorm", "rmsNormUnitOffset",
+                      "tieWordEmbeddings", "attentionBias", "outputBias", "mlpBias", "queryKeyNorm", "rmsNormUnitOffset",
                       "embeddingScale", "fusedProjections", "partialRotaryFactor", "sandwichNorms",
                       "attentionLogitSoftcap", "finalLogitSoftcap", "slidingWindow", "slidingWindowPattern", "gemma3Layout", "olmo2Layout", "rotaryFp32", "noRopeInterval", "graniteMultipliers", "parallelResidual", "hiddenAct", "numExperts", "expertsPerToken",
                       "expertIntermediateSize", "sharedExpertIntermediateSize", "sharedExpertGate",
@@ -234,6 +234,8 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
   r.Int(v, "typeVocabSize", path, a.typeVocabSize);
   r.Bool(v, "tieWordEmbeddings", path, a.tieWordEmbeddings);
   r.Bool(v, "attentionBias", path, a.attentionBias);
+  r.Bool(v, "outputBias", path, a.outputBias);
+  r.Bool(v, "mlpBias", path, a.mlpBias);
   r.Bool(v, "queryKeyNorm", path, a.queryKeyNorm);
   r.Bool(v, "rmsNormUnitOffset", path, a.rmsNormUnitOffset);
   r.Bool(v, "embeddingScale", path, a.embeddingScale);
@@ -560,6 +562,7 @@ ojson ArchitectureJson(const ArchitectureDef& a) {
           {"headDim", a.headDim}, {"intermediateSize", a.intermediateSize},
           {"maxPositionEmbeddings", a.maxPositionEmbeddings}, {"typeVocabSize", a.typeVocabSize},
           {"tieWordEmbeddings", a.tieWordEmbeddings}, {"attentionBias", a.attentionBias},
+          {"outputBias", a.outputBias}, {"mlpBias", a.mlpBias},
           {"queryKeyNorm", a.queryKeyNorm}, {"rmsNormUnitOffset", a.rmsNormUnitOffset},
           {"embeddingScale", a.embeddingScale}, {"fusedProjections", a.fusedProjections},
           {"partialRotaryFactor", a.partialRotaryFactor}, {"sandwichNorms", a.sandwichNorms},

@@ -82,7 +82,8 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
       for (std::int64_t i = 0; i < a.numLayers; ++i) {
         const std::string b = named ? "model.layers." + std::to_string(i) + "." : none;
         const int L = static_cast<int>(i);
-        // q, k, v and o with their biases (Qwen2's on q, k, v; OLMo 2's o_proj takes one too).
+        // q, k, v and o with their biases (Qwen2's on q, k, v; attention_bias of Llama, Gemma,
+        // Qwen3 or OLMo 2 on o_proj too).
         auto projections = [&] {
           add(b, "self_attn.q_proj.weight", {heads * d, h}, L);
           if (a.attentionBias) add(b, "self_attn.q_proj.bias", {heads * d}, L);
@@ -91,12 +92,15 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
           add(b, "self_attn.v_proj.weight", {kv * d, h}, L);
           if (a.attentionBias) add(b, "self_attn.v_proj.bias", {kv * d}, L);
           add(b, "self_attn.o_proj.weight", {h, heads * d}, L);
-          if (a.attentionBias && a.olmo2Layout) add(b, "self_attn.o_proj.bias", {h}, L);
+          if (a.outputBias) add(b, "self_attn.o_proj.bias", {h}, L);
         };
         auto denseMlp = [&] {
           add(b, "mlp.gate_proj.weight", {inter, h}, L);
+          if (a.mlpBias) add(b, "mlp.gate_proj.bias", {inter}, L);
           add(b, "mlp.up_proj.weight", {inter, h}, L);
+          if (a.mlpBias) add(b, "mlp.up_proj.bias", {inter}, L);
           add(b, "mlp.down_proj.weight", {h, inter}, L);
+          if (a.mlpBias) add(b, "mlp.down_proj.bias", {h}, L);
         };
         if (a.olmo2Layout) {
           // Olmo2DecoderLayer registers self_attn (q, k, v, o, then q_norm and k_norm over the

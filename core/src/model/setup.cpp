@@ -183,6 +183,15 @@ void ValidateArchitecture(const Setup& setup, ErrorList& errors, std::optional<P
                       "A partial rotary share is simulated with Phi-3's RoPE (fusedProjections) and GPT-NeoX's "
                       "(rotary_pct); Llama's apply_rotary_pos_emb rotates whole heads."});
   }
+  if ((a.outputBias || a.mlpBias) && !(a.family == Family::Llama && !a.fusedProjections)) {
+    errors.push_back({ErrorCode::InvalidField, p + (a.outputBias ? "outputBias" : "mlpBias"),
+                      "The o_proj and MLP biases (attention_bias, mlp_bias) are simulated in the llama family with "
+                      "separate projections."});
+  }
+  if (a.mlpBias && a.numExperts > 0) {
+    errors.push_back({ErrorCode::InvalidField, p + "mlpBias",
+                      "MLP biases are simulated on a dense MLP; the experts' biases are not."});
+  }
   if (a.family == Family::Llama && a.fusedProjections && (a.numExperts > 0 || a.attentionBias || a.queryKeyNorm)) {
     // Phi3DecoderLayer: one bias-free qkv_proj and a dense gate_up_proj, nothing else.
     errors.push_back({ErrorCode::InvalidField, p + "fusedProjections",
@@ -394,12 +403,13 @@ namespace events {
 // broadcast product 2 (sim/ops.cpp SumToScratch, Mul).
 constexpr double kGpt2Block = 480, kBertBlock = 510, kLlamaBlock = 555, kGptNeoXBlock = 560;
 constexpr double kAttentionBias = 95;   // Qwen2's q/k/v biases
+constexpr double kOutputBias = 35, kMlpBias = 100;  // o_proj's bias; gate/up/down's (measured +76 for both)
 constexpr double kQueryKeyNorm = 170;   // Qwen3's q_norm and k_norm (two RMSNorms on the heads)
 constexpr double kUnitOffsetNorm = 40;  // Gemma's norms: weight.float(), 1 + weight, the fp32 product (two a block)
 constexpr double kSandwichNorms = 190;  // (measured 182) Gemma 2's two more norms a block (each as Gemma's, unit offset)
 constexpr double kAttentionSoftcap = 30; // ÷ cap, tanh, × cap on the eager scores (measured 24)
 constexpr double kRotaryFp32 = 40;      // OLMo 2's casts of q and k back from the fp32 rotation
-constexpr double kOlmo2Layout = 30;     // OLMo 2's norms in fp32 and its o_proj bias (measured 11 over Qwen3's with biases)
+constexpr double kOlmo2Layout = 30;     // OLMo 2's norms in fp32 (measured 11 over Qwen3's with biases)
 constexpr double kGraniteMultipliers = 30;  // Granite's residual multipliers, two products a block (measured 16)
 constexpr double kExpert = 155;         // one routed expert's ops (gate, up, down, act, index, routing weight)
 constexpr double kSharedExpert = 160;   // Qwen2-MoE's shared expert and its gate
@@ -456,9 +466,10 @@ EventBudget PredictEventsOf(const Setup& setup) {
               (a.sandwichNorms ? events::kSandwichNorms : 0.0) +
               (a.attentionLogitSoftcap > 0.0 ? events::kAttentionSoftcap : 0.0) +
               (a.rotaryFp32 ? events::kRotaryFp32 : 0.0) + (a.olmo2Layout ? events::kOlmo2Layout : 0.0) +
+              (a.outputBias ? events::kOutputBias : 0.0) + (a.mlpBias ? events::kMlpBias : 0.0) +
               (a.graniteMultipliers ? events::kGraniteMultipliers : 0.0) + events::kExpert * experts +
               (a.sharedExpertIntermediateSize > 0 ? events::kSharedExpert : 0.0);
-      tensors = 9 + (a.attentionBias ? (a.olmo2Layout ? 4 : 3) : 0) + (a.queryKeyNorm ? 2 : 0) + (a.sandwichNorms ? 2 : 0) + (experts > 0 ? 1 + 3 * experts : 0) +
+      tensors = 9 + (a.attentionBias ? 3 : 0) + (a.outputBias ? 1 : 0) + (a.mlpBias ? 3 : 0) + (a.queryKeyNorm ? 2 : 0) + (a.sandwichNorms ? 2 : 0) + (experts > 0 ? 1 + 3 * experts : 0) +
                 (a.sharedExpertIntermediateSize > 0 ? 4 : 0);
       break;
   }
@@ -597,6 +608,8 @@ std::span<const ArchitectureField> ArchitectureFields() {
       {"numLabels", "Classes", "count", "", "outputs of the classifier", false, false, true, false, "encoderHead", "classification"},
       {"tieWordEmbeddings", "Output head shares the token embedding (tied)", "bool", "", "", true, true, false, true, "", ""},
       {"attentionBias", "q/k/v projections have biases (Qwen2; GPT-NeoX: its projections)", "bool", "", "", false, true, false, true, "", ""},
+      {"outputBias", "o_proj has a bias (attention_bias of Llama, Gemma, Qwen3, OLMo 2)", "bool", "", "", false, true, false, false, "", ""},
+      {"mlpBias", "MLP projections have biases (mlp_bias)", "bool", "", "", false, true, false, false, "", ""},
       {"queryKeyNorm", "RMSNorm on each query and key head (Qwen3)", "bool", "", "", false, true, false, false, "", ""},
       {"rmsNormUnitOffset", "RMSNorm scales by 1 + weight in fp32 (Gemma)", "bool", "", "", false, true, false, false, "", ""},
       {"embeddingScale", "Embeddings scaled by √hidden size (Gemma)", "bool", "", "", false, true, false, false, "", ""},
