@@ -63,16 +63,14 @@ std::pair<ValueId, ValueId> RotatedQueryKey(Model& m, ValueId q, ValueId k, Valu
   t.Drop(q);
   t.Drop(k);
   if (!m.a.olmo2Layout) return {qr, kr};
-  if (t.TypeOf(qr) != qType) {
-    const ValueId cast = ops::To(t, qr, qType);
-    t.Drop(qr);
-    qr = cast;
-  }
-  if (t.TypeOf(kr) != kType) {
-    const ValueId cast = ops::To(t, kr, kType);
-    t.Drop(kr);
-    kr = cast;
-  }
+  auto castBack = [&t](ValueId v, DType type) {  // the reference moves to the cast
+    if (t.TypeOf(v) == type) return v;
+    const ValueId cast = ops::To(t, v, type);
+    t.Drop(v);
+    return cast;
+  };
+  qr = castBack(qr, qType);  // q_embed.to(q_type), then k_embed.to(k_type)
+  kr = castBack(kr, kType);
   return {qr, kr};
 }
 
