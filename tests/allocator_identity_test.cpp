@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -249,6 +250,87 @@ TEST_CASE("the free block index keeps std::set's order under every operation", "
     CHECK(index.empty());
     CHECK(Index::AtEnd(index.LowerBound(1)));
   }
+}
+
+TEST_CASE("the free block index keeps std::set's order for runs of neighbouring addresses", "[allocator][identity]") {
+  // The list of same-sized blocks keeps a gap where its last insert or erase in the middle was
+  // (caching_allocator.hpp, Waiting): runs of inserts and erases going up or down from a random
+  // place in the list, beside single ones anywhere, at the low and high ends, and emptying the
+  // list, checked against std::set after every step: the whole order, the best fit, the first
+  // and last keys, and a lookup of a key that is not there.
+  using Index = device::FreeBlockIndex;
+  using Tuple = std::tuple<std::int64_t, std::uint64_t, int>;
+  constexpr std::int64_t kSize = 8192;  // one size: every block but the lowest waits in the list
+  std::mt19937_64 rng(20261129);
+  Index index;
+  std::set<std::uint64_t> reference;
+  std::map<std::uint64_t, int> blockOf;
+  int nextBlock = 0;
+  auto insert = [&](std::uint64_t ptr) {
+    if (reference.count(ptr) != 0) return;
+    const int block = nextBlock++;
+    index.Insert({kSize, ptr, block});
+    reference.insert(ptr);
+    blockOf[ptr] = block;
+  };
+  auto erase = [&](std::uint64_t ptr, std::uint64_t how) {
+    if (reference.count(ptr) == 0) return;
+    switch (how % 3) {
+      case 0: index.EraseBlock(blockOf[ptr], kSize, ptr); break;
+      case 1: index.Erase(kSize, ptr); break;
+      default: index.EraseAt({blockOf[ptr]}); break;
+    }
+    reference.erase(ptr);
+    blockOf.erase(ptr);
+  };
+  int steps = 0;
+  for (int round = 0; round < 400; ++round) {
+    const std::uint64_t r = rng();
+    const std::uint64_t at = (rng() % 4000) * 512 * 4;  // room for runs between existing blocks
+    const int length = 1 + static_cast<int>(rng() % 40);
+    const bool up = (r & 1) != 0;
+    for (int k = 0; k < length; ++k) {
+      const std::uint64_t ptr = up ? at + 512 * static_cast<std::uint64_t>(k) : at + 512 * static_cast<std::uint64_t>(length - k);
+      switch ((r >> 1) % 6) {
+        case 0: case 1: case 2: insert(ptr); break;
+        case 3: erase(ptr, rng()); break;  // a run of erases (most of them hit nothing)
+        case 4: {  // erase the neighbours of a random block
+          if (reference.empty()) break;
+          auto it = reference.lower_bound(rng() % (4000ull * 2048));
+          if (it == reference.end()) --it;
+          erase(*it, rng());
+          break;
+        }
+        default:  // the low end, the high end, or anywhere
+          if (!reference.empty() && k % 3 == 0) erase(*reference.begin(), rng());
+          else if (!reference.empty() && k % 3 == 1) erase(*reference.rbegin(), rng());
+          else insert((rng() % 4000) * 512 * 4);
+          break;
+      }
+      ++steps;
+      REQUIRE(index.size() == reference.size());
+      std::vector<std::uint64_t> walked;
+      index.ForEach([&](const Index::Key& key) { walked.push_back(key.ptr); });
+      REQUIRE(walked == std::vector<std::uint64_t>(reference.begin(), reference.end()));
+      if (!reference.empty()) {
+        CHECK(index.At(index.LowerBound(kSize)).ptr == *reference.begin());
+        CHECK(index.At(index.First()).ptr == *reference.begin());
+        CHECK(index.At(index.Last()).ptr == *reference.rbegin());
+        index.Erase(kSize, *reference.begin() + 1);  // not there: nothing happens
+        REQUIRE(index.size() == reference.size());
+      }
+    }
+    if (round % 100 == 99) {  // empty it from the middle out, then start again
+      while (!reference.empty()) {
+        auto it = reference.begin();
+        std::advance(it, static_cast<std::ptrdiff_t>(reference.size() / 2));
+        erase(*it, rng());
+        REQUIRE(index.size() == reference.size());
+      }
+      CHECK(Index::AtEnd(index.LowerBound(1)));
+    }
+  }
+  CHECK(steps > 4000);
 }
 
 TEST_CASE("the fast allocator model equals the reference on random streams", "[allocator][identity]") {

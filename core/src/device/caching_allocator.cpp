@@ -108,14 +108,32 @@ int FreeBlockIndex::NewWaiting() {
 }
 
 void FreeBlockIndex::Waiting::Recenter() {
-  const std::size_t n = hi_ - lo_;
+  const std::size_t n = (gapLo_ - lo_) + (hi_ - gapHi_);
   std::vector<Dup> buf(std::max<std::size_t>(16, 2 * n + 8));
   const std::size_t lo = (buf.size() - n) / 2;
-  std::copy(buf_.begin() + static_cast<std::ptrdiff_t>(lo_), buf_.begin() + static_cast<std::ptrdiff_t>(hi_),
-            buf.begin() + static_cast<std::ptrdiff_t>(lo));
+  const auto at = [this](std::size_t i) { return buf_.begin() + static_cast<std::ptrdiff_t>(i); };
+  std::copy(at(gapHi_), at(hi_), std::copy(at(lo_), at(gapLo_), buf.begin() + static_cast<std::ptrdiff_t>(lo)));
   buf_.swap(buf);
   lo_ = lo;
-  hi_ = lo + n;
+  hi_ = gapLo_ = gapHi_ = lo + n;
+}
+
+void FreeBlockIndex::Waiting::Normalize() {
+  if (!HasGap()) {
+    gapLo_ = gapHi_ = hi_;
+  } else if (lo_ == gapLo_) {  // nothing below the gap
+    lo_ = gapHi_;
+    gapLo_ = gapHi_ = hi_;
+  } else if (gapHi_ == hi_) {  // nothing above it
+    hi_ = gapLo_;
+    gapHi_ = gapLo_;
+  }
+}
+
+std::size_t FreeBlockIndex::Waiting::Above(std::size_t from, std::size_t to, std::uint64_t ptr) const {
+  const Dup* first = buf_.data() + from;
+  return from + static_cast<std::size_t>(
+                    std::partition_point(first, buf_.data() + to, [ptr](const Dup& x) { return x.ptr < ptr; }) - first);
 }
 
 void FreeBlockIndex::Waiting::PushFront(const Dup& d) {
@@ -123,38 +141,125 @@ void FreeBlockIndex::Waiting::PushFront(const Dup& d) {
   buf_[--lo_] = d;
 }
 
+// Between two blocks, the cheapest of: the gap's own place (a store), moving the gap there
+// (the blocks between it and the place cross it), or the blocks on one side moving one slot
+// into the room at that end. Without a gap, one is opened at the place with half the room of
+// the end whose side moves fewer blocks.
 void FreeBlockIndex::Waiting::InsertSlow(const Dup& d) {
-  if (lo_ == hi_ || d.ptr > buf_[hi_ - 1].ptr) {  // above every one
+  if (lo_ == hi_ || d.ptr > back().ptr) {  // above every one
     if (hi_ == buf_.size()) Recenter();
     buf_[hi_++] = d;
-  } else if (d.ptr < buf_[lo_].ptr) {
-    PushFront(d);
-  } else {  // between: the fewer of the lower and the higher ones move
-    if (lo_ == 0 || hi_ == buf_.size()) Recenter();
-    auto i = static_cast<std::size_t>(
-        std::partition_point(begin(), end(), [&d](const Dup& x) { return x.ptr < d.ptr; }) - buf_.data());
-    if (i - lo_ < hi_ - i) {  // the lower ones, buf_[lo_, i), move down
-      for (std::size_t j = lo_; j < i; ++j) buf_[j - 1] = buf_[j];
-      --lo_;
-      buf_[i - 1] = d;
-    } else {
-      for (std::size_t j = hi_; j > i; --j) buf_[j] = buf_[j - 1];
-      ++hi_;
-      buf_[i] = d;
-    }
+    return;
   }
+  if (d.ptr < front().ptr) {
+    PushFront(d);
+    return;
+  }
+  const auto move = [this](std::size_t from, std::size_t to, std::size_t dest) {
+    std::copy(buf_.begin() + static_cast<std::ptrdiff_t>(from), buf_.begin() + static_cast<std::ptrdiff_t>(to),
+              buf_.begin() + static_cast<std::ptrdiff_t>(dest));
+  };
+  const auto moveUp = [this](std::size_t from, std::size_t to, std::size_t destEnd) {
+    std::copy_backward(buf_.begin() + static_cast<std::ptrdiff_t>(from), buf_.begin() + static_cast<std::ptrdiff_t>(to),
+                       buf_.begin() + static_cast<std::ptrdiff_t>(destEnd));
+  };
+  if (HasGap()) {
+    if (d.ptr < buf_[gapLo_ - 1].ptr) {  // below the gap: buf_[i, gapLo_) lie above d
+      const std::size_t i = Above(lo_, gapLo_, d.ptr);
+      if (lo_ > 0 && i - lo_ < gapLo_ - i) {  // the lower ones move down
+        move(lo_, i, lo_ - 1);
+        --lo_;
+        buf_[i - 1] = d;
+      } else {  // the gap moves down to i
+        const std::size_t n = gapLo_ - i;
+        moveUp(i, gapLo_, gapHi_);
+        gapLo_ = i;
+        gapHi_ -= n;
+        buf_[gapLo_++] = d;
+      }
+    } else if (d.ptr > buf_[gapHi_].ptr) {  // above it: buf_[gapHi_, i) lie below d
+      const std::size_t i = Above(gapHi_, hi_, d.ptr);
+      if (hi_ < buf_.size() && hi_ - i < i - gapHi_) {  // the higher ones move up
+        moveUp(i, hi_, hi_ + 1);
+        ++hi_;
+        buf_[i] = d;
+      } else {  // the gap moves up to i
+        const std::size_t n = i - gapHi_;
+        move(gapHi_, i, gapLo_);
+        gapLo_ += n;
+        gapHi_ = i;
+        buf_[gapLo_++] = d;
+      }
+    } else {
+      buf_[gapLo_++] = d;  // the gap's own place
+    }
+    Normalize();
+    return;
+  }
+  std::size_t i = Above(lo_, hi_, d.ptr);
+  bool low = i - lo_ <= hi_ - i;
+  if ((low && lo_ == 0) || (!low && hi_ == buf_.size())) {
+    Recenter();
+    i = Above(lo_, hi_, d.ptr);
+  }
+  if (low) {  // buf_[lo_, i) move down by g, leaving a gap of g − 1 after d
+    const std::size_t g = std::max<std::size_t>(1, lo_ / 2);
+    move(lo_, i, lo_ - g);
+    lo_ -= g;
+    buf_[i - g] = d;
+    gapLo_ = i - g + 1;
+    gapHi_ = i;
+  } else {  // buf_[i, hi_) move up by g, leaving a gap of g − 1 after d
+    const std::size_t g = std::max<std::size_t>(1, (buf_.size() - hi_) / 2);
+    moveUp(i, hi_, hi_ + g);
+    hi_ += g;
+    buf_[i] = d;
+    gapLo_ = i + 1;
+    gapHi_ = i + g;
+  }
+  Normalize();
 }
 
+// The fewer of the blocks between it and an end of its part move one slot; without a gap, one
+// is opened where it was.
 void FreeBlockIndex::Waiting::Erase(std::uint64_t ptr) {
-  std::size_t i = static_cast<std::size_t>(
-      std::partition_point(begin(), end(), [ptr](const Dup& d) { return d.ptr < ptr; }) - buf_.data());
-  if (i - lo_ < hi_ - 1 - i) {  // the lower ones move up
-    for (; i > lo_; --i) buf_[i] = buf_[i - 1];
-    ++lo_;
+  if (HasGap() && ptr > buf_[gapLo_ - 1].ptr) {  // above the gap
+    std::size_t i = Above(gapHi_, hi_, ptr);
+    if (i - gapHi_ < hi_ - 1 - i) {
+      for (; i > gapHi_; --i) buf_[i] = buf_[i - 1];
+      ++gapHi_;
+    } else {
+      for (; i + 1 < hi_; ++i) buf_[i] = buf_[i + 1];
+      --hi_;
+    }
+  } else if (HasGap()) {  // below it
+    std::size_t i = Above(lo_, gapLo_, ptr);
+    if (i - lo_ < gapLo_ - 1 - i) {
+      for (; i > lo_; --i) buf_[i] = buf_[i - 1];
+      ++lo_;
+    } else {
+      for (; i + 1 < gapLo_; ++i) buf_[i] = buf_[i + 1];
+      --gapLo_;
+    }
   } else {
-    for (; i + 1 < hi_; ++i) buf_[i] = buf_[i + 1];
-    --hi_;
+    const std::size_t i = Above(lo_, hi_, ptr);
+    if (i == lo_) {
+      ++lo_;
+    } else if (i + 1 == hi_) {
+      --hi_;
+    } else {
+      gapLo_ = i;
+      gapHi_ = i + 1;
+    }
   }
+  Normalize();
+}
+
+const FreeBlockIndex::Dup* FreeBlockIndex::Waiting::Find(std::uint64_t ptr) const {
+  const bool above = HasGap() && ptr > buf_[gapLo_ - 1].ptr;
+  const std::size_t to = above ? hi_ : HasGap() ? gapLo_ : hi_;
+  const std::size_t i = Above(above ? gapHi_ : lo_, to, ptr);
+  return i < to && buf_[i].ptr == ptr ? &buf_[i] : nullptr;
 }
 
 void FreeBlockIndex::EraseBlock(int block, std::int64_t size, std::uint64_t ptr) {
@@ -177,12 +282,7 @@ void FreeBlockIndex::Erase(std::int64_t size, std::uint64_t ptr) {
       return;
     }
     if (e.more < 0) return;
-    for (const Dup& d : waiting_[static_cast<std::size_t>(e.more)]) {
-      if (d.ptr == ptr) {
-        EraseNode(d.block);
-        return;
-      }
-    }
+    if (const Dup* d = waiting_[static_cast<std::size_t>(e.more)].Find(ptr)) EraseNode(d->block);
     return;
   }
   // else not cached (std::set::erase of a missing key)
@@ -224,9 +324,9 @@ FreeBlockIndex::Position FreeBlockIndex::Next(Position p) const {
   const Entry* e = EntryOf(n.bin, n.size);
   if (e->more >= 0) {
     const Dup* found = nullptr;
-    for (const Dup& d : waiting_[static_cast<std::size_t>(e->more)]) {
+    waiting_[static_cast<std::size_t>(e->more)].ForEach([&](const Dup& d) {
       if (d.ptr > n.ptr && (found == nullptr || d.ptr < found->ptr)) found = &d;
-    }
+    });
     if (found != nullptr) return {found->block};
   }
   const std::vector<Entry>& list = bins_[static_cast<std::size_t>(n.bin)];
@@ -240,9 +340,9 @@ FreeBlockIndex::Position FreeBlockIndex::Prev(Position p) const {
   const Entry* e = EntryOf(n.bin, n.size);
   if (e->block != p.node) {  // a waiting block: the entry's block comes before it at least
     const Dup* found = nullptr;
-    for (const Dup& d : waiting_[static_cast<std::size_t>(e->more)]) {
+    waiting_[static_cast<std::size_t>(e->more)].ForEach([&](const Dup& d) {
       if (d.ptr < n.ptr && (found == nullptr || d.ptr > found->ptr)) found = &d;
-    }
+    });
     return {found != nullptr ? found->block : e->block};
   }
   const std::vector<Entry>& list = bins_[static_cast<std::size_t>(n.bin)];
