@@ -1,6 +1,7 @@
-// The JS surface of the estimator: strings in, JSON envelopes out. All logic is in the core;
-// wasm/gpumem.js turns the envelopes into objects and errors.
+// The JS surface of the estimator: strings in, JSON envelopes out (as UTF-8 bytes, see Out). All
+// logic is in the core; wasm/gpumem.js turns the envelopes into objects and errors.
 #include <emscripten/bind.h>
+#include <emscripten/val.h>
 
 #include <string>
 
@@ -10,46 +11,57 @@
 
 namespace {
 
+// The envelope of the last call, kept until the next one: JS gets a Uint8Array view of these
+// bytes and decodes them with TextDecoder at once (wasm/gpumem.js, callCore). Returned as a
+// std::string, embind walked the bytes twice in JS (for NULs, then for the end) before its
+// decode: about a tenth of a GPT-2 estimate (node --cpu-prof).
+emscripten::val Out(std::string text) {
+  static std::string last;
+  last = std::move(text);
+  return emscripten::val(
+      emscripten::typed_memory_view(last.size(), reinterpret_cast<const unsigned char*>(last.data())));
+}
+
 // embind binds std::string, not std::string_view, and cannot pass default arguments.
 // timeline: "none" (the figures only: what views and solvers need), "points", or "labelled".
-std::string EstimateJs(const std::string& setup, const std::string& timeline) {
+emscripten::val EstimateJs(const std::string& setup, const std::string& timeline) {
   gpumem::EstimateOptions options;
   options.timeline = timeline == "labelled" ? gpumem::EstimateOptions::Timeline::Labelled
                      : timeline == "points" ? gpumem::EstimateOptions::Timeline::Points
                                             : gpumem::EstimateOptions::Timeline::None;
-  return gpumem::EstimateJson(setup, -1, options);
+  return Out(gpumem::EstimateJson(setup, -1, options));
 }
-std::string ValidateJs(const std::string& setup) { return gpumem::ValidateJson(setup); }
-std::string OptionsJs() { return gpumem::OptionsJson(); }
+emscripten::val ValidateJs(const std::string& setup) { return Out(gpumem::ValidateJson(setup)); }
+emscripten::val OptionsJs() { return Out(gpumem::OptionsJson()); }
 std::string VersionJs() { return gpumem::Version(); }
-std::string ImportConfigJs(const std::string& text) { return gpumem::ImportConfigJson(text); }
-std::string ImportSafetensorsJs(const std::string& text, const std::string& setup) {
-  return gpumem::ImportSafetensorsJson(text, setup);
+emscripten::val ImportConfigJs(const std::string& text) { return Out(gpumem::ImportConfigJson(text)); }
+emscripten::val ImportSafetensorsJs(const std::string& text, const std::string& setup) {
+  return Out(gpumem::ImportSafetensorsJson(text, setup));
 }
-std::string SolveJs(const std::string& setup) { return gpumem::SolveJson(setup); }
-std::string HeatMapJs(const std::string& request) { return gpumem::HeatMapJson(request); }
-std::string GpuMatrixJs(const std::string& request) { return gpumem::GpuMatrixJson(request); }
-std::string CurvesJs(const std::string& request) { return gpumem::CurvesJson(request); }
+emscripten::val SolveJs(const std::string& setup) { return Out(gpumem::SolveJson(setup)); }
+emscripten::val HeatMapJs(const std::string& request) { return Out(gpumem::HeatMapJson(request)); }
+emscripten::val GpuMatrixJs(const std::string& request) { return Out(gpumem::GpuMatrixJson(request)); }
+emscripten::val CurvesJs(const std::string& request) { return Out(gpumem::CurvesJson(request)); }
 // The snapshot's bytes arrive as a JS Uint8Array, which embind copies into std::string byte for
 // byte (a JS string would be UTF-8 encoded and corrupt the pickle). An empty setup: measure only.
-std::string CompareSnapshotJs(const std::string& snapshotBytes, const std::string& setup) {
-  return gpumem::CompareSnapshotJson(snapshotBytes, setup);
+emscripten::val CompareSnapshotJs(const std::string& snapshotBytes, const std::string& setup) {
+  return Out(gpumem::CompareSnapshotJson(snapshotBytes, setup));
 }
 
 // Many GPUs (docs/parallel.md): a DeepSpeed config or Megatron's arguments read onto a setup
 // (empty = the defaults), and the fewest GPUs of the setup's type (offload layouts allowed, as
 // FewestGpusJson's default: one text argument, so the worker runs it like the other long calls).
-std::string ImportDeepSpeedJs(const std::string& config, const std::string& setup) {
-  return gpumem::ImportDeepSpeedJson(config, setup);
+emscripten::val ImportDeepSpeedJs(const std::string& config, const std::string& setup) {
+  return Out(gpumem::ImportDeepSpeedJson(config, setup));
 }
-std::string ImportMegatronJs(const std::string& commandLine, const std::string& setup) {
-  return gpumem::ImportMegatronJson(commandLine, setup);
+emscripten::val ImportMegatronJs(const std::string& commandLine, const std::string& setup) {
+  return Out(gpumem::ImportMegatronJson(commandLine, setup));
 }
-std::string FewestGpusJs(const std::string& setup) { return gpumem::FewestGpusJson(setup); }
-std::string ImportAccelerateJs(const std::string& config, const std::string& setup) {
-  return gpumem::ImportAccelerateJson(config, setup);
+emscripten::val FewestGpusJs(const std::string& setup) { return Out(gpumem::FewestGpusJson(setup)); }
+emscripten::val ImportAccelerateJs(const std::string& config, const std::string& setup) {
+  return Out(gpumem::ImportAccelerateJson(config, setup));
 }
-std::string LayoutsJs(const std::string& request) { return gpumem::LayoutsJson(request); }
+emscripten::val LayoutsJs(const std::string& request) { return Out(gpumem::LayoutsJson(request)); }
 
 }  // namespace
 

@@ -23,6 +23,13 @@ export class GpumemError extends Error {
   }
 }
 
+// The core hands each envelope back as a view of its UTF-8 bytes in wasm memory, valid until its
+// next call (wasm/bindings.cpp, Out): decoded here at once. version() stays a plain string.
+const utf8 = new TextDecoder();
+function envelopeText(result) {
+  return ArrayBuffer.isView(result) ? utf8.decode(result) : result;
+}
+
 // One promise per factory: instantiating the module again would only duplicate its memory.
 const loaded = new Map();
 
@@ -56,7 +63,7 @@ function wrapModule(firstCore, make) {
     if (!core) throw new GpumemError([{ code: 'internal', field: '', message: 'The estimator is restarting after a failure; try again in a moment.' }]);
     const current = core;
     try {
-      return call(current);
+      return envelopeText(call(current));
     } catch (error) {
       const heapBytes = current.HEAP8?.length ?? 0;
       core = null;

@@ -18,6 +18,9 @@ const WORKER_CALLS = { solve: 'solveJson', heatMap: 'heatMapJson', gpuMatrix: 'g
 if (typeof GpumemCore !== 'function') importScripts('gpumem_core.cjs');
 
 let workerCore = null;
+// The core hands each envelope back as a view of its UTF-8 bytes in wasm memory, valid until its
+// next call (wasm/bindings.cpp, Out): decoded at once, so the text is what is posted.
+const workerUtf8 = new TextDecoder();
 const workerReady = GpumemCore().then(
   (module) => {
     workerCore = module;
@@ -39,7 +42,7 @@ self.onmessage = async (event) => {
   else if (!WORKER_CALLS[kind]) envelope = internalEnvelope(`Unknown call ${kind}.`);
   else {
     try {
-      envelope = workerCore[WORKER_CALLS[kind]](String(text));
+      envelope = workerUtf8.decode(workerCore[WORKER_CALLS[kind]](String(text)));
     } catch (error) {
       envelope = internalEnvelope(`The estimator failed: ${error?.message ?? error}`);
     }

@@ -16,6 +16,11 @@ const wasmJs = process.env.GPUMEM_WASM_JS
   : path.join(repoRoot, 'build', 'wasm', 'wasm', 'gpumem_core.cjs');
 const factory = createRequire(import.meta.url)(wasmJs);
 const glue = readFileSync(wasmJs, 'utf8');
+// The raw module returns each envelope as a view of its UTF-8 bytes (wasm/bindings.cpp, Out).
+const text = (view) => {
+  assert.ok(ArrayBuffer.isView(view), 'an envelope comes back as a byte view');
+  return new TextDecoder().decode(view);
+};
 
 test('the glue suits a strict CSP: no eval, no new Function, the wasm inlined', () => {
   assert.doesNotMatch(glue, /new Function\b/);
@@ -34,9 +39,9 @@ test('as a classic script in a browser-like global, it defines GpumemCore and wo
   vm.runInContext(glue, sandbox, { filename: 'gpumem_core.cjs' });
   assert.equal(typeof sandbox.GpumemCore, 'function');
   const core = await sandbox.GpumemCore();
-  const options = JSON.parse(core.optionsJson());
+  const options = JSON.parse(text(core.optionsJson()));
   assert.equal(options.version, core.version());
-  const envelope = JSON.parse(core.estimateJson('{"model":{"kind":"parameterCount","parameterCount":1500000000},"training":{"precision":"fp16Mixed","optimizer":"adam"}}', 'none'));
+  const envelope = JSON.parse(text(core.estimateJson('{"model":{"kind":"parameterCount","parameterCount":1500000000},"training":{"precision":"fp16Mixed","optimizer":"adam"}}', 'none')));
   assert.equal(envelope.ok, true);
   assert.equal(envelope.estimate.modelStates.totalBytes, 24e9);
 });
@@ -78,7 +83,7 @@ test('memory stays flat over many calls, good and bad', async () => {
   const layers = [{ type: 'linear', inFeatures: 64, outFeatures: 64, bias: true }];
   for (let i = 0; i < 20; i++) layers.push({ type: 'relu' }, { type: 'linear', inFeatures: 64, outFeatures: 64, bias: true });
   const deep = JSON.stringify({ model: { kind: 'layers', layers, loss: 'mse' }, training: { sequenceLength: 1 } });
-  const big = JSON.parse(core.estimateJson(deep, 'labelled'));
+  const big = JSON.parse(text(core.estimateJson(deep, 'labelled')));
   assert.equal(big.ok, true);
   assert.ok(JSON.stringify(big).length > 100000);
   const inputs = [deep, '{"training":{"batchSize":-1}}', '{"traning":{}}', '['.repeat(1 << 20)];
