@@ -8,6 +8,15 @@
 #include <utility>
 #include <vector>
 
+// Per-thread storage of the kept buffers. A wasm module built without threads has one thread,
+// and wasm-ld refuses thread-local storage without the 'atomics' feature once bulk memory is on
+// (wasm/CMakeLists.txt enables it: memcpy and memmove become memory.copy): there it is static.
+#if defined(__EMSCRIPTEN__) && !defined(__EMSCRIPTEN_PTHREADS__)
+#define GPUMEM_THREAD_LOCAL static
+#else
+#define GPUMEM_THREAD_LOCAL thread_local
+#endif
+
 namespace gpumem {
 
 // `Tag` tells apart two buffers of the same element type (an estimate's alloc and free indices).
@@ -28,7 +37,7 @@ class Recycled {
 
  private:
   static std::vector<T>& Spare() {
-    thread_local std::vector<T> spare;
+    GPUMEM_THREAD_LOCAL std::vector<T> spare;
     return spare;
   }
 };

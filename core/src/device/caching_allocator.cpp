@@ -3,6 +3,7 @@
 // max_non_split_rounding_size). Each function below carries the name of the PyTorch function
 // whose rule it follows; docs/device.md lists them with what is not modelled.
 #include "device/caching_allocator.hpp"
+#include "gpumem/recycle.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -1066,7 +1067,7 @@ using Model = device::CachingAllocatorModel;
 // runs the allocator once or twice, and once more up to the reserved peak for its segments; a
 // solver hundreds of times): 0 at capacity, 1 without a limit, 2 for the segments at the peak.
 Model& ThreadModel(int which) {
-  thread_local Model models[3] = {Model(DefaultAllocatorOptions(), 0), Model(DefaultAllocatorOptions(), 0),
+  GPUMEM_THREAD_LOCAL Model models[3] = {Model(DefaultAllocatorOptions(), 0), Model(DefaultAllocatorOptions(), 0),
                                   Model(DefaultAllocatorOptions(), 0)};
   return models[which];
 }

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "gpumem/format.hpp"
+#include "gpumem/recycle.hpp"
 
 namespace gpumem {
 namespace {
@@ -278,7 +279,7 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   d.workspaceBytes = overheads.workspace.bytes;
   d.communicationBytes = overheads.communication.bytes;
 
-  thread_local DeviceEvents placed;  // kept for its buffers' capacity
+  GPUMEM_THREAD_LOCAL DeviceEvents placed;  // kept for its buffers' capacity
   PlaceEvents(setup, trace, overheads, placed);
   const std::vector<WorkspaceGroup>& groups = placed.groups;
   // Allocator event → {trace event, whether it is a workspace placed in front of that event}.

@@ -2,6 +2,7 @@
 #include "gpumem/inventory.hpp"
 
 #include "gpumem/finetune.hpp"
+#include "gpumem/recycle.hpp"
 #include "parallel/expert_split.hpp"
 
 #include <initializer_list>
@@ -300,7 +301,7 @@ std::shared_ptr<const Inventory> SharedInventory(const Setup& setup) {
     std::int64_t expertParallel = 1;
     std::shared_ptr<const Inventory> inventory;
   };
-  thread_local Entry last;
+  GPUMEM_THREAD_LOCAL Entry last;
   if (last.inventory && last.architecture == setup.model.architecture && last.finetune == setup.finetune &&
       last.precision == setup.training.precision && last.expertParallel == setup.parallel.expertParallel) {
     return last.inventory;

@@ -108,11 +108,11 @@ struct SpareBuffer {
   }
 };
 SpareBuffer<TextPart>& SpareParts() {
-  thread_local SpareBuffer<TextPart> spare;
+  GPUMEM_THREAD_LOCAL SpareBuffer<TextPart> spare;
   return spare;
 }
 SpareBuffer<std::int64_t>& SpareDims() {
-  thread_local SpareBuffer<std::int64_t> spare;
+  GPUMEM_THREAD_LOCAL SpareBuffer<std::int64_t> spare;
   return spare;
 }
 }  // namespace
