@@ -221,27 +221,24 @@ void FreeBlockIndex::Waiting::InsertSlow(const Dup& d) {
   Normalize();
 }
 
-// The fewer of the blocks between it and an end of its part move one slot; without a gap, one
-// is opened where it was.
+// Takes buf_[i] out of the part [from, to): the fewer blocks between it and an end of the part
+// move one slot toward it, and that end moves in.
+void FreeBlockIndex::Waiting::RemoveFromPart(std::size_t& from, std::size_t& to, std::size_t i) {
+  if (i - from < to - 1 - i) {
+    for (; i > from; --i) buf_[i] = buf_[i - 1];
+    ++from;
+  } else {
+    for (; i + 1 < to; ++i) buf_[i] = buf_[i + 1];
+    --to;
+  }
+}
+
+// From the part it is in; without a gap, one is opened where it was.
 void FreeBlockIndex::Waiting::Erase(std::uint64_t ptr) {
   if (HasGap() && ptr > buf_[gapLo_ - 1].ptr) {  // above the gap
-    std::size_t i = Above(gapHi_, hi_, ptr);
-    if (i - gapHi_ < hi_ - 1 - i) {
-      for (; i > gapHi_; --i) buf_[i] = buf_[i - 1];
-      ++gapHi_;
-    } else {
-      for (; i + 1 < hi_; ++i) buf_[i] = buf_[i + 1];
-      --hi_;
-    }
+    RemoveFromPart(gapHi_, hi_, Above(gapHi_, hi_, ptr));
   } else if (HasGap()) {  // below it
-    std::size_t i = Above(lo_, gapLo_, ptr);
-    if (i - lo_ < gapLo_ - 1 - i) {
-      for (; i > lo_; --i) buf_[i] = buf_[i - 1];
-      ++lo_;
-    } else {
-      for (; i + 1 < gapLo_; ++i) buf_[i] = buf_[i + 1];
-      --gapLo_;
-    }
+    RemoveFromPart(lo_, gapLo_, Above(lo_, gapLo_, ptr));
   } else {
     const std::size_t i = Above(lo_, hi_, ptr);
     if (i == lo_) {

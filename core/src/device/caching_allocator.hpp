@@ -188,6 +188,7 @@ class FreeBlockIndex {
     bool HasGap() const { return gapLo_ != gapHi_; }
     // The first index of [from, to) whose block is not below ptr.
     std::size_t Above(std::size_t from, std::size_t to, std::uint64_t ptr) const;
+    void RemoveFromPart(std::size_t& from, std::size_t& to, std::size_t i);
     void Normalize();  // restores the gap's rule after a change at its edge
     void Recenter();   // room at both ends, no gap
     std::vector<Dup> buf_;
