@@ -222,8 +222,10 @@ void FreeBlockIndex::Waiting::InsertSlow(const Dup& d) {
 }
 
 // Takes buf_[i] out of the part [from, to): the fewer blocks between it and an end of the part
-// move one slot toward it, and that end moves in.
-void FreeBlockIndex::Waiting::RemoveFromPart(std::size_t& from, std::size_t& to, std::size_t i) {
+// move one slot toward it, and that end moves in. Inline: called with references to the list's
+// bounds, a call kept them in memory (+0.7 % of a 405B estimate, callgrind).
+GPUMEM_EVENT_PATH void FreeBlockIndex::Waiting::RemoveFromPart(std::size_t& from, std::size_t& to,
+                                                             std::size_t i) {
   if (i - from < to - 1 - i) {
     for (; i > from; --i) buf_[i] = buf_[i - 1];
     ++from;
