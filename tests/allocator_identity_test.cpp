@@ -257,7 +257,8 @@ TEST_CASE("the free block index keeps std::set's order for runs of neighbouring 
   // (caching_allocator.hpp, Waiting): runs of inserts and erases going up or down from a random
   // place in the list, beside single ones anywhere, at the low and high ends, and emptying the
   // list, checked against std::set after every step: the whole order, the best fit, the first
-  // and last keys, and a lookup of a key that is not there.
+  // and last keys, and a lookup of a key that is not there; every sixteenth step, the walks by
+  // Next and Prev.
   using Index = device::FreeBlockIndex;
   using Tuple = std::tuple<std::int64_t, std::uint64_t, int>;
   constexpr std::int64_t kSize = 8192;  // one size: every block but the lowest waits in the list
@@ -318,6 +319,13 @@ TEST_CASE("the free block index keeps std::set's order for runs of neighbouring 
         CHECK(index.At(index.Last()).ptr == *reference.rbegin());
         index.Erase(kSize, *reference.begin() + 1);  // not there: nothing happens
         REQUIRE(index.size() == reference.size());
+      }
+      if (steps % 16 == 0) {  // the walks by Next and Prev (binary searches of the gapped list)
+        std::vector<std::uint64_t> forward, backward;
+        for (Index::Position p = index.First(); !Index::AtEnd(p); p = index.Next(p)) forward.push_back(index.At(p).ptr);
+        for (Index::Position p = index.Last(); !Index::AtEnd(p); p = index.Prev(p)) backward.push_back(index.At(p).ptr);
+        REQUIRE(forward == walked);
+        REQUIRE(std::vector<std::uint64_t>(backward.rbegin(), backward.rend()) == walked);
       }
     }
     if (round % 100 == 99) {  // empty it from the middle out, then start again

@@ -255,6 +255,22 @@ void FreeBlockIndex::Waiting::Erase(std::uint64_t ptr) {
   Normalize();
 }
 
+// Both by binary search: every block of the lower part lies below every one of the upper part
+// (without a gap, the two parts are [lo_, gapLo_) and [gapHi_, hi_) all the same).
+const FreeBlockIndex::Dup* FreeBlockIndex::Waiting::After(std::uint64_t ptr) const {
+  std::size_t i = Above(lo_, gapLo_, ptr + 1);
+  if (i < gapLo_) return &buf_[i];
+  i = Above(gapHi_, hi_, ptr + 1);
+  return i < hi_ ? &buf_[i] : nullptr;
+}
+
+const FreeBlockIndex::Dup* FreeBlockIndex::Waiting::Before(std::uint64_t ptr) const {
+  std::size_t i = Above(gapHi_, hi_, ptr);
+  if (i > gapHi_) return &buf_[i - 1];
+  i = Above(lo_, gapLo_, ptr);
+  return i > lo_ ? &buf_[i - 1] : nullptr;
+}
+
 const FreeBlockIndex::Dup* FreeBlockIndex::Waiting::Find(std::uint64_t ptr) const {
   const bool above = HasGap() && ptr > buf_[gapLo_ - 1].ptr;
   const std::size_t to = above ? hi_ : HasGap() ? gapLo_ : hi_;
@@ -316,18 +332,15 @@ FreeBlockIndex::Position FreeBlockIndex::Last() const {
   return {bin < 0 ? -1 : MaxBlockOf(bins_[static_cast<std::size_t>(bin)].back())};
 }
 
-// The successor (or predecessor): the next address among the blocks of the same size (a scan
-// of its list: these walks are rare, expandable segments and max_split_size releases), else
-// the next size's first.
+// The successor (or predecessor): the next address among the blocks of the same size (a binary
+// search of its list: the walks of expandable segments and max_split_size releases; a scan of
+// it took 2.8 % of the Mixtral 8x22B solve, whose expandable-segments estimate walks past a
+// thousand blocks of one size), else the next size's first.
 FreeBlockIndex::Position FreeBlockIndex::Next(Position p) const {
   const Node& n = nodes_[static_cast<std::size_t>(p.node)];
   const Entry* e = EntryOf(n.bin, n.size);
   if (e->more >= 0) {
-    const Dup* found = nullptr;
-    waiting_[static_cast<std::size_t>(e->more)].ForEach([&](const Dup& d) {
-      if (d.ptr > n.ptr && (found == nullptr || d.ptr < found->ptr)) found = &d;
-    });
-    if (found != nullptr) return {found->block};
+    if (const Dup* after = waiting_[static_cast<std::size_t>(e->more)].After(n.ptr)) return {after->block};
   }
   const std::vector<Entry>& list = bins_[static_cast<std::size_t>(n.bin)];
   if (e + 1 != list.data() + list.size()) return {(e + 1)->block};
@@ -339,11 +352,8 @@ FreeBlockIndex::Position FreeBlockIndex::Prev(Position p) const {
   const Node& n = nodes_[static_cast<std::size_t>(p.node)];
   const Entry* e = EntryOf(n.bin, n.size);
   if (e->block != p.node) {  // a waiting block: the entry's block comes before it at least
-    const Dup* found = nullptr;
-    waiting_[static_cast<std::size_t>(e->more)].ForEach([&](const Dup& d) {
-      if (d.ptr < n.ptr && (found == nullptr || d.ptr > found->ptr)) found = &d;
-    });
-    return {found != nullptr ? found->block : e->block};
+    const Dup* before = waiting_[static_cast<std::size_t>(e->more)].Before(n.ptr);
+    return {before != nullptr ? before->block : e->block};
   }
   const std::vector<Entry>& list = bins_[static_cast<std::size_t>(n.bin)];
   if (e != list.data()) return {MaxBlockOf(*(e - 1))};

@@ -177,6 +177,8 @@ class FreeBlockIndex {
     void InsertSlow(const Dup& d);
     void Erase(std::uint64_t ptr);  // a ptr that is there
     const Dup* Find(std::uint64_t ptr) const;  // null when not there
+    const Dup* After(std::uint64_t ptr) const;   // the lowest above ptr, or null
+    const Dup* Before(std::uint64_t ptr) const;  // the highest below ptr, or null
     // f(block) for every one, by address.
     template <typename F>
     void ForEach(F&& f) const {
