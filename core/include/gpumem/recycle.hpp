@@ -10,7 +10,8 @@
 
 // Per-thread storage of the kept buffers. A wasm module built without threads has one thread,
 // and wasm-ld refuses thread-local storage without the 'atomics' feature once bulk memory is on
-// (wasm/CMakeLists.txt enables it: memcpy and memmove become memory.copy): there it is static.
+// (the top-level CMakeLists.txt enables it: memcpy and memmove become memory.copy): there it is
+// static.
 #if defined(__EMSCRIPTEN__) && !defined(__EMSCRIPTEN_PTHREADS__)
 #define GPUMEM_THREAD_LOCAL static
 #else
