@@ -264,10 +264,21 @@ TEST_CASE("Expert compose: FSDP2 and ZeRO-3 with expert parallelism stay refused
   bool namesTorchtitanMesh = false;
   for (const FieldError& e : errors) namesTorchtitanMesh |= e.message.find("efsdp") != std::string::npos;
   CHECK(namesTorchtitanMesh);
+  // ZeRO-3: DeepSpeed's own assertion (engine.py _configure_zero_optimizer) is quoted.
   Setup zero3 = fsdp2;
   zero3.parallel.fsdp = FsdpMode::Off;
   zero3.parallel.zeroStage = 3;
-  CHECK(HasErrorOn(Validate(zero3), "parallel.expertParallel"));
+  const std::vector<FieldError> zeroErrors = Validate(zero3);
+  REQUIRE(HasErrorOn(zeroErrors, "parallel.expertParallel"));
+  bool quotesDeepSpeed = false;
+  for (const FieldError& e : zeroErrors) quotesDeepSpeed |= e.message.find("MoE not supported with Stage 3") != std::string::npos;
+  CHECK(quotesDeepSpeed);
+  // FSDP1 modes: refused on the same field.
+  for (FsdpMode mode : {FsdpMode::FullShard, FsdpMode::ShardGradOp, FsdpMode::HybridShard}) {
+    Setup fsdp1 = fsdp2;
+    fsdp1.parallel.fsdp = mode;
+    CHECK(HasErrorOn(Validate(fsdp1), "parallel.expertParallel"));
+  }
   // Without expert parallelism FSDP2 shards a mixture of experts like any model.
   fsdp2.parallel.expertParallel = 1;
   CHECK(Validate(fsdp2).empty());

@@ -327,9 +327,18 @@ void ValidateExpertParallel(const Setup& setup, bool sizesOk, std::vector<FieldE
                           "over dp_shard × cp × t / e ranks (its efsdp mesh) and the rest over dp_shard × cp, with "
                           "its own token dispatcher (docs/parallel.md). Use DDP or ZeRO 1–2 (Megatron's distributed "
                           "optimizer).");
-  } else if (p.zeroStage == 3 || p.fsdp != FsdpMode::Off) {
-    bad("expertParallel", "Expert parallelism is simulated with DDP or ZeRO 1–2 (Megatron's distributed optimizer) so "
-                          "far, not with ZeRO-3 or FSDP.");
+  } else if (p.zeroStage == 3) {
+    // deepspeed/runtime/engine.py _configure_zero_optimizer, stage 3: assert not
+    // self.has_moe_layers, "MoE not supported with Stage 3".
+    bad("expertParallel", "DeepSpeed refuses ZeRO-3 with experts (engine.py: \"MoE not supported with Stage 3\"): use "
+                          "ZeRO 1–2, or Megatron's distributed optimizer (ZeRO-1 here).");
+  } else if (p.fsdp != FsdpMode::Off) {
+    // FSDP1's FlatParameter units have one process group; neither Megatron (DDP or its
+    // distributed optimizer over expert_data_parallel_group) nor DeepSpeed (MoE param groups
+    // under ZeRO 1–2) runs expert parallelism through it.
+    bad("expertParallel", "Expert parallelism with FSDP1 (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD) is not simulated: "
+                          "its units shard over one group, and Megatron and DeepSpeed run experts with DDP or ZeRO 1–2. "
+                          "Use DDP or ZeRO 1–2.");
   }
   if (p.zeroRedundancyOptimizer) {
     bad("expertParallel", "Expert parallelism with ZeroRedundancyOptimizer is not simulated: use ZeRO 1–2.");
