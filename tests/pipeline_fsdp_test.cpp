@@ -213,11 +213,7 @@ TEST_CASE("Pipeline FSDP2: what stays refused", "[pipeline][fsdp]") {
   CHECK(HasErrorOn(EstimateMemory(s).errors, "parallel.zeroStage"));
   s.parallel.zeroStage = 1;
   CHECK(EstimateMemory(s).ok());
-  // Interleaved (a fully_shard root per virtual stage) and CPU offload are not simulated yet.
-  s = SmallLlamaPipelineFsdp2();
-  s.parallel.pipelineSchedule = PipelineSchedule::Interleaved;
-  s.parallel.virtualStages = 2;
-  CHECK(HasErrorOn(EstimateMemory(s).errors, "parallel.pipelineSchedule"));
+  // CPU offload is not simulated yet.
   s = SmallLlamaPipelineFsdp2();
   s.parallel.offload = OffloadKind::Optimizer;
   CHECK(HasErrorOn(EstimateMemory(s).errors, "parallel.offload"));
@@ -225,6 +221,56 @@ TEST_CASE("Pipeline FSDP2: what stays refused", "[pipeline][fsdp]") {
   s = SmallLlamaPipelineFsdp2();
   s.parallel.pipelineSchedule = PipelineSchedule::GPipe;
   CHECK(EstimateMemory(s).ok());
+}
+
+// ScheduleInterleaved1F1B with FSDP2 (torchtitan: one fully_shard root per model part). Stage 0 of
+// PP 2 × v 2 holds two chunks of one block each: block 0 (chunk 0, with the embeddings) and block 1
+// (chunk 1). Its order over 4 micro-batches (PipelineScheduleOf; torch's
+// _calculate_single_rank_operations gives the same with 4 micro-batches on 2 ranks):
+// F0.0 F1.0 F0.1 F1.1 | F2.0 B0.1 F3.0 B1.1 F2.1 B0.0 F3.1 B1.0 | B2.1 B3.1 B2.0 B3.0 (micro-batch.chunk),
+// so chunk 1's fourth backward (B3.1) comes before chunk 0's last two.
+TEST_CASE("Pipeline FSDP2: interleaved, each virtual stage reduces after its own last backward", "[pipeline][fsdp]") {
+  Setup s = SmallLlamaPipelineFsdp2();
+  s.parallel.pipelineSchedule = PipelineSchedule::Interleaved;
+  s.parallel.virtualStages = 2;
+  const Estimate e = Labelled(s);
+  // The same sharded states as under 1F1B: the chunks split the stage, not its parameters.
+  CHECK(e.modelStates.parametersBytes == (kEmbedShard + 2 * kBlockShard) * 4);
+  for (int step : {1, 2}) {
+    INFO("step " << step);
+    // Each unit gathered once and reduced once a step, as with one root.
+    CHECK(Allocations(e, "all-gather of layers.0", step) == 1);
+    CHECK(Allocations(e, "all-gather of layers.1", step) == 1);
+    CHECK(Allocations(e, "reduce-scatter input of layers.0", step) == 1);
+    CHECK(Allocations(e, "reduce-scatter input of layers.1", step) == 1);
+    // Chunk 1 (block 1) reshards and reduce-scatters after its last backward, while block 0 still
+    // has two micro-batches' gradients to come; chunk 0 (root and block 0) after those.
+    const std::size_t lastBlock0Gradient = LastIndex(e, "model.layers.0.self_attn.q_proj.weight.grad (unsharded)", step);
+    const std::size_t lastBlock1Gradient = LastIndex(e, "model.layers.1.self_attn.q_proj.weight.grad (unsharded)", step);
+    const std::size_t reduce1 = FirstIndex(e, "reduce-scatter input of layers.1", step);
+    const std::size_t reduce0 = FirstIndex(e, "reduce-scatter input of layers.0", step);
+    CHECK(lastBlock1Gradient < reduce1);
+    CHECK(reduce1 < lastBlock0Gradient);
+    CHECK(FirstIndex(e, "reshard: layers.1 freed", step) < lastBlock0Gradient);
+    CHECK(lastBlock0Gradient < reduce0);
+    CHECK(FirstIndex(e, "reshard: layers.0 freed", step) > lastBlock0Gradient);
+    // Two micro-batches of block 0 are still added after chunk 1's reduce (B2.0, B3.0): .grad
+    // accumulated three times in all, as under 1F1B.
+    CHECK(Frees(e, "model.layers.0.self_attn.q_proj.weight.grad accumulated", step) == 3);
+  }
+  // Just before chunk 1's reduce-scatter every unsharded gradient of the stage is live (bf16):
+  // embeddings and both blocks. Just before chunk 0's, block 1's has become its fp32 shard.
+  const std::size_t reduce1 = FirstIndex(e, "reduce-scatter input of layers.1", 1);
+  CHECK(LiveBefore(e, Category::Gradients, reduce1) == (kEmbed + 2 * kBlock) * 2);
+  const std::size_t root0 = FirstIndex(e, "reduce-scatter input of root unit", 1);
+  REQUIRE(root0 < e.timeline.size());
+  CHECK(root0 > reduce1);
+  CHECK(LiveBefore(e, Category::Gradients, root0) == (kEmbed + kBlock) * 2 + kBlockShard * 4);
+  // The same stage under 1F1B, one root: every unit reduces after the stage's last backward.
+  Setup single = SmallLlamaPipelineFsdp2();
+  const Estimate one = Labelled(single);
+  CHECK(FirstIndex(one, "reduce-scatter input of layers.1", 1) >
+        LastIndex(one, "model.layers.0.self_attn.q_proj.weight.grad (unsharded)", 1));
 }
 
 TEST_CASE("Pipeline FSDP2: embedding and output units of their own on the first and last stage", "[pipeline][fsdp]") {

@@ -164,12 +164,20 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     // torch.distributed.pipelining: one backward per micro-batch (and chunk) of the stage's
     // schedule; the last one of the step is followed by the gradient sync.
     pipelineNoSync_ = true;
-    const std::int64_t v = p.pipelineSchedule == PipelineSchedule::Interleaved ? p.virtualStages : 1;
-    for (const PipelineAction& a : PipelineScheduleOf(p.pipelineSchedule, p.pipelineParallel,
-                                                      std::max<std::int64_t>(0, p.pipelineStage),
-                                                      p.gradientAccumulationSteps, v)) {
-      if (a.backward) ++backwardsPerStep_;
-    }
+    // Every virtual stage runs one backward per micro-batch (PipelineScheduleOf).
+    backwardsPerChunk_ = p.gradientAccumulationSteps;
+    const int v = p.pipelineSchedule == PipelineSchedule::Interleaved ? static_cast<int>(p.virtualStages) : 1;
+    chunkBackwardsSeen_.assign(static_cast<std::size_t>(v), 0);
+    // torchtitan (parallelize_llama.py: parallelize_fn per model part, each apply_fsdp ending in
+    // fully_shard(model_part)) and pipelining's ScheduleInterleaved1F1B: each virtual stage's
+    // blocks, and its root. The stage's blocks split evenly over its chunks (PipelineChunkOf);
+    // the root's own parameters are the embeddings on the first stage (chunk 0) and the final
+    // norm and head on the last (chunk v − 1), as are the embedding and output units.
+    const int perChunk = std::max(1, blocks / v);
+    chunkOfUnit_.assign(units, 0);
+    chunkOfUnit_[0] = p.pipelineStage == 0 ? 0 : v - 1;
+    for (int u = 1; u <= blocks; ++u) chunkOfUnit_[static_cast<std::size_t>(u)] = std::min(v - 1, (u - 1) / perChunk);
+    if (units > static_cast<std::size_t>(blocks) + 2) chunkOfUnit_[static_cast<std::size_t>(blocks) + 2] = v - 1;
     accumulatedGrad_.assign(inventory_.parameters.size(), kNoTensor);
   }
   pendingAllGather_.assign(units, kNoTensor);
@@ -425,20 +433,26 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
     if (layer >= 0) forwardSawBlock_ = true;
     // The output unit's pre-forward: the final norm and head run after the last block.
     if (apart && layer < 0 && forwardSawBlock_) {
-      for (int u = 1; u <= blocks; ++u) if (ReshardsAfterForward(u)) Free(b, u);
+      for (int u = 1; u <= blocks; ++u) if (ReshardsAfterForward(u) && OfRunningChunk(u)) Free(b, u);
       Gather(b, blocks + 2, false);
       return;
     }
     // Forward: the root is gathered first and (as FSDP's root) kept to the end of backward;
-    // a block's unit is freed when the next one is entered, unless it stays gathered.
-    Gather(b, 0, false);
+    // a block's unit is freed when the next one is entered, unless it stays gathered. Under the
+    // interleaved schedule only the running chunk's root and units: the other chunks are
+    // fully_shard roots of their own, untouched by this chunk's hooks.
+    if (OfRunningChunk(0)) Gather(b, 0, false);
     // On a pipeline stage the units ahead may still be gathered from the previous micro-batch's
     // backward (no reshard after backward): each is resharded by its own post-forward.
     if (reshardAfterForward_) {
       for (int u = 1; u < units; ++u) {
-        if (u != unit && ReshardsAfterForward(u) && (!pipelineNoSync_ || unit == 0 || u < unit || u > blocks)) Free(b, u);
+        if (u != unit && ReshardsAfterForward(u) && OfRunningChunk(u) &&
+            (!pipelineNoSync_ || unit == 0 || u < unit || u > blocks)) {
+          Free(b, u);
+        }
       }
     }
+    if (!OfRunningChunk(unit)) return;
     Gather(b, unit, false);
     if (plan_.engine == ShardingEngine::Zero) {
       // stage3_prefetch_bucket_size: the following units gathered ahead while they fit in it
@@ -449,7 +463,7 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
         if (ahead > setup_.parallel.stage3PrefetchBucketSize) break;
         Gather(b, u, true);
       }
-    } else if (setup_.parallel.forwardPrefetch && unit > 0 && unit + 1 <= blocks) {
+    } else if (setup_.parallel.forwardPrefetch && unit > 0 && unit + 1 <= blocks && OfRunningChunk(unit + 1)) {
       Gather(b, unit + 1, true);
     }
     return;
@@ -476,9 +490,10 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
     openUnit_ = -2;
   }
   if (unit == 0 && apart) return;  // the output and embedding units are gathered at their gradients
+  if (!OfRunningChunk(unit)) return;  // another virtual stage's root (interleaved schedule)
   Gather(b, unit, false);
   const bool prefetch = plan_.engine == ShardingEngine::Zero || setup_.parallel.backwardPrefetch;
-  if (prefetch && unit > 1) Gather(b, unit - 1, true);
+  if (prefetch && unit > 1 && OfRunningChunk(unit - 1)) Gather(b, unit - 1, true);
 }
 
 void ParallelStep::Init(TraceBuilder& b) {
@@ -587,7 +602,7 @@ void ParallelStep::Init(TraceBuilder& b) {
 }
 
 void ParallelStep::StartBackward(TraceBuilder& b) {
-  if (pipelineNoSync_) ++backwardsSeen_;
+  if (pipelineNoSync_) ++chunkBackwardsSeen_[static_cast<std::size_t>(chunk_)];
   if (plan_.engine != ShardingEngine::Zero || plan_.zeroStage != 2 || plan_.reduceBuckets == 0) return;
   // stage_1_and_2.py backward(): with contiguous_gradients, ipg_buffer = [empty(reduce_bucket_size)]
   // and a second one with overlap_comm; released by _release_ipg_buffers in step(). On the default
@@ -739,13 +754,15 @@ void ParallelStep::PostBackwardNoSync(TraceBuilder& b, int unit) {
   }
 }
 
-void ParallelStep::PipelineFinalReduce(TraceBuilder& b) {
+void ParallelStep::PipelineFinalReduce(TraceBuilder& b, int chunk) {
   // After the stage's last backward (torch/distributed/pipelining/stage.py: run_post_backward in
   // backward_maybe_with_nosync, perform_reduce_grad in newer torch): set_requires_gradient_sync(True)
   // and set_reshard_after_backward(True), then every FSDP state's post_backward in
   // _state_ctx.all_states order (the root first, then the modules in module order: embeddings,
   // blocks, output), each one resharding and reduce-scattering (foreach_reduce); then
-  // _root_post_backward_final_callback lets go of the last reduce-scatter input.
+  // _root_post_backward_final_callback lets go of the last reduce-scatter input. Under the
+  // interleaved schedule this runs per virtual stage, over that chunk's root and units, at the
+  // chunk's own last backward.
   const int blocks = static_cast<int>(plan_.unitElements.size());
   const int units = static_cast<int>(gathered_.size());
   std::vector<int> order = {0};
@@ -753,6 +770,7 @@ void ParallelStep::PipelineFinalReduce(TraceBuilder& b) {
   for (int u = 1; u <= blocks; ++u) order.push_back(u);
   if (units > blocks + 2) order.push_back(blocks + 2);
   for (int unit : order) {
+    if (chunkOfUnit_[static_cast<std::size_t>(unit)] != chunk) continue;
     PostBackwardNoSync(b, unit);  // accumulate_unsharded_grad_if_needed (nothing left after the no-sync ones)
     Free(b, unit);
     ReduceScatterFsdp2(b, unit);
@@ -835,7 +853,8 @@ void ParallelStep::ForwardStart(TraceBuilder& b) {
   backwardEnded_ = false;
   inForward_ = true;
   const int blocks = static_cast<int>(plan_.unitElements.size());
-  if (static_cast<int>(gathered_.size()) > blocks + 1) Gather(b, blocks + 1, false);  // the embedding unit
+  // The embedding unit (chunk 0's, under the interleaved schedule).
+  if (static_cast<int>(gathered_.size()) > blocks + 1 && OfRunningChunk(blocks + 1)) Gather(b, blocks + 1, false);
 }
 
 void ParallelStep::ForwardEnd(TraceBuilder& b) {
@@ -921,9 +940,10 @@ void ParallelStep::EndBackward(TraceBuilder& b) {
     if (openUnit_ > 0) PostBackwardNoSync(b, openUnit_);
     PostBackwardNoSync(b, 0);
     openUnit_ = -2;
-    if (backwardsSeen_ >= backwardsPerStep_) {
-      PipelineFinalReduce(b);
-      backwardsSeen_ = 0;
+    std::int64_t& seen = chunkBackwardsSeen_[static_cast<std::size_t>(chunk_)];
+    if (seen >= backwardsPerChunk_) {
+      PipelineFinalReduce(b, chunk_);
+      seen = 0;
     }
     return;
   }

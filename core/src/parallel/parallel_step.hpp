@@ -29,6 +29,9 @@ class ParallelStep final : public GradientHook, public LayerHook {
 
   void StartBackward(TraceBuilder& b);
   void EndBackward(TraceBuilder& b);
+  // The interleaved pipeline schedule: the virtual stage (model chunk) whose forward or backward
+  // runs next (PipelineRun). FSDP2 makes each chunk a fully_shard root of its own.
+  void SetPipelineChunk(int chunk) { chunk_ = chunk; }
   void BeforeOptimizerStep(TraceBuilder& b);
   void AfterOptimizerStep(TraceBuilder& b);
   // DeepSpeed ZeRO (stage_1_and_2.py and stage3.py initialize_optimizer_states, called from the
@@ -130,9 +133,18 @@ class ParallelStep final : public GradientHook, public LayerHook {
   // every micro-batch's backward runs without gradient sync and without reshard after backward;
   // after the stage's last backward each unit's post_backward reshards and reduce-scatters.
   void PostBackwardNoSync(TraceBuilder& b, int unit);  // a unit's post_backward, no sync
-  void PipelineFinalReduce(TraceBuilder& b);           // stage.py: run_post_backward / perform_reduce_grad
+  // stage.py run_post_backward / perform_reduce_grad for one virtual stage's units.
+  void PipelineFinalReduce(TraceBuilder& b, int chunk);
   bool pipelineNoSync_ = false;
-  std::int64_t backwardsPerStep_ = 0, backwardsSeen_ = 0;
+  // Under the interleaved schedule each virtual stage is its own fully_shard root with its own
+  // last backward (schedules.py _step_microbatches: last_backward when the stage's
+  // backward_counter reaches n_microbatches). Per unit its virtual stage (0 with one chunk), per
+  // chunk the backwards seen this step; chunk_ is the chunk running now.
+  std::vector<int> chunkOfUnit_;
+  std::vector<std::int64_t> chunkBackwardsSeen_;
+  std::int64_t backwardsPerChunk_ = 0;
+  int chunk_ = 0;
+  bool OfRunningChunk(int unit) const { return chunkOfUnit_.empty() || chunkOfUnit_[static_cast<std::size_t>(unit)] == chunk_; }
   // Per parameter: FSDPParam.unsharded_accumulated_grad, the reduce-dtype accumulation of the
   // unsharded gradient between backwards without sync (_fsdp_param.py to_accumulated_grad_if_needed).
   std::vector<TensorHandle> accumulatedGrad_;

@@ -219,6 +219,7 @@ void PipelineRun::Run(TraceBuilder& b, int step, GradientSink& gradients, Parall
         free = slots_.end() - 1;
       }
       free->microBatch = a.microBatch;
+      if (parallel) parallel->SetPipelineChunk(static_cast<int>(a.chunk));
       // FSDP2 per stage: its units are gathered around each chunk-forward and backward as on
       // one pass (ParallelStep::Enter), so every micro-batch's pass reports its blocks.
       if (parallel && parallel->gathers()) free->pass->SetLayerHook(parallel);
@@ -230,6 +231,7 @@ void PipelineRun::Run(TraceBuilder& b, int step, GradientSink& gradients, Parall
                              [&](const Slot& s) { return s.microBatch == a.microBatch && s.chunk == a.chunk; });
     if (busy == slots_.end()) continue;  // a schedule always runs a forward before its backward
     b.SetPhase(Phase::Backward, step);
+    if (parallel) parallel->SetPipelineChunk(static_cast<int>(a.chunk));
     if (parallel) parallel->StartBackward(b);
     busy->pass->Backward(b, gradients);
     if (parallel && i + 1 < actions_.size()) parallel->EndBackward(b);
@@ -377,12 +379,6 @@ void ValidatePipeline(const Setup& setup, std::vector<FieldError>& errors) {
                 "FSDP1 (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD) per stage is not simulated: choose fully_shard, "
                 "DDP or ZeRO-1.");
   }
-  if (p.fsdp == FsdpMode::FullyShard && interleaved) {
-    // ScheduleInterleaved1F1B: each virtual stage is a model chunk with its own fully_shard root
-    // and its own last backward (stage.py perform_reduce_grad per stage); not simulated yet.
-    bad("pipelineSchedule", "FSDP2 with the interleaved schedule (one fully_shard root per virtual stage) is not "
-                            "simulated yet: use 1F1B or GPipe with FSDP2.");
-  }
   if (p.fsdp == FsdpMode::FullyShard && p.offload != OffloadKind::None) {
     bad("offload", "FSDP2 CPU offload with pipeline parallelism is not simulated yet.");
   }
@@ -447,7 +443,13 @@ std::vector<std::string> PipelineNotes(const Setup& setup) {
                     (p.fsdpReduceInFp32 ? "in fp32, reduce_dtype" : "in the gradients' dtype") +
                     ") until the last backward, after which each unit reshards and reduce-scatters once. " +
                     (p.reshardAfterForward ? "reshard_after_forward=True gathers each unit again in every micro-batch's forward."
-                                           : "reshard_after_forward=False (torchtitan's default under PP): each unit is gathered once a step."));
+                                           : "reshard_after_forward=False (torchtitan's default under PP): each unit is gathered once a step.") +
+                    (interleaved ? " Under the interleaved schedule each of the " + std::to_string(v) +
+                                       " virtual stages is a fully_shard root of its own: its units reshard and "
+                                       "reduce-scatter after its own last backward (pipelining schedules.py: last_backward "
+                                       "per stage), so the later chunks, whose backwards finish first, let go of their "
+                                       "gathered parameters and unsharded gradients before the earlier ones."
+                                 : ""));
   }
   if (setup.model.architecture.tieWordEmbeddings) {
     notes.push_back("Tied embeddings: Megatron keeps a copy of the word embeddings on the last stage for the head and "
