@@ -68,11 +68,15 @@ export function update() {
   state.lastGood = estimate;
   state.lastGoodSetup = setup;
   state.lastContext = { kind: setup.model.kind, presetId: setup.model.preset ?? '', family: setup.model.architecture?.family };
+  // The results are shown before they are drawn, so the charts measure the width they will have:
+  // the first result used to be drawn into a hidden box (data-state=empty: display none), 280
+  // px wide, and drawn again at its real width one frame later. (Nothing can observe the state
+  // between here and the end of this function: it all runs in one task.)
+  setResultsState('ok');
   render(estimate);
   renderParallel(estimate);
   renderSafetensors();
   state.snapshot?.refresh();  // a dropped PyTorch snapshot, compared with this estimate
-  setResultsState('ok');
   scheduleViews(setup);
   if (state.embed) showParamProblems(state.paramProblems ?? []);
   recordTiming(started, estimated);

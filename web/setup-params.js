@@ -70,17 +70,22 @@ export function paramNumber(text) {
 }
 
 // UTF-8 text ↔ base64url, as the page's #s= parameter holds its setup.
+// Both go through btoa / atob's "binary strings" in chunks: a character per byte, built and read
+// without a callback per byte (a 5,000-layer setup is a few hundred kilobytes).
 export function toBase64Url(text) {
-  let binary = '';
-  for (const byte of new TextEncoder().encode(text)) binary += String.fromCharCode(byte);
-  return btoa(binary).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
+  const bytes = new TextEncoder().encode(text);
+  const chunks = [];
+  for (let i = 0; i < bytes.length; i += 0x8000) chunks.push(String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000)));
+  return btoa(chunks.join('')).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
 }
 
 export function fromBase64Url(text) {
   let b64 = text.replace(/-/g, '+').replace(/_/g, '/');
   while (b64.length % 4) b64 += '=';
   const binary = atob(b64);
-  return new TextDecoder('utf-8', { fatal: true }).decode(Uint8Array.from(binary, (c) => c.charCodeAt(0)));
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return new TextDecoder('utf-8', { fatal: true }).decode(bytes);
 }
 
 // A setup held in a parameter: base64url of its JSON, or the JSON itself (hand-written links,
