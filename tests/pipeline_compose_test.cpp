@@ -270,7 +270,21 @@ TEST_CASE("Unequal stages: Megatron's first and last stage layers and torchtitan
   CHECK(Split(7, 4) == Layers{1, 2, 2, 2});      // base 1, remainder 3: the last takes the third
   CHECK(Split(10, 4) == Layers{2, 3, 3, 2});
   CHECK(Split(3, 4).empty());                     // more stages than layers
-  CHECK(Split(12, 5, 0, 0, PipelineSchedule::Interleaved, 2).empty());  // Megatron: p·v must divide L
+  // Interleaved: torchtitan's split over the p·v virtual stages, rank r running virtual stages r,
+  // r + p, … (12 over 10: 1, 2, 2, 1, 1, 1, 1, 1, 1, 1; rank 1 holds the second and the seventh).
+  CHECK(Split(12, 5, 0, 0, PipelineSchedule::Interleaved, 2) == Layers{2, 3, 3, 2, 2});
+  // Llama 3.1 405B over 8 ranks × 2 (torchtitan's Interleaved 1F1B row): 16 virtual stages of
+  // 7, 8 × 14, 7, so ranks 0 and 7 hold 7 + 8 layers and the others 16.
+  CHECK(Split(126, 8, 0, 0, PipelineSchedule::Interleaved, 2) == Layers{15, 16, 16, 16, 16, 16, 16, 15});
+  {
+    ParallelDef par;
+    par.pipelineParallel = 8;
+    par.pipelineSchedule = PipelineSchedule::Interleaved;
+    par.virtualStages = 2;
+    CHECK(PipelineChunkLayers(par, 126) == Layers{7, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 8, 7});
+    CHECK(PipelineChunkLayers(par, 128) == Layers(16, 8));
+  }
+  CHECK(Split(7, 4, 0, 0, PipelineSchedule::Interleaved, 2).empty());  // 8 virtual stages, 7 layers
   // Megatron --decoder-first/last-pipeline-num-layers: the rest evenly over the other stages.
   CHECK(Split(32, 4, 3, 5) == Layers{3, 12, 12, 5});
   CHECK(Split(30, 4, 6) == Layers{6, 8, 8, 8});
@@ -347,7 +361,9 @@ TEST_CASE("Unequal stages: the fields are validated by name and read and written
   CHECK(HasErrorOn(Validate(inter), "parallel.pipelineFirstStageLayers"));
   inter.parallel.pipelineFirstStageLayers = 0;
   CHECK(Validate(inter).empty());
-  inter.model.architecture.numLayers = 10;  // 10 layers over 2 × 2 chunks
+  inter.model.architecture.numLayers = 10;  // 10 layers over 2 × 2 chunks: torchtitan's split
+  CHECK(Validate(inter).empty());
+  inter.model.architecture.numLayers = 3;   // fewer layers than the 4 virtual stages
   CHECK(HasErrorOn(Validate(inter), "parallel.pipelineParallel"));
   CHECK(HasErrorOn(Validate(LlamaPipeline(3, 4, 1, 512)), "parallel.pipelineParallel"));
   const std::string text = SetupToJson(s);
@@ -358,6 +374,53 @@ TEST_CASE("Unequal stages: the fields are validated by name and read and written
   CHECK(back.setup.parallel.pipelineFirstStageLayers == 0);
   const SetupParseResult wrong = ParseSetupJson(R"({"parallel":{"pipelineFirstStageLayers":"two"}})");
   CHECK(!wrong.ok());
+}
+
+TEST_CASE("Unequal stages: interleaved chunks of unequal layer counts run their own layers", "[pipeline][compose]") {
+  // 6 layers over PP 2 × v 2: torchtitan's split over 4 virtual stages is 1, 2, 2, 1, so rank 0
+  // runs chunks of 1 and 2 layers (virtual stages 0 and 2), rank 1 of 2 and 1 (1 and 3).
+  Setup base = LlamaPipeline(6, 2, 2, 512);
+  base.parallel.pipelineSchedule = PipelineSchedule::Interleaved;
+  base.parallel.virtualStages = 2;
+  REQUIRE(Validate(base).empty());
+  CHECK(PipelineStageLayers(base.parallel, 6) == Layers{3, 3});
+  CHECK(PipelineStageSetup(AtStage(base, 0)).parallel.stageChunkLayers == Layers{1, 2});
+  CHECK(PipelineStageSetup(AtStage(base, 1)).parallel.stageChunkLayers == Layers{2, 1});
+  // Equal chunks keep the even split (no list).
+  Setup even = base;
+  even.model.architecture.numLayers = 8;
+  CHECK(PipelineStageSetup(AtStage(even, 0)).parallel.stageChunkLayers.empty());
+  const std::int64_t h = kHidden, perLayer = 4 * h * h + 3 * h * kFfn + 2 * h;
+  const Estimate first = Labelled(AtStage(base, 0));
+  CHECK(first.modelStates.parameterCount == 3 * perLayer + kVocab * h);
+  // Rank 0's warm-up runs chunk 0 for both micro-batches before chunk 1 (PipelineScheduleOf:
+  // warm-up (p − r − 1)·2 + (v − 1)·p = 4 chunk-forwards): chunk 0 is block 0 alone, so both
+  // micro-batches' input_ids are loaded before block 1's first event, and block 1 and block 2
+  // first run in the same chunk-forward (no batch loaded between them).
+  auto firstIndex = [&](const Estimate& e, auto&& match) {
+    for (std::size_t i = 0; i < e.timeline.size(); ++i) if (e.timeline[i].step == 1 && match(e.timeline[i])) return i;
+    return e.timeline.size();
+  };
+  auto loadsBefore = [&](const Estimate& e, std::size_t end) {
+    int n = 0;
+    for (std::size_t i = 0; i < end; ++i) n += e.timeline[i].step == 1 && e.timeline[i].deltaBytes > 0 &&
+                                                e.timeline[i].label.find("batch: input_ids") != std::string::npos;
+    return n;
+  };
+  const std::size_t block1 = firstIndex(first, [](const TimelinePoint& p) { return p.layer == 1; });
+  const std::size_t block2 = firstIndex(first, [](const TimelinePoint& p) { return p.layer == 2; });
+  REQUIRE(block2 < first.timeline.size());
+  CHECK(loadsBefore(first, block1) == 2);
+  CHECK(loadsBefore(first, block2) == 2);
+  // Rank 1: chunk 0 is blocks 0 and 1, chunk 1 block 2 with the head. Its first chunk-forward
+  // (chunk 0, micro-batch 0) reaches block 1 before block 2 appears.
+  const Estimate last = Labelled(AtStage(base, 1));
+  CHECK(last.modelStates.parameterCount == 3 * perLayer + h + kVocab * h);
+  const std::size_t lastBlock1 = firstIndex(last, [](const TimelinePoint& p) { return p.layer == 1; });
+  const std::size_t lastBlock2 = firstIndex(last, [](const TimelinePoint& p) { return p.layer == 2; });
+  const std::size_t labels = firstIndex(last, [](const TimelinePoint& p) { return p.label.find("batch: labels") != std::string::npos; });
+  CHECK(lastBlock1 < lastBlock2);
+  CHECK(lastBlock1 < labels);  // chunk 0 loads no labels; chunk 1 (the head's) does
 }
 
 TEST_CASE("Pipeline with sequence parallel: the layout cost and the solver", "[pipeline][compose][layouts]") {

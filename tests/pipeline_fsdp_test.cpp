@@ -273,6 +273,36 @@ TEST_CASE("Pipeline FSDP2: interleaved, each virtual stage reduces after its own
         LastIndex(one, "model.layers.0.self_attn.q_proj.weight.grad (unsharded)", 1));
 }
 
+TEST_CASE("Pipeline FSDP2: interleaved chunks of unequal layer counts reduce their own blocks", "[pipeline][fsdp]") {
+  // 6 blocks over PP 2 × v 2: torchtitan's split 1, 2, 2, 1, so stage 0's chunk 0 is block 0 and
+  // its chunk 1 blocks 1 and 2 (PipelineChunkLayers). Chunk 1 reduces both of its blocks after its
+  // own last backward, before block 0's last gradient; chunk 0 reduces block 0 after it.
+  Setup s = SmallLlamaPipelineFsdp2();
+  s.model.architecture.numLayers = 6;
+  s.parallel.pipelineSchedule = PipelineSchedule::Interleaved;
+  s.parallel.virtualStages = 2;
+  const Estimate e = Labelled(s);
+  CHECK(e.modelStates.parametersBytes == (kEmbedShard + 3 * kBlockShard) * 4);
+  const std::size_t lastBlock0Gradient = LastIndex(e, "model.layers.0.self_attn.q_proj.weight.grad (unsharded)", 1);
+  for (const char* block : {"layers.1", "layers.2"}) {
+    INFO(block);
+    const std::size_t reduce = FirstIndex(e, std::string("reduce-scatter input of ") + block, 1);
+    REQUIRE(reduce < e.timeline.size());
+    CHECK(reduce < lastBlock0Gradient);
+  }
+  CHECK(FirstIndex(e, "reduce-scatter input of layers.0", 1) > lastBlock0Gradient);
+  // Stage 1: chunk 0 is blocks 0 and 1, chunk 1 block 2 with the final norm and head (the root).
+  s.parallel.pipelineStage = 1;
+  const Estimate last = Labelled(s);
+  const std::size_t lastBlock1Gradient = LastIndex(last, "model.layers.1.self_attn.q_proj.weight.grad (unsharded)", 1);
+  const std::size_t reduce2 = FirstIndex(last, "reduce-scatter input of layers.2", 1);
+  const std::size_t reduce1 = FirstIndex(last, "reduce-scatter input of layers.1", 1);
+  REQUIRE(reduce1 < last.timeline.size());
+  CHECK(reduce2 < lastBlock1Gradient);
+  CHECK(FirstIndex(last, "reduce-scatter input of root unit", 1) < lastBlock1Gradient);
+  CHECK(reduce1 > lastBlock1Gradient);
+}
+
 TEST_CASE("Pipeline FSDP2: embedding and output units of their own on the first and last stage", "[pipeline][fsdp]") {
   Setup s = SmallLlamaPipelineFsdp2();
   s.parallel.fsdpShardEmbeddingsAndHead = true;  // torchtitan's newer apply_fsdp: tok_embeddings, [norm, output]

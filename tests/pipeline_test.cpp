@@ -266,8 +266,10 @@ TEST_CASE("Pipeline: what cannot be split or is not simulated is refused by name
   // 12 layers over 5 split as torchtitan splits them (tests/pipeline_compose_test.cpp).
   CHECK(Validate(Gpt2Pipeline(5, 1)).empty());
   Setup inter = Gpt2Pipeline(4, 4, PipelineSchedule::Interleaved);
-  inter.parallel.virtualStages = 2;  // 12 layers over 4 × 2 chunks
+  inter.parallel.virtualStages = 4;  // 12 layers over 4 × 4 chunks: more chunks than layers
   CHECK(HasErrorOn(Validate(inter), "parallel.pipelineParallel"));
+  inter.parallel.virtualStages = 2;  // 12 over 8: torchtitan's split (pipeline_compose_test.cpp)
+  CHECK(Validate(inter).empty());
   Setup interM = Gpt2Pipeline(2, 3, PipelineSchedule::Interleaved);
   interM.parallel.virtualStages = 2;
   CHECK(HasErrorOn(Validate(interM), "parallel.gradientAccumulationSteps"));

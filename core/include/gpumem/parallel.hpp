@@ -356,11 +356,16 @@ double MegatronTheoreticalActivationBytes(const ArchitectureDef& a, std::int64_t
 //   stages share the rest evenly (Megatron megatron/core/transformer/transformer_block.py
 //   get_num_layers_to_build, which asserts that they divide it);
 // - p (p·v interleaved) divides L: L/p each (Megatron, torchtitan);
-// - otherwise, 1F1B and GPipe only: torchtitan's generate_split_points (torchtitan/parallelisms/
-//   pipelining_utils.py, the version of its December 2024 benchmarks): the first stage L div p,
-//   each next stage one more while the remainder lasts, the last stage the rest. Llama 3.1 405B's
-//   126 layers over 8 stages: 15, 16, 16, 16, 16, 16, 16, 15.
+// - otherwise: torchtitan's generate_split_points (torchtitan/parallelisms/pipelining_utils.py,
+//   the version of its December 2024 benchmarks) over the p·v virtual stages: the first L div
+//   (p·v), each next one more while the remainder lasts, the last the rest; a rank's stage is the
+//   sum of its chunks (PipelineChunkLayers). Llama 3.1 405B's 126 layers over 8 stages: 15, 16,
+//   16, 16, 16, 16, 16, 15.
 std::vector<std::int64_t> PipelineStageLayers(const ParallelDef& parallel, std::int64_t numLayers);
+// The layers of each virtual stage, in virtual-stage order (p·v of them; rank r runs virtual
+// stages r, r + p, …, r + (v − 1)·p: Megatron's interleaving and torchtitan's "loop" style,
+// stage_ids_this_rank). Empty where PipelineStageLayers is.
+std::vector<std::int64_t> PipelineChunkLayers(const ParallelDef& parallel, std::int64_t numLayers);
 
 // The simulated stage's model: the layers of stage `setup.parallel.pipelineStage` (L/p), with the
 // embeddings on the first stage and the final norm, head and loss on the last (Megatron

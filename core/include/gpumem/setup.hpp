@@ -525,6 +525,10 @@ struct ParallelDef {
   // the rest evenly (docs/parallel.md "Pipeline", PipelineStageLayers).
   std::int64_t pipelineFirstStageLayers = 0;
   std::int64_t pipelineLastStageLayers = 0;
+  // Derived, never read from or written to JSON: on the setup PipelineStageSetup makes for one
+  // stage, the layer count of each of its chunks (virtual stages) when they differ (torchtitan's
+  // split over p·v virtual stages); empty otherwise, the stage's layers then split evenly.
+  std::vector<std::int64_t> stageChunkLayers;
   std::int64_t contextParallel = 1;   // --context-parallel-size
   std::int64_t expertParallel = 1;    // --expert-model-parallel-size
   // --expert-tensor-parallel-size: ranks that split each expert's MLP (column/row inside the

@@ -170,13 +170,16 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     chunkBackwardsSeen_.assign(static_cast<std::size_t>(v), 0);
     // torchtitan (parallelize_llama.py: parallelize_fn per model part, each apply_fsdp ending in
     // fully_shard(model_part)) and pipelining's ScheduleInterleaved1F1B: each virtual stage's
-    // blocks, and its root. The stage's blocks split evenly over its chunks (PipelineChunkOf);
-    // the root's own parameters are the embeddings on the first stage (chunk 0) and the final
-    // norm and head on the last (chunk v − 1), as are the embedding and output units.
-    const int perChunk = std::max(1, blocks / v);
+    // blocks (StageChunkLayers, as PipelineChunkOf runs them), and its root. The root's own
+    // parameters are the embeddings on the first stage (chunk 0) and the final norm and head on
+    // the last (chunk v − 1), as are the embedding and output units.
     chunkOfUnit_.assign(units, 0);
     chunkOfUnit_[0] = p.pipelineStage == 0 ? 0 : v - 1;
-    for (int u = 1; u <= blocks; ++u) chunkOfUnit_[static_cast<std::size_t>(u)] = std::min(v - 1, (u - 1) / perChunk);
+    int u = 1;
+    const std::vector<std::int64_t> chunkLayers = StageChunkLayers(setup_);
+    for (std::size_t c = 0; c < chunkLayers.size(); ++c) {
+      for (std::int64_t k = 0; k < chunkLayers[c] && u <= blocks; ++k) chunkOfUnit_[static_cast<std::size_t>(u++)] = static_cast<int>(c);
+    }
     if (units > static_cast<std::size_t>(blocks) + 2) chunkOfUnit_[static_cast<std::size_t>(blocks) + 2] = v - 1;
     accumulatedGrad_.assign(inventory_.parameters.size(), kNoTensor);
   }

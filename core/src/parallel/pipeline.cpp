@@ -101,12 +101,35 @@ double MegatronTheoreticalActivationBytes(const ArchitectureDef& a, std::int64_t
   return bytes / static_cast<double>(tensorParallel);
 }
 
-std::vector<std::int64_t> PipelineStageLayers(const ParallelDef& par, std::int64_t numLayers) {
+namespace {
+// torchtitan/parallelisms/pipelining_utils.py generate_split_points over n stages (the version of
+// its December 2024 benchmarks, used by pipeline_llama.py when no pipeline_parallel_split_points
+// are given; n = pp·2 for its multi-stage schedules): base_interval = L // n, extra_layers = L % n;
+// the split after stage 0 comes base_interval layers in, after each middle stage base_interval + 1
+// while extra_layers last; the last stage holds the rest ("layers." split points).
+std::vector<std::int64_t> TorchtitanSplit(std::int64_t L, std::int64_t n) {
+  std::vector<std::int64_t> layers;
+  std::int64_t extra = L % n, placed = 0;
+  for (std::int64_t i = 0; i + 1 < n; ++i) {
+    std::int64_t count = L / n;
+    if (i > 0 && extra > 0) {
+      ++count;
+      --extra;
+    }
+    layers.push_back(count);
+    placed += count;
+  }
+  layers.push_back(L - placed);
+  return layers;
+}
+}  // namespace
+
+std::vector<std::int64_t> PipelineChunkLayers(const ParallelDef& par, std::int64_t numLayers) {
   const std::int64_t p = par.pipelineParallel, L = numLayers;
   const bool interleaved = par.pipelineSchedule == PipelineSchedule::Interleaved;
   const std::int64_t v = interleaved ? par.virtualStages : 1;
   const std::int64_t first = par.pipelineFirstStageLayers, last = par.pipelineLastStageLayers;
-  if (p < 1 || p > 4096 || L < 1 || v < 1 || first < 0 || last < 0) return {};
+  if (p < 1 || p > 4096 || L < 1 || v < 1 || v > 1024 || first < 0 || last < 0) return {};
   if (first > 0 || last > 0) {
     // megatron/core/transformer/transformer_block.py get_num_layers_to_build: the layers left
     // after the first and the last stage's go evenly to the stages left (it asserts that they
@@ -123,26 +146,22 @@ std::vector<std::int64_t> PipelineStageLayers(const ParallelDef& par, std::int64
     return layers;
   }
   // Megatron get_num_layers_to_build: num_layers / pipeline_model_parallel_size (and per virtual
-  // stage / v); torchtitan's split gives the same when p divides L.
-  if (L % (p * v) == 0) return std::vector<std::int64_t>(static_cast<std::size_t>(p), L / p);
-  if (interleaved || p > L) return {};
-  // torchtitan/parallelisms/pipelining_utils.py generate_split_points (single-stage schedules,
-  // one stage per rank): base_interval = L // p, extra_layers = L % p; the split after stage 0
-  // comes base_interval layers in, after each middle stage base_interval + 1 while extra_layers
-  // last; the last stage holds the rest ("layers." split points, pipeline_llama.py).
-  std::vector<std::int64_t> layers;
-  std::int64_t extra = L % p, placed = 0;
-  for (std::int64_t i = 0; i + 1 < p; ++i) {
-    std::int64_t n = L / p;
-    if (i > 0 && extra > 0) {
-      ++n;
-      --extra;
-    }
-    layers.push_back(n);
-    placed += n;
-  }
-  layers.push_back(L - placed);
-  return layers;
+  // stage / v); torchtitan's split gives the same when p·v divides L.
+  const std::int64_t n = p * v;
+  if (L % n == 0) return std::vector<std::int64_t>(static_cast<std::size_t>(n), L / n);
+  // torchtitan: "Total stages cannot be greater than the number of layers".
+  if (n > L) return {};
+  return TorchtitanSplit(L, n);
+}
+
+std::vector<std::int64_t> PipelineStageLayers(const ParallelDef& par, std::int64_t numLayers) {
+  const std::vector<std::int64_t> chunks = PipelineChunkLayers(par, numLayers);
+  if (chunks.empty()) return {};
+  // Rank r runs virtual stages r, r + p, …: its layers are theirs together.
+  const std::size_t p = static_cast<std::size_t>(par.pipelineParallel);
+  std::vector<std::int64_t> stages(p, 0);
+  for (std::size_t s = 0; s < chunks.size(); ++s) stages[s % p] += chunks[s];
+  return stages;
 }
 
 Setup PipelineStageSetup(const Setup& setup) {
@@ -156,6 +175,17 @@ Setup PipelineStageSetup(const Setup& setup) {
   stage.model.architecture.numLayers =
       r < static_cast<std::int64_t>(layers.size()) ? layers[static_cast<std::size_t>(r)] : setup.model.architecture.numLayers / p;
   stage.parallel.pipelineStage = r;
+  // Chunks of unequal layer counts (torchtitan's split over the virtual stages): the stage keeps
+  // its own, in chunk order, for PipelineChunkOf.
+  stage.parallel.stageChunkLayers.clear();
+  if (setup.parallel.pipelineSchedule == PipelineSchedule::Interleaved) {
+    const std::vector<std::int64_t> chunks = PipelineChunkLayers(setup.parallel, setup.model.architecture.numLayers);
+    std::vector<std::int64_t> own;
+    for (std::size_t s = static_cast<std::size_t>(r); s < chunks.size(); s += static_cast<std::size_t>(p)) own.push_back(chunks[s]);
+    bool equal = true;
+    for (std::int64_t count : own) equal &= count == own.front();
+    if (!equal) stage.parallel.stageChunkLayers = std::move(own);
+  }
   return stage;
 }
 
@@ -184,16 +214,25 @@ Inventory PipelineStageInventory(const Inventory& stageModel, const Setup& stage
   return stage;
 }
 
+std::vector<std::int64_t> StageChunkLayers(const Setup& stageSetup) {
+  const ParallelDef& par = stageSetup.parallel;
+  if (!par.stageChunkLayers.empty()) return par.stageChunkLayers;
+  const std::int64_t v = par.pipelineSchedule == PipelineSchedule::Interleaved ? par.virtualStages : 1;
+  return std::vector<std::int64_t>(static_cast<std::size_t>(v), stageSetup.model.architecture.numLayers / v);
+}
+
 PipelineChunk PipelineChunkOf(const Setup& stageSetup, std::int64_t chunk) {
   const ParallelDef& par = stageSetup.parallel;
-  const std::int64_t v = par.pipelineSchedule == PipelineSchedule::Interleaved ? par.virtualStages : 1;
-  const std::int64_t perChunk = stageSetup.model.architecture.numLayers / v;
+  const std::vector<std::int64_t> layers = StageChunkLayers(stageSetup);
+  const std::int64_t v = static_cast<std::int64_t>(layers.size());
+  std::int64_t first = 0;
+  for (std::int64_t c = 0; c < chunk && c < v; ++c) first += layers[static_cast<std::size_t>(c)];
   PipelineChunk c;
   c.active = true;
   c.embeddings = par.pipelineStage == 0 && chunk == 0;
   c.head = par.pipelineStage == par.pipelineParallel - 1 && chunk == v - 1;
-  c.firstLayer = static_cast<int>(chunk * perChunk);
-  c.layers = static_cast<int>(perChunk);
+  c.firstLayer = static_cast<int>(first);
+  c.layers = chunk < v ? static_cast<int>(layers[static_cast<std::size_t>(chunk)]) : 0;
   return c;
 }
 
@@ -344,11 +383,11 @@ void ValidatePipeline(const Setup& setup, std::vector<FieldError>& errors) {
                      (stagesLeft == 0 ? ": with both set they must add up to the " + L + " layers."
                                       : ", at least one each: they must divide them."));
     } else if (interleaved) {
-      // megatron/training/arguments.py: num_layers must be divisible by the pipeline size
-      // (and num_layers_per_virtual_pipeline_stage must divide a stage's layers).
-      bad("pipelineParallel", "Megatron splits the " + L + " layers evenly over the interleaved schedule's chunks: "
-                              "pipeline parallel × virtual stages (" + std::to_string(p.pipelineParallel * v) +
-                              ") must divide them.");
+      // torchtitan generate_split_points: "Total stages cannot be greater than the number of
+      // layers" (p·v virtual stages).
+      bad("pipelineParallel", "The interleaved schedule's " + std::to_string(p.pipelineParallel * v) +
+                              " virtual stages (pipeline parallel × virtual stages) are more than the " + L +
+                              " layers: every virtual stage needs at least one.");
     } else {
       // torchtitan generate_split_points: "Total stages cannot be greater than the number of layers".
       bad("pipelineParallel", "The pipeline parallel size (" + P + ") is larger than the " + L +
@@ -421,7 +460,24 @@ std::vector<std::string> PipelineNotes(const Setup& setup) {
   notes.push_back(std::move(n));
   bool unequal = false;
   for (std::int64_t count : layers) unequal |= count != layers.front();
-  if (unequal) {
+  const std::vector<std::int64_t> chunks = interleaved ? PipelineChunkLayers(p, setup.model.architecture.numLayers)
+                                                       : std::vector<std::int64_t>{};
+  bool unequalChunks = false;
+  for (std::int64_t count : chunks) unequalChunks |= count != chunks.front();
+  if (unequalChunks) {
+    std::string split, own;
+    for (std::int64_t count : chunks) split += (split.empty() ? "" : ", ") + std::to_string(count);
+    for (std::size_t c = static_cast<std::size_t>(stage); c < chunks.size(); c += static_cast<std::size_t>(p.pipelineParallel)) {
+      own += (own.empty() ? "" : " and ") + std::to_string(chunks[c]);
+    }
+    notes.push_back("Virtual stages of unequal layer counts (" + split + "): p × v (" +
+                    std::to_string(p.pipelineParallel * v) + ") does not divide the " +
+                    std::to_string(setup.model.architecture.numLayers) +
+                    " layers, so they are split as torchtitan's generate_split_points splits its virtual stages (the "
+                    "first L div (p·v), the next ones one more while the remainder lasts, the last the rest), and "
+                    "rank r runs virtual stages r, r + p, …: stage " + std::to_string(stage) + "'s chunks hold " + own +
+                    " layers. Megatron would refuse this size.");
+  } else if (unequal) {
     std::string split;
     for (std::int64_t count : layers) split += (split.empty() ? "" : ", ") + std::to_string(count);
     notes.push_back("Pipeline stages of unequal layer counts (" + split + ")" +

@@ -26,7 +26,10 @@ struct PipelineChunk {
   int firstLayer = 0;       // the stage's own block indices [firstLayer, firstLayer + layers)
   int layers = 0;
 };
-// Chunk `chunk` of the stage PipelineStageSetup made (its numLayers are the stage's L/p).
+// The layers of each chunk of the stage PipelineStageSetup made, in chunk order: its own
+// stageChunkLayers when they differ, else its numLayers split evenly over its v chunks.
+std::vector<std::int64_t> StageChunkLayers(const Setup& stageSetup);
+// Chunk `chunk` of the stage PipelineStageSetup made.
 PipelineChunk PipelineChunkOf(const Setup& stageSetup, std::int64_t chunk);
 
 // The transformer pass of one chunk (core/src/sim/families/transformer.cpp).
