@@ -273,6 +273,27 @@ TEST_CASE("Pipeline FSDP2: interleaved, each virtual stage reduces after its own
         LastIndex(one, "model.layers.0.self_attn.q_proj.weight.grad (unsharded)", 1));
 }
 
+TEST_CASE("Pipeline FSDP2: interleaved with reshard_after_forward, a chunk's forward leaves the other chunk's units", "[pipeline][fsdp]") {
+  // Stage 0 of PP 2 × v 2 as above, with reshard_after_forward=True. Block 0 (chunk 0) is
+  // gathered and resharded by each of chunk 0's four forwards (F0.0 F1.0 F2.0 F3.0), gathered
+  // again by B0.0, and then stays gathered through B1.0 … B3.0 (no reshard after backward) to
+  // chunk 0's final reduce: chunk 1's forwards in between (F2.1, F3.1) belong to another
+  // fully_shard root and do not reshard it. Five all-gathers and five reshards a step; had chunk
+  // 1's forwards resharded it, B1.0 would gather it again.
+  Setup s = SmallLlamaPipelineFsdp2();
+  s.parallel.pipelineSchedule = PipelineSchedule::Interleaved;
+  s.parallel.virtualStages = 2;
+  s.parallel.reshardAfterForward = true;
+  const Estimate e = Labelled(s);
+  for (int step : {1, 2}) {
+    INFO("step " << step);
+    CHECK(Allocations(e, "all-gather of layers.0", step) == 5);
+    CHECK(Frees(e, "reshard: layers.0 freed", step) == 5);
+    CHECK(Allocations(e, "reduce-scatter input of layers.0", step) == 1);
+    CHECK(Allocations(e, "reduce-scatter input of layers.1", step) == 1);
+  }
+}
+
 TEST_CASE("Pipeline FSDP2: interleaved chunks of unequal layer counts reduce their own blocks", "[pipeline][fsdp]") {
   // 6 blocks over PP 2 × v 2: torchtitan's split 1, 2, 2, 1, so stage 0's chunk 0 is block 0 and
   // its chunk 1 blocks 1 and 2 (PipelineChunkLayers). Chunk 1 reduces both of its blocks after its
