@@ -213,10 +213,6 @@ TEST_CASE("Pipeline FSDP2: what stays refused", "[pipeline][fsdp]") {
   CHECK(HasErrorOn(EstimateMemory(s).errors, "parallel.zeroStage"));
   s.parallel.zeroStage = 1;
   CHECK(EstimateMemory(s).ok());
-  // CPU offload is not simulated yet.
-  s = SmallLlamaPipelineFsdp2();
-  s.parallel.offload = OffloadKind::Optimizer;
-  CHECK(HasErrorOn(EstimateMemory(s).errors, "parallel.offload"));
   // GPipe with FSDP2 is simulated.
   s = SmallLlamaPipelineFsdp2();
   s.parallel.pipelineSchedule = PipelineSchedule::GPipe;
@@ -271,6 +267,35 @@ TEST_CASE("Pipeline FSDP2: interleaved, each virtual stage reduces after its own
   const Estimate one = Labelled(single);
   CHECK(FirstIndex(one, "reduce-scatter input of layers.1", 1) >
         LastIndex(one, "model.layers.0.self_attn.q_proj.weight.grad (unsharded)", 1));
+}
+
+TEST_CASE("Pipeline FSDP2: CPUOffloadPolicy keeps the stage's shards on the host", "[pipeline][fsdp]") {
+  // fully_shard(offload_policy=CPUOffloadPolicy()) on each stage: the sharded parameters, their
+  // gradients and the optimizer live on the host. Under the pipeline the unsharded gradients still
+  // accumulate on the GPU without sync (_fsdp_param_group.py post_backward returns before
+  // foreach_reduce), and the final reduce-scatter's output is copied to the host
+  // (_fsdp_collectives.py foreach_reduce: .to(cpu) when offload_to_cpu).
+  Setup s = SmallLlamaPipelineFsdp2();
+  s.parallel.offload = OffloadKind::OptimizerAndParameters;
+  const Estimate e = Labelled(s);
+  CHECK(e.modelStates.parametersBytes == 0);
+  CHECK(e.modelStates.gradientsBytes == 0);
+  CHECK(e.modelStates.optimizerStatesBytes == 0);
+  for (int step : {1, 2}) {
+    INFO("step " << step);
+    // Gathered once a step (reshard_after_forward=False): the fp32 host shard copied to the device
+    // in bf16 (22,688 elements), then the padded all-gather output.
+    std::int64_t bytes = 0;
+    CHECK(Allocations(e, "all-gather input (shards copied to the device) of layers.0", step, &bytes) == 1);
+    CHECK(bytes == kBlockShard * 2);
+    CHECK(Allocations(e, "all-gather of layers.0", step) == 1);
+    // One reduce-scatter per unit and step, its shard then copied to the host.
+    CHECK(Allocations(e, "reduce-scatter input of layers.0", step) == 1);
+    CHECK(Frees(e, "gradient shard of layers.0 copied to the host", step) == 1);
+    CHECK(Frees(e, "model.layers.0.self_attn.q_proj.weight.grad accumulated", step) == 3);
+  }
+  // As without offload, the whole stage's unsharded bf16 gradients are live before the reduce.
+  CHECK(LiveBefore(e, Category::Gradients, FirstIndex(e, "reduce-scatter input of", 1)) == (kEmbed + 2 * kBlock) * 2);
 }
 
 TEST_CASE("Pipeline FSDP2: interleaved with reshard_after_forward, a chunk's forward leaves the other chunk's units", "[pipeline][fsdp]") {

@@ -418,9 +418,6 @@ void ValidatePipeline(const Setup& setup, std::vector<FieldError>& errors) {
                 "FSDP1 (FULL_SHARD, SHARD_GRAD_OP, HYBRID_SHARD) per stage is not simulated: choose fully_shard, "
                 "DDP or ZeRO-1.");
   }
-  if (p.fsdp == FsdpMode::FullyShard && p.offload != OffloadKind::None) {
-    bad("offload", "FSDP2 CPU offload with pipeline parallelism is not simulated yet.");
-  }
   if (setup.training.activationOffloading) {
     bad("pipelineParallel", "Activation offloading with pipeline parallelism is not simulated yet.");
   }
