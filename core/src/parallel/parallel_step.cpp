@@ -166,8 +166,9 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     pipelineNoSync_ = true;
     // Every virtual stage runs one backward per micro-batch (PipelineScheduleOf).
     backwardsPerChunk_ = p.gradientAccumulationSteps;
-    const int v = p.pipelineSchedule == PipelineSchedule::Interleaved ? static_cast<int>(p.virtualStages) : 1;
-    chunkBackwardsSeen_.assign(static_cast<std::size_t>(v), 0);
+    const std::vector<std::int64_t> chunkLayers = StageChunkLayers(setup_);
+    const int v = static_cast<int>(chunkLayers.size());
+    chunkBackwardsSeen_.assign(chunkLayers.size(), 0);
     // torchtitan (parallelize_llama.py: parallelize_fn per model part, each apply_fsdp ending in
     // fully_shard(model_part)) and pipelining's ScheduleInterleaved1F1B: each virtual stage's
     // blocks (StageChunkLayers, as PipelineChunkOf runs them), and its root. The root's own
@@ -176,7 +177,6 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     chunkOfUnit_.assign(units, 0);
     chunkOfUnit_[0] = p.pipelineStage == 0 ? 0 : v - 1;
     int u = 1;
-    const std::vector<std::int64_t> chunkLayers = StageChunkLayers(setup_);
     for (std::size_t c = 0; c < chunkLayers.size(); ++c) {
       for (std::int64_t k = 0; k < chunkLayers[c] && u <= blocks; ++k) chunkOfUnit_[static_cast<std::size_t>(u++)] = static_cast<int>(c);
     }

@@ -122,6 +122,13 @@ std::vector<std::int64_t> TorchtitanSplit(std::int64_t L, std::int64_t n) {
   layers.push_back(L - placed);
   return layers;
 }
+
+// Rank r's chunks out of the virtual stages' layer counts: virtual stages r, r + p, ….
+std::vector<std::int64_t> RankChunks(const std::vector<std::int64_t>& chunks, std::int64_t p, std::int64_t r) {
+  std::vector<std::int64_t> own;
+  for (std::size_t s = static_cast<std::size_t>(r); s < chunks.size(); s += static_cast<std::size_t>(p)) own.push_back(chunks[s]);
+  return own;
+}
 }  // namespace
 
 std::vector<std::int64_t> PipelineChunkLayers(const ParallelDef& par, std::int64_t numLayers) {
@@ -179,9 +186,8 @@ Setup PipelineStageSetup(const Setup& setup) {
   // its own, in chunk order, for PipelineChunkOf.
   stage.parallel.stageChunkLayers.clear();
   if (setup.parallel.pipelineSchedule == PipelineSchedule::Interleaved) {
-    const std::vector<std::int64_t> chunks = PipelineChunkLayers(setup.parallel, setup.model.architecture.numLayers);
-    std::vector<std::int64_t> own;
-    for (std::size_t s = static_cast<std::size_t>(r); s < chunks.size(); s += static_cast<std::size_t>(p)) own.push_back(chunks[s]);
+    std::vector<std::int64_t> own =
+        RankChunks(PipelineChunkLayers(setup.parallel, setup.model.architecture.numLayers), p, r);
     bool equal = true;
     for (std::int64_t count : own) equal &= count == own.front();
     if (!equal) stage.parallel.stageChunkLayers = std::move(own);
@@ -464,9 +470,7 @@ std::vector<std::string> PipelineNotes(const Setup& setup) {
   if (unequalChunks) {
     std::string split, own;
     for (std::int64_t count : chunks) split += (split.empty() ? "" : ", ") + std::to_string(count);
-    for (std::size_t c = static_cast<std::size_t>(stage); c < chunks.size(); c += static_cast<std::size_t>(p.pipelineParallel)) {
-      own += (own.empty() ? "" : " and ") + std::to_string(chunks[c]);
-    }
+    for (std::int64_t count : RankChunks(chunks, p.pipelineParallel, stage)) own += (own.empty() ? "" : " and ") + std::to_string(count);
     notes.push_back("Virtual stages of unequal layer counts (" + split + "): p × v (" +
                     std::to_string(p.pipelineParallel * v) + ") does not divide the " +
                     std::to_string(setup.model.architecture.numLayers) +
