@@ -657,6 +657,7 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
     }
     case ShardingEngine::Zero: {
       if (plan_.zeroStage < 2) return false;
+      if (plan_.zeroStage == 3) return ProduceZero3(b, index, label);
       // The gradient is copied into the reduce bucket and freed (reduce_independent_p_g_buckets_
       // and_remove_grads); after the reduce-scatter this rank's part lands in grads_in_partition.
       const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
@@ -695,6 +696,71 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
     }
   }
   return false;
+}
+
+// ZeRO-3's gradient hook (DeepSpeed edaa722, stage3.py reduce_independent_p_g_buckets_and_remove_grads,
+// called from each parameter's AccumulateGrad hook with its new .grad):
+// - `if bucket.elements + param.ds_numel > self.reduce_bucket_size and bucket.elements > 0`, the
+//   bucket is reduced first (__reduce_and_partition_ipg_grads), while this .grad is live;
+// - __add_grad_to_ipg_bucket copies the .grad into the contiguous buffer only when
+//   `bucket.elements + param.grad.numel() <= self.reduce_bucket_size` (contiguous_gradients):
+//   `param.grad.data = new_grad_tensor` lets autograd's tensor go. A larger gradient stays where
+//   autograd made it, counted in the bucket, until the next reduction sets param.grad = None.
+bool ParallelStep::ProduceZero3(TraceBuilder& b, std::size_t index, Text label) {
+  TextStore& text = b.text();
+  const Tensor& p = inventory_.parameters[index];
+  const std::int64_t g = BytesPerElement(regime_.gradients);
+  const std::int64_t n = p.Elements();
+  const std::int64_t bucket = setup_.parallel.reduceBucketSize;
+  const TensorHandle grad = b.Alloc(Category::Gradients, n * g, text.Make({names_[index], ".grad"}),
+                                    text.Make({label, ": ", names_[index], ".grad"}),
+                                    text.Shape(Shape(p.shape), regime_.gradients), p.layer);
+  if (ipgElements_ + n > bucket && ipgElements_ > 0) ReduceIpgBucket(b, label);
+  IpgEntry entry{index, grad};
+  if (setup_.parallel.contiguousGradients && ipgElements_ + n <= bucket) {
+    b.Release(grad, text.Make({label, ": ", names_[index], ".grad copied to the reduce bucket"}));
+    entry.ownGrad = kNoTensor;
+  }
+  ipgEntries_.push_back(entry);
+  ipgElements_ += n;
+  return true;
+}
+
+// stage3.py __reduce_and_partition_ipg_grads, under `get_accelerator().stream(self.reduce_and_partition_stream)`
+// (a side stream with overlap_comm, else default_stream()): __avg_scatter_grads hands the
+// bucket's gradients, sorted by ds_id, to reduce_scatter_coalesced (runtime/comm/
+// coalesced_collectives.py), which interleaves each rank's ⌈n / world⌉-element chunk of every
+// gradient, with torch.empty padding where a chunk is short, into one torch.cat: a new flat
+// buffer of Σ world · ⌈n / world⌉ elements, unless the bucket is one gradient whose size the
+// world divides (then its own view). Its outputs are views of that buffer; partition_grads
+// copies them into grad_partitions_flat_buffer and sets each param.grad = None; the buffer goes
+// when the function returns. (communication_data_type and the accumulation dtype default to the
+// model's dtype, engine.py get_data_types, so no casts.)
+void ParallelStep::ReduceIpgBucket(TraceBuilder& b, Text label) {
+  if (ipgEntries_.empty()) return;
+  TextStore& text = b.text();
+  const std::int64_t g = BytesPerElement(regime_.gradients);
+  const std::int64_t world = plan_.shardWorld;
+  std::int64_t flat = 0;
+  for (const IpgEntry& e : ipgEntries_) flat += world * CeilDiv(inventory_.parameters[e.parameter].Elements(), world);
+  const bool inPlace = ipgEntries_.size() == 1 && inventory_.parameters[ipgEntries_[0].parameter].Elements() % world == 0;
+  const OnStream onStream(b, ZeroOverlapComm(setup_.parallel, plan_) ? kReduceScatterStream : b.stream());
+  TensorHandle buffer = kNoTensor;
+  if (!inPlace) {
+    buffer = b.Alloc(Category::Gradients, flat * g, text.Make({"reduce_scatter_coalesced flat buffer"}),
+                     text.Make({label, ": ZeRO-3 reduces its bucket (", TextPart::Count(static_cast<std::int64_t>(ipgEntries_.size())),
+                                TextPart::View(ipgEntries_.size() == 1 ? " gradient" : " gradients"),
+                                "): torch.cat of the padded partitions"}),
+                     text.Make({TextPart::Count(flat), " × ", TextPart::Bytes(regime_.gradients)}));
+  }
+  for (const IpgEntry& e : ipgEntries_) {
+    if (e.ownGrad != kNoTensor) {
+      b.Release(e.ownGrad, text.Make({label, ": ", names_[e.parameter], ".grad = None (partition_grads)"}));
+    }
+  }
+  if (buffer != kNoTensor) b.Release(buffer, text.Make({label, ": ZeRO-3 bucket reduced into its gradient partitions"}));
+  ipgEntries_.clear();
+  ipgElements_ = 0;
 }
 
 bool ParallelStep::ProduceFsdp2(TraceBuilder& b, std::size_t index, Text label) {
@@ -956,6 +1022,11 @@ void ParallelStep::EndBackward(TraceBuilder& b) {
     ReduceScatterUnit(b, 0);  // the root's post-backward runs last
     openUnit_ = -2;
     ReleaseHeldReduceInput(b);
+  }
+  // ZeRO-3: the engine's backward ends in overlapping_partition_gradients_reduce_epilogue →
+  // independent_gradient_partition_epilogue, which reduces what is left in the bucket.
+  if (plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 3) {
+    ReduceIpgBucket(b, text.Make({"ZeRO-3 backward epilogue"}));
   }
   // Megatron reduce-scatters its fp32 buffer in place (param_and_grad_buffer.py
   // start_grad_sync: reduce_scatter_tensor into a view of bucket.grad_data): no flat bucket.

@@ -150,6 +150,18 @@ class ParallelStep final : public GradientHook, public LayerHook {
   std::vector<TensorHandle> accumulatedGrad_;
   // Megatron grad_reduce_in_fp32: the whole fp32 gradient buffer, from init on.
   TensorHandle gradBuffer_ = kNoTensor;
+  // ZeRO-3's IPG bucket between reductions (stage3.py reduce_independent_p_g_buckets_and_remove_grads):
+  // the elements of the gradients in it and, per gradient, its parameter and its own .grad when
+  // it did not fit the contiguous buffer (__add_grad_to_ipg_bucket leaves it where autograd made
+  // it); __reduce_and_partition_ipg_grads empties it (ReduceIpgBucket).
+  struct IpgEntry {
+    std::size_t parameter;
+    TensorHandle ownGrad;
+  };
+  std::vector<IpgEntry> ipgEntries_;
+  std::int64_t ipgElements_ = 0;
+  bool ProduceZero3(TraceBuilder& b, std::size_t index, Text label);
+  void ReduceIpgBucket(TraceBuilder& b, Text label);
 };
 
 // The regime torch.optim sees on the simulated rank: ZeRO's fp32 flat partition and FSDP's fp32
