@@ -147,3 +147,42 @@ TEST_CASE("ZeRO-3 without contiguous_gradients keeps every .grad to its bucket's
   }
   CHECK(live == (2 * 45'248 + 2 * 64'064 + 64) * 2);
 }
+
+TEST_CASE("ZeRO-3 over one rank gathers nothing: parameters are views of their partitions", "[parallel][zero3]") {
+  // partition_parameters.py all_gather_coalesced: every partition world 1 → _no_gather_coalesced,
+  // param.data = ds_tensor.data.to(device).view(ds_shape), the partition itself on the GPU. The
+  // parameters are held once, persistent ones (below stage3_param_persistence_threshold, here
+  // every one) too: 2 × 45,248 + 2 × 64,064 + 64 = 218,688 elements × 2 B.
+  Setup s = SmallLlamaZero3(500'000'000);
+  s.parallel.dataParallel = 1;
+  const Estimate e = Labelled(s);
+  CHECK(e.modelStates.parametersBytes == 218'688 * 2);
+  // No parameter persistent (threshold 0): over many ranks every block is gathered, over one
+  // none is.
+  s.parallel.stage3ParamPersistenceThreshold = 0;
+  const Estimate none = Labelled(s);
+  CHECK(IndexOf(none, "all-gather of", 1) == none.timeline.size());
+  CHECK(IndexOf(none, "all-gather of", 2) == none.timeline.size());
+  CHECK(none.modelStates.parametersBytes == 218'688 * 2);
+  s.parallel.dataParallel = 2;
+  const Estimate two = Labelled(s);
+  CHECK(IndexOf(two, "all-gather of", 2) < two.timeline.size());
+  s.parallel.dataParallel = 1;
+  // The reduction still concatenates a bucket of several gradients (3 divides nothing here:
+  // world 1 pads nothing): 218,688 elements at the epilogue.
+  const std::vector<std::int64_t> flats = FlatBuffers(e, 2);
+  REQUIRE(flats.size() == 1);
+  CHECK(flats[0] == 218'688 * 2);
+
+  // With the parameters offloaded the partitions are on the host, and .to(device) copies each
+  // fetched parameter to the GPU: gathered as over many ranks.
+  s.parallel.offload = OffloadKind::OptimizerAndParameters;
+  const Estimate offloaded = Labelled(s);
+  CHECK(IndexOf(offloaded, "all-gather of", 2) < offloaded.timeline.size());
+
+  // Over two ranks the persistent parameters are held twice (the whole one and the partition):
+  // 218,688 / 2 shards (every size is even) + 218,688 whole.
+  s = SmallLlamaZero3(500'000'000);
+  s.parallel.dataParallel = 2;
+  CHECK(Labelled(s).modelStates.parametersBytes == (218'688 / 2 + 218'688) * 2);
+}

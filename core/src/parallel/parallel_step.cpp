@@ -69,6 +69,15 @@ bool ZeroOverlapComm(const ParallelDef& p, const ShardPlan& plan) {
          (p.overlapComm == OverlapComm::On || (p.overlapComm == OverlapComm::Default && plan.zeroStage == 3));
 }
 
+// ZeroParamGather1Rank. DeepSpeed's all_gather_coalesced (partition_parameters.py, edaa722)
+// returns _no_gather_coalesced when every parameter's partition world is 1: NoGatherHandle /
+// NoGatherCoalescedHandle set `param.data = param.ds_tensor.data.to(device).view(ds_shape)`, and
+// with the partitions on the GPU that .to() is the tensor itself: a view, no allocation. (With
+// offload_param the partitions are on the host and .to() copies each to the GPU, as a gather.)
+bool ZeroGathersInPlace(const ShardPlan& plan) {
+  return plan.engine == ShardingEngine::Zero && plan.zeroStage == 3 && plan.shardWorld == 1 && !plan.offloadParameters;
+}
+
 // The builder's allocations on `stream` for the scope's life (PyTorch's
 // `with torch.cuda.stream(s):`).
 class OnStream {
@@ -191,9 +200,10 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
   }
   for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
     const Tensor& t = inventory_.parameters[i];
-    // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole.
-    const bool whole = plan_.engine == ShardingEngine::Zero && StorageElements(t) < p.stage3ParamPersistenceThreshold &&
-                       !plan_.offloadParameters;
+    // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole. Over one
+    // rank nothing is gathered (ZeroParamGather1Rank).
+    const bool whole = plan_.engine == ShardingEngine::Zero && !plan_.offloadParameters &&
+                       (StorageElements(t) < p.stage3ParamPersistenceThreshold || ZeroGathersInPlace(plan_));
     if (whole) continue;
     // FSDP2 all-gathers a torchao NF4Tensor's codes, scalers and factors (fsdp_pre_all_gather),
     // inputs of mixed dtypes viewed as uint8 (_fsdp_collectives.py foreach_all_gather): bytes,

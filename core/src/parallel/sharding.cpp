@@ -358,9 +358,11 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
           if (t.trainable) plan.partitionElements += shard;
           plan.paddedFlatElements += shard * d;
           // stage3_param_persistence_threshold: small parameters stay whole on every rank
-          // (parameter_offload.py persistent_parameters) besides their partition.
-          plan.parameterElementsHeld[i] =
-              plan.offloadParameters ? 0 : (elements < p.stage3ParamPersistenceThreshold ? elements + shard : shard);
+          // (parameter_offload.py persistent_parameters) besides their partition. Over one rank
+          // the partition is the whole parameter and fetching it makes no copy (ZeroParamGather1Rank
+          // in parallel_step.cpp): param.data is a view of it, persistent or not.
+          const bool persistentCopy = elements < p.stage3ParamPersistenceThreshold && d > 1;
+          plan.parameterElementsHeld[i] = plan.offloadParameters ? 0 : (persistentCopy ? elements + shard : shard);
         }
       }
       Tensor flat;
