@@ -78,6 +78,18 @@ bool ZeroGathersInPlace(const ShardPlan& plan) {
   return plan.engine == ShardingEngine::Zero && plan.zeroStage == 3 && plan.shardWorld == 1 && !plan.offloadParameters;
 }
 
+// FSDP1 over a shard group of one rank. torch/distributed/fsdp/_init_utils.py _init_core_state:
+// "FSDP is switching to use `NO_SHARD` instead of {sharding_strategy} since the world size is 1"
+// (FULL_SHARD, SHARD_GRAD_OP and HYBRID_SHARD alike). Under NO_SHARD (_flat_param.py) the
+// FlatParameter is whole and never all-gathered: with parameter mixed precision pre_unshard's
+// _use_low_precision_shard makes the 16-bit copy (_mp_shard) that the unit computes with, and
+// post_reshard frees it at every reshard, after forward too ("For `NO_SHARD`, `_mp_shard` is not
+// freed in the post-unshard ... we delay the free until the reshard"); without it the unit
+// computes with the FlatParameter itself. The gradient is all-reduced in place
+// (_runtime_utils.py _reduce_grad_no_shard) and then cast to the parameter's dtype
+// (_cast_grad_to_param_dtype): no reduce-scatter output.
+bool Fsdp1NoShard(const ShardPlan& plan) { return plan.engine == ShardingEngine::Fsdp && plan.shardWorld == 1; }
+
 // The builder's allocations on `stream` for the scope's life (PyTorch's
 // `with torch.cuda.stream(s):`).
 class OnStream {
@@ -159,7 +171,8 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
              plan_.engine == ShardingEngine::Fsdp2;
   // SHARD_GRAD_OP and fully_shard(reshard_after_forward=False) keep forward's gathered
   // parameters to the unit's backward (FSDP ShardingStrategy docs; _fully_shard.py).
-  reshardAfterForward_ = !(p.fsdp == FsdpMode::ShardGradOp || (p.fsdp == FsdpMode::FullyShard && !p.reshardAfterForward));
+  reshardAfterForward_ = !(p.fsdp == FsdpMode::ShardGradOp || (p.fsdp == FsdpMode::FullyShard && !p.reshardAfterForward)) ||
+                        Fsdp1NoShard(plan_);
   // torchtitan parallelize_llama.py apply_fsdp (no PP): fully_shard(block, reshard_after_forward=
   // int(layer_id) < len(model.layers) - 1), "since FSDP would prefetch it immediately".
   keepLastBlock_ = plan_.engine == ShardingEngine::Fsdp2 && p.fsdpKeepLastBlockGathered;
@@ -212,6 +225,8 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
       gatherExtraBytes_[static_cast<std::size_t>(unitOf_[i])] += StorageElements(t);
       continue;
     }
+    // FSDP1 over one rank (NO_SHARD) with the FlatParameter in the compute dtype uses it as it is.
+    if (Fsdp1NoShard(plan_) && !regime_.masterWeights) continue;
     // FSDP2 gathers every other parameter's padded shard from every rank: the all-gather output
     // and each parameter's all_gather_outputs hold world × padded_sharded_size elements
     // (_fsdp_param.py init_all_gather_outputs; the unsharded parameter is a view of its first
@@ -990,10 +1005,13 @@ void ParallelStep::ReduceScatterFlat(TraceBuilder& b, TensorHandle& full, std::i
   // (_get_reduce_scatter_tensors' torch.empty_like) and its cast (_cast_grad_to_param_dtype)
   // are that stream's.
   const OnStream onStream(b, kReduceScatterStream);
-  TensorHandle out = b.Alloc(Category::Gradients, shard * BytesPerElement(regime_.gradients), text.Make({"gradient shard"}),
-                             text.Make({"FSDP reduce-scatter of ", what}),
-                             text.Make({TextPart::Count(shard), " × ", TextPart::Bytes(regime_.gradients)}), layer);
-  b.Release(full, text.Make({"FSDP: unsharded gradient of ", what, " freed"}));
+  TensorHandle out = full;  // NO_SHARD (Fsdp1NoShard): all-reduced in place
+  if (!Fsdp1NoShard(plan_)) {
+    out = b.Alloc(Category::Gradients, shard * BytesPerElement(regime_.gradients), text.Make({"gradient shard"}),
+                  text.Make({"FSDP reduce-scatter of ", what}),
+                  text.Make({TextPart::Count(shard), " × ", TextPart::Bytes(regime_.gradients)}), layer);
+    b.Release(full, text.Make({"FSDP: unsharded gradient of ", what, " freed"}));
+  }
   full = kNoTensor;
   if (plan_.offloadOptimizer) {
     b.Release(out, text.Make({"FSDP: gradient shard of ", what, " copied to the host"}));
@@ -1137,6 +1155,16 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
   if (gathers && setup.model.kind != ModelKind::Transformer) {
     notes.push_back("ZeRO-3 / FSDP: this model has no transformer blocks to gather one at a time, so gathered "
                     "parameters are not simulated; the sharded states and gradient buffers are.");
+  }
+  if (rank.shardWorld == 1 && rank.engine == ShardingEngine::Fsdp) {
+    notes.push_back("FSDP over one rank: PyTorch switches to NO_SHARD (\"FSDP is switching to use `NO_SHARD` ... since "
+                    "the world size is 1\"): each unit computes with a 16-bit copy of its FlatParameter under mixed "
+                    "precision, with the FlatParameter itself otherwise, and its gradient is all-reduced in place.");
+  }
+  if (rank.shardWorld == 1 && rank.engine == ShardingEngine::Zero && p.zeroStage == 3 &&
+      p.offload != OffloadKind::OptimizerAndParameters) {
+    notes.push_back("ZeRO-3 over one rank: each partition is the whole parameter and DeepSpeed fetches it as a view "
+                    "(no all-gather), so nothing is gathered.");
   }
   if (p.zeroStage >= 2 && p.contiguousGradients) {
     notes.push_back("ZeRO: the reduce bucket holds reduce_bucket_size elements (" + std::to_string(p.reduceBucketSize) +
