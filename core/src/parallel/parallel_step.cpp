@@ -123,6 +123,8 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
                            const Regime& regime, TextStore& text)
     : setup_(setup), inventory_(inventory), names_(names), regime_(regime), plan_(PlanShards(setup, inventory)) {
   optimizerRegime_ = OptimizerRegimeOf(plan_, regime_);
+  deepSpeedZero2_ = plan_.engine == ShardingEngine::Zero && DeepSpeedZero2(setup_);
+  if (deepSpeedZero2_) SetUpZero2Partition();
   if (setup_.parallel.gradReduceInFp32 && plan_.engine != ShardingEngine::Zero && regime_.masterWeights) {
     // Megatron's Float16OptimizerWithFloat16Params (megatron/core/optimizer/optimizer.py): the
     // fp32 main params (param.detach().clone().float(), made at construction) get
@@ -580,6 +582,14 @@ void ParallelStep::Init(TraceBuilder& b) {
               text.Make({"ZeRO init: fp32 partition of the flat parameters (1/", TextPart::Int(d), ")"}),
               text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(DType::FP32)}));
     }
+    if (deepSpeedZero2_ && plan_.offloadOptimizer) {
+      // stage_1_and_2.py __init__ with cpu_offload: temp_grad_buffer_for_gpu_offload =
+      // torch.zeros(largest_param_numel, dtype=self.dtype) on the GPU, kept for the run
+      // (async_accumulate_grad_in_cpu_via_gpu's staging).
+      b.Alloc(Category::Gradients, largestTrainable_ * g, text.Make({"temp_grad_buffer_for_gpu_offload"}),
+              text.Make({"ZeRO-2 init (cpu_offload): GPU staging buffer of the largest parameter"}),
+              text.Make({TextPart::Count(largestTrainable_), " × ", TextPart::Bytes(regime_.gradients)}));
+    }
     if (plan_.zeroStage == 3 && plan_.reduceBuckets > 0) {
       // stage3.py: __ipg_bucket_flat_buffer, reduce_bucket_size elements, made at construction.
       // On the default stream: DeepSpeedZeroOptimizer_Stage3.__init__ makes each IPGBucketZ3's
@@ -631,6 +641,10 @@ void ParallelStep::Init(TraceBuilder& b) {
 
 void ParallelStep::StartBackward(TraceBuilder& b) {
   if (pipelineNoSync_) ++chunkBackwardsSeen_[static_cast<std::size_t>(chunk_)];
+  if (deepSpeedZero2_) {  // the buckets come with the first gradient (ProduceZero2)
+    ++backwardsThisStep_;
+    return;
+  }
   if (plan_.engine != ShardingEngine::Zero || plan_.zeroStage != 2 || plan_.reduceBuckets == 0) return;
   // stage_1_and_2.py backward(): with contiguous_gradients, ipg_buffer = [empty(reduce_bucket_size)]
   // and a second one with overlap_comm; released by _release_ipg_buffers in step(). On the default
@@ -683,6 +697,7 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
     case ShardingEngine::Zero: {
       if (plan_.zeroStage < 2) return false;
       if (plan_.zeroStage == 3) return ProduceZero3(b, index, label);
+      if (deepSpeedZero2_) return ProduceZero2(b, index, label);
       // The gradient is copied into the reduce bucket and freed (reduce_independent_p_g_buckets_
       // and_remove_grads); after the reduce-scatter this rank's part lands in grads_in_partition.
       const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
@@ -786,6 +801,210 @@ void ParallelStep::ReduceIpgBucket(TraceBuilder& b, Text label) {
   if (buffer != kNoTensor) b.Release(buffer, text.Make({label, ": ZeRO-3 bucket reduced into its gradient partitions"}));
   ipgEntries_.clear();
   ipgElements_ = 0;
+}
+
+// DeepSpeed ZeRO-2 (edaa722, runtime/zero/stage_1_and_2.py with partition_gradients): the
+// simulated rank is the last (SimulatedRankOf). The flat of the trainable parameters, in order,
+// padded to a multiple of 2 · dp, is cut into dp partitions; a parameter is in this rank's
+// partition when any of its elements is (params_in_partition), with that many elements there
+// (grad_position's num_elements). grads_in_partition holds Σ numel of those parameters
+// (copy_grads_in_partition: total_size over params_in_partition); get_flat_partition pads the
+// partition's views with zeros up to partition_size.
+void ParallelStep::SetUpZero2Partition() {
+  const std::int64_t d = plan_.shardWorld;
+  const std::int64_t p = plan_.partitionElements;
+  const std::int64_t lo = (d - 1) * p, hi = d * p;
+  inPartition_.assign(inventory_.parameters.size(), 0);
+  partitionSlice_.assign(inventory_.parameters.size(), 0);
+  std::int64_t offset = 0, slices = 0;
+  for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+    const Tensor& t = inventory_.parameters[i];
+    if (!t.trainable) continue;
+    const std::int64_t n = t.Elements();
+    largestTrainable_ = std::max(largestTrainable_, n);
+    const std::int64_t slice = std::max<std::int64_t>(0, std::min(offset + n, hi) - std::max(offset, lo));
+    if (slice > 0) {
+      inPartition_[i] = 1;
+      partitionSlice_[i] = slice;
+      gradsInPartitionElements_ += n;
+      slices += slice;
+    }
+    offset += n;
+  }
+  partitionPadElements_ = p - slices;
+}
+
+bool ParallelStep::AtAccumulationBoundary() const {
+  return backwardsThisStep_ >= std::max<std::int64_t>(1, setup_.parallel.gradientAccumulationSteps);
+}
+
+// The gradient hook (create_gradient_handling_hooks → process_gradients), with the new .grad:
+// - setup_buckets, at the first gradient of each backward: with contiguous_gradients one IPG
+//   buffer of reduce_bucket_size elements, two with overlap_comm, on the default stream;
+// - reduce_independent_p_g_buckets_and_remove_grads: `if bucket.elements + param.numel() >
+//   self.reduce_bucket_size` the bucket is reduced first (reduce_ipg_grads); then a gradient of
+//   at most reduce_bucket_size elements is copied into the buffer (`grad_reduc.data =
+//   new_grad_tensor...`: autograd's tensor goes), a larger one is kept as the bucket's
+//   extra_large_param_to_reduce, as are all of them without contiguous_gradients.
+bool ParallelStep::ProduceZero2(TraceBuilder& b, std::size_t index, Text label) {
+  TextStore& text = b.text();
+  const Tensor& p = inventory_.parameters[index];
+  const std::int64_t g = BytesPerElement(regime_.gradients);
+  const std::int64_t n = p.Elements();
+  const ParallelDef& def = setup_.parallel;
+  const TensorHandle grad = b.Alloc(Category::Gradients, n * g, text.Make({names_[index], ".grad"}),
+                                    text.Make({label, ": ", names_[index], ".grad"}),
+                                    text.Shape(Shape(p.shape), regime_.gradients), p.layer);
+  if (!bucketsReady_ && def.contiguousGradients) {
+    for (int k = 0; k < plan_.reduceBuckets; ++k) {
+      reduceBuckets_.push_back(b.Alloc(Category::Gradients, def.reduceBucketSize * g, text.Make({"ipg_buffer ", TextPart::Int(k)}),
+                                       text.Make({label, ": setup_buckets, reduce bucket ", TextPart::Int(k),
+                                                  TextPart::View(k == 1 ? " (overlap_comm)" : " (reduce_bucket_size)")}),
+                                       text.Make({TextPart::Count(def.reduceBucketSize), " × ", TextPart::Bytes(regime_.gradients)})));
+    }
+  }
+  bucketsReady_ = true;
+  if (ipgElements_ + n > def.reduceBucketSize) ReduceZero2Bucket(b, label);
+  IpgEntry entry{index, grad};
+  if (def.contiguousGradients && n <= def.reduceBucketSize) {
+    b.Release(grad, text.Make({label, ": ", names_[index], ".grad copied to the reduce bucket"}));
+    entry.ownGrad = kNoTensor;
+  }
+  ipgEntries_.push_back(entry);
+  ipgElements_ += n;
+  return true;
+}
+
+// reduce_ipg_grads: the bucket's gradients are averaged in place (average_tensor; without
+// contiguous_gradients buffered_reduce_fallback flattens them into a new tensor first,
+// allreduce_bucket), then under `get_accelerator().stream(stream)` (the reduction stream with
+// overlap_comm) each one in this rank's partition goes through copy_grads_in_partition, whose
+// first call makes grads_in_partition (or, with cpu_offload at the accumulation boundary, the
+// gradient transients below); the others are cleared (clear_grad_attribute).
+void ParallelStep::ReduceZero2Bucket(TraceBuilder& b, Text label) {
+  if (ipgEntries_.empty()) return;
+  TextStore& text = b.text();
+  const std::int64_t g = BytesPerElement(regime_.gradients);
+  const OnStream onStream(b, ZeroOverlapComm(setup_.parallel, plan_) ? kReduceScatterStream : b.stream());
+  if (!setup_.parallel.contiguousGradients) {
+    std::int64_t n = 0;
+    for (const IpgEntry& e : ipgEntries_) n += inventory_.parameters[e.parameter].Elements();
+    const TensorHandle flat = b.Alloc(Category::Gradients, n * g, text.Make({"flat gradient bucket"}),
+                                      text.Make({label, ": ZeRO-2 buffered_reduce_fallback flattens the bucket"}),
+                                      text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.gradients)}));
+    b.Release(flat, text.Make({label, ": ZeRO-2 bucket all-reduced and copied back"}));
+  }
+  for (const IpgEntry& e : ipgEntries_) {
+    if (inPartition_[e.parameter]) {
+      if (plan_.offloadOptimizer) {
+        if (AtAccumulationBoundary()) OffloadGradientTransients(b, e.parameter, label);
+      } else if (gradPartition_ == kNoTensor) {
+        gradPartition_ = b.Alloc(Category::Gradients, gradsInPartitionElements_ * g, text.Make({"grads_in_partition"}),
+                                 text.Make({label, ": ZeRO-2 copy_grads_in_partition makes grads_in_partition"}),
+                                 text.Make({TextPart::Count(gradsInPartitionElements_), " × ", TextPart::Bytes(regime_.gradients)}));
+      }
+    }
+    if (e.ownGrad != kNoTensor) {
+      b.Release(e.ownGrad, text.Make({label, ": ", names_[e.parameter],
+                                      TextPart::View(inPartition_[e.parameter] && !plan_.offloadOptimizer
+                                                         ? ".grad copied into grads_in_partition"
+                                                         : ".grad cleared after its reduction")}));
+    }
+  }
+  ipgEntries_.clear();
+  ipgElements_ = 0;
+}
+
+// copy_grads_in_partition with cpu_offload at the accumulation boundary, for one parameter:
+// set_norm_for_param_grad_in_gpu's `accumulated_grad...narrow(slice).data.double()`, then
+// update_offload_overflow_tracker_for_param_grad → _has_inf_or_nan(whole gradient): float_x =
+// x.float() (a copy unless fp32), isnan, isinf and their logical_or (1 B each), `.float()` of
+// that, `.max()`; all freed on return; then async_inplace_copy_grad_to_fp32_buffer_from_gpu's
+// `src_tensor.to(fp32)` of the slice, copied to the host and dropped.
+void ParallelStep::OffloadGradientTransients(TraceBuilder& b, std::size_t index, Text label) {
+  TextStore& text = b.text();
+  const std::int64_t n = inventory_.parameters[index].Elements();
+  const std::int64_t slice = partitionSlice_[index];
+  const bool sixteen = regime_.gradients != DType::FP32;
+  const auto temp = [&](std::int64_t elements, std::int64_t bytes, const char* what) {
+    return b.Alloc(Category::Gradients, elements * bytes, text.Make({names_[index], TextPart::View(what)}),
+                   text.Make({label, ": ZeRO-2 offload: ", names_[index], TextPart::View(what)}),
+                   text.Make({TextPart::Count(elements), " × ", TextPart::Int(bytes), " B"}));
+  };
+  const Text freed = text.Make({label, ": ZeRO-2 offload: temporary freed"});
+  b.Release(temp(slice, 8, ".grad.double() (norm)"), freed);
+  const TensorHandle floatX = sixteen ? temp(n, 4, ".grad.float() (overflow check)") : kNoTensor;
+  const TensorHandle nan = temp(n, 1, " isnan");
+  const TensorHandle inf = temp(n, 1, " isinf");
+  const TensorHandle either = temp(n, 1, " isnan | isinf");
+  b.Release(temp(n, 4, " (isnan | isinf).float()"), freed);
+  b.Release(either, freed);
+  b.Release(inf, freed);
+  b.Release(nan, freed);
+  b.Release(floatX, freed);
+  if (sixteen) b.Release(temp(slice, 4, ".grad.to(fp32) (to the host)"), freed);
+}
+
+// independent_gradient_partition_epilogue, after each backward: the rest of the bucket is
+// reduced; without cpu_offload the first micro-batch's gradients in the partition are kept as
+// all_grad_tensors (views of its grads_in_partition) and a later micro-batch's are added into
+// them, its own grads_in_partition let go; at the boundary get_flat_partition's zero padding is
+// made beside them (averaged_gradients); _release_ipg_buffers drops the IPG buffers and
+// grads_in_partition, and _clear_param_grad_only every .grad.
+void ParallelStep::Zero2Epilogue(TraceBuilder& b) {
+  TextStore& text = b.text();
+  const Text label = text.Make({"ZeRO-2 backward epilogue"});
+  ReduceZero2Bucket(b, label);
+  const std::int64_t g = BytesPerElement(regime_.gradients);
+  if (!plan_.offloadOptimizer) {
+    if (keptGradPartition_ == kNoTensor) {
+      keptGradPartition_ = gradPartition_;
+    } else {
+      b.Release(gradPartition_, text.Make({label, ": this micro-batch's gradients added into the first one's"}));
+    }
+    gradPartition_ = kNoTensor;
+    if (AtAccumulationBoundary() && partitionPadElements_ > 0 && partitionPad_ == kNoTensor) {
+      partitionPad_ = b.Alloc(Category::Gradients, partitionPadElements_ * g, text.Make({"partition padding"}),
+                              text.Make({label, ": get_flat_partition pads the partition with zeros"}),
+                              text.Make({TextPart::Count(partitionPadElements_), " × ", TextPart::Bytes(regime_.gradients)}));
+    }
+  }
+  for (TensorHandle h : reduceBuckets_) b.Release(h, text.Make({label, ": _release_ipg_buffers"}));
+  reduceBuckets_.clear();
+  bucketsReady_ = false;
+}
+
+// step() before the flat fp32 gradient: check_overflow (when check_grad_overflow: fp16, and bf16
+// by default, bf16 config check_grad_overflow = True) runs _has_inf_or_nan on each of
+// averaged_gradients (has_overflow_partitioned_grads_serial), and scaled_global_norm takes
+// get_grad_norm_direct's `torch.linalg.vector_norm(g.data.double())` of each, one at a time.
+void ParallelStep::Zero2StepTransients(TraceBuilder& b) {
+  TextStore& text = b.text();
+  const Precision precision = setup_.training.precision;
+  const bool checkOverflow = precision == Precision::FP16Mixed || precision == Precision::BF16Mixed || precision == Precision::BF16;
+  const bool sixteen = regime_.gradients != DType::FP32;
+  const Text freed = text.Make({"ZeRO step: temporary freed"});
+  const auto temp = [&](std::size_t i, std::int64_t elements, std::int64_t bytes, const char* what) {
+    return b.Alloc(Category::Gradients, elements * bytes, text.Make({names_[i], TextPart::View(what)}),
+                   text.Make({"ZeRO step: ", names_[i], TextPart::View(what)}),
+                   text.Make({TextPart::Count(elements), " × ", TextPart::Int(bytes), " B"}));
+  };
+  for (std::size_t i = 0; checkOverflow && i < inPartition_.size(); ++i) {
+    if (!inPartition_[i]) continue;
+    const std::int64_t s = partitionSlice_[i];
+    const TensorHandle floatX = sixteen ? temp(i, s, 4, " gradient .float() (check_overflow)") : kNoTensor;
+    const TensorHandle nan = temp(i, s, 1, " isnan");
+    const TensorHandle inf = temp(i, s, 1, " isinf");
+    const TensorHandle either = temp(i, s, 1, " isnan | isinf");
+    b.Release(temp(i, s, 4, " (isnan | isinf).float()"), freed);
+    b.Release(either, freed);
+    b.Release(inf, freed);
+    b.Release(nan, freed);
+    b.Release(floatX, freed);
+  }
+  for (std::size_t i = 0; i < inPartition_.size(); ++i) {
+    if (inPartition_[i]) b.Release(temp(i, partitionSlice_[i], 8, " gradient .double() (norm)"), freed);
+  }
 }
 
 bool ParallelStep::ProduceFsdp2(TraceBuilder& b, std::size_t index, Text label) {
@@ -1056,6 +1275,7 @@ void ParallelStep::EndBackward(TraceBuilder& b) {
   if (plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 3) {
     ReduceIpgBucket(b, text.Make({"ZeRO-3 backward epilogue"}));
   }
+  if (deepSpeedZero2_) Zero2Epilogue(b);
   // Megatron reduce-scatters its fp32 buffer in place (param_and_grad_buffer.py
   // start_grad_sync: reduce_scatter_tensor into a view of bucket.grad_data): no flat bucket.
   if (plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 1 && plan_.reduceBuckets > 0 &&
@@ -1076,6 +1296,29 @@ void ParallelStep::EndBackward(TraceBuilder& b) {
 void ParallelStep::BeforeOptimizerStep(TraceBuilder& b) {
   if (plan_.engine != ShardingEngine::Zero) return;
   TextStore& text = b.text();
+  if (deepSpeedZero2_) {
+    backwardsThisStep_ = 0;
+    if (plan_.offloadOptimizer) return;  // the fp32 gradients are on the host already
+    // stage_1_and_2.py step(): check_overflow and scaled_global_norm's transients, then
+    // flatten_dense_tensors_aligned(averaged_gradients) — a new 16-bit flat of the partition —
+    // .to(fp32) as the fp32 partition's .grad, `del flat_grad_partition`, and
+    // free_grad_in_param_list + averaged_gradients = None let grads_in_partition go.
+    Zero2StepTransients(b);
+    const std::int64_t g = BytesPerElement(regime_.gradients);
+    const std::int64_t n = plan_.partitionElements;
+    const TensorHandle flat = b.Alloc(Category::Gradients, n * g, text.Make({"flat gradient partition"}),
+                                      text.Make({"ZeRO step: averaged gradients flattened (flatten_dense_tensors_aligned)"}),
+                                      text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.gradients)}));
+    fp32GradPartition_ = b.Alloc(Category::Gradients, n * 4, text.Make({"fp32 gradient partition"}),
+                                 text.Make({"ZeRO step: fp32 gradient partition"}),
+                                 text.Make({TextPart::Count(n), " × ", TextPart::Bytes(DType::FP32)}));
+    b.Release(flat, text.Make({"ZeRO step: del flat_grad_partition"}));
+    b.Release(keptGradPartition_, text.Make({"ZeRO step: grads_in_partition freed (free_grad_in_param_list)"}));
+    keptGradPartition_ = kNoTensor;
+    b.Release(partitionPad_, text.Make({"ZeRO step: averaged_gradients = None"}));
+    partitionPad_ = kNoTensor;
+    return;
+  }
   // stage_1_and_2.py step(): the rank's gradients flattened and cast to fp32 (the fused fp32
   // gradient buffer, single_grad_partition), then the 16-bit ones and the buckets let go.
   // Megatron: the fp32 main grads are views of the fp32 buffer (distrib_optimizer.py

@@ -162,6 +162,30 @@ class ParallelStep final : public GradientHook, public LayerHook {
   std::int64_t ipgElements_ = 0;
   bool ProduceZero3(TraceBuilder& b, std::size_t index, Text label);
   void ReduceIpgBucket(TraceBuilder& b, Text label);
+  // DeepSpeed ZeRO-2 (stage_1_and_2.py with partition_gradients; not Megatron's distributed
+  // optimizer): the simulated rank's partition of the flat (the last rank's: its parameters'
+  // gradients come first in backward), per parameter whether it lies in it and how many of its
+  // elements, Σ numel of those parameters (grads_in_partition), get_flat_partition's zero
+  // padding, the largest trainable parameter (cpu_offload's temp_grad_buffer_for_gpu_offload).
+  bool deepSpeedZero2_ = false;
+  std::vector<char> inPartition_;
+  std::vector<std::int64_t> partitionSlice_;
+  std::int64_t gradsInPartitionElements_ = 0;
+  std::int64_t partitionPadElements_ = 0;
+  std::int64_t largestTrainable_ = 0;
+  bool bucketsReady_ = false;   // setup_buckets' ready_for_gradients
+  int backwardsThisStep_ = 0;   // micro-batches since the last step (the boundary is the last)
+  // The first micro-batch's grads_in_partition, which its epilogue's all_grad_tensors /
+  // averaged_gradients keep (views) to the step; later micro-batches add into it.
+  TensorHandle keptGradPartition_ = kNoTensor;
+  TensorHandle partitionPad_ = kNoTensor;
+  void SetUpZero2Partition();
+  bool ProduceZero2(TraceBuilder& b, std::size_t index, Text label);
+  void ReduceZero2Bucket(TraceBuilder& b, Text label);
+  void OffloadGradientTransients(TraceBuilder& b, std::size_t index, Text label);
+  void Zero2Epilogue(TraceBuilder& b);
+  void Zero2StepTransients(TraceBuilder& b);
+  bool AtAccumulationBoundary() const;
 };
 
 // The regime torch.optim sees on the simulated rank: ZeRO's fp32 flat partition and FSDP's fp32

@@ -121,6 +121,12 @@ ZeroRedundancyAssignment AssignZeroRedundancy(const Inventory& inventory, std::i
   return a;
 }
 
+bool DeepSpeedZero2(const Setup& setup) {
+  const ParallelDef& p = setup.parallel;
+  return setup.model.kind != ModelKind::ParameterCount && p.zeroStage == 2 && p.tensorParallel == 1 && p.pipelineParallel == 1 && p.contextParallel == 1 &&
+         p.expertParallel == 1 && !p.gradReduceInFp32;
+}
+
 SimulatedRank SimulatedRankOf(const Setup& setup) {
   const ParallelDef& p = setup.parallel;
   SimulatedRank r;
@@ -195,6 +201,16 @@ SimulatedRank SimulatedRankOf(const Setup& setup) {
       r.why += "; expert-tensor-parallel rank 0 holds 1/" + std::to_string(ExpertTensorParallelOf(p)) +
                " of each of its experts' widths, as every expert-tensor-parallel rank";
     }
+  }
+  if (DeepSpeedZero2(setup) && r.shardWorld > 1) {
+    // stage_1_and_2.py partitions the flat of the trainable parameters in order, so the last
+    // rank holds the head and the last blocks, whose gradients backward makes first: its
+    // grads_in_partition is made at the first bucket reduction (copy_grads_in_partition) and,
+    // with cpu_offload, its gradient transients come while the activations are still held.
+    r.dataParallelRank = r.shardWorld - 1;
+    r.why = "data-parallel rank " + std::to_string(r.shardWorld - 1) + " (the last): ZeRO-2 gives it the end of the "
+            "flattened parameters, whose gradients come first in backward, so its gradient partition is made at the "
+            "first bucket reduction; every partition has the same (padded) size";
   }
   if (p.zeroRedundancyOptimizer && r.engine == ShardingEngine::DDP) {
     r.engineLabel = "DDP + ZeroRedundancyOptimizer";
