@@ -115,10 +115,11 @@ TEST_CASE("ZeRO-2 with overlap_comm makes grads_in_partition on the reduction st
   CHECK(c.allocs[1] == 0);
 }
 
-TEST_CASE("ZeRO-1 with overlap_comm flattens its gradients on the reduction stream", "[parallel][streams]") {
-  // allreduce_and_copy runs allreduce_bucket (self.flatten) under self.reduction_stream.
+TEST_CASE("ZeRO-1 with overlap_comm makes grads_in_partition on the reduction stream", "[parallel][streams]") {
+  // With overlap_comm ZeRO-1's hook reduces at the accumulation boundary (every step here), and
+  // reduce_ipg_grads runs copy_grads_in_partition under self.reduction_stream, as for ZeRO-2.
   const StreamCounts c = CheckSetup(Llama7bZeroOn8(1, OverlapComm::On),
-                                    [](const std::string& name) { return name == "flat gradient bucket" ? 2 : 0; });
+                                    [](const std::string& name) { return name == "grads_in_partition" ? 2 : 0; });
   INFO(c.firstMisplaced);
   CHECK(c.misplaced == 0);
   CHECK(c.allocs[2] == 2);  // once a step

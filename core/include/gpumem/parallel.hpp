@@ -59,12 +59,13 @@ struct SimulatedRank {
   std::string optimizerStatesHeld = "replicated";
 };
 SimulatedRank SimulatedRankOf(const Setup& setup);
-// DeepSpeed ZeRO-2 as stage_1_and_2.py runs it with partition_gradients (not Megatron's
-// distributed optimizer, which tensor, pipeline, context or expert parallelism or the fp32
-// gradient buffer select): the IPG buckets, grads_in_partition, cpu_offload's gradient
-// transients (parallel_step.cpp ProduceZero2). Its simulated rank is the last data-parallel one.
-// Quick mode has one tensor standing for every parameter, so it keeps the plain model.
-bool DeepSpeedZero2(const Setup& setup);
+// DeepSpeed ZeRO-1 and ZeRO-2 as stage_1_and_2.py runs them (not Megatron's distributed
+// optimizer, which tensor, pipeline, context or expert parallelism or the fp32 gradient buffer
+// select): the IPG buckets, grads_in_partition, cpu_offload's gradient transients, the step's
+// flat (parallel_step.cpp ProduceZero2, ProduceZero1). ZeRO-2's simulated rank is the last
+// data-parallel one, ZeRO-1's the first (SimulatedRankOf). Quick mode has one tensor standing for
+// every parameter, so it keeps the plain model.
+bool DeepSpeedZeroOneTwo(const Setup& setup);
 
 // Tensor parallelism (Megatron column/row split): the rank's model is the model with the
 // attention heads, key/value heads, MLP width, experts' widths and the vocabulary divided by

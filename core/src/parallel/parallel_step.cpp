@@ -123,8 +123,8 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
                            const Regime& regime, TextStore& text)
     : setup_(setup), inventory_(inventory), names_(names), regime_(regime), plan_(PlanShards(setup, inventory)) {
   optimizerRegime_ = OptimizerRegimeOf(plan_, regime_);
-  deepSpeedZero2_ = plan_.engine == ShardingEngine::Zero && DeepSpeedZero2(setup_);
-  if (deepSpeedZero2_) SetUpZero2Partition();
+  deepSpeedZero12_ = plan_.engine == ShardingEngine::Zero && DeepSpeedZeroOneTwo(setup_);
+  if (deepSpeedZero12_) SetUpZeroPartition();
   if (setup_.parallel.gradReduceInFp32 && plan_.engine != ShardingEngine::Zero && regime_.masterWeights) {
     // Megatron's Float16OptimizerWithFloat16Params (megatron/core/optimizer/optimizer.py): the
     // fp32 main params (param.detach().clone().float(), made at construction) get
@@ -582,12 +582,12 @@ void ParallelStep::Init(TraceBuilder& b) {
               text.Make({"ZeRO init: fp32 partition of the flat parameters (1/", TextPart::Int(d), ")"}),
               text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(DType::FP32)}));
     }
-    if (deepSpeedZero2_ && plan_.offloadOptimizer) {
+    if (deepSpeedZero12_ && plan_.offloadOptimizer) {
       // stage_1_and_2.py __init__ with cpu_offload: temp_grad_buffer_for_gpu_offload =
       // torch.zeros(largest_param_numel, dtype=self.dtype) on the GPU, kept for the run
       // (async_accumulate_grad_in_cpu_via_gpu's staging).
       b.Alloc(Category::Gradients, largestTrainable_ * g, text.Make({"temp_grad_buffer_for_gpu_offload"}),
-              text.Make({"ZeRO-2 init (cpu_offload): GPU staging buffer of the largest parameter"}),
+              text.Make({TextPart::View(ZeroName()), " init (cpu_offload): GPU staging buffer of the largest parameter"}),
               text.Make({TextPart::Count(largestTrainable_), " × ", TextPart::Bytes(regime_.gradients)}));
     }
     if (plan_.zeroStage == 3 && plan_.reduceBuckets > 0) {
@@ -641,7 +641,7 @@ void ParallelStep::Init(TraceBuilder& b) {
 
 void ParallelStep::StartBackward(TraceBuilder& b) {
   if (pipelineNoSync_) ++chunkBackwardsSeen_[static_cast<std::size_t>(chunk_)];
-  if (deepSpeedZero2_) {  // the buckets come with the first gradient (ProduceZero2)
+  if (deepSpeedZero12_) {  // the buckets come with the first gradient (ProduceZero2)
     ++backwardsThisStep_;
     return;
   }
@@ -695,9 +695,9 @@ bool ParallelStep::Produce(TraceBuilder& b, std::size_t index, Text label) {
       return true;
     }
     case ShardingEngine::Zero: {
+      if (deepSpeedZero12_) return plan_.zeroStage == 2 ? ProduceZero2(b, index, label) : ProduceZero1(b, index, label);
       if (plan_.zeroStage < 2) return false;
       if (plan_.zeroStage == 3) return ProduceZero3(b, index, label);
-      if (deepSpeedZero2_) return ProduceZero2(b, index, label);
       // The gradient is copied into the reduce bucket and freed (reduce_independent_p_g_buckets_
       // and_remove_grads); after the reduce-scatter this rank's part lands in grads_in_partition.
       const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * g, text.Make({names_[index], ".grad"}),
@@ -810,10 +810,11 @@ void ParallelStep::ReduceIpgBucket(TraceBuilder& b, Text label) {
 // (grad_position's num_elements). grads_in_partition holds Σ numel of those parameters
 // (copy_grads_in_partition: total_size over params_in_partition); get_flat_partition pads the
 // partition's views with zeros up to partition_size.
-void ParallelStep::SetUpZero2Partition() {
+void ParallelStep::SetUpZeroPartition() {
   const std::int64_t d = plan_.shardWorld;
   const std::int64_t p = plan_.partitionElements;
-  const std::int64_t lo = (d - 1) * p, hi = d * p;
+  const std::int64_t rank = plan_.zeroStage == 2 ? d - 1 : 0;  // SimulatedRankOf
+  const std::int64_t lo = rank * p, hi = lo + p;
   inPartition_.assign(inventory_.parameters.size(), 0);
   partitionSlice_.assign(inventory_.parameters.size(), 0);
   std::int64_t offset = 0, slices = 0;
@@ -849,22 +850,61 @@ bool ParallelStep::AtAccumulationBoundary() const {
 bool ParallelStep::ProduceZero2(TraceBuilder& b, std::size_t index, Text label) {
   TextStore& text = b.text();
   const Tensor& p = inventory_.parameters[index];
-  const std::int64_t g = BytesPerElement(regime_.gradients);
-  const std::int64_t n = p.Elements();
-  const ParallelDef& def = setup_.parallel;
-  const TensorHandle grad = b.Alloc(Category::Gradients, n * g, text.Make({names_[index], ".grad"}),
-                                    text.Make({label, ": ", names_[index], ".grad"}),
+  const TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * BytesPerElement(regime_.gradients),
+                                    text.Make({names_[index], ".grad"}), text.Make({label, ": ", names_[index], ".grad"}),
                                     text.Shape(Shape(p.shape), regime_.gradients), p.layer);
-  if (!bucketsReady_ && def.contiguousGradients) {
-    for (int k = 0; k < plan_.reduceBuckets; ++k) {
-      reduceBuckets_.push_back(b.Alloc(Category::Gradients, def.reduceBucketSize * g, text.Make({"ipg_buffer ", TextPart::Int(k)}),
-                                       text.Make({label, ": setup_buckets, reduce bucket ", TextPart::Int(k),
-                                                  TextPart::View(k == 1 ? " (overlap_comm)" : " (reduce_bucket_size)")}),
-                                       text.Make({TextPart::Count(def.reduceBucketSize), " × ", TextPart::Bytes(regime_.gradients)})));
-    }
+  SetUpZeroBuckets(b, label);
+  AddToZeroBucket(b, index, grad, label);
+  return true;
+}
+
+// ZeRO-1 (partition_gradients off): the hook still runs setup_buckets, but
+// reduce_ready_partitions_and_remove_grads reduces only with overlap_comm at the accumulation
+// boundary; otherwise the gradients stay as autograd keeps them (a later micro-batch's added
+// into them by AccumulateGrad) until reduce_gradients at the end of the boundary's backward
+// (EndBackward).
+bool ParallelStep::ProduceZero1(TraceBuilder& b, std::size_t index, Text label) {
+  TextStore& text = b.text();
+  const Tensor& p = inventory_.parameters[index];
+  TensorHandle grad = b.Alloc(Category::Gradients, p.Elements() * BytesPerElement(regime_.gradients),
+                              text.Make({names_[index], ".grad"}), text.Make({label, ": ", names_[index], ".grad"}),
+                              text.Shape(Shape(p.shape), regime_.gradients), p.layer);
+  if (pendingGrads_.empty()) pendingGrads_.assign(inventory_.parameters.size(), kNoTensor);
+  if (pendingGrads_[index] != kNoTensor) {
+    b.Release(grad, text.Make({label, ": ", names_[index], ".grad accumulated"}));
+    grad = pendingGrads_[index];
+    pendingGrads_[index] = kNoTensor;
   }
+  SetUpZeroBuckets(b, label);
+  if (ZeroOverlapComm(setup_.parallel, plan_) && AtAccumulationBoundary()) {
+    AddToZeroBucket(b, index, grad, label);
+  } else {
+    pendingGrads_[index] = grad;
+  }
+  return true;
+}
+
+void ParallelStep::SetUpZeroBuckets(TraceBuilder& b, Text label) {
+  if (bucketsReady_) return;
   bucketsReady_ = true;
-  if (ipgElements_ + n > def.reduceBucketSize) ReduceZero2Bucket(b, label);
+  const ParallelDef& def = setup_.parallel;
+  if (!def.contiguousGradients) return;
+  TextStore& text = b.text();
+  const int buffers = ZeroOverlapComm(def, plan_) ? 2 : 1;
+  for (int k = 0; k < buffers; ++k) {
+    reduceBuckets_.push_back(b.Alloc(Category::Gradients, def.reduceBucketSize * BytesPerElement(regime_.gradients),
+                                     text.Make({"ipg_buffer ", TextPart::Int(k)}),
+                                     text.Make({label, ": setup_buckets, reduce bucket ", TextPart::Int(k),
+                                                TextPart::View(k == 1 ? " (overlap_comm)" : " (reduce_bucket_size)")}),
+                                     text.Make({TextPart::Count(def.reduceBucketSize), " × ", TextPart::Bytes(regime_.gradients)})));
+  }
+}
+
+void ParallelStep::AddToZeroBucket(TraceBuilder& b, std::size_t index, TensorHandle grad, Text label) {
+  TextStore& text = b.text();
+  const ParallelDef& def = setup_.parallel;
+  const std::int64_t n = inventory_.parameters[index].Elements();
+  if (ipgElements_ + n > def.reduceBucketSize) ReduceZeroBucket(b, label);
   IpgEntry entry{index, grad};
   if (def.contiguousGradients && n <= def.reduceBucketSize) {
     b.Release(grad, text.Make({label, ": ", names_[index], ".grad copied to the reduce bucket"}));
@@ -872,7 +912,6 @@ bool ParallelStep::ProduceZero2(TraceBuilder& b, std::size_t index, Text label) 
   }
   ipgEntries_.push_back(entry);
   ipgElements_ += n;
-  return true;
 }
 
 // reduce_ipg_grads: the bucket's gradients are averaged in place (average_tensor; without
@@ -881,7 +920,7 @@ bool ParallelStep::ProduceZero2(TraceBuilder& b, std::size_t index, Text label) 
 // overlap_comm) each one in this rank's partition goes through copy_grads_in_partition, whose
 // first call makes grads_in_partition (or, with cpu_offload at the accumulation boundary, the
 // gradient transients below); the others are cleared (clear_grad_attribute).
-void ParallelStep::ReduceZero2Bucket(TraceBuilder& b, Text label) {
+void ParallelStep::ReduceZeroBucket(TraceBuilder& b, Text label) {
   if (ipgEntries_.empty()) return;
   TextStore& text = b.text();
   const std::int64_t g = BytesPerElement(regime_.gradients);
@@ -890,9 +929,9 @@ void ParallelStep::ReduceZero2Bucket(TraceBuilder& b, Text label) {
     std::int64_t n = 0;
     for (const IpgEntry& e : ipgEntries_) n += inventory_.parameters[e.parameter].Elements();
     const TensorHandle flat = b.Alloc(Category::Gradients, n * g, text.Make({"flat gradient bucket"}),
-                                      text.Make({label, ": ZeRO-2 buffered_reduce_fallback flattens the bucket"}),
+                                      text.Make({label, ": ", TextPart::View(ZeroName()), " buffered_reduce_fallback flattens the bucket"}),
                                       text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.gradients)}));
-    b.Release(flat, text.Make({label, ": ZeRO-2 bucket all-reduced and copied back"}));
+    b.Release(flat, text.Make({label, ": ", TextPart::View(ZeroName()), " bucket all-reduced and copied back"}));
   }
   for (const IpgEntry& e : ipgEntries_) {
     if (inPartition_[e.parameter]) {
@@ -900,7 +939,7 @@ void ParallelStep::ReduceZero2Bucket(TraceBuilder& b, Text label) {
         if (AtAccumulationBoundary()) OffloadGradientTransients(b, e.parameter, label);
       } else if (gradPartition_ == kNoTensor) {
         gradPartition_ = b.Alloc(Category::Gradients, gradsInPartitionElements_ * g, text.Make({"grads_in_partition"}),
-                                 text.Make({label, ": ZeRO-2 copy_grads_in_partition makes grads_in_partition"}),
+                                 text.Make({label, ": ", TextPart::View(ZeroName()), " copy_grads_in_partition makes grads_in_partition"}),
                                  text.Make({TextPart::Count(gradsInPartitionElements_), " × ", TextPart::Bytes(regime_.gradients)}));
       }
     }
@@ -928,10 +967,10 @@ void ParallelStep::OffloadGradientTransients(TraceBuilder& b, std::size_t index,
   const bool sixteen = regime_.gradients != DType::FP32;
   const auto temp = [&](std::int64_t elements, std::int64_t bytes, const char* what) {
     return b.Alloc(Category::Gradients, elements * bytes, text.Make({names_[index], TextPart::View(what)}),
-                   text.Make({label, ": ZeRO-2 offload: ", names_[index], TextPart::View(what)}),
+                   text.Make({label, ": ", TextPart::View(ZeroName()), " offload: ", names_[index], TextPart::View(what)}),
                    text.Make({TextPart::Count(elements), " × ", TextPart::Int(bytes), " B"}));
   };
-  const Text freed = text.Make({label, ": ZeRO-2 offload: temporary freed"});
+  const Text freed = text.Make({label, ": ", TextPart::View(ZeroName()), " offload: temporary freed"});
   b.Release(temp(slice, 8, ".grad.double() (norm)"), freed);
   const TensorHandle floatX = sixteen ? temp(n, 4, ".grad.float() (overflow check)") : kNoTensor;
   const TensorHandle nan = temp(n, 1, " isnan");
@@ -951,10 +990,10 @@ void ParallelStep::OffloadGradientTransients(TraceBuilder& b, std::size_t index,
 // them, its own grads_in_partition let go; at the boundary get_flat_partition's zero padding is
 // made beside them (averaged_gradients); _release_ipg_buffers drops the IPG buffers and
 // grads_in_partition, and _clear_param_grad_only every .grad.
-void ParallelStep::Zero2Epilogue(TraceBuilder& b) {
+void ParallelStep::ZeroEpilogue(TraceBuilder& b) {
   TextStore& text = b.text();
-  const Text label = text.Make({"ZeRO-2 backward epilogue"});
-  ReduceZero2Bucket(b, label);
+  const Text label = text.Make({TextPart::View(ZeroName()), " backward epilogue"});
+  ReduceZeroBucket(b, label);
   const std::int64_t g = BytesPerElement(regime_.gradients);
   if (!plan_.offloadOptimizer) {
     if (keptGradPartition_ == kNoTensor) {
@@ -978,7 +1017,7 @@ void ParallelStep::Zero2Epilogue(TraceBuilder& b) {
 // by default, bf16 config check_grad_overflow = True) runs _has_inf_or_nan on each of
 // averaged_gradients (has_overflow_partitioned_grads_serial), and scaled_global_norm takes
 // get_grad_norm_direct's `torch.linalg.vector_norm(g.data.double())` of each, one at a time.
-void ParallelStep::Zero2StepTransients(TraceBuilder& b) {
+void ParallelStep::ZeroStepTransients(TraceBuilder& b) {
   TextStore& text = b.text();
   const Precision precision = setup_.training.precision;
   const bool checkOverflow = precision == Precision::FP16Mixed || precision == Precision::BF16Mixed || precision == Precision::BF16;
@@ -1275,11 +1314,22 @@ void ParallelStep::EndBackward(TraceBuilder& b) {
   if (plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 3) {
     ReduceIpgBucket(b, text.Make({"ZeRO-3 backward epilogue"}));
   }
-  if (deepSpeedZero2_) Zero2Epilogue(b);
+  if (deepSpeedZero12_ && plan_.zeroStage == 2) ZeroEpilogue(b);
+  if (deepSpeedZero12_ && plan_.zeroStage == 1 && AtAccumulationBoundary()) {
+    // engine.py allreduce_gradients at the boundary → reduce_gradients: without overlap_comm each
+    // parameter's gradient, in the parameters' order, through the bucket; then the epilogue.
+    const Text label = text.Make({"ZeRO-1 reduce_gradients"});
+    for (std::size_t i = 0; i < pendingGrads_.size(); ++i) {
+      if (pendingGrads_[i] == kNoTensor) continue;
+      AddToZeroBucket(b, i, pendingGrads_[i], label);
+      pendingGrads_[i] = kNoTensor;
+    }
+    ZeroEpilogue(b);
+  }
   // Megatron reduce-scatters its fp32 buffer in place (param_and_grad_buffer.py
   // start_grad_sync: reduce_scatter_tensor into a view of bucket.grad_data): no flat bucket.
   if (plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 1 && plan_.reduceBuckets > 0 &&
-      !setup_.parallel.gradReduceInFp32) {
+      !setup_.parallel.gradReduceInFp32 && !deepSpeedZero12_) {
     // stage_1_and_2.py reduce_gradients → buffered_reduce_fallback: gradients flattened into a
     // new tensor of at most reduce_bucket_size elements, all-reduced, copied back, freed. The
     // flattening is allreduce_bucket's self.flatten, which allreduce_and_copy runs under
@@ -1296,14 +1346,14 @@ void ParallelStep::EndBackward(TraceBuilder& b) {
 void ParallelStep::BeforeOptimizerStep(TraceBuilder& b) {
   if (plan_.engine != ShardingEngine::Zero) return;
   TextStore& text = b.text();
-  if (deepSpeedZero2_) {
+  if (deepSpeedZero12_) {
     backwardsThisStep_ = 0;
     if (plan_.offloadOptimizer) return;  // the fp32 gradients are on the host already
     // stage_1_and_2.py step(): check_overflow and scaled_global_norm's transients, then
     // flatten_dense_tensors_aligned(averaged_gradients) — a new 16-bit flat of the partition —
     // .to(fp32) as the fp32 partition's .grad, `del flat_grad_partition`, and
     // free_grad_in_param_list + averaged_gradients = None let grads_in_partition go.
-    Zero2StepTransients(b);
+    ZeroStepTransients(b);
     const std::int64_t g = BytesPerElement(regime_.gradients);
     const std::int64_t n = plan_.partitionElements;
     const TensorHandle flat = b.Alloc(Category::Gradients, n * g, text.Make({"flat gradient partition"}),

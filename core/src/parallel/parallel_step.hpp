@@ -162,12 +162,12 @@ class ParallelStep final : public GradientHook, public LayerHook {
   std::int64_t ipgElements_ = 0;
   bool ProduceZero3(TraceBuilder& b, std::size_t index, Text label);
   void ReduceIpgBucket(TraceBuilder& b, Text label);
-  // DeepSpeed ZeRO-2 (stage_1_and_2.py with partition_gradients; not Megatron's distributed
-  // optimizer): the simulated rank's partition of the flat (the last rank's: its parameters'
-  // gradients come first in backward), per parameter whether it lies in it and how many of its
+  // DeepSpeed ZeRO-1/2 (stage_1_and_2.py; not Megatron's distributed optimizer): the simulated
+  // rank's partition of the flat (ZeRO-2: the last rank's, whose parameters' gradients come
+  // first in backward; ZeRO-1: rank 0's, reduced first at the end of backward), per parameter whether it lies in it and how many of its
   // elements, Σ numel of those parameters (grads_in_partition), get_flat_partition's zero
   // padding, the largest trainable parameter (cpu_offload's temp_grad_buffer_for_gpu_offload).
-  bool deepSpeedZero2_ = false;
+  bool deepSpeedZero12_ = false;
   std::vector<char> inPartition_;
   std::vector<std::int64_t> partitionSlice_;
   std::int64_t gradsInPartitionElements_ = 0;
@@ -179,13 +179,20 @@ class ParallelStep final : public GradientHook, public LayerHook {
   // averaged_gradients keep (views) to the step; later micro-batches add into it.
   TensorHandle keptGradPartition_ = kNoTensor;
   TensorHandle partitionPad_ = kNoTensor;
-  void SetUpZero2Partition();
+  void SetUpZeroPartition();
   bool ProduceZero2(TraceBuilder& b, std::size_t index, Text label);
-  void ReduceZero2Bucket(TraceBuilder& b, Text label);
+  // ZeRO-1: each parameter's .grad as autograd keeps it until the reduction (at the end of the
+  // boundary's backward, or in its hook with overlap_comm), by inventory index.
+  std::vector<TensorHandle> pendingGrads_;
+  bool ProduceZero1(TraceBuilder& b, std::size_t index, Text label);
+  void SetUpZeroBuckets(TraceBuilder& b, Text label);  // setup_buckets
+  void AddToZeroBucket(TraceBuilder& b, std::size_t index, TensorHandle grad, Text label);
+  void ReduceZeroBucket(TraceBuilder& b, Text label);
   void OffloadGradientTransients(TraceBuilder& b, std::size_t index, Text label);
-  void Zero2Epilogue(TraceBuilder& b);
-  void Zero2StepTransients(TraceBuilder& b);
+  void ZeroEpilogue(TraceBuilder& b);
+  void ZeroStepTransients(TraceBuilder& b);
   bool AtAccumulationBoundary() const;
+  const char* ZeroName() const { return plan_.zeroStage == 1 ? "ZeRO-1" : "ZeRO-2"; }
 };
 
 // The regime torch.optim sees on the simulated rank: ZeRO's fp32 flat partition and FSDP's fp32

@@ -121,9 +121,9 @@ ZeroRedundancyAssignment AssignZeroRedundancy(const Inventory& inventory, std::i
   return a;
 }
 
-bool DeepSpeedZero2(const Setup& setup) {
+bool DeepSpeedZeroOneTwo(const Setup& setup) {
   const ParallelDef& p = setup.parallel;
-  return setup.model.kind != ModelKind::ParameterCount && p.zeroStage == 2 && p.tensorParallel == 1 && p.pipelineParallel == 1 && p.contextParallel == 1 &&
+  return setup.model.kind != ModelKind::ParameterCount && (p.zeroStage == 1 || p.zeroStage == 2) && p.tensorParallel == 1 && p.pipelineParallel == 1 && p.contextParallel == 1 &&
          p.expertParallel == 1 && !p.gradReduceInFp32;
 }
 
@@ -202,7 +202,7 @@ SimulatedRank SimulatedRankOf(const Setup& setup) {
                " of each of its experts' widths, as every expert-tensor-parallel rank";
     }
   }
-  if (DeepSpeedZero2(setup) && r.shardWorld > 1) {
+  if (DeepSpeedZeroOneTwo(setup) && p.zeroStage == 2 && r.shardWorld > 1) {
     // stage_1_and_2.py partitions the flat of the trainable parameters in order, so the last
     // rank holds the head and the last blocks, whose gradients backward makes first: its
     // grads_in_partition is made at the first bucket reduction (copy_grads_in_partition) and,

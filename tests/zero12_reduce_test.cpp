@@ -1,4 +1,4 @@
-// DeepSpeed ZeRO-2's gradient handling (parallel_step.cpp ProduceZero2 and after; DeepSpeed
+// DeepSpeed ZeRO-1 and ZeRO-2 gradient handling (parallel_step.cpp ProduceZero2, ProduceZero1; DeepSpeed
 // edaa722 runtime/zero/stage_1_and_2.py): the IPG buffer made at the first gradient, the bucket
 // reduced when the next gradient would overflow it, gradients above reduce_bucket_size kept to
 // that reduction, grads_in_partition made at the first reduction that reaches the simulated
@@ -153,4 +153,32 @@ TEST_CASE("ZeRO-2 with gradient accumulation: later micro-batches add into the f
   }
   CHECK(made == 2);
   CHECK(added == 1);
+}
+
+TEST_CASE("ZeRO-1: gradients kept whole to the end of backward, then reduced in the parameters' order", "[parallel][zero2]") {
+  // Without overlap_comm, ZeRO-1's hook only runs setup_buckets; reduce_gradients then takes each
+  // gradient in the flat's order through the bucket. The simulated rank is rank 0, whose
+  // partition [0, 72,896) holds embed_tokens, block 0's input_layernorm, q, k, v and 576
+  // elements of o_proj: grads_in_partition is 64,064 + 64 + 4,096 + 2,048 + 2,048 + 4,096 =
+  // 76,416 elements.
+  Setup s = SmallLlamaZero2(3, 12'000);
+  s.parallel.zeroStage = 1;
+  const Estimate e = Labelled(s);
+  CHECK(e.rank.dataParallelRank == 0);
+  for (int step : {1, 2}) {
+    CHECK(BytesAt(e, IndexOf(e, "setup_buckets, reduce bucket 0", step)) == 12'000 * 2);
+    // No gradient reaches the bucket before reduce_gradients.
+    const std::size_t firstCopy = IndexOf(e, "copied to the reduce bucket", step);
+    REQUIRE(firstCopy < e.timeline.size());
+    CHECK(e.timeline[firstCopy].label.rfind("ZeRO-1 reduce_gradients", 0) == 0);
+    // embed_tokens (64,064 > 12,000) waits in the bucket; block 0's input_layernorm overflows
+    // it: grads_in_partition is made and embed_tokens copied in, then the norm into the bucket.
+    const std::size_t partition = IndexOf(e, "makes grads_in_partition", step);
+    const std::size_t embedIn = IndexOf(e, "embed_tokens.weight.grad copied into grads_in_partition", step);
+    const std::size_t normCopied = IndexOf(e, "model.layers.0.input_layernorm.weight.grad copied to the reduce bucket", step);
+    CHECK(BytesAt(e, partition) == 76'416 * 2);
+    CHECK(partition < embedIn);
+    CHECK(embedIn < normCopied);
+    CHECK(BytesAt(e, IndexOf(e, "averaged gradients flattened", step)) == 72'896 * 2);
+  }
 }
