@@ -180,5 +180,11 @@ TEST_CASE("ZeRO-1: gradients kept whole to the end of backward, then reduced in 
     CHECK(partition < embedIn);
     CHECK(embedIn < normCopied);
     CHECK(BytesAt(e, IndexOf(e, "averaged gradients flattened", step)) == 72'896 * 2);
+    // lm_head (64,064 > 12,000, outside rank 0's partition) is not cleared by its reduction:
+    // ZeRO-1's _clear_param_grad_only lets it go after _release_ipg_buffers.
+    const std::size_t buffers = IndexOf(e, "ZeRO-1 backward epilogue: _release_ipg_buffers", step);
+    const std::size_t cleared = IndexOf(e, "ZeRO-1 backward epilogue: _clear_param_grad_only", step);
+    CHECK(buffers < cleared);
+    CHECK(BytesAt(e, cleared) == -64'064 * 2);
   }
 }

@@ -184,6 +184,7 @@ class ParallelStep final : public GradientHook, public LayerHook {
   // ZeRO-1: each parameter's .grad as autograd keeps it until the reduction (at the end of the
   // boundary's backward, or in its hook with overlap_comm), by inventory index.
   std::vector<TensorHandle> pendingGrads_;
+  std::vector<TensorHandle> heldToEpilogue_;  // ZeRO-1: larger gradients outside the partition
   bool ProduceZero1(TraceBuilder& b, std::size_t index, Text label);
   void SetUpZeroBuckets(TraceBuilder& b, Text label);  // setup_buckets
   void AddToZeroBucket(TraceBuilder& b, std::size_t index, TensorHandle grad, Text label);

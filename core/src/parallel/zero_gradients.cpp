@@ -69,7 +69,11 @@ void ParallelStep::ReduceIpgBucket(TraceBuilder& b, Text label) {
                      text.Make({TextPart::Count(flat), " × ", TextPart::Bytes(regime_.gradients)}));
   }
   for (const IpgEntry& e : ipgEntries_) {
-    if (e.ownGrad != kNoTensor) {
+    if (e.ownGrad != kNoTensor && plan_.zeroStage == 1 && !inPartition_[e.parameter]) {
+      // ZeRO-1 clears no gradient outside its partition here (reduce_ipg_grads' stage 1 branch
+      // only copies); _clear_param_grad_only at the epilogue's end lets it go.
+      heldToEpilogue_.push_back(e.ownGrad);
+    } else if (e.ownGrad != kNoTensor) {
       b.Release(e.ownGrad, text.Make({label, ": ", names_[e.parameter], ".grad = None (partition_grads)"}));
     }
   }
@@ -78,8 +82,8 @@ void ParallelStep::ReduceIpgBucket(TraceBuilder& b, Text label) {
   ipgElements_ = 0;
 }
 
-// DeepSpeed ZeRO-2 (edaa722, runtime/zero/stage_1_and_2.py with partition_gradients): the
-// simulated rank is the last (SimulatedRankOf). The flat of the trainable parameters, in order,
+// DeepSpeed ZeRO-1/2 (edaa722, runtime/zero/stage_1_and_2.py): the simulated rank is ZeRO-2's
+// last, ZeRO-1's first (SimulatedRankOf). The flat of the trainable parameters, in order,
 // padded to a multiple of 2 · dp, is cut into dp partitions; a parameter is in this rank's
 // partition when any of its elements is (params_in_partition), with that many elements there
 // (grad_position's num_elements). grads_in_partition holds Σ numel of those parameters
@@ -218,7 +222,11 @@ void ParallelStep::ReduceZeroBucket(TraceBuilder& b, Text label) {
                                  text.Make({TextPart::Count(gradsInPartitionElements_), " × ", TextPart::Bytes(regime_.gradients)}));
       }
     }
-    if (e.ownGrad != kNoTensor) {
+    if (e.ownGrad != kNoTensor && plan_.zeroStage == 1 && !inPartition_[e.parameter]) {
+      // ZeRO-1 clears no gradient outside its partition here (reduce_ipg_grads' stage 1 branch
+      // only copies); _clear_param_grad_only at the epilogue's end lets it go.
+      heldToEpilogue_.push_back(e.ownGrad);
+    } else if (e.ownGrad != kNoTensor) {
       b.Release(e.ownGrad, text.Make({label, ": ", names_[e.parameter],
                                       TextPart::View(inPartition_[e.parameter] && !plan_.offloadOptimizer
                                                          ? ".grad copied into grads_in_partition"
@@ -286,6 +294,8 @@ void ParallelStep::ZeroEpilogue(TraceBuilder& b) {
   for (TensorHandle h : reduceBuckets_) b.Release(h, text.Make({label, ": _release_ipg_buffers"}));
   reduceBuckets_.clear();
   bucketsReady_ = false;
+  for (TensorHandle h : heldToEpilogue_) b.Release(h, text.Make({label, ": _clear_param_grad_only"}));
+  heldToEpilogue_.clear();
 }
 
 // step() before the flat fp32 gradient: check_overflow (when check_grad_overflow: fp16, and bf16
