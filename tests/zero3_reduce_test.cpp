@@ -186,3 +186,30 @@ TEST_CASE("ZeRO-3 over one rank gathers nothing: parameters are views of their p
   s.parallel.dataParallel = 2;
   CHECK(Labelled(s).modelStates.parametersBytes == (218'688 / 2 + 218'688) * 2);
 }
+
+TEST_CASE("ZeRO-3's step: has_overflow's masks, the norm's doubles, then the 16-bit flat before the fp32 gradient",
+          "[parallel][zero3]") {
+  // Over 3 ranks the trainable partition is Σ ⌈n / 3⌉ = 218,712 / 3 = 72,904 elements (the
+  // padded sizes of the first test case, divided by the world).
+  const Estimate e = Labelled(SmallLlamaZero3(500'000'000));
+  for (int step : {1, 2}) {
+    const std::size_t isinf = IndexOf(e, "has_overflow: isinf(grad_partitions_flat_buffer)", step);
+    const std::size_t isnan = IndexOf(e, "has_overflow: isnan(grad_partitions_flat_buffer)", step);
+    const std::size_t norm = IndexOf(e, "lm_head.weight gradient partition .double() (norm)", step);
+    const std::size_t flat = IndexOf(e, "averaged gradients flattened (_prepare_fp32_grad_for_sub_group)", step);
+    const std::size_t fp32 = IndexOf(e, "ZeRO step: fp32 gradient partition", step);
+    const std::size_t flatFreed = IndexOf(e, "ZeRO step: the 16-bit flat freed", step);
+    REQUIRE(flatFreed < e.timeline.size());
+    CHECK(e.timeline[isinf].deltaBytes == 72'904);
+    CHECK(e.timeline[isnan].deltaBytes == 72'904);
+    CHECK(e.timeline[norm].deltaBytes == 21'355 * 8);  // lm_head: ⌈64,064 / 3⌉
+    CHECK(e.timeline[flat].deltaBytes == 72'904 * 2);
+    CHECK(e.timeline[fp32].deltaBytes == 72'904 * 4);
+    CHECK(e.timeline[flatFreed].deltaBytes == -72'904 * 2);
+    CHECK(isinf < isnan);
+    CHECK(isnan < norm);
+    CHECK(norm < flat);
+    CHECK(flat < fp32);
+    CHECK(fp32 < flatFreed);
+  }
+}

@@ -1033,9 +1033,11 @@ void ParallelStep::BeforeOptimizerStep(TraceBuilder& b) {
   // Megatron: the fp32 main grads are views of the fp32 buffer (distrib_optimizer.py
   // _copy_model_grads_to_main_grads: shard_main_param.grad = shard_model_grad.float(), no copy).
   if (!plan_.offloadOptimizer && !setup_.parallel.gradReduceInFp32) {
+    const TensorHandle flat = plan_.zeroStage == 3 ? Zero3StepTransients(b) : kNoTensor;
     fp32GradPartition_ = b.Alloc(Category::Gradients, plan_.partitionElements * 4, text.Make({"fp32 gradient partition"}),
                                  text.Make({"ZeRO step: fp32 gradient partition"}),
                                  text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(DType::FP32)}));
+    b.Release(flat, text.Make({"ZeRO step: the 16-bit flat freed"}));
   }
   // ZeRO-1/2: _release_ipg_buffers lets grads_in_partition go (stage_1_and_2.py step); ZeRO-3's
   // flat gradient buffer stays.

@@ -192,6 +192,7 @@ class ParallelStep final : public GradientHook, public LayerHook {
   void OffloadGradientTransients(TraceBuilder& b, std::size_t index, Text label);
   void ZeroEpilogue(TraceBuilder& b);
   void ZeroStepTransients(TraceBuilder& b);
+  TensorHandle Zero3StepTransients(TraceBuilder& b);  // returns the 16-bit flat of the partition
   bool AtAccumulationBoundary() const;
   const char* ZeroName() const { return plan_.zeroStage == 1 ? "ZeRO-1" : "ZeRO-2"; }
 };

@@ -331,4 +331,40 @@ void ParallelStep::ZeroStepTransients(TraceBuilder& b) {
   }
 }
 
+// stage3.py step() before each sub-group's fp32 gradient (one sub-group here, as elsewhere):
+// has_overflow (check_grad_overflow: fp16, and bf16 by default) runs
+// `torch.isinf(self.grad_partitions_flat_buffer).any()` and then isnan's under
+// reduce_and_partition_stream, a 1-byte mask of the partition each; _get_norm_groups'
+// get_grad_norm_direct takes `g.to(device).double().norm(2)` of each gradient partition, one
+// at a time; _prepare_fp32_grad_for_sub_group's `self.flatten(self.averaged_gradients[i])`
+// makes a 16-bit flat of the partition, which `.to(fp32)` copies (the caller's fp32 gradient)
+// before the flat, a temporary, goes. Returns that flat.
+TensorHandle ParallelStep::Zero3StepTransients(TraceBuilder& b) {
+  TextStore& text = b.text();
+  const std::int64_t partition = plan_.partitionElements;
+  const Precision precision = setup_.training.precision;
+  const Text freed = text.Make({"ZeRO step: temporary freed"});
+  if (precision == Precision::FP16Mixed || precision == Precision::BF16Mixed || precision == Precision::BF16) {
+    const OnStream onStream(b, ZeroOverlapComm(setup_.parallel, plan_) ? kReduceScatterStream : b.stream());
+    for (const char* what : {"isinf", "isnan"}) {
+      b.Release(b.Alloc(Category::Gradients, partition, text.Make({"grad_partitions_flat_buffer ", TextPart::View(what)}),
+                        text.Make({"ZeRO-3 step: has_overflow: ", TextPart::View(what), "(grad_partitions_flat_buffer)"}),
+                        text.Make({TextPart::Count(partition), " × 1 B (bool)"})),
+                freed);
+    }
+  }
+  for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+    const Tensor& t = inventory_.parameters[i];
+    if (!t.trainable) continue;
+    const std::int64_t shard = CeilDiv(t.Elements(), plan_.shardWorld);
+    b.Release(b.Alloc(Category::Gradients, shard * 8, text.Make({names_[i], " gradient partition .double() (norm)"}),
+                      text.Make({"ZeRO step: ", names_[i], " gradient partition .double() (norm)"}),
+                      text.Make({TextPart::Count(shard), " × 8 B"})),
+              freed);
+  }
+  return b.Alloc(Category::Gradients, partition * BytesPerElement(regime_.gradients), text.Make({"flat gradient partition"}),
+                 text.Make({"ZeRO step: averaged gradients flattened (_prepare_fp32_grad_for_sub_group)"}),
+                 text.Make({TextPart::Count(partition), " × ", TextPart::Bytes(regime_.gradients)}));
+}
+
 }  // namespace gpumem
