@@ -10,6 +10,7 @@
 
 #include "gpumem/estimate.hpp"
 #include "gpumem/setup.hpp"
+#include "test_support.hpp"
 
 using namespace gpumem;
 
@@ -21,34 +22,14 @@ namespace {
 constexpr std::int64_t kBlock = 45'248;
 
 Setup SmallLlamaFsdp(FsdpMode mode, Precision precision, std::int64_t ranks) {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  ArchitectureDef& a = s.model.architecture;
-  a.family = Family::Llama;
-  a.vocabSize = 1001;
-  a.hiddenSize = 64;
-  a.numLayers = 2;
-  a.numHeads = 4;
-  a.numKeyValueHeads = 2;
-  a.intermediateSize = 171;
-  a.tieWordEmbeddings = false;
+  Setup s = test::SmallLlama(2);
   s.training.precision = precision;
-  s.training.optimizer = OptimizerKind::AdamW;
-  s.training.batchSize = 1;
-  s.training.sequenceLength = 32;
   s.parallel.dataParallel = ranks;
   s.parallel.fsdp = mode;
   return s;
 }
 
-Estimate Labelled(const Setup& s) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  EstimateResult r = EstimateMemory(s, o);
-  INFO((r.errors.empty() ? std::string() : r.errors.front().field + ": " + r.errors.front().message));
-  REQUIRE(r.ok());
-  return r.estimate;
-}
+Estimate Labelled(const Setup& s) { return test::MustEstimateLabelled(s); }
 
 // Allocations of step 2 whose label contains `text`, and their bytes.
 std::vector<std::int64_t> Allocations(const Estimate& e, const std::string& text) {

@@ -19,21 +19,7 @@ namespace {
 // 171 (odd row counts, so FSDP2's dim-0 padding shows), hidden 64, 4 heads of 16, 2 k/v heads,
 // 4 blocks; PP 2 (2 blocks per stage) × FSDP2 2, 1F1B over 4 micro-batches.
 Setup SmallLlamaPipelineFsdp2() {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  ArchitectureDef& a = s.model.architecture;
-  a.family = Family::Llama;
-  a.vocabSize = 1001;
-  a.hiddenSize = 64;
-  a.numLayers = 4;
-  a.numHeads = 4;
-  a.numKeyValueHeads = 2;
-  a.intermediateSize = 171;
-  a.tieWordEmbeddings = false;
-  s.training.precision = Precision::BF16Mixed;
-  s.training.optimizer = OptimizerKind::AdamW;
-  s.training.batchSize = 1;
-  s.training.sequenceLength = 32;
+  Setup s = test::SmallLlama(4);
   s.parallel.dataParallel = 2;
   s.parallel.fsdp = FsdpMode::FullyShard;
   s.parallel.reshardAfterForward = false;  // torchtitan's "default" policy under PP

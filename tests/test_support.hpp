@@ -147,6 +147,29 @@ inline const FitSuggestion* Suggestion(const SolveResult& r, std::string_view id
   return nullptr;
 }
 
+// A small Llama whose shapes the parallel tests count by hand: vocabulary 1001 and intermediate
+// 171 (odd sizes, so sharding pads), hidden 64, 4 heads of 16, 2 k/v heads, untied head; bf16
+// mixed, AdamW, 1 × 32 tokens. A block holds 45,248 elements: q 4,096, k and v 2,048 each,
+// o 4,096, gate, up and down 10,944 each, two norms of 64.
+inline Setup SmallLlama(std::int64_t layers) {
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  ArchitectureDef& a = s.model.architecture;
+  a.family = Family::Llama;
+  a.vocabSize = 1001;
+  a.hiddenSize = 64;
+  a.numLayers = layers;
+  a.numHeads = 4;
+  a.numKeyValueHeads = 2;
+  a.intermediateSize = 171;
+  a.tieWordEmbeddings = false;
+  s.training.precision = Precision::BF16Mixed;
+  s.training.optimizer = OptimizerKind::AdamW;
+  s.training.batchSize = 1;
+  s.training.sequenceLength = 32;
+  return s;
+}
+
 // Estimates a setup that must be valid, with the labelled timeline (every event, named).
 inline Estimate MustEstimateLabelled(const Setup& setup) {
   EstimateOptions o;
@@ -158,6 +181,15 @@ inline Estimate MustEstimateLabelled(const Setup& setup) {
     FAIL("setup unexpectedly invalid:\n" << all);
   }
   return r.estimate;
+}
+
+// The index of step `step`'s first timeline event whose label holds `text`; the timeline's size
+// when there is none.
+inline std::size_t TimelineIndexOf(const Estimate& e, const std::string& text, int step) {
+  for (std::size_t i = 0; i < e.timeline.size(); ++i) {
+    if (e.timeline[i].step == step && e.timeline[i].label.find(text) != std::string::npos) return i;
+  }
+  return e.timeline.size();
 }
 
 // The bytes of the first allocation whose label holds `label` in a labelled timeline; -1 if none.

@@ -10,6 +10,7 @@
 
 #include "gpumem/estimate.hpp"
 #include "gpumem/setup.hpp"
+#include "test_support.hpp"
 
 using namespace gpumem;
 
@@ -26,42 +27,16 @@ namespace {
 // [145,792, 218,688), holds 8,768 elements of block 1's down_proj, the norm and lm_head:
 // grads_in_partition is 10,944 + 64 + 64,064 = 75,072 elements.
 Setup SmallLlamaZero2(std::int64_t ranks, std::int64_t reduceBucketSize) {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  ArchitectureDef& a = s.model.architecture;
-  a.family = Family::Llama;
-  a.vocabSize = 1001;
-  a.hiddenSize = 64;
-  a.numLayers = 2;
-  a.numHeads = 4;
-  a.numKeyValueHeads = 2;
-  a.intermediateSize = 171;
-  a.tieWordEmbeddings = false;
-  s.training.precision = Precision::BF16Mixed;
-  s.training.optimizer = OptimizerKind::AdamW;
-  s.training.batchSize = 1;
-  s.training.sequenceLength = 32;
+  Setup s = test::SmallLlama(2);
   s.parallel.dataParallel = ranks;
   s.parallel.zeroStage = 2;
   s.parallel.reduceBucketSize = reduceBucketSize;
   return s;
 }
 
-Estimate Labelled(const Setup& s) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  EstimateResult r = EstimateMemory(s, o);
-  INFO((r.errors.empty() ? std::string() : r.errors.front().field + ": " + r.errors.front().message));
-  REQUIRE(r.ok());
-  return r.estimate;
-}
+Estimate Labelled(const Setup& s) { return test::MustEstimateLabelled(s); }
 
-std::size_t IndexOf(const Estimate& e, const std::string& text, int step) {
-  for (std::size_t i = 0; i < e.timeline.size(); ++i) {
-    if (e.timeline[i].step == step && e.timeline[i].label.find(text) != std::string::npos) return i;
-  }
-  return e.timeline.size();
-}
+std::size_t IndexOf(const Estimate& e, const std::string& text, int step) { return test::TimelineIndexOf(e, text, step); }
 
 std::int64_t BytesAt(const Estimate& e, std::size_t i) { return i < e.timeline.size() ? e.timeline[i].deltaBytes : 0; }
 

@@ -10,6 +10,7 @@
 
 #include "gpumem/estimate.hpp"
 #include "gpumem/setup.hpp"
+#include "test_support.hpp"
 
 using namespace gpumem;
 
@@ -18,35 +19,14 @@ namespace {
 // A small Llama: vocabulary 1001, hidden 64, 4 heads of 16, 2 k/v heads, intermediate 171, two
 // blocks, untied head; bf16 mixed, AdamW, 1 × 32 tokens; ZeRO-3 over 3 ranks (odd sizes pad).
 Setup SmallLlamaZero3(std::int64_t reduceBucketSize) {
-  Setup s = DefaultSetup();
-  s.model.kind = ModelKind::Transformer;
-  ArchitectureDef& a = s.model.architecture;
-  a.family = Family::Llama;
-  a.vocabSize = 1001;
-  a.hiddenSize = 64;
-  a.numLayers = 2;
-  a.numHeads = 4;
-  a.numKeyValueHeads = 2;
-  a.intermediateSize = 171;
-  a.tieWordEmbeddings = false;
-  s.training.precision = Precision::BF16Mixed;
-  s.training.optimizer = OptimizerKind::AdamW;
-  s.training.batchSize = 1;
-  s.training.sequenceLength = 32;
+  Setup s = test::SmallLlama(2);
   s.parallel.dataParallel = 3;
   s.parallel.zeroStage = 3;
   s.parallel.reduceBucketSize = reduceBucketSize;
   return s;
 }
 
-Estimate Labelled(const Setup& s) {
-  EstimateOptions o;
-  o.timeline = EstimateOptions::Timeline::Labelled;
-  EstimateResult r = EstimateMemory(s, o);
-  INFO((r.errors.empty() ? std::string() : r.errors.front().field + ": " + r.errors.front().message));
-  REQUIRE(r.ok());
-  return r.estimate;
-}
+Estimate Labelled(const Setup& s) { return test::MustEstimateLabelled(s); }
 
 bool Has(const TimelinePoint& p, const std::string& text) { return p.label.find(text) != std::string::npos; }
 
@@ -59,12 +39,7 @@ std::vector<std::int64_t> FlatBuffers(const Estimate& e, int step) {
   return out;
 }
 
-std::size_t IndexOf(const Estimate& e, const std::string& text, int step) {
-  for (std::size_t i = 0; i < e.timeline.size(); ++i) {
-    if (e.timeline[i].step == step && Has(e.timeline[i], text)) return i;
-  }
-  return e.timeline.size();
-}
+std::size_t IndexOf(const Estimate& e, const std::string& text, int step) { return test::TimelineIndexOf(e, text, step); }
 
 }  // namespace
 

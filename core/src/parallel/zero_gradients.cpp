@@ -11,6 +11,23 @@
 namespace gpumem {
 namespace {
 std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+// DeepSpeed's _has_inf_or_nan(x) (stage_1_and_2.py): float_x = x.float() (a copy unless x is
+// fp32), isnan and isinf of it and their logical_or (1 B an element each), `.float()` of that
+// for `.max()`; all freed when it returns. `temp(elements, bytes, what)` makes one of them.
+template <typename Temp>
+void HasInfOrNanTransients(TraceBuilder& b, std::int64_t n, bool sixteen, const char* floatWhat, Text freed,
+                           const Temp& temp) {
+  const TensorHandle floatX = sixteen ? temp(n, 4, floatWhat) : kNoTensor;
+  const TensorHandle nan = temp(n, 1, " isnan");
+  const TensorHandle inf = temp(n, 1, " isinf");
+  const TensorHandle either = temp(n, 1, " isnan | isinf");
+  b.Release(temp(n, 4, " (isnan | isinf).float()"), freed);
+  b.Release(either, freed);
+  b.Release(inf, freed);
+  b.Release(nan, freed);
+  b.Release(floatX, freed);
+}
 }  // namespace
 
 // ZeRO-3's gradient hook (DeepSpeed edaa722, stage3.py reduce_independent_p_g_buckets_and_remove_grads,
@@ -255,15 +272,7 @@ void ParallelStep::OffloadGradientTransients(TraceBuilder& b, std::size_t index,
   };
   const Text freed = text.Make({label, ": ", TextPart::View(ZeroName()), " offload: temporary freed"});
   b.Release(temp(slice, 8, ".grad.double() (norm)"), freed);
-  const TensorHandle floatX = sixteen ? temp(n, 4, ".grad.float() (overflow check)") : kNoTensor;
-  const TensorHandle nan = temp(n, 1, " isnan");
-  const TensorHandle inf = temp(n, 1, " isinf");
-  const TensorHandle either = temp(n, 1, " isnan | isinf");
-  b.Release(temp(n, 4, " (isnan | isinf).float()"), freed);
-  b.Release(either, freed);
-  b.Release(inf, freed);
-  b.Release(nan, freed);
-  b.Release(floatX, freed);
+  HasInfOrNanTransients(b, n, sixteen, ".grad.float() (overflow check)", freed, temp);
   if (sixteen) b.Release(temp(slice, 4, ".grad.to(fp32) (to the host)"), freed);
 }
 
@@ -315,16 +324,8 @@ void ParallelStep::ZeroStepTransients(TraceBuilder& b) {
   };
   for (std::size_t i = 0; checkOverflow && i < inPartition_.size(); ++i) {
     if (!inPartition_[i]) continue;
-    const std::int64_t s = partitionSlice_[i];
-    const TensorHandle floatX = sixteen ? temp(i, s, 4, " gradient .float() (check_overflow)") : kNoTensor;
-    const TensorHandle nan = temp(i, s, 1, " isnan");
-    const TensorHandle inf = temp(i, s, 1, " isinf");
-    const TensorHandle either = temp(i, s, 1, " isnan | isinf");
-    b.Release(temp(i, s, 4, " (isnan | isinf).float()"), freed);
-    b.Release(either, freed);
-    b.Release(inf, freed);
-    b.Release(nan, freed);
-    b.Release(floatX, freed);
+    HasInfOrNanTransients(b, partitionSlice_[i], sixteen, " gradient .float() (check_overflow)", freed,
+                          [&](std::int64_t elements, std::int64_t bytes, const char* what) { return temp(i, elements, bytes, what); });
   }
   for (std::size_t i = 0; i < inPartition_.size(); ++i) {
     if (inPartition_[i]) b.Release(temp(i, partitionSlice_[i], 8, " gradient .double() (norm)"), freed);
