@@ -54,6 +54,7 @@ TEST_CASE("Parallel: the default is one GPU and every estimate keeps its figures
   CHECK(s.parallel.stage3PrefetchBucketSize == 50'000'000);
   CHECK(s.parallel.stage3ParamPersistenceThreshold == 100'000);
   CHECK(s.parallel.stage3MaxLiveParameters == 1'000'000'000);
+  CHECK(s.parallel.stage3MaxReuseDistance == 1'000'000'000);  // deepspeed/runtime/zero/config.py max_reuse_distance
 }
 
 TEST_CASE("Parallel: the ZeRO paper's 120 / 31.4 / 16.6 / 1.9 GB for 7.5B on 64 GPUs", "[parallel]") {
@@ -232,6 +233,9 @@ TEST_CASE("Parallel: every field is validated", "[parallel]") {
   CHECK(HasErrorOn(errorsOf([](ParallelDef& p) { p.reduceBucketSize = 0; }), "parallel.reduceBucketSize"));
   CHECK(HasErrorOn(errorsOf([](ParallelDef& p) { p.stage3ParamPersistenceThreshold = -1; }),
                    "parallel.stage3ParamPersistenceThreshold"));
+  CHECK(HasErrorOn(errorsOf([](ParallelDef& p) { p.stage3MaxReuseDistance = -1; }), "parallel.stage3MaxReuseDistance"));
+  CHECK(HasErrorOn(errorsOf([](ParallelDef& p) { p.stage3MaxReuseDistance = 2'000'000'000'000; }),
+                   "parallel.stage3MaxReuseDistance"));
   CHECK(HasErrorOn(errorsOf([](ParallelDef& p) { p.zeroStage = 2; p.fsdp = FsdpMode::FullShard; }), "parallel.fsdp"));
   CHECK(HasErrorOn(errorsOf([](ParallelDef& p) { p.offload = OffloadKind::Optimizer; }), "parallel.offload"));
   CHECK(HasErrorOn(errorsOf([](ParallelDef& p) { p.zeroStage = 2; p.offload = OffloadKind::OptimizerAndParameters; }),
@@ -329,7 +333,7 @@ TEST_CASE("Parallel: a DeepSpeed config imports with auto values resolved as Hug
     "bf16": {"enabled": true},
     "zero_optimization": {"stage": 3, "overlap_comm": true, "contiguous_gradients": true,
       "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto",
-      "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9,
+      "stage3_param_persistence_threshold": "auto", "stage3_max_live_parameters": 1e9, "stage3_max_reuse_distance": 5e8,
       "offload_optimizer": {"device": "cpu", "pin_memory": true}, "sub_group_size": 1e9},
     "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": "auto", "gradient_clipping": 1.0})",
                                                  base);
@@ -340,6 +344,7 @@ TEST_CASE("Parallel: a DeepSpeed config imports with auto values resolved as Hug
   CHECK(p.stage3PrefetchBucketSize == 15'099'494);  // int(0.9 × 4096²)
   CHECK(p.stage3ParamPersistenceThreshold == 40'960);
   CHECK(p.stage3MaxLiveParameters == 1'000'000'000);
+  CHECK(p.stage3MaxReuseDistance == 500'000'000);
   CHECK(p.overlapComm == OverlapComm::On);
   CHECK(p.offload == OffloadKind::Optimizer);
   CHECK(r.setup.training.precision == Precision::BF16Mixed);

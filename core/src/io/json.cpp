@@ -473,7 +473,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.RejectUnknown(v, {"dataParallel", "zeroStage", "fsdp", "reshardAfterForward", "fsdpShardGroupSize",
                       "limitAllGathers", "forwardPrefetch", "backwardPrefetch", "bucketCapMB",
                       "gradientAsBucketView", "zeroRedundancyOptimizer", "reduceBucketSize", "allgatherBucketSize", "overlapComm",
-                      "contiguousGradients", "stage3PrefetchBucketSize", "stage3MaxLiveParameters",
+                      "contiguousGradients", "stage3PrefetchBucketSize", "stage3MaxLiveParameters", "stage3MaxReuseDistance",
                       "stage3ParamPersistenceThreshold", "offload", "tensorParallel", "sequenceParallel",
                       "pipelineParallel", "pipelineSchedule", "virtualStages", "pipelineStage", "pipelineFirstStageLayers",
                       "pipelineLastStageLayers", "contextParallel",
@@ -497,6 +497,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.Bool(v, "contiguousGradients", path, p.contiguousGradients);
   r.Int(v, "stage3PrefetchBucketSize", path, p.stage3PrefetchBucketSize);
   r.Int(v, "stage3MaxLiveParameters", path, p.stage3MaxLiveParameters);
+  r.Int(v, "stage3MaxReuseDistance", path, p.stage3MaxReuseDistance);
   r.Int(v, "stage3ParamPersistenceThreshold", path, p.stage3ParamPersistenceThreshold);
   r.Enum(v, "offload", path, p.offload);
   r.Int(v, "tensorParallel", path, p.tensorParallel);
@@ -527,7 +528,7 @@ ojson ParallelJson(const ParallelDef& p) {
           {"reduceBucketSize", p.reduceBucketSize},
           {"allgatherBucketSize", p.allgatherBucketSize}, {"overlapComm", IdOf(p.overlapComm)},
           {"contiguousGradients", p.contiguousGradients}, {"stage3PrefetchBucketSize", p.stage3PrefetchBucketSize},
-          {"stage3MaxLiveParameters", p.stage3MaxLiveParameters},
+          {"stage3MaxLiveParameters", p.stage3MaxLiveParameters}, {"stage3MaxReuseDistance", p.stage3MaxReuseDistance},
           {"stage3ParamPersistenceThreshold", p.stage3ParamPersistenceThreshold}, {"offload", IdOf(p.offload)},
           {"tensorParallel", p.tensorParallel}, {"sequenceParallel", p.sequenceParallel},
           {"pipelineParallel", p.pipelineParallel}, {"pipelineSchedule", IdOf(p.pipelineSchedule)},

@@ -180,6 +180,7 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     parameterOutputs_.assign(units, {});
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) unitParameters_[static_cast<std::size_t>(unitOf_[i])].push_back(i);
   }
+  std::vector<std::int64_t> gatheredOfParameter(inventory_.parameters.size(), 0);
   for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
     const Tensor& t = inventory_.parameters[i];
     // ZeRO-3 gathers only what it partitioned: persistent parameters are already whole. Over one
@@ -200,10 +201,97 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
     // and each parameter's all_gather_outputs hold world × padded_sharded_size elements
     // (_fsdp_param.py init_all_gather_outputs; the unsharded parameter is a view of its first
     // numel, init_unsharded_param).
-    gatherElements_[static_cast<std::size_t>(unitOf_[i])] +=
-        plan_.engine == ShardingEngine::Fsdp2 ? plan_.optimizerTensors.parameters[i].Elements() * plan_.shardWorld
-                                               : StorageElements(t);
+    gatheredOfParameter[i] = plan_.engine == ShardingEngine::Fsdp2
+                                 ? plan_.optimizerTensors.parameters[i].Elements() * plan_.shardWorld
+                                 : StorageElements(t);
+    gatherElements_[static_cast<std::size_t>(unitOf_[i])] += gatheredOfParameter[i];
   }
+  if (gathers_ && plan_.engine == ShardingEngine::Zero) PlanZeroReuse(gatheredOfParameter);
+}
+
+// ZeRO-3 from the second forward on (DeepSpeed partitioned_param_coordinator.py at edaa722). The
+// first forward's reset_step sets the trace to RECORD; the next one's freezes the recorded
+// sub-module order and sets it COMPLETE. Only with a complete trace does fetch_sub_module
+// prefetch, and does release_sub_module ask __params_to_release, which keeps a parameter
+// gathered when it is used again within stage3_max_reuse_distance elements: it walks
+// __submodule_order from the next fetch on, summing each sub-module's ds_numel, and stops once
+// the sum reaches the limit; parameters of the sub-modules it reaches are not released. Without
+// a complete trace every parameter is released after its sub-module.
+//
+// A forward parameter's next use is its backward (or, in a checkpointed block, the block's
+// recompute). The sub-modules between, for a parameter p of block u:
+//   forward:  the sub-modules after p's in block u (A), the later blocks (S), the final norm and
+//             the head (T: with a tied head, the token embedding is the head's weight);
+//   backward: the head and norm again (T), each later block once, or twice when it is
+//             checkpointed (its recompute, then its backward: S'), then in block u the
+//             sub-modules after p's (A; checkpointed: the recompute of those before it, B).
+// p stays gathered iff A + S + T + T + S' + (A or B) < stage3_max_reuse_distance. The
+// inventory's order within a block stands for the sub-modules' forward order, one sub-module
+// per tensor. With the default 1e9 a model under about 5e8 parameters keeps every block from its
+// forward to its backward; Llama 2 7B (2.0e8 per block, the head 1.3e8) keeps its last block and
+// 1.7e8 elements of the one before, or with every block checkpointed its last block only.
+void ParallelStep::PlanZeroReuse(const std::vector<std::int64_t>& gatheredOfParameter) {
+  const std::vector<Tensor>& params = inventory_.parameters;
+  const std::size_t units = gathered_.size();
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  reuseKeptElements_.assign(units, 0);
+  keptPart_.assign(units, kNoTensor);
+  keptWhole_.assign(units, 0);
+  std::size_t lastBlockParameter = 0;
+  for (std::size_t i = 0; i < params.size(); ++i) if (params[i].layer >= 0) lastBlockParameter = i;
+  std::int64_t tail = 0;
+  for (std::size_t i = lastBlockParameter + 1; i < params.size(); ++i) if (params[i].layer < 0) tail += StorageElements(params[i]);
+  const bool transformer = setup_.model.kind == ModelKind::Transformer;
+  if (transformer && setup_.model.architecture.tieWordEmbeddings && !params.empty()) tail += StorageElements(params.front());
+  const TrainingDef& t = setup_.training;
+  auto checkpointed = [&](int block) {
+    return transformer && (t.checkpointing == Checkpointing::EveryBlock || t.checkpointing == Checkpointing::SelectiveOp ||
+                           (t.checkpointing == Checkpointing::EveryKthBlock && block % t.checkpointInterval == 0));
+  };
+  // later[b]: Σ numel of the blocks after block b; laterInBackward[b]: the same with each
+  // checkpointed block counted twice.
+  std::vector<std::int64_t> later(static_cast<std::size_t>(blocks) + 1, 0), laterInBackward(later);
+  for (int b = blocks - 1; b > 0; --b) {
+    const std::int64_t n = plan_.unitElements[static_cast<std::size_t>(b)];
+    later[static_cast<std::size_t>(b - 1)] = later[static_cast<std::size_t>(b)] + n;
+    laterInBackward[static_cast<std::size_t>(b - 1)] = laterInBackward[static_cast<std::size_t>(b)] + (checkpointed(b) ? 2 * n : n);
+  }
+  std::vector<std::int64_t> after(static_cast<std::size_t>(blocks), 0);  // A, filled from the block's end
+  const std::int64_t limit = setup_.parallel.stage3MaxReuseDistance;
+  for (std::size_t i = params.size(); i-- > 0;) {
+    const int b = params[i].layer;
+    if (b < 0 || b >= blocks) continue;
+    const std::size_t k = static_cast<std::size_t>(b);
+    const std::int64_t n = StorageElements(params[i]);
+    const std::int64_t a = after[k];
+    const std::int64_t before = plan_.unitElements[k] - a - n;
+    const std::int64_t distance = a + later[k] + 2 * tail + laterInBackward[k] + (checkpointed(b) ? before : a);
+    if (distance < limit) reuseKeptElements_[k + 1] += gatheredOfParameter[i];
+    after[k] += n;
+  }
+}
+
+bool ParallelStep::ZeroTraceComplete() const { return backwardsEnded_ > 0; }
+
+bool ParallelStep::KeptForBackward(int unit) const {
+  if (keptWhole_.empty()) return false;
+  const std::size_t u = static_cast<std::size_t>(unit);
+  return keptWhole_[u] != 0 || keptPart_[u] != kNoTensor;
+}
+
+// A unit's release after its forward: all of it, or with a complete ZeRO-3 trace the part not
+// used again within stage3_max_reuse_distance (PlanZeroReuse).
+void ParallelStep::FreeAfterForward(TraceBuilder& b, int unit) {
+  if (!KeptForBackward(unit)) {
+    Free(b, unit);
+    return;
+  }
+  if (keptWhole_[static_cast<std::size_t>(unit)]) return;
+  TensorHandle& h = gathered_[static_cast<std::size_t>(unit)];
+  if (h == kNoTensor) return;
+  b.Release(h, b.text().Make({"release: layers.", TextPart::Int(unit - 1),
+                              " freed but the part used again within stage3_max_reuse_distance"}));
+  h = kNoTensor;
 }
 
 void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
@@ -214,10 +302,22 @@ void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
   if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
   // (A torchao NF4Tensor is gathered by FSDP2 only, GatherFsdp2.)
   TensorHandle& h = gathered_[static_cast<std::size_t>(unit)];
-  const std::int64_t n = gatherElements_[static_cast<std::size_t>(unit)];
+  std::int64_t n = gatherElements_[static_cast<std::size_t>(unit)];
   if (h != kNoTensor || n == 0) return;
   TextStore& text = b.text();
   const Text what = UnitName(text, unit);
+  // ZeRO-3 with a complete trace (PlanZeroReuse): what a forward gathers and will use again
+  // within stage3_max_reuse_distance stays to the backward; part of a unit is a tensor of its own.
+  std::int64_t kept = 0;
+  if (!keptWhole_.empty()) {
+    const std::size_t u = static_cast<std::size_t>(unit);
+    if (keptPart_[u] != kNoTensor) {
+      n -= reuseKeptElements_[u];  // the rest of a partly kept unit, gathered again
+    } else if (inForward_ && ZeroTraceComplete() && reuseKeptElements_[u] > 0) {
+      if (reuseKeptElements_[u] >= n) keptWhole_[u] = 1;
+      else kept = reuseKeptElements_[u];
+    }
+  }
   // FSDP1: _runtime_utils.py _unshard runs handle.unshard() under
   // `state._device_handle.stream(unshard_stream)` (state._unshard_stream, from the pre-forward
   // and the pre-backward alike), and _flat_param.py _alloc_padded_unsharded_flat_param allocates
@@ -235,9 +335,16 @@ void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
   // not modelled): the block goes back to the all-gather stream's pool.
   const bool sideStream = plan_.engine == ShardingEngine::Fsdp || ZeroOverlapComm(setup_.parallel, plan_);
   OnStream onStream(b, sideStream ? kAllGatherStream : b.stream());
-  h = b.Alloc(Category::Parameters, n * BytesPerElement(regime_.weights), text.Make({"gathered ", what}),
+  h = b.Alloc(Category::Parameters, (n - kept) * BytesPerElement(regime_.weights), text.Make({"gathered ", what}),
               text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what}),
-              text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
+              text.Make({TextPart::Count(n - kept), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
+  if (kept > 0) {
+    keptPart_[static_cast<std::size_t>(unit)] =
+        b.Alloc(Category::Parameters, kept * BytesPerElement(regime_.weights), text.Make({"gathered ", what, " (reused)"}),
+                text.Make({TextPart::View(prefetch ? "prefetch: all-gather of " : "all-gather of "), what,
+                           " (the part used again within stage3_max_reuse_distance)"}),
+                text.Make({TextPart::Count(kept), " × ", TextPart::Bytes(regime_.weights)}), unit - 1);
+  }
 }
 
 Text ParallelStep::UnitName(TextStore& text, int unit) const {
@@ -340,8 +447,16 @@ void ParallelStep::ReleaseHeldAllGather(TraceBuilder& b) {
 void ParallelStep::Free(TraceBuilder& b, int unit) {
   if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
   TensorHandle& h = gathered_[static_cast<std::size_t>(unit)];
-  if (h == kNoTensor) return;
   TextStore& text = b.text();
+  if (!keptWhole_.empty()) {  // ZeRO-3: the part kept from the forward (PlanZeroReuse)
+    const std::size_t u = static_cast<std::size_t>(unit);
+    keptWhole_[u] = 0;
+    if (keptPart_[u] != kNoTensor) {
+      b.Release(keptPart_[u], text.Make({"release: layers.", TextPart::Int(unit - 1), " (reused part) freed"}));
+      keptPart_[u] = kNoTensor;
+    }
+  }
+  if (h == kNoTensor) return;
   const int blocks = static_cast<int>(plan_.unitElements.size());
 
   b.Release(h, unit == 0             ? text.Make({"reshard: root unit freed"})
@@ -445,7 +560,7 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
       for (int u = 1; u < units; ++u) {
         if (u != unit && ReshardsAfterForward(u) && OfRunningChunk(u) &&
             (!pipelineNoSync_ || unit == 0 || u < unit || u > blocks)) {
-          Free(b, u);
+          FreeAfterForward(b, u);
         }
       }
     }
@@ -453,9 +568,10 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
     Gather(b, unit, false);
     if (plan_.engine == ShardingEngine::Zero) {
       // stage3_prefetch_bucket_size: the following units gathered ahead while they fit in it
-      // (DeepSpeed prefetches sub-modules; whole units are the simulation's granularity).
+      // (DeepSpeed prefetches sub-modules; whole units are the simulation's granularity), and
+      // only with a complete trace (PlanZeroReuse): the first forward prefetches nothing.
       std::int64_t ahead = 0;
-      for (int u = unit + 1; u < units && unit > 0; ++u) {
+      for (int u = unit + 1; u < units && unit > 0 && ZeroTraceComplete(); ++u) {
         ahead += gatherElements_[static_cast<std::size_t>(u)];
         if (ahead > setup_.parallel.stage3PrefetchBucketSize) break;
         Gather(b, u, true);
@@ -473,7 +589,9 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   // next block's backward begins, not by the head's backward before it.
   if (layer >= 0) backwardSawBlock_ = true;
   if (!pipelineNoSync_) {
-    for (int u = unit + 1; u <= blocks; ++u) if (backwardSawBlock_ || ReshardsAfterForward(u)) Free(b, u);
+    for (int u = unit + 1; u <= blocks; ++u) {
+      if (backwardSawBlock_ || (ReshardsAfterForward(u) && !KeptForBackward(u))) Free(b, u);
+    }
   }
   if (reduceOnNextBlock_ && unit > 0 && openUnit_ > 0 && openUnit_ != unit) {
     // FSDP2 with frozen weights: the finished block's post_backward (reshard, then foreach_reduce)
@@ -489,8 +607,19 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   if (unit == 0 && apart) return;  // the output and embedding units are gathered at their gradients
   if (!OfRunningChunk(unit)) return;  // another virtual stage's root (interleaved schedule)
   Gather(b, unit, false);
-  const bool prefetch = plan_.engine == ShardingEngine::Zero || setup_.parallel.backwardPrefetch;
-  if (prefetch && unit > 1 && OfRunningChunk(unit - 1)) Gather(b, unit - 1, true);
+  if (plan_.engine == ShardingEngine::Zero) {
+    // ZeRO-3 prefetches in backward as in forward: the units next in the trace (here the blocks
+    // before) while they fit in stage3_prefetch_bucket_size, counting those not yet gathered
+    // (fetch_sub_module: numel_prefetching of NOT_AVAILABLE parameters), with a complete trace.
+    std::int64_t ahead = 0;
+    for (int u = unit - 1; u >= 1 && unit > 0 && ZeroTraceComplete(); --u) {
+      if (gathered_[static_cast<std::size_t>(u)] == kNoTensor && !KeptForBackward(u)) ahead += gatherElements_[static_cast<std::size_t>(u)];
+      if (ahead > setup_.parallel.stage3PrefetchBucketSize) break;
+      Gather(b, u, true);
+    }
+    return;
+  }
+  if (setup_.parallel.backwardPrefetch && unit > 1 && OfRunningChunk(unit - 1)) Gather(b, unit - 1, true);
 }
 
 void ParallelStep::Init(TraceBuilder& b) {
@@ -948,6 +1077,7 @@ void ParallelStep::ReduceScatterFlat(TraceBuilder& b, TensorHandle& full, std::i
 void ParallelStep::EndBackward(TraceBuilder& b) {
   TextStore& text = b.text();
   backwardEnded_ = true;
+  ++backwardsEnded_;
   if (pipelineNoSync_) {
     // The micro-batch's remaining post_backwards (the open unit, then the root), without sync;
     // after the stage's last backward the deferred reshard and reduce-scatter.

@@ -54,6 +54,9 @@ class ParallelStep final : public GradientHook, public LayerHook {
   void ForwardStart(TraceBuilder& b) override;
   void ForwardEnd(TraceBuilder& b) override;
   bool gathers() const { return gathers_; }
+  // Whether the second step's events can be the first's again: not under ZeRO-3, whose
+  // coordinator prefetches and keeps parameters only once its trace is complete (PlanZeroReuse).
+  bool SameEveryStep() const { return !(gathers_ && plan_.engine == ShardingEngine::Zero); }
 
  private:
   void ReduceScatterUnit(TraceBuilder& b, int unit);  // FSDP: a unit's gradients are complete
@@ -100,6 +103,18 @@ class ParallelStep final : public GradientHook, public LayerHook {
   bool keepLastBlock_ = false;
   bool backwardSawBlock_ = false;
   bool ReshardsAfterForward(int unit) const;
+  // ZeRO-3's trace (DeepSpeed partitioned_param_coordinator.py; PlanZeroReuse): complete after
+  // the first backward. Per unit, the gathered elements its forward keeps to its backward
+  // (stage3_max_reuse_distance), and while kept either the whole gathered unit or that part as
+  // a tensor of its own.
+  int backwardsEnded_ = 0;
+  std::vector<std::int64_t> reuseKeptElements_;
+  std::vector<TensorHandle> keptPart_;
+  std::vector<char> keptWhole_;
+  void PlanZeroReuse(const std::vector<std::int64_t>& gatheredOfParameter);
+  bool ZeroTraceComplete() const;
+  bool KeptForBackward(int unit) const;
+  void FreeAfterForward(TraceBuilder& b, int unit);
   std::vector<std::int64_t> gatherElements_;
   // FSDP2: bytes of each unit's torchao NF4Tensor codes, scalers and factors gathered with it.
   std::vector<std::int64_t> gatherExtraBytes_;

@@ -342,7 +342,11 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   // finds: with zero_grad(set_to_none=True) nothing else outlives a step, so each event
   // repeats (a new tensor for each tensor, the same words). Only peaks differ, as the states
   // are live throughout step 2. Where that does not hold, step 2 is simulated.
-  if (!setup.training.zeroGradSetToNone || !b.Repeat(stepStart, b.size(), 2, Category::OptimizerStates)) runStep(2);
+  // ZeRO-3's first step records the trace its later steps prefetch and keep parameters by.
+  const bool sameEveryStep = !parallel || parallel->SameEveryStep();
+  if (!setup.training.zeroGradSetToNone || !sameEveryStep || !b.Repeat(stepStart, b.size(), 2, Category::OptimizerStates)) {
+    runStep(2);
+  }
 
   if (regime.masterWeights) {
     trace.notes.push_back(std::string(LabelOf(setup.training.precision)) +

@@ -1,0 +1,165 @@
+// ZeRO-3's parameter fetching by step (parallel_step.cpp PlanZeroReuse, Enter, Gather): the first
+// step records DeepSpeed's trace and neither prefetches nor keeps anything; from the second on
+// the coordinator prefetches within stage3_prefetch_bucket_size, in forward and backward alike,
+// and keeps a parameter used again within stage3_max_reuse_distance elements from its forward to
+// its backward (DeepSpeed edaa722, runtime/zero/partitioned_param_coordinator.py
+// fetch_sub_module, release_sub_module, __params_to_release; parameter_offload.py reset_step at
+// every forward's start). Every size below is counted by hand.
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "gpumem/estimate.hpp"
+#include "gpumem/setup.hpp"
+#include "test_support.hpp"
+
+using namespace gpumem;
+
+namespace {
+
+// The small Llama of zero3_reduce_test.cpp (vocabulary 1001, hidden 64, 4 heads of 16, 2 k/v
+// heads, intermediate 171, two blocks, untied head; bf16 mixed, AdamW, 1 × 32 tokens) under
+// ZeRO-3 over 3 ranks, every parameter partitioned (persistence threshold 0).
+// A block in forward order: input_layernorm 64, q 4,096, k 2,048, v 2,048, o 4,096,
+// post_attention_layernorm 64, gate, up, down 10,944 each: 45,248 elements, gathered as
+// 90,496 B. After the blocks: the final norm 64 and lm_head 64,064 (T = 64,128).
+Setup SmallLlamaZero3(std::int64_t maxReuseDistance, std::int64_t prefetchBucket = 50'000'000) {
+  Setup s = test::SmallLlama(2);
+  s.parallel.dataParallel = 3;
+  s.parallel.zeroStage = 3;
+  s.parallel.stage3ParamPersistenceThreshold = 0;
+  s.parallel.stage3MaxReuseDistance = maxReuseDistance;
+  s.parallel.stage3PrefetchBucketSize = prefetchBucket;
+  return s;
+}
+
+struct Gathering {
+  Phase phase;
+  std::int64_t bytes;
+  std::string label;
+};
+
+// The gathers and releases of the blocks' parameters in one step, in order.
+std::vector<Gathering> BlockGathers(const Estimate& e, int step) {
+  std::vector<Gathering> out;
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.step != step || p.category != Category::Parameters || p.label.find("layers.") == std::string::npos) continue;
+    if (p.label.find("all-gather of") == std::string::npos && p.label.find("freed") == std::string::npos) continue;
+    out.push_back({p.phase, p.deltaBytes, p.label});
+  }
+  return out;
+}
+
+bool Has(const std::vector<Gathering>& events, const std::string& text) {
+  for (const Gathering& e : events) if (e.label.find(text) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-3's first step records the trace: each block gathered whole, nothing prefetched or kept",
+          "[parallel][zero3]") {
+  const Estimate e = test::MustEstimateLabelled(SmallLlamaZero3(1'000'000'000));
+  const std::vector<Gathering> step1 = BlockGathers(e, 1);
+  // Forward: layers.0 gathered, freed when layers.1 is entered, layers.1 gathered and freed at the
+  // head; backward: layers.1, then layers.0, each gathered and freed. No prefetch although the
+  // bucket (5e7) holds the whole model.
+  REQUIRE(step1.size() == 8);
+  for (std::size_t k = 0; k < step1.size(); ++k) {
+    CHECK(step1[k].bytes == (k % 2 == 0 ? 90'496 : -90'496));
+  }
+  CHECK_FALSE(Has(step1, "prefetch"));
+  CHECK_FALSE(Has(step1, "stage3_max_reuse_distance"));
+}
+
+TEST_CASE("ZeRO-3 keeps what is used again within stage3_max_reuse_distance from forward to backward",
+          "[parallel][zero3]") {
+  SECTION("the default 1e9 keeps both blocks whole") {
+    // Every distance is under 1e9 (the model has 218,752 elements): layers.0 and layers.1 are
+    // gathered in forward (layers.1 prefetched from layers.0) and first freed after their own
+    // backward, without a gather in backward.
+    const std::vector<Gathering> step2 = BlockGathers(test::MustEstimateLabelled(SmallLlamaZero3(1'000'000'000)), 2);
+    REQUIRE(step2.size() == 4);
+    CHECK(step2[0].phase == Phase::Forward);
+    CHECK(step2[0].label == "all-gather of layers.0");
+    CHECK(step2[1].label == "prefetch: all-gather of layers.1");
+    CHECK(step2[1].bytes == 90'496);
+    CHECK(step2[2].phase == Phase::Backward);
+    CHECK(step2[2].label == "reshard: layers.1 freed");
+    CHECK(step2[3].phase == Phase::Backward);
+    CHECK(step2[3].label == "reshard: layers.0 freed");
+  }
+  SECTION("a limit of 180,000 keeps layers.1's MLP only") {
+    // Without checkpointing a parameter of block u is next used in its backward, after
+    // 2 × (A + S + T) elements: A the sub-modules after it in its block, S the later blocks.
+    // layers.1 (S = 0): down 2 × (0 + 64,128) = 128,256, up 150,144, gate 172,032 < 180,000;
+    // post_attention_layernorm 193,920 and the rest above. layers.0 (S = 45,248): 218,752 or more.
+    // Kept: gate, up, down = 32,832 elements (65,664 B); the other 12,416 (24,832 B) are released
+    // after the forward and gathered again in backward.
+    const std::vector<Gathering> step2 = BlockGathers(test::MustEstimateLabelled(SmallLlamaZero3(180'000)), 2);
+    REQUIRE(step2.size() == 10);
+    CHECK(step2[0].label == "all-gather of layers.0");
+    CHECK(step2[0].bytes == 90'496);
+    CHECK(step2[1].label == "prefetch: all-gather of layers.1");
+    CHECK(step2[1].bytes == 24'832);
+    CHECK(step2[2].label == "prefetch: all-gather of layers.1 (the part used again within stage3_max_reuse_distance)");
+    CHECK(step2[2].bytes == 65'664);
+    CHECK(step2[3].label == "reshard: layers.0 freed");
+    CHECK(step2[4].phase == Phase::Forward);
+    CHECK(step2[4].label == "release: layers.1 freed but the part used again within stage3_max_reuse_distance");
+    CHECK(step2[4].bytes == -24'832);
+    CHECK(step2[5].phase == Phase::Backward);
+    CHECK(step2[5].label == "all-gather of layers.1");
+    CHECK(step2[5].bytes == 24'832);
+    CHECK(step2[6].label == "prefetch: all-gather of layers.0");
+    CHECK(step2[7].label == "release: layers.1 (reused part) freed");
+    CHECK(step2[7].bytes == -65'664);
+    CHECK(step2[8].label == "reshard: layers.1 freed");
+    CHECK(step2[8].bytes == -24'832);
+    CHECK(step2[9].label == "reshard: layers.0 freed");
+  }
+  SECTION("with every block checkpointed the next use is the block's recompute") {
+    // layers.1's parameter of n elements: the sub-modules after it in forward (A), the head and
+    // norm twice (2T = 128,256), then the recompute of those before it (B): A + B = 45,248 − n.
+    // Under 170,000: q and o (169,408), gate, up, down (162,560); k and v (171,456) and the
+    // norms (173,440) are not. Kept 2 × 4,096 + 3 × 10,944 = 41,024 elements (82,048 B).
+    // layers.0 adds layers.1 once in forward and twice in backward: 309,248 − n, none kept.
+    Setup s = SmallLlamaZero3(170'000);
+    s.training.checkpointing = Checkpointing::EveryBlock;
+    const std::vector<Gathering> step2 = BlockGathers(test::MustEstimateLabelled(s), 2);
+    REQUIRE(step2.size() >= 5);
+    CHECK(step2[1].bytes == 8'448);
+    CHECK(step2[2].label == "prefetch: all-gather of layers.1 (the part used again within stage3_max_reuse_distance)");
+    CHECK(step2[2].bytes == 82'048);
+    CHECK(step2[4].bytes == -8'448);
+  }
+  SECTION("a limit of 0 keeps nothing") {
+    const std::vector<Gathering> step2 = BlockGathers(test::MustEstimateLabelled(SmallLlamaZero3(0)), 2);
+    CHECK_FALSE(Has(step2, "stage3_max_reuse_distance"));
+    CHECK(step2.size() == 8);  // gathers with the forward's prefetch of layers.1 and the backward's of layers.0
+  }
+}
+
+TEST_CASE("ZeRO-3 prefetches in backward only what fits stage3_prefetch_bucket_size", "[parallel][zero3]") {
+  // Nothing kept (limit 0), so step 2's backward gathers layers.1 and then, with a bucket of
+  // 50,000 ≥ 45,248, prefetches layers.0 alongside; with 40,000 it does not, and layers.0 is
+  // gathered when its backward begins. The forward prefetches layers.1 by the same rule.
+  const std::vector<Gathering> fits = BlockGathers(test::MustEstimateLabelled(SmallLlamaZero3(0, 50'000)), 2);
+  REQUIRE(fits.size() == 8);
+  CHECK(fits[1].label == "prefetch: all-gather of layers.1");
+  CHECK(fits[4].phase == Phase::Backward);
+  CHECK(fits[4].label == "all-gather of layers.1");
+  CHECK(fits[5].label == "prefetch: all-gather of layers.0");
+  CHECK(fits[6].label == "reshard: layers.1 freed");
+
+  const std::vector<Gathering> not_fits = BlockGathers(test::MustEstimateLabelled(SmallLlamaZero3(0, 40'000)), 2);
+  CHECK_FALSE(Has(not_fits, "prefetch"));
+  REQUIRE(not_fits.size() == 8);
+  CHECK(not_fits[4].label == "all-gather of layers.1");
+  CHECK(not_fits[5].label == "reshard: layers.1 freed");
+  CHECK(not_fits[6].label == "all-gather of layers.0");
+  // The peak of step 2 is then lower by the prefetched block's 90,496 B or not at all, never higher.
+  CHECK(test::MustEstimateLabelled(SmallLlamaZero3(0, 40'000)).peak.totalBytes <=
+        test::MustEstimateLabelled(SmallLlamaZero3(0, 50'000)).peak.totalBytes);
+}
