@@ -163,3 +163,69 @@ TEST_CASE("ZeRO-3 prefetches in backward only what fits stage3_prefetch_bucket_s
   CHECK(test::MustEstimateLabelled(SmallLlamaZero3(0, 40'000)).peak.totalBytes <=
         test::MustEstimateLabelled(SmallLlamaZero3(0, 50'000)).peak.totalBytes);
 }
+
+namespace {
+
+// The root's gathers and releases in one step: the embeddings (embed_tokens, 64,064 elements,
+// 128,128 B) and the final norm and head (64 + 64,064 elements, 128,256 B).
+std::vector<Gathering> RootGathers(const Estimate& e, int step) {
+  std::vector<Gathering> out;
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.step != step || p.category != Category::Parameters) continue;
+    if (p.label.find("embeddings") == std::string::npos && p.label.find("final norm and head") == std::string::npos) continue;
+    out.push_back({p.phase, p.deltaBytes, p.label});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("ZeRO-3 fetches the embeddings and the head where they run", "[parallel][zero3]") {
+  SECTION("the first step releases each after its forward and fetches it again for its backward") {
+    const Estimate e = test::MustEstimateLabelled(SmallLlamaZero3(1'000'000'000));
+    const std::vector<Gathering> root = RootGathers(e, 1);
+    REQUIRE(root.size() == 8);
+    CHECK(root[0].label == "all-gather of the embeddings");
+    CHECK(root[0].bytes == 128'128);
+    CHECK(root[1].label == "release: embeddings freed");
+    CHECK(root[1].phase == Phase::Forward);
+    CHECK(root[2].label == "all-gather of final norm and head");
+    CHECK(root[2].bytes == 128'256);
+    CHECK(root[3].label == "release: final norm and head freed");
+    CHECK(root[3].phase == Phase::Forward);
+    CHECK(root[4].label == "all-gather of final norm and head");
+    CHECK(root[4].phase == Phase::Backward);
+    CHECK(root[5].label == "release: final norm and head freed");
+    CHECK(root[6].label == "all-gather of the embeddings");
+    CHECK(root[6].phase == Phase::Backward);
+    CHECK(root[7].label == "release: embeddings freed");
+    // The embeddings go before layers.0 is gathered; the head comes back before layers.1's
+    // backward and goes when it begins.
+    CHECK(test::TimelineIndexOf(e, "release: embeddings freed", 1) < test::TimelineIndexOf(e, "all-gather of layers.0", 1));
+    const std::size_t headBack = test::TimelineIndexOf(e, "release: final norm and head freed", 1);
+    CHECK(e.timeline[headBack].phase == Phase::Forward);
+  }
+  SECTION("from the second step on both stay from forward to backward when reused within the limit") {
+    // The head's backward follows its forward with no parameter between (distance 0); the
+    // embeddings' comes last: 2 × 45,248 (forward) + 2 × 64,128 + 2 × 45,248 (backward) = 309,248.
+    // Under 1e9 both stay: gathered once each in step 2, released after their backward.
+    const std::vector<Gathering> kept = RootGathers(test::MustEstimateLabelled(SmallLlamaZero3(1'000'000'000)), 2);
+    REQUIRE(kept.size() == 4);
+    CHECK(kept[0].label == "all-gather of the embeddings");
+    CHECK(kept[1].label == "all-gather of final norm and head");
+    CHECK(kept[1].phase == Phase::Forward);
+    CHECK(kept[2].label == "release: final norm and head freed");
+    CHECK(kept[2].phase == Phase::Backward);
+    CHECK(kept[3].label == "release: embeddings freed");
+    CHECK(kept[3].phase == Phase::Backward);
+    // Under 180,000 the embeddings go after their forward and come back for their backward.
+    const std::vector<Gathering> released = RootGathers(test::MustEstimateLabelled(SmallLlamaZero3(180'000)), 2);
+    REQUIRE(released.size() == 6);
+    CHECK(released[1].label == "release: embeddings freed");
+    CHECK(released[1].phase == Phase::Forward);
+    CHECK(released[3].label == "release: final norm and head freed");
+    CHECK(released[3].phase == Phase::Backward);
+    CHECK(released[4].label == "all-gather of the embeddings");
+    CHECK(released[4].phase == Phase::Backward);
+  }
+}

@@ -258,6 +258,22 @@ void ParallelStep::PlanZeroReuse(const std::vector<std::int64_t>& gatheredOfPara
   }
   std::vector<std::int64_t> after(static_cast<std::size_t>(blocks), 0);  // A, filled from the block's end
   const std::int64_t limit = setup_.parallel.stage3MaxReuseDistance;
+  // The root's parameters are the embeddings (listed before the blocks) and the final norm and
+  // head (after them), fetched by sub-modules of their own at either end of the forward. Apart
+  // only with an untied head: a tied one is the embedding's weight, used at both ends.
+  if (transformer && !setup_.model.architecture.tieWordEmbeddings && blocks > 0) {
+    std::int64_t embeddings = 0;
+    for (std::size_t i = 0; i < params.size() && params[i].layer < 0; ++i) embeddings += gatheredOfParameter[i];
+    zeroEmbeddingElements_ = embeddings;
+    gatherElements_[0] -= embeddings;  // unit 0 now stands for the final norm and head
+    zeroRootApart_ = true;
+    // The embeddings' next use is their backward, the last sub-module: every block in forward,
+    // the tail twice, every block in backward (checkpointed ones twice).
+    const std::int64_t first = plan_.unitElements[0];
+    const std::int64_t all = later[0] + first;
+    const std::int64_t allInBackward = laterInBackward[0] + (checkpointed(0) ? 2 * first : first);
+    zeroEmbeddingsKept_ = all + 2 * tail + allInBackward < limit;
+  }
   for (std::size_t i = params.size(); i-- > 0;) {
     const int b = params[i].layer;
     if (b < 0 || b >= blocks) continue;
@@ -277,6 +293,32 @@ bool ParallelStep::KeptForBackward(int unit) const {
   if (keptWhole_.empty()) return false;
   const std::size_t u = static_cast<std::size_t>(unit);
   return keptWhole_[u] != 0 || keptPart_[u] != kNoTensor;
+}
+
+// ZeRO-3's embeddings, gathered at the forward's start and for their backward (PlanZeroReuse).
+void ParallelStep::GatherZeroEmbeddings(TraceBuilder& b) {
+  if (zeroEmbeddings_ != kNoTensor || zeroEmbeddingElements_ == 0) return;
+  TextStore& text = b.text();
+  const OnStream onStream(b, ZeroOverlapComm(setup_.parallel, plan_) ? kAllGatherStream : b.stream());
+  zeroEmbeddings_ = b.Alloc(Category::Parameters, zeroEmbeddingElements_ * BytesPerElement(regime_.weights),
+                            text.Make({"gathered embeddings"}), text.Make({"all-gather of the embeddings"}),
+                            text.Make({TextPart::Count(zeroEmbeddingElements_), " × ", TextPart::Bytes(regime_.weights)}));
+}
+
+// Released after their forward unless used again within stage3_max_reuse_distance (a complete
+// trace; afterForward), or for good (a reshard of the root).
+void ParallelStep::ReleaseZeroEmbeddings(TraceBuilder& b, bool afterForward) {
+  if (zeroEmbeddings_ == kNoTensor) return;
+  if (afterForward && ZeroTraceComplete() && zeroEmbeddingsKept_) return;
+  b.Release(zeroEmbeddings_, b.text().Make({"release: embeddings freed"}));
+  zeroEmbeddings_ = kNoTensor;
+}
+
+void ParallelStep::ReleaseZeroTail(TraceBuilder& b) {
+  TensorHandle& h = gathered_[0];
+  if (h == kNoTensor) return;
+  b.Release(h, b.text().Make({"release: final norm and head freed"}));
+  h = kNoTensor;
 }
 
 // A unit's release after its forward: all of it, or with a complete ZeRO-3 trace the part not
@@ -349,7 +391,7 @@ void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
 
 Text ParallelStep::UnitName(TextStore& text, int unit) const {
   const int blocks = static_cast<int>(plan_.unitElements.size());
-  return unit == 0             ? text.Make({"root unit (embeddings, final norm, head)"})
+  return unit == 0             ? (zeroRootApart_ ? text.Make({"final norm and head"}) : text.Make({"root unit (embeddings, final norm, head)"}))
          : unit == blocks + 1 ? text.Make({"embedding unit"})
          : unit == blocks + 2 ? text.Make({"output unit"})
                               : text.Make({"layers.", TextPart::Int(unit - 1)});
@@ -448,6 +490,7 @@ void ParallelStep::Free(TraceBuilder& b, int unit) {
   if (unit < 0 || static_cast<std::size_t>(unit) >= gathered_.size()) return;
   TensorHandle& h = gathered_[static_cast<std::size_t>(unit)];
   TextStore& text = b.text();
+  if (unit == 0 && zeroRootApart_) ReleaseZeroEmbeddings(b, false);
   if (!keptWhole_.empty()) {  // ZeRO-3: the part kept from the forward (PlanZeroReuse)
     const std::size_t u = static_cast<std::size_t>(unit);
     keptWhole_[u] = 0;
@@ -553,7 +596,10 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
     // a block's unit is freed when the next one is entered, unless it stays gathered. Under the
     // interleaved schedule only the running chunk's root and units: the other chunks are
     // fully_shard roots of their own, untouched by this chunk's hooks.
-    if (OfRunningChunk(0)) Gather(b, 0, false);
+    // ZeRO-3 with the root apart (PlanZeroReuse): the embeddings come at ForwardStart and go
+    // once a block is entered; the final norm and head are gathered when the tail runs.
+    if (OfRunningChunk(0) && (!zeroRootApart_ || (layer < 0 && forwardSawBlock_))) Gather(b, 0, false);
+    if (zeroRootApart_ && layer >= 0) ReleaseZeroEmbeddings(b, true);
     // On a pipeline stage the units ahead may still be gathered from the previous micro-batch's
     // backward (no reshard after backward): each is resharded by its own post-forward.
     if (reshardAfterForward_) {
@@ -603,6 +649,15 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
     // (EndBackward).
     ReduceScatterUnit(b, openUnit_);
     openUnit_ = -2;
+  }
+  if (zeroRootApart_) {
+    // The head's and final norm's parameters are released after their backward, before the
+    // last block's; the embeddings are gathered again for theirs, after the first block's.
+    if (layer >= 0) ReleaseZeroTail(b);
+    else if (backwardSawBlock_) {
+      GatherZeroEmbeddings(b);
+      return;
+    }
   }
   if (unit == 0 && apart) return;  // the output and embedding units are gathered at their gradients
   if (!OfRunningChunk(unit)) return;  // another virtual stage's root (interleaved schedule)
@@ -737,6 +792,13 @@ void ParallelStep::Init(TraceBuilder& b) {
 
 void ParallelStep::StartBackward(TraceBuilder& b) {
   if (pipelineNoSync_) ++chunkBackwardsSeen_[static_cast<std::size_t>(chunk_)];
+  if (zeroRootApart_) {
+    // ZeRO-3: the head's pre-backward fetch, when ForwardEnd released it (a first trace). The
+    // tape reports no change of layer between the loss and the head, so this comes with the
+    // backward's start, before the loss's backward rather than after it.
+    inForward_ = false;
+    Gather(b, 0, false);
+  }
   if (deepSpeedZero12_) {  // the buckets come with the first gradient (ProduceZero2)
     ++backwardsThisStep_;
     return;
@@ -995,6 +1057,7 @@ void ParallelStep::ForwardStart(TraceBuilder& b) {
   const int blocks = static_cast<int>(plan_.unitElements.size());
   // The embedding unit (chunk 0's, under the interleaved schedule).
   if (static_cast<int>(gathered_.size()) > blocks + 1 && OfRunningChunk(blocks + 1)) Gather(b, blocks + 1, false);
+  if (zeroRootApart_) GatherZeroEmbeddings(b);
 }
 
 void ParallelStep::ForwardEnd(TraceBuilder& b) {
@@ -1004,6 +1067,9 @@ void ParallelStep::ForwardEnd(TraceBuilder& b) {
   // FSDP2: the root's post-forward frees the last unit's deferred all-gather output
   // (_fsdp_state.py _post_forward, iter_forward_root: comm_ctx.all_gather_state = None).
   ReleaseHeldAllGather(b);
+  // ZeRO-3: the head's post-forward release, unless its backward (next, with no parameter
+  // between) is within stage3_max_reuse_distance of a complete trace.
+  if (zeroRootApart_ && !(ZeroTraceComplete() && setup_.parallel.stage3MaxReuseDistance > 0)) ReleaseZeroTail(b);
   inForward_ = false;
 }
 

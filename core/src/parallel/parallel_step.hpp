@@ -115,6 +115,16 @@ class ParallelStep final : public GradientHook, public LayerHook {
   bool ZeroTraceComplete() const;
   bool KeptForBackward(int unit) const;
   void FreeAfterForward(TraceBuilder& b, int unit);
+  // ZeRO-3 with an untied head: the root's embeddings apart from its final norm and head
+  // (unit 0), each fetched where its sub-modules run; whether the embeddings stay from their
+  // forward to their backward (stage3_max_reuse_distance).
+  bool zeroRootApart_ = false;
+  bool zeroEmbeddingsKept_ = false;
+  std::int64_t zeroEmbeddingElements_ = 0;
+  TensorHandle zeroEmbeddings_ = kNoTensor;
+  void GatherZeroEmbeddings(TraceBuilder& b);
+  void ReleaseZeroEmbeddings(TraceBuilder& b, bool afterForward);
+  void ReleaseZeroTail(TraceBuilder& b);
   std::vector<std::int64_t> gatherElements_;
   // FSDP2: bytes of each unit's torchao NF4Tensor codes, scalers and factors gathered with it.
   std::vector<std::int64_t> gatherExtraBytes_;
