@@ -508,6 +508,7 @@ struct ParallelDef {
   std::int64_t stage3PrefetchBucketSize = 50'000'000;        // stage3_prefetch_bucket_size
   std::int64_t stage3MaxLiveParameters = 1'000'000'000;      // stage3_max_live_parameters
   std::int64_t stage3MaxReuseDistance = 1'000'000'000;       // stage3_max_reuse_distance
+  std::int64_t subGroupSize = 1'000'000'000;                 // sub_group_size (ZeRO-3's optimizer step tiles)
   std::int64_t stage3ParamPersistenceThreshold = 100'000;    // stage3_param_persistence_threshold
   OffloadKind offload = OffloadKind::None;
   // Megatron-LM

@@ -473,7 +473,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.RejectUnknown(v, {"dataParallel", "zeroStage", "fsdp", "reshardAfterForward", "fsdpShardGroupSize",
                       "limitAllGathers", "forwardPrefetch", "backwardPrefetch", "bucketCapMB",
                       "gradientAsBucketView", "zeroRedundancyOptimizer", "reduceBucketSize", "allgatherBucketSize", "overlapComm",
-                      "contiguousGradients", "stage3PrefetchBucketSize", "stage3MaxLiveParameters", "stage3MaxReuseDistance",
+                      "contiguousGradients", "stage3PrefetchBucketSize", "stage3MaxLiveParameters", "stage3MaxReuseDistance", "subGroupSize",
                       "stage3ParamPersistenceThreshold", "offload", "tensorParallel", "sequenceParallel",
                       "pipelineParallel", "pipelineSchedule", "virtualStages", "pipelineStage", "pipelineFirstStageLayers",
                       "pipelineLastStageLayers", "contextParallel",
@@ -498,6 +498,7 @@ void ReadParallel(Reader& r, const json& v, ParallelDef& p) {
   r.Int(v, "stage3PrefetchBucketSize", path, p.stage3PrefetchBucketSize);
   r.Int(v, "stage3MaxLiveParameters", path, p.stage3MaxLiveParameters);
   r.Int(v, "stage3MaxReuseDistance", path, p.stage3MaxReuseDistance);
+  r.Int(v, "subGroupSize", path, p.subGroupSize);
   r.Int(v, "stage3ParamPersistenceThreshold", path, p.stage3ParamPersistenceThreshold);
   r.Enum(v, "offload", path, p.offload);
   r.Int(v, "tensorParallel", path, p.tensorParallel);
@@ -529,6 +530,7 @@ ojson ParallelJson(const ParallelDef& p) {
           {"allgatherBucketSize", p.allgatherBucketSize}, {"overlapComm", IdOf(p.overlapComm)},
           {"contiguousGradients", p.contiguousGradients}, {"stage3PrefetchBucketSize", p.stage3PrefetchBucketSize},
           {"stage3MaxLiveParameters", p.stage3MaxLiveParameters}, {"stage3MaxReuseDistance", p.stage3MaxReuseDistance},
+          {"subGroupSize", p.subGroupSize},
           {"stage3ParamPersistenceThreshold", p.stage3ParamPersistenceThreshold}, {"offload", IdOf(p.offload)},
           {"tensorParallel", p.tensorParallel}, {"sequenceParallel", p.sequenceParallel},
           {"pipelineParallel", p.pipelineParallel}, {"pipelineSchedule", IdOf(p.pipelineSchedule)},

@@ -121,6 +121,7 @@ ParallelImport ImportDeepSpeedConfig(std::string_view text, const Setup& base) {
       r.Count(z, "stage3_param_persistence_threshold", path, p.stage3ParamPersistenceThreshold, 10 * h, "10·h");
       r.Count(z, "stage3_max_live_parameters", path, p.stage3MaxLiveParameters);
       r.Count(z, "stage3_max_reuse_distance", path, p.stage3MaxReuseDistance);
+      r.Count(z, "sub_group_size", path, p.subGroupSize);
       r.Bool(z, "contiguous_gradients", path, p.contiguousGradients);
       if (auto o = z.find("overlap_comm"); o != z.end() && !IsAuto(*o)) {
         if (!o->is_boolean()) r.Fail(path + ".overlap_comm", "Must be true, false or \"auto\".");
@@ -134,7 +135,7 @@ ParallelImport ImportDeepSpeedConfig(std::string_view text, const Setup& base) {
                             "parameters-only offload)");
       }
       static const char* kKnown[] = {"stage", "reduce_bucket_size", "allgather_bucket_size", "stage3_prefetch_bucket_size",
-                                     "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance",
+                                     "stage3_param_persistence_threshold", "stage3_max_live_parameters", "stage3_max_reuse_distance", "sub_group_size",
                                      "contiguous_gradients", "overlap_comm", "offload_optimizer", "offload_param"};
       for (auto k = z.begin(); k != z.end(); ++k) {
         bool known = false;

@@ -58,6 +58,7 @@ constexpr ParallelField kFields[] = {
     {"stage3PrefetchBucketSize", "stage3_prefetch_bucket_size", "count", "", "ZeRO-3: elements gathered ahead (default 5e7)"},
     {"stage3MaxLiveParameters", "stage3_max_live_parameters", "count", "", "ZeRO-3: gathered elements at most (default 1e9)"},
     {"stage3MaxReuseDistance", "stage3_max_reuse_distance", "count", "", "ZeRO-3: a parameter used again within this many elements stays gathered (default 1e9)"},
+    {"subGroupSize", "sub_group_size", "count", "", "ZeRO-3: the optimizer steps sub-groups of this many elements of the partition (default 1e9)"},
     {"stage3ParamPersistenceThreshold", "stage3_param_persistence_threshold", "count", "", "ZeRO-3: parameters below it stay whole (default 1e5)"},
     {"offload", "offload", "select", "offloads", "ZeRO-Offload / ZeRO-Infinity / FSDP CPUOffload"},
     {"tensorParallel", "tensor parallel size", "count", "", "Megatron --tensor-model-parallel-size"},
@@ -411,6 +412,9 @@ void ValidateParallel(const Setup& setup, std::vector<FieldError>& errors) {
   count("stage3MaxLiveParameters", p.stage3MaxLiveParameters, 1'000'000'000'000, "stage3_max_live_parameters");
   if (p.stage3MaxReuseDistance < 0 || p.stage3MaxReuseDistance > 1'000'000'000'000) {
     bad("stage3MaxReuseDistance", "stage3_max_reuse_distance must be from 0 to 1e12 elements.");
+  }
+  if (p.subGroupSize < 0 || p.subGroupSize > 1'000'000'000'000) {
+    bad("subGroupSize", "sub_group_size must be from 0 to 1e12 elements.");
   }
   if (p.stage3ParamPersistenceThreshold < 0 || p.stage3ParamPersistenceThreshold > 1'000'000'000'000) {
     bad("stage3ParamPersistenceThreshold", "stage3_param_persistence_threshold must be from 0 to 1e12 elements.");

@@ -729,9 +729,18 @@ void ParallelStep::Init(TraceBuilder& b) {
     // stage_1_and_2.py: single_partition_of_fp32_groups = the rank's partition .clone().float()
     // (made in fp32 training too); stage3.py _create_fp32_partitions likewise.
     if (!plan_.offloadOptimizer) {
-      b.Alloc(Category::MasterWeights, plan_.partitionElements * 4, text.Make({"fp32 flat partition"}),
-              text.Make({"ZeRO init: fp32 partition of the flat parameters (1/", TextPart::Int(d), ")"}),
-              text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(DType::FP32)}));
+      if (plan_.zeroStage == 3 && plan_.optimizerTensors.parameters.size() > 1) {
+        // stage3.py _create_fp32_partitions: an fp32 flat per sub-group (sharding.cpp).
+        for (const Tensor& sub : plan_.optimizerTensors.parameters) {
+          b.Alloc(Category::MasterWeights, sub.Elements() * 4, text.Own(sub.name),
+                  text.Make({"ZeRO init: ", text.Own(sub.name), " (1/", TextPart::Int(d), ")"}),
+                  text.Make({TextPart::Count(sub.Elements()), " × ", TextPart::Bytes(DType::FP32)}));
+        }
+      } else {
+        b.Alloc(Category::MasterWeights, plan_.partitionElements * 4, text.Make({"fp32 flat partition"}),
+                text.Make({"ZeRO init: fp32 partition of the flat parameters (1/", TextPart::Int(d), ")"}),
+                text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(DType::FP32)}));
+      }
     }
     if (deepSpeedZero12_ && plan_.offloadOptimizer) {
       // stage_1_and_2.py __init__ with cpu_offload: temp_grad_buffer_for_gpu_offload =
@@ -1228,12 +1237,14 @@ void ParallelStep::BeforeOptimizerStep(TraceBuilder& b) {
   // gradient buffer, single_grad_partition), then the 16-bit ones and the buckets let go.
   // Megatron: the fp32 main grads are views of the fp32 buffer (distrib_optimizer.py
   // _copy_model_grads_to_main_grads: shard_main_param.grad = shard_model_grad.float(), no copy).
+  if (OptimizerSubGroups() > 0) {
+    Zero3StepTransients(b);  // then each sub-group's gradients (BeforeSubGroupStep)
+    return;
+  }
   if (!plan_.offloadOptimizer && !setup_.parallel.gradReduceInFp32) {
-    const TensorHandle flat = plan_.zeroStage == 3 ? Zero3StepTransients(b) : kNoTensor;
     fp32GradPartition_ = b.Alloc(Category::Gradients, plan_.partitionElements * 4, text.Make({"fp32 gradient partition"}),
                                  text.Make({"ZeRO step: fp32 gradient partition"}),
                                  text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(DType::FP32)}));
-    b.Release(flat, text.Make({"ZeRO step: the 16-bit flat freed"}));
   }
   // ZeRO-1/2: _release_ipg_buffers lets grads_in_partition go (stage_1_and_2.py step); ZeRO-3's
   // flat gradient buffer stays.
@@ -1259,13 +1270,41 @@ void ParallelStep::BeforeInitialOptimizerStep(TraceBuilder& b) {
   TextStore& text = b.text();
   // stage_1_and_2.py: single_grad_partition = torch.zeros(partition_size, fp32) as the fp32
   // partition's .grad; stage3.py: gradient_buffer = torch.zeros(largest sub-group, fp32), each
-  // sub-group's .grad a narrow() of it (the one partition here: sub_group_size 1e9 elements).
+  // sub-group's .grad a narrow() of it (the optimizer inventory holds the sub-groups).
   std::int64_t elements = 0;
   for (const Tensor& t : optimizerInventory_.parameters) elements = std::max(elements, t.Elements());
-  if (plan_.zeroStage == 3) elements = std::min<std::int64_t>(elements, 1'000'000'000);
   initialGradient_ = b.Alloc(Category::Gradients, elements * 4, text.Make({"initial zero gradient (fp32)"}),
                              text.Make({"ZeRO init: initialize_optimizer_states' zero-valued fp32 gradient"}),
                              text.Make({TextPart::Count(elements), " × ", TextPart::Bytes(DType::FP32)}));
+}
+
+std::size_t ParallelStep::OptimizerSubGroups() const {
+  const bool zero3 = plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 3;
+  return zero3 && !plan_.offloadOptimizer && !setup_.parallel.gradReduceInFp32 ? optimizerInventory_.parameters.size() : 0;
+}
+
+// stage3.py _prepare_fp32_grad_for_sub_group: `self.flatten(self.averaged_gradients[i])` (a
+// 16-bit flat of the sub-group's gradient partitions) `.to(fp32)` as the sub-group's fp32 .grad;
+// the flat is a temporary. _release_sub_group sets the .grad to None after the step.
+void ParallelStep::BeforeSubGroupStep(TraceBuilder& b, std::size_t k) {
+  TextStore& text = b.text();
+  const std::int64_t n = optimizerInventory_.parameters[k].Elements();
+  const Text which = optimizerInventory_.parameters.size() == 1
+                        ? text.Make({""})
+                        : text.Make({" of sub-group ", TextPart::Int(static_cast<std::int64_t>(k))});
+  const TensorHandle flat = b.Alloc(Category::Gradients, n * BytesPerElement(regime_.gradients), text.Make({"flat gradient partition"}),
+                                    text.Make({"ZeRO step: averaged gradients flattened (_prepare_fp32_grad_for_sub_group)", which}),
+                                    text.Make({TextPart::Count(n), " × ", TextPart::Bytes(regime_.gradients)}));
+  fp32GradPartition_ = b.Alloc(Category::Gradients, n * 4, text.Make({"fp32 gradient partition"}),
+                               text.Make({"ZeRO step: fp32 gradient partition", which}),
+                               text.Make({TextPart::Count(n), " × ", TextPart::Bytes(DType::FP32)}));
+  b.Release(flat, text.Make({"ZeRO step: the 16-bit flat freed"}));
+}
+
+void ParallelStep::AfterSubGroupStep(TraceBuilder& b, std::size_t k) {
+  b.Release(fp32GradPartition_, b.text().Make({"ZeRO step: fp32 gradient partition freed (_release_sub_group ",
+                                                TextPart::Int(static_cast<std::int64_t>(k)), ")"}));
+  fp32GradPartition_ = kNoTensor;
 }
 
 void ParallelStep::AfterInitialOptimizerStep(TraceBuilder& b) {

@@ -34,6 +34,13 @@ class ParallelStep final : public GradientHook, public LayerHook {
   void SetPipelineChunk(int chunk) { chunk_ = chunk; }
   void BeforeOptimizerStep(TraceBuilder& b);
   void AfterOptimizerStep(TraceBuilder& b);
+  // DeepSpeed ZeRO-3 steps the optimizer one sub-group of its partition at a time (stage3.py
+  // step: _prepare_sub_group, _optimizer_step, _release_sub_group): how many (the optimizer
+  // inventory's tensors), or 0 when the optimizer steps everything at once. The caller runs
+  // optimizer.step() on tensor k between the two calls.
+  std::size_t OptimizerSubGroups() const;
+  void BeforeSubGroupStep(TraceBuilder& b, std::size_t k);
+  void AfterSubGroupStep(TraceBuilder& b, std::size_t k);
   // DeepSpeed ZeRO (stage_1_and_2.py and stage3.py initialize_optimizer_states, called from the
   // optimizer's construction): one optimizer step on zero-valued fp32 gradients "to allocate
   // internal optimizer state ... at the beginning of training instead of after activations have
@@ -217,7 +224,7 @@ class ParallelStep final : public GradientHook, public LayerHook {
   void OffloadGradientTransients(TraceBuilder& b, std::size_t index, Text label);
   void ZeroEpilogue(TraceBuilder& b);
   void ZeroStepTransients(TraceBuilder& b);
-  TensorHandle Zero3StepTransients(TraceBuilder& b);  // returns the 16-bit flat of the partition
+  void Zero3StepTransients(TraceBuilder& b);  // has_overflow's masks and the norm's .double()s
   bool AtAccumulationBoundary() const;
   const char* ZeroName() const { return plan_.zeroStage == 1 ? "ZeRO-1" : "ZeRO-2"; }
 };

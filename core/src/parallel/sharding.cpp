@@ -384,7 +384,31 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
       Tensor flat;
       flat.name = "fp32 flat partition";
       flat.shape = {plan.partitionElements};
-      plan.optimizerTensors.parameters.push_back(flat);
+      if (plan.zeroStage == 3) {
+        // stage3.py _create_fp16_sub_groups: the trainable parameters' partitions in order, a
+        // sub-group closed once it holds sub_group_size elements or more (or at the last), each
+        // with an fp32 flat of its own (_create_fp32_partitions) that optimizer.step() updates
+        // alone (_optimizer_step). One sub-group when the partition is no larger.
+        std::vector<std::int64_t> groups;
+        std::int64_t open = 0;
+        std::size_t last = n;
+        for (std::size_t i = 0; i < n; ++i) if (inventory.parameters[i].trainable) last = i;
+        for (std::size_t i = 0; i < n && plan.partitionElements > p.subGroupSize; ++i) {
+          if (!inventory.parameters[i].trainable) continue;
+          open += CeilDiv(StorageElements(inventory.parameters[i]), d);
+          if (open >= p.subGroupSize || i == last) {
+            groups.push_back(open);
+            open = 0;
+          }
+        }
+        for (std::size_t k = 0; k < groups.size() && groups.size() > 1; ++k) {
+          Tensor sub;
+          sub.name = "fp32 flat partition, sub-group " + std::to_string(k);
+          sub.shape = {groups[k]};
+          plan.optimizerTensors.parameters.push_back(sub);
+        }
+      }
+      if (plan.optimizerTensors.parameters.empty()) plan.optimizerTensors.parameters.push_back(flat);
       // The contiguous-gradient reduce bucket (ipg_buffer): reduce_bucket_size elements, two
       // with overlap_comm (stage_1_and_2.py backward(); stage3.py __ipg_bucket_flat_buffer,
       // one buffer).

@@ -338,9 +338,9 @@ void ParallelStep::ZeroStepTransients(TraceBuilder& b) {
 // reduce_and_partition_stream, a 1-byte mask of the partition each; _get_norm_groups'
 // get_grad_norm_direct takes `g.to(device).double().norm(2)` of each gradient partition, one
 // at a time; _prepare_fp32_grad_for_sub_group's `self.flatten(self.averaged_gradients[i])`
-// makes a 16-bit flat of the partition, which `.to(fp32)` copies (the caller's fp32 gradient)
-// before the flat, a temporary, goes. Returns that flat.
-TensorHandle ParallelStep::Zero3StepTransients(TraceBuilder& b) {
+// makes a 16-bit flat of each sub-group's gradients, which `.to(fp32)` copies before the flat, a
+// temporary, goes (BeforeSubGroupStep).
+void ParallelStep::Zero3StepTransients(TraceBuilder& b) {
   TextStore& text = b.text();
   const std::int64_t partition = plan_.partitionElements;
   const Precision precision = setup_.training.precision;
@@ -363,9 +363,6 @@ TensorHandle ParallelStep::Zero3StepTransients(TraceBuilder& b) {
                       text.Make({TextPart::Count(shard), " × 8 B"})),
               freed);
   }
-  return b.Alloc(Category::Gradients, partition * BytesPerElement(regime_.gradients), text.Make({"flat gradient partition"}),
-                 text.Make({"ZeRO step: averaged gradients flattened (_prepare_fp32_grad_for_sub_group)"}),
-                 text.Make({TextPart::Count(partition), " × ", TextPart::Bytes(regime_.gradients)}));
 }
 
 }  // namespace gpumem

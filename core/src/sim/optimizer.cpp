@@ -198,6 +198,10 @@ void OptimizerPass::Step(TraceBuilder& b) {
   for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
     if (inventory_.parameters[i].trainable) all.push_back(i);
   }
+  StepTensors(b, all);
+}
+
+void OptimizerPass::StepTensors(TraceBuilder& b, const std::vector<std::size_t>& all) {
   if (StatesInLoop(setup_.training)) {
     // for p in params: init_state(p) (when new); update_step(p).
     for (std::size_t i : all) {

@@ -298,7 +298,9 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   if (parallel && parallel->InitializesOptimizerStates()) {
     // DeepSpeed ZeRO makes the optimizer's states at construction (parallel_step.hpp).
     parallel->BeforeInitialOptimizerStep(b);
-    optimizer.Step(b);
+    const std::size_t groups = parallel->OptimizerSubGroups();
+    if (groups == 0) optimizer.Step(b);
+    for (std::size_t k = 0; k < groups; ++k) optimizer.StepTensors(b, {k});  // each sub-group's .grad a view
     parallel->AfterInitialOptimizerStep(b);
   }
 
@@ -331,7 +333,13 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
     if (parallel) parallel->EndBackward(b);
     b.SetPhase(Phase::OptimizerStep, step);
     if (parallel) parallel->BeforeOptimizerStep(b);
-    if (!inBackward) optimizer.Step(b);
+    const std::size_t groups = parallel && !inBackward ? parallel->OptimizerSubGroups() : 0;
+    if (!inBackward && groups == 0) optimizer.Step(b);
+    for (std::size_t k = 0; k < groups; ++k) {  // DeepSpeed ZeRO-3: one sub-group at a time
+      parallel->BeforeSubGroupStep(b, k);
+      optimizer.StepTensors(b, {k});
+      parallel->AfterSubGroupStep(b, k);
+    }
     if (parallel) parallel->AfterOptimizerStep(b);
     if (setup.training.zeroGradSetToNone) gradients.ReleaseAll(text.Make({"zero_grad(set_to_none=True)"}));
     if (!pipeline) pass->EndStep(b);

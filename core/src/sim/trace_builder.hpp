@@ -236,6 +236,9 @@ class OptimizerPass {
                 const Regime& regime);
   // optimizer.step() over every trainable parameter.
   void Step(TraceBuilder& builder);
+  // optimizer.step() with only these trainable parameters in its groups (DeepSpeed ZeRO-3 steps
+  // one sub-group's fp32 flat at a time: stage3.py _optimizer_step).
+  void StepTensors(TraceBuilder& builder, const std::vector<std::size_t>& indices);
   // Optimizer in backward: the step of parameter `index` alone, run by its gradient hook with
   // an optimizer of its own (torchtune's optimizer_in_bwd builds one per parameter).
   void StepParameter(TraceBuilder& builder, std::size_t index);
