@@ -77,12 +77,12 @@ TEST_CASE("ZeRO-3 keeps what is used again within stage3_max_reuse_distance from
           "[parallel][zero3]") {
   SECTION("the default 1e9 keeps both blocks whole") {
     // Every distance is under 1e9 (the model has 218,752 elements): layers.0 and layers.1 are
-    // gathered in forward (layers.1 prefetched from layers.0) and first freed after their own
-    // backward, without a gather in backward.
+    // prefetched with the embeddings at the forward's start (both fit the 5e7 bucket) and first
+    // freed after their own backward, without a gather in backward.
     const std::vector<Gathering> step2 = BlockGathers(test::MustEstimateLabelled(SmallLlamaZero3(1'000'000'000)), 2);
     REQUIRE(step2.size() == 4);
     CHECK(step2[0].phase == Phase::Forward);
-    CHECK(step2[0].label == "all-gather of layers.0");
+    CHECK(step2[0].label == "prefetch: all-gather of layers.0");
     CHECK(step2[1].label == "prefetch: all-gather of layers.1");
     CHECK(step2[1].bytes == 90'496);
     CHECK(step2[2].phase == Phase::Backward);
@@ -99,7 +99,7 @@ TEST_CASE("ZeRO-3 keeps what is used again within stage3_max_reuse_distance from
     // after the forward and gathered again in backward.
     const std::vector<Gathering> step2 = BlockGathers(test::MustEstimateLabelled(SmallLlamaZero3(180'000)), 2);
     REQUIRE(step2.size() == 10);
-    CHECK(step2[0].label == "all-gather of layers.0");
+    CHECK(step2[0].label == "prefetch: all-gather of layers.0");
     CHECK(step2[0].bytes == 90'496);
     CHECK(step2[1].label == "prefetch: all-gather of layers.1");
     CHECK(step2[1].bytes == 24'832);
@@ -228,4 +228,24 @@ TEST_CASE("ZeRO-3 fetches the embeddings and the head where they run", "[paralle
     CHECK(released[4].label == "all-gather of the embeddings");
     CHECK(released[4].phase == Phase::Backward);
   }
+}
+
+TEST_CASE("ZeRO-3 prefetches no more than stage3_max_live_parameters leaves room for", "[parallel][zero3]") {
+  // Nothing kept (limit 0). max_params_to_prefetch = min(max_live − gathered now, bucket):
+  // - at the forward's start the embeddings (64,064) are gathered: with max_live 100,000 the room
+  //   is 35,936 < 45,248, so layers.0 is not prefetched with them;
+  // - entering layers.0 the embeddings are gone and layers.0 (45,248) is gathered: the room is
+  //   54,752, so layers.1 is prefetched; with max_live 90,000 it is 44,752, so it is not.
+  Setup s = SmallLlamaZero3(0);
+  s.parallel.stage3MaxLiveParameters = 100'000;
+  const std::vector<Gathering> room = BlockGathers(test::MustEstimateLabelled(s), 2);
+  REQUIRE(room.size() >= 2);
+  CHECK(room[0].label == "all-gather of layers.0");
+  CHECK(room[1].label == "prefetch: all-gather of layers.1");
+  s.parallel.stage3MaxLiveParameters = 90'000;
+  const std::vector<Gathering> tight = BlockGathers(test::MustEstimateLabelled(s), 2);
+  REQUIRE(tight.size() >= 3);
+  CHECK(tight[0].label == "all-gather of layers.0");
+  CHECK(tight[1].label == "reshard: layers.0 freed");
+  CHECK(tight[2].label == "all-gather of layers.1");
 }

@@ -289,6 +289,30 @@ void ParallelStep::PlanZeroReuse(const std::vector<std::int64_t>& gatheredOfPara
 
 bool ParallelStep::ZeroTraceComplete() const { return backwardsEnded_ > 0; }
 
+// ZeRO-3's prefetch after a fetch (partitioned_param_coordinator.py _fetch_sub_module_impl),
+// only with a complete trace: the parameters next in the trace while their numel stays within
+// max_params_to_prefetch = min(stage3_max_live_parameters − those gathered now,
+// stage3_prefetch_bucket_size), counting only those not gathered yet (do_prefetch). Whole units
+// here, from `from` in the direction `step` (backward runs the blocks last to first); a unit is
+// prefetched only whole, so up to a unit's worth fewer elements than DeepSpeed's.
+void ParallelStep::PrefetchZeroUnits(TraceBuilder& b, int from, int step) {
+  if (!ZeroTraceComplete()) return;
+  const int blocks = static_cast<int>(plan_.unitElements.size());
+  std::int64_t available = zeroEmbeddings_ != kNoTensor ? zeroEmbeddingElements_ : 0;
+  for (std::size_t u = 0; u < gathered_.size(); ++u) {
+    const bool part = !keptPart_.empty() && keptPart_[u] != kNoTensor;
+    if (gathered_[u] != kNoTensor) available += gatherElements_[u] - (part ? reuseKeptElements_[u] : 0);
+    if (part) available += reuseKeptElements_[u];
+  }
+  const std::int64_t cap = std::min(setup_.parallel.stage3PrefetchBucketSize, setup_.parallel.stage3MaxLiveParameters - available);
+  std::int64_t ahead = 0;
+  for (int u = from; u >= 1 && u <= blocks; u += step) {
+    if (gathered_[static_cast<std::size_t>(u)] == kNoTensor && !KeptForBackward(u)) ahead += gatherElements_[static_cast<std::size_t>(u)];
+    if (ahead > cap) break;
+    Gather(b, u, true);
+  }
+}
+
 bool ParallelStep::KeptForBackward(int unit) const {
   if (keptWhole_.empty()) return false;
   const std::size_t u = static_cast<std::size_t>(unit);
@@ -604,6 +628,8 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
     // backward (no reshard after backward): each is resharded by its own post-forward.
     if (reshardAfterForward_) {
       for (int u = 1; u < units; ++u) {
+        // ZeRO-3 releases only what has run: a block prefetched ahead waits for its use.
+        if (plan_.engine == ShardingEngine::Zero && unit > 0 && u > unit) break;
         if (u != unit && ReshardsAfterForward(u) && OfRunningChunk(u) &&
             (!pipelineNoSync_ || unit == 0 || u < unit || u > blocks)) {
           FreeAfterForward(b, u);
@@ -613,15 +639,7 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
     if (!OfRunningChunk(unit)) return;
     Gather(b, unit, false);
     if (plan_.engine == ShardingEngine::Zero) {
-      // stage3_prefetch_bucket_size: the following units gathered ahead while they fit in it
-      // (DeepSpeed prefetches sub-modules; whole units are the simulation's granularity), and
-      // only with a complete trace (PlanZeroReuse): the first forward prefetches nothing.
-      std::int64_t ahead = 0;
-      for (int u = unit + 1; u < units && unit > 0 && ZeroTraceComplete(); ++u) {
-        ahead += gatherElements_[static_cast<std::size_t>(u)];
-        if (ahead > setup_.parallel.stage3PrefetchBucketSize) break;
-        Gather(b, u, true);
-      }
+      if (unit > 0) PrefetchZeroUnits(b, unit + 1, +1);
     } else if (setup_.parallel.forwardPrefetch && unit > 0 && unit + 1 <= blocks && OfRunningChunk(unit + 1)) {
       Gather(b, unit + 1, true);
     }
@@ -663,15 +681,7 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   if (!OfRunningChunk(unit)) return;  // another virtual stage's root (interleaved schedule)
   Gather(b, unit, false);
   if (plan_.engine == ShardingEngine::Zero) {
-    // ZeRO-3 prefetches in backward as in forward: the units next in the trace (here the blocks
-    // before) while they fit in stage3_prefetch_bucket_size, counting those not yet gathered
-    // (fetch_sub_module: numel_prefetching of NOT_AVAILABLE parameters), with a complete trace.
-    std::int64_t ahead = 0;
-    for (int u = unit - 1; u >= 1 && unit > 0 && ZeroTraceComplete(); --u) {
-      if (gathered_[static_cast<std::size_t>(u)] == kNoTensor && !KeptForBackward(u)) ahead += gatherElements_[static_cast<std::size_t>(u)];
-      if (ahead > setup_.parallel.stage3PrefetchBucketSize) break;
-      Gather(b, u, true);
-    }
+    if (unit > 0) PrefetchZeroUnits(b, unit - 1, -1);  // backward: the blocks before are next
     return;
   }
   if (setup_.parallel.backwardPrefetch && unit > 1 && OfRunningChunk(unit - 1)) Gather(b, unit - 1, true);
@@ -1066,7 +1076,10 @@ void ParallelStep::ForwardStart(TraceBuilder& b) {
   const int blocks = static_cast<int>(plan_.unitElements.size());
   // The embedding unit (chunk 0's, under the interleaved schedule).
   if (static_cast<int>(gathered_.size()) > blocks + 1 && OfRunningChunk(blocks + 1)) Gather(b, blocks + 1, false);
-  if (zeroRootApart_) GatherZeroEmbeddings(b);
+  if (zeroRootApart_) {
+    GatherZeroEmbeddings(b);
+    PrefetchZeroUnits(b, 1, +1);  // the embeddings' fetch prefetches block 0 onwards
+  }
 }
 
 void ParallelStep::ForwardEnd(TraceBuilder& b) {

@@ -120,6 +120,7 @@ class ParallelStep final : public GradientHook, public LayerHook {
   std::vector<char> keptWhole_;
   void PlanZeroReuse(const std::vector<std::int64_t>& gatheredOfParameter);
   bool ZeroTraceComplete() const;
+  void PrefetchZeroUnits(TraceBuilder& b, int from, int step);
   bool KeptForBackward(int unit) const;
   void FreeAfterForward(TraceBuilder& b, int unit);
   // ZeRO-3 with an untied head: the root's embeddings apart from its final norm and head
