@@ -634,3 +634,21 @@ TEST_CASE("Parallel: the rank says where each model state lives", "[parallel]") 
   CHECK(json.find(R"("holds":{"parameters":"replicated","masterWeights":"sharded","gradients":"sharded","optimizerStates":"sharded"})") != std::string::npos);
   CHECK(EstimateJson("{}").find("\"holds\"") == std::string::npos);
 }
+
+TEST_CASE("Parallel: FSDP without limit_all_gathers says its estimate is a floor", "[parallel]") {
+  // The rate limiter (_runtime_utils.py _unshard: at most two all-gathers in flight) is what the
+  // simulation's one-unit-ahead gathering assumes; without it the CPU may run ahead.
+  Setup s = test::SmallLlama(2);
+  s.parallel.dataParallel = 4;
+  s.parallel.fsdp = FsdpMode::FullShard;
+  auto floorNote = [](const Estimate& e) {
+    return std::any_of(e.notes.begin(), e.notes.end(),
+                       [](const std::string& n) { return n.find("limit_all_gathers off") != std::string::npos; });
+  };
+  CHECK_FALSE(floorNote(MustEstimate(s)));
+  s.parallel.limitAllGathers = false;
+  const Estimate off = MustEstimate(s);
+  CHECK(floorNote(off));
+  s.parallel.limitAllGathers = true;
+  CHECK(off.peak.totalBytes == MustEstimate(s).peak.totalBytes);  // the same simulation either way
+}

@@ -1368,6 +1368,15 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
     notes.push_back("ZeRO-3 over one rank: each partition is the whole parameter and DeepSpeed fetches it as a view "
                     "(no all-gather), so nothing is gathered.");
   }
+  if (rank.engine == ShardingEngine::Fsdp && !p.limitAllGathers && rank.shardWorld > 1) {
+    // FullyShardedDataParallel's limit_all_gathers: _runtime_utils.py _unshard waits on the
+    // rate limiter's free events (at most two in flight) before issuing an all-gather. Without it
+    // the CPU thread may issue the next units' all-gathers while the GPU still computes with the
+    // earlier ones, whose freed blocks the allocator cannot reuse until then (record_stream).
+    notes.push_back("FSDP limit_all_gathers off: the CPU may issue all-gathers several units ahead of the GPU, and "
+                    "their memory adds to what the simulation shows (the current unit and the prefetched one, as "
+                    "with the rate limiter on); how far ahead depends on timing, so this estimate is a floor.");
+  }
   if (p.zeroStage >= 2 && p.contiguousGradients) {
     notes.push_back("ZeRO: the reduce bucket holds reduce_bucket_size elements (" + std::to_string(p.reduceBucketSize) +
                     ") whatever the model's size; lower it for small models.");
