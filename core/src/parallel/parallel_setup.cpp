@@ -52,7 +52,7 @@ constexpr ParallelField kFields[] = {
     {"gradientAsBucketView", "gradient_as_bucket_view", "bool", "", "DDP: .grad are views of the buckets (default false: gradients twice)"},
     {"zeroRedundancyOptimizer", "ZeroRedundancyOptimizer", "bool", "", "torch's ZeRO-1 over DDP: states of whole parameters split across ranks (default false)"},
     {"reduceBucketSize", "reduce_bucket_size", "count", "", "ZeRO: elements per reduce bucket (default 5e8)"},
-    {"allgatherBucketSize", "allgather_bucket_size", "count", "", "ZeRO 1/2: elements per all-gather bucket (default 5e8)"},
+    {"allgatherBucketSize", "allgather_bucket_size", "count", "", "ZeRO 1/2: elements per all-gather bucket (default 5e8); the step's all-gather writes into the flat parameters, so it takes no memory"},
     {"overlapComm", "overlap_comm", "select", "overlapComms", "ZeRO: two reduce buckets when on"},
     {"contiguousGradients", "contiguous_gradients", "bool", "", "ZeRO: gradients copied into the reduce bucket (default true)"},
     {"stage3PrefetchBucketSize", "stage3_prefetch_bucket_size", "count", "", "ZeRO-3: elements gathered ahead (default 5e7)"},
