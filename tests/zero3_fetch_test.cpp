@@ -249,3 +249,26 @@ TEST_CASE("ZeRO-3 prefetches no more than stage3_max_live_parameters leaves room
   CHECK(tight[1].label == "reshard: layers.0 freed");
   CHECK(tight[2].label == "all-gather of layers.1");
 }
+
+TEST_CASE("ZeRO-3 keeps only what the recorded backward uses again", "[parallel][zero3]") {
+  // The embeddings and block 0 frozen: the first backward stops in block 1, so the trace has no
+  // backward fetch of block 0 or of the embeddings. From the second step on they are released
+  // after their forward although the limit (1e9) holds the whole model; block 1 stays whole.
+  Setup s = SmallLlamaZero3(1'000'000'000);
+  s.finetune.freezeEmbeddings = true;
+  s.finetune.freezeFirstBlocks = 1;
+  const Estimate e = test::MustEstimateLabelled(s);
+  const std::vector<Gathering> blocks = BlockGathers(e, 2);
+  bool layer0FreedInForward = false, layer1FreedInForward = false;
+  for (const Gathering& g : blocks) {
+    layer0FreedInForward = layer0FreedInForward || (g.phase == Phase::Forward && g.label == "reshard: layers.0 freed");
+    layer1FreedInForward = layer1FreedInForward || (g.phase == Phase::Forward && g.bytes < 0 && g.label.find("layers.1") != std::string::npos);
+  }
+  CHECK(layer0FreedInForward);
+  CHECK_FALSE(layer1FreedInForward);
+  const std::vector<Gathering> root = RootGathers(e, 2);
+  REQUIRE(root.size() >= 2);
+  CHECK(root[1].label == "release: embeddings freed");
+  CHECK(root[1].phase == Phase::Forward);
+  for (const Gathering& g : root) CHECK_FALSE((g.phase == Phase::Backward && g.label == "all-gather of the embeddings"));
+}

@@ -206,7 +206,23 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
                                  : StorageElements(t);
     gatherElements_[static_cast<std::size_t>(unitOf_[i])] += gatheredOfParameter[i];
   }
-  if (gathers_ && plan_.engine == ShardingEngine::Zero) PlanZeroReuse(gatheredOfParameter);
+  if (gathers_ && plan_.engine == ShardingEngine::Zero) {
+    gatheredOfParameter_ = std::move(gatheredOfParameter);
+    reuseKeptElements_.assign(units, 0);
+    keptPart_.assign(units, kNoTensor);
+    keptWhole_.assign(units, 0);
+    backwardUse_.assign(units, 0);
+    // The root's parameters are the embeddings (listed before the blocks) and the final norm and
+    // head (after them), fetched by sub-modules of their own at either end of the forward. Apart
+    // only with an untied head: a tied one is the embedding's weight, used at both ends.
+    if (setup_.model.kind == ModelKind::Transformer && !setup_.model.architecture.tieWordEmbeddings && blocks > 0) {
+      for (std::size_t i = 0; i < inventory_.parameters.size() && inventory_.parameters[i].layer < 0; ++i) {
+        zeroEmbeddingElements_ += gatheredOfParameter_[i];
+      }
+      gatherElements_[0] -= zeroEmbeddingElements_;  // unit 0 now stands for the final norm and head
+      zeroRootApart_ = true;
+    }
+  }
 }
 
 // ZeRO-3 from the second forward on (DeepSpeed partitioned_param_coordinator.py at edaa722). The
@@ -218,25 +234,27 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
 // the sum reaches the limit; parameters of the sub-modules it reaches are not released. Without
 // a complete trace every parameter is released after its sub-module.
 //
-// A forward parameter's next use is its backward (or, in a checkpointed block, the block's
-// recompute). The sub-modules between, for a parameter p of block u:
+// The recorded trace is the first backward's (EndBackward calls this once): which blocks and
+// whether the embeddings were fetched in it (Enter). A forward parameter's next use is its
+// backward (or, in a checkpointed block, the block's recompute); a block or embeddings that
+// backward never reached (frozen ones before the first that trains) have none, and are released
+// after their forward. The sub-modules between, for a parameter p of block u:
 //   forward:  the sub-modules after p's in block u (A), the later blocks (S), the final norm and
 //             the head (T: with a tied head, the token embedding is the head's weight);
-//   backward: the head and norm again (T), each later block once, or twice when it is
-//             checkpointed (its recompute, then its backward: S'), then in block u the
-//             sub-modules after p's (A; checkpointed: the recompute of those before it, B).
+//   backward: the head and norm again (T), each later block that backward reached once, or
+//             twice when it is checkpointed (its recompute, then its backward: S'), then in
+//             block u the sub-modules after p's (A; checkpointed: the recompute of those before
+//             it, B).
 // p stays gathered iff A + S + T + T + S' + (A or B) < stage3_max_reuse_distance. The
 // inventory's order within a block stands for the sub-modules' forward order, one sub-module
 // per tensor. With the default 1e9 a model under about 5e8 parameters keeps every block from its
 // forward to its backward; Llama 2 7B (2.0e8 per block, the head 1.3e8) keeps its last block and
 // 1.7e8 elements of the one before, or with every block checkpointed its last block only.
-void ParallelStep::PlanZeroReuse(const std::vector<std::int64_t>& gatheredOfParameter) {
+void ParallelStep::PlanZeroReuse() {
   const std::vector<Tensor>& params = inventory_.parameters;
-  const std::size_t units = gathered_.size();
+  const std::vector<std::int64_t>& gatheredOfParameter = gatheredOfParameter_;
   const int blocks = static_cast<int>(plan_.unitElements.size());
-  reuseKeptElements_.assign(units, 0);
-  keptPart_.assign(units, kNoTensor);
-  keptWhole_.assign(units, 0);
+  auto reached = [&](int block) { return backwardUse_[static_cast<std::size_t>(block) + 1] != 0; };
   std::size_t lastBlockParameter = 0;
   for (std::size_t i = 0; i < params.size(); ++i) if (params[i].layer >= 0) lastBlockParameter = i;
   std::int64_t tail = 0;
@@ -248,31 +266,24 @@ void ParallelStep::PlanZeroReuse(const std::vector<std::int64_t>& gatheredOfPara
     return transformer && (t.checkpointing == Checkpointing::EveryBlock || t.checkpointing == Checkpointing::SelectiveOp ||
                            (t.checkpointing == Checkpointing::EveryKthBlock && block % t.checkpointInterval == 0));
   };
-  // later[b]: Σ numel of the blocks after block b; laterInBackward[b]: the same with each
-  // checkpointed block counted twice.
+  // later[b]: Σ numel of the blocks after block b; laterInBackward[b]: those backward reached,
+  // each checkpointed one counted twice.
   std::vector<std::int64_t> later(static_cast<std::size_t>(blocks) + 1, 0), laterInBackward(later);
   for (int b = blocks - 1; b > 0; --b) {
     const std::int64_t n = plan_.unitElements[static_cast<std::size_t>(b)];
     later[static_cast<std::size_t>(b - 1)] = later[static_cast<std::size_t>(b)] + n;
-    laterInBackward[static_cast<std::size_t>(b - 1)] = laterInBackward[static_cast<std::size_t>(b)] + (checkpointed(b) ? 2 * n : n);
+    laterInBackward[static_cast<std::size_t>(b - 1)] =
+        laterInBackward[static_cast<std::size_t>(b)] + (!reached(b) ? 0 : checkpointed(b) ? 2 * n : n);
   }
   std::vector<std::int64_t> after(static_cast<std::size_t>(blocks), 0);  // A, filled from the block's end
   const std::int64_t limit = setup_.parallel.stage3MaxReuseDistance;
-  // The root's parameters are the embeddings (listed before the blocks) and the final norm and
-  // head (after them), fetched by sub-modules of their own at either end of the forward. Apart
-  // only with an untied head: a tied one is the embedding's weight, used at both ends.
-  if (transformer && !setup_.model.architecture.tieWordEmbeddings && blocks > 0) {
-    std::int64_t embeddings = 0;
-    for (std::size_t i = 0; i < params.size() && params[i].layer < 0; ++i) embeddings += gatheredOfParameter[i];
-    zeroEmbeddingElements_ = embeddings;
-    gatherElements_[0] -= embeddings;  // unit 0 now stands for the final norm and head
-    zeroRootApart_ = true;
+  if (zeroRootApart_) {
     // The embeddings' next use is their backward, the last sub-module: every block in forward,
-    // the tail twice, every block in backward (checkpointed ones twice).
+    // the tail twice, every block backward reached (checkpointed ones twice).
     const std::int64_t first = plan_.unitElements[0];
     const std::int64_t all = later[0] + first;
-    const std::int64_t allInBackward = laterInBackward[0] + (checkpointed(0) ? 2 * first : first);
-    zeroEmbeddingsKept_ = all + 2 * tail + allInBackward < limit;
+    const std::int64_t allInBackward = laterInBackward[0] + (!reached(0) ? 0 : checkpointed(0) ? 2 * first : first);
+    zeroEmbeddingsKept_ = embeddingsBackward_ && all + 2 * tail + allInBackward < limit;
   }
   for (std::size_t i = params.size(); i-- > 0;) {
     const int b = params[i].layer;
@@ -282,7 +293,7 @@ void ParallelStep::PlanZeroReuse(const std::vector<std::int64_t>& gatheredOfPara
     const std::int64_t a = after[k];
     const std::int64_t before = plan_.unitElements[k] - a - n;
     const std::int64_t distance = a + later[k] + 2 * tail + laterInBackward[k] + (checkpointed(b) ? before : a);
-    if (distance < limit) reuseKeptElements_[k + 1] += gatheredOfParameter[i];
+    if (reached(b) && distance < limit) reuseKeptElements_[k + 1] += gatheredOfParameter[i];
     after[k] += n;
   }
 }
@@ -652,6 +663,10 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   // A last block kept gathered after forward is freed by its own post-backward, i.e. when the
   // next block's backward begins, not by the head's backward before it.
   if (layer >= 0) backwardSawBlock_ = true;
+  if (!backwardUse_.empty() && !ZeroTraceComplete()) {  // ZeRO-3's first backward: the trace recorded
+    if (layer >= 0) backwardUse_[static_cast<std::size_t>(unit)] = 1;
+    else if (backwardSawBlock_) embeddingsBackward_ = true;
+  }
   if (!pipelineNoSync_) {
     for (int u = unit + 1; u <= blocks; ++u) {
       if (backwardSawBlock_ || (ReshardsAfterForward(u) && !KeptForBackward(u))) Free(b, u);
@@ -1165,7 +1180,7 @@ void ParallelStep::ReduceScatterFlat(TraceBuilder& b, TensorHandle& full, std::i
 void ParallelStep::EndBackward(TraceBuilder& b) {
   TextStore& text = b.text();
   backwardEnded_ = true;
-  ++backwardsEnded_;
+  if (backwardsEnded_++ == 0 && !backwardUse_.empty()) PlanZeroReuse();  // the trace is complete
   if (pipelineNoSync_) {
     // The micro-batch's remaining post_backwards (the open unit, then the root), without sync;
     // after the stage's last backward the deferred reshard and reduce-scatter.

@@ -118,7 +118,12 @@ class ParallelStep final : public GradientHook, public LayerHook {
   std::vector<std::int64_t> reuseKeptElements_;
   std::vector<TensorHandle> keptPart_;
   std::vector<char> keptWhole_;
-  void PlanZeroReuse(const std::vector<std::int64_t>& gatheredOfParameter);
+  void PlanZeroReuse();
+  // Per parameter its gathered elements; per unit whether the recorded backward fetched it, and
+  // whether it fetched the embeddings.
+  std::vector<std::int64_t> gatheredOfParameter_;
+  std::vector<char> backwardUse_;
+  bool embeddingsBackward_ = false;
   bool ZeroTraceComplete() const;
   void PrefetchZeroUnits(TraceBuilder& b, int from, int step);
   bool KeptForBackward(int unit) const;
