@@ -272,3 +272,16 @@ TEST_CASE("ZeRO-3 keeps only what the recorded backward uses again", "[parallel]
   CHECK(root[1].phase == Phase::Forward);
   for (const Gathering& g : root) CHECK_FALSE((g.phase == Phase::Backward && g.label == "all-gather of the embeddings"));
 }
+
+TEST_CASE("A ZeRO-3 estimate's notes say how it fetches and that NCCL's buffers are counted", "[parallel][zero3]") {
+  const Estimate e = test::MustEstimateLabelled(SmallLlamaZero3(180'000));
+  auto has = [&](const std::string& text) {
+    for (const std::string& n : e.notes) if (n.find(text) != std::string::npos) return true;
+    return false;
+  };
+  CHECK(has("stage3_max_reuse_distance (180000 elements)"));
+  CHECK(has("stage3_prefetch_bucket_size (50000000)"));
+  CHECK(has("NCCL's communicator buffers are counted"));
+  CHECK_FALSE(has("not modelled yet"));
+  CHECK(e.device.communicationBytes > 0);  // the note's figure: one data-parallel communicator of 3 ranks
+}

@@ -1452,7 +1452,18 @@ std::vector<std::string> ParallelNotes(const Setup& setup) {
             : "Fine-tuning on many GPUs: frozen and quantized weights are replicated whole on every rank; only the "
               "trainable parameters have gradients, reducer buckets or ZeRO partitions.");
   }
-  notes.push_back("NCCL's communicator buffers are not modelled yet (docs/parallel.md).");
+  if (rank.engine == ShardingEngine::Zero && p.zeroStage == 3 && rank.shardWorld > 1) {
+    // docs/parallel.md, "Gathered parameters": DeepSpeed's coordinator by step.
+    notes.push_back("ZeRO-3: the first step records DeepSpeed's trace of sub-modules and prefetches nothing; from the "
+                    "second forward on, blocks are prefetched within stage3_prefetch_bucket_size (" +
+                    std::to_string(p.stage3PrefetchBucketSize) + ") and what is used again within "
+                    "stage3_max_reuse_distance (" + std::to_string(p.stage3MaxReuseDistance) +
+                    " elements) stays gathered from forward to backward; parameters are gathered a block at a time "
+                    "where DeepSpeed fetches each sub-module.");
+  }
+  // The device figure's communication line (device/overheads.cpp NcclCommunicatorsOf).
+  notes.push_back("NCCL's communicator buffers are counted outside PyTorch's allocator, per communicator of more than "
+                  "one rank (runtime.ncclBuffersMiB replaces the estimate with a measured figure).");
   return notes;
 }
 
