@@ -170,6 +170,15 @@ inline Setup SmallLlama(std::int64_t layers) {
   return s;
 }
 
+// SmallLlama(2) under DeepSpeed ZeRO-3 over 3 ranks (odd sizes pad): the setup the ZeRO-3 tests
+// (zero3_reduce_test.cpp, zero3_fetch_test.cpp, zero3_step_test.cpp) count by hand.
+inline Setup SmallLlamaZero3() {
+  Setup s = SmallLlama(2);
+  s.parallel.dataParallel = 3;
+  s.parallel.zeroStage = 3;
+  return s;
+}
+
 // Estimates a setup that must be valid, with the labelled timeline (every event, named).
 inline Estimate MustEstimateLabelled(const Setup& setup) {
   EstimateOptions o;

@@ -25,9 +25,7 @@ namespace {
 // post_attention_layernorm 64, gate, up, down 10,944 each: 45,248 elements, gathered as
 // 90,496 B. After the blocks: the final norm 64 and lm_head 64,064 (T = 64,128).
 Setup SmallLlamaZero3(std::int64_t maxReuseDistance, std::int64_t prefetchBucket = 50'000'000) {
-  Setup s = test::SmallLlama(2);
-  s.parallel.dataParallel = 3;
-  s.parallel.zeroStage = 3;
+  Setup s = test::SmallLlamaZero3();
   s.parallel.stage3ParamPersistenceThreshold = 0;
   s.parallel.stage3MaxReuseDistance = maxReuseDistance;
   s.parallel.stage3PrefetchBucketSize = prefetchBucket;

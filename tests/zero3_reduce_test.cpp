@@ -19,9 +19,7 @@ namespace {
 // A small Llama: vocabulary 1001, hidden 64, 4 heads of 16, 2 k/v heads, intermediate 171, two
 // blocks, untied head; bf16 mixed, AdamW, 1 × 32 tokens; ZeRO-3 over 3 ranks (odd sizes pad).
 Setup SmallLlamaZero3(std::int64_t reduceBucketSize) {
-  Setup s = test::SmallLlama(2);
-  s.parallel.dataParallel = 3;
-  s.parallel.zeroStage = 3;
+  Setup s = test::SmallLlamaZero3();
   s.parallel.reduceBucketSize = reduceBucketSize;
   return s;
 }

@@ -24,9 +24,7 @@ namespace {
 // is ⌈n / 3⌉: embed_tokens and lm_head 21,355; a block's norms 22, q and o 1,366, k and v 683,
 // gate, up and down 3,648 (a block 15,086); the final norm 22. The rank's partition: 72,904.
 Setup SmallLlamaZero3(std::int64_t subGroupSize) {
-  Setup s = test::SmallLlama(2);
-  s.parallel.dataParallel = 3;
-  s.parallel.zeroStage = 3;
+  Setup s = test::SmallLlamaZero3();
   s.parallel.subGroupSize = subGroupSize;
   s.training.optimizerImplementation = OptimizerImplementation::ForEach;
   return s;

@@ -311,9 +311,8 @@ void ParallelStep::PrefetchZeroUnits(TraceBuilder& b, int from, int step) {
   const int blocks = static_cast<int>(plan_.unitElements.size());
   std::int64_t available = zeroEmbeddings_ != kNoTensor ? zeroEmbeddingElements_ : 0;
   for (std::size_t u = 0; u < gathered_.size(); ++u) {
-    const bool part = !keptPart_.empty() && keptPart_[u] != kNoTensor;
-    if (gathered_[u] != kNoTensor) available += gatherElements_[u] - (part ? reuseKeptElements_[u] : 0);
-    if (part) available += reuseKeptElements_[u];
+    if (gathered_[u] != kNoTensor) available += ZeroMainElements(static_cast<int>(u));
+    if (keptPart_[u] != kNoTensor) available += reuseKeptElements_[u];
   }
   const std::int64_t cap = std::min(setup_.parallel.stage3PrefetchBucketSize, setup_.parallel.stage3MaxLiveParameters - available);
   std::int64_t ahead = 0;
@@ -322,6 +321,12 @@ void ParallelStep::PrefetchZeroUnits(TraceBuilder& b, int from, int step) {
     if (ahead > cap) break;
     Gather(b, u, true);
   }
+}
+
+// A ZeRO-3 unit's gathered tensor: the unit, less the part kept as a tensor of its own.
+std::int64_t ParallelStep::ZeroMainElements(int unit) const {
+  const std::size_t u = static_cast<std::size_t>(unit);
+  return gatherElements_[u] - (keptPart_[u] != kNoTensor ? reuseKeptElements_[u] : 0);
 }
 
 bool ParallelStep::KeptForBackward(int unit) const {
@@ -389,7 +394,7 @@ void ParallelStep::Gather(TraceBuilder& b, int unit, bool prefetch) {
   if (!keptWhole_.empty()) {
     const std::size_t u = static_cast<std::size_t>(unit);
     if (keptPart_[u] != kNoTensor) {
-      n -= reuseKeptElements_[u];  // the rest of a partly kept unit, gathered again
+      n = ZeroMainElements(unit);  // the rest of a partly kept unit, gathered again
     } else if (inForward_ && ZeroTraceComplete() && reuseKeptElements_[u] > 0) {
       if (reuseKeptElements_[u] >= n) keptWhole_[u] = 1;
       else kept = reuseKeptElements_[u];

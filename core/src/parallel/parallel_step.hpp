@@ -127,6 +127,7 @@ class ParallelStep final : public GradientHook, public LayerHook {
   bool ZeroTraceComplete() const;
   void PrefetchZeroUnits(TraceBuilder& b, int from, int step);
   bool KeptForBackward(int unit) const;
+  std::int64_t ZeroMainElements(int unit) const;
   void FreeAfterForward(TraceBuilder& b, int unit);
   // ZeRO-3 with an untied head: the root's embeddings apart from its final norm and head
   // (unit 0), each fetched where its sub-modules run; whether the embeddings stay from their

@@ -401,7 +401,7 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
             open = 0;
           }
         }
-        for (std::size_t k = 0; k < groups.size() && groups.size() > 1; ++k) {
+        for (std::size_t k = 0; groups.size() > 1 && k < groups.size(); ++k) {  // one is the whole flat
           Tensor sub;
           sub.name = "fp32 flat partition, sub-group " + std::to_string(k);
           sub.shape = {groups[k]};
