@@ -29,6 +29,8 @@ class CachingAllocatorModel {
   bool Malloc(int tensorId, std::int64_t requestedBytes);
   // DeviceCachingAllocator::free. False when the tensor is not live.
   bool Free(int tensorId);
+  // torch.cuda.empty_cache: release_cached_blocks.
+  void EmptyCache() { ReleaseCachedBlocks(); }
 
   std::int64_t reserved() const { return reserved_; }
   std::int64_t allocated() const { return allocated_; }
@@ -734,6 +736,8 @@ AllocatorResult Simulate(std::span<const AllocatorEvent> events, const Allocator
         result.oom.eventIndex = index;
         break;
       }
+    } else if (e.kind == AllocatorEventKind::EmptyCache) {
+      model.EmptyCache();
     } else if (!model.Free(e.tensorId)) {
       ++result.unmatchedFrees;
     }
@@ -776,6 +780,8 @@ AllocatorResult ReferenceSimulateCachingAllocator(std::span<const AllocatorEvent
     for (const AllocatorEvent& e : upTo) {
       if (e.kind == AllocatorEventKind::Alloc) {
         if (e.bytes >= 0 && !model.IsLive(e.tensorId)) model.Malloc(e.tensorId, e.bytes);
+      } else if (e.kind == AllocatorEventKind::EmptyCache) {
+        model.EmptyCache();
       } else {
         model.Free(e.tensorId);
       }

@@ -20,6 +20,7 @@ const RUNTIME_FIELDS = {
   ncclBuffersMiB: { label: 'NCCL buffers', unit: 'MiB per GPU; 0 = gpumem\'s estimate (none on one GPU)', hint: 'NCCL\'s communicator buffers, outside PyTorch\'s allocator: nvidia-smi after a step minus memory_reserved minus the context.' },
   cublasWorkspaceConfig: { label: 'CUBLAS_WORKSPACE_CONFIG', unit: 'e.g. :4096:8; empty = PyTorch\'s default', hint: 'Each :SIZE_KiB:COUNT pair adds SIZE × COUNT KiB per handle and stream.' },
   pytorchVersion: { label: 'torch.__version__', unit: 'major.minor, e.g. 2.5 or 1.10', hint: 'Before 1.11 softmax kept its input for backward; before 2.0 one 4 MiB cuBLAS workspace and no SDPA.' },
+  deepspeedVersion: { label: 'deepspeed.__version__', unit: 'e.g. 0.19 or 0.18.7', hint: 'ZeRO-1/2 only: from 0.18.7 the trainable parameters are flattened on the GPU when they fit twice, and their freed storages stay cached.' },
   cudaVersion: { label: 'torch.version.cuda', unit: 'major.minor, e.g. 12.4', hint: 'Before CUDA 11.7 every kernel image loads at start: a larger context.' },
   hostMemoryGiB: { label: 'Host memory per node', unit: 'GiB of CPU RAM; 0 = not stated', hint: 'What offloading keeps on the host must fit here; the fewest-GPUs search and the cluster layouts skip an offload that does not.' },
   lazyModuleLoading: { label: 'CUDA_MODULE_LOADING=LAZY', hint: 'PyTorch sets it since 1.13; off, the context loads every kernel image.' },

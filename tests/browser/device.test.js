@@ -142,7 +142,7 @@ test('runtime controls: labelled with their PYTORCH_CUDA_ALLOC_CONF names, defau
   const { page, finish } = await openPage({ search: LLAMA_4090 });
   await waitForAttr(page, '#verdict', 'data-verdict', 'doesNotFit');
   await page.click('#runtime-fold > summary');
-  for (const name of ['expandable_segments:True', 'max_split_size_mb', 'roundup_power2_divisions', 'garbage_collection_threshold', 'CUDA context', 'CUBLAS_WORKSPACE_CONFIG']) {
+  for (const name of ['expandable_segments:True', 'max_split_size_mb', 'roundup_power2_divisions', 'garbage_collection_threshold', 'CUDA context', 'CUBLAS_WORKSPACE_CONFIG', 'deepspeed.__version__']) {
     assert.ok(await page.getByLabel(name, { exact: false }).count() >= 1, `a control labelled ${name}`);
   }
   assert.match(await page.textContent('#runtime-fields legend'), /PYTORCH_CUDA_ALLOC_CONF/);

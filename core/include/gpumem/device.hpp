@@ -65,7 +65,10 @@ std::int64_t SegmentAllocationSize(std::int64_t roundedBytes);
 // ---------------------------------------------------------------------------------------------
 // The simulation.
 
-enum class AllocatorEventKind : std::uint8_t { Alloc, Free };
+// EmptyCache: torch.cuda.empty_cache() (DeviceCachingAllocator::emptyCache →
+// release_cached_blocks): every cached block that is a whole segment goes back to CUDA; its
+// tensorId and bytes are ignored.
+enum class AllocatorEventKind : std::uint8_t { Alloc, Free, EmptyCache };
 
 struct AllocatorEvent {
   AllocatorEventKind kind = AllocatorEventKind::Alloc;

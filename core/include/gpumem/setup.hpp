@@ -347,6 +347,11 @@ struct RuntimeDef {
   // (lazy module loading needs CUDA ≥ 11.7). docs/device.md lists them.
   std::string pytorchVersion = "2.5";
   std::string cudaVersion = "12.4";
+  // DeepSpeed's version, "major.minor[.patch]", for ZeRO-1/2's construction: from 0.18.7 it
+  // flattens the trainable parameters on the GPU when NVML's free memory holds the flat
+  // (stage_1_and_2.py, DeepSpeed #7828), before that always on the host (with 4-byte stand-ins
+  // on the GPU from 0.13.0, #4833). Read by DeepSpeed ZeRO-1/2 only (docs/parallel.md).
+  std::string deepspeedVersion = "0.19";
   bool lazyModuleLoading = true;  // CUDA_MODULE_LOADING=LAZY (PyTorch sets it since 1.13)
   // NCCL communicator buffers (outside the allocator), MiB per GPU; 0 = the estimate from the
   // job's communicators (docs/device.md, "NCCL buffers"; nothing on one GPU).
@@ -360,6 +365,8 @@ struct RuntimeDef {
 // "major.minor" (a patch part and a local suffix such as "2.5.1+cu124" are allowed and ignored).
 // False when the text is not such a version.
 bool ParseMajorMinor(std::string_view text, int& major, int& minor);
+// "major.minor" or "major.minor.patch" (a local suffix after '+' is ignored; patch 0 if absent).
+bool ParseVersion(std::string_view text, int& major, int& minor, int& patch);
 
 // How the base model's linear weights are loaded (bitsandbytes through transformers'
 // BitsAndBytesConfig; layouts in finetune.hpp).

@@ -1083,6 +1083,10 @@ Model& ThreadModel(int which) {
 
 bool IsAllocEvent(const AllocatorEvent& e) { return e.kind == AllocatorEventKind::Alloc; }
 bool IsAllocEvent(const Event& e) { return e.kind == EventKind::Alloc; }
+// A trace's own events are allocations and frees only (the device stage places empty_cache
+// calls between them as AllocatorEvents), so their loop has no test for it.
+bool IsEmptyCacheEvent(const AllocatorEvent& e) { return e.kind == AllocatorEventKind::EmptyCache; }
+constexpr bool IsEmptyCacheEvent(const Event&) { return false; }
 
 std::size_t EventCount(AllocatorEventRuns runs) {
   std::size_t n = 0;
@@ -1149,6 +1153,8 @@ bool RunSpan(Model& model, AllocatorResult& result, const E* events, std::size_t
         result.peakAllocatedEvent = index;
       }
       peakRequested = std::max(peakRequested, model.requested());
+    } else if (IsEmptyCacheEvent(e)) {
+      model.EmptyCache();  // reserved only falls: no peak to check
     } else if (!model.Free(e.tensorId)) {
       ++result.unmatchedFrees;
     }
@@ -1221,6 +1227,8 @@ void AddSegmentsAtPeak(AllocatorEventRuns runs, const AllocatorOptions& options,
       const auto& e = events[k];
       if (IsAllocEvent(e)) {
         if (e.bytes >= 0 && !model.IsLive(e.tensorId)) model.Malloc(e.tensorId, e.bytes, e.stream);
+      } else if (IsEmptyCacheEvent(e)) {
+        model.EmptyCache();
       } else {
         model.Free(e.tensorId);
       }

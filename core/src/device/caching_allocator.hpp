@@ -363,6 +363,8 @@ class CachingAllocatorModel {
   MallocOutcome Malloc(int tensorId, std::int64_t requestedBytes, int stream = 0);
   // DeviceCachingAllocator::free. False when the tensor is not live.
   bool Free(int tensorId);
+  // DeviceCachingAllocator::emptyCache (torch.cuda.empty_cache): release_cached_blocks.
+  void EmptyCache() { ReleaseCachedBlocks(); }
 
   std::int64_t reserved() const { return reserved_; }
   std::int64_t allocated() const { return allocated_; }

@@ -80,6 +80,10 @@ void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors) {
   if (!ParseMajorMinor(setup.runtime.cudaVersion, major, minor) || major < 9 || major > 99) {
     bad("runtime.cudaVersion", "The CUDA version must read major.minor, from 9.0 (such as \"12.4\" or \"11.2\").");
   }
+  int patch = 0;
+  if (!ParseVersion(setup.runtime.deepspeedVersion, major, minor, patch) || major > 99) {
+    bad("runtime.deepspeedVersion", "The DeepSpeed version must read major.minor or major.minor.patch (such as \"0.19\" or \"0.18.7\").");
+  }
   const double nccl = setup.runtime.ncclBuffersMiB;
   if (!std::isfinite(nccl) || nccl < 0 || nccl > 1 << 20) {
     bad("runtime.ncclBuffersMiB", "The NCCL buffers must be 0 (the estimate) or a positive number of MiB up to 2^20.");
@@ -99,20 +103,23 @@ void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors) {
 
 namespace {
 
-// Where the workspaces go among the trace's events: `count` allocations in front of trace
-// event `before` (trace.events.size(): after the last).
+// Allocator events placed among the trace's events: `count` of them in front of trace event
+// `before` (trace.events.size(): after the last).
 struct WorkspaceGroup {
   std::size_t before = 0;
   std::size_t count = 0;
 };
 
-// The trace's events for the allocator, with the workspaces where PyTorch allocates them: a
-// handle's workspace is allocated at its first cuBLAS call (CublasHandlePool.cpp
-// getCurrentCUDABlasHandle → setWorkspaceForHandle), so the forward handle's before step 1's
-// forward (the first matmul comes after at most the embedding lookup) and the backward
-// thread's before step 1's backward. They stay cached for the process's life (never freed).
-// The trace's events are not copied: `runs` alternates stretches of them with the workspace
-// allocations in `workspaces` (numbered after the trace's tensor ids), at most three groups.
+// The trace's events for the allocator, with what happens between them outside the trace:
+// - the cuBLAS workspaces, where PyTorch allocates them: a handle's workspace is allocated at
+//   its first cuBLAS call (CublasHandlePool.cpp getCurrentCUDABlasHandle →
+//   setWorkspaceForHandle), so the forward handle's before step 1's forward (the first matmul
+//   comes after at most the embedding lookup) and the backward thread's before step 1's
+//   backward. They stay cached for the process's life (never freed);
+// - the trace's torch.cuda.empty_cache() calls (Trace::emptyCacheBefore), each an EmptyCache
+//   event; one at the same place as a workspace group comes first (they are init's).
+// The trace's events are not copied: `runs` alternates stretches of them with the placed
+// events in `workspaces` (workspaces numbered after the trace's tensor ids).
 struct DeviceEvents {
   std::vector<AllocatorEvent> workspaces;
   std::vector<WorkspaceGroup> groups;
@@ -147,17 +154,32 @@ void PlaceEvents(const Setup& setup, const Trace& trace, const DeviceOverheadsRe
   out.workspaces.clear();
   out.groups.clear();
   out.runs.clear();
-  std::size_t placed = 0;
+  std::size_t placed = 0, emptied = 0;
+  const std::vector<std::size_t>& empties = trace.emptyCacheBefore;
+  // The empty_cache calls up to trace event `upTo` (inclusive), each a group of one.
+  auto emptyCachesUpTo = [&](std::size_t upTo) {
+    for (; emptied < empties.size() && std::min(empties[emptied], n) <= upTo; ++emptied) {
+      const std::size_t before = std::min(empties[emptied], n);
+      if (!out.groups.empty() && out.groups.back().before == before &&
+          out.workspaces.back().kind == AllocatorEventKind::EmptyCache) {
+        continue;  // two calls in a row release what one does
+      }
+      out.groups.push_back({before, 1});
+      out.workspaces.push_back({AllocatorEventKind::EmptyCache, -1, 0});
+    }
+  };
   auto place = [&](std::size_t count, std::size_t before) {
     const std::size_t k = std::min(count, work.size() - placed);
     if (k == 0) return;
+    emptyCachesUpTo(before);
     out.groups.push_back({before, k});
     for (std::size_t j = 0; j < k; ++j, ++placed) out.workspaces.push_back({AllocatorEventKind::Alloc, nextId++, work[placed]});
   };
   if (first < n) place(first == forward ? (perHandle == 0 ? work.size() : perHandle) : work.size() - placed, first);
   if (second < n && second != first) place(work.size() - placed, second);
   place(work.size() - placed, n);  // no forward or backward phase
-  // The runs: trace [0, g0.before), g0's workspaces, trace [g0.before, g1.before), … (the
+  emptyCachesUpTo(n);
+  // The runs: trace [0, g0.before), g0's events, trace [g0.before, g1.before), … (the
   // workspaces vector is final now: the runs point into it).
   std::size_t from = 0, w = 0;
   for (const WorkspaceGroup& g : out.groups) {
@@ -239,6 +261,14 @@ std::int64_t AllocatorLimit(std::int64_t capacityBytes, const DeviceOverheadsRes
 }
 
 }  // namespace
+
+std::int64_t AllocatorLimitOf(const Setup& setup) {
+  RuntimeOptions runtime = RuntimeOptionsOf(setup.runtime);
+  runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
+  runtime.ncclCommunicators = NcclCommunicatorsOf(setup.parallel);
+  const std::int64_t capacity = std::llround(setup.gpu.memoryGiB * 1073741824.0);  // as estimate.cpp
+  return AllocatorLimit(capacity, DeviceOverheads(setup.gpu.id, runtime));
+}
 
 DeviceAllocatorInput DeviceAllocatorInputOf(const Setup& setup, const Trace& trace, std::int64_t capacityBytes) {
   DeviceAllocatorInput input;

@@ -14,6 +14,12 @@ namespace gpumem {
 AllocatorOptions AllocatorOptionsOf(const RuntimeDef& runtime);
 RuntimeOptions RuntimeOptionsOf(const RuntimeDef& runtime);
 
+// What PyTorch's caching allocator may reserve on the setup's GPU: its capacity
+// (gpu.memoryGiB) less the CUDA context and NCCL's buffers, bytes; the limit the device stage
+// runs the allocator at. DeepSpeed ZeRO-1/2's construction reads the same room
+// (parallel_step.cpp FlattenZeroGroup).
+std::int64_t AllocatorLimitOf(const Setup& setup);
+
 // Field errors of setup.runtime ("runtime.allocator.maxSplitSizeMiB", …).
 void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors);
 

@@ -360,7 +360,7 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
 void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
   const std::string path = "runtime";
   if (!r.ExpectObject(v, path)) return;
-  r.RejectUnknown(v, {"allocator", "cudaContextMiB", "cublasWorkspaceConfig", "pytorchVersion", "cudaVersion", "lazyModuleLoading", "ncclBuffersMiB", "hostMemoryGiB"}, path);
+  r.RejectUnknown(v, {"allocator", "cudaContextMiB", "cublasWorkspaceConfig", "pytorchVersion", "cudaVersion", "deepspeedVersion", "lazyModuleLoading", "ncclBuffersMiB", "hostMemoryGiB"}, path);
   if (auto it = v.find("allocator"); it != v.end() && r.ExpectObject(*it, "runtime.allocator")) {
     const std::string a = "runtime.allocator";
     r.RejectUnknown(*it, {"expandableSegments", "maxSplitSizeMiB", "roundupPower2Divisions", "garbageCollectionThreshold"}, a);
@@ -392,6 +392,7 @@ void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
   };
   version("pytorchVersion", "2.5", runtime.pytorchVersion);
   version("cudaVersion", "12.4", runtime.cudaVersion);
+  version("deepspeedVersion", "0.19.5", runtime.deepspeedVersion);
   r.Bool(v, "lazyModuleLoading", path, runtime.lazyModuleLoading);
 }
 
@@ -619,6 +620,7 @@ ojson SetupJson(const Setup& s) {
                    {"cublasWorkspaceConfig", s.runtime.cublasWorkspaceConfig},
                    {"pytorchVersion", s.runtime.pytorchVersion},
                    {"cudaVersion", s.runtime.cudaVersion},
+                   {"deepspeedVersion", s.runtime.deepspeedVersion},
                    {"lazyModuleLoading", s.runtime.lazyModuleLoading},
                    {"ncclBuffersMiB", s.runtime.ncclBuffersMiB},
                    {"hostMemoryGiB", s.runtime.hostMemoryGiB}}},

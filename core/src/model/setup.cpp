@@ -743,6 +743,21 @@ bool ParseMajorMinor(std::string_view text, int& major, int& minor) {
   return true;
 }
 
+bool ParseVersion(std::string_view text, int& major, int& minor, int& patch) {
+  if (!ParseMajorMinor(text, major, minor)) return false;
+  patch = 0;
+  const std::size_t second = text.find('.', text.find('.') + 1);
+  const std::size_t plus = text.find('+');
+  if (second == std::string_view::npos || (plus != std::string_view::npos && plus < second)) return true;
+  std::size_t i = second + 1;
+  int value = 0;
+  const std::size_t start = i;
+  while (i < text.size() && i - start < 4 && text[i] >= '0' && text[i] <= '9') value = value * 10 + (text[i++] - '0');
+  if (i == start || (i < text.size() && text[i] != '+')) return false;
+  patch = value;
+  return true;
+}
+
 std::vector<FieldError> Validate(const Setup& setup) {
   ErrorList errors;
   Validate(setup, errors);

@@ -4,6 +4,7 @@
 #include "parallel/parallel_fidelity.hpp"
 #include "parallel/pipeline.hpp"
 #include "parallel/sequence_split.hpp"
+#include "device/device_stage.hpp"
 
 #include <algorithm>
 #include <string>
@@ -707,6 +708,132 @@ void ParallelStep::Enter(TraceBuilder& b, int layer, bool backward) {
   if (setup_.parallel.backwardPrefetch && unit > 1 && OfRunningChunk(unit - 1)) Gather(b, unit - 1, true);
 }
 
+namespace {
+
+// What the caching allocator holds for these live tensors once empty_cache has released its
+// cache (init allocates each parameter once and frees nothing before): each request rounded
+// (RoundAllocationSize), those ≤ 1 MiB packed into 2 MiB segments and those under 10 MiB into
+// 20 MiB ones, larger ones a segment each (SegmentAllocationSize). An estimate of the segments'
+// sum: the packing of the smaller pools is taken as perfect.
+std::int64_t ReservedForLive(const std::vector<std::int64_t>& liveBytes, const AllocatorOptions& options) {
+  constexpr std::int64_t kMiB = 1 << 20;
+  std::int64_t small = 0, mid = 0, large = 0;
+  for (const std::int64_t bytes : liveBytes) {
+    const std::int64_t rounded = RoundAllocationSize(bytes, options);
+    if (rounded <= kMiB) small += rounded;
+    else if (rounded < 10 * kMiB) mid += rounded;
+    else large += SegmentAllocationSize(rounded);
+  }
+  return CeilDiv(small, 2 * kMiB) * 2 * kMiB + CeilDiv(mid, 20 * kMiB) * 20 * kMiB + large;
+}
+
+}  // namespace
+
+// DeepSpeedZeroOptimizer.__init__ (stage_1_and_2.py), for its one param group
+// (DeepSpeedZeroOneTwo: no expert groups), before the fp32 partition is cloned from the flat.
+// The trainable parameters (bit16_groups keep `param.requires_grad`), in order
+// (round_robin_gradients is off by default), become one 16-bit flat of the aligned numel
+// ⌈n / (2·dp)⌉·2·dp (nccl_start_alignment_factor 2), where they then live as views. Where the
+// flat is made depends on DeepSpeed's version (runtime.deepspeedVersion):
+//  - from 0.18.7 (#7828, DeepSpeed edaa722 read): empty_cache() (runtime/utils.py: also
+//    reset_peak_memory_stats), then flatten_on_accelerator = available_memory() >=
+//    flat_buffer_bytes, where available_memory is NVML's free memory
+//    (accelerator/cuda_accelerator.py with pynvml, which DeepSpeed requires): the allocator's
+//    room (capacity less the context and NCCL's buffers) less what it reserves after the
+//    empty_cache (ReservedForLive). On the GPU: flatten_dense_tensors_aligned →
+//    align_dense_tensors appends torch.zeros(pad) when n is not aligned, _flatten_dense_tensors
+//    (torch.cat) makes the flat, and the padded list with its pad goes when it returns;
+//    _update_model_bit16_weights then sets each parameter's .data to a view of the flat, in
+//    order, which frees its own storage. The freed storages stay cached: the flat's memory is
+//    reserved twice from here on, unless later tensors reuse those blocks;
+//  - otherwise, and always before 0.18.7, on the host: per parameter cpu_data = data.cpu() and
+//    data = torch.empty(1).to(device), a 4-byte fp32 stand-in made before its own storage goes
+//    (from 0.13.0, #4833; before, move_to_cpu's data = data.cpu() left nothing on the GPU);
+//    empty_cache(); the flat made on the host and moved to the GPU; _update_model_bit16_weights
+//    frees the stand-ins.
+// A model loaded in fp32 and cast by the engine caches its fp32 copies until an empty_cache
+// here releases them, so the trace need not load them.
+void ParallelStep::FlattenZeroGroup(TraceBuilder& b, const std::vector<TensorHandle>& parameters,
+                                    const std::vector<std::int64_t>& liveBytes) {
+  TextStore& text = b.text();
+  std::vector<std::size_t> members;
+  std::int64_t elements = 0, bytes = 0;
+  for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+    const Tensor& p = inventory_.parameters[i];
+    if (!p.trainable || parameters[i] == kNoTensor) continue;
+    members.push_back(i);
+    elements += StorageElements(p);
+    bytes += HeldBytes(p, plan_.parameterElementsHeld[i], regime_.weights);
+  }
+  if (members.empty() || elements == 0) return;
+  int major = 0, minor = 19, patch = 0;  // validated (ValidateRuntime)
+  ParseVersion(setup_.runtime.deepspeedVersion, major, minor, patch);
+  const auto atLeast = [&](int M, int m, int p) {
+    return major != M ? major > M : minor != m ? minor > m : patch >= p;
+  };
+  const std::int64_t w = bytes / elements;  // one dtype (parallel_setup.cpp refuses mixed groups)
+  const std::int64_t alignment = 2 * plan_.shardWorld;
+  const std::int64_t padded = CeilDiv(elements, alignment) * alignment;
+  const std::int64_t flatBytes = padded * w;
+  const char* zero = ZeroName();
+  const Text flatName = text.Make({"bit16 flat"});
+  const Text flatFormula = text.Make({TextPart::Count(padded), " (", TextPart::Count(elements), " + ",
+                                      TextPart::Count(padded - elements), " pad to 2 × ", TextPart::Int(plan_.shardWorld),
+                                      ") × ", TextPart::Int(w), " B"});
+  bool onDevice = false;
+  if (atLeast(0, 18, 7)) {
+    b.EmptyCache();
+    const std::int64_t room = AllocatorLimitOf(setup_) - ReservedForLive(liveBytes, AllocatorOptionsOf(setup_.runtime));
+    onDevice = room >= flatBytes;
+  }
+  if (onDevice) {
+    const TensorHandle pad =
+        padded > elements
+            ? b.Alloc(Category::Parameters, (padded - elements) * w, text.Make({"alignment pad"}),
+                      text.Make({TextPart::View(zero), " init: align_dense_tensors' zero pad"}),
+                      text.Make({TextPart::Count(padded - elements), " × ", TextPart::Int(w), " B"}))
+            : kNoTensor;
+    b.Alloc(Category::Parameters, flatBytes, flatName,
+            text.Make({TextPart::View(zero), " init: flatten_dense_tensors_aligned on the GPU (the trainable parameters, padded)"}),
+            flatFormula);
+    if (pad != kNoTensor) b.Release(pad, text.Make({TextPart::View(zero), " init: the pad let go"}));
+    for (const std::size_t i : members) {
+      b.Release(parameters[i], text.Make({TextPart::View(zero), " init: _update_model_bit16_weights: ", names_[i],
+                                          ".data = a view of the flat; its own storage freed"}));
+    }
+    b.Note(std::string(zero) + ": DeepSpeed " + setup_.runtime.deepspeedVersion +
+           " flattens the trainable parameters on the GPU at construction (from 0.18.7, when NVML's free memory holds "
+           "the flat): for a moment they are held twice (" + HumanBytes(flatBytes) +
+           " more), and their own storages, freed, stay in the allocator's cache (reserved) unless later tensors "
+           "reuse them. Earlier versions flatten on the host (runtime.deepspeedVersion).");
+    return;
+  }
+  const bool standIns = atLeast(0, 13, 0);
+  std::vector<TensorHandle> held;
+  held.reserve(members.size());
+  for (const std::size_t i : members) {
+    if (standIns) {
+      held.push_back(b.Alloc(Category::Parameters, 4, text.Make({names_[i], " stand-in"}),
+                             text.Make({TextPart::View(zero), " init: flattening on the host: ", names_[i],
+                                        ".data = torch.empty(1).to(device)"}),
+                             text.Make({"1 × 4 B (fp32)"})));
+    }
+    b.Release(parameters[i], text.Make({TextPart::View(zero), " init: ", names_[i], " copied to the host, its GPU storage freed"}));
+  }
+  b.EmptyCache();
+  b.Alloc(Category::Parameters, flatBytes, flatName,
+          text.Make({TextPart::View(zero), " init: the flat made on the host (flatten_dense_tensors_aligned), moved to the GPU"}),
+          flatFormula);
+  for (std::size_t k = 0; k < held.size(); ++k) {
+    b.Release(held[k], text.Make({TextPart::View(zero), " init: _update_model_bit16_weights: ", names_[members[k]],
+                                  ".data = a view of the flat"}));
+  }
+  b.Note(std::string(zero) + ": DeepSpeed " + setup_.runtime.deepspeedVersion + " flattens the trainable parameters on the host at "
+         "construction and empties the allocator's cache before moving the flat to the GPU" +
+         (atLeast(0, 18, 7) ? std::string(" (NVML's free memory could not hold a second copy on the GPU)") : std::string(" (from 0.18.7 it does so on the GPU when there is room)")) +
+         ".");
+}
+
 void ParallelStep::Init(TraceBuilder& b) {
   TextStore& text = b.text();
   const std::int64_t g = BytesPerElement(regime_.gradients);
@@ -739,20 +866,24 @@ void ParallelStep::Init(TraceBuilder& b) {
               text.Make({TextPart::Count(statistics), " B"}), p.layer);
     }
   } else {
+    std::vector<TensorHandle> parameters(inventory_.parameters.size(), kNoTensor);
+    std::vector<std::int64_t> liveBytes;
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
       const Tensor& p = inventory_.parameters[i];
       const std::int64_t held = plan_.parameterElementsHeld[i];
       if (HeldBytes(p, held, regime_.weights) <= 0) continue;  // offload_param keeps only 4-bit statistics
       const bool partitioned = held != StorageElements(p);
+      liveBytes.push_back(HeldBytes(p, held, regime_.weights));
       // A whole parameter is stored as on one GPU: its own dtype or bitsandbytes layout
       // (finetune.hpp StoredBytes; N × the regime's bytes without fine-tuning).
-      b.Alloc(Category::Parameters, HeldBytes(p, held, regime_.weights), names_[i],
+      parameters[i] = b.Alloc(Category::Parameters, HeldBytes(p, held, regime_.weights), names_[i],
               partitioned ? text.Make({"ZeRO-3 init: partition of ", names_[i], " (⌈n / ", TextPart::Int(d), "⌉)"})
                           : text.Make({"model init: ", names_[i]}),
               partitioned ? text.Make({TextPart::Count(held), " × ", TextPart::Bytes(regime_.weights)})
                           : StorageFormula(text, p, regime_.weights),
               p.layer);
     }
+    if (deepSpeedZero12_) FlattenZeroGroup(b, parameters, liveBytes);
   }
   if (plan_.engine == ShardingEngine::DDP && !setup_.parallel.gradReduceInFp32) BroadcastModuleStates(b);
   if (plan_.engine == ShardingEngine::Zero) {
@@ -767,10 +898,28 @@ void ParallelStep::Init(TraceBuilder& b) {
                   text.Make({TextPart::Count(sub.Elements()), " × ", TextPart::Bytes(DType::FP32)}));
         }
       } else {
+        // stage_1_and_2.py: weights_partition = partition.detach().clone().to(device, dtype=fp32):
+        // the clone is a 16-bit copy of the partition, freed once .to has made the fp32 one (in
+        // fp32 training .to returns the clone itself).
+        const bool cloneFirst = deepSpeedZero12_ && regime_.weights != DType::FP32;
+        const TensorHandle clone =
+            cloneFirst ? b.Alloc(Category::MasterWeights, plan_.partitionElements * BytesPerElement(regime_.weights),
+                                 text.Make({"partition clone"}),
+                                 text.Make({TextPart::View(ZeroName()), " init: the rank's 16-bit partition .clone() before .to(fp32)"}),
+                                 text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(regime_.weights)}))
+                       : kNoTensor;
         b.Alloc(Category::MasterWeights, plan_.partitionElements * 4, text.Make({"fp32 flat partition"}),
                 text.Make({"ZeRO init: fp32 partition of the flat parameters (1/", TextPart::Int(d), ")"}),
                 text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(DType::FP32)}));
+        if (clone != kNoTensor) b.Release(clone, text.Make({TextPart::View(ZeroName()), " init: the partition clone let go"}));
       }
+    } else if (deepSpeedZero12_ && regime_.weights != DType::FP32) {
+      // With cpu_offload the clone is still made on the GPU, then .to(cpu, fp32) moves it out.
+      const TensorHandle clone = b.Alloc(
+          Category::MasterWeights, plan_.partitionElements * BytesPerElement(regime_.weights), text.Make({"partition clone"}),
+          text.Make({TextPart::View(ZeroName()), " init (cpu_offload): the rank's 16-bit partition .clone() before .to(cpu, fp32)"}),
+          text.Make({TextPart::Count(plan_.partitionElements), " × ", TextPart::Bytes(regime_.weights)}));
+      b.Release(clone, text.Make({TextPart::View(ZeroName()), " init: the partition clone let go"}));
     }
     if (deepSpeedZero12_ && plan_.offloadOptimizer) {
       // stage_1_and_2.py __init__ with cpu_offload: temp_grad_buffer_for_gpu_offload =
@@ -1506,6 +1655,17 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
       params = FinetuneActive(setup.finetune) && plan.parameterElementsHeld == StorageElementsOf(inventory)
                    ? FinetuneParameterFormula(setup, inventory) + " (whole on every rank)"
                    : count(held, regime.weights) + (held != m.parameterCount ? " (ZeRO-3 partitions" + per + " and persistent parameters)" : "");
+      if (plan.engine == ShardingEngine::Zero && DeepSpeedZeroOneTwo(setup) && plan.paddedFlatElements > plan.flatElements) {
+        // The trainable parameters live in DeepSpeed's bit16 flat, padded to a multiple of 2 × dp
+        // (ParallelStep::FlattenZeroGroup): the pad is held too.
+        std::int64_t trainableBytes = 0;
+        for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+          if (inventory.parameters[i].trainable) trainableBytes += HeldBytes(inventory.parameters[i], plan.parameterElementsHeld[i], regime.weights);
+        }
+        const std::int64_t pad = plan.paddedFlatElements - plan.flatElements;
+        m.parametersBytes += pad * (trainableBytes / plan.flatElements);
+        params += " + " + FormatCount(pad) + " elements of the flat's alignment pad";
+      }
       if (plan.engine == ShardingEngine::Zero) {
         m.masterWeightsBytes = plan.offloadOptimizer ? 0 : plan.partitionElements * 4;
         master = plan.offloadOptimizer ? "offloaded to the host" : count(plan.partitionElements, DType::FP32) + " flat partition" + per;

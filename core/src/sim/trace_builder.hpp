@@ -78,6 +78,10 @@ class TraceBuilder {
   // states, cudaMallocManaged): no event, so neither allocated nor reserved counts it; the trace
   // keeps the total (Trace::unifiedBytes), which the device stage places on the GPU.
   void UnifiedBytes(std::int64_t bytes) { trace_.unifiedBytes += bytes; }
+  // Something a person should know about this trace (Trace::notes, shown with the estimate).
+  void Note(std::string note) { trace_.notes.push_back(std::move(note)); }
+  // torch.cuda.empty_cache() here, before the next event (Trace::emptyCacheBefore).
+  void EmptyCache() { trace_.emptyCacheBefore.push_back(trace_.events.size()); }
   // How many holders a live tensor has (0 when freed or kNoTensor).
   int Holders(TensorHandle handle) const {
     return handle < 0 ? 0 : holders_[static_cast<std::size_t>(handle)];
