@@ -82,7 +82,7 @@ struct Trace {
   // torch.cuda.empty_cache() calls, each by the index of the event it comes before (in order;
   // events.size() after the last): not events, since replay's running total never sees them;
   // the device stage hands each to the caching allocator model between the events. Init only
-  // (DeepSpeed ZeRO-1/2's construction, parallel_step.cpp), so a repeated step never holds one.
+  // (DeepSpeed ZeRO-1/2/3's construction, parallel_step.cpp), so a repeated step never holds one.
   std::vector<std::size_t> emptyCacheBefore;
 
   std::string Label(const Event& e) const { return text.Render(e.label); }

@@ -834,6 +834,64 @@ void ParallelStep::FlattenZeroGroup(TraceBuilder& b, const std::vector<TensorHan
          ".");
 }
 
+// stage3.py _create_fp16_partitions_with_defragmentation, without offload_param: the trainable
+// parameters' partitions (fp16_groups: the sub-groups in order) move into one contiguous flat,
+// lp_param_buffer = defragment(partitions) (runtime/zero/utils.py): each partition copied into a
+// host buffer and dropped (tensor.data = torch.empty(0): nothing on the GPU), gc.collect(),
+// empty_cache(), then the host buffer moved to the GPU, every partition a view of it. Frozen
+// partitions (not in any param group) stay where they are.
+void ParallelStep::DefragmentZero3(TraceBuilder& b, const std::vector<TensorHandle>& partitions) {
+  TextStore& text = b.text();
+  std::int64_t elements = 0, bytes = 0;
+  for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
+    const Tensor& p = inventory_.parameters[i];
+    if (!p.trainable || partitions[i] == kNoTensor) continue;
+    const std::int64_t shard = CeilDiv(StorageElements(p), plan_.shardWorld);
+    elements += shard;
+    bytes += HeldBytes(p, shard, regime_.weights);
+    b.Release(partitions[i], text.Make({"ZeRO-3 init: defragment: the partition of ", names_[i], " copied to the host"}));
+  }
+  if (elements == 0) return;
+  b.EmptyCache();
+  b.Alloc(Category::Parameters, bytes, text.Make({"lp_param_buffer"}),
+          text.Make({"ZeRO-3 init: defragment: the trainable partitions in one flat, moved back to the GPU"}),
+          text.Make({TextPart::Count(elements), " × ", TextPart::Int(bytes / elements), " B"}));
+}
+
+// stage3.py _create_fp32_partitions, optimizer on the GPU: per sub-group (one when the partition
+// is no larger than sub_group_size; sharding.cpp), `converted = fp16_flat.to(device, fp32)` and
+// fp32_partitioned_groups_flat.append(converted.clone().detach()): two fp32 copies, the first
+// (`converted`) freed when the next sub-group's rebinds it and the last when the function
+// returns. With fp32 weights the 16-bit flat is already fp32 on the device and is used as it is
+// ("weights ... are already in and updated using fp32"): no copy at all.
+void ParallelStep::CreateZero3Fp32Partitions(TraceBuilder& b) {
+  if (regime_.weights == DType::FP32) return;
+  TextStore& text = b.text();
+  const std::int64_t d = plan_.shardWorld;
+  const std::vector<Tensor>& groups = plan_.optimizerTensors.parameters;
+  const bool several = groups.size() > 1;
+  TensorHandle converted = kNoTensor;
+  for (std::size_t k = 0; k < groups.size(); ++k) {
+    const std::int64_t n = several ? groups[k].Elements() : plan_.partitionElements;
+    const Text formula = text.Make({TextPart::Count(n), " × ", TextPart::Bytes(DType::FP32)});
+    const TensorHandle next = b.Alloc(Category::MasterWeights, n * 4, text.Make({"converted"}),
+                                      text.Make({"ZeRO-3 init: _create_fp32_partitions: converted = the 16-bit flat .to(fp32)",
+                                                 several ? TextPart::View(", sub-group ") : TextPart::View(""),
+                                                 several ? TextPart::Int(static_cast<std::int64_t>(k)) : TextPart::View("")}),
+                                      formula);
+    if (converted != kNoTensor) b.Release(converted, text.Make({"ZeRO-3 init: the previous `converted` let go"}));
+    converted = next;
+    if (several) {
+      b.Alloc(Category::MasterWeights, n * 4, text.Own(groups[k].name),
+              text.Make({"ZeRO init: ", text.Own(groups[k].name), " (1/", TextPart::Int(d), ")"}), formula);
+    } else {
+      b.Alloc(Category::MasterWeights, n * 4, text.Make({"fp32 flat partition"}),
+              text.Make({"ZeRO init: fp32 partition of the flat parameters (1/", TextPart::Int(d), ")"}), formula);
+    }
+  }
+  if (converted != kNoTensor) b.Release(converted, text.Make({"ZeRO-3 init: _create_fp32_partitions returns: `converted` let go"}));
+}
+
 void ParallelStep::Init(TraceBuilder& b) {
   TextStore& text = b.text();
   const std::int64_t g = BytesPerElement(regime_.gradients);
@@ -868,10 +926,22 @@ void ParallelStep::Init(TraceBuilder& b) {
   } else {
     std::vector<TensorHandle> parameters(inventory_.parameters.size(), kNoTensor);
     std::vector<std::int64_t> liveBytes;
+    const bool zero3 = plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 3;
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
       const Tensor& p = inventory_.parameters[i];
-      const std::int64_t held = plan_.parameterElementsHeld[i];
+      std::int64_t held = plan_.parameterElementsHeld[i];
       if (HeldBytes(p, held, regime_.weights) <= 0) continue;  // offload_param keeps only 4-bit statistics
+      const std::int64_t elements = StorageElements(p), shard = CeilDiv(elements, d);
+      if (zero3 && d > 1 && held == elements + shard) {
+        // A persistent parameter (below stage3_param_persistence_threshold, sharding.cpp) is
+        // held whole (param.data, gathered once and never released) beside its partition
+        // (ds_tensor): two tensors, the partition the one defragment moves.
+        b.Alloc(Category::Parameters, StoredBytes(p, regime_.weights), names_[i],
+                text.Make({"ZeRO-3 init: ", names_[i], " whole (persistent: below stage3_param_persistence_threshold)"}),
+                StorageFormula(text, p, regime_.weights), p.layer);
+        liveBytes.push_back(StoredBytes(p, regime_.weights));
+        held = shard;
+      }
       const bool partitioned = held != StorageElements(p);
       liveBytes.push_back(HeldBytes(p, held, regime_.weights));
       // A whole parameter is stored as on one GPU: its own dtype or bitsandbytes layout
@@ -884,19 +954,15 @@ void ParallelStep::Init(TraceBuilder& b) {
               p.layer);
     }
     if (deepSpeedZero12_) FlattenZeroGroup(b, parameters, liveBytes);
+    if (zero3 && !plan_.offloadParameters) DefragmentZero3(b, parameters);
   }
   if (plan_.engine == ShardingEngine::DDP && !setup_.parallel.gradReduceInFp32) BroadcastModuleStates(b);
   if (plan_.engine == ShardingEngine::Zero) {
     // stage_1_and_2.py: single_partition_of_fp32_groups = the rank's partition .clone().float()
     // (made in fp32 training too); stage3.py _create_fp32_partitions likewise.
     if (!plan_.offloadOptimizer) {
-      if (plan_.zeroStage == 3 && plan_.optimizerTensors.parameters.size() > 1) {
-        // stage3.py _create_fp32_partitions: an fp32 flat per sub-group (sharding.cpp).
-        for (const Tensor& sub : plan_.optimizerTensors.parameters) {
-          b.Alloc(Category::MasterWeights, sub.Elements() * 4, text.Own(sub.name),
-                  text.Make({"ZeRO init: ", text.Own(sub.name), " (1/", TextPart::Int(d), ")"}),
-                  text.Make({TextPart::Count(sub.Elements()), " × ", TextPart::Bytes(DType::FP32)}));
-        }
+      if (plan_.zeroStage == 3) {
+        CreateZero3Fp32Partitions(b);
       } else {
         // stage_1_and_2.py: weights_partition = partition.detach().clone().to(device, dtype=fp32):
         // the clone is a 16-bit copy of the partition, freed once .to has made the fp32 one (in
@@ -1667,8 +1733,12 @@ ModelStates ParallelModelStates(const Setup& setup, const Inventory& inventory) 
         params += " + " + FormatCount(pad) + " elements of the flat's alignment pad";
       }
       if (plan.engine == ShardingEngine::Zero) {
-        m.masterWeightsBytes = plan.offloadOptimizer ? 0 : plan.partitionElements * 4;
-        master = plan.offloadOptimizer ? "offloaded to the host" : count(plan.partitionElements, DType::FP32) + " flat partition" + per;
+        // ZeRO-3 with fp32 weights steps the parameters' own flat (CreateZero3Fp32Partitions).
+        const bool ownFlat = plan.zeroStage == 3 && regime.weights == DType::FP32;
+        m.masterWeightsBytes = plan.offloadOptimizer || ownFlat ? 0 : plan.partitionElements * 4;
+        master = plan.offloadOptimizer ? "offloaded to the host"
+                 : ownFlat             ? "none: the fp32 partitions are the parameters' flat (lp_param_buffer)"
+                                       : count(plan.partitionElements, DType::FP32) + " flat partition" + per;
         const bool partitioned = plan.zeroStage >= 2;
         const std::int64_t n = partitioned ? (plan.offloadOptimizer ? 0 : plan.partitionElements) : trainable;
         m.gradientsBytes = n * BytesPerElement(regime.gradients);

@@ -219,6 +219,10 @@ class ParallelStep final : public GradientHook, public LayerHook {
   TensorHandle keptGradPartition_ = kNoTensor;
   TensorHandle partitionPad_ = kNoTensor;
   void SetUpZeroPartition();
+  // stage3.py's construction: the trainable partitions defragmented into one flat, and the fp32
+  // partitions made from it (Init).
+  void DefragmentZero3(TraceBuilder& b, const std::vector<TensorHandle>& partitions);
+  void CreateZero3Fp32Partitions(TraceBuilder& b);
   // stage_1_and_2.py's construction: the trainable parameters flattened into one padded 16-bit
   // flat, on the GPU when NVML's free memory allows, else on the host (Init).
   void FlattenZeroGroup(TraceBuilder& b, const std::vector<TensorHandle>& parameters,

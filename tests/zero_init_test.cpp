@@ -1,8 +1,11 @@
-// DeepSpeed ZeRO-1/2's construction (parallel_step.cpp FlattenZeroGroup; DeepSpeed edaa722
-// runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer.__init__): the trainable parameters
-// become one padded 16-bit flat, made on the GPU when NVML's free memory holds it (from 0.18.7)
-// or on the host, with torch.cuda.empty_cache() calls the allocator model carries out
-// (AllocatorEventKind::EmptyCache). Every size below is counted by hand.
+// DeepSpeed ZeRO's construction, with the torch.cuda.empty_cache() calls the allocator model
+// carries out (AllocatorEventKind::EmptyCache):
+// - ZeRO-1/2 (parallel_step.cpp FlattenZeroGroup; DeepSpeed edaa722 runtime/zero/stage_1_and_2.py
+//   DeepSpeedZeroOptimizer.__init__): the trainable parameters become one padded 16-bit flat,
+//   made on the GPU when NVML's free memory holds it (from 0.18.7) or on the host;
+// - ZeRO-3 (DefragmentZero3, CreateZero3Fp32Partitions; stage3.py): the trainable partitions
+//   defragmented into one flat, and the fp32 partitions converted from it.
+// Every size below is counted by hand.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -236,4 +239,85 @@ TEST_CASE("runtime.deepspeedVersion is read as major.minor[.patch] and refused o
   auto good = ParseSetupJson(R"({"runtime":{"deepspeedVersion":"0.16.9"}})");
   CHECK(good.errors.empty());
   CHECK(good.setup.runtime.deepspeedVersion == "0.16.9");
+}
+
+namespace {
+
+std::vector<std::int64_t> AllocsOf(const Estimate& e, const std::string& text) {
+  std::vector<std::int64_t> out;
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.step == 0 && p.deltaBytes > 0 && p.label.find(text) != std::string::npos) out.push_back(p.deltaBytes);
+  }
+  return out;
+}
+
+std::size_t IndexOf(const Estimate& e, const std::string& text) { return test::TimelineIndexOf(e, text, 0); }
+
+}  // namespace
+
+TEST_CASE("ZeRO-3 defragments the trainable partitions into one flat after an empty_cache", "[parallel][zero3-init]") {
+  // The small Llama over 3 ranks. Every parameter is below stage3_param_persistence_threshold
+  // (1e5; the largest, embed_tokens, has 64,064 elements), so each is held whole and as its
+  // partition: 21 of each. The partitions (⌈n / 3⌉: embed_tokens and lm_head 21,355, a block
+  // 15,086, the final norm 22) sum to 72,904 elements.
+  const Estimate e = test::MustEstimateLabelled(test::SmallLlamaZero3());
+  CHECK(Count(e, "whole (persistent: below stage3_param_persistence_threshold)") == 21);
+  CHECK(Count(e, "ZeRO-3 init: defragment: the partition of") == 21);
+  CHECK(AllocsOf(e, "ZeRO-3 init: defragment: the trainable partitions in one flat") == std::vector<std::int64_t>{72'904 * 2});
+  // Then per sub-group (one here) `converted` (fp32), its clone (the fp32 partition), and
+  // `converted` let go when _create_fp32_partitions returns.
+  CHECK(AllocsOf(e, "converted = the 16-bit flat .to(fp32)") == std::vector<std::int64_t>{72'904 * 4});
+  CHECK(AllocsOf(e, "ZeRO init: fp32 partition of the flat parameters") == std::vector<std::int64_t>{72'904 * 4});
+  const std::size_t flat = IndexOf(e, "trainable partitions in one flat");
+  const std::size_t converted = IndexOf(e, "converted = the 16-bit flat");
+  const std::size_t master = IndexOf(e, "ZeRO init: fp32 partition of the flat parameters");
+  const std::size_t returned = IndexOf(e, "_create_fp32_partitions returns");
+  CHECK(flat < converted);
+  CHECK(converted < master);
+  CHECK(master < returned);
+  REQUIRE(returned < e.timeline.size());
+  CHECK(e.timeline[returned].deltaBytes == -72'904 * 4);
+  // The model states: the partitions once, the persistent parameters whole besides.
+  CHECK(e.modelStates.masterWeightsBytes == 72'904 * 4);
+}
+
+TEST_CASE("ZeRO-3's fp32 partitions per sub-group: `converted` lives until the next sub-group's is made", "[parallel][zero3-init]") {
+  // sub_group_size 30,000 cuts the partition into 32,793 and 40,111 elements (zero3_step_test.cpp).
+  Setup s = test::SmallLlamaZero3();
+  s.parallel.subGroupSize = 30'000;
+  const Estimate e = test::MustEstimateLabelled(s);
+  CHECK(AllocsOf(e, "converted = the 16-bit flat .to(fp32), sub-group") == std::vector<std::int64_t>{32'793 * 4, 40'111 * 4});
+  const std::size_t second = IndexOf(e, "converted = the 16-bit flat .to(fp32), sub-group 1");
+  const std::size_t firstFreed = IndexOf(e, "the previous `converted` let go");
+  const std::size_t secondMaster = IndexOf(e, "ZeRO init: fp32 flat partition, sub-group 1");
+  CHECK(second < firstFreed);
+  CHECK(firstFreed < secondMaster);
+  REQUIRE(firstFreed < e.timeline.size());
+  CHECK(e.timeline[firstFreed].deltaBytes == -32'793 * 4);
+}
+
+TEST_CASE("ZeRO-3 with fp32 weights steps the parameters' own flat: no fp32 copy", "[parallel][zero3-init]") {
+  Setup s = test::SmallLlamaZero3();
+  s.training.precision = Precision::FP32;
+  const Estimate e = test::MustEstimateLabelled(s);
+  CHECK(Count(e, "converted = the 16-bit flat") == 0);
+  CHECK(Count(e, "ZeRO init: fp32 partition of the flat parameters") == 0);
+  CHECK(AllocsOf(e, "trainable partitions in one flat") == std::vector<std::int64_t>{72'904 * 4});
+  CHECK(e.modelStates.masterWeightsBytes == 0);
+}
+
+TEST_CASE("ZeRO-3's defragment releases the partitions' segments: Llama 2 7B over 8 ranks", "[parallel][zero3-init]") {
+  // Every partition is n / 8 exactly (every size is a multiple of 8): 842,301,952 elements,
+  // 1,684,603,904 B, one segment of 804 × 2 MiB = 1,686,110,208 B. Only the 65 norms are
+  // persistent (4,096 elements < 1e5): their whole copies sit in one 2 MiB small segment, which
+  // their freed partitions shared. After the empty_cache the other partitions' segments are
+  // gone: reserved is that small segment and the flat's.
+  Setup s = Llama7bZero2();
+  s.parallel.zeroStage = 3;
+  const Estimate e = test::MustEstimateLabelled(s);
+  CHECK(Count(e, "ZeRO-3 init: defragment: the partition of") == 291);
+  const TimelinePoint* flat = First(e, "trainable partitions in one flat");
+  REQUIRE(flat != nullptr);
+  CHECK(flat->deltaBytes == 842'301'952LL * 2);
+  CHECK(flat->reservedBytes == 2 * MiB + 804 * 2 * MiB);
 }
