@@ -53,3 +53,18 @@ test('savers: a link that sets a saver opens the fold with the control set', asy
   assert.notEqual(await again.page.getAttribute('#savers-fold', 'open'), null, 'opened by the link');
   await again.finish();
 });
+
+test('savers: torch_empty_cache_steps is a number the core estimates, and a wrong one is refused by its field', async () => {
+  const { page, finish } = await openPage({ search: SEARCH });
+  const plain = await coreEstimate(SETUP);
+  await waitForAttr(page, '#device-total', 'data-bytes', String(plain.device.peakDeviceBytes));
+  await page.click('#savers-fold > summary');
+  assert.match(await page.textContent('#saver-emptyCacheSteps-hint'), /torch_empty_cache_steps/);
+  await page.fill('#saver-emptyCacheSteps', '1');
+  const emptied = await coreEstimate({ ...SETUP, training: { ...SETUP.training, emptyCacheSteps: 1 } });
+  assert.notEqual(emptied.device.peakDeviceBytes, plain.device.peakDeviceBytes, 'the case moves the device figure');
+  await waitForAttr(page, '#device-total', 'data-bytes', String(emptied.device.peakDeviceBytes));
+  await page.fill('#saver-emptyCacheSteps', '-2');
+  await page.waitForSelector('#saver-emptyCacheSteps[aria-invalid=true]', WAIT);
+  await finish();
+});

@@ -317,6 +317,12 @@ struct TrainingDef {
   // a warning). What it costs depends on the attention (sim/families/gpt2.cpp); false is
   // use_cache=False, what TRL and torchtune-style loops pass.
   bool useCache = true;
+  // The Hugging Face Trainer's torch_empty_cache_steps (0 = None, its default): training_step
+  // calls torch.cuda.empty_cache() between the forward (the loss) and the backward of every
+  // micro-batch whose update's global_step is a multiple of it (transformers trainer.py), which
+  // hands the allocator's unsplit cached segments back to CUDA. Simulated steps 1 and 2 are
+  // global_step 0 and 1: step 1 always, step 2 when it is 1.
+  std::int64_t emptyCacheSteps = 0;
 };
 
 struct GpuDef {

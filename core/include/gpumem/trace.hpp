@@ -81,8 +81,9 @@ struct Trace {
   std::int64_t unifiedBytes = 0;
   // torch.cuda.empty_cache() calls, each by the index of the event it comes before (in order;
   // events.size() after the last): not events, since replay's running total never sees them;
-  // the device stage hands each to the caching allocator model between the events. Init only
-  // (DeepSpeed ZeRO-1/2/3's construction, parallel_step.cpp), so a repeated step never holds one.
+  // the device stage hands each to the caching allocator model between the events: DeepSpeed
+  // ZeRO's construction (parallel_step.cpp) and the Trainer's training.emptyCacheSteps
+  // (step.cpp, which then simulates step 2 rather than repeating step 1's events).
   std::vector<std::size_t> emptyCacheBefore;
 
   std::string Label(const Event& e) const { return text.Render(e.label); }

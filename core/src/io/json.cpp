@@ -330,13 +330,13 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
                                           "attention", "checkpointing", "checkpointInterval",
                                           "lossImplementation", "lossChunks", "lossInModelDtype",
                                           "optimizerInBackward", "activationOffloading", "packedSequences",
-                                          "maskedSoftmaxFusion", "useCache"};
+                                          "maskedSoftmaxFusion", "useCache", "emptyCacheSteps"};
   for (const char* key : kKeys) if (v.contains(key)) given.trainingKeys.push_back(key);
   r.RejectUnknown(v, {"batchSize", "sequenceLength", "precision", "optimizer",
                       "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
                       "attention", "checkpointing", "checkpointInterval", "lossImplementation",
                       "lossChunks", "lossInModelDtype", "optimizerInBackward", "activationOffloading",
-                      "packedSequences", "maskedSoftmaxFusion", "useCache"}, path);
+                      "packedSequences", "maskedSoftmaxFusion", "useCache", "emptyCacheSteps"}, path);
   r.Enum(v, "attention", path, t.attention);
   r.Enum(v, "checkpointing", path, t.checkpointing);
   r.Int(v, "checkpointInterval", path, t.checkpointInterval);
@@ -355,6 +355,7 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
   r.Bool(v, "activationOffloading", path, t.activationOffloading);
   r.Enum(v, "packedSequences", path, t.packedSequences);
   r.Bool(v, "useCache", path, t.useCache);
+  r.Int(v, "emptyCacheSteps", path, t.emptyCacheSteps);
 }
 
 void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
@@ -609,7 +610,8 @@ ojson SetupJson(const Setup& s) {
                     {"activationOffloading", s.training.activationOffloading},
                     {"packedSequences", IdOf(s.training.packedSequences)},
                     {"maskedSoftmaxFusion", s.training.maskedSoftmaxFusion},
-                    {"useCache", s.training.useCache}}},
+                    {"useCache", s.training.useCache},
+                    {"emptyCacheSteps", s.training.emptyCacheSteps}}},
       {"gpu", s.gpu.id.empty() ? ojson{{"memoryGiB", s.gpu.memoryGiB}}
                                : ojson{{"memoryGiB", s.gpu.memoryGiB}, {"id", s.gpu.id}}},
       {"runtime", {{"allocator", {{"expandableSegments", s.runtime.allocator.expandableSegments},
@@ -1124,6 +1126,11 @@ ojson SaverFields() {
        "config.use_cache = False turns it off, gradient checkpointing turns it off by itself",
        "transformers 5.x copies every layer's key and value into a DynamicCache; under SDPA the GPT-2 family's "
        "attention then keeps those copies (2 · b · s · h per layer) instead of views of c_attn's output"},
+      {"emptyCacheSteps", "Empty the CUDA cache every N steps", "number", "",
+       "transformers: TrainingArguments(torch_empty_cache_steps=N); 0 = None, the default",
+       "torch.cuda.empty_cache() between each micro-batch's forward and backward in every N-th update: the "
+       "allocator's unsplit cached segments go back to CUDA (less reserved, slower steps); the allocated "
+       "figures do not move"},
   };
   ojson out = ojson::array();
   for (const Saver& f : kSavers) {

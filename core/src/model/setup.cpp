@@ -773,6 +773,15 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
   const TrainingDef& t = setup.training;
   const ModelDef& m = setup.model;
   const bool decoder = m.kind == ModelKind::Transformer && m.architecture.family != Family::BERT;
+  if (t.emptyCacheSteps < 0 || t.emptyCacheSteps > (std::int64_t{1} << 31)) {
+    errors.push_back({ErrorCode::InvalidField, "training.emptyCacheSteps",
+                      "Empty the CUDA cache every N steps takes 0 (never, the Trainer's default) or a whole number of "
+                      "steps up to 2^31, got " + FormatCount(t.emptyCacheSteps) + "."});
+  } else if (t.emptyCacheSteps > 0 && setup.parallel.pipelineParallel > 1) {
+    errors.push_back({ErrorCode::InvalidField, "training.emptyCacheSteps",
+                      "torch_empty_cache_steps is the Hugging Face Trainer's; a pipeline-parallel run follows Megatron's "
+                      "schedule, which has no such call: set it to 0 or pipelineParallel to 1."});
+  }
   if (t.lossChunks < 1 || t.lossChunks > 8) {
     errors.push_back({ErrorCode::InvalidField, "training.lossChunks",
                       "Loss chunks must be a whole number from 1 to 8 (torchtune's default is 8), got " +

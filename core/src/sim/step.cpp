@@ -311,11 +311,18 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   // Pipeline parallelism: the stage's micro-batches in schedule order (parallel/pipeline.cpp).
   std::optional<PipelineRun> pipeline;
   if (setup.parallel.pipelineParallel > 1) pipeline.emplace(setup, inventory, names, regime);
+  // The Trainer's torch_empty_cache_steps: training_step empties the cache after the loss and
+  // before the backward when global_step (step − 1 here) is a multiple of it.
+  const std::int64_t emptyEvery = setup.training.emptyCacheSteps;
+  auto emptyCache = [&](int step) {
+    if (emptyEvery > 0 && (step - 1) % emptyEvery == 0) b.EmptyCache();
+  };
   auto runStep = [&](int step) {
     if (pipeline) pipeline->Run(b, step, gradients, parallel ? &*parallel : nullptr);
     for (std::int64_t k = 1; k < microBatches && !pipeline; ++k) {
       b.SetPhase(Phase::Forward, step);
       pass->Forward(b);
+      emptyCache(step);
       b.SetPhase(Phase::Backward, step);
       if (parallel) parallel->StartBackward(b);
       pass->Backward(b, gradients);
@@ -325,6 +332,7 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
     if (!pipeline) {
       b.SetPhase(Phase::Forward, step);
       pass->Forward(b);
+      emptyCache(step);
       b.SetPhase(Phase::Backward, step);
       if (parallel) parallel->StartBackward(b);
       pass->Backward(b, gradients);
@@ -351,7 +359,9 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   // repeats (a new tensor for each tensor, the same words). Only peaks differ, as the states
   // are live throughout step 2. Where that does not hold, step 2 is simulated.
   // ZeRO-3's first step records the trace its later steps prefetch and keep parameters by.
-  const bool sameEveryStep = !parallel || parallel->SameEveryStep();
+  // A step with an empty_cache call is simulated, not repeated (TraceBuilder::Repeat copies
+  // events only).
+  const bool sameEveryStep = (!parallel || parallel->SameEveryStep()) && emptyEvery == 0;
   if (!setup.training.zeroGradSetToNone || !sameEveryStep || !b.Repeat(stepStart, b.size(), 2, Category::OptimizerStates)) {
     runStep(2);
   }

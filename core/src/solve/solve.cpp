@@ -453,6 +453,18 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         "free: the same computation; segments grow in place instead of new cudaMalloc calls (PyTorch ≥ 2.1, Linux)",
         {"runtime.allocator.expandableSegments"}, [](Setup& s) { s.runtime.allocator.expandableSegments = true; });
   }
+  // The Trainer's torch_empty_cache_steps=1: the backward starts without the forward's unsplit
+  // cached segments (simulated: the allocator model runs the empty_cache). It frees no tensor,
+  // so it is tried only where the allocated peak with the context would fit and the segments
+  // do not: where the allocator's cache decides the verdict.
+  const DeviceEstimate& dev = current.device;
+  const bool cacheDecides = !dev.fits && dev.peakAllocatedBytes + dev.contextBytes + dev.communicationBytes <= capacity;
+  if (t.emptyCacheSteps != 1 && setup.parallel.pipelineParallel <= 1 && cacheDecides) {
+    add(FitCost::Compute, "training-emptyCacheSteps-1", "Empty the CUDA cache every step (Trainer: torch_empty_cache_steps=1)",
+        "slower steps: the segments released before each backward are cudaMalloc'ed again; the backward starts "
+        "without the forward's stranded free blocks",
+        {"training.emptyCacheSteps"}, [](Setup& s) { s.training.emptyCacheSteps = 1; });
+  }
   if (!t.zeroGradSetToNone) {
     add(FitCost::Free, "zero-grad-set-to-none", "zero_grad(set_to_none=True)", "none: gradients are freed instead of zeroed",
         {"training.zeroGradSetToNone"}, [](Setup& s) { s.training.zeroGradSetToNone = true; });
