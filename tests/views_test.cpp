@@ -2,6 +2,8 @@
 // (so a view that reported a different peak, or the wrong GPU verdict, fails here).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "gpumem/gpus.hpp"
@@ -241,4 +243,33 @@ TEST_CASE("views JSON: envelopes with the core's numbers and errors as values", 
   CHECK(malformed["errors"][0]["code"] == "malformedJson");
   const auto type = nlohmann::json::parse(GpuMatrixJson(R"({"curvePoints":"many"})"));
   CHECK(type["errors"][0]["field"] == "curvePoints");
+}
+
+TEST_CASE("the GPU matrix estimates a GPU between the allocated and the device figure at its own capacity", "[views]") {
+  // Llama 2 7B under DeepSpeed ZeRO-2 over 8 (0.19: the parameters flattened on the GPU, their
+  // own 12.55 GiB of segments left cached). On the H100 the device figure is 44.7 GiB, over an
+  // A100 40 GB's capacity; the allocated one with the context is 29 GiB, under it. At 40 GiB the
+  // allocator frees that cache when a request finds no block and retries: it fits.
+  auto parsed = ParseSetupJson(R"({"model":{"preset":"llama-2-7b"},
+      "training":{"batchSize":1,"sequenceLength":512,"attention":"sdpa","precision":"bf16Mixed","checkpointing":"everyBlock"},
+      "parallel":{"dataParallel":8,"zeroStage":2},"gpu":{"id":"nvidia-h100-sxm"}})");
+  REQUIRE(parsed.errors.empty());
+  const GpuMatrix m = ComputeGpuMatrix(Options(parsed.setup));
+  REQUIRE(m.ok());
+  REQUIRE(!m.candidates.empty());
+  const SettingsCandidate& asIs = m.candidates.front();
+  REQUIRE(asIs.tier == ChangeTier::AsIs);
+  const auto a100 = std::find_if(m.gpus.begin(), m.gpus.end(), [](const GpuFit& f) { return f.id == "nvidia-a100-40"; });
+  REQUIRE(a100 != m.gpus.end());
+  CHECK(asIs.peak.peakBytes > a100->capacityBytes);
+  CHECK(asIs.peak.allocatedDeviceBytes <= a100->capacityBytes);
+  REQUIRE(a100->fits);
+  CHECK(a100->choice == 0);
+  Setup on = parsed.setup;
+  on.gpu.id = a100->id;
+  on.gpu.memoryGiB = a100->memoryGiB;
+  const Estimate e = MustEstimate(on);
+  CHECK(e.fits);
+  CHECK(e.device.numAllocRetries > 0);
+  CHECK(e.headroomBytes == a100->headroomBytes);
 }

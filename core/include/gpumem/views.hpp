@@ -32,6 +32,9 @@ struct PeakPoint {
   FieldError error;                // why, when !ok
   std::int64_t peakBytes = 0;      // Estimate::peak.totalBytes
   bool fits = false;               // peakBytes ≤ the GPU's capacity
+  // device.peakAllocatedBytes + context + communication: below this no capacity fits, whatever
+  // the allocator's cache does (the GPU matrix estimates a GPU between the two on its own).
+  std::int64_t allocatedDeviceBytes = 0;
   Category dominant = Category::Parameters;  // Estimate::peakDominant.category
   std::int64_t dominantBytes = 0;  // bytes of that category at the peak
   double dominantSharePercent = 0; // of the peak

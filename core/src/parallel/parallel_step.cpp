@@ -727,7 +727,47 @@ std::int64_t ReservedForLive(const std::vector<std::int64_t>& liveBytes, const A
   return CeilDiv(small, 2 * kMiB) * 2 * kMiB + CeilDiv(mid, 20 * kMiB) * 20 * kMiB + large;
 }
 
+// flatten_on_accelerator (stage_1_and_2.py, DeepSpeed ≥ 0.18.7): NVML's free memory — the
+// allocator's room less what it reserves after the empty_cache — holds the flat.
+bool FlattensOnDevice(const std::string& version, std::int64_t flatBytes, std::int64_t limitBytes, std::int64_t reservedBytes) {
+  int major = 0, minor = 19, patch = 0;  // validated (ValidateRuntime)
+  ParseVersion(version, major, minor, patch);
+  const bool atLeast = major != 0 ? major > 0 : minor != 18 ? minor > 18 : patch >= 7;
+  return atLeast && limitBytes - reservedBytes >= flatBytes;
+}
+
+// The trainable parameters' flat (padded) and every parameter's held bytes, as Init holds them.
+struct ZeroFlat {
+  std::int64_t flatBytes = 0;
+  std::vector<std::int64_t> liveBytes;
+};
+ZeroFlat ZeroFlatOf(const Inventory& inventory, const ShardPlan& plan, DType weights) {
+  ZeroFlat z;
+  std::int64_t elements = 0, bytes = 0;
+  for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
+    const Tensor& p = inventory.parameters[i];
+    const std::int64_t held = HeldBytes(p, plan.parameterElementsHeld[i], weights);
+    if (held <= 0) continue;
+    z.liveBytes.push_back(held);
+    if (!p.trainable) continue;
+    elements += StorageElements(p);
+    bytes += held;
+  }
+  if (elements == 0) return z;
+  const std::int64_t alignment = 2 * plan.shardWorld;
+  z.flatBytes = CeilDiv(elements, alignment) * alignment * (bytes / elements);
+  return z;
+}
+
 }  // namespace
+
+bool DeepSpeedFlattensOnDevice(const Setup& setup, const Inventory& inventory) {
+  if (setup.parallel.zeroStage == 0 || !DeepSpeedZeroOneTwo(setup)) return false;
+  const ShardPlan plan = PlanShards(setup, inventory);
+  const ZeroFlat z = ZeroFlatOf(inventory, plan, RegimeOf(setup.training.precision).weights);
+  return z.flatBytes > 0 && FlattensOnDevice(setup.runtime.deepspeedVersion, z.flatBytes, AllocatorLimitOf(setup),
+                                             ReservedForLive(z.liveBytes, AllocatorOptionsOf(setup.runtime)));
+}
 
 // DeepSpeedZeroOptimizer.__init__ (stage_1_and_2.py), for its one param group
 // (DeepSpeedZeroOneTwo: no expert groups), before the fp32 partition is cloned from the flat.
@@ -780,12 +820,9 @@ void ParallelStep::FlattenZeroGroup(TraceBuilder& b, const std::vector<TensorHan
   const Text flatFormula = text.Make({TextPart::Count(padded), " (", TextPart::Count(elements), " + ",
                                       TextPart::Count(padded - elements), " pad to 2 × ", TextPart::Int(plan_.shardWorld),
                                       ") × ", TextPart::Int(w), " B"});
-  bool onDevice = false;
-  if (atLeast(0, 18, 7)) {
-    b.EmptyCache();
-    const std::int64_t room = AllocatorLimitOf(setup_) - ReservedForLive(liveBytes, AllocatorOptionsOf(setup_.runtime));
-    onDevice = room >= flatBytes;
-  }
+  const bool onDevice = FlattensOnDevice(setup_.runtime.deepspeedVersion, flatBytes, AllocatorLimitOf(setup_),
+                                         ReservedForLive(liveBytes, AllocatorOptionsOf(setup_.runtime)));
+  if (atLeast(0, 18, 7)) b.EmptyCache();
   if (onDevice) {
     const TensorHandle pad =
         padded > elements

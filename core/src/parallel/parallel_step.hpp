@@ -248,6 +248,11 @@ class ParallelStep final : public GradientHook, public LayerHook {
 // shards under mixed precision, with fp32 gradients; else the training's own regime.
 Regime OptimizerRegimeOf(const ShardPlan& plan, const Regime& regime);
 
+// Whether DeepSpeed ZeRO-1/2's construction flattens the trainable parameters on the GPU for
+// this setup (its DeepSpeed version and GPU; ParallelStep::FlattenZeroGroup); false for any other
+// engine. The GPU × settings matrix asks it per GPU (views.cpp).
+bool DeepSpeedFlattensOnDevice(const Setup& setup, const Inventory& inventory);
+
 // What a person should know about the simulated rank's estimate (Estimate::notes).
 std::vector<std::string> ParallelNotes(const Setup& setup);
 

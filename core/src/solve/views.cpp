@@ -3,6 +3,7 @@
 #include "gpumem/views.hpp"
 
 #include "device/device_stage.hpp"
+#include "parallel/parallel_step.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -32,6 +33,7 @@ PeakPoint PeakOf(const Setup& setup, int& estimates) {
       p.ok = true;
       // The device figure (allocator cache, context, workspaces): what fits is decided on.
       p.peakBytes = e.device.peakDeviceBytes;
+      p.allocatedDeviceBytes = e.device.peakAllocatedBytes + e.device.contextBytes + e.device.communicationBytes;
       p.fits = e.fits;
       p.dominant = e.peakDominant.category;
       p.dominantBytes = e.peakDominant.bytes;
@@ -340,9 +342,11 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
     out.gpus.push_back(std::move(f));
   }
   // The device peak depends on the GPU only through its workspace size (compute capability)
-  // and the cache releases near capacity; the matrix takes the setup's GPU's figure for all
-  // (an approximation within a few MiB, where the estimate itself decides `fits`). So each
-  // candidate is estimated once for all GPUs, in cost order, until every GPU has its cheapest.
+  // and the cache releases near capacity; the matrix takes the setup's GPU's figure for every
+  // GPU above it or below its allocated figure (allocated + context, which no cache release
+  // lowers), and estimates a GPU in between on its own capacity, where the allocator's retries
+  // decide. So each candidate is estimated once for most GPUs, in cost order, until every GPU
+  // has its cheapest.
   std::size_t open = out.gpus.size();
   for (SettingsCandidate& c : order) {
     if (open == 0) break;
@@ -356,11 +360,33 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
     // capacity no step reaches (no cache release), and that figure decides each GPU's fit.
     std::vector<std::pair<std::int64_t, std::int64_t>> peakByWorkspace;  // workspace bytes → device peak
     const RuntimeOptions runtime = RuntimeOptionsOf(c.setup.runtime);
+    // DeepSpeed ZeRO-1/2 (from 0.18.7) flattens the parameters on the GPU only where NVML's free
+    // memory holds the flat, so its trace depends on the GPU's capacity: a GPU whose choice
+    // differs from the setup's GPU's is estimated on its own capacity (parallel_step.cpp).
+    const bool zeroFlatten = c.setup.parallel.zeroStage > 0 && DeepSpeedZeroOneTwo(c.setup);
+    const Inventory inventory = zeroFlatten ? BuildInventory(c.setup) : Inventory{};
+    const bool onDevice = zeroFlatten && DeepSpeedFlattensOnDevice(c.setup, inventory);
     for (GpuFit& f : out.gpus) {
       if (f.smallestPeakCandidate < 0 || c.peak.peakBytes < out.candidates[f.smallestPeakCandidate].peak.peakBytes) {
         f.smallestPeakCandidate = index;
       }
       if (f.fits) continue;
+      Setup own = c.setup;  // this GPU itself, at its own capacity
+      own.gpu.id = f.id;
+      own.gpu.memoryGiB = f.memoryGiB;
+      auto estimateOnItsOwn = [&] {
+        const PeakPoint p = PeakOf(own, out.estimates);
+        if (p.ok && p.fits) {
+          f.fits = true;
+          f.choice = index;
+          f.headroomBytes = std::max<std::int64_t>(0, f.capacityBytes - p.peakBytes);
+          --open;
+        }
+      };
+      if (zeroFlatten && DeepSpeedFlattensOnDevice(own, inventory) != onDevice) {
+        estimateOnItsOwn();
+        continue;
+      }
       const std::int64_t workspace = DeviceOverheads(f.id, runtime).workspace.bytes;
       auto known = std::find_if(peakByWorkspace.begin(), peakByWorkspace.end(),
                                 [&](const auto& p) { return p.first == workspace; });
@@ -381,6 +407,10 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
         f.choice = index;
         f.headroomBytes = f.capacityBytes - peak;
         --open;
+      } else if (c.peak.allocatedDeviceBytes <= f.capacityBytes) {
+        // Between the allocated figure and the device figure the allocator's cache decides: at
+        // this GPU's capacity it releases its cache and retries before failing.
+        estimateOnItsOwn();
       }
     }
     out.candidates.push_back(std::move(c));
