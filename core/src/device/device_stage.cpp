@@ -117,7 +117,8 @@ struct WorkspaceGroup {
 //   comes after at most the embedding lookup) and the backward thread's before step 1's
 //   backward. They stay cached for the process's life (never freed);
 // - the trace's torch.cuda.empty_cache() calls (Trace::emptyCacheBefore), each an EmptyCache
-//   event; one at the same place as a workspace group comes first (they are init's).
+//   event; one at the same place as a workspace group comes first (DeepSpeed's in init, and the
+//   Trainer's before the backward, whose thread makes its workspace at its first cuBLAS call).
 // The trace's events are not copied: `runs` alternates stretches of them with the placed
 // events in `workspaces` (workspaces numbered after the trace's tensor ids).
 struct DeviceEvents {

@@ -793,8 +793,7 @@ bool DeepSpeedFlattensOnDevice(const Setup& setup, const Inventory& inventory) {
 //    frees the stand-ins.
 // A model loaded in fp32 and cast by the engine caches its fp32 copies until an empty_cache
 // here releases them, so the trace need not load them.
-void ParallelStep::FlattenZeroGroup(TraceBuilder& b, const std::vector<TensorHandle>& parameters,
-                                    const std::vector<std::int64_t>& liveBytes) {
+void ParallelStep::FlattenZeroGroup(TraceBuilder& b, const std::vector<TensorHandle>& parameters) {
   TextStore& text = b.text();
   std::vector<std::size_t> members;
   std::int64_t elements = 0, bytes = 0;
@@ -820,8 +819,7 @@ void ParallelStep::FlattenZeroGroup(TraceBuilder& b, const std::vector<TensorHan
   const Text flatFormula = text.Make({TextPart::Count(padded), " (", TextPart::Count(elements), " + ",
                                       TextPart::Count(padded - elements), " pad to 2 × ", TextPart::Int(plan_.shardWorld),
                                       ") × ", TextPart::Int(w), " B"});
-  const bool onDevice = FlattensOnDevice(setup_.runtime.deepspeedVersion, flatBytes, AllocatorLimitOf(setup_),
-                                         ReservedForLive(liveBytes, AllocatorOptionsOf(setup_.runtime)));
+  const bool onDevice = DeepSpeedFlattensOnDevice(setup_, inventory_);  // the same choice the GPU matrix reads
   if (atLeast(0, 18, 7)) b.EmptyCache();
   if (onDevice) {
     const TensorHandle pad =
@@ -962,7 +960,6 @@ void ParallelStep::Init(TraceBuilder& b) {
     }
   } else {
     std::vector<TensorHandle> parameters(inventory_.parameters.size(), kNoTensor);
-    std::vector<std::int64_t> liveBytes;
     const bool zero3 = plan_.engine == ShardingEngine::Zero && plan_.zeroStage == 3;
     for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
       const Tensor& p = inventory_.parameters[i];
@@ -976,11 +973,9 @@ void ParallelStep::Init(TraceBuilder& b) {
         b.Alloc(Category::Parameters, StoredBytes(p, regime_.weights), names_[i],
                 text.Make({"ZeRO-3 init: ", names_[i], " whole (persistent: below stage3_param_persistence_threshold)"}),
                 StorageFormula(text, p, regime_.weights), p.layer);
-        liveBytes.push_back(StoredBytes(p, regime_.weights));
         held = shard;
       }
       const bool partitioned = held != StorageElements(p);
-      liveBytes.push_back(HeldBytes(p, held, regime_.weights));
       // A whole parameter is stored as on one GPU: its own dtype or bitsandbytes layout
       // (finetune.hpp StoredBytes; N × the regime's bytes without fine-tuning).
       parameters[i] = b.Alloc(Category::Parameters, HeldBytes(p, held, regime_.weights), names_[i],
@@ -990,7 +985,7 @@ void ParallelStep::Init(TraceBuilder& b) {
                           : StorageFormula(text, p, regime_.weights),
               p.layer);
     }
-    if (deepSpeedZero12_) FlattenZeroGroup(b, parameters, liveBytes);
+    if (deepSpeedZero12_) FlattenZeroGroup(b, parameters);
     if (zero3 && !plan_.offloadParameters) DefragmentZero3(b, parameters);
   }
   if (plan_.engine == ShardingEngine::DDP && !setup_.parallel.gradReduceInFp32) BroadcastModuleStates(b);

@@ -225,8 +225,7 @@ class ParallelStep final : public GradientHook, public LayerHook {
   void CreateZero3Fp32Partitions(TraceBuilder& b);
   // stage_1_and_2.py's construction: the trainable parameters flattened into one padded 16-bit
   // flat, on the GPU when NVML's free memory allows, else on the host (Init).
-  void FlattenZeroGroup(TraceBuilder& b, const std::vector<TensorHandle>& parameters,
-                        const std::vector<std::int64_t>& liveBytes);
+  void FlattenZeroGroup(TraceBuilder& b, const std::vector<TensorHandle>& parameters);
   bool ProduceZero2(TraceBuilder& b, std::size_t index, Text label);
   // ZeRO-1: each parameter's .grad as autograd keeps it until the reduction (at the end of the
   // boundary's backward, or in its hook with overlap_comm), by inventory index.
