@@ -247,7 +247,7 @@ TEST_CASE("views JSON: envelopes with the core's numbers and errors as values", 
 
 TEST_CASE("the GPU matrix estimates a GPU between the allocated and the device figure at its own capacity", "[views]") {
   // Llama 2 7B under DeepSpeed ZeRO-2 over 8 (0.19: the parameters flattened on the GPU, their
-  // own 12.55 GiB of segments left cached). On the H100 the device figure is 44.7 GiB, over an
+  // own 12.55 GiB of segments left cached). On the H100 the device figure is 43.26 GiB, over an
   // A100 40 GB's capacity; the allocated one with the context is 29 GiB, under it. At 40 GiB the
   // allocator frees that cache when a request finds no block and retries: it fits.
   auto parsed = ParseSetupJson(R"({"model":{"preset":"llama-2-7b"},
