@@ -537,7 +537,7 @@ TEST_CASE("Parallel: imports and the fewest GPUs as JSON for the page and the CL
   // 4, with ZeRO-3: each rank's partition (1.68e9 elements) is two sub-groups of
   // sub_group_size (1e9): 1,002,478,592 and 682,125,312 elements, each with its own fp32 flat,
   // stepped one at a time (zero3_step_test.cpp), so the step's fp32 gradient and Adam's
-  // temporaries are a sub-group's, not the partition's: 39.70 GiB on the device of 40 (33.50 GiB
+  // temporaries are a sub-group's, not the partition's: 39.66 GiB on the device of 40 (33.50 GiB
   // allocated at the peak, Adam's sqrt of sub-group 0). Before sub-groups were simulated the
   // answer was 8 (ZeRO-1).
   CHECK(fewest.find("\"gpus\":4") != std::string::npos);
