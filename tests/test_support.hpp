@@ -211,6 +211,14 @@ inline std::int64_t FirstAllocBytes(const Estimate& e, const std::string& label)
 inline std::int64_t FirstAllocBytes(const Setup& setup, const std::string& label) {
   return FirstAllocBytes(MustEstimateLabelled(setup), label);
 }
+// Each allocation whose label holds `label` in step `step` (0: init), in order; empty when none.
+inline std::vector<std::int64_t> AllocsOf(const Estimate& e, const std::string& label, int step) {
+  std::vector<std::int64_t> out;
+  for (const TimelinePoint& p : e.timeline) {
+    if (p.step == step && p.deltaBytes > 0 && p.label.find(label) != std::string::npos) out.push_back(p.deltaBytes);
+  }
+  return out;
+}
 // The bytes of every allocation whose label holds `label` in step `step` (a foreach list is one
 // allocation per tensor); -1 when there is none.
 inline std::int64_t StepAllocBytes(const Estimate& e, const std::string& label, int step = 1) {

@@ -30,13 +30,7 @@ Setup SmallLlamaZero3(std::int64_t subGroupSize) {
   return s;
 }
 
-std::vector<std::int64_t> AllocsOf(const Estimate& e, const std::string& label, int step) {
-  std::vector<std::int64_t> out;
-  for (const TimelinePoint& p : e.timeline) {
-    if (p.step == step && p.deltaBytes > 0 && p.label.find(label) != std::string::npos) out.push_back(p.deltaBytes);
-  }
-  return out;
-}
+using test::AllocsOf;
 
 }  // namespace
 

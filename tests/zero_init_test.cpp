@@ -243,13 +243,8 @@ TEST_CASE("runtime.deepspeedVersion is read as major.minor[.patch] and refused o
 
 namespace {
 
-std::vector<std::int64_t> AllocsOf(const Estimate& e, const std::string& text) {
-  std::vector<std::int64_t> out;
-  for (const TimelinePoint& p : e.timeline) {
-    if (p.step == 0 && p.deltaBytes > 0 && p.label.find(text) != std::string::npos) out.push_back(p.deltaBytes);
-  }
-  return out;
-}
+// Init's allocations whose label holds `text`.
+std::vector<std::int64_t> AllocsOf(const Estimate& e, const std::string& text) { return test::AllocsOf(e, text, 0); }
 
 std::size_t IndexOf(const Estimate& e, const std::string& text) { return test::TimelineIndexOf(e, text, 0); }
 

@@ -261,22 +261,26 @@ std::int64_t AllocatorLimit(std::int64_t capacityBytes, const DeviceOverheadsRes
   return std::max<std::int64_t>(0, capacityBytes - overheads.context.bytes - overheads.communication.bytes);
 }
 
-}  // namespace
-
-std::int64_t AllocatorLimitOf(const Setup& setup) {
+// The setup's device overheads. Many GPUs: the job's size decides whether NCCL communicators
+// exist (docs/parallel.md).
+DeviceOverheadsResult OverheadsOf(const Setup& setup) {
   RuntimeOptions runtime = RuntimeOptionsOf(setup.runtime);
   runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
   runtime.ncclCommunicators = NcclCommunicatorsOf(setup.parallel);
-  const std::int64_t capacity = std::llround(setup.gpu.memoryGiB * 1073741824.0);  // as estimate.cpp
-  return AllocatorLimit(capacity, DeviceOverheads(setup.gpu.id, runtime));
+  return DeviceOverheads(setup.gpu.id, runtime);
+}
+
+}  // namespace
+
+std::int64_t CapacityBytes(double memoryGiB) { return std::llround(memoryGiB * 1073741824.0); }
+
+std::int64_t AllocatorLimitOf(const Setup& setup) {
+  return AllocatorLimit(CapacityBytes(setup.gpu.memoryGiB), OverheadsOf(setup));
 }
 
 DeviceAllocatorInput DeviceAllocatorInputOf(const Setup& setup, const Trace& trace, std::int64_t capacityBytes) {
   DeviceAllocatorInput input;
-  RuntimeOptions runtime = RuntimeOptionsOf(setup.runtime);
-  runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
-  runtime.ncclCommunicators = NcclCommunicatorsOf(setup.parallel);
-  const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, runtime);
+  const DeviceOverheadsResult overheads = OverheadsOf(setup);
   DeviceEvents placed;
   PlaceEvents(setup, trace, overheads, placed);
   // One vector of the same events, in the same order (the tests run it through the span API).
@@ -301,11 +305,7 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   DeviceEstimate d;
   d.capacityBytes = capacityBytes;
   const AllocatorOptions options = AllocatorOptionsOf(setup.runtime);
-  RuntimeOptions runtime = RuntimeOptionsOf(setup.runtime);
-  // Many GPUs: the job's size decides whether NCCL communicators exist (docs/parallel.md).
-  runtime.worldSize = static_cast<int>(std::min<std::int64_t>(WorldSize(setup.parallel), 1 << 30));
-  runtime.ncclCommunicators = NcclCommunicatorsOf(setup.parallel);
-  const DeviceOverheadsResult overheads = DeviceOverheads(setup.gpu.id, runtime);
+  const DeviceOverheadsResult overheads = OverheadsOf(setup);
   d.contextBytes = overheads.context.bytes;
   d.workspaceBytes = overheads.workspace.bytes;
   d.communicationBytes = overheads.communication.bytes;

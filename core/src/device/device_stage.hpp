@@ -14,6 +14,9 @@ namespace gpumem {
 AllocatorOptions AllocatorOptionsOf(const RuntimeDef& runtime);
 RuntimeOptions RuntimeOptionsOf(const RuntimeDef& runtime);
 
+// A GPU's capacity in bytes for gpu.memoryGiB (Estimate::gpuCapacityBytes).
+std::int64_t CapacityBytes(double memoryGiB);
+
 // What PyTorch's caching allocator may reserve on the setup's GPU: its capacity
 // (gpu.memoryGiB) less the CUDA context and NCCL's buffers, bytes; the limit the device stage
 // runs the allocator at. DeepSpeed ZeRO-1/2's construction reads the same room

@@ -729,44 +729,54 @@ std::int64_t ReservedForLive(const std::vector<std::int64_t>& liveBytes, const A
 
 // flatten_on_accelerator (stage_1_and_2.py, DeepSpeed ≥ 0.18.7): NVML's free memory — the
 // allocator's room less what it reserves after the empty_cache — holds the flat.
-bool FlattensOnDevice(const std::string& version, std::int64_t flatBytes, std::int64_t limitBytes, std::int64_t reservedBytes) {
-  int major = 0, minor = 19, patch = 0;  // validated (ValidateRuntime)
-  ParseVersion(version, major, minor, patch);
-  const bool atLeast = major != 0 ? major > 0 : minor != 18 ? minor > 18 : patch >= 7;
-  return atLeast && limitBytes - reservedBytes >= flatBytes;
+// DeepSpeed's version (runtime.deepspeedVersion, validated by ValidateRuntime) is at least M.m.p.
+bool DeepSpeedAtLeast(const Setup& setup, int M, int m, int p) {
+  int major = 0, minor = 19, patch = 0;
+  ParseVersion(setup.runtime.deepspeedVersion, major, minor, patch);
+  return major != M ? major > M : minor != m ? minor > m : patch >= p;
 }
 
-// The trainable parameters' flat (padded) and every parameter's held bytes, as Init holds them.
+// The trainable parameters' 16-bit flat as stage_1_and_2.py makes it (padded to 2 × dp), and
+// every parameter's held bytes, as Init holds them.
 struct ZeroFlat {
-  std::int64_t flatBytes = 0;
+  std::int64_t elements = 0;      // the trainable parameters'
+  std::int64_t padded = 0;        // ⌈elements / (2·dp)⌉·2·dp
+  std::int64_t elementBytes = 0;  // one dtype (parallel_setup.cpp refuses mixed groups)
+  std::int64_t flatBytes = 0;     // padded × elementBytes
   std::vector<std::int64_t> liveBytes;
 };
 ZeroFlat ZeroFlatOf(const Inventory& inventory, const ShardPlan& plan, DType weights) {
   ZeroFlat z;
-  std::int64_t elements = 0, bytes = 0;
+  std::int64_t bytes = 0;
   for (std::size_t i = 0; i < inventory.parameters.size(); ++i) {
     const Tensor& p = inventory.parameters[i];
     const std::int64_t held = HeldBytes(p, plan.parameterElementsHeld[i], weights);
     if (held <= 0) continue;
     z.liveBytes.push_back(held);
     if (!p.trainable) continue;
-    elements += StorageElements(p);
+    z.elements += StorageElements(p);
     bytes += held;
   }
-  if (elements == 0) return z;
+  if (z.elements == 0) return z;
   const std::int64_t alignment = 2 * plan.shardWorld;
-  z.flatBytes = CeilDiv(elements, alignment) * alignment * (bytes / elements);
+  z.padded = CeilDiv(z.elements, alignment) * alignment;
+  z.elementBytes = bytes / z.elements;
+  z.flatBytes = z.padded * z.elementBytes;
   return z;
+}
+
+// flatten_on_accelerator (stage_1_and_2.py, DeepSpeed ≥ 0.18.7): NVML's free memory — the
+// allocator's room less what it reserves after the empty_cache — holds the flat.
+bool FlattensOnDevice(const Setup& setup, const ZeroFlat& z) {
+  return z.flatBytes > 0 && DeepSpeedAtLeast(setup, 0, 18, 7) &&
+         AllocatorLimitOf(setup) - ReservedForLive(z.liveBytes, AllocatorOptionsOf(setup.runtime)) >= z.flatBytes;
 }
 
 }  // namespace
 
 bool DeepSpeedFlattensOnDevice(const Setup& setup, const Inventory& inventory) {
   if (setup.parallel.zeroStage == 0 || !DeepSpeedZeroOneTwo(setup)) return false;
-  const ShardPlan plan = PlanShards(setup, inventory);
-  const ZeroFlat z = ZeroFlatOf(inventory, plan, RegimeOf(setup.training.precision).weights);
-  return z.flatBytes > 0 && FlattensOnDevice(setup.runtime.deepspeedVersion, z.flatBytes, AllocatorLimitOf(setup),
-                                             ReservedForLive(z.liveBytes, AllocatorOptionsOf(setup.runtime)));
+  return FlattensOnDevice(setup, ZeroFlatOf(inventory, PlanShards(setup, inventory), RegimeOf(setup.training.precision).weights));
 }
 
 // DeepSpeedZeroOptimizer.__init__ (stage_1_and_2.py), for its one param group
@@ -795,31 +805,20 @@ bool DeepSpeedFlattensOnDevice(const Setup& setup, const Inventory& inventory) {
 // here releases them, so the trace need not load them.
 void ParallelStep::FlattenZeroGroup(TraceBuilder& b, const std::vector<TensorHandle>& parameters) {
   TextStore& text = b.text();
-  std::vector<std::size_t> members;
-  std::int64_t elements = 0, bytes = 0;
+  const ZeroFlat z = ZeroFlatOf(inventory_, plan_, regime_.weights);
+  if (z.elements == 0) return;
+  std::vector<std::size_t> members;  // the trainable parameters Init allocated, in order
   for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
-    const Tensor& p = inventory_.parameters[i];
-    if (!p.trainable || parameters[i] == kNoTensor) continue;
-    members.push_back(i);
-    elements += StorageElements(p);
-    bytes += HeldBytes(p, plan_.parameterElementsHeld[i], regime_.weights);
+    if (inventory_.parameters[i].trainable && parameters[i] != kNoTensor) members.push_back(i);
   }
-  if (members.empty() || elements == 0) return;
-  int major = 0, minor = 19, patch = 0;  // validated (ValidateRuntime)
-  ParseVersion(setup_.runtime.deepspeedVersion, major, minor, patch);
-  const auto atLeast = [&](int M, int m, int p) {
-    return major != M ? major > M : minor != m ? minor > m : patch >= p;
-  };
-  const std::int64_t w = bytes / elements;  // one dtype (parallel_setup.cpp refuses mixed groups)
-  const std::int64_t alignment = 2 * plan_.shardWorld;
-  const std::int64_t padded = CeilDiv(elements, alignment) * alignment;
-  const std::int64_t flatBytes = padded * w;
+  const std::int64_t elements = z.elements, padded = z.padded, w = z.elementBytes, flatBytes = z.flatBytes;
+  const auto atLeast = [&](int M, int m, int p) { return DeepSpeedAtLeast(setup_, M, m, p); };
   const char* zero = ZeroName();
   const Text flatName = text.Make({"bit16 flat"});
   const Text flatFormula = text.Make({TextPart::Count(padded), " (", TextPart::Count(elements), " + ",
                                       TextPart::Count(padded - elements), " pad to 2 × ", TextPart::Int(plan_.shardWorld),
                                       ") × ", TextPart::Int(w), " B"});
-  const bool onDevice = DeepSpeedFlattensOnDevice(setup_, inventory_);  // the same choice the GPU matrix reads
+  const bool onDevice = FlattensOnDevice(setup_, z);  // the choice the GPU matrix reads (DeepSpeedFlattensOnDevice)
   if (atLeast(0, 18, 7)) b.EmptyCache();
   if (onDevice) {
     const TensorHandle pad =

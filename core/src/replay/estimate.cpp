@@ -266,7 +266,7 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
   if (!options.explain) est.peakExplanation.clear();
 
   est.activationsFromHeuristic = setup.model.kind == ModelKind::ParameterCount;
-  est.gpuCapacityBytes = std::llround(setup.gpu.memoryGiB * 1073741824.0);
+  est.gpuCapacityBytes = CapacityBytes(setup.gpu.memoryGiB);
   // The device stage: the same events through the caching allocator at the GPU's capacity.
   // "Fits" is its verdict from here on; peak.totalBytes stays the allocated-only figure.
   std::vector<std::int64_t> reserved;

@@ -17,10 +17,6 @@
 namespace gpumem {
 namespace {
 
-// Estimate::gpuCapacityBytes for a capacity in GiB (core/src/replay/estimate.cpp rounds the
-// same way; views_test checks the GPU matrix against EstimateMemory with the GPU set).
-std::int64_t CapacityBytes(double memoryGiB) { return std::llround(memoryGiB * 1073741824.0); }
-
 PeakPoint PeakOf(const Setup& setup, int& estimates) {
   PeakPoint p;
   std::vector<FieldError> errors = Validate(setup);
