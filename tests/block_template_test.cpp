@@ -95,6 +95,14 @@ TEST_CASE("Block templates: copied backward spans equal simulated ones", "[trace
       R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128},"parallel":{"dataParallel":4,"zeroStage":3}})",
       R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128,"checkpointing":"everyKthBlock","checkpointInterval":2}})",
       R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":2,"sequenceLength":128},"parallel":{"gradientAccumulationSteps":2}})",
+      // Non-reentrant checkpoints (their forwards simulated, their backward spans copied), with
+      // and without early stop, under LoRA and under op-level selective checkpointing.
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","useReentrant":false}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","useReentrant":false},"runtime":{"pytorchVersion":"2.0"}})",
+      R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyKthBlock","attention":"eager","useReentrant":false}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"bf16Mixed","useReentrant":false},"finetune":{"lora":true,"targetModules":["all-linear"]}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"selectiveOp","attention":"sdpa","precision":"bf16Mixed","useReentrant":false}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128,"checkpointing":"everyBlock","precision":"bf16Mixed","useReentrant":false}})",
   };
   for (const std::string& json : setups) {
     gpumem::Setup setup;

@@ -68,3 +68,24 @@ test('savers: torch_empty_cache_steps is a number the core estimates, and a wron
   await page.waitForSelector('#saver-emptyCacheSteps[aria-invalid=true]', WAIT);
   await finish();
 });
+
+test('savers: use_reentrant is on by default, and turning it off is estimated by the core', async () => {
+  // Llama 3.2 1B checkpointed, pure bf16, SGD, the fused loss: a block's backward is the peak.
+  const search = '?preset=llama-3.2-1b&gpu=nvidia-rtx-4090&precision=bf16&attention=sdpa&batch-size=8' +
+    '&sequence-length=4096&optimizer=sgd&checkpointing=everyBlock';
+  const training = { precision: 'bf16', attention: 'sdpa', batchSize: 8, sequenceLength: 4096, optimizer: 'sgd',
+                     checkpointing: 'everyBlock', lossImplementation: 'fusedLinearCrossEntropy' };
+  const setup = { model: { preset: 'llama-3.2-1b' }, training, gpu: { id: 'nvidia-rtx-4090' } };
+  const { page, finish } = await openPage({ search });
+  await page.click('#savers-fold > summary');
+  await page.selectOption('#saver-lossImplementation', 'fusedLinearCrossEntropy');
+  const reentrant = await coreEstimate(setup);
+  await waitForAttr(page, '#device-total', 'data-bytes', String(reentrant.device.peakDeviceBytes));
+  assert.equal(await page.isChecked('#saver-useReentrant'), true);
+  assert.match(await page.textContent('#saver-useReentrant-hint'), /use_reentrant/);
+  await page.uncheck('#saver-useReentrant');
+  const plain = await coreEstimate({ ...setup, training: { ...training, useReentrant: false } });
+  assert.ok(plain.device.peakDeviceBytes < reentrant.device.peakDeviceBytes, 'the case moves the device figure');
+  await waitForAttr(page, '#device-total', 'data-bytes', String(plain.device.peakDeviceBytes));
+  await finish();
+});

@@ -288,6 +288,12 @@ struct TrainingDef {
   AttentionImplementation attention = AttentionImplementation::Eager;
   Checkpointing checkpointing = Checkpointing::None;
   std::int64_t checkpointInterval = 2;  // k for EveryKthBlock (blocks)
+  // torch.utils.checkpoint's use_reentrant: true is Hugging Face's default
+  // (gradient_checkpointing_enable passes {"use_reentrant": True} when given no kwargs); false is
+  // gradient_checkpointing_kwargs={"use_reentrant": False}, and what accelerate's FSDP
+  // activation checkpointing, torchtune and torchtitan run (CheckpointImpl.NO_REENTRANT).
+  // sim/tape.hpp Checkpoint says what changes.
+  bool useReentrant = true;
 
   // --- memory savers (all off by default; docs/savers.md cites each source) ---
   LossImplementation lossImplementation = LossImplementation::Standard;  // transformers only

@@ -330,13 +330,13 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
                                           "attention", "checkpointing", "checkpointInterval",
                                           "lossImplementation", "lossChunks", "lossInModelDtype",
                                           "optimizerInBackward", "activationOffloading", "packedSequences",
-                                          "maskedSoftmaxFusion", "useCache", "emptyCacheSteps"};
+                                          "maskedSoftmaxFusion", "useCache", "emptyCacheSteps", "useReentrant"};
   for (const char* key : kKeys) if (v.contains(key)) given.trainingKeys.push_back(key);
   r.RejectUnknown(v, {"batchSize", "sequenceLength", "precision", "optimizer",
                       "optimizerImplementation", "adafactorBeta1", "zeroGradSetToNone",
                       "attention", "checkpointing", "checkpointInterval", "lossImplementation",
                       "lossChunks", "lossInModelDtype", "optimizerInBackward", "activationOffloading",
-                      "packedSequences", "maskedSoftmaxFusion", "useCache", "emptyCacheSteps"}, path);
+                      "packedSequences", "maskedSoftmaxFusion", "useCache", "emptyCacheSteps", "useReentrant"}, path);
   r.Enum(v, "attention", path, t.attention);
   r.Enum(v, "checkpointing", path, t.checkpointing);
   r.Int(v, "checkpointInterval", path, t.checkpointInterval);
@@ -356,6 +356,7 @@ void ReadTraining(Reader& r, const json& v, TrainingDef& t, Given& given) {
   r.Enum(v, "packedSequences", path, t.packedSequences);
   r.Bool(v, "useCache", path, t.useCache);
   r.Int(v, "emptyCacheSteps", path, t.emptyCacheSteps);
+  r.Bool(v, "useReentrant", path, t.useReentrant);
 }
 
 void ReadRuntime(Reader& r, const json& v, RuntimeDef& runtime) {
@@ -611,7 +612,8 @@ ojson SetupJson(const Setup& s) {
                     {"packedSequences", IdOf(s.training.packedSequences)},
                     {"maskedSoftmaxFusion", s.training.maskedSoftmaxFusion},
                     {"useCache", s.training.useCache},
-                    {"emptyCacheSteps", s.training.emptyCacheSteps}}},
+                    {"emptyCacheSteps", s.training.emptyCacheSteps},
+                    {"useReentrant", s.training.useReentrant}}},
       {"gpu", s.gpu.id.empty() ? ojson{{"memoryGiB", s.gpu.memoryGiB}}
                                : ojson{{"memoryGiB", s.gpu.memoryGiB}, {"id", s.gpu.id}}},
       {"runtime", {{"allocator", {{"expandableSegments", s.runtime.allocator.expandableSegments},
@@ -1126,6 +1128,12 @@ ojson SaverFields() {
        "config.use_cache = False turns it off, gradient checkpointing turns it off by itself",
        "transformers 5.x copies every layer's key and value into a DynamicCache; under SDPA the GPT-2 family's "
        "attention then keeps those copies (2 · b · s · h per layer) instead of views of c_attn's output"},
+      {"useReentrant", "Reentrant activation checkpointing (use_reentrant)", "bool", "",
+       "transformers: gradient_checkpointing_kwargs={\"use_reentrant\": False} turns it off (on by default); "
+       "accelerate's FSDP activation checkpointing, torchtune and torchtitan run it off",
+       "off: the checkpoint's forward records its graph and packs what it saves; the recompute keeps no outputs, "
+       "holds no incoming gradient, and from PyTorch 2.1 stops after the last tensor backward needs; no "
+       "enable_input_require_grads for LoRA; only with checkpointing on"},
       {"emptyCacheSteps", "Empty the CUDA cache every N steps", "number", "",
        "transformers: TrainingArguments(torch_empty_cache_steps=N); 0 = None, the default",
        "torch.cuda.empty_cache() between each micro-batch's forward and backward in every N-th update: the "

@@ -78,7 +78,8 @@ ValueId Tape::Parameter(std::size_t index, Shape shape, DType type, Text name, b
 ValueId Tape::Fresh(Shape shape, DType type, TextPart name, Category category) {
   Value v;
   v.name = TextOf(name);
-  v.storage = AllocStorage(shape, type, category, v.name, v.name);
+  // (After a non-reentrant recompute's early stop nothing runs.)
+  v.storage = stopped_ ? kNoTensor : AllocStorage(shape, type, category, v.name, v.name);
   v.shape = shape;
   v.type = type;
   return NewValue(v);
@@ -120,43 +121,68 @@ ValueId Tape::Apply(const OpSpec& spec) {
   // The recompute of an op-level selective checkpoint takes the kept output (and the tensors
   // made beside it) back instead of computing them.
   const bool sacTaken = sacSaved && sacReplay_ != nullptr && sacNext_ + 1 + spec.saveNew.size() <= sacReplay_->size();
+  // A non-reentrant checkpoint's recompute with early stop: the op that saves the forward's
+  // last saved tensors is the last to run, and runs only if it saves one of its own outputs
+  // (packed after it runs; its inputs are packed before). The ops after it do not run: their
+  // values have no storage, their nodes are recorded for the backward.
+  bool runs = true;
+  if (stopAt_ >= 0) {
+    const bool saving = grad && (!spec.saves.empty() || spec.savesOutput || !spec.saveNew.empty());
+    if (stopped_) {
+      runs = false;
+    } else if (saving && ++savingOps_ == stopAt_) {
+      stopped_ = true;
+      runs = spec.savesOutput || !spec.saveNew.empty();
+    }
+  }
+  const bool saved = grad && !packing_;  // a non-reentrant checkpoint's forward keeps none
   if (spec.viewOf != kNoValue) {
     out.storage = b_.Retain(values_[static_cast<std::size_t>(spec.viewOf)].storage);
+  } else if (!runs) {
+    out.storage = kNoTensor;
   } else if (sacTaken) {
     out.storage = (*sacReplay_)[sacNext_++];
   } else {
     out.storage = AllocStorage(spec.shape, spec.type, Category::Activations, out.name, out.name,
-                               grad && spec.savesOutput ? TextPart(" (saved)") : TextPart(""));
+                               saved && spec.savesOutput ? TextPart(" (saved)") : TextPart(""));
   }
   // Tensors the op makes beside its output (dropout's mask, norm statistics): kept by the
   // node when recording, freed at once otherwise.
   SmallVec<TensorHandle, 2> made;
   for (const BackwardTemp& t : spec.saveNew) {
+    if (!runs) break;
     if (sacTaken) {
       made.push_back((*sacReplay_)[sacNext_++]);
       continue;
     }
     const TextPart name = TextPart::View(t.name);
     made.push_back(AllocStorage(t.shape, t.type, Category::Activations, T({out.name, " ", name}),
-                                T({out.name, ": ", name}), grad ? TextPart(" (saved)") : TextPart("")));
+                                T({out.name, ": ", name}), saved ? TextPart(" (saved)") : TextPart("")));
   }
-  if (sacSaved && sacCollect_ && !recording_) {
+  if (sacSaved && sacCollect_ && (!recording_ || packing_)) {
     // MUST_SAVE: the checkpoint keeps the op's outputs (all of them: SDPA's logsumexp too).
     sacBuilding_.push_back(b_.Retain(out.storage));
     for (TensorHandle h : made) sacBuilding_.push_back(b_.Retain(h));
   }
   const ValueId id = NewValue(out);
-  if (!grad) {
+  if (!saved) {
     for (TensorHandle h : made) {
       ReleaseWith(h, [&] { return T({scope_, ": ", out.name, " not needed without autograd"}); });
     }
-    return id;
+    if (!grad) return id;
   }
   Node& node = nodes_.emplace_back();
   node.label = T({scopeSpace_, out.name, " backward"});
   node.layer = layer_;
   node.inputs = spec.inputs;
   node.outputs.push_back(id);
+  if (packing_) {
+    // _checkpoint_hook's pack: a holder in place of each saved tensor. The node is dropped when
+    // the checkpoint's forward ends; the count tells the recompute where to stop.
+    if (!spec.saves.empty() || spec.savesOutput || !spec.saveNew.empty()) ++packedOps_;
+    values_[static_cast<std::size_t>(id)].producer = static_cast<int>(nodes_.size() - 1);
+    return id;
+  }
   for (ValueId s : spec.saves) node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(s)].storage));
   if (spec.savesOutput) node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(id)].storage));
   for (TensorHandle h : made) node.saved.push_back(h);
@@ -190,7 +216,8 @@ ValueId Tape::Apply(const OpSpec& spec) {
 ValueId Tape::ApplyPrecomputed(const OpSpec& spec, const SmallVec<ValueId, 4>& gradients) {
   const std::size_t before = nodes_.size();
   const ValueId id = Apply(spec);
-  if (nodes_.size() == before) return id;  // no autograd node: the caller's tensors just go
+  // No autograd node (or one a non-reentrant checkpoint's forward drops): the caller's tensors just go.
+  if (nodes_.size() == before || packing_) return id;
   SmallVec<TensorHandle, 4> held;
   for (int i = 0; i < spec.inputs.size(); ++i) {
     const ValueId g = i < gradients.size() ? gradients[i] : kNoValue;
@@ -321,21 +348,53 @@ Tape::Values Tape::PlainBlock(int layer, const Values& inputs, const Block& bloc
 
 Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block, bool selectiveOps) {
   const bool outer = recording_;
-  recording_ = false;
+  // use_reentrant=False: grad mode stays on and the saved tensors are packed (Apply).
+  const bool nonReentrant = outer && !reentrant_;
+  const std::size_t nodesBefore = nodes_.size();
+  const auto valuesBefore = static_cast<ValueId>(values_.size());
+  if (nonReentrant) {
+    packing_ = true;
+    packedOps_ = 0;
+  } else {
+    recording_ = false;
+  }
   sacCollect_ = selectiveOps && outer;
   sacMmCount_ = 0;
   // Forward templates (tape_templates.cpp RunForwardSpan): only where nothing outside the tape
   // sees the block's forward (no offloading hooks, no sharding engine's layer hook), nothing is
-  // kept by the checkpoint (no op-level selective policy), and not inside a recompute.
-  const bool copyable = outer && !selectiveOps && BlockTemplatesOn() && inventory_ != nullptr && leaves_ != nullptr &&
-                        offload_ == nullptr && layerHook_ == nullptr && cacheDepth_ == 0;
+  // kept by the checkpoint (no op-level selective policy), not inside a recompute, and not a
+  // non-reentrant forward (whose nodes the templates do not copy).
+  const bool copyable = outer && !nonReentrant && !selectiveOps && BlockTemplatesOn() && inventory_ != nullptr &&
+                        leaves_ != nullptr && offload_ == nullptr && layerHook_ == nullptr && cacheDepth_ == 0;
   Values outs = copyable ? RunForwardSpan(inputs, block) : block(*this, inputs);
   sacCollect_ = false;
   std::vector<TensorHandle> kept;
   kept.swap(sacBuilding_);
   recording_ = outer;
   bool grad = false;
-  for (ValueId v : inputs) grad = grad || values_[static_cast<std::size_t>(v)].requiresGrad;
+  int packedOps = -1;
+  if (nonReentrant) {
+    packing_ = false;
+    packedOps = packedOps_;
+    // The block's own nodes hold nothing; the checkpoint node below stands for them, and its
+    // backward records them again. Autocast's cached weight copies made in the block outlive
+    // it without that history, as in a reentrant checkpoint's forward.
+    nodes_.resize(nodesBefore);
+    for (int index : cache().cached) {
+      const ValueId copy = cache().byParameter[static_cast<std::size_t>(index)];
+      if (copy >= valuesBefore) {
+        values_[static_cast<std::size_t>(copy)].producer = -1;
+        values_[static_cast<std::size_t>(copy)].requiresGrad = false;
+      }
+    }
+    // Gradients reach the block's parameters whether or not an input requires one.
+    for (ValueId v : outs) {
+      grad = grad || values_[static_cast<std::size_t>(v)].requiresGrad;
+      values_[static_cast<std::size_t>(v)].producer = -1;  // its node is gone (set again below)
+    }
+  } else {
+    for (ValueId v : inputs) grad = grad || values_[static_cast<std::size_t>(v)].requiresGrad;
+  }
   if (!outer || !grad) {  // no backward will recompute the block: nothing to keep
     for (TensorHandle h : kept) ReleaseWith(h, [&] { return T({scope_, ": selective checkpoint output not needed"}); });
     return outs;
@@ -343,6 +402,7 @@ Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block, 
   Node node;
   node.label = T({scope_, " ", name, " (checkpoint) backward"});
   node.layer = layer_;
+  node.packedOps = packedOps;
   for (ValueId v : inputs) {
     node.saved.push_back(b_.Retain(values_[static_cast<std::size_t>(v)].storage));
     if (values_[static_cast<std::size_t>(v)].requiresGrad) node.inputs.push_back({v, In::Compute});
@@ -609,7 +669,15 @@ void Tape::RunCheckpoint(int index) {
       sacNext_ = 0;
       sacMmCount_ = 0;
     }
+    const bool nonReentrant = node.packedOps >= 0;
+    if (nonReentrant && earlyStop_) {
+      stopAt_ = node.packedOps;
+      savingOps_ = 0;
+      stopped_ = false;
+    }
     Values outs = blocks_[static_cast<std::size_t>(node.block)](*this, detached);
+    stopAt_ = -1;
+    stopped_ = false;
     if (replays) {
       // Kept outputs the recompute did not take back (none when the policy ran the same ops).
       for (std::size_t k = sacNext_; k < sacReplay_->size(); ++k) {
@@ -620,10 +688,18 @@ void Tape::RunCheckpoint(int index) {
     }
     EndAutocast();  // the recompute's autocast context ends before its backward
     --cacheDepth_;
-    // torch.autograd.backward(recomputed outputs, incoming gradients)
+    // Reentrant: torch.autograd.backward(recomputed outputs, incoming gradients), inside
+    // CheckpointFunction.backward, whose arguments hold the incoming gradients until it
+    // returns. Non-reentrant: the block's own nodes take the gradients from the engine, and
+    // recompute_fn's outputs were never kept.
     for (int i = 0; i < outs.size() && i < node.outputs.size(); ++i) {
       const TensorHandle incoming = GradOf(node.outputs[i]);
-      if (incoming != kNoTensor) GradOf(outs[i]) = b_.Retain(incoming);
+      if (incoming == kNoTensor) continue;
+      GradOf(outs[i]) = nonReentrant ? incoming : b_.Retain(incoming);
+      if (nonReentrant) GradOf(node.outputs[i]) = kNoTensor;
+    }
+    if (nonReentrant) {
+      for (ValueId o : outs) Drop(o);
     }
     RunBackward(start, static_cast<int>(nodes_.size()));
     for (ValueId o : outs) {
@@ -632,7 +708,7 @@ void Tape::RunCheckpoint(int index) {
         ReleaseWith(g, [&] { return T({label, ": gradient consumed"}); });
         g = kNoTensor;
       }
-      Drop(o);
+      if (!nonReentrant) Drop(o);
     }
     nodes_.resize(static_cast<std::size_t>(start));
     SetScopeText(scope);

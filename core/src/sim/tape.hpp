@@ -10,7 +10,8 @@
 //
 // Checkpoint() models torch.utils.checkpoint (reentrant, Hugging Face's default): the block
 // runs without recording, keeping only its inputs; at its backward the block is run again with
-// recording on and back-propagated on its own.
+// recording on and back-propagated on its own. With SetCheckpointReentrant(false) it models
+// use_reentrant=False instead (see Checkpoint).
 //
 // Speed: an estimate simulates 10⁴–10⁵ ops, so nothing here allocates per op. Values, nodes
 // and gradients live in flat vectors indexed by id, shapes and small lists are fixed-size, and
@@ -208,7 +209,23 @@ class Tape {
   // runs, the outputs of SDPA and of every odd-numbered mm (1st, 3rd, …) are kept by the
   // checkpoint (torch/utils/checkpoint.py _CachingTorchDispatchMode: MUST_SAVE outputs stored);
   // the recompute takes them back instead of computing them (_CachedTorchDispatchMode pops them).
+  //
+  // Non-reentrant (torch/utils/checkpoint.py _checkpoint_without_reentrant_generator): the
+  // forward runs with grad mode on, so the block's nodes are recorded and every tensor an op
+  // saves goes to _checkpoint_hook's pack, which keeps a holder, not the tensor. The backward
+  // differs from the reentrant one in three ways (RunCheckpoint):
+  //  - the recompute's outputs are not kept (recompute_fn returns nothing);
+  //  - no CheckpointFunction.backward holds the incoming gradients while the block's backward
+  //    runs, so the engine can add into them in place;
+  //  - with early stop (PyTorch ≥ 2.1) the recompute ends at the pack of the last tensor the
+  //    forward saved (_recomputation_hook raises _StopRecomputationError): an op's inputs are
+  //    packed before it runs, its outputs after, and the ops after it do not run.
+  // No input has to require a gradient: the parameters inside get theirs either way.
   Values Checkpoint(TextPart name, const Values& inputs, Block block, bool selectiveOps = false);
+  // torch.utils.checkpoint's use_reentrant (true: Hugging Face's default) and, for
+  // use_reentrant=False, whether the recompute stops early (PyTorch ≥ 2.1's default).
+  void SetCheckpointReentrant(bool on) { reentrant_ = on; }
+  void SetCheckpointEarlyStop(bool on) { earlyStop_ = on; }
 
   // Forward templates (tape_templates.cpp, RunForwardSpan): the forwards of checkpointed blocks
   // are copied once a prediction matched, given the inventory (the blocks' parameters) and the
@@ -251,6 +268,9 @@ class Tape {
     Values blockInputs;       // checkpoint: all inputs, in order
     int packed = -1;          // index into packed_ when a saved tensor was offloaded
     int precomputed = -1;     // index into precomputed_ (ApplyPrecomputed)
+    // A non-reentrant checkpoint: how many of its forward's ops saved tensors (packed to
+    // holders); -1 for a reentrant one and for every other node.
+    int packedOps = -1;
     bool done = false;
   };
   // autocast's weight-copy cache: parameter → its 16-bit copy, and which are set (in order).
@@ -464,6 +484,16 @@ class Tape {
   bool sdpaEnableGqa_ = false;
   GpuParallelism gpu_;
   bool recording_ = true;
+  // Non-reentrant checkpointing: the setting, the forward that packs saved tensors (and how
+  // many ops saved some), and the recompute's early stop (at the stopAt_-th saving op; -1: it
+  // runs to the end), how many saving ops it ran and whether it has stopped.
+  bool reentrant_ = true;
+  bool earlyStop_ = true;
+  bool packing_ = false;
+  int packedOps_ = 0;
+  int stopAt_ = -1;
+  int savingOps_ = 0;
+  bool stopped_ = false;
   // The scope and its three joins, made once per scope rather than once per event: "scope: ",
   // "scope." and "scope " (each empty when the scope is).
   void SetScopeText(Text scope);

@@ -40,6 +40,12 @@ bool SoftmaxSavesInput(const RuntimeDef& runtime) { return !PyTorchAtLeast(runti
 // use_gqa_in_sdpa (integrations/sdpa_attention.py) asks for that version.
 bool SdpaEnableGqa(const RuntimeDef& runtime) { return PyTorchAtLeast(runtime, 2, 5); }
 
+// Non-reentrant checkpointing stops its recompute early from PyTorch 2.1, where the nested
+// checkpoint rewrite (torch/utils/checkpoint.py _recomputation_hook, set_checkpoint_early_stop;
+// pytorch/pytorch#90105) first shipped; before, _checkpoint_without_reentrant reran the whole
+// function.
+bool CheckpointEarlyStop(const RuntimeDef& runtime) { return PyTorchAtLeast(runtime, 2, 1); }
+
 class TransformerPass final : public ModelPass {
  public:
   TransformerPass(const Setup& setup, const Inventory& inventory, const std::vector<Text>& names,
@@ -50,6 +56,7 @@ class TransformerPass final : public ModelPass {
         parameterCount_(inventory.parameters.size()),
         inputRequiresGrad_(InputRequiresGrad(setup)), finetune_(setup.finetune),
         softmaxSavesInput_(SoftmaxSavesInput(setup.runtime)), sdpaEnableGqa_(SdpaEnableGqa(setup.runtime)),
+        checkpointEarlyStop_(CheckpointEarlyStop(setup.runtime)),
         gpu_(GpuParallelismOf(setup.gpu.id)),
         vocabShards_(std::max<std::int64_t>(1, setup.parallel.tensorParallel)),
         sequenceShards_(setup.parallel.sequenceParallel ? setup.parallel.tensorParallel : 1),
@@ -61,6 +68,8 @@ class TransformerPass final : public ModelPass {
     tape_->SetLayerHook(layerHook_);
     tape_->SetSoftmaxSavesInput(softmaxSavesInput_);
     tape_->SetSdpaEnableGqa(sdpaEnableGqa_);
+    tape_->SetCheckpointReentrant(t_.useReentrant);
+    tape_->SetCheckpointEarlyStop(checkpointEarlyStop_);
     tape_->SetGpu(gpu_);
     // About 70 values per block and 25 per expert, two thirds as many nodes.
     const auto blocks = static_cast<std::size_t>(a_.numLayers);
@@ -323,9 +332,14 @@ class TransformerPass final : public ModelPass {
   // gradient, so that reentrant checkpointing passes gradients to the adapters of frozen blocks.
   // prepare_model_for_kbit_training calls it; so does transformers' gradient_checkpointing_enable
   // on a PEFT model (modeling_utils.py, _hf_peft_config_loaded).
+  // Not with use_reentrant=False, which needs no such hook: prepare_model_for_kbit_training
+  // calls it only when use_reentrant is on (peft/utils/other.py), and so does TRL
+  // (trainer/sft_trainer.py, "For backward compatibility").
   static bool InputRequiresGrad(const Setup& setup) {
     const FinetuneDef& f = setup.finetune;
-    return f.prepareForKbitTraining || (f.lora && families::EffectiveTraining(setup).checkpointing != Checkpointing::None);
+    const TrainingDef t = families::EffectiveTraining(setup);
+    if (!t.useReentrant && t.checkpointing != Checkpointing::None) return false;
+    return f.prepareForKbitTraining || (f.lora && t.checkpointing != Checkpointing::None);
   }
 
   PipelineChunk chunk_;
@@ -344,6 +358,7 @@ class TransformerPass final : public ModelPass {
   std::optional<Tape> tape_;
   bool softmaxSavesInput_ = false;
   bool sdpaEnableGqa_ = true;
+  bool checkpointEarlyStop_ = true;
   GpuParallelism gpu_;
   std::optional<Model> model_;
   std::vector<TensorHandle> batch_;

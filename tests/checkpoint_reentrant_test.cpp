@@ -1,0 +1,165 @@
+// torch.utils.checkpoint(use_reentrant=False) against the reentrant checkpoint (training.useReentrant;
+// sim/tape.hpp Checkpoint): what a block's backward holds, where the recompute stops, and LoRA
+// without enable_input_require_grads. scripts/validate measures the same runs under torch 1.13
+// (the *-nonreentrant cases).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "gpumem/estimate.hpp"
+#include "gpumem/inventory.hpp"
+#include "gpumem/json.hpp"
+#include "gpumem/trace.hpp"
+#include "test_support.hpp"
+
+using namespace gpumem;
+
+namespace {
+
+// Llama 3.2 1B's shapes in miniature: hidden 256, 4 layers; every block checkpointed, pure
+// bf16, SGD (no states), 2 × 128 tokens.
+Setup CheckpointedLlama(bool reentrant, const char* pytorch = "2.5") {
+  Setup s = test::SmallLlama(4);
+  s.model.architecture.hiddenSize = 256;
+  s.model.architecture.numHeads = 8;
+  s.model.architecture.numKeyValueHeads = 2;
+  s.model.architecture.intermediateSize = 688;
+  s.training.batchSize = 2;
+  s.training.sequenceLength = 128;
+  s.training.precision = Precision::BF16;
+  s.training.optimizer = OptimizerKind::SGD;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.checkpointing = Checkpointing::EveryBlock;
+  s.training.useReentrant = reentrant;
+  s.runtime.pytorchVersion = pytorch;
+  return s;
+}
+
+// The most bytes live while step 1's backward is in block `layer`.
+std::int64_t BlockBackwardPeak(const Trace& trace, int layer) {
+  std::int64_t live = 0, peak = 0;
+  for (const Event& e : trace.events) {
+    live += e.kind == EventKind::Alloc ? e.bytes : -e.bytes;
+    if (e.step == 1 && e.phase == Phase::Backward && e.layer == layer) peak = std::max(peak, live);
+  }
+  return peak;
+}
+
+// Allocations in step 1's backward of block `layer` whose label holds `text`.
+int BackwardAllocs(const Trace& trace, int layer, const std::string& text) {
+  int n = 0;
+  for (const Event& e : trace.events) {
+    if (e.kind == EventKind::Alloc && e.step == 1 && e.phase == Phase::Backward && e.layer == layer &&
+        trace.Label(e).find(text) != std::string::npos) {
+      ++n;
+    }
+  }
+  return n;
+}
+
+// A trace with the inventory its labels point into.
+struct Built {
+  Inventory inventory;
+  Trace trace;
+};
+
+Built TraceOf(const Setup& s) {
+  Built b{BuildInventory(s), {}};
+  b.trace = BuildTrace(s, b.inventory);
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("use_reentrant=False: the block's backward keeps neither the recompute's output nor the incoming gradient",
+          "[checkpoint][reentrant]") {
+  const Trace& reentrant = TraceOf(CheckpointedLlama(true)).trace;
+  const Trace& plain = TraceOf(CheckpointedLlama(false)).trace;
+  const std::int64_t hidden = 2 * 128 * 256 * 2;  // one bf16 hidden state, [2, 128, 256]
+  // A middle block's backward: reentrant holds the recomputed block output (residual add) for the
+  // whole backward, beside everything else the two runs share. Nothing else differs at the peak.
+  CHECK(BlockBackwardPeak(reentrant, 2) - BlockBackwardPeak(plain, 2) == hidden);
+  // The forward keeps the same: each block's inputs, and no activation inside.
+  CHECK(test::SavedAtForwardEnd(CheckpointedLlama(true)) == test::SavedAtForwardEnd(CheckpointedLlama(false)));
+  // Model states are the same; so are the gradients every parameter receives.
+  const Estimate a = test::MustEstimate(CheckpointedLlama(true));
+  const Estimate b = test::MustEstimate(CheckpointedLlama(false));
+  CHECK(a.modelStates.gradientsBytes == b.modelStates.gradientsBytes);
+  CHECK(a.modelStates.parametersBytes == b.modelStates.parametersBytes);
+}
+
+TEST_CASE("use_reentrant=False: from PyTorch 2.1 the recompute stops at the last saved tensor",
+          "[checkpoint][reentrant]") {
+  // The block's last ops: down_proj (saves its input and weight, packed before it runs) and the
+  // residual add (saves nothing). With early stop neither runs in the recompute; before 2.1 the
+  // whole block runs again, as the reentrant checkpoint does.
+  // (2.4 and 2.0: neither passes enable_gqa to SDPA, so only the early stop differs.)
+  const Built e = TraceOf(CheckpointedLlama(false, "2.4"));
+  const Built w = TraceOf(CheckpointedLlama(false, "2.0"));
+  const Built r = TraceOf(CheckpointedLlama(true, "2.4"));
+  const Trace& early = e.trace;
+  const Trace& whole = w.trace;
+  const Trace& reentrant = r.trace;
+  CHECK(BackwardAllocs(early, 2, "mlp: mlp down_proj") == 0);
+  CHECK(BackwardAllocs(early, 2, "mlp: residual add") == 0);
+  CHECK(BackwardAllocs(whole, 2, "mlp: mlp down_proj") == 1);
+  CHECK(BackwardAllocs(whole, 2, "mlp: residual add") == 1);
+  CHECK(BackwardAllocs(reentrant, 2, "mlp: residual add") == 1);
+  // Earlier ops run the same in all three: gate_proj's output, for one.
+  CHECK(BackwardAllocs(early, 2, "mlp: mlp gate_proj") == 1);
+  CHECK(BackwardAllocs(whole, 2, "mlp: mlp gate_proj") == 1);
+  // Without early stop the recompute's outputs are freed before the block's backward begins,
+  // so the block's peak, later in its backward, is early stop's; reentrant's is one hidden state
+  // higher.
+  CHECK(BlockBackwardPeak(whole, 2) == BlockBackwardPeak(early, 2));
+  CHECK(BlockBackwardPeak(reentrant, 2) - BlockBackwardPeak(early, 2) == 2 * 128 * 256 * 2);
+}
+
+TEST_CASE("use_reentrant=False with LoRA: no enable_input_require_grads, the adapters still train",
+          "[checkpoint][reentrant][finetune]") {
+  auto lora = [](bool reentrant) {
+    Setup s = CheckpointedLlama(reentrant);
+    s.finetune.lora = true;
+    return s;
+  };
+  const Estimate a = test::MustEstimateLabelled(lora(true));
+  const Estimate b = test::MustEstimateLabelled(lora(false));
+  // The adapters' gradients in both.
+  CHECK(a.modelStates.gradientsBytes > 0);
+  CHECK(a.modelStates.gradientsBytes == b.modelStates.gradientsBytes);
+  // Reentrant: block 0's input (the embeddings' output, made to require grad) gets a gradient
+  // from block 0's backward; without the hook nothing below block 0 needs one.
+  const Built builtA = TraceOf(lora(true));
+  const Built builtB = TraceOf(lora(false));
+  const Trace& ra = builtA.trace;
+  const Trace& rb = builtB.trace;
+  auto gradientsOfBlock0Input = [](const Trace& t) {
+    int n = 0;
+    for (const Event& e : t.events) {
+      if (e.kind == EventKind::Alloc && e.step == 1 && e.phase == Phase::Backward && e.layer == 0 &&
+          e.category == Category::ActivationGradients && t.Label(e).find("input_layernorm") != std::string::npos) {
+        ++n;
+      }
+    }
+    return n;
+  };
+  CHECK(gradientsOfBlock0Input(ra) > 0);
+  CHECK(gradientsOfBlock0Input(rb) == 0);
+}
+
+TEST_CASE("training.useReentrant: read, written back, refused when not a boolean", "[checkpoint][reentrant][json]") {
+  Setup s;
+  REQUIRE(ParseAndValidate(R"({"model":{"preset":"gpt2"},"training":{"checkpointing":"everyBlock","useReentrant":false}})", s)
+              .empty());
+  CHECK_FALSE(s.training.useReentrant);
+  CHECK(SetupToJson(s).find(R"("useReentrant":false)") != std::string::npos);
+  const SetupParseResult back = ParseSetupJson(SetupToJson(s));
+  REQUIRE(back.ok());
+  CHECK_FALSE(back.setup.training.useReentrant);
+  CHECK(DefaultSetup().training.useReentrant);
+  Setup bad;
+  CHECK(test::HasErrorOn(ParseAndValidate(R"({"model":{"preset":"gpt2"},"training":{"useReentrant":"no"}})", bad),
+                         "training.useReentrant"));
+}
