@@ -143,7 +143,10 @@ def apply(model, setup, param_dtype, dropout_module):
         base = getattr(parent, child)
         setattr(parent, child, LoraLinear(base, f.get("r", 8), f.get("loraAlpha", 8), f.get("loraDropout", 0.0),
                                           f.get("useDora", False), adapter_dtype, dropout_module))
-    return setup["training"].get("checkpointing", "none") != "none"
+    # PEFT and TRL add the hook for reentrant checkpointing only ("When having
+    # `use_reentrant=False` + gradient_checkpointing, there is no need for this hack").
+    t = setup["training"]
+    return t.get("checkpointing", "none") != "none" and t.get("useReentrant", True)
 
 
 def hook_input_grads(model, family):

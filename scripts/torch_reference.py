@@ -122,6 +122,9 @@ def read_config(setup):
         attention=t.get("attention", "eager"),
         checkpointing=t.get("checkpointing", "none"),
         interval=t.get("checkpointInterval") or 1,
+        # torch.utils.checkpoint's use_reentrant (HF's default True; False as
+        # gradient_checkpointing_kwargs={"use_reentrant": False} passes it).
+        use_reentrant=t.get("useReentrant", True),
         rms_eps=1e-6, ln_eps={"gpt2": 1e-5, "bert": 1e-12}.get(family, 1e-5),  # GPT-NeoX: 1e-5
         # Memory savers (issue 11): torchtune's chunked output and loss, the loss without the
         # fp32 upcast.
@@ -154,10 +157,10 @@ def block_checkpointed(cfg, index):
 
 
 def run_layer(cfg, index, layer, *args):
-    """HF's GradientCheckpointingLayer with use_reentrant=True (HF's default); the mask and the
-    rotary cos/sin travel as extra positional args, so the reentrant checkpoint saves them."""
+    """HF's GradientCheckpointingLayer with use_reentrant=True (HF's default) or False; the mask
+    and the rotary cos/sin travel as extra positional args, so the checkpoint saves them."""
     if block_checkpointed(cfg, index):
-        return checkpoint(layer, *args, use_reentrant=True)
+        return checkpoint(layer, *args, use_reentrant=cfg.use_reentrant)
     return layer(*args)
 
 
@@ -392,14 +395,14 @@ def sdpa_attention(query, key, value, mask, *, n_rep, scaling, dropout_p, causal
 
 def attention_core(cfg, query, key, value, mask, *, n_rep, causal):
     """q, k, v (b, heads, s, d) in, attn_output (b, s, heads, d) out; eager or sdpa, wrapped in
-    a reentrant checkpoint for "selective" checkpointing."""
+    a checkpoint for "selective" checkpointing."""
     kwargs = dict(n_rep=n_rep, scaling=cfg.head_dim ** -0.5, dropout_p=cfg.attention_dropout)
     if cfg.attention == "sdpa":
         fn = functools.partial(sdpa_attention, causal=causal, **kwargs)
     else:
         fn = functools.partial(eager_attention, softmax_fp32=cfg.family != "gpt2", softcap=cfg.attn_softcap, **kwargs)
     if cfg.checkpointing == "selective":
-        return checkpoint(fn, query, key, value, mask, use_reentrant=True)
+        return checkpoint(fn, query, key, value, mask, use_reentrant=cfg.use_reentrant)
     return fn(query, key, value, mask)
 
 

@@ -647,6 +647,12 @@ TRANSFORMER_CASES = [
 #   multiply by fp32 cos/sin promotes them) where the kernel alone keeps bf16 copies;
 # - everyBlock on a mixture of experts whose peak is at layer 0's backward (gradients dominate:
 #   small vocabulary, 8 experts, SGD): the recompute's input gradient is summed out of place.
+def nonreentrant(named):
+    name, setup = named
+    setup["runtime"] = {"pytorchVersion": "2.0"}
+    return name, setup
+
+
 CHECKPOINT_CASES = [
     tcase("llama-ampbf16-sdpa", arch("llama"), precision="ampBf16", attention="sdpa"),
     tcase("llama-ampbf16-sdpa-selective", arch("llama"), precision="ampBf16", attention="sdpa", checkpointing="selective"),
@@ -664,6 +670,16 @@ CHECKPOINT_CASES = [
     tcase("moe8-v256-b2s64-sgd", arch("moe", vocabSize=256, numExperts=8), batch=2, seq=64, optimizer="sgd"),
     tcase("moe8-v256-b2s64-sgd-every", arch("moe", vocabSize=256, numExperts=8), batch=2, seq=64, optimizer="sgd",
           checkpointing="everyBlock"),
+    # use_reentrant=False, as torch 1.13 runs it: no early stop, as in every release before 2.1
+    # (runtime.pytorchVersion 2.0, the last such release that also has SDPA, which the harness emulates).
+    nonreentrant(tcase("llama-ampbf16-sdpa-every-nonreentrant", arch("llama"), precision="ampBf16", attention="sdpa",
+                       checkpointing="everyBlock", useReentrant=False)),
+    nonreentrant(tcase("llama-ampbf16-sdpa-selective-nonreentrant", arch("llama"), precision="ampBf16",
+                       attention="sdpa", checkpointing="selective", useReentrant=False)),
+    nonreentrant(tcase("gpt2-fp32-kth-nonreentrant", arch("gpt2"), checkpointing="everyKthBlock", interval=2,
+                       optimizer="sgd", useReentrant=False)),
+    nonreentrant(tcase("moe8-v256-sgd-every-nonreentrant", arch("moe", vocabSize=256, numExperts=8), batch=1, seq=128,
+                       optimizer="sgd", checkpointing="everyBlock", useReentrant=False)),
 ]
 # (checkpointed case, its `none` baseline): the rows of the "checkpointing vs none" table.
 CHECKPOINT_PAIRS = [
@@ -690,6 +706,9 @@ FINETUNE_CASES = [
                                                      "targetModules": ["all-linear"]}),
     ftcase("llama-lora-bf16-ckpt", arch("llama"), {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "down_proj"]},
            precision="bf16", checkpointing="everyBlock"),
+    nonreentrant(ftcase("llama-lora-bf16-ckpt-nonreentrant", arch("llama"),
+                        {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "down_proj"]},
+                        precision="bf16", checkpointing="everyBlock", useReentrant=False)),
     ftcase("llama-dora-qv", arch("llama"), {"lora": True, "r": 8, "useDora": True}),
     # autocast casts (and caches) only weights that require grad: the frozen base is cast per use
     ftcase("llama-lora-ampbf16", arch("llama"), {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "up_proj"]},
@@ -890,6 +909,13 @@ def write_markdown(path, rows, median, worst, exact):
         "  fp32; the harness inserts the fp32 casts CUDA makes. fp16 runs as bf16 (same sizes);",
         "  `ampFp16` scales the loss and unscales the gradients in place by hand (GradScaler is",
         "  CUDA-only in torch 1.13; its inf check adds only scalars).",
+        "- **Non-reentrant checkpointing** (`*-nonreentrant`, `training.useReentrant` false): torch",
+        "  1.13's `_checkpoint_without_reentrant` reruns the whole block (no early stop, which came",
+        "  with PyTorch 2.1), so these cases set `runtime.pytorchVersion` 2.0. It keeps the block's",
+        "  inputs in a closure rather than as saved tensors, so the harness's pack hook does not see",
+        "  them and the \"held\" column measures less than the estimate by those inputs (the residual",
+        "  stream, and the mask and rotary tables each block takes); from 2.1 they are saved",
+        "  (`_NoopSaveInputs`). The peaks are unaffected.",
         "- **Mixture of experts:** the router's logits get a fixed offset (built before measuring) so",
         "  that tokens are routed evenly, as the estimator assumes; the gate is still trained.",
         "- **Fine-tuning:** peft is not installed; `scripts/finetune_reference.py` freezes parameters",
