@@ -82,6 +82,9 @@ TEST_CASE("Accelerate: sharding strategies by name and by number and FSDP2", "[a
   CHECK_FALSE(v2.setup.parallel.reshardAfterForward);
   CHECK(v2.setup.parallel.offload == OffloadKind::OptimizerAndParameters);
   CHECK(with("  fsdp_activation_checkpointing: true\n").setup.training.checkpointing == Checkpointing::EveryBlock);
+  // accelerate wraps each block in checkpoint_wrapper(checkpoint_impl=CheckpointImpl.NO_REENTRANT).
+  CHECK_FALSE(with("  fsdp_activation_checkpointing: true\n").setup.training.useReentrant);
+  CHECK(with("  fsdp_activation_checkpointing: false\n").setup.training.useReentrant);
   CHECK(HasErrorOn(with("  fsdp_offload_params: maybe\n").errors, "fsdp_config.fsdp_offload_params"));
   CHECK(HasErrorOn(with("  fsdp_version: 3\n").errors, "fsdp_config.fsdp_version"));
 }

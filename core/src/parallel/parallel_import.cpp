@@ -503,7 +503,12 @@ ParallelImport ImportAccelerateConfig(std::string_view text, const Setup& base) 
     } else if (e.key == "fsdp_activation_checkpointing") {
       bool on = false;
       boolean(e, on);
-      if (on) t.checkpointing = Checkpointing::EveryBlock;
+      // accelerate (Accelerator.prepare_model): apply_activation_checkpointing with
+      // checkpoint_wrapper(checkpoint_impl=CheckpointImpl.NO_REENTRANT) on every wrapped block.
+      if (on) {
+        t.checkpointing = Checkpointing::EveryBlock;
+        t.useReentrant = false;
+      }
     } else if (e.key == "fsdp_auto_wrap_policy") {
       if (e.value != "TRANSFORMER_BASED_WRAP") {
         out.notes.push_back("fsdp_auto_wrap_policy " + e.value + ": the simulation's wrap unit is the transformer block (TRANSFORMER_BASED_WRAP).");
