@@ -163,3 +163,48 @@ TEST_CASE("training.useReentrant: read, written back, refused when not a boolean
   CHECK(test::HasErrorOn(ParseAndValidate(R"({"model":{"preset":"gpt2"},"training":{"useReentrant":"no"}})", bad),
                          "training.useReentrant"));
 }
+
+TEST_CASE("use_reentrant=False under torchtitan's op-level policy: an output the early stop leaves is held to the "
+          "block's backward end",
+          "[checkpoint][reentrant]") {
+  // selectiveOp keeps the outputs of every odd-numbered mm: q, v, gate and down_proj in a Llama
+  // block. The recompute stops before down_proj runs, so down_proj's kept output is never taken
+  // back; it lives in the checkpoint frame's SAC storage until the block's backward is done.
+  Setup s = CheckpointedLlama(false);
+  s.training.checkpointing = Checkpointing::SelectiveOp;
+  s.training.precision = Precision::BF16Mixed;
+  const Built built = TraceOf(s);
+  const Trace& t = built.trace;
+  std::size_t freed = 0, lastOfBlock = 0;
+  std::int64_t freedBytes = 0;
+  for (std::size_t i = 0; i < t.events.size(); ++i) {
+    const Event& e = t.events[i];
+    if (e.step != 1 || e.phase != Phase::Backward || e.layer != 2) continue;
+    if (e.kind == EventKind::Free && t.Label(e).find("selective checkpoint output freed") != std::string::npos) {
+      freed = i;
+      freedBytes = e.bytes;
+    } else {
+      lastOfBlock = i;
+    }
+  }
+  REQUIRE(freed > 0);
+  CHECK(freedBytes == 2 * 128 * 256 * 2);  // down_proj's bf16 output, [2, 128, 256]
+  CHECK(freed > lastOfBlock);               // after every other event of the block's backward
+  // Without early stop (before PyTorch 2.1) the whole block is recomputed and every kept output
+  // taken back.
+  s.runtime.pytorchVersion = "2.0";
+  const Built whole = TraceOf(s);
+  int untaken = 0;
+  for (const Event& e : whole.trace.events) {
+    untaken += e.kind == EventKind::Free && whole.trace.Label(e).find("selective checkpoint output freed") != std::string::npos;
+  }
+  CHECK(untaken == 0);
+  // The op-level policy exists only without reentrancy (torch.utils.checkpoint refuses a
+  // context_fn with use_reentrant=True): useReentrant changes nothing under it.
+  s.runtime.pytorchVersion = "2.5";
+  s.training.useReentrant = true;
+  const Estimate asked = test::MustEstimate(s);
+  s.training.useReentrant = false;
+  CHECK(asked.peak.totalBytes == test::MustEstimate(s).peak.totalBytes);
+  CHECK(asked.device.peakReservedBytes == test::MustEstimate(s).device.peakReservedBytes);
+}

@@ -1133,7 +1133,8 @@ ojson SaverFields() {
        "accelerate's FSDP activation checkpointing, torchtune and torchtitan run it off",
        "off: the checkpoint's forward records its graph and packs what it saves; the recompute keeps no outputs, "
        "holds no incoming gradient, and from PyTorch 2.1 stops after the last tensor backward needs; no "
-       "enable_input_require_grads for LoRA; only with checkpointing on"},
+       "enable_input_require_grads for LoRA; only with checkpointing on (op-level selective checkpointing is always "
+       "non-reentrant)"},
       {"emptyCacheSteps", "Empty the CUDA cache every N steps", "number", "",
        "transformers: TrainingArguments(torch_empty_cache_steps=N); 0 = None, the default",
        "torch.cuda.empty_cache() between each micro-batch's forward and backward in every N-th update: the "

@@ -167,7 +167,9 @@ ValueId Tape::Apply(const OpSpec& spec) {
   const ValueId id = NewValue(out);
   if (!saved) {
     for (TensorHandle h : made) {
-      ReleaseWith(h, [&] { return T({scope_, ": ", out.name, " not needed without autograd"}); });
+      ReleaseWith(h, [&] {
+        return T({scope_, ": ", out.name, packing_ ? TextPart(" packed by the checkpoint, not kept") : TextPart(" not needed without autograd")});
+      });
     }
     if (!grad) return id;
   }
@@ -678,14 +680,20 @@ void Tape::RunCheckpoint(int index) {
     Values outs = blocks_[static_cast<std::size_t>(node.block)](*this, detached);
     stopAt_ = -1;
     stopped_ = false;
+    // Kept outputs the recompute did not take back (none when the policy ran the same ops; the
+    // ops after an early stop's last one). A non-reentrant checkpoint's SAC storage lives in its
+    // frame's recompute context, which the block's saved-tensor holders keep to the end of the
+    // block's backward.
+    std::vector<TensorHandle> untaken;
     if (replays) {
-      // Kept outputs the recompute did not take back (none when the policy ran the same ops).
-      for (std::size_t k = sacNext_; k < sacReplay_->size(); ++k) {
-        ReleaseWith((*sacReplay_)[k], [&] { return T({label, ": selective checkpoint output freed"}); });
-      }
+      untaken.assign(sacReplay_->begin() + static_cast<std::ptrdiff_t>(sacNext_), sacReplay_->end());
       sacKept_[static_cast<std::size_t>(node.block)].clear();
       sacReplay_ = nullptr;
     }
+    auto releaseUntaken = [&] {
+      for (TensorHandle h : untaken) ReleaseWith(h, [&] { return T({label, ": selective checkpoint output freed"}); });
+    };
+    if (!nonReentrant) releaseUntaken();
     EndAutocast();  // the recompute's autocast context ends before its backward
     --cacheDepth_;
     // Reentrant: torch.autograd.backward(recomputed outputs, incoming gradients), inside
@@ -710,6 +718,7 @@ void Tape::RunCheckpoint(int index) {
       }
       if (!nonReentrant) Drop(o);
     }
+    if (nonReentrant) releaseUntaken();
     nodes_.resize(static_cast<std::size_t>(start));
     SetScopeText(scope);
     // The detached leaves' gradients are the checkpoint's input gradients.

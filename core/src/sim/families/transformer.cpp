@@ -374,10 +374,14 @@ class TransformerPass final : public ModelPass {
 }  // namespace
 
 // peft prepare_model_for_kbit_training (utils/other.py) calls gradient_checkpointing_enable():
-// every block is checkpointed whatever the training section says.
+// every block is checkpointed whatever the training section says. Op-level selective
+// checkpointing is non-reentrant whatever useReentrant says: torch.utils.checkpoint takes a
+// context_fn only with use_reentrant=False ("Passing `context_fn` or `debug` is only supported
+// when use_reentrant=False"), and torchtitan's ptd_checkpoint_wrapper passes it so.
 TrainingDef families::EffectiveTraining(const Setup& setup) {
   TrainingDef t = setup.training;
   if (setup.finetune.prepareForKbitTraining) t.checkpointing = Checkpointing::EveryBlock;
+  if (t.checkpointing == Checkpointing::SelectiveOp) t.useReentrant = false;
   return t;
 }
 
