@@ -81,6 +81,21 @@ inline std::vector<std::string> Setups() {
                       "},\"training\":{\"batchSize\":8,\"sequenceLength\":16,\"precision\":\"" + precision +
                       "\",\"optimizer\":\"" + optimizer + "\"}}");
       }
+  // Non-reentrant checkpointing (training.useReentrant false, added 2026-11-29 after the
+  // simulation it models): every preset, each checkpointing mode, eager and SDPA, with and
+  // without early stop (PyTorch 2.4 and 2.0: neither passes enable_gqa, so only that differs).
+  for (const Preset& p : Presets())
+    for (const char* checkpointing : {"everyBlock", "everyKthBlock", "selective", "selectiveOp"})
+      for (const char* attention : attentions)
+        for (const char* pytorch : {"2.4", "2.0"}) {
+          const std::int64_t positions = p.architecture.maxPositionEmbeddings;
+          const std::int64_t sequence = positions > 0 && 1024 > positions ? positions : 1024;
+          out.push_back(std::string("{\"model\":{\"preset\":\"") + p.id +
+                        "\"},\"training\":{\"batchSize\":2,\"sequenceLength\":" + std::to_string(sequence) +
+                        ",\"precision\":\"bf16Mixed\",\"attention\":\"" + attention + "\",\"checkpointing\":\"" +
+                        checkpointing + "\",\"useReentrant\":false},\"runtime\":{\"pytorchVersion\":\"" + pytorch +
+                        "\"}}");
+        }
   return out;
 }
 
