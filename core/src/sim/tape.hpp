@@ -219,7 +219,8 @@ class Tape {
   //    runs, so the engine can add into them in place;
   //  - with early stop (PyTorch ≥ 2.1) the recompute ends at the pack of the last tensor the
   //    forward saved (_recomputation_hook raises _StopRecomputationError): an op's inputs are
-  //    packed before it runs, its outputs after, and the ops after it do not run.
+  //    packed before it runs, its outputs after, and the ops after it do not run; an output the
+  //    op-level policy kept for an op after the stop stays kept to the block's backward end.
   // No input has to require a gradient: the parameters inside get theirs either way.
   Values Checkpoint(TextPart name, const Values& inputs, Block block, bool selectiveOps = false);
   // torch.utils.checkpoint's use_reentrant (true: Hugging Face's default) and, for
