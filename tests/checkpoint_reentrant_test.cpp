@@ -11,6 +11,7 @@
 #include "gpumem/estimate.hpp"
 #include "gpumem/inventory.hpp"
 #include "gpumem/json.hpp"
+#include "gpumem/solve.hpp"
 #include "gpumem/trace.hpp"
 #include "test_support.hpp"
 
@@ -207,4 +208,38 @@ TEST_CASE("use_reentrant=False under torchtitan's op-level policy: an output the
   s.training.useReentrant = false;
   CHECK(asked.peak.totalBytes == test::MustEstimate(s).peak.totalBytes);
   CHECK(asked.device.peakReservedBytes == test::MustEstimate(s).device.peakReservedBytes);
+}
+
+TEST_CASE("Make it fit offers use_reentrant=False where a block's backward decides the verdict",
+          "[checkpoint][reentrant][solve]") {
+  // Llama 3.2 1B checkpointed, pure bf16, SGD, the fused loss, 8 × 4,096: a block's backward is
+  // the peak. 10.5 GiB lies between the non-reentrant device figure and the reentrant one.
+  Setup s;
+  REQUIRE(ParseAndValidate(R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":8,"sequenceLength":4096,
+      "precision":"bf16","optimizer":"sgd","attention":"sdpa","checkpointing":"everyBlock",
+      "lossImplementation":"fusedLinearCrossEntropy"},"gpu":{"id":"nvidia-rtx-4090","memoryGiB":10.5}})",
+                           s)
+              .empty());
+  const Estimate reentrant = test::MustEstimate(s);
+  Setup plain = s;
+  plain.training.useReentrant = false;
+  const Estimate nonReentrant = test::MustEstimate(plain);
+  REQUIRE_FALSE(reentrant.device.fits);
+  REQUIRE(nonReentrant.device.fits);
+  const SolveResult solved = Solve(s);
+  const FitSuggestion* f = test::Suggestion(solved, "checkpointing-non-reentrant");
+  REQUIRE(f != nullptr);
+  CHECK(f->cost == FitCost::Free);
+  CHECK(f->fits);
+  CHECK(f->peakBytes == nonReentrant.device.peakDeviceBytes);
+  CHECK(f->savedBytes == reentrant.device.peakDeviceBytes - nonReentrant.device.peakDeviceBytes);
+  CHECK_FALSE(f->setup.training.useReentrant);
+  // Not offered when already non-reentrant, nor where the peak is not in a backward (AdamW's
+  // step is the peak with the same activations).
+  CHECK(test::Suggestion(Solve(plain), "checkpointing-non-reentrant") == nullptr);
+  Setup adamw = s;
+  adamw.training.optimizer = OptimizerKind::AdamW;
+  adamw.training.batchSize = 1;
+  REQUIRE(test::MustEstimate(adamw).peak.phase != Phase::Backward);
+  CHECK(test::Suggestion(Solve(adamw), "checkpointing-non-reentrant") == nullptr);
 }

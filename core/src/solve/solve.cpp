@@ -300,7 +300,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
     static constexpr std::string_view kStatesUnchanged[] = {
         "training.checkpointing",       "training.attention",   "training.batchSize",
         "training.lossImplementation",  "training.lossChunks",  "training.activationOffloading",
-        "training.useCache",            "runtime.allocator.expandableSegments"};
+        "training.useCache",            "training.useReentrant",  "runtime.allocator.expandableSegments"};
     return std::all_of(fields.begin(), fields.end(), [](const std::string& f) {
       return std::find(std::begin(kStatesUnchanged), std::end(kStatesUnchanged), f) != std::end(kStatesUnchanged);
     });
@@ -412,6 +412,17 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
     add(FitCost::Compute, "checkpointing-selective", "Recompute the attention core (selective checkpointing)",
         "the scores and softmax are recomputed in backward: a few percent more compute",
         {"training.checkpointing"}, [](Setup& s) { s.training.checkpointing = Checkpointing::Selective; });
+  }
+  // Non-reentrant checkpointing (sim/tape.hpp Checkpoint): the same computation, and a block's
+  // backward holds neither the recomputed block output nor the incoming gradient, its recompute
+  // stopping after the last saved tensor. It helps only where a backward is the peak.
+  if (transformer && activationsMatter && t.useReentrant && t.checkpointing != Checkpointing::None &&
+      t.checkpointing != Checkpointing::SelectiveOp && current.peak.phase == Phase::Backward) {
+    add(FitCost::Free, "checkpointing-non-reentrant",
+        "Checkpoint without reentrant autograd (gradient_checkpointing_kwargs={\"use_reentrant\": False})",
+        "free: the same computation; each block's backward keeps one activation fewer and its recompute stops "
+        "after the last tensor backward needs (PyTorch ≥ 2.1)",
+        {"training.useReentrant"}, [](Setup& s) { s.training.useReentrant = false; });
   }
   if (transformer && activationsMatter && t.attention == AttentionImplementation::Eager) {
     add(FitCost::Free, "attention-sdpa", "Use fused attention (SDPA / FlashAttention)",
@@ -610,6 +621,7 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
         if (f == "training.optimizerInBackward") next.training.optimizerInBackward = s.setup.training.optimizerInBackward;
         if (f == "training.activationOffloading") next.training.activationOffloading = s.setup.training.activationOffloading;
         if (f == "training.useCache") next.training.useCache = s.setup.training.useCache;
+        if (f == "training.useReentrant") next.training.useReentrant = s.setup.training.useReentrant;
         if (f.rfind("finetune.", 0) == 0) next.finetune = s.setup.finetune;  // only LoRA / QLoRA touch it
       }
       // A step whose model states alone pass the capacity cannot fit: it is
