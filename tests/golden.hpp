@@ -29,10 +29,14 @@ inline std::vector<std::string> Setups() {
   const char* checkpointings[] = {"none", "everyBlock", "everyKthBlock", "selective"};
   const char* implementations[] = {"forEach", "perParameter", "fused"};
   const std::int64_t sizes[][2] = {{1, 512}, {2, 2048}};
-  for (const Preset& p : Presets()) {
+  // A sequence length the preset's learned position table allows.
+  auto sequenceFor = [](const Preset& p, std::int64_t length) {
     const std::int64_t positions = p.architecture.maxPositionEmbeddings;
+    return positions > 0 && length > positions ? positions : length;
+  };
+  for (const Preset& p : Presets()) {
     for (const auto& size : sizes) {
-      const std::int64_t sequence = positions > 0 && size[1] > positions ? positions : size[1];
+      const std::int64_t sequence = sequenceFor(p, size[1]);
       for (const char* precision : precisions)
         for (const char* attention : attentions)
           for (const char* checkpointing : checkpointings)
@@ -88,10 +92,8 @@ inline std::vector<std::string> Setups() {
     for (const char* checkpointing : {"everyBlock", "everyKthBlock", "selective", "selectiveOp"})
       for (const char* attention : attentions)
         for (const char* pytorch : {"2.4", "2.0"}) {
-          const std::int64_t positions = p.architecture.maxPositionEmbeddings;
-          const std::int64_t sequence = positions > 0 && 1024 > positions ? positions : 1024;
           out.push_back(std::string("{\"model\":{\"preset\":\"") + p.id +
-                        "\"},\"training\":{\"batchSize\":2,\"sequenceLength\":" + std::to_string(sequence) +
+                        "\"},\"training\":{\"batchSize\":2,\"sequenceLength\":" + std::to_string(sequenceFor(p, 1024)) +
                         ",\"precision\":\"bf16Mixed\",\"attention\":\"" + attention + "\",\"checkpointing\":\"" +
                         checkpointing + "\",\"useReentrant\":false},\"runtime\":{\"pytorchVersion\":\"" + pytorch +
                         "\"}}");

@@ -107,6 +107,12 @@ bool Tape::SacSaves(OpSpec::Sac kind) {
   return true;
 }
 
+// Whether an op's node keeps any tensor (its inputs, its output, tensors made beside it): what
+// a non-reentrant checkpoint's pack hook sees and its recompute counts.
+static bool SavesAnything(const Tape::OpSpec& spec) {
+  return !spec.saves.empty() || spec.savesOutput || !spec.saveNew.empty();
+}
+
 ValueId Tape::Apply(const OpSpec& spec) {
   bool grad = false;
   for (const In& in : spec.inputs) grad = grad || NeedsGrad(in);
@@ -127,7 +133,7 @@ ValueId Tape::Apply(const OpSpec& spec) {
   // values have no storage, their nodes are recorded for the backward.
   bool runs = true;
   if (stopAt_ >= 0) {
-    const bool saving = grad && (!spec.saves.empty() || spec.savesOutput || !spec.saveNew.empty());
+    const bool saving = grad && SavesAnything(spec);
     if (stopped_) {
       runs = false;
     } else if (saving && ++savingOps_ == stopAt_) {
@@ -181,7 +187,7 @@ ValueId Tape::Apply(const OpSpec& spec) {
   if (packing_) {
     // _checkpoint_hook's pack: a holder in place of each saved tensor. The node is dropped when
     // the checkpoint's forward ends; the count tells the recompute where to stop.
-    if (!spec.saves.empty() || spec.savesOutput || !spec.saveNew.empty()) ++packedOps_;
+    if (SavesAnything(spec)) ++packedOps_;
     values_[static_cast<std::size_t>(id)].producer = static_cast<int>(nodes_.size() - 1);
     return id;
   }

@@ -416,8 +416,9 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   // Non-reentrant checkpointing (sim/tape.hpp Checkpoint): the same computation, and a block's
   // backward holds neither the recomputed block output nor the incoming gradient, its recompute
   // stopping after the last saved tensor. It helps only where a backward is the peak.
-  if (transformer && activationsMatter && t.useReentrant && t.checkpointing != Checkpointing::None &&
-      t.checkpointing != Checkpointing::SelectiveOp && current.peak.phase == Phase::Backward) {
+  // (EffectiveTraining: the op-level policy is non-reentrant already.)
+  if (transformer && activationsMatter && families::EffectiveTraining(setup).useReentrant &&
+      t.checkpointing != Checkpointing::None && current.peak.phase == Phase::Backward) {
     add(FitCost::Free, "checkpointing-non-reentrant",
         "Checkpoint without reentrant autograd (gradient_checkpointing_kwargs={\"use_reentrant\": False})",
         "free: the same computation; each block's backward keeps one activation fewer and its recompute stops "
