@@ -38,27 +38,38 @@ def _sync_params_and_buffers_p2p(process_group, module_states, broadcast_bucket_
     later phase −8.4 MB), a flake of the measurement that NCCL does not have."""
     rank, world = dist.get_rank(process_group), dist.get_world_size(process_group)
 
-    def sync(bucket):
+    def start(bucket):
         flat = torch._utils._flatten_dense_tensors(bucket)
         if rank == src:
-            for work in [dist.isend(flat, r) for r in range(world) if r != src]:
-                work.wait()
-        else:
-            dist.recv(flat, src)
+            return bucket, flat, [dist.isend(flat, r) for r in range(world) if r != src]
+        return bucket, flat, [dist.irecv(flat, src)]
+
+    def finish(bucket, flat, works):
+        for work in works:
+            work.wait()
+        if rank != src:
             for tensor, synced in zip(bucket, torch._utils._unflatten_dense_tensors(flat, bucket)):
                 tensor.copy_(synced)
-        del flat
 
-    bucket, size = [], 0
-    for tensor in module_states:
-        nbytes = tensor.numel() * tensor.element_size()
-        if bucket and size + nbytes > broadcast_bucket_size:
-            sync(bucket)
-            bucket, size = [], 0
-        bucket.append(tensor)
-        size += nbytes
-    if bucket:
-        sync(bucket)
+    # c10d comm.cpp broadcast_coalesced: compute_bucket_assignment_by_size keys the open buckets
+    # by dtype, closes one once its bytes reach the limit, and orders the buckets by their first
+    # tensor; at most two BroadcastWorks (and their flat copies) are alive at once. A bucket of
+    # one tensor is flattened to a view of it (no copy).
+    open_buckets, buckets = {}, []
+    for index, tensor in enumerate(module_states):
+        bucket = open_buckets.setdefault(tensor.dtype, [index, [], 0])
+        bucket[1].append(tensor)
+        bucket[2] += tensor.numel() * tensor.element_size()
+        if bucket[2] >= broadcast_bucket_size:
+            buckets.append(open_buckets.pop(tensor.dtype))
+    buckets = sorted(buckets + list(open_buckets.values()), key=lambda bucket: bucket[0])
+    in_flight = []
+    for _, tensors, _ in buckets:
+        if len(in_flight) >= 2:
+            finish(*in_flight.pop(0))
+        in_flight.append(start(tensors))
+    while in_flight:
+        finish(*in_flight.pop(0))
 
 
 torch.distributed.utils._sync_params_and_buffers = _sync_params_and_buffers_p2p

@@ -565,8 +565,11 @@ void ParallelStep::Free(TraceBuilder& b, int unit) {
 // broadcast_coalesced): every parameter, frozen or not, in the module's order, bucketed by
 // compute_bucket_assignment_by_size with the one limit broadcast_bucket_size (250 MiB; a bucket
 // per dtype closes once its bytes reach it; buckets in the order of their first tensor), each
-// flattened into a new tensor (BroadcastWork: flatten_for_scatter_gather) and broadcast, at most
-// two in flight; a bucket's flat copy is freed once it has been copied back. Megatron's DDP
+// flattened into a new tensor (BroadcastWork's flat_tensor_, torch::utils::flatten_dense_tensors:
+// at::cat of the flattened tensors) and broadcast, at most two in flight; a bucket's flat copy is
+// freed once it has been copied back. A bucket of one tensor (one parameter of 250 MiB or more,
+// such as Llama 3 8B's 1 GiB bf16 embedding, or a lone last one) makes no copy: flatten_dense_tensors
+// returns `t.contiguous().view({-1})` for a single tensor, a view broadcast in place. Megatron's DDP
 // (gradReduceInFp32) broadcasts each parameter in place (broadcast_params): no copy.
 void ParallelStep::BroadcastModuleStates(TraceBuilder& b) {
   constexpr std::int64_t kBroadcastBucketBytes = 250LL * 1024 * 1024;
@@ -574,6 +577,7 @@ void ParallelStep::BroadcastModuleStates(TraceBuilder& b) {
     std::int64_t elementBytes = 0;  // the dtype's size, the bucket's key
     std::size_t first = 0;          // its first parameter's index
     std::int64_t bytes = 0;
+    int tensors = 0;
   };
   std::vector<Bucket> closed, open;
   for (std::size_t i = 0; i < inventory_.parameters.size(); ++i) {
@@ -585,6 +589,7 @@ void ParallelStep::BroadcastModuleStates(TraceBuilder& b) {
     auto it = std::find_if(open.begin(), open.end(), [&](const Bucket& o) { return o.elementBytes == elementBytes; });
     if (it == open.end()) it = open.insert(open.end(), Bucket{elementBytes, i, 0});
     it->bytes += bytes;
+    ++it->tensors;
     if (it->bytes >= kBroadcastBucketBytes) {
       closed.push_back(*it);
       open.erase(it);
@@ -593,11 +598,20 @@ void ParallelStep::BroadcastModuleStates(TraceBuilder& b) {
   closed.insert(closed.end(), open.begin(), open.end());
   std::stable_sort(closed.begin(), closed.end(), [](const Bucket& x, const Bucket& y) { return x.first < y.first; });
   TextStore& text = b.text();
+  // One entry per BroadcastWork in the deque; a bucket broadcast in place takes a place too
+  // (kNoTensor), so the flat copy before it is freed when PyTorch frees it.
   std::vector<TensorHandle> inFlight;
-  for (std::size_t k = 0; k < closed.size(); ++k) {
-    if (inFlight.size() >= 2) {
+  const auto finishFront = [&] {
+    if (inFlight.front() != kNoTensor) {
       b.Release(inFlight.front(), text.Make({"DDP init: broadcast bucket copied back, flat copy freed"}));
-      inFlight.erase(inFlight.begin());
+    }
+    inFlight.erase(inFlight.begin());
+  };
+  for (std::size_t k = 0; k < closed.size(); ++k) {
+    if (inFlight.size() >= 2) finishFront();
+    if (closed[k].tensors == 1) {
+      inFlight.push_back(kNoTensor);
+      continue;
     }
     inFlight.push_back(b.Alloc(Category::Parameters, closed[k].bytes,
                                text.Make({"DDP init: module states broadcast bucket ", TextPart::Int(static_cast<std::int64_t>(k))}),
@@ -605,7 +619,7 @@ void ParallelStep::BroadcastModuleStates(TraceBuilder& b) {
                                           " of the module states (every parameter)"}),
                                text.Make({TextPart::Count(closed[k].bytes), " B"})));
   }
-  for (TensorHandle h : inFlight) b.Release(h, text.Make({"DDP init: broadcast bucket copied back, flat copy freed"}));
+  while (!inFlight.empty()) finishFront();
 }
 
 bool ParallelStep::ReshardsAfterForward(int unit) const {
