@@ -358,3 +358,28 @@ TEST_CASE("Autocast keeps no weight copy for a frozen prefix", "[finetune]") {
   CHECK(copies(4, 2) == copies(2, 0));
   CHECK(copies(4, 2) < copies(4, 0));
 }
+
+TEST_CASE("The head's input lives to the end of the loss: the ForCausalLM forward's hidden_states", "[finetune]") {
+  // LlamaForCausalLM.forward keeps `hidden_states` (and outputs.last_hidden_state) until it
+  // returns, after self.loss_function(logits, labels); scripts/validate_parallel.py's LoRA cases
+  // measured it (forward −1 MiB before). With LoRA the head is frozen and saves no input, so this
+  // reference alone holds the final norm's output through the loss: b·s·h in the weights' dtype.
+  Setup s = TinyLlama();
+  s.finetune.lora = true;
+  s.finetune.r = 8;
+  const Estimate e = MustEstimateLabelled(s);
+  for (int step : {1, 2}) {
+    const std::size_t freed = TimelineIndexOf(e, "model.norm weight * x no longer referenced", step);
+    REQUIRE(freed < e.timeline.size());
+    CHECK(e.timeline[freed].deltaBytes == -2 * 16 * 64 * 2);
+    CHECK(TimelineIndexOf(e, "loss: nll_loss", step) < freed);                 // held through the loss
+    CHECK(freed < TimelineIndexOf(e, "loss: logits no longer referenced", step));  // gone before the logits
+  }
+  // Under autocast a trainable head saves its bf16 cast, not the fp32 output the norm made: the
+  // reference holds that fp32 tensor through the loss too (b·s·h·4).
+  const Estimate amp = MustEstimateLabelled(TinyLlama(2, Precision::AmpBF16));
+  const std::size_t freed = TimelineIndexOf(amp, "model.norm weight * x no longer referenced", 1);
+  REQUIRE(freed < amp.timeline.size());
+  CHECK(amp.timeline[freed].deltaBytes == -2 * 16 * 64 * 4);
+  CHECK(TimelineIndexOf(amp, "loss: nll_loss", 1) < freed);
+}

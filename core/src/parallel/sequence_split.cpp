@@ -74,7 +74,7 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c) 
   const ValueId weight = m.parameters.Has("lm_head.weight") ? m.parameters.ByName(t, "lm_head.weight")
                                                             : m.parameters.ByName(t, tiedEmbedding);
   const ValueId logits = GatherLinear(m, normed, weight, kNoValue, m.a.vocabSize, "logits (all-gathered input)");
-  t.Drop(normed);
+  m.headInput = normed;  // GPTModel.forward's hidden_states, held to the end of the loss (Model::headInput)
   return logits;
 }
 

@@ -74,6 +74,12 @@ struct Model {
   // loss (kNoValue when the driver computes it from the logits).
   ValueId labels = kNoValue;
   ValueId loss = kNoValue;
+  // The head's input where the forward that makes the logits also computes the loss: Hugging
+  // Face's *ForCausalLM.forward keeps `hidden_states` (and `outputs.last_hidden_state`) until it
+  // returns, after `self.loss_function(logits, labels)`. The driver drops it after the loss.
+  // A trainable head saves it anyway; with a frozen head (LoRA) it is the one hidden-sized
+  // tensor alive through the loss that nothing saved.
+  ValueId headInput = kNoValue;
 
   // Megatron --sequence-parallel: the tensor-parallel size t when on, else 1. What sits outside
   // the column/row linears holds s/t tokens (core/src/parallel/sequence_split.cpp).

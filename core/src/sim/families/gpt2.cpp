@@ -168,7 +168,7 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c, 
   const std::string headWeight = std::string(head) + ".weight";
   if (m.parameters.Has(std::string(head) + ".base_layer.weight")) {  // LoRA on the head (PEFT renames its weight)
     const ValueId logits = blocks::Linear(m, normed, RootModule(m, std::string(head).c_str()), m.a.vocabSize, "logits");
-    t.Drop(normed);
+    m.headInput = normed;  // held to the end of the loss (Model::headInput)
     return logits;
   }
   const ValueId weight = m.parameters.Has(headWeight) ? m.parameters.ByName(t, headWeight)
@@ -185,7 +185,7 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c, 
     return kNoValue;
   }
   const ValueId logits = ops::Linear(t, normed, weight, kNoValue, m.a.vocabSize, "logits");
-  t.Drop(normed);
+  m.headInput = normed;  // held to the end of the loss (Model::headInput)
   return logits;
 }
 

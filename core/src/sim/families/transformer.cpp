@@ -144,7 +144,10 @@ class TransformerPass final : public ModelPass {
     m.Scope(-1, "loss");
     if (offload_) offload_->SetActive(false);  // the loss runs outside the context
     loss_ = m.loss != kNoValue ? m.loss : blocks::CrossEntropy(m, logits, labels_, !bert);
-    t.Drop(logits);  // compute_loss returns the loss only: the model output goes
+    // The forward returns: its `hidden_states` go, then compute_loss returns the loss only and
+    // the model output (the logits) goes.
+    t.Drop(m.headInput);
+    t.Drop(logits);
     t.EndAutocast();
   }
 
