@@ -543,8 +543,7 @@ class GPT2LMHeadModel(nn.Module):
         self.lm_head = output_head(cfg, self.transformer.wte, dtype, device)
 
     def forward(self, input_ids, attention_mask, labels):
-        hidden_states = self.transformer(input_ids, attention_mask)
-        return decoder_head_and_loss(self.cfg, self.lm_head, hidden_states, labels)
+        return decoder_head_and_loss(self.cfg, self.lm_head, [self.transformer(input_ids, attention_mask)], labels)
 
 
 def causal_lm_loss(logits, labels, vocab_size, ignore_index=-100, upcast=True):
@@ -629,10 +628,15 @@ def megatron_language_model_loss(logits, labels, vocab_start_index=0, all_reduce
     return torch.sum(losses * loss_mask)
 
 
-def decoder_head_and_loss(cfg, lm_head, hidden_states, labels):
+def decoder_head_and_loss(cfg, lm_head, holder, labels):
     """The LM head and the loss: HF's (full logits, ForCausalLMLoss) or, with cfg.loss_chunks,
     torchtune's: TransformerDecoder.chunked_output, then the recipe's label shift and
-    CEWithChunkedOutputLoss.forward (torchtune/modules/loss/ce_chunked_output_loss.py)."""
+    CEWithChunkedOutputLoss.forward (torchtune/modules/loss/ce_chunked_output_loss.py).
+    `holder` is a one-element list the caller hands the final hidden states over in, keeping no
+    reference of its own: HF's *ForCausalLM.forward keeps them (here the local below) until it
+    returns, after the loss; torchtune's TransformerDecoder returns the chunk logits first, so
+    `h` goes before the recipe's loss (the `del` below)."""
+    hidden_states = holder.pop()
     if cfg.loss_megatron:
         logits = lm_head(hidden_states)          # ColumnParallelLinear, parallel_output=True (t = 1)
         return megatron_language_model_loss(logits, labels), logits
@@ -1099,8 +1103,7 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = output_head(cfg, self.model.embed_tokens, dtype, device)
 
     def forward(self, input_ids, attention_mask, labels):
-        hidden_states = self.model(input_ids, attention_mask)
-        return decoder_head_and_loss(self.cfg, self.lm_head, hidden_states, labels)
+        return decoder_head_and_loss(self.cfg, self.lm_head, [self.model(input_ids, attention_mask)], labels)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1198,8 +1201,7 @@ class GPTNeoXForCausalLM(nn.Module):
         self.embed_out = output_head(cfg, self.gpt_neox.embed_in, dtype, device)
 
     def forward(self, input_ids, attention_mask, labels):
-        hidden_states = self.gpt_neox(input_ids, attention_mask)
-        return decoder_head_and_loss(self.cfg, self.embed_out, hidden_states, labels)
+        return decoder_head_and_loss(self.cfg, self.embed_out, [self.gpt_neox(input_ids, attention_mask)], labels)
 
 
 # ---------------------------------------------------------------------------------------------

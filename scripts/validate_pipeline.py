@@ -69,8 +69,9 @@ class Stage(nn.Module):
         del mask, cos, sin
         if self.rank != self.world - 1:
             return hidden_states
-        hidden_states = self.norm(hidden_states)
-        return R.decoder_head_and_loss(cfg, self.lm_head, hidden_states, batch["labels"])[0]
+        holder = [self.norm(hidden_states)]
+        del hidden_states
+        return R.decoder_head_and_loss(cfg, self.lm_head, holder, batch["labels"])[0]
 
 
 def stage_batch(cfg, rank, world, b, s):

@@ -383,3 +383,22 @@ TEST_CASE("The head's input lives to the end of the loss: the ForCausalLM forwar
   CHECK(amp.timeline[freed].deltaBytes == -2 * 16 * 64 * 4);
   CHECK(TimelineIndexOf(amp, "loss: nll_loss", 1) < freed);
 }
+
+TEST_CASE("torchtune's chunked output: the decoder's h goes before the recipe's loss", "[finetune]") {
+  // TransformerDecoder.unembed keeps h = self.norm(h) only until the model returns its chunk
+  // logits; the recipe's _loss_step then shifts the labels (torch.hstack) and runs
+  // CEWithChunkedOutputLoss. A frozen head saves no chunk of h, so nothing holds it by then.
+  Setup s = TinyLlama();
+  s.finetune.lora = true;
+  s.finetune.r = 8;
+  s.training.lossImplementation = LossImplementation::Chunked;
+  s.training.lossChunks = 4;
+  const Estimate e = MustEstimateLabelled(s);
+  for (int step : {1, 2}) {
+    const std::size_t freed = TimelineIndexOf(e, "model.norm weight * x no longer referenced", step);
+    REQUIRE(freed < e.timeline.size());
+    CHECK(e.timeline[freed].deltaBytes == -2 * 16 * 64 * 2);
+    CHECK(TimelineIndexOf(e, "output (chunk 3)", step) < freed);
+    CHECK(freed < TimelineIndexOf(e, "labels shifted (torch.hstack)", step));
+  }
+}

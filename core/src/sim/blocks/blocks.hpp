@@ -77,6 +77,7 @@ ValueId CrossEntropy(Model& m, ValueId logits, ValueId labels, bool causal);
 // torchtune's chunked output and CEWithChunkedOutputLoss: `hidden` [b, s, h] is chunked along
 // the sequence, each chunk projected by `weight` to the vocabulary, and each chunk's logits
 // upcast to fp32 and reduced (reduction="sum") in turn; the sum is divided by the token count.
+// Takes the caller's reference to `hidden` (dropped when the model would return, before the loss).
 ValueId ChunkedOutputLoss(Model& m, ValueId hidden, ValueId weight, ValueId labels);
 // Liger's fused linear + cross-entropy (loss.cpp): the loss of `hidden` [b, s, h] projected by
 // `weight` [V, h], chunk by chunk, with both gradients made in forward.

@@ -55,6 +55,11 @@ namespace gpumem::blocks {
 // large as the unchunked ones. In backward the engine runs every chunk's loss nodes (created
 // last) before any chunk's projection, so the 16-bit gradients of all chunks' logits coexist.
 // The labels are shifted by the recipe first (torch.hstack: one new [b, s] int64 tensor).
+// `hidden` is the caller's reference, dropped once the chunks are projected: the projection
+// runs in TransformerDecoder.unembed, whose `h` goes when the model returns its list of chunk
+// logits, before the recipe's loss step shifts the labels (recipes' _loss_step). What keeps it
+// then is what the projections saved: the chunk views with a trainable head; nothing with a
+// frozen one (LoRA), nor under autocast (the projections save bf16 casts).
 ValueId ChunkedOutputLoss(Model& m, ValueId hidden, ValueId weight, ValueId labels) {
   Tape& t = m.t;
   const DType i64 = DType::Int64;
@@ -65,6 +70,7 @@ ValueId ChunkedOutputLoss(Model& m, ValueId hidden, ValueId weight, ValueId labe
     logits.push_back(ops::Linear(t, chunks[i], weight, kNoValue, m.a.vocabSize, t.T({"output (chunk ", TextPart::Int(i), ")"})));
     t.Drop(chunks[i]);
   }
+  t.Drop(hidden);  // the model returns
   // The recipe, after the model: labels = torch.hstack((labels[..., 1:], ignore_labels_cache)).
   const ValueId shifted = t.Fresh({m.b, m.s}, i64, "labels shifted (torch.hstack)");
   // total_elements = (labels != ignore_index).sum(): a bool mask, then an int64 scalar.

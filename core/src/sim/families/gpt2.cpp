@@ -174,9 +174,9 @@ ValueId LmHead(Model& m, ValueId normed, const char* tiedEmbedding, Context& c, 
   const ValueId weight = m.parameters.Has(headWeight) ? m.parameters.ByName(t, headWeight)
                                                       : m.parameters.ByName(t, tiedEmbedding);
   if (m.training.lossImplementation == LossImplementation::Chunked) {
-    // torchtune: the output projection runs per chunk and the loss follows (loss.cpp).
+    // torchtune: the output projection runs per chunk and the loss follows (loss.cpp), which
+    // takes `normed` (TransformerDecoder.forward returns before the recipe's loss).
     m.loss = blocks::ChunkedOutputLoss(m, normed, weight, m.labels);
-    t.Drop(normed);
     return kNoValue;
   }
   if (m.training.lossImplementation == LossImplementation::FusedLinearCrossEntropy) {
