@@ -95,6 +95,14 @@ TEST_CASE("Block templates: copied backward spans equal simulated ones", "[trace
       R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128},"parallel":{"dataParallel":4,"zeroStage":3}})",
       R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128,"checkpointing":"everyKthBlock","checkpointInterval":2}})",
       R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":2,"sequenceLength":128},"parallel":{"gradientAccumulationSteps":2}})",
+      // Blocks of equal parameters that run differently: Gemma 3's full-attention layer after
+      // five sliding ones, SmolLM3's layers without RoPE every fourth (Tape::SetLayerKinds;
+      // copied from the sliding / RoPE layers before them, these ran as those until 2026-11-29).
+      R"({"model":{"preset":"gemma-3-1b"},"training":{"batchSize":1,"sequenceLength":512,"attention":"sdpa","checkpointing":"everyBlock","precision":"bf16Mixed"}})",
+      R"({"model":{"preset":"gemma-3-1b"},"training":{"batchSize":1,"sequenceLength":512,"attention":"eager","precision":"bf16Mixed"}})",
+      R"({"model":{"preset":"smollm3-3b"},"training":{"batchSize":1,"sequenceLength":256,"attention":"sdpa","checkpointing":"everyBlock"}})",
+      R"({"model":{"preset":"smollm3-3b"},"training":{"batchSize":1,"sequenceLength":256,"attention":"eager","precision":"bf16Mixed"}})",
+      R"({"model":{"preset":"smollm3-3b"},"training":{"batchSize":1,"sequenceLength":256,"attention":"sdpa","checkpointing":"everyBlock","useReentrant":false}})",
       // Non-reentrant checkpoints (their forwards simulated, their backward spans copied), with
       // and without early stop, under LoRA and under op-level selective checkpointing.
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","useReentrant":false}})",

@@ -235,6 +235,13 @@ class Tape {
     inventory_ = inventory;
     leaves_ = leaves;
   }
+  // What makes blocks of equal parameters run differently (a Gemma sliding-window layer beside a
+  // full-attention one, a SmolLM3 layer without RoPE), one value per block: a block's span is
+  // copied only from blocks of its own kind (ComputeLayerSignatures mixes it in).
+  void SetLayerKinds(std::vector<std::uint8_t> kinds) {
+    layerKinds_ = std::move(kinds);
+    layerSignature_.clear();
+  }
   // Block `layer`'s forward, not checkpointed: `block` run on `inputs` as it is, recording its
   // nodes; with forward templates set, its span (nodes included) may be copied from the
   // blocks before it instead (tape_templates.cpp, RunForwardSpan).
@@ -444,6 +451,7 @@ class Tape {
   std::vector<SpanRecord> forwardSpans_;  // the last forward spans, newest last (at most 3)
   bool forwardChecked_ = false;
   const Inventory* inventory_ = nullptr;
+  std::vector<std::uint8_t> layerKinds_;  // SetLayerKinds
   std::vector<ValueId>* leaves_ = nullptr;                // Parameters' cache: inventory index → leaf
   std::vector<std::pair<int, int>>* leafLog_ = nullptr;  // while a forward span is recorded
   // The inventory index of the parameter whose name `text` points into, or -1.

@@ -343,6 +343,9 @@ void Tape::ComputeLayerSignatures() {
     for (int l = p.layer; l >= 10; l /= 10) ++digits;
     mix(p.name.size() - digits);
   }
+  for (std::size_t layer = 0; layer < layerSignature_.size() && layer < layerKinds_.size(); ++layer) {
+    layerSignature_[layer] = (layerSignature_[layer] ^ (layerKinds_[layer] + 1u)) * 1099511628211ull;
+  }
 }
 
 bool Tape::LayerFollows(int layer, int previous) const {

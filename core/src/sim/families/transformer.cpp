@@ -85,6 +85,13 @@ class TransformerPass final : public ModelPass {
     }
     parameters_.Reset();
     tape_->SetForwardTemplates(&inventory_, &parameters_.leaves());
+    std::vector<std::uint8_t> kinds(blocks);
+    for (std::size_t i = 0; i < blocks; ++i) {
+      const int layer = static_cast<int>(i);
+      kinds[i] = static_cast<std::uint8_t>((families::SlidingLayer(a_, layer) ? 1 : 0) |
+                                           (families::RopeLayer(a_, layer) ? 2 : 0));
+    }
+    tape_->SetLayerKinds(std::move(kinds));
     model_.emplace(Model{*tape_, a_, t_, parameters_, b_, s_, &finetune_});
     model_->sequenceShards = sequenceShards_;
     model_->vocabShards = vocabShards_;
