@@ -103,8 +103,8 @@ TEST_CASE("Block templates: copied backward spans equal simulated ones", "[trace
       R"({"model":{"preset":"smollm3-3b"},"training":{"batchSize":1,"sequenceLength":256,"attention":"sdpa","checkpointing":"everyBlock"}})",
       R"({"model":{"preset":"smollm3-3b"},"training":{"batchSize":1,"sequenceLength":256,"attention":"eager","precision":"bf16Mixed"}})",
       R"({"model":{"preset":"smollm3-3b"},"training":{"batchSize":1,"sequenceLength":256,"attention":"sdpa","checkpointing":"everyBlock","useReentrant":false}})",
-      // Non-reentrant checkpoints (their forwards simulated, their backward spans copied), with
-      // and without early stop, under LoRA and under op-level selective checkpointing.
+      // Non-reentrant checkpoints (forwards and backward spans copied), with and without early
+      // stop, under LoRA and under op-level selective checkpointing.
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","useReentrant":false}})",
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","useReentrant":false},"runtime":{"pytorchVersion":"2.0"}})",
       R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyKthBlock","attention":"eager","useReentrant":false}})",
@@ -142,6 +142,21 @@ TEST_CASE("Block templates: checkpointed blocks' forwards are copied", "[trace][
   const gpumem::Trace simulated = Build("", false, false, inventory, setup);
   CHECK(gpumem::ForwardSpansCopied() == simulatedBefore);
   CHECK(FirstDifference(simulated, copied) == "");
+}
+
+TEST_CASE("Block templates: non-reentrant checkpoints' forwards are copied, packs counted", "[trace][templates]") {
+  // The forward records nodes that Checkpoint drops; a copy makes none and adds the span's count
+  // of packing ops, which the recompute's early stop reads (PyTorch >= 2.1 here, by default).
+  gpumem::Setup setup;
+  REQUIRE(gpumem::ParseAndValidate(
+              R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","useReentrant":false}})",
+              setup)
+              .empty());
+  const gpumem::Inventory inventory = gpumem::BuildInventory(setup);
+  const std::size_t before = gpumem::ForwardSpansCopied();
+  const gpumem::Trace copied = Build("", true, false, inventory, setup);
+  CHECK(gpumem::ForwardSpansCopied() - before == 16 - 4);  // as the reentrant forwards above
+  CHECK(FirstDifference(Build("", false, false, inventory, setup), copied) == "");
 }
 
 TEST_CASE("Block templates: plain blocks' forwards are copied where blocks are long", "[trace][templates]") {

@@ -370,9 +370,9 @@ Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block, 
   sacMmCount_ = 0;
   // Forward templates (tape_templates.cpp RunForwardSpan): only where nothing outside the tape
   // sees the block's forward (no offloading hooks, no sharding engine's layer hook), nothing is
-  // kept by the checkpoint (no op-level selective policy), not inside a recompute, and not a
-  // non-reentrant forward (whose nodes the templates do not copy).
-  const bool copyable = outer && !nonReentrant && !selectiveOps && BlockTemplatesOn() && inventory_ != nullptr &&
+  // kept by the checkpoint (no op-level selective policy), and not inside a recompute. A
+  // non-reentrant forward's copy makes no nodes (they are dropped below) and counts its packs.
+  const bool copyable = outer && !selectiveOps && BlockTemplatesOn() && inventory_ != nullptr &&
                         leaves_ != nullptr && offload_ == nullptr && layerHook_ == nullptr && cacheDepth_ == 0;
   Values outs = copyable ? RunForwardSpan(inputs, block) : block(*this, inputs);
   sacCollect_ = false;

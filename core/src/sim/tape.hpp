@@ -320,6 +320,8 @@ class Tape {
     Values outs;
     std::array<Text, 4> scopeAfter{};
     std::vector<Value> values;  // as the span left them (Checkpoint then marks the outputs)
+    // A non-reentrant checkpoint's forward: the ops whose saved tensors it packed (packedOps_).
+    int packedOps = 0;
     // A plain block's forward (PlainBlock): it records nodes [nodeFrom, nodeTo) and backward
     // temporaries [tempFrom, tempTo); its inputs' dtype and requires_grad decide which ops
     // record, so a copy needs the same (inputKinds: type · 2 + requiresGrad, per input).

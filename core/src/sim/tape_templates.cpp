@@ -161,7 +161,7 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
   if (a.forward != b.forward || a.plain != b.plain || a.nodeTo - a.nodeFrom != b.nodeTo - b.nodeFrom ||
       a.tempTo - a.tempFrom != b.tempTo - b.tempFrom || a.eventTo - a.eventFrom != events || a.partTo - a.partFrom != parts || a.dimTo - a.dimFrom != dims ||
       a.idTo - a.idFrom != b.idTo - b.idFrom || a.holders != b.holders || a.touches.size() != b.touches.size() ||
-      a.grads.size() != b.grads.size() || a.inputGrads.size() != b.inputGrads.size()) {
+      a.grads.size() != b.grads.size() || a.inputGrads.size() != b.inputGrads.size() || a.packedOps != b.packedOps) {
     return false;
   }
   out.record = SpanRecord{};  // `out` may hold an earlier prediction (the template's)
@@ -175,6 +175,7 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
   }
   SpanRecord& r = out.record;
   r.forward = b.forward;
+  r.packedOps = b.packedOps;
   r.layer = b.forward ? b.layer + 1 : b.layer - 1;
   const std::int64_t eventFrom = Next(static_cast<std::int64_t>(a.eventFrom), static_cast<std::int64_t>(b.eventFrom));
   const std::int64_t partFrom = Next(static_cast<std::int64_t>(a.partFrom), static_cast<std::int64_t>(b.partFrom));
@@ -292,7 +293,8 @@ bool Tape::SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& act
       r.partTo != actual.partTo || r.dimFrom != actual.dimFrom || r.dimTo != actual.dimTo || r.idFrom != actual.idFrom ||
       r.idTo != actual.idTo || r.holders != actual.holders || r.touches != actual.touches || r.grads != actual.grads ||
       r.layerAfter != actual.layerAfter || r.inputGrads.size() != actual.inputGrads.size() || r.plain != actual.plain ||
-      r.nodeFrom != actual.nodeFrom || r.nodeTo != actual.nodeTo || r.inputNames.size() != actual.inputNames.size()) {
+      r.nodeFrom != actual.nodeFrom || r.nodeTo != actual.nodeTo || r.inputNames.size() != actual.inputNames.size() ||
+      r.packedOps != actual.packedOps) {
     return false;
   }
   for (std::size_t i = 0; i < r.inputNames.size(); ++i) if (!SameText(r.inputNames[i], actual.inputNames[i])) return false;
@@ -986,10 +988,12 @@ Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block, int 
   r.idFrom = static_cast<int>(b_.tensorCount());
   r.valueFrom = static_cast<int>(values_.size());
   const std::size_t nodesBefore = nodes_.size(), castFrom = cache().cached.size(), blocksBefore = blocks_.size();
+  const int packedBefore = packedOps_;
   b_.RecordTouches(r.idFrom);
   leafLog_ = &r.leaves;
   Values outs = block(*this, inputs);
   leafLog_ = nullptr;
+  r.packedOps = packedOps_ - packedBefore;
   r.touches = b_.touches();
   b_.RecordTouches(-1);
   r.eventTo = trace.events.size();
@@ -1012,9 +1016,11 @@ Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block, int 
   r.layerAfter = layer_;
   r.outs = outs;
   // A kept output, a checkpoint inside the block, an offloaded or precomputed node (and, in a
-  // checkpointed block's forward, any node) would be state a copy does not make.
+  // reentrant checkpoint's forward, any node) would be state a copy does not make. A
+  // non-reentrant checkpoint's forward records nodes that Checkpoint drops when it ends: a copy
+  // makes none, and adds the count of packing ops instead.
   bool copyable = sacBuilding_.empty() && c.cached.size() >= castFrom && blocks_.size() == blocksBefore &&
-                  (plain ? r.layerAfter == r.layer : nodes_.size() == nodesBefore);
+                  (plain ? r.layerAfter == r.layer : packing_ || nodes_.size() == nodesBefore);
   for (std::size_t n = nodesBefore; n < nodes_.size() && copyable; ++n) {
     copyable = nodes_[n].packed < 0 && nodes_[n].precomputed < 0 && nodes_[n].block < 0;
   }
@@ -1046,6 +1052,7 @@ void Tape::ForgetForwardSpans() {
 bool Tape::ApplyForward(const PredictedSpan& predicted, const Values& inputs, int layer, Values& outs) {
   const SpanRecord& r = predicted.record;
   if (!SpanFits(predicted) || r.layer != layer || r.valueFrom != static_cast<int>(values_.size()) ||
+      (r.packedOps > 0 && !packing_) ||
       predicted.values.size() != static_cast<std::size_t>(r.valueTo - r.valueFrom) || !TouchesConsistent(predicted)) {
     return false;
   }
@@ -1105,6 +1112,7 @@ bool Tape::ApplyForward(const PredictedSpan& predicted, const Values& inputs, in
     nodes_.insert(nodes_.end(), predicted.nodes.begin(), predicted.nodes.end());
     temps_.insert(temps_.end(), predicted.temps.begin(), predicted.temps.end());
   }
+  packedOps_ += r.packedOps;
   outs = r.outs;
   ++gForwardCopies;
   return true;
