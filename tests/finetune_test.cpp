@@ -34,6 +34,23 @@ std::int64_t MaxAlloc(const Trace& trace, Category category, Phase phase) {
   return best;
 }
 
+// LoRA r 8 on the small Llama (q_proj and v_proj, PEFT's default): the head stays frozen.
+Setup TinyLlamaLora() {
+  Setup s = TinyLlama();
+  s.finetune.lora = true;
+  s.finetune.r = 8;
+  return s;
+}
+
+// The index of step `step`'s release of the final norm's output (model.norm's weight * x), which
+// must be there and free `bytes`.
+std::size_t FinalNormReleased(const Estimate& e, int step, std::int64_t bytes) {
+  const std::size_t freed = TimelineIndexOf(e, "model.norm weight * x no longer referenced", step);
+  REQUIRE(freed < e.timeline.size());
+  CHECK(e.timeline[freed].deltaBytes == -bytes);
+  return freed;
+}
+
 }  // namespace
 
 TEST_CASE("bitsandbytes 4-bit layout: packed codes and fp32 absmax per 64 and the code table", "[finetune]") {
@@ -67,9 +84,7 @@ TEST_CASE("Defaults leave the inventory as plain training", "[finetune]") {
 }
 
 TEST_CASE("LoRA adds A and B under PEFT's names and freezes the base", "[finetune]") {
-  Setup s = TinyLlama();
-  s.finetune.lora = true;
-  s.finetune.r = 8;  // default targets for Llama: q_proj, v_proj
+  const Setup s = TinyLlamaLora();  // default targets for Llama: q_proj, v_proj
   const Inventory inv = BuildInventory(s);
   REQUIRE(Find(inv, "model.layers.0.self_attn.q_proj.weight") == nullptr);
   const Tensor* base = Find(inv, "model.layers.0.self_attn.q_proj.base_layer.weight");
@@ -364,40 +379,28 @@ TEST_CASE("The head's input lives to the end of the loss: the ForCausalLM forwar
   // returns, after self.loss_function(logits, labels); scripts/validate_parallel.py's LoRA cases
   // measured it (forward −1 MiB before). With LoRA the head is frozen and saves no input, so this
   // reference alone holds the final norm's output through the loss: b·s·h in the weights' dtype.
-  Setup s = TinyLlama();
-  s.finetune.lora = true;
-  s.finetune.r = 8;
-  const Estimate e = MustEstimateLabelled(s);
+  const Estimate e = MustEstimateLabelled(TinyLlamaLora());
   for (int step : {1, 2}) {
-    const std::size_t freed = TimelineIndexOf(e, "model.norm weight * x no longer referenced", step);
-    REQUIRE(freed < e.timeline.size());
-    CHECK(e.timeline[freed].deltaBytes == -2 * 16 * 64 * 2);
+    const std::size_t freed = FinalNormReleased(e, step, 2 * 16 * 64 * 2);
     CHECK(TimelineIndexOf(e, "loss: nll_loss", step) < freed);                 // held through the loss
     CHECK(freed < TimelineIndexOf(e, "loss: logits no longer referenced", step));  // gone before the logits
   }
   // Under autocast a trainable head saves its bf16 cast, not the fp32 output the norm made: the
   // reference holds that fp32 tensor through the loss too (b·s·h·4).
   const Estimate amp = MustEstimateLabelled(TinyLlama(2, Precision::AmpBF16));
-  const std::size_t freed = TimelineIndexOf(amp, "model.norm weight * x no longer referenced", 1);
-  REQUIRE(freed < amp.timeline.size());
-  CHECK(amp.timeline[freed].deltaBytes == -2 * 16 * 64 * 4);
-  CHECK(TimelineIndexOf(amp, "loss: nll_loss", 1) < freed);
+  CHECK(TimelineIndexOf(amp, "loss: nll_loss", 1) < FinalNormReleased(amp, 1, 2 * 16 * 64 * 4));
 }
 
 TEST_CASE("torchtune's chunked output: the decoder's h goes before the recipe's loss", "[finetune]") {
   // TransformerDecoder.unembed keeps h = self.norm(h) only until the model returns its chunk
   // logits; the recipe's _loss_step then shifts the labels (torch.hstack) and runs
   // CEWithChunkedOutputLoss. A frozen head saves no chunk of h, so nothing holds it by then.
-  Setup s = TinyLlama();
-  s.finetune.lora = true;
-  s.finetune.r = 8;
+  Setup s = TinyLlamaLora();
   s.training.lossImplementation = LossImplementation::Chunked;
   s.training.lossChunks = 4;
   const Estimate e = MustEstimateLabelled(s);
   for (int step : {1, 2}) {
-    const std::size_t freed = TimelineIndexOf(e, "model.norm weight * x no longer referenced", step);
-    REQUIRE(freed < e.timeline.size());
-    CHECK(e.timeline[freed].deltaBytes == -2 * 16 * 64 * 2);
+    const std::size_t freed = FinalNormReleased(e, step, 2 * 16 * 64 * 2);
     CHECK(TimelineIndexOf(e, "output (chunk 3)", step) < freed);
     CHECK(freed < TimelineIndexOf(e, "labels shifted (torch.hstack)", step));
   }
