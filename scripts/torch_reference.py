@@ -1481,6 +1481,7 @@ def measure_transformer(setup, tracker=fast_allocation_events):
     in_backward = t.get("optimizerInBackward", False)
     if in_backward and (mixed or loss_scale):
         raise ValueError("optimizerInBackward is validated without master weights or loss scaling")
+    accumulation = setup.get("parallel", {}).get("gradientAccumulationSteps", 1)
     torch.manual_seed(0)
     # Validation machinery, built before the tracker starts so it is not measured.
     route_bias = make_route_bias(cfg, b, s) if cfg.num_experts else None
@@ -1507,27 +1508,35 @@ def measure_transformer(setup, tracker=fast_allocation_events):
         model_ptrs = {_storage(p)[0] for p in all_params} | {_storage(x)[0] for x in model.buffers()}
         saved = {}
         for step in (1, 2):
-            with record_function(f"gpumem:forward:{step}"):
-                batch = make_batch(cfg, b, s)
-                excluded = model_ptrs | {_storage(x)[0] for x in batch.values()}
-                saved.clear()
+            # Gradient accumulation: m forward / backward passes per optimizer step, each
+            # adding into the .grads the first one made (AccumulateGrad). A micro-batch before
+            # the last lets go of its batch and loss once its backward is done (a training loop
+            # fetches the next batch into the same names; HF's Trainer returns from
+            # training_step), the last keeps them through the step as below.
+            for micro in range(accumulation):
+                with record_function(f"gpumem:forward:{step}"):
+                    batch = make_batch(cfg, b, s)
+                    excluded = model_ptrs | {_storage(x)[0] for x in batch.values()}
+                    saved.clear()
 
-                def pack(tensor):
-                    ptr, nbytes = _storage(tensor)
-                    if ptr not in excluded:
-                        saved[ptr] = nbytes
-                    return tensor
+                    def pack(tensor):
+                        ptr, nbytes = _storage(tensor)
+                        if ptr not in excluded:
+                            saved[ptr] = nbytes
+                        return tensor
 
-                with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-                    with torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
-                        loss = compute_loss(model, batch)
-            if step == 1:
-                state["saved"] = sum(saved.values())
-            with record_function(f"gpumem:backward:{step}"):
-                if loss_scale:
-                    (loss * loss_scale).backward()   # GradScaler.scale(loss).backward()
-                else:
-                    loss.backward()
+                    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+                        with torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
+                            loss = compute_loss(model, batch)
+                if step == 1:
+                    state["saved"] = sum(saved.values())
+                with record_function(f"gpumem:backward:{step}"):
+                    if loss_scale:
+                        (loss * loss_scale).backward()   # GradScaler.scale(loss).backward()
+                    else:
+                        loss.backward()
+                    if micro < accumulation - 1:
+                        del loss, batch
             if step == 1:
                 state["gradients"] = sum(p.grad.numel() * p.grad.element_size() for p in params
                                          if p.grad is not None)

@@ -714,7 +714,23 @@ FINETUNE_CASES = [
     ftcase("llama-lora-ampbf16", arch("llama"), {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "up_proj"]},
            precision="ampBf16"),
 ]
-TRANSFORMER_CASES += CHECKPOINT_CASES + FINETUNE_CASES
+# Gradient accumulation on one device (parallel.gradientAccumulationSteps): every micro-batch
+# after the first adds its gradients into the .grads the first made (AccumulateGrad's in-place
+# add), so its backward runs beside a whole set of gradients.
+def accumulated(case_, steps):
+    name, setup = case_
+    setup["parallel"] = {"gradientAccumulationSteps": steps}
+    return name, setup
+
+
+ACCUMULATION_CASES = [
+    accumulated(tcase("llama-fp32-accumulate2", arch("llama")), 2),
+    accumulated(tcase("gpt2-bf16mixed-accumulate3", arch("gpt2"), precision="bf16Mixed"), 3),
+    accumulated(tcase("llama-ampbf16-sdpa-every-accumulate2", arch("llama"), precision="ampBf16", attention="sdpa",
+                      checkpointing="everyBlock"), 2),
+    accumulated(ftcase("llama-lora-bf16-accumulate2", arch("llama"), {"lora": True, "r": 8}, precision="bf16"), 2),
+]
+TRANSFORMER_CASES += CHECKPOINT_CASES + FINETUNE_CASES + ACCUMULATION_CASES
 CASES += TRANSFORMER_CASES
 
 
