@@ -1548,7 +1548,8 @@ def measure_transformer(setup, tracker=fast_allocation_events):
                     # every CPU way to do it allocates grad-sized temporaries.
                     torch._foreach_mul_([p.grad for p in params], 1.0 / loss_scale)
                 if not in_backward:
-                    validate.optimizer_step(model, params, masters if mixed else None, optimizers)
+                    validate.optimizer_step(model, params, masters if mixed else None, optimizers,
+                                            set_to_none=t.get("zeroGradSetToNone", True))
                 del loss, batch
         state.update(validate.model_state_bytes(params, masters if mixed else None, optimizers))
         state["parameters"] = sum(p.numel() * p.element_size() for p in all_params)

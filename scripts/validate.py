@@ -241,10 +241,12 @@ def optimizer_in_backward(name, implementation, params):
     return optimizers, nodes
 
 
-def optimizer_step(model, params, masters, optimizers):
-    """optimizer.step() and zero_grad(set_to_none=True). With fp32 `masters` (mixed precision)
+def optimizer_step(model, params, masters, optimizers, set_to_none=True):
+    """optimizer.step() and zero_grad(set_to_none). With fp32 `masters` (mixed precision)
     the 16-bit gradients are upcast for the update — all at once with one foreach optimizer,
-    one tensor at a time with one optimizer per tensor — and the masters copied back."""
+    one tensor at a time with one optimizer per tensor — and the masters copied back. With
+    set_to_none False (training.zeroGradSetToNone false) the gradients stay, zeroed in place,
+    and the next backward adds into them."""
     if masters is not None:
         if len(optimizers) == 1:
             grads32 = [p.grad.float() for p in params]
@@ -265,9 +267,9 @@ def optimizer_step(model, params, masters, optimizers):
     else:
         optimizers[0].step()
     for opt in optimizers:
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=set_to_none)
     if masters is not None:
-        model.zero_grad(set_to_none=True)
+        model.zero_grad(set_to_none=set_to_none)
 
 
 def model_state_bytes(params, masters, optimizers):
@@ -729,6 +731,18 @@ ACCUMULATION_CASES = [
     accumulated(tcase("llama-ampbf16-sdpa-every-accumulate2", arch("llama"), precision="ampBf16", attention="sdpa",
                       checkpointing="everyBlock"), 2),
     accumulated(ftcase("llama-lora-bf16-accumulate2", arch("llama"), {"lora": True, "r": 8}, precision="bf16"), 2),
+]
+# zero_grad(set_to_none=False): the gradients outlive the step, zeroed in place, and step 2's
+# backward adds into them as a second micro-batch does.
+def keep_grads(case_):
+    name, setup = case_
+    setup["training"]["zeroGradSetToNone"] = False
+    return name, setup
+
+
+ACCUMULATION_CASES += [
+    keep_grads(tcase("llama-fp32-zero-grad-kept", arch("llama"))),
+    keep_grads(tcase("gpt2-bf16-sdpa-zero-grad-kept", arch("gpt2"), precision="bf16", attention="sdpa")),
 ]
 TRANSFORMER_CASES += CHECKPOINT_CASES + FINETUNE_CASES + ACCUMULATION_CASES
 CASES += TRANSFORMER_CASES
