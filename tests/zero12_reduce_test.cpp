@@ -19,13 +19,14 @@ namespace {
 // The small Llama of zero3_reduce_test.cpp (vocabulary 1001, hidden 64, 4 heads, 2 k/v heads,
 // intermediate 171, two blocks, untied head; bf16 mixed, AdamW, 1 × 32 tokens), ZeRO-2 over 3.
 //
-// The flat of the trainable parameters, in the inventory's order: embed_tokens [0, 64,064);
-// block 0: input_layernorm 64, q 4,096, k and v 2,048, o 4,096, post_attention_layernorm 64,
-// gate, up and down 10,944 each (45,248); block 1 from 109,312, its down_proj at
-// [143,616, 154,560); the final norm [154,560, 154,624); lm_head [154,624, 218,688).
-// 218,688 is a multiple of 2 · 3, so no padding: partitions of 72,896. The last rank's,
-// [145,792, 218,688), holds 8,768 elements of block 1's down_proj, the norm and lm_head:
-// grads_in_partition is 10,944 + 64 + 64,064 = 75,072 elements.
+// The flat of the trainable parameters, in named_parameters() order (LlamaDecoderLayer registers
+// its norms after the MLP): embed_tokens [0, 64,064); block 0: q 4,096, k and v 2,048, o 4,096,
+// gate, up and down 10,944 each, input_layernorm and post_attention_layernorm 64 each (45,248);
+// block 1 from 109,312, its down_proj at [143,488, 154,432) and its norms to 154,560; the final
+// norm [154,560, 154,624); lm_head [154,624, 218,688). 218,688 is a multiple of 2 · 3, so no
+// padding: partitions of 72,896. The last rank's, [145,792, 218,688), holds 8,640 elements of
+// block 1's down_proj, its two norms, the final norm and lm_head: grads_in_partition is
+// 10,944 + 64 + 64 + 64 + 64,064 = 75,200 elements.
 Setup SmallLlamaZero2(std::int64_t ranks, std::int64_t reduceBucketSize) {
   Setup s = test::SmallLlama(2);
   s.parallel.dataParallel = ranks;
@@ -52,13 +53,13 @@ TEST_CASE("ZeRO-2: the last rank's grads_in_partition comes with the first reduc
     CHECK(bucket > IndexOf(e, "lm_head.weight.grad", step));
     // lm_head's 64,064 elements exceed the bucket: kept as autograd made it. The final norm's
     // gradient overflows the bucket, which is reduced: lm_head is in the partition, so
-    // grads_in_partition is made (75,072 × 2 B) and lm_head's gradient copied into it; then
+    // grads_in_partition is made (75,200 × 2 B) and lm_head's gradient copied into it; then
     // the norm's gradient is copied into the bucket.
     const std::size_t normGrad = IndexOf(e, "model.norm.weight.grad", step);
     const std::size_t partition = IndexOf(e, "copy_grads_in_partition makes grads_in_partition", step);
     const std::size_t headFreed = IndexOf(e, "lm_head.weight.grad copied into grads_in_partition", step);
     const std::size_t normCopied = IndexOf(e, "model.norm.weight.grad copied to the reduce bucket", step);
-    CHECK(BytesAt(e, partition) == 75'072 * 2);
+    CHECK(BytesAt(e, partition) == 75'200 * 2);
     CHECK(normGrad < partition);
     CHECK(partition < headFreed);
     CHECK(headFreed < normCopied);
@@ -74,15 +75,15 @@ TEST_CASE("ZeRO-2: the last rank's grads_in_partition comes with the first reduc
     CHECK(BytesAt(e, flat) == 72'896 * 2);
     CHECK(BytesAt(e, fp32) == 72'896 * 4);
     CHECK(BytesAt(e, flatFreed) == -72'896 * 2);
-    CHECK(BytesAt(e, partitionFreed) == -75'072 * 2);
+    CHECK(BytesAt(e, partitionFreed) == -75'200 * 2);
     CHECK(flat < fp32);
     CHECK(fp32 < flatFreed);
     CHECK(flatFreed < partitionFreed);
     // Before the flat: check_overflow's _has_inf_or_nan of each gradient in the partition, the
-    // first (in the flat's order) block 1's down_proj slice of 8,768 elements: .float() × 4 B;
+    // first (in the flat's order) block 1's down_proj slice of 8,640 elements: .float() × 4 B;
     // and the norm's .double() of lm_head's 64,064 elements × 8 B.
     CHECK(BytesAt(e, IndexOf(e, "ZeRO step: model.layers.1.mlp.down_proj.weight gradient .float() (check_overflow)", step)) ==
-          8'768 * 4);
+          8'640 * 4);
     CHECK(BytesAt(e, IndexOf(e, "ZeRO step: lm_head.weight gradient .double() (norm)", step)) == 64'064 * 8);
     CHECK(IndexOf(e, "gradient .double() (norm)", step) < flat);
   }
@@ -124,7 +125,7 @@ TEST_CASE("ZeRO-2 with gradient accumulation: later micro-batches add into the f
   for (const TimelinePoint& p : e.timeline) {
     if (p.step != 2) continue;
     made += p.deltaBytes > 0 && p.label.find("makes grads_in_partition") != std::string::npos;
-    added += p.deltaBytes == -75'072 * 2 && p.label.find("added into the first one's") != std::string::npos;
+    added += p.deltaBytes == -75'200 * 2 && p.label.find("added into the first one's") != std::string::npos;
   }
   CHECK(made == 2);
   CHECK(added == 1);
@@ -133,9 +134,8 @@ TEST_CASE("ZeRO-2 with gradient accumulation: later micro-batches add into the f
 TEST_CASE("ZeRO-1: gradients kept whole to the end of backward, then reduced in the parameters' order", "[parallel][zero2]") {
   // Without overlap_comm, ZeRO-1's hook only runs setup_buckets; reduce_gradients then takes each
   // gradient in the flat's order through the bucket. The simulated rank is rank 0, whose
-  // partition [0, 72,896) holds embed_tokens, block 0's input_layernorm, q, k, v and 576
-  // elements of o_proj: grads_in_partition is 64,064 + 64 + 4,096 + 2,048 + 2,048 + 4,096 =
-  // 76,416 elements.
+  // partition [0, 72,896) holds embed_tokens, block 0's q, k, v and 640 elements of o_proj:
+  // grads_in_partition is 64,064 + 4,096 + 2,048 + 2,048 + 4,096 = 76,352 elements.
   Setup s = SmallLlamaZero2(3, 12'000);
   s.parallel.zeroStage = 1;
   const Estimate e = Labelled(s);
@@ -146,14 +146,15 @@ TEST_CASE("ZeRO-1: gradients kept whole to the end of backward, then reduced in 
     const std::size_t firstCopy = IndexOf(e, "copied to the reduce bucket", step);
     REQUIRE(firstCopy < e.timeline.size());
     CHECK(e.timeline[firstCopy].label.rfind("ZeRO-1 reduce_gradients", 0) == 0);
-    // embed_tokens (64,064 > 12,000) waits in the bucket; block 0's input_layernorm overflows
-    // it: grads_in_partition is made and embed_tokens copied in, then the norm into the bucket.
+    // embed_tokens (64,064 > 12,000) waits in the bucket; block 0's q_proj overflows it:
+    // grads_in_partition is made and embed_tokens copied in, then q_proj into the bucket.
     const std::size_t partition = IndexOf(e, "makes grads_in_partition", step);
     const std::size_t embedIn = IndexOf(e, "embed_tokens.weight.grad copied into grads_in_partition", step);
-    const std::size_t normCopied = IndexOf(e, "model.layers.0.input_layernorm.weight.grad copied to the reduce bucket", step);
-    CHECK(BytesAt(e, partition) == 76'416 * 2);
+    const std::size_t qCopied = IndexOf(e, "model.layers.0.self_attn.q_proj.weight.grad copied to the reduce bucket", step);
+    CHECK(BytesAt(e, partition) == 76'352 * 2);
     CHECK(partition < embedIn);
-    CHECK(embedIn < normCopied);
+    CHECK(embedIn < qCopied);
+    CHECK(qCopied < e.timeline.size());
     CHECK(BytesAt(e, IndexOf(e, "averaged gradients flattened", step)) == 72'896 * 2);
     // lm_head (64,064 > 12,000, outside rank 0's partition) is not cleared by its reduction:
     // ZeRO-1's _clear_param_grad_only lets it go after _release_ipg_buffers.

@@ -44,6 +44,15 @@ struct Inventory {
 // under its Hugging Face name; a tied output head is the token embedding (listed once).
 Inventory BuildInventory(const Setup& setup);
 
+// The inventory's indices in the order a forward first uses each tensor. The inventory lists
+// tensors as the modules register them (named_parameters(): what the optimizer, DDP's buckets and
+// ZeRO's and FSDP's flat buffers walk), and a Hugging Face decoder layer registers its norms after
+// its MLP: LlamaDecoderLayer (Mistral's, Qwen's, Gemma's, Mixtral's, Phi-3's, …) runs
+// input_layernorm first and post_attention_layernorm (with Gemma 2's pre_feedforward_layernorm)
+// between attention and the MLP; GPTNeoXLayer registers both norms first. Within each block,
+// tensors keep their registration order inside these stages (norm, attention, norm, MLP, norm).
+std::vector<std::size_t> ForwardOrder(const Inventory& inventory);
+
 // BuildInventory's result for a transformer, shared with the calls that ask for the same one:
 // validation, the solver's bounds and the estimate read the inventory of one setup in turn (a
 // solve on Mixtral 8x22B built it 12 times, 40 M of its 284 M instructions). One entry per

@@ -5,6 +5,7 @@
 #include "gpumem/recycle.hpp"
 #include "parallel/expert_split.hpp"
 
+#include <algorithm>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -114,13 +115,26 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
           add(b, "post_feedforward_layernorm.weight", {h}, L);
           continue;
         }
-        add(b, "input_layernorm.weight", {h}, L);
-        if (a.fusedProjections) {  // Phi3Attention: one [(heads + 2·kv)·d, h] projection
-          add(b, "self_attn.qkv_proj.weight", {(heads + 2 * kv) * d, h}, L);
-          add(b, "self_attn.o_proj.weight", {h, heads * d}, L);
+        // LlamaDecoderLayer (and Mistral's, Qwen2's, Qwen3's, Mixtral's, Gemma's, Granite's,
+        // SmolLM3's, Phi3's) registers self_attn, then the MLP (mlp or block_sparse_moe), then its
+        // norms: named_parameters() — what the optimizer, DDP's buckets and ZeRO's and FSDP's flat
+        // buffers walk — lists them after the MLP, not where they run.
+        auto norms = [&] {
+          add(b, "input_layernorm.weight", {h}, L);
           add(b, "post_attention_layernorm.weight", {h}, L);
+          // Gemma2DecoderLayer: its post_attention_layernorm normalises the attention's output;
+          // the MLP's own norms come before and after it.
+          if (a.sandwichNorms) {
+            add(b, "pre_feedforward_layernorm.weight", {h}, L);
+            add(b, "post_feedforward_layernorm.weight", {h}, L);
+          }
+        };
+        if (a.fusedProjections) {  // Phi3Attention: o_proj, then one [(heads + 2·kv)·d, h] qkv_proj
+          add(b, "self_attn.o_proj.weight", {h, heads * d}, L);
+          add(b, "self_attn.qkv_proj.weight", {(heads + 2 * kv) * d, h}, L);
           add(b, "mlp.gate_up_proj.weight", {2 * inter, h}, L);
           add(b, "mlp.down_proj.weight", {h, inter}, L);
+          norms();
           continue;
         }
         projections();
@@ -128,13 +142,9 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
           add(b, "self_attn.q_norm.weight", {d}, L);
           add(b, "self_attn.k_norm.weight", {d}, L);
         }
-        add(b, "post_attention_layernorm.weight", {h}, L);
-        // Gemma2DecoderLayer: its post_attention_layernorm normalises the attention's output;
-        // the MLP's own norms come before and after it.
-        if (a.sandwichNorms) add(b, "pre_feedforward_layernorm.weight", {h}, L);
         if (a.numExperts == 0) {
           denseMlp();
-          if (a.sandwichNorms) add(b, "post_feedforward_layernorm.weight", {h}, L);
+          norms();
           continue;
         }
         add(b, "block_sparse_moe.gate.weight", {a.numExperts, h}, L);
@@ -151,6 +161,7 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
           add(b, "mlp.shared_expert.down_proj.weight", {h, si}, L);
           if (a.sharedExpertGate) add(b, "mlp.shared_expert_gate.weight", {1, h}, L);
         }
+        norms();
       }
       add(none, "model.norm.weight", {h});
       if (!a.tieWordEmbeddings) add(none, "lm_head.weight", {V, h});
@@ -230,6 +241,40 @@ std::int64_t Inventory::IndexOf(const std::string& name) const {
     if (parameters[i].name == name) return static_cast<std::int64_t>(i);
   }
   return -1;
+}
+
+namespace {
+
+// Where a block's tensor runs in its forward (ForwardOrder): its name after the block's index.
+int ForwardStage(const Tensor& t) {
+  const std::string key = "." + std::to_string(t.layer) + ".";
+  const std::size_t at = t.name.find(key);
+  if (at == std::string::npos) return 1;
+  const std::string_view rest = std::string_view(t.name).substr(at + key.size());
+  auto starts = [&](std::string_view prefix) { return rest.substr(0, prefix.size()) == prefix; };
+  if (starts("input_layernorm.")) return 0;
+  if (starts("post_attention_layernorm.") || starts("pre_feedforward_layernorm.")) return 2;
+  if (starts("mlp.") || starts("block_sparse_moe.")) return 3;
+  if (starts("post_feedforward_layernorm.")) return 4;
+  return 1;  // attention, and what registers in forward order (GPT-2's, BERT's blocks)
+}
+
+}  // namespace
+
+std::vector<std::size_t> ForwardOrder(const Inventory& inventory) {
+  const std::vector<Tensor>& params = inventory.parameters;
+  std::vector<std::size_t> order(params.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  for (std::size_t begin = 0; begin < params.size();) {
+    std::size_t end = begin + 1;
+    while (end < params.size() && params[end].layer == params[begin].layer) ++end;
+    if (params[begin].layer >= 0) {
+      std::stable_sort(order.begin() + static_cast<std::ptrdiff_t>(begin), order.begin() + static_cast<std::ptrdiff_t>(end),
+                       [&](std::size_t x, std::size_t y) { return ForwardStage(params[x]) < ForwardStage(params[y]); });
+    }
+    begin = end;
+  }
+  return order;
 }
 
 ParameterCounts CountParameters(const Setup& setup) {

@@ -247,8 +247,8 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
 //             block u the sub-modules after p's (A; checkpointed: the recompute of those before
 //             it, B).
 // p stays gathered iff A + S + T + T + S' + (A or B) < stage3_max_reuse_distance. The
-// inventory's order within a block stands for the sub-modules' forward order, one sub-module
-// per tensor. With the default 1e9 a model under about 5e8 parameters keeps every block from its
+// tensors' forward order within a block (ForwardOrder: a decoder layer registers its norms after
+// the MLP but runs them first) stands for the sub-modules' order, one sub-module per tensor. With the default 1e9 a model under about 5e8 parameters keeps every block from its
 // forward to its backward; Llama 2 7B (2.0e8 per block, the head 1.3e8) keeps its last block and
 // 1.7e8 elements of the one before, or with every block checkpointed its last block only.
 void ParallelStep::PlanZeroReuse() {
@@ -286,7 +286,9 @@ void ParallelStep::PlanZeroReuse() {
     const std::int64_t allInBackward = laterInBackward[0] + (!reached(0) ? 0 : checkpointed(0) ? 2 * first : first);
     zeroEmbeddingsKept_ = embeddingsBackward_ && all + 2 * tail + allInBackward < limit;
   }
-  for (std::size_t i = params.size(); i-- > 0;) {
+  const std::vector<std::size_t> forward = ForwardOrder(inventory_);
+  for (std::size_t j = forward.size(); j-- > 0;) {
+    const std::size_t i = forward[j];
     const int b = params[i].layer;
     if (b < 0 || b >= blocks) continue;
     const std::size_t k = static_cast<std::size_t>(b);
