@@ -267,149 +267,209 @@ SolveResult Solve(const Setup& setup) {
   return out;
 }
 
-SolveResult Solve(const Setup& setup, const Estimate& current) {
-  SolveResult out;
-  out.errors = Validate(setup);
-  if (!out.ok()) return out;
-  out.currentPeakBytes = current.device.peakDeviceBytes;  // the device figure fits is decided on
-  out.capacityBytes = current.gpuCapacityBytes;
-  const std::int64_t capacity = out.capacityBytes;
-  auto phasePeaksOf = [&](const Setup& s) -> std::optional<PhasePeaks> {
-    ++out.estimatesRun;
-    const EstimateResult r = EstimateMemory(s, kPeaksOnly);  // validates first
-    if (!r.ok()) return std::nullopt;
-    return PhasePeaksOf(r.estimate);
-  };
-  auto peakOf = [&](const Setup& s) -> std::optional<std::int64_t> {
-    const auto p = phasePeaksOf(s);
-    return p ? std::optional(Overall(*p)) : std::nullopt;
-  };
-  const PhasePeaks currentPeaks = PhasePeaksOf(current);
-  const TrainingDef& t = setup.training;
-  const bool transformer = setup.model.kind == ModelKind::Transformer;
-  const SizeBound bound = EstimateSizeBound(setup);
-  // Batch size and sequence length do not change the model states: when those alone pass the
-  // capacity, no batch and no sequence fits, and neither search simulates.
-  InventoryCache inventories(setup);
-  const std::int64_t statesBound = inventories.Bound(setup);
-  const bool nothingFits = statesBound > capacity;
-  // A change of these fields alone leaves every model state as it is (they shape activations,
-  // the loss's temporaries and the allocator, not parameters, gradients or optimizer states): its
-  // bound is the setup's own, not computed again.
-  auto statesUnchanged = [](const std::vector<std::string>& fields) {
-    static constexpr std::string_view kStatesUnchanged[] = {
-        "training.checkpointing",       "training.attention",   "training.batchSize",
-        "training.lossImplementation",  "training.lossChunks",  "training.activationOffloading",
-        "training.useCache",            "training.useReentrant",  "runtime.allocator.expandableSegments"};
-    return std::all_of(fields.begin(), fields.end(), [](const std::string& f) {
-      return std::find(std::begin(kStatesUnchanged), std::end(kStatesUnchanged), f) != std::end(kStatesUnchanged);
-    });
-  };
-  // `known`: the bound of the setup `changed` was made from by changing `fields` (a refused
-  // setup has none, as ModelStatesLowerBound says).
-  auto boundOf = [&](const Setup& changed, const std::vector<std::string>& fields, std::int64_t known) {
-    if (!statesUnchanged(fields)) return inventories.Bound(changed);
-    return Validate(changed).empty() ? known : std::int64_t{-1};
-  };
-  auto largestFitting = [&](std::int64_t limit, std::int64_t known, const PeakFn& peak) {
-    if (!nothingFits) return LargestFitting(limit, known, currentPeaks, peak, capacity);
-    SolvedLimit none;  // what LargestFitting returns when not even 1 fits
-    none.limit = limit;
-    return none;
-  };
+namespace {
 
+// One solve: the setup, its estimate, the answer being built, and the two ways to evaluate a
+// changed setup — a simulation (counted in estimatesRun) or a lower bound that settles it
+// without one (the model states alone, or what the blocks keep at the end of forward).
+class Solver {
+ public:
+  Solver(const Setup& setup, const Estimate& current, SolveResult& out);
+  void FindLimits();        // the largest micro-batch and the longest sequence that fit
+  void AddSingleChanges();  // each change of one setting that could lower the peak
+  void SortSuggestions();   // those that fit first; then the cheapest kind; then the largest saving
+  void AddCombination();    // when none fits alone: the largest savers together
+
+ private:
+  std::optional<PhasePeaks> PhasePeaksOf(const Setup& s);
+  std::optional<std::int64_t> PeakOf(const Setup& s);
+  std::int64_t BoundOf(const Setup& changed, const std::vector<std::string>& fields, std::int64_t known);
+  SolvedLimit Largest(std::int64_t limit, std::int64_t known, const PeakFn& peak);
+  bool HeldAtPeak(std::initializer_list<Category> categories) const;
+  void Add(FitCost cost, std::string id, std::string label, std::string tradeoff, std::vector<std::string> fields,
+           const std::function<void(Setup&)>& change, std::optional<std::int64_t> knownPeak = std::nullopt);
+  // AddSingleChanges, in the order the suggestions are listed before sorting (ties keep it).
+  void AddRecomputeAndAttention();
+  void AddPrecisionAndOptimizer();
+  void AddAllocatorAndBatch();
+  void AddSameResultRewrites();
+  void AddStateSavers();
+  void AddAdapters();
+
+  const Setup& setup_;
+  const Estimate& current_;
+  SolveResult& out_;
+  const TrainingDef& t_;
+  const std::int64_t capacity_;
+  const bool transformer_;
+  InventoryCache inventories_;
+  // The setup's model states as ModelStatesLowerBound counts them; when they alone pass the
+  // capacity, no batch and no sequence fits, and neither search simulates.
+  const std::int64_t statesBound_;
+  const bool nothingFits_;
+  const PhasePeaks currentPeaks_;
+  // A change that cannot lower the current peak is skipped unsimulated: when a change alters only
+  // the events of some categories and the peak holds none of them, the other categories' events
+  // are unchanged, so the same moment recurs with the same bytes and the new peak is at least the
+  // current one. Attention, checkpointing and the micro-batch alter only activations, their
+  // gradients, autocast's weight copies (and the batch itself); a fused optimizer only the
+  // optimizer step's temporaries.
+  const bool activationsMatter_;
+  const bool batchMatters_;
+  const bool temporariesMatter_;
+};
+
+Solver::Solver(const Setup& setup, const Estimate& current, SolveResult& out)
+    : setup_(setup),
+      current_(current),
+      out_(out),
+      t_(setup.training),
+      capacity_(current.gpuCapacityBytes),
+      transformer_(setup.model.kind == ModelKind::Transformer),
+      inventories_(setup),
+      statesBound_(inventories_.Bound(setup)),
+      nothingFits_(statesBound_ > capacity_),
+      currentPeaks_(gpumem::PhasePeaksOf(current)),
+      activationsMatter_(HeldAtPeak({Category::Activations, Category::ActivationGradients, Category::WeightCopies})),
+      batchMatters_(activationsMatter_ || HeldAtPeak({Category::InputBatch})),
+      temporariesMatter_(HeldAtPeak({Category::OptimizerIntermediates})) {
+  out_.currentPeakBytes = current.device.peakDeviceBytes;  // the device figure fits is decided on
+  out_.capacityBytes = capacity_;
+}
+
+std::optional<PhasePeaks> Solver::PhasePeaksOf(const Setup& s) {
+  ++out_.estimatesRun;
+  const EstimateResult r = EstimateMemory(s, kPeaksOnly);  // validates first
+  if (!r.ok()) return std::nullopt;
+  return gpumem::PhasePeaksOf(r.estimate);
+}
+
+std::optional<std::int64_t> Solver::PeakOf(const Setup& s) {
+  const auto p = PhasePeaksOf(s);
+  return p ? std::optional(Overall(*p)) : std::nullopt;
+}
+
+// The model-states bound of `changed`, made from the setup by changing `fields`; `known` is the
+// bound of the setup it was made from (a refused setup has none, as ModelStatesLowerBound says).
+// These fields alone leave every model state as it is (they shape activations, the loss's
+// temporaries and the allocator, not parameters, gradients or optimizer states): their bound is
+// the setup's own, not computed again.
+std::int64_t Solver::BoundOf(const Setup& changed, const std::vector<std::string>& fields, std::int64_t known) {
+  static constexpr std::string_view kStatesUnchanged[] = {
+      "training.checkpointing",       "training.attention",   "training.batchSize",
+      "training.lossImplementation",  "training.lossChunks",  "training.activationOffloading",
+      "training.useCache",            "training.useReentrant",  "runtime.allocator.expandableSegments"};
+  const bool statesUnchanged = std::all_of(fields.begin(), fields.end(), [](const std::string& f) {
+    return std::find(std::begin(kStatesUnchanged), std::end(kStatesUnchanged), f) != std::end(kStatesUnchanged);
+  });
+  if (!statesUnchanged) return inventories_.Bound(changed);
+  return Validate(changed).empty() ? known : std::int64_t{-1};
+}
+
+SolvedLimit Solver::Largest(std::int64_t limit, std::int64_t known, const PeakFn& peak) {
+  if (!nothingFits_) return LargestFitting(limit, known, currentPeaks_, peak, capacity_);
+  SolvedLimit none;  // what LargestFitting returns when not even 1 fits
+  none.limit = limit;
+  return none;
+}
+
+bool Solver::HeldAtPeak(std::initializer_list<Category> categories) const {
+  std::int64_t bytes = 0;
+  for (const CategoryBytes& row : current_.peak.byCategory) {
+    if (std::find(categories.begin(), categories.end(), row.category) != categories.end()) bytes += row.bytes;
+  }
+  return bytes > 0;
+}
+
+void Solver::FindLimits() {
+  const SizeBound bound = EstimateSizeBound(setup_);
   // Largest micro-batch: the estimator's limits, then the size bound.
   {
-    const std::int64_t hard = std::min(Limits::maxBatchSize, Limits::maxTokens / t.sequenceLength);
-    const std::int64_t limit = BoundLimit(hard, [&](double b) { return bound.Total(b, double(t.sequenceLength)); });
-    out.maxBatchSize = largestFitting(limit, t.batchSize, [&](std::int64_t b) {
-      Setup s = setup;
+    const std::int64_t hard = std::min(Limits::maxBatchSize, Limits::maxTokens / t_.sequenceLength);
+    const std::int64_t limit = BoundLimit(hard, [&](double b) { return bound.Total(b, double(t_.sequenceLength)); });
+    out_.maxBatchSize = Largest(limit, t_.batchSize, [&](std::int64_t b) {
+      Setup s = setup_;
       s.training.batchSize = b;
-      return phasePeaksOf(s);
+      return PhasePeaksOf(s);
     });
-    out.maxBatchSize.limitReason = limit < hard ? kBoundReason
-                                                : "the estimator's limits (batch ≤ 1e6, batch × sequence ≤ 1e10 tokens)";
+    out_.maxBatchSize.limitReason = limit < hard ? kBoundReason
+                                                 : "the estimator's limits (batch ≤ 1e6, batch × sequence ≤ 1e10 tokens)";
   }
   // Longest sequence: the position table (GPT-2, BERT), the estimator's limits, the size bound.
   {
-    const ArchitectureDef& a = setup.model.architecture;
-    const bool positionTable = transformer && (a.family == Family::GPT2 || a.family == Family::BERT);
-    const std::int64_t estimatorLimit = std::min(Limits::maxSequenceLength, Limits::maxTokens / t.batchSize);
+    const ArchitectureDef& a = setup_.model.architecture;
+    const bool positionTable = transformer_ && (a.family == Family::GPT2 || a.family == Family::BERT);
+    const std::int64_t estimatorLimit = std::min(Limits::maxSequenceLength, Limits::maxTokens / t_.batchSize);
     const std::int64_t hard = positionTable ? std::min(estimatorLimit, a.maxPositionEmbeddings) : estimatorLimit;
-    const std::int64_t limit = BoundLimit(hard, [&](double n) { return bound.Total(double(t.batchSize), n); });
-    out.maxSequenceLength = largestFitting(limit, t.sequenceLength, [&](std::int64_t n) {
-      Setup s = setup;
+    const std::int64_t limit = BoundLimit(hard, [&](double n) { return bound.Total(double(t_.batchSize), n); });
+    out_.maxSequenceLength = Largest(limit, t_.sequenceLength, [&](std::int64_t n) {
+      Setup s = setup_;
       s.training.sequenceLength = n;
-      return phasePeaksOf(s);
+      return PhasePeaksOf(s);
     });
-    out.maxSequenceLength.limitReason =
+    out_.maxSequenceLength.limitReason =
         limit < hard ? kBoundReason
         : positionTable && a.maxPositionEmbeddings <= estimatorLimit
             ? "the learned position table (maxPositionEmbeddings " + FormatCount(a.maxPositionEmbeddings) + ")"
             : "the estimator's limits (sequence ≤ 1e8, batch × sequence ≤ 1e10 tokens)";
   }
+}
 
-  // Single changes. A change that cannot lower the current peak is skipped unsimulated: when a
-  // change alters only the events of some categories and the peak holds none of them, the other
-  // categories' events are unchanged, so the same moment recurs with the same bytes and the new
-  // peak is at least the current one. Attention, checkpointing and the micro-batch alter only
-  // activations, their gradients, autocast's weight copies (and the batch itself); a fused
-  // optimizer only the optimizer step's temporaries.
-  auto heldAtPeak = [&](std::initializer_list<Category> categories) {
-    std::int64_t bytes = 0;
-    for (const CategoryBytes& row : current.peak.byCategory) {
-      if (std::find(categories.begin(), categories.end(), row.category) != categories.end()) bytes += row.bytes;
+// A change whose model states alone pass the capacity cannot fit (ModelStatesLowerBound): it is
+// listed unsimulated, its peak the floor those states set and its saving the most it could save
+// (a 405B model on one GPU: each change is one simulation fewer). Refused setups have no bound
+// (-1): they are simulated and dropped as before.
+void Solver::Add(FitCost cost, std::string id, std::string label, std::string tradeoff, std::vector<std::string> fields,
+                 const std::function<void(Setup&)>& change, std::optional<std::int64_t> knownPeak) {
+  FitSuggestion s;
+  s.cost = cost;
+  s.id = std::move(id);
+  s.label = std::move(label);
+  s.tradeoff = std::move(tradeoff);
+  s.changedFields = std::move(fields);
+  s.setup = setup_;
+  change(s.setup);
+  std::optional<std::int64_t> peak = knownPeak;
+  if (!peak) {
+    if (const std::int64_t least = BoundOf(s.setup, s.changedFields, statesBound_); least > capacity_) {
+      peak = least;
+      s.peakIsLowerBound = true;
+      s.lowerBoundBasis = "modelStates";
+    } else if (const std::int64_t floor = TryForwardEndFloor(s.setup, least, capacity_); floor > capacity_) {
+      // Its states fit, but not with what its blocks keep at the end of forward: two small
+      // simulations instead of the whole one.
+      peak = floor;
+      s.peakIsLowerBound = true;
+      s.lowerBoundBasis = "forwardEnd";
+    } else {
+      peak = PeakOf(s.setup);
     }
-    return bytes > 0;
-  };
-  const bool activationsMatter =
-      heldAtPeak({Category::Activations, Category::ActivationGradients, Category::WeightCopies});
-  const bool batchMatters = activationsMatter || heldAtPeak({Category::InputBatch});
-  const bool temporariesMatter = heldAtPeak({Category::OptimizerIntermediates});
-  auto add = [&](FitCost cost, std::string id, std::string label, std::string tradeoff, std::vector<std::string> fields,
-                 const std::function<void(Setup&)>& change, std::optional<std::int64_t> knownPeak = std::nullopt) {
-    FitSuggestion s;
-    s.cost = cost;
-    s.id = std::move(id);
-    s.label = std::move(label);
-    s.tradeoff = std::move(tradeoff);
-    s.changedFields = std::move(fields);
-    s.setup = setup;
-    change(s.setup);
-    // A change whose model states alone pass the capacity cannot fit (ModelStatesLowerBound):
-    // it is listed unsimulated, its peak the floor those states set and its saving the most it
-    // could save (a 405B model on one GPU: each change is one simulation fewer). Refused setups
-    // have no bound (-1): they are simulated and dropped as before.
-    std::optional<std::int64_t> peak = knownPeak;
-    if (!peak) {
-      if (const std::int64_t least = boundOf(s.setup, s.changedFields, statesBound); least > capacity) {
-        peak = least;
-        s.peakIsLowerBound = true;
-        s.lowerBoundBasis = "modelStates";
-      } else if (const std::int64_t floor = TryForwardEndFloor(s.setup, least, capacity); floor > capacity) {
-        // Its states fit, but not with what its blocks keep at the end of forward: two small
-        // simulations instead of the whole one.
-        peak = floor;
-        s.peakIsLowerBound = true;
-        s.lowerBoundBasis = "forwardEnd";
-      } else {
-        peak = peakOf(s.setup);
-      }
-    }
-    if (!peak) return;
-    s.peakBytes = *peak;
-    s.savedBytes = out.currentPeakBytes - *peak;
-    s.fits = *peak <= capacity;
-    if (s.savedBytes > 0) out.suggestions.push_back(std::move(s));
-  };
-  if (transformer && activationsMatter && t.checkpointing != Checkpointing::EveryBlock) {
-    add(FitCost::Compute, "checkpointing-everyBlock", "Checkpoint every block",
+  }
+  if (!peak) return;
+  s.peakBytes = *peak;
+  s.savedBytes = out_.currentPeakBytes - *peak;
+  s.fits = *peak <= capacity_;
+  if (s.savedBytes > 0) out_.suggestions.push_back(std::move(s));
+}
+
+void Solver::AddSingleChanges() {
+  AddRecomputeAndAttention();
+  AddPrecisionAndOptimizer();
+  AddAllocatorAndBatch();
+  AddSameResultRewrites();
+  AddStateSavers();
+  AddAdapters();
+}
+
+void Solver::AddRecomputeAndAttention() {
+  if (transformer_ && activationsMatter_ && t_.checkpointing != Checkpointing::EveryBlock) {
+    Add(FitCost::Compute, "checkpointing-everyBlock", "Checkpoint every block",
         "each block's forward runs again during backward: about a third more compute",
         {"training.checkpointing"}, [](Setup& s) { s.training.checkpointing = Checkpointing::EveryBlock; });
   }
-  if (transformer && activationsMatter && t.checkpointing == Checkpointing::None &&
-      t.attention == AttentionImplementation::Eager) {
-    add(FitCost::Compute, "checkpointing-selective", "Recompute the attention core (selective checkpointing)",
+  if (transformer_ && activationsMatter_ && t_.checkpointing == Checkpointing::None &&
+      t_.attention == AttentionImplementation::Eager) {
+    Add(FitCost::Compute, "checkpointing-selective", "Recompute the attention core (selective checkpointing)",
         "the scores and softmax are recomputed in backward: a few percent more compute",
         {"training.checkpointing"}, [](Setup& s) { s.training.checkpointing = Checkpointing::Selective; });
   }
@@ -417,51 +477,57 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   // backward holds neither the recomputed block output nor the incoming gradient, its recompute
   // stopping after the last saved tensor. It helps only where a backward is the peak.
   // (EffectiveTraining: the op-level policy is non-reentrant already.)
-  if (transformer && activationsMatter && families::EffectiveTraining(setup).useReentrant &&
-      t.checkpointing != Checkpointing::None && current.peak.phase == Phase::Backward) {
-    add(FitCost::Free, "checkpointing-non-reentrant",
+  if (transformer_ && activationsMatter_ && families::EffectiveTraining(setup_).useReentrant &&
+      t_.checkpointing != Checkpointing::None && current_.peak.phase == Phase::Backward) {
+    Add(FitCost::Free, "checkpointing-non-reentrant",
         "Checkpoint without reentrant autograd (gradient_checkpointing_kwargs={\"use_reentrant\": False})",
         "free: the same computation; each block's backward keeps one activation fewer and its recompute stops "
         "after the last tensor backward needs (PyTorch ≥ 2.1)",
         {"training.useReentrant"}, [](Setup& s) { s.training.useReentrant = false; });
   }
-  if (transformer && activationsMatter && t.attention == AttentionImplementation::Eager) {
-    add(FitCost::Free, "attention-sdpa", "Use fused attention (SDPA / FlashAttention)",
+  if (transformer_ && activationsMatter_ && t_.attention == AttentionImplementation::Eager) {
+    Add(FitCost::Free, "attention-sdpa", "Use fused attention (SDPA / FlashAttention)",
         "same result; needs a GPU and dtype the fused kernels support",
         {"training.attention"}, [](Setup& s) { s.training.attention = AttentionImplementation::SDPA; });
   }
-  if (t.precision == Precision::FP32) {
-    if (setup.model.kind != ModelKind::LayerList) {
-      add(FitCost::ChangesResults, "precision-ampBf16", "Train with autocast bf16", "bf16 matmuls; fp32 weights and states keep full precision",
+}
+
+void Solver::AddPrecisionAndOptimizer() {
+  if (t_.precision == Precision::FP32) {
+    if (setup_.model.kind != ModelKind::LayerList) {
+      Add(FitCost::ChangesResults, "precision-ampBf16", "Train with autocast bf16", "bf16 matmuls; fp32 weights and states keep full precision",
           {"training.precision"}, [](Setup& s) { s.training.precision = Precision::AmpBF16; });
     }
-    add(FitCost::ChangesResults, "precision-bf16Mixed", "Train in bf16 with fp32 master weights",
+    Add(FitCost::ChangesResults, "precision-bf16Mixed", "Train in bf16 with fp32 master weights",
         "bf16 weights, gradients and activations; the optimizer keeps fp32 copies",
         {"training.precision"}, [](Setup& s) { s.training.precision = Precision::BF16Mixed; });
   }
-  if (t.precision != Precision::BF16) {
-    add(FitCost::ChangesResults, "precision-bf16", "Train in pure bf16", "no fp32 copies at all: updates lose precision, convergence may suffer",
+  if (t_.precision != Precision::BF16) {
+    Add(FitCost::ChangesResults, "precision-bf16", "Train in pure bf16", "no fp32 copies at all: updates lose precision, convergence may suffer",
         {"training.precision"}, [](Setup& s) { s.training.precision = Precision::BF16; });
   }
-  if (t.optimizer == OptimizerKind::Adam || t.optimizer == OptimizerKind::AdamW) {
-    add(FitCost::ChangesResults, "optimizer-adafactor", "Use Adafactor", "factored second moments: different optimisation dynamics",
+  if (t_.optimizer == OptimizerKind::Adam || t_.optimizer == OptimizerKind::AdamW) {
+    Add(FitCost::ChangesResults, "optimizer-adafactor", "Use Adafactor", "factored second moments: different optimisation dynamics",
         {"training.optimizer", "training.optimizerImplementation"}, [](Setup& s) {
           s.training.optimizer = OptimizerKind::Adafactor;
           s.training.optimizerImplementation = OptimizerImplementation::PerParameter;
         });
-    add(FitCost::ChangesResults, "optimizer-sgdMomentum", "Use SGD with momentum", "one state per parameter instead of two; usually needs retuning",
+    Add(FitCost::ChangesResults, "optimizer-sgdMomentum", "Use SGD with momentum", "one state per parameter instead of two; usually needs retuning",
         {"training.optimizer"}, [](Setup& s) { s.training.optimizer = OptimizerKind::SGDMomentum; });
   }
-  if (temporariesMatter && t.optimizerImplementation != OptimizerImplementation::Fused &&
-      t.optimizer != OptimizerKind::Adafactor) {
-    add(FitCost::Free, "optimizer-fused", "Use the fused optimizer (fused=True)", "same update, one kernel: no parameter-sized temporaries",
+  if (temporariesMatter_ && t_.optimizerImplementation != OptimizerImplementation::Fused &&
+      t_.optimizer != OptimizerKind::Adafactor) {
+    Add(FitCost::Free, "optimizer-fused", "Use the fused optimizer (fused=True)", "same update, one kernel: no parameter-sized temporaries",
         {"training.optimizerImplementation"},
         [](Setup& s) { s.training.optimizerImplementation = OptimizerImplementation::Fused; });
   }
+}
+
+void Solver::AddAllocatorAndBatch() {
   // The allocator's cache at its peak: expandable segments grow in place, so the free blocks
   // stranded inside fixed-size segments mostly go (simulated, not assumed).
-  if (!setup.runtime.allocator.expandableSegments && current.device.fragmentationBytes > 0) {
-    add(FitCost::Free, "allocator-expandableSegments", "Let the allocator grow segments in place (PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True)",
+  if (!setup_.runtime.allocator.expandableSegments && current_.device.fragmentationBytes > 0) {
+    Add(FitCost::Free, "allocator-expandableSegments", "Let the allocator grow segments in place (PYTORCH_CUDA_ALLOC_CONF: expandable_segments:True)",
         "free: the same computation; segments grow in place instead of new cudaMalloc calls (PyTorch ≥ 2.1, Linux)",
         {"runtime.allocator.expandableSegments"}, [](Setup& s) { s.runtime.allocator.expandableSegments = true; });
   }
@@ -469,50 +535,53 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   // cached segments (simulated: the allocator model runs the empty_cache). It frees no tensor,
   // so it is tried only where the allocated peak with the context would fit and the segments
   // do not: where the allocator's cache decides the verdict.
-  const DeviceEstimate& dev = current.device;
-  const bool cacheDecides = !dev.fits && dev.peakAllocatedBytes + dev.contextBytes + dev.communicationBytes <= capacity;
-  if (t.emptyCacheSteps != 1 && setup.parallel.pipelineParallel <= 1 && cacheDecides) {
-    add(FitCost::Compute, "training-emptyCacheSteps-1", "Empty the CUDA cache every step (Trainer: torch_empty_cache_steps=1)",
+  const DeviceEstimate& dev = current_.device;
+  const bool cacheDecides = !dev.fits && dev.peakAllocatedBytes + dev.contextBytes + dev.communicationBytes <= capacity_;
+  if (t_.emptyCacheSteps != 1 && setup_.parallel.pipelineParallel <= 1 && cacheDecides) {
+    Add(FitCost::Compute, "training-emptyCacheSteps-1", "Empty the CUDA cache every step (Trainer: torch_empty_cache_steps=1)",
         "slower steps: the segments released before each backward are cudaMalloc'ed again; the backward starts "
         "without the forward's stranded free blocks",
         {"training.emptyCacheSteps"}, [](Setup& s) { s.training.emptyCacheSteps = 1; });
   }
-  if (!t.zeroGradSetToNone) {
-    add(FitCost::Free, "zero-grad-set-to-none", "zero_grad(set_to_none=True)", "none: gradients are freed instead of zeroed",
+  if (!t_.zeroGradSetToNone) {
+    Add(FitCost::Free, "zero-grad-set-to-none", "zero_grad(set_to_none=True)", "none: gradients are freed instead of zeroed",
         {"training.zeroGradSetToNone"}, [](Setup& s) { s.training.zeroGradSetToNone = true; });
   }
-  if (t.batchSize > 1 && batchMatters) {
-    const std::int64_t micro = out.maxBatchSize.found ? std::max<std::int64_t>(1, std::min(out.maxBatchSize.value, t.batchSize / 2))
-                                                      : 1;
-    const std::int64_t steps = (t.batchSize + micro - 1) / micro;
+  if (t_.batchSize > 1 && batchMatters_) {
+    const SolvedLimit& largest = out_.maxBatchSize;
+    const std::int64_t micro = largest.found ? std::max<std::int64_t>(1, std::min(largest.value, t_.batchSize / 2)) : 1;
+    const std::int64_t steps = (t_.batchSize + micro - 1) / micro;
     // The batch search already simulated the largest batch that fits.
     std::optional<std::int64_t> known;
-    if (out.maxBatchSize.found && micro == out.maxBatchSize.value) known.emplace(out.maxBatchSize.peakBytes);
-    add(FitCost::Compute, "batch-" + std::to_string(micro) + "-accumulate-" + std::to_string(steps),
+    if (largest.found && micro == largest.value) known.emplace(largest.peakBytes);
+    Add(FitCost::Compute, "batch-" + std::to_string(micro) + "-accumulate-" + std::to_string(steps),
         "Micro-batch " + FormatCount(micro) + " with " + FormatCount(steps) + " gradient-accumulation steps",
         "same effective batch (" + FormatCount(micro * steps) + "), " + FormatCount(steps) + " forward/backward passes per step",
         {"training.batchSize"}, [micro](Setup& s) { s.training.batchSize = micro; }, known);
   }
-  // The fine-tuning changes (issue 11). Free: the chunked loss and the optimizer in backward
-  // compute the same numbers; an 8-bit optimizer changes the update's precision.
-  const bool decoder = transformer && setup.model.architecture.family != Family::BERT;
+}
+
+// The fine-tuning changes (issue 11) that compute the same numbers: the loss, the KV cache,
+// the optimizer in backward, activation offloading.
+void Solver::AddSameResultRewrites() {
+  const bool decoder = transformer_ && setup_.model.architecture.family != Family::BERT;
   // The loss: Liger's fused linear + cross-entropy where it applies (no logits at all, reduced
   // in fp32 in the kernel), else torchtune's chunked loss. One of the two, so that the solver
   // runs no more estimates than before; the fused one is refused under autocast and with a LoRA
   // lm_head (a validation, no estimate).
-  Setup fusedLoss = setup;
+  Setup fusedLoss = setup_;
   fusedLoss.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy;
-  const bool fusedApplies = decoder && activationsMatter &&
-                            t.lossImplementation != LossImplementation::FusedLinearCrossEntropy &&
-                            t.lossImplementation != LossImplementation::MegatronVocabParallel &&  // not Liger's
+  const bool fusedApplies = decoder && activationsMatter_ &&
+                            t_.lossImplementation != LossImplementation::FusedLinearCrossEntropy &&
+                            t_.lossImplementation != LossImplementation::MegatronVocabParallel &&  // not Liger's
                             Validate(fusedLoss).empty();
   if (fusedApplies) {
-    add(FitCost::Free, "loss-fused", "Fuse the output projection and the loss (Liger use_liger_kernel=True)",
+    Add(FitCost::Free, "loss-fused", "Fuse the output projection and the loss (Liger use_liger_kernel=True)",
         "free: the same loss; the logits exist one token chunk at a time and the head's gradients are made in forward",
         {"training.lossImplementation"},
         [](Setup& s) { s.training.lossImplementation = LossImplementation::FusedLinearCrossEntropy; });
-  } else if (decoder && activationsMatter && t.lossImplementation == LossImplementation::Standard) {
-    add(FitCost::Free, "loss-chunked", "Chunk the output projection and the loss (torchtune CEWithChunkedOutputLoss, 8 chunks)",
+  } else if (decoder && activationsMatter_ && t_.lossImplementation == LossImplementation::Standard) {
+    Add(FitCost::Free, "loss-chunked", "Chunk the output projection and the loss (torchtune CEWithChunkedOutputLoss, 8 chunks)",
         "free: the same loss; the logits are upcast to fp32 one chunk at a time",
         {"training.lossImplementation", "training.lossChunks"}, [](Setup& s) {
           s.training.lossImplementation = LossImplementation::Chunked;
@@ -521,13 +590,13 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   }
   // transformers' DynamicCache in training: where it keeps copies of every layer's key and value
   // (families::KeepsDynamicCache), use_cache=False computes the same loss without them.
-  if (activationsMatter && families::KeepsDynamicCache(setup)) {
-    add(FitCost::Free, "no-kv-cache", "Turn off the KV cache in training (use_cache=False)",
+  if (activationsMatter_ && families::KeepsDynamicCache(setup_)) {
+    Add(FitCost::Free, "no-kv-cache", "Turn off the KV cache in training (use_cache=False)",
         "free: the same loss; transformers keeps no copy of each layer's key and value for a generation that never comes",
         {"training.useCache"}, [](Setup& s) { s.training.useCache = false; });
   }
-  if (!t.optimizerInBackward && heldAtPeak({Category::Gradients, Category::OptimizerIntermediates})) {
-    add(FitCost::Free, "optimizer-in-backward", "Step the optimizer in backward (torchtune optimizer_in_bwd=True)",
+  if (!t_.optimizerInBackward && HeldAtPeak({Category::Gradients, Category::OptimizerIntermediates})) {
+    Add(FitCost::Free, "optimizer-in-backward", "Step the optimizer in backward (torchtune optimizer_in_bwd=True)",
         "the same update; each gradient is freed once applied, so gradient accumulation is not possible",
         {"training.optimizerInBackward", "training.zeroGradSetToNone"}, [](Setup& s) {
           s.training.optimizerInBackward = true;
@@ -536,137 +605,164 @@ SolveResult Solve(const Setup& setup, const Estimate& current) {
   }
   // Activation offloading: the same math, paid in host transfers that may not fully overlap
   // (ranked with checkpointing). Offered when the setup does not fit.
-  if (transformer && activationsMatter && !t.activationOffloading && out.currentPeakBytes > capacity) {
-    add(FitCost::Compute, "activation-offloading", "Offload activations to host memory (torchtune enable_activation_offloading=True)",
+  if (transformer_ && activationsMatter_ && !t_.activationOffloading && out_.currentPeakBytes > capacity_) {
+    Add(FitCost::Compute, "activation-offloading", "Offload activations to host memory (torchtune enable_activation_offloading=True)",
         "the same result; saved activations travel to pinned host memory and back over PCIe, which slows "
         "the step where the copies do not overlap with compute",
         {"training.activationOffloading"}, [](Setup& s) { s.training.activationOffloading = true; });
   }
-  if (t.optimizer == OptimizerKind::Adam || t.optimizer == OptimizerKind::AdamW) {
+}
+
+// Optimizers whose states take less of the device: paged (unified memory) or 8-bit.
+void Solver::AddStateSavers() {
+  if (t_.optimizer == OptimizerKind::Adam || t_.optimizer == OptimizerKind::AdamW) {
     // bitsandbytes' 32-bit AdamW with paged states (transformers' optim="paged_adamw_32bit"): the
     // same update; the states of tensors with at least 1e5 elements are CUDA unified memory, outside
     // the caching allocator, which the driver evicts to host memory rather than fail
     // (docs/device.md, "Paged optimizer states are not allocations").
-    add(FitCost::Compute, "optimizer-pagedAdamw", "Use paged AdamW (bitsandbytes PagedAdamW, paged_adamw_32bit)",
+    Add(FitCost::Compute, "optimizer-pagedAdamw", "Use paged AdamW (bitsandbytes PagedAdamW, paged_adamw_32bit)",
         "the same update; the optimizer states live in CUDA unified memory that the driver moves to host memory "
         "when the GPU runs short, which slows the steps that page them back",
         {"training.optimizer"}, [](Setup& s) { s.training.optimizer = OptimizerKind::PagedAdamW; });
   }
-  if (t.optimizer == OptimizerKind::Adam || t.optimizer == OptimizerKind::AdamW || t.optimizer == OptimizerKind::PagedAdamW) {
-    add(FitCost::ChangesResults, "optimizer-adamw8bit", "Use 8-bit AdamW (bitsandbytes AdamW8bit)",
+  if (t_.optimizer == OptimizerKind::Adam || t_.optimizer == OptimizerKind::AdamW || t_.optimizer == OptimizerKind::PagedAdamW) {
+    Add(FitCost::ChangesResults, "optimizer-adamw8bit", "Use 8-bit AdamW (bitsandbytes AdamW8bit)",
         "states quantized blockwise to 8 bits (2.03 B per parameter instead of 8): close to AdamW, not identical",
         {"training.optimizer"}, [](Setup& s) { s.training.optimizer = OptimizerKind::AdamW8bit; });
   }
-  // LoRA and QLoRA (the `finetune` section): adapters change what trains, so they change the
-  // results. The recipes are the core's one list of training modes (model/training_modes.cpp:
-  // torchtune's single-device LoRA and QLoRA recipes), the list the page's "What you will do"
-  // offers. Offered only when the setup does not fit (they change what is trained, not how: a
-  // setup that fits is not told to train something else) and nothing is adapted yet.
-  if (transformer && out.currentPeakBytes > capacity && !setup.finetune.lora &&
-      setup.finetune.quantization == Quantization::None) {
-    const Family family = setup.model.architecture.family;
-    const TrainingMode* lora = FindTrainingMode("lora");
-    const TrainingMode* qlora = FindTrainingMode("qlora");
-    add(FitCost::ChangesResults, "finetune-lora", std::string("Fine-tune with ") + lora->label,
-        "the base weights are frozen and only low-rank adapters train (peft LoraConfig / torchtune lora recipes): "
-        "a different, smaller update than full fine-tuning",
-        TrainingModeFields(*lora), [lora, family](Setup& s) { ApplyTrainingMode(*lora, family, s.finetune); });
-    add(FitCost::ChangesResults, "finetune-qlora", std::string("Fine-tune with ") + qlora->label,
-        "LoRA on base weights stored in 4 bits (bitsandbytes NF4): the frozen weights are approximated, "
-        "and each linear dequantizes its weight in forward and backward",
-        TrainingModeFields(*qlora), [qlora, family](Setup& s) { ApplyTrainingMode(*qlora, family, s.finetune); });
-  }
+}
 
-  // Those that fit first; then the cheapest kind of change; then the largest saving.
-  std::stable_sort(out.suggestions.begin(), out.suggestions.end(), [](const FitSuggestion& a, const FitSuggestion& b) {
+// LoRA and QLoRA (the `finetune` section): adapters change what trains, so they change the
+// results. The recipes are the core's one list of training modes (model/training_modes.cpp:
+// torchtune's single-device LoRA and QLoRA recipes), the list the page's "What you will do"
+// offers. Offered only when the setup does not fit (they change what is trained, not how: a
+// setup that fits is not told to train something else) and nothing is adapted yet.
+void Solver::AddAdapters() {
+  if (!transformer_ || out_.currentPeakBytes <= capacity_ || setup_.finetune.lora ||
+      setup_.finetune.quantization != Quantization::None) {
+    return;
+  }
+  const Family family = setup_.model.architecture.family;
+  const TrainingMode* lora = FindTrainingMode("lora");
+  const TrainingMode* qlora = FindTrainingMode("qlora");
+  Add(FitCost::ChangesResults, "finetune-lora", std::string("Fine-tune with ") + lora->label,
+      "the base weights are frozen and only low-rank adapters train (peft LoraConfig / torchtune lora recipes): "
+      "a different, smaller update than full fine-tuning",
+      TrainingModeFields(*lora), [lora, family](Setup& s) { ApplyTrainingMode(*lora, family, s.finetune); });
+  Add(FitCost::ChangesResults, "finetune-qlora", std::string("Fine-tune with ") + qlora->label,
+      "LoRA on base weights stored in 4 bits (bitsandbytes NF4): the frozen weights are approximated, "
+      "and each linear dequantizes its weight in forward and backward",
+      TrainingModeFields(*qlora), [qlora, family](Setup& s) { ApplyTrainingMode(*qlora, family, s.finetune); });
+}
+
+void Solver::SortSuggestions() {
+  std::stable_sort(out_.suggestions.begin(), out_.suggestions.end(), [](const FitSuggestion& a, const FitSuggestion& b) {
     if (a.fits != b.fits) return a.fits;
     if (a.cost != b.cost) return a.cost < b.cost;
     return a.savedBytes > b.savedBytes;
   });
+}
 
-  // No single change fits: combine the largest savers, one change per field, until it fits.
-  // The first is already simulated alone; at most kCombinationSteps more are simulated (the
-  // largest savers come first, and each later one saves less, so a long tail rarely helps).
-  constexpr int kCombinationSteps = 8;
-  const bool anyFits = std::any_of(out.suggestions.begin(), out.suggestions.end(), [](const FitSuggestion& s) { return s.fits; });
-  if (!anyFits && out.currentPeakBytes > capacity && out.suggestions.size() > 1) {
-    FitSuggestion combo;
-    combo.setup = setup;
-    std::vector<std::string> labels;
-    bool comboSimulated = true;  // combo.peakBytes is the simulated peak of combo.setup
-    std::int64_t comboBound = statesBound;  // ModelStatesLowerBound(combo.setup)
-    int steps = 0;
-    for (const FitSuggestion& s : out.suggestions) {
-      bool clash = false;
-      for (const std::string& f : s.changedFields) {
-        clash = clash || std::find(combo.changedFields.begin(), combo.changedFields.end(), f) != combo.changedFields.end();
-      }
-      // The optimizer in backward leaves no gradient to accumulate into.
-      const bool accumulates = s.id.rfind("batch-", 0) == 0;
-      clash = clash || (accumulates && combo.setup.training.optimizerInBackward) ||
-              (s.setup.training.optimizerInBackward && combo.setup.training.batchSize != setup.training.batchSize);
-      if (clash) continue;
-      if (!labels.empty() && steps++ == kCombinationSteps) break;
-      Setup next = combo.setup;
-      for (const std::string& f : s.changedFields) {
-        if (f == "training.checkpointing") next.training.checkpointing = s.setup.training.checkpointing;
-        if (f == "training.attention") next.training.attention = s.setup.training.attention;
-        if (f == "training.precision") next.training.precision = s.setup.training.precision;
-        if (f == "training.optimizer") next.training.optimizer = s.setup.training.optimizer;
-        if (f == "training.optimizerImplementation") next.training.optimizerImplementation = s.setup.training.optimizerImplementation;
-        if (f == "training.zeroGradSetToNone") next.training.zeroGradSetToNone = s.setup.training.zeroGradSetToNone;
-        if (f == "training.batchSize") next.training.batchSize = s.setup.training.batchSize;
-        if (f == "runtime.allocator.expandableSegments") next.runtime = s.setup.runtime;
-        if (f == "training.lossImplementation") next.training.lossImplementation = s.setup.training.lossImplementation;
-        if (f == "training.lossChunks") next.training.lossChunks = s.setup.training.lossChunks;
-        if (f == "training.optimizerInBackward") next.training.optimizerInBackward = s.setup.training.optimizerInBackward;
-        if (f == "training.activationOffloading") next.training.activationOffloading = s.setup.training.activationOffloading;
-        if (f == "training.useCache") next.training.useCache = s.setup.training.useCache;
-        if (f == "training.useReentrant") next.training.useReentrant = s.setup.training.useReentrant;
-        if (f.rfind("finetune.", 0) == 0) next.finetune = s.setup.finetune;  // only LoRA / QLoRA touch it
-      }
-      // A step whose model states alone pass the capacity cannot fit: it is
-      // taken unsimulated (only the last step's peak is reported, and only a fit ends the loop),
-      // and a combination whose last step was such a one is listed by that step's floor.
-      std::optional<std::int64_t> peak;
-      bool simulated = true;
-      const std::int64_t nextBound = boundOf(next, s.changedFields, comboBound);
-      if (labels.empty()) {
-        peak = s.peakBytes;
-        simulated = !s.peakIsLowerBound;
-      } else if (const std::int64_t least = nextBound; least > capacity) {
-        peak = least;  // refused setups have no bound (-1), so they are simulated and skipped as before
-        simulated = false;
-      } else {
-        peak = peakOf(next);
-      }
-      if (!peak) continue;
-      comboSimulated = simulated;
-      comboBound = nextBound;
-      combo.setup = next;
-      combo.changedFields.insert(combo.changedFields.end(), s.changedFields.begin(), s.changedFields.end());
-      combo.peakBytes = *peak;
-      labels.push_back(s.label);
-      combo.id += (combo.id.empty() ? "" : "+") + s.id;
-      combo.tradeoff += (combo.tradeoff.empty() ? "" : "; ") + s.tradeoff;
-      combo.cost = std::max(combo.cost, s.cost);
-      if (*peak <= capacity) break;
-    }
-    if (labels.size() > 1 && !comboSimulated) {
-      // Its last step was left unsimulated because that step's model states alone pass the
-      // capacity, and combo.peakBytes is their sum: the combination cannot fit either, and is
-      // listed by that floor like a single change (a 405B model on one GPU: one simulation
-      // fewer).
-      combo.peakIsLowerBound = true;
-    }
-    if (labels.size() > 1) {
-      combo.fits = combo.peakBytes <= capacity;
-      combo.savedBytes = out.currentPeakBytes - combo.peakBytes;
-      combo.label = "Combine: ";
-      for (std::size_t i = 0; i < labels.size(); ++i) combo.label += (i ? " + " : "") + labels[i];
-      out.suggestions.insert(out.suggestions.begin(), std::move(combo));
-    }
+// The fields a suggestion changed, copied from its setup onto `next`.
+void CopyChangedFields(const FitSuggestion& s, Setup& next) {
+  const TrainingDef& from = s.setup.training;
+  TrainingDef& to = next.training;
+  for (const std::string& f : s.changedFields) {
+    if (f == "training.checkpointing") to.checkpointing = from.checkpointing;
+    if (f == "training.attention") to.attention = from.attention;
+    if (f == "training.precision") to.precision = from.precision;
+    if (f == "training.optimizer") to.optimizer = from.optimizer;
+    if (f == "training.optimizerImplementation") to.optimizerImplementation = from.optimizerImplementation;
+    if (f == "training.zeroGradSetToNone") to.zeroGradSetToNone = from.zeroGradSetToNone;
+    if (f == "training.batchSize") to.batchSize = from.batchSize;
+    if (f == "runtime.allocator.expandableSegments") next.runtime = s.setup.runtime;
+    if (f == "training.lossImplementation") to.lossImplementation = from.lossImplementation;
+    if (f == "training.lossChunks") to.lossChunks = from.lossChunks;
+    if (f == "training.optimizerInBackward") to.optimizerInBackward = from.optimizerInBackward;
+    if (f == "training.activationOffloading") to.activationOffloading = from.activationOffloading;
+    if (f == "training.useCache") to.useCache = from.useCache;
+    if (f == "training.useReentrant") to.useReentrant = from.useReentrant;
+    if (f.rfind("finetune.", 0) == 0) next.finetune = s.setup.finetune;  // only LoRA / QLoRA touch it
   }
+}
+
+// No single change fits: combine the largest savers, one change per field, until it fits.
+// The first is already simulated alone; at most kCombinationSteps more are simulated (the
+// largest savers come first, and each later one saves less, so a long tail rarely helps).
+void Solver::AddCombination() {
+  constexpr int kCombinationSteps = 8;
+  std::vector<FitSuggestion>& suggestions = out_.suggestions;
+  const bool anyFits = std::any_of(suggestions.begin(), suggestions.end(), [](const FitSuggestion& s) { return s.fits; });
+  if (anyFits || out_.currentPeakBytes <= capacity_ || suggestions.size() <= 1) return;
+  FitSuggestion combo;
+  combo.setup = setup_;
+  std::vector<std::string> labels;
+  bool comboSimulated = true;  // combo.peakBytes is the simulated peak of combo.setup
+  std::int64_t comboBound = statesBound_;  // ModelStatesLowerBound(combo.setup)
+  int steps = 0;
+  for (const FitSuggestion& s : suggestions) {
+    bool clash = false;
+    for (const std::string& f : s.changedFields) {
+      clash = clash || std::find(combo.changedFields.begin(), combo.changedFields.end(), f) != combo.changedFields.end();
+    }
+    // The optimizer in backward leaves no gradient to accumulate into.
+    const bool accumulates = s.id.rfind("batch-", 0) == 0;
+    clash = clash || (accumulates && combo.setup.training.optimizerInBackward) ||
+            (s.setup.training.optimizerInBackward && combo.setup.training.batchSize != setup_.training.batchSize);
+    if (clash) continue;
+    if (!labels.empty() && steps++ == kCombinationSteps) break;
+    Setup next = combo.setup;
+    CopyChangedFields(s, next);
+    // A step whose model states alone pass the capacity cannot fit: it is
+    // taken unsimulated (only the last step's peak is reported, and only a fit ends the loop),
+    // and a combination whose last step was such a one is listed by that step's floor.
+    std::optional<std::int64_t> peak;
+    bool simulated = true;
+    const std::int64_t nextBound = BoundOf(next, s.changedFields, comboBound);
+    if (labels.empty()) {
+      peak = s.peakBytes;
+      simulated = !s.peakIsLowerBound;
+    } else if (const std::int64_t least = nextBound; least > capacity_) {
+      peak = least;  // refused setups have no bound (-1), so they are simulated and skipped as before
+      simulated = false;
+    } else {
+      peak = PeakOf(next);
+    }
+    if (!peak) continue;
+    comboSimulated = simulated;
+    comboBound = nextBound;
+    combo.setup = next;
+    combo.changedFields.insert(combo.changedFields.end(), s.changedFields.begin(), s.changedFields.end());
+    combo.peakBytes = *peak;
+    labels.push_back(s.label);
+    combo.id += (combo.id.empty() ? "" : "+") + s.id;
+    combo.tradeoff += (combo.tradeoff.empty() ? "" : "; ") + s.tradeoff;
+    combo.cost = std::max(combo.cost, s.cost);
+    if (*peak <= capacity_) break;
+  }
+  if (labels.size() <= 1) return;
+  // Its last step was left unsimulated because that step's model states alone pass the
+  // capacity, and combo.peakBytes is their sum: the combination cannot fit either, and is
+  // listed by that floor like a single change (a 405B model on one GPU: one simulation fewer).
+  if (!comboSimulated) combo.peakIsLowerBound = true;
+  combo.fits = combo.peakBytes <= capacity_;
+  combo.savedBytes = out_.currentPeakBytes - combo.peakBytes;
+  combo.label = "Combine: ";
+  for (std::size_t i = 0; i < labels.size(); ++i) combo.label += (i ? " + " : "") + labels[i];
+  suggestions.insert(suggestions.begin(), std::move(combo));
+}
+
+}  // namespace
+
+SolveResult Solve(const Setup& setup, const Estimate& current) {
+  SolveResult out;
+  out.errors = Validate(setup);
+  if (!out.ok()) return out;
+  Solver solver(setup, current, out);
+  solver.FindLimits();
+  solver.AddSingleChanges();
+  solver.SortSuggestions();
+  solver.AddCombination();
   return out;
 }
 
