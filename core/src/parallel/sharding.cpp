@@ -260,6 +260,231 @@ Setup TensorParallelRankSetup(const Setup& setup) {
   return rank;
 }
 
+namespace {
+
+// DDP (and one GPU): whole parameters, the reducer's buckets; ZeroRedundancyOptimizer's rank.
+void PlanDdp(const Setup& setup, const Inventory& inventory, ShardPlan& plan) {
+  const ParallelDef& p = setup.parallel;
+  const std::size_t n = inventory.parameters.size();
+  plan.optimizerTensors = inventory;
+  // Megatron's DDP (gradReduceInFp32) has no reducer buckets: its one gradient buffer is made
+  // by parallel_step.cpp (distributed_data_parallel.py, param_and_grad_buffer.py).
+  if (plan.engine == ShardingEngine::DDP && !p.gradReduceInFp32) {
+    // torch/nn/parallel/distributed.py: _compute_bucket_assignment_by_size over the
+    // parameters in reverse order with limits [dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB),
+    // bucket_cap_mb × 2^20]; a bucket closes once its bytes reach its limit
+    // (torch/csrc/distributed/c10d/reducer.cpp compute_bucket_assignment_by_size).
+    // Only parameters with requires_grad reach the reducer (distributed.py
+    // _build_params_for_reducer keeps `param.requires_grad`), so frozen and quantized base
+    // weights have no bucket; and tensors of different dtypes never share one (reducer.cpp
+    // compute_bucket_assignment_by_size keys its open buckets by BucketKey(dtype, device),
+    // each key with its own walk through the limits), e.g. fp32 adapters beside bf16 norms.
+    const DType regimeGradients = RegimeOf(setup.training.precision).gradients;
+    const std::int64_t firstLimit = 1 << 20;
+    const auto capLimit = static_cast<std::int64_t>(p.bucketCapMB * 1048576.0);
+    struct OpenBucket { DType type; std::int64_t limit; std::int64_t elements; };
+    std::vector<OpenBucket> open;
+    for (std::size_t i = n; i-- > 0;) {
+      const Tensor& t = inventory.parameters[i];
+      if (!t.trainable) continue;
+      const DType type = GradientTypeOf(t, regimeGradients);
+      auto it = std::find_if(open.begin(), open.end(), [&](const OpenBucket& o) { return o.type == type; });
+      if (it == open.end()) it = open.insert(open.end(), OpenBucket{type, firstLimit, 0});
+      it->elements += t.Elements();
+      if (it->elements * BytesPerElement(type) >= it->limit) {
+        plan.ddpBucketElements.push_back(it->elements);
+        plan.ddpBucketTypes.push_back(type);
+        it->elements = 0;
+        it->limit = capLimit;
+      }
+    }
+    for (const OpenBucket& o : open) {
+      if (o.elements == 0) continue;
+      plan.ddpBucketElements.push_back(o.elements);
+      plan.ddpBucketTypes.push_back(o.type);
+    }
+    if (p.zeroRedundancyOptimizer) {
+      // The local optimizer of the heaviest rank sees only its parameters.
+      const ZeroRedundancyAssignment a = AssignZeroRedundancy(inventory, p.dataParallel);
+      plan.optimizerTensors.parameters.clear();
+      for (std::size_t i = 0; i < n; ++i) {
+        if (a.rankOf[i] == a.heaviestRank) plan.optimizerTensors.parameters.push_back(inventory.parameters[i]);
+      }
+    }
+  }
+}
+
+// DeepSpeed ZeRO 1–3: the flat (or per-parameter) partitions, ZeRO-3's sub-groups, the reduce bucket.
+void PlanZero(const Setup& setup, const Inventory& inventory, ShardPlan& plan) {
+  const ParallelDef& p = setup.parallel;
+  const std::int64_t d = plan.shardWorld;
+  const std::size_t n = inventory.parameters.size();
+  if (plan.zeroStage <= 2 && (p.expertParallel > 1 || ExpertTensorParallelOf(p) != p.tensorParallel)) {
+    // Expert parallelism: the experts' parameters are their own group, sharded over the
+    // expert-data-parallel ranks (dp·cp / e) and the rest over dp·cp, each flattened and
+    // padded on its own (DeepSpeed's MoE param groups, stage_1_and_2.py
+    // real_dp_process_group; Megatron's distributed optimizer per expert_data_parallel_group).
+    // Expert data parallel: dp·cp·t / (etp·e) (ExpertDataParallelOf; d / e when etp = t).
+    const std::int64_t de = d * p.tensorParallel / (ExpertTensorParallelOf(p) * p.expertParallel);
+    std::int64_t expertElements = 0;
+    for (const Tensor& t : inventory.parameters) {
+      if (t.trainable && expert_split::IsExpertTensor(t)) expertElements += t.Elements();
+    }
+    const std::int64_t dense = CeilDiv(plan.flatElements - expertElements, 2 * d) * 2 * d;
+    const std::int64_t expert = CeilDiv(expertElements, 2 * de) * 2 * de;
+    plan.paddedFlatElements = dense + expert;
+    plan.partitionElements = dense / d + expert / de;
+  } else if (plan.zeroStage <= 2) {
+    // stage_1_and_2.py: flatten_dense_tensors_aligned(group, nccl_start_alignment_factor (2) × dp)
+    // over bit16_groups, which hold only parameters with requires_grad (DeepSpeedZeroOptimizer
+    // __init__: trainable_parameters): frozen and quantized weights stay whole, outside it.
+    plan.paddedFlatElements = CeilDiv(plan.flatElements, 2 * d) * 2 * d;
+    plan.partitionElements = plan.paddedFlatElements / d;
+  } else {
+    // partition_parameters.py _partition_param: each parameter padded to a multiple of the
+    // world (_padding_size) and split, ds_tensor = ⌈n / dp⌉; the fp32 partition is the flat
+    // of this rank's ds_tensors (stage3.py _create_fp32_partitions).
+    // Frozen parameters are partitioned too (zero.Init / _convert_to_zero_parameters take
+    // every module parameter), but only trainable ones enter the fp32 partition (stage3.py
+    // _get_trainable_parameter_groups keeps `p.requires_grad`). A 4-bit weight is partitioned
+    // as its packed codes in the quant storage type (bnb_4bit_quant_storage = the weights'
+    // dtype, which validation requires); its QuantState statistics stay whole.
+    for (std::size_t i = 0; i < n; ++i) {
+      const Tensor& t = inventory.parameters[i];
+      const std::int64_t elements = StorageElements(t);
+      const std::int64_t shard = CeilDiv(elements, d);
+      if (t.trainable) plan.partitionElements += shard;
+      plan.paddedFlatElements += shard * d;
+      // stage3_param_persistence_threshold: small parameters stay whole on every rank
+      // (parameter_offload.py persistent_parameters) besides their partition. Over one rank
+      // the partition is the whole parameter and fetching it makes no copy (ZeroParamGather1Rank
+      // in parallel_step.cpp): param.data is a view of it, persistent or not.
+      const bool persistentCopy = elements < p.stage3ParamPersistenceThreshold && d > 1;
+      plan.parameterElementsHeld[i] = plan.offloadParameters ? 0 : (persistentCopy ? elements + shard : shard);
+    }
+  }
+  Tensor flat;
+  flat.name = "fp32 flat partition";
+  flat.shape = {plan.partitionElements};
+  if (plan.zeroStage == 3) {
+    // stage3.py _create_fp16_sub_groups: the trainable parameters' partitions in order, a
+    // sub-group closed once it holds sub_group_size elements or more (or at the last), each
+    // with an fp32 flat of its own (_create_fp32_partitions) that optimizer.step() updates
+    // alone (_optimizer_step). One sub-group when the partition is no larger.
+    std::vector<std::int64_t> groups;
+    std::int64_t open = 0;
+    std::size_t last = n;
+    for (std::size_t i = 0; i < n; ++i) if (inventory.parameters[i].trainable) last = i;
+    for (std::size_t i = 0; i < n && plan.partitionElements > p.subGroupSize; ++i) {
+      if (!inventory.parameters[i].trainable) continue;
+      open += CeilDiv(StorageElements(inventory.parameters[i]), d);
+      if (open >= p.subGroupSize || i == last) {
+        groups.push_back(open);
+        open = 0;
+      }
+    }
+    for (std::size_t k = 0; groups.size() > 1 && k < groups.size(); ++k) {  // one is the whole flat
+      Tensor sub;
+      sub.name = "fp32 flat partition, sub-group " + std::to_string(k);
+      sub.shape = {groups[k]};
+      plan.optimizerTensors.parameters.push_back(sub);
+    }
+  }
+  if (plan.optimizerTensors.parameters.empty()) plan.optimizerTensors.parameters.push_back(flat);
+  // The contiguous-gradient reduce bucket (ipg_buffer): reduce_bucket_size elements, two
+  // with overlap_comm (stage_1_and_2.py backward(); stage3.py __ipg_bucket_flat_buffer,
+  // one buffer).
+  const bool overlap = p.overlapComm == OverlapComm::On || (p.overlapComm == OverlapComm::Default && plan.zeroStage == 3);
+  if (plan.zeroStage >= 2 && p.contiguousGradients) {
+    plan.reduceBucketElements = p.reduceBucketSize;
+    plan.reduceBuckets = plan.zeroStage == 2 && overlap ? 2 : 1;
+  } else if (plan.zeroStage == 1) {
+    // buffered_reduce_fallback flattens at most reduce_bucket_size elements at a time.
+    plan.reduceBucketElements = std::min(p.reduceBucketSize, plan.flatElements);
+    plan.reduceBuckets = 1;
+  }
+}
+
+// FSDP1: one FlatParameter per unit (and per adapter with fsdpWrapAdaptersApart).
+void PlanFsdp(const Setup& setup, const Inventory& inventory, ShardPlan& plan) {
+  const ParallelDef& p = setup.parallel;
+  const std::int64_t d = plan.shardWorld;
+  // torch/distributed/fsdp/_flat_param.py: one FlatParameter per unit, padded to a multiple
+  // of the world (_get_shard: chunk, then pad) so every rank holds ⌈numel / world⌉.
+  auto unit = [&](std::int64_t elements, int layer, std::string name) {
+    Tensor shard;
+    shard.name = std::move(name);
+    shard.shape = {CeilDiv(elements, d)};
+    shard.layer = layer;
+    plan.optimizerTensors.parameters.push_back(shard);
+    plan.partitionElements += shard.shape[0];
+    plan.paddedFlatElements += shard.shape[0] * d;
+  };
+  plan.adaptersApart = p.fsdpWrapAdaptersApart;
+  if (plan.adaptersApart) {
+    // The adapters leave their block's (or the root's) FlatParameter for units of their own.
+    for (const Tensor& t : inventory.parameters) {
+      if (!t.trainable) continue;
+      (t.layer < 0 ? plan.rootUnitElements : plan.unitElements[static_cast<std::size_t>(t.layer)]) -= StorageElements(t);
+    }
+  }
+  // Each adapter unit of `layer` (-1 = the root's), after its parent's unit.
+  auto adapters = [&](int layer) {
+    if (!plan.adaptersApart) return;
+    for (const Tensor& t : inventory.parameters) {
+      if (t.trainable && t.layer == layer) unit(StorageElements(t), layer, t.name + " FlatParameter shard");
+    }
+  };
+  if (plan.rootUnitElements > 0) unit(plan.rootUnitElements, -1, "root FlatParameter shard");
+  adapters(-1);
+  for (std::size_t l = 0; l < plan.unitElements.size(); ++l) {
+    if (plan.unitElements[l] > 0) unit(plan.unitElements[l], static_cast<int>(l), "layers." + std::to_string(l) + " FlatParameter shard");
+    adapters(static_cast<int>(l));
+  }
+  std::fill(plan.parameterElementsHeld.begin(), plan.parameterElementsHeld.end(), 0);
+  if (plan.adaptersApart) PlanFsdpAdapterUnits(inventory, plan);
+  else PlanFsdpTrainableParts(inventory, plan);
+}
+
+// FSDP2 fully_shard: each parameter its own dim-0 shard.
+void PlanFsdp2(const Inventory& inventory, ShardPlan& plan) {
+  const std::int64_t d = plan.shardWorld;
+  const std::size_t n = inventory.parameters.size();
+  // torch/distributed/fsdp/_fully_shard/_fsdp_param.py: each parameter chunked on dim 0
+  // and padded to the first chunk's size (padded_sharded_param_size). Frozen parameters are
+  // FSDPParams too (fully_shard shards every parameter of the module, requires_grad or not:
+  // FSDPParam._init_sharded_param keeps requires_grad on the sharded DTensor), so every rank
+  // holds its shard of the frozen base; only the trainable ones get a gradient shard
+  // (_fsdp_param_group.py post_backward: fsdp_params_with_grad) and optimizer states.
+  for (std::size_t i = 0; i < n; ++i) {
+    const Tensor& t = inventory.parameters[i];
+    Tensor shard = t;
+    shard.name = t.name + " (shard)";
+    plan.parameterElementsHeld[i] = 0;
+    if (t.storage == Tensor::Storage::TorchaoNF4) {
+      // torchao nf4_split (what torch.chunk in _init_sharded_param dispatches to): each of
+      // quantized_scalers, quantization_factor and quantized_data cut into `world` equal
+      // parts (validation requires an even split, so no padding); scaler_mean and the nf4
+      // table are shared by every chunk (construct_nf4_args keeps them), whole on every rank.
+      // Frozen: no gradient or state. Held as bytes.
+      shard.shape = {StorageElements(t) / d};
+      plan.optimizerTensors.parameters.push_back(shard);
+      plan.quantShardBytes += shard.shape[0];
+      continue;
+    }
+    if (!shard.shape.empty()) shard.shape[0] = CeilDiv(shard.shape[0], d);
+    plan.optimizerTensors.parameters.push_back(shard);
+    plan.partitionElements += shard.Elements();
+    if (t.trainable) {
+      plan.gradientShardElements += shard.Elements();
+      plan.trainableShardParts.parameters.push_back(shard);
+    }
+    plan.paddedFlatElements += shard.Elements() * d;
+  }
+}
+
+}  // namespace
+
 ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
   const ParallelDef& p = setup.parallel;
   ShardPlan plan;
@@ -268,7 +493,6 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
   plan.shardWorld = ShardWorldOf(p);
   plan.offloadOptimizer = p.offload != OffloadKind::None;
   plan.offloadParameters = p.offload == OffloadKind::OptimizerAndParameters;
-  const std::int64_t d = plan.shardWorld;
   const std::size_t n = inventory.parameters.size();
   plan.parameterElementsHeld.resize(n);
   // In the elements torch holds (a 4-bit weight's packed codes in its quant storage type).
@@ -287,214 +511,10 @@ ShardPlan PlanShards(const Setup& setup, const Inventory& inventory) {
 
   switch (plan.engine) {
     case ShardingEngine::None:
-    case ShardingEngine::DDP: {
-      plan.optimizerTensors = inventory;
-      // Megatron's DDP (gradReduceInFp32) has no reducer buckets: its one gradient buffer is made
-      // by parallel_step.cpp (distributed_data_parallel.py, param_and_grad_buffer.py).
-      if (plan.engine == ShardingEngine::DDP && !p.gradReduceInFp32) {
-        // torch/nn/parallel/distributed.py: _compute_bucket_assignment_by_size over the
-        // parameters in reverse order with limits [dist._DEFAULT_FIRST_BUCKET_BYTES (1 MiB),
-        // bucket_cap_mb × 2^20]; a bucket closes once its bytes reach its limit
-        // (torch/csrc/distributed/c10d/reducer.cpp compute_bucket_assignment_by_size).
-        // Only parameters with requires_grad reach the reducer (distributed.py
-        // _build_params_for_reducer keeps `param.requires_grad`), so frozen and quantized base
-        // weights have no bucket; and tensors of different dtypes never share one (reducer.cpp
-        // compute_bucket_assignment_by_size keys its open buckets by BucketKey(dtype, device),
-        // each key with its own walk through the limits), e.g. fp32 adapters beside bf16 norms.
-        const DType regimeGradients = RegimeOf(setup.training.precision).gradients;
-        const std::int64_t firstLimit = 1 << 20;
-        const auto capLimit = static_cast<std::int64_t>(p.bucketCapMB * 1048576.0);
-        struct OpenBucket { DType type; std::int64_t limit; std::int64_t elements; };
-        std::vector<OpenBucket> open;
-        for (std::size_t i = n; i-- > 0;) {
-          const Tensor& t = inventory.parameters[i];
-          if (!t.trainable) continue;
-          const DType type = GradientTypeOf(t, regimeGradients);
-          auto it = std::find_if(open.begin(), open.end(), [&](const OpenBucket& o) { return o.type == type; });
-          if (it == open.end()) it = open.insert(open.end(), OpenBucket{type, firstLimit, 0});
-          it->elements += t.Elements();
-          if (it->elements * BytesPerElement(type) >= it->limit) {
-            plan.ddpBucketElements.push_back(it->elements);
-            plan.ddpBucketTypes.push_back(type);
-            it->elements = 0;
-            it->limit = capLimit;
-          }
-        }
-        for (const OpenBucket& o : open) {
-          if (o.elements == 0) continue;
-          plan.ddpBucketElements.push_back(o.elements);
-          plan.ddpBucketTypes.push_back(o.type);
-        }
-        if (p.zeroRedundancyOptimizer) {
-          // The local optimizer of the heaviest rank sees only its parameters.
-          const ZeroRedundancyAssignment a = AssignZeroRedundancy(inventory, p.dataParallel);
-          plan.optimizerTensors.parameters.clear();
-          for (std::size_t i = 0; i < n; ++i) {
-            if (a.rankOf[i] == a.heaviestRank) plan.optimizerTensors.parameters.push_back(inventory.parameters[i]);
-          }
-        }
-      }
-      break;
-    }
-    case ShardingEngine::Zero: {
-      if (plan.zeroStage <= 2 && (p.expertParallel > 1 || ExpertTensorParallelOf(p) != p.tensorParallel)) {
-        // Expert parallelism: the experts' parameters are their own group, sharded over the
-        // expert-data-parallel ranks (dp·cp / e) and the rest over dp·cp, each flattened and
-        // padded on its own (DeepSpeed's MoE param groups, stage_1_and_2.py
-        // real_dp_process_group; Megatron's distributed optimizer per expert_data_parallel_group).
-        // Expert data parallel: dp·cp·t / (etp·e) (ExpertDataParallelOf; d / e when etp = t).
-        const std::int64_t de = d * p.tensorParallel / (ExpertTensorParallelOf(p) * p.expertParallel);
-        std::int64_t expertElements = 0;
-        for (const Tensor& t : inventory.parameters) {
-          if (t.trainable && expert_split::IsExpertTensor(t)) expertElements += t.Elements();
-        }
-        const std::int64_t dense = CeilDiv(plan.flatElements - expertElements, 2 * d) * 2 * d;
-        const std::int64_t expert = CeilDiv(expertElements, 2 * de) * 2 * de;
-        plan.paddedFlatElements = dense + expert;
-        plan.partitionElements = dense / d + expert / de;
-      } else if (plan.zeroStage <= 2) {
-        // stage_1_and_2.py: flatten_dense_tensors_aligned(group, nccl_start_alignment_factor (2) × dp)
-        // over bit16_groups, which hold only parameters with requires_grad (DeepSpeedZeroOptimizer
-        // __init__: trainable_parameters): frozen and quantized weights stay whole, outside it.
-        plan.paddedFlatElements = CeilDiv(plan.flatElements, 2 * d) * 2 * d;
-        plan.partitionElements = plan.paddedFlatElements / d;
-      } else {
-        // partition_parameters.py _partition_param: each parameter padded to a multiple of the
-        // world (_padding_size) and split, ds_tensor = ⌈n / dp⌉; the fp32 partition is the flat
-        // of this rank's ds_tensors (stage3.py _create_fp32_partitions).
-        // Frozen parameters are partitioned too (zero.Init / _convert_to_zero_parameters take
-        // every module parameter), but only trainable ones enter the fp32 partition (stage3.py
-        // _get_trainable_parameter_groups keeps `p.requires_grad`). A 4-bit weight is partitioned
-        // as its packed codes in the quant storage type (bnb_4bit_quant_storage = the weights'
-        // dtype, which validation requires); its QuantState statistics stay whole.
-        for (std::size_t i = 0; i < n; ++i) {
-          const Tensor& t = inventory.parameters[i];
-          const std::int64_t elements = StorageElements(t);
-          const std::int64_t shard = CeilDiv(elements, d);
-          if (t.trainable) plan.partitionElements += shard;
-          plan.paddedFlatElements += shard * d;
-          // stage3_param_persistence_threshold: small parameters stay whole on every rank
-          // (parameter_offload.py persistent_parameters) besides their partition. Over one rank
-          // the partition is the whole parameter and fetching it makes no copy (ZeroParamGather1Rank
-          // in parallel_step.cpp): param.data is a view of it, persistent or not.
-          const bool persistentCopy = elements < p.stage3ParamPersistenceThreshold && d > 1;
-          plan.parameterElementsHeld[i] = plan.offloadParameters ? 0 : (persistentCopy ? elements + shard : shard);
-        }
-      }
-      Tensor flat;
-      flat.name = "fp32 flat partition";
-      flat.shape = {plan.partitionElements};
-      if (plan.zeroStage == 3) {
-        // stage3.py _create_fp16_sub_groups: the trainable parameters' partitions in order, a
-        // sub-group closed once it holds sub_group_size elements or more (or at the last), each
-        // with an fp32 flat of its own (_create_fp32_partitions) that optimizer.step() updates
-        // alone (_optimizer_step). One sub-group when the partition is no larger.
-        std::vector<std::int64_t> groups;
-        std::int64_t open = 0;
-        std::size_t last = n;
-        for (std::size_t i = 0; i < n; ++i) if (inventory.parameters[i].trainable) last = i;
-        for (std::size_t i = 0; i < n && plan.partitionElements > p.subGroupSize; ++i) {
-          if (!inventory.parameters[i].trainable) continue;
-          open += CeilDiv(StorageElements(inventory.parameters[i]), d);
-          if (open >= p.subGroupSize || i == last) {
-            groups.push_back(open);
-            open = 0;
-          }
-        }
-        for (std::size_t k = 0; groups.size() > 1 && k < groups.size(); ++k) {  // one is the whole flat
-          Tensor sub;
-          sub.name = "fp32 flat partition, sub-group " + std::to_string(k);
-          sub.shape = {groups[k]};
-          plan.optimizerTensors.parameters.push_back(sub);
-        }
-      }
-      if (plan.optimizerTensors.parameters.empty()) plan.optimizerTensors.parameters.push_back(flat);
-      // The contiguous-gradient reduce bucket (ipg_buffer): reduce_bucket_size elements, two
-      // with overlap_comm (stage_1_and_2.py backward(); stage3.py __ipg_bucket_flat_buffer,
-      // one buffer).
-      const bool overlap = p.overlapComm == OverlapComm::On || (p.overlapComm == OverlapComm::Default && plan.zeroStage == 3);
-      if (plan.zeroStage >= 2 && p.contiguousGradients) {
-        plan.reduceBucketElements = p.reduceBucketSize;
-        plan.reduceBuckets = plan.zeroStage == 2 && overlap ? 2 : 1;
-      } else if (plan.zeroStage == 1) {
-        // buffered_reduce_fallback flattens at most reduce_bucket_size elements at a time.
-        plan.reduceBucketElements = std::min(p.reduceBucketSize, plan.flatElements);
-        plan.reduceBuckets = 1;
-      }
-      break;
-    }
-    case ShardingEngine::Fsdp: {
-      // torch/distributed/fsdp/_flat_param.py: one FlatParameter per unit, padded to a multiple
-      // of the world (_get_shard: chunk, then pad) so every rank holds ⌈numel / world⌉.
-      auto unit = [&](std::int64_t elements, int layer, std::string name) {
-        Tensor shard;
-        shard.name = std::move(name);
-        shard.shape = {CeilDiv(elements, d)};
-        shard.layer = layer;
-        plan.optimizerTensors.parameters.push_back(shard);
-        plan.partitionElements += shard.shape[0];
-        plan.paddedFlatElements += shard.shape[0] * d;
-      };
-      plan.adaptersApart = p.fsdpWrapAdaptersApart;
-      if (plan.adaptersApart) {
-        // The adapters leave their block's (or the root's) FlatParameter for units of their own.
-        for (const Tensor& t : inventory.parameters) {
-          if (!t.trainable) continue;
-          (t.layer < 0 ? plan.rootUnitElements : plan.unitElements[static_cast<std::size_t>(t.layer)]) -= StorageElements(t);
-        }
-      }
-      // Each adapter unit of `layer` (-1 = the root's), after its parent's unit.
-      auto adapters = [&](int layer) {
-        if (!plan.adaptersApart) return;
-        for (const Tensor& t : inventory.parameters) {
-          if (t.trainable && t.layer == layer) unit(StorageElements(t), layer, t.name + " FlatParameter shard");
-        }
-      };
-      if (plan.rootUnitElements > 0) unit(plan.rootUnitElements, -1, "root FlatParameter shard");
-      adapters(-1);
-      for (std::size_t l = 0; l < plan.unitElements.size(); ++l) {
-        if (plan.unitElements[l] > 0) unit(plan.unitElements[l], static_cast<int>(l), "layers." + std::to_string(l) + " FlatParameter shard");
-        adapters(static_cast<int>(l));
-      }
-      std::fill(plan.parameterElementsHeld.begin(), plan.parameterElementsHeld.end(), 0);
-      if (plan.adaptersApart) PlanFsdpAdapterUnits(inventory, plan);
-      else PlanFsdpTrainableParts(inventory, plan);
-      break;
-    }
-    case ShardingEngine::Fsdp2: {
-      // torch/distributed/fsdp/_fully_shard/_fsdp_param.py: each parameter chunked on dim 0
-      // and padded to the first chunk's size (padded_sharded_param_size). Frozen parameters are
-      // FSDPParams too (fully_shard shards every parameter of the module, requires_grad or not:
-      // FSDPParam._init_sharded_param keeps requires_grad on the sharded DTensor), so every rank
-      // holds its shard of the frozen base; only the trainable ones get a gradient shard
-      // (_fsdp_param_group.py post_backward: fsdp_params_with_grad) and optimizer states.
-      for (std::size_t i = 0; i < n; ++i) {
-        const Tensor& t = inventory.parameters[i];
-        Tensor shard = t;
-        shard.name = t.name + " (shard)";
-        plan.parameterElementsHeld[i] = 0;
-        if (t.storage == Tensor::Storage::TorchaoNF4) {
-          // torchao nf4_split (what torch.chunk in _init_sharded_param dispatches to): each of
-          // quantized_scalers, quantization_factor and quantized_data cut into `world` equal
-          // parts (validation requires an even split, so no padding); scaler_mean and the nf4
-          // table are shared by every chunk (construct_nf4_args keeps them), whole on every rank.
-          // Frozen: no gradient or state. Held as bytes.
-          shard.shape = {StorageElements(t) / d};
-          plan.optimizerTensors.parameters.push_back(shard);
-          plan.quantShardBytes += shard.shape[0];
-          continue;
-        }
-        if (!shard.shape.empty()) shard.shape[0] = CeilDiv(shard.shape[0], d);
-        plan.optimizerTensors.parameters.push_back(shard);
-        plan.partitionElements += shard.Elements();
-        if (t.trainable) {
-          plan.gradientShardElements += shard.Elements();
-          plan.trainableShardParts.parameters.push_back(shard);
-        }
-        plan.paddedFlatElements += shard.Elements() * d;
-      }
-      break;
-    }
+    case ShardingEngine::DDP: PlanDdp(setup, inventory, plan); break;
+    case ShardingEngine::Zero: PlanZero(setup, inventory, plan); break;
+    case ShardingEngine::Fsdp: PlanFsdp(setup, inventory, plan); break;
+    case ShardingEngine::Fsdp2: PlanFsdp2(inventory, plan); break;
   }
   return plan;
 }
