@@ -146,6 +146,10 @@ ValueId Dropout(Tape& t, ValueId x, double p, TextPart name) {
                   .saveNew = {{t.ShapeOf(x), DType::Bool, "mask"}}});
 }
 
+// native_layer_norm saves its input and a mean and rstd per row. On CUDA those are in the
+// accumulate type, fp32 for 16-bit inputs (layer_norm.cpp layer_norm_cuda:
+// at::empty({M}, X->options().dtype(acc_type))); CPU torch 1.13 keeps them in the input's dtype,
+// so the bf16 rows of scripts/validate measure 4 B a row per LayerNorm less than simulated.
 ValueId LayerNorm(Tape& t, ValueId x, ValueId weight, ValueId bias, TextPart name) {
   Shape rows = t.ShapeOf(x);
   rows.back() = 1;
