@@ -731,6 +731,9 @@ ACCUMULATION_CASES = [
     accumulated(tcase("llama-ampbf16-sdpa-every-accumulate2", arch("llama"), precision="ampBf16", attention="sdpa",
                       checkpointing="everyBlock"), 2),
     accumulated(ftcase("llama-lora-bf16-accumulate2", arch("llama"), {"lora": True, "r": 8}, precision="bf16"), 2),
+    accumulated(tcase("bert-cls-ampbf16-accumulate2", arch("bert"), precision="ampBf16"), 2),
+    accumulated(nonreentrant(tcase("moe8-v256-sgd-every-nonreentrant-accumulate2", arch("moe", vocabSize=256, numExperts=8),
+                                   batch=1, seq=128, optimizer="sgd", checkpointing="everyBlock", useReentrant=False)), 2),
 ]
 # zero_grad(set_to_none=False): the gradients outlive the step, zeroed in place, and step 2's
 # backward adds into them as a second micro-batch does.
