@@ -247,7 +247,9 @@ namespace {
 
 // Where a block's tensor runs in its forward (ForwardOrder): its name after the block's index.
 int ForwardStage(const Tensor& t) {
-  const std::string key = "." + std::to_string(t.layer) + ".";
+  std::string key = ".";
+  key += std::to_string(t.layer);
+  key += '.';
   const std::size_t at = t.name.find(key);
   if (at == std::string::npos) return 1;
   const std::string_view rest = std::string_view(t.name).substr(at + key.size());
@@ -264,13 +266,17 @@ int ForwardStage(const Tensor& t) {
 std::vector<std::size_t> ForwardOrder(const Inventory& inventory) {
   const std::vector<Tensor>& params = inventory.parameters;
   std::vector<std::size_t> order(params.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<int> stage(params.size());
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    order[i] = i;
+    stage[i] = params[i].layer >= 0 ? ForwardStage(params[i]) : 0;
+  }
   for (std::size_t begin = 0; begin < params.size();) {
     std::size_t end = begin + 1;
     while (end < params.size() && params[end].layer == params[begin].layer) ++end;
     if (params[begin].layer >= 0) {
       std::stable_sort(order.begin() + static_cast<std::ptrdiff_t>(begin), order.begin() + static_cast<std::ptrdiff_t>(end),
-                       [&](std::size_t x, std::size_t y) { return ForwardStage(params[x]) < ForwardStage(params[y]); });
+                       [&](std::size_t x, std::size_t y) { return stage[x] < stage[y]; });
     }
     begin = end;
   }

@@ -248,8 +248,9 @@ ParallelStep::ParallelStep(const Setup& setup, const Inventory& inventory, const
 //             it, B).
 // p stays gathered iff A + S + T + T + S' + (A or B) < stage3_max_reuse_distance. The
 // tensors' forward order within a block (ForwardOrder: a decoder layer registers its norms after
-// the MLP but runs them first) stands for the sub-modules' order, one sub-module per tensor. With the default 1e9 a model under about 5e8 parameters keeps every block from its
-// forward to its backward; Llama 2 7B (2.0e8 per block, the head 1.3e8) keeps its last block and
+// the MLP but runs them first) stands for the sub-modules' order, one sub-module per tensor.
+// With the default 1e9 a model under about 5e8 parameters keeps every block from its forward
+// to its backward; Llama 2 7B (2.0e8 per block, the head 1.3e8) keeps its last block and
 // 1.7e8 elements of the one before, or with every block checkpointed its last block only.
 void ParallelStep::PlanZeroReuse() {
   const std::vector<Tensor>& params = inventory_.parameters;

@@ -281,7 +281,7 @@ class Solver {
   void AddCombination();    // when none fits alone: the largest savers together
 
  private:
-  std::optional<PhasePeaks> PhasePeaksOf(const Setup& s);
+  std::optional<PhasePeaks> SimulatedPhasePeaks(const Setup& s);  // one simulation, counted
   std::optional<std::int64_t> PeakOf(const Setup& s);
   std::int64_t BoundOf(const Setup& changed, const std::vector<std::string>& fields, std::int64_t known);
   SolvedLimit Largest(std::int64_t limit, std::int64_t known, const PeakFn& peak);
@@ -329,7 +329,7 @@ Solver::Solver(const Setup& setup, const Estimate& current, SolveResult& out)
       inventories_(setup),
       statesBound_(inventories_.Bound(setup)),
       nothingFits_(statesBound_ > capacity_),
-      currentPeaks_(gpumem::PhasePeaksOf(current)),
+      currentPeaks_(PhasePeaksOf(current)),
       activationsMatter_(HeldAtPeak({Category::Activations, Category::ActivationGradients, Category::WeightCopies})),
       batchMatters_(activationsMatter_ || HeldAtPeak({Category::InputBatch})),
       temporariesMatter_(HeldAtPeak({Category::OptimizerIntermediates})) {
@@ -337,15 +337,15 @@ Solver::Solver(const Setup& setup, const Estimate& current, SolveResult& out)
   out_.capacityBytes = capacity_;
 }
 
-std::optional<PhasePeaks> Solver::PhasePeaksOf(const Setup& s) {
+std::optional<PhasePeaks> Solver::SimulatedPhasePeaks(const Setup& s) {
   ++out_.estimatesRun;
   const EstimateResult r = EstimateMemory(s, kPeaksOnly);  // validates first
   if (!r.ok()) return std::nullopt;
-  return gpumem::PhasePeaksOf(r.estimate);
+  return PhasePeaksOf(r.estimate);
 }
 
 std::optional<std::int64_t> Solver::PeakOf(const Setup& s) {
-  const auto p = PhasePeaksOf(s);
+  const auto p = SimulatedPhasePeaks(s);
   return p ? std::optional(Overall(*p)) : std::nullopt;
 }
 
@@ -390,7 +390,7 @@ void Solver::FindLimits() {
     out_.maxBatchSize = Largest(limit, t_.batchSize, [&](std::int64_t b) {
       Setup s = setup_;
       s.training.batchSize = b;
-      return PhasePeaksOf(s);
+      return SimulatedPhasePeaks(s);
     });
     out_.maxBatchSize.limitReason = limit < hard ? kBoundReason
                                                  : "the estimator's limits (batch ≤ 1e6, batch × sequence ≤ 1e10 tokens)";
@@ -405,7 +405,7 @@ void Solver::FindLimits() {
     out_.maxSequenceLength = Largest(limit, t_.sequenceLength, [&](std::int64_t n) {
       Setup s = setup_;
       s.training.sequenceLength = n;
-      return PhasePeaksOf(s);
+      return SimulatedPhasePeaks(s);
     });
     out_.maxSequenceLength.limitReason =
         limit < hard ? kBoundReason
