@@ -65,9 +65,15 @@ TEST_CASE("Block templates: copied backward spans equal simulated ones", "[trace
       // block's), eager and SDPA.
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"selective","attention":"eager"}})",
       R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"selective","attention":"sdpa","precision":"ampBf16"}})",
-      // Forward templates refused: activation offloading, op-level selective checkpointing;
-      // QLoRA (frozen nf4 base, dequantized in every block's forward): copied like any other.
+      // Checkpointed forwards under activation offloading (copied: the pack hooks see only the
+      // checkpoint's saved inputs, packed after the span), reentrant and not, and under the
+      // solver's QLoRA combination (optimizer in backward, paged AdamW, fused loss).
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","activationOffloading":true}})",
+      R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","activationOffloading":true,"useReentrant":false,"precision":"ampBf16"}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":128,"checkpointing":"everyBlock","activationOffloading":true,"precision":"bf16Mixed"}})",
+      R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":256,"attention":"sdpa","checkpointing":"everyBlock","activationOffloading":true,"optimizerInBackward":true,"optimizerImplementation":"fused","lossImplementation":"fusedLinearCrossEntropy","optimizer":"pagedAdamw"},"runtime":{"allocator":{"expandableSegments":true}},"finetune":{"lora":true,"quantization":"nf4","doubleQuant":true,"computeDType":"bf16","targetModules":["all-linear"]}})",
+      // Forward templates refused: op-level selective checkpointing;
+      // QLoRA (frozen nf4 base, dequantized in every block's forward): copied like any other.
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"selectiveOp","attention":"sdpa","precision":"bf16Mixed"}})",
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16"},"finetune":{"lora":true,"quantization":"nf4"}})",
       // Plain (not checkpointed) blocks: their forwards, nodes included, copied (Tape::PlainBlock).
@@ -142,6 +148,24 @@ TEST_CASE("Block templates: checkpointed blocks' forwards are copied", "[trace][
   const gpumem::Trace simulated = Build("", false, false, inventory, setup);
   CHECK(gpumem::ForwardSpansCopied() == simulatedBefore);
   CHECK(FirstDifference(simulated, copied) == "");
+}
+
+TEST_CASE("Block templates: checkpointed forwards are copied under activation offloading", "[trace][templates]") {
+  // OffloadActivations' pack hook sees the checkpoint's saved inputs, packed by Tape::Checkpoint
+  // after the block's forward, not the forward itself (reentrant: nothing recorded; non-reentrant:
+  // the checkpoint's own hooks are the innermost and pack every op).
+  for (const char* json :
+       {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","activationOffloading":true}})",
+        R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","activationOffloading":true,"useReentrant":false}})"}) {
+    INFO(json);
+    gpumem::Setup setup;
+    REQUIRE(gpumem::ParseAndValidate(json, setup).empty());
+    const gpumem::Inventory inventory = gpumem::BuildInventory(setup);
+    const std::size_t before = gpumem::ForwardSpansCopied();
+    const gpumem::Trace copied = Build("", true, false, inventory, setup);
+    CHECK(gpumem::ForwardSpansCopied() - before == 16 - 4);  // as without offloading
+    CHECK(FirstDifference(Build("", false, false, inventory, setup), copied) == "");
+  }
 }
 
 TEST_CASE("Block templates: non-reentrant checkpoints' forwards are copied, packs counted", "[trace][templates]") {

@@ -369,11 +369,14 @@ Tape::Values Tape::Checkpoint(TextPart name, const Values& inputs, Block block, 
   sacCollect_ = selectiveOps && outer;
   sacMmCount_ = 0;
   // Forward templates (tape_templates.cpp RunForwardSpan): only where nothing outside the tape
-  // sees the block's forward (no offloading hooks, no sharding engine's layer hook), nothing is
-  // kept by the checkpoint (no op-level selective policy), and not inside a recompute. A
-  // non-reentrant forward's copy makes no nodes (they are dropped below) and counts its packs.
+  // sees the block's forward (no sharding engine's layer hook), nothing is kept by the
+  // checkpoint (no op-level selective policy), and not inside a recompute. A non-reentrant
+  // forward's copy makes no nodes (they are dropped below) and counts its packs. Offloading's
+  // pack hook sees none of the forward: a reentrant checkpoint's records nothing, a non-reentrant
+  // one's ops are packed by the checkpoint's own hooks (the innermost; Apply returns before the
+  // offloader's), and the checkpoint's saved inputs are packed below, after the span.
   const bool copyable = outer && !selectiveOps && BlockTemplatesOn() && inventory_ != nullptr &&
-                        leaves_ != nullptr && offload_ == nullptr && layerHook_ == nullptr && cacheDepth_ == 0;
+                        leaves_ != nullptr && layerHook_ == nullptr && cacheDepth_ == 0;
   Values outs = copyable ? RunForwardSpan(inputs, block) : block(*this, inputs);
   sacCollect_ = false;
   std::vector<TensorHandle> kept;

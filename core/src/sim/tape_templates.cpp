@@ -958,8 +958,9 @@ bool Tape::TouchesConsistent(const PredictedSpan& predicted) const {
 // the layer. Block k+1's forward leaves the same with every id, text position, layer and
 // parameter index moved by a constant, so the spans are recorded, predicted and checked as the
 // backward spans are (RunCheckpointSpan), and copied once a prediction matched a simulated one.
-// Refused with activation offloading (the pack hooks), a layer hook (sharding engines),
-// op-level selective checkpointing (the kept outputs) and in a recompute.
+// Refused with a layer hook (sharding engines), op-level selective checkpointing (the kept
+// outputs) and in a recompute; a plain block's forward also under activation offloading (its
+// ops' saved tensors go through the pack hooks).
 Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block, int plainLayer) {
   const bool plain = plainLayer >= 0;
   if (!forwardSpans_.empty() && forwardSpans_.back().plain != plain) ForgetForwardSpans();
