@@ -52,9 +52,15 @@ ValueId EagerSoftmax(Tape& t, ValueId raw, ValueId mask, DType type, bool softma
     return probs;
   }
   const ValueId probs32 = ops::Softmax(t, scaled, "softmax (fp32)", DType::FP32);
-  t.Drop(scaled);
+  // Llama's one statement `attn_weights = softmax(attn_weights, dtype=torch.float32).to(dtype)`
+  // rebinds the scores only once the cast has returned: they are held through it, and let go
+  // after the fp32 temporary (measured on CPU torch, bert-cls-ckpt-ampbf16: the checkpointed
+  // forward's peak is that cast, with the fp32 scores, their softmax and the 16-bit copy
+  // alive). GPT-2's cast is a statement of its own, after the scores were rebound.
+  if (!softmaxInFp32) t.Drop(scaled);
   const ValueId probs = ops::To(t, probs32, type);
   t.Drop(probs32);
+  if (softmaxInFp32) t.Drop(scaled);
   return probs;
 }
 

@@ -23,17 +23,21 @@ ValueId BertLayer(Model& m, ValueId x, const Context& c, int i) {
   t.Drop(vp);
   const ValueId dropped = blocks::AttentionOutput(m, q, k, v, c.mask, false, m.Child(root, "attention.output.dense"),
                                                   "attention output dense", m.a.hiddenDropout);
+  // BertSelfOutput / BertOutput: `hidden_states = self.LayerNorm(hidden_states + input_tensor)`
+  // (modeling_bert.py): the dropout's output stays bound to `hidden_states` until the LayerNorm
+  // returns, so it is let go after the norm, not after the add (measured on CPU torch: the
+  // forward peak of bert-cls-fp32 is at the last output.LayerNorm with it held).
   const ValueId sum = ops::Add(t, dropped, x, "residual add");
-  t.Drop(dropped);
   const ValueId attnOut = blocks::LayerNorm(m, sum, m.Child(root, "attention.output.LayerNorm"));
+  t.Drop(dropped);
   t.Drop(sum);
   m.Scope(i, "mlp");
   const ValueId dropped2 =
       blocks::PlainMlp(m, attnOut, m.Child(root, "intermediate.dense"), m.Child(root, "output.dense"), "mlp");
   const ValueId sum2 = ops::Add(t, dropped2, attnOut, "residual add");
+  const ValueId y = blocks::LayerNorm(m, sum2, m.Child(root, "output.LayerNorm"));
   t.Drop(dropped2);
   t.Drop(attnOut);
-  const ValueId y = blocks::LayerNorm(m, sum2, m.Child(root, "output.LayerNorm"));
   t.Drop(sum2);
   return y;
 }
