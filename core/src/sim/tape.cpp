@@ -491,9 +491,14 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
   template_.ready = false;
   // What is still held (in value order, as the map this replaces iterated).
   const Text finished = T({"backward finished"});
-  for (TensorHandle& grad : grads_) {
+  for (std::size_t v = 0; v < grads_.size(); ++v) {
+    TensorHandle& grad = grads_[v];
     if (grad == kNoTensor) continue;
-    b_.Release(grad, finished);
+    if (std::find(graphLeaves_.begin(), graphLeaves_.end(), static_cast<ValueId>(v)) != graphLeaves_.end()) {
+      graphLeafGrads_.push_back(grad);  // the leaf's .grad, until the graph goes
+    } else {
+      b_.Release(grad, finished);
+    }
     grad = kNoTensor;
   }
   if (offload_) offload_->EndBackward(finished);
@@ -754,6 +759,15 @@ void Tape::RunCheckpoint(int index) {
       g = kNoTensor;
     }
   }
+}
+
+void Tape::ReleaseGraph() {
+  const Text gone = T({"the loss let go: its graph's AccumulateGrad nodes free their leaves"});
+  for (TensorHandle h : graphLeafGrads_) b_.Release(h, gone);
+  for (TensorHandle h : graphLeafStorage_) b_.Release(h, gone);
+  graphLeafGrads_.clear();
+  graphLeafStorage_.clear();
+  graphLeaves_.clear();
 }
 
 void Tape::PackSaved(Node& node, const SmallVec<std::int64_t, 6>& bytes, const SmallVec<bool, 6>& parameter,

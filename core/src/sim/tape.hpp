@@ -131,13 +131,24 @@ class Tape {
   // A parameter: a leaf whose gradient goes to the sink; its storage is the model's. A frozen
   // one (requires_grad=False) takes no part in autograd.
   ValueId Parameter(std::size_t inventoryIndex, Shape shape, DType type, Text name, bool requiresGrad = true);
-  // x.requires_grad_(True) on a tensor with no history (enable_input_require_grads' hook on the
-  // embeddings' output): backward then computes its gradient, held until backward ends.
-  void RequireGrad(ValueId v) {
+  // x.requires_grad_(True) on a tensor with no history: backward then computes its gradient,
+  // held until backward ends. `heldByGraph` (enable_input_require_grads' hook on the embeddings'
+  // output, a leaf of the training loop's own graph): the leaf's AccumulateGrad node keeps the
+  // tensor (accumulate_grad.h, `Variable variable`), the graph keeps that node while the loss
+  // lives, and the gradient stays the leaf's .grad; both go only when the loss is let go
+  // (ReleaseGraph). Measured on CPU torch: llama-lora-bf16-ckpt's optimizer step holds both.
+  void RequireGrad(ValueId v, bool heldByGraph = false) {
     if (recording_ && v != kNoValue && values_[static_cast<std::size_t>(v)].producer < 0) {
       values_[static_cast<std::size_t>(v)].requiresGrad = true;
+      if (heldByGraph) {
+        graphLeaves_.push_back(v);
+        graphLeafStorage_.push_back(b_.Retain(values_[static_cast<std::size_t>(v)].storage));
+      }
     }
   }
+  // The loss is let go: the graph's leaves (RequireGrad's heldByGraph) and their .grads with it,
+  // each .grad before its tensor (the TensorImpl's autograd meta goes before its storage).
+  void ReleaseGraph();
   // A new tensor held once by the caller, with no autograd history (torch.zeros, a mask).
   ValueId Fresh(Shape shape, DType type, TextPart name, Category category = Category::Activations);
   ValueId Keep(ValueId v);  // one more Python reference to the same tensor
@@ -527,6 +538,8 @@ class Tape {
   bool SacSaves(Tape::OpSpec::Sac kind);
   std::vector<BackwardTemps> temps_;
   std::vector<TensorHandle> grads_;  // gradient buffer of each value, during backward
+  std::vector<ValueId> graphLeaves_;  // RequireGrad(…, heldByGraph): kept by the graph
+  std::vector<TensorHandle> graphLeafStorage_, graphLeafGrads_;  // released by ReleaseGraph
   std::vector<CastCache> caches_;    // [0] the forward's; deeper ones for recomputes
   ActivationOffload* offload_ = nullptr;
   std::vector<SmallVec<int, 6>> packed_;  // per offloading node: each slot's packed id, or -1

@@ -274,6 +274,7 @@ class TransformerPass final : public ModelPass {
   void EndStep(TraceBuilder& b) override {
     Tape& t = *tape_;
     model_->Scope(-1, "end of step");
+    t.ReleaseGraph();  // `del loss`: the graph goes first, then the loss's own storage
     t.Drop(loss_);
     t.Drop(ids_);
     t.Drop(labels_);
@@ -303,7 +304,7 @@ class TransformerPass final : public ModelPass {
     // A pipeline chunk runs only its own blocks; the others pass x through untouched.
     if (chunk_.active && (i < chunk_.firstLayer || i >= chunk_.firstLayer + chunk_.layers)) return m.t.Keep(x);
     // The hook sits on the embeddings; block 0's input is their output (GPT-2: wte + wpe).
-    if (i == 0 && inputRequiresGrad_) m.t.RequireGrad(x);
+    if (i == 0 && inputRequiresGrad_) m.t.RequireGrad(x, /*heldByGraph=*/!chunk_.active);
     auto run = [&m, i, family = a_.family](ValueId in, const Context& ctx) {
       switch (family) {
         case Family::GPT2: return families::Gpt2Block(m, in, ctx, i);
