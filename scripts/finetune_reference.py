@@ -27,9 +27,15 @@ class DoraLinearLayer(nn.Module):
 
     def __init__(self, base, lora_A, lora_B, scaling, dtype):
         super().__init__()
+        # update_layer (lora/dora.py): lora_weight = lora_B @ lora_A, then get_weight_norm's
+        # weight + scaling * lora_weight in the promoted dtype (bf16 + fp32 adapters: fp32) and
+        # its row norms, which become the magnitude; the sum goes as get_weight_norm returns,
+        # then lora_weight.
         with torch.no_grad():
             lora_weight = lora_B.weight @ lora_A.weight
-            norm = torch.linalg.norm(base.weight.to(dtype) + scaling * lora_weight.to(dtype), dim=1).to(dtype)
+            weight = base.weight + scaling * lora_weight
+            norm = torch.linalg.norm(weight, dim=1).to(weight.dtype)
+            del weight, lora_weight
         self.weight = nn.Parameter(norm, requires_grad=True)
 
     def forward(self, x, *, lora_A, lora_B, scaling, base_layer):

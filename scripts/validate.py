@@ -712,6 +712,8 @@ FINETUNE_CASES = [
                         {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "down_proj"]},
                         precision="bf16", checkpointing="everyBlock", useReentrant=False)),
     ftcase("llama-dora-qv", arch("llama"), {"lora": True, "r": 8, "useDora": True}),
+    # bf16 weights, fp32 adapters: DoRA's init sum is promoted to fp32 (get_weight_norm).
+    ftcase("llama-dora-bf16", arch("llama"), {"lora": True, "r": 8, "useDora": True}, precision="bf16"),
     # autocast casts (and caches) only weights that require grad: the frozen base is cast per use
     ftcase("llama-lora-ampbf16", arch("llama"), {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "up_proj"]},
            precision="ampBf16"),
@@ -964,7 +966,11 @@ def write_markdown(path, rows, median, worst, exact):
         "  and the RNG state that reentrant checkpointing stashes (about 5 KB per checkpointed call).",
         "  The 16-bit GPT-2 and GPT-NeoX rows read about 36 KiB over: CUDA's `layer_norm` keeps each",
         "  row's mean and rstd in fp32 (the accumulate type), as simulated, where CPU torch 1.13 keeps",
-        "  them in bf16: 4 B a row for each of the 9 LayerNorms at 4 × 256 tokens.",
+        "  them in bf16: 4 B a row for each of the 9 LayerNorms at 4 × 256 tokens. An op on mixed",
+        "  dtypes copies its narrower input to the common dtype on CPU (TensorIterator's",
+        "  promote_inputs_to_common_dtype makes CPU temporaries; CUDA kernels cast as they read): DoRA's",
+        "  init sum of a bf16 weight and an fp32 product reads one [out, in] fp32 copy more in",
+        "  llama-dora-bf16's init phase, which the simulation, following CUDA, leaves out.",
         "",
         "No GPU was available when this table was made, so there are no `torch.cuda` figures here.",
         "",

@@ -1,7 +1,9 @@
 // Fine-tuning: frozen parameters, LoRA / DoRA adapters, bitsandbytes layouts (finetune.hpp).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
+#include <utility>
 
 #include "gpumem/finetune.hpp"
 #include "gpumem/import.hpp"
@@ -216,6 +218,40 @@ TEST_CASE("DoRA keeps the recomputed base projection and the LoRA product per ad
   const std::int64_t products = 4 * 2 * (2 * 16 * 64 * 4);
   CHECK(dora - lora >= products);
   CHECK(dora - lora < products + 4 * 64 * 64 * 4);  // less than one x_eye per layer more
+}
+
+TEST_CASE("DoRA's init: each adapted linear's weight norm is made from three [out, in] temporaries", "[finetune]") {
+  // PEFT dora_init → update_layer: lora_weight = lora_B @ lora_A, then get_weight_norm's
+  // scaling * lora_weight and weight + scaling * lora_weight, all fp32 [64, 64] here, before
+  // the norm [64] becomes the magnitude (CPU torch: validate's llama-dora-qv).
+  auto initPeak = [](const Setup& s) {
+    const Inventory inv = BuildInventory(s);
+    const Trace trace = BuildTrace(s, inv, false);
+    std::int64_t live = 0, peak = 0, copies = 0;
+    for (const Event& e : trace.events) {
+      if (e.phase != Phase::Init) continue;
+      live += e.kind == EventKind::Alloc ? e.bytes : -e.bytes;
+      peak = std::max(peak, live);
+      if (e.category == Category::WeightCopies) copies += e.kind == EventKind::Alloc ? e.bytes : -e.bytes;
+    }
+    CHECK(copies == 0);  // every temporary freed before training
+    return std::make_pair(peak, live);
+  };
+  Setup s = TinyLlama(2, Precision::FP32);
+  s.finetune.lora = true;
+  s.finetune.useDora = true;
+  const auto [peak, loaded] = initPeak(s);
+  // The last adapted linear (layers.1 v_proj, [64, 64]): everything but its magnitude, and
+  // the three temporaries.
+  CHECK(peak == loaded - 64 * 4 + 3 * 64 * 64 * 4);
+  // QLoRA + DoRA: a deep copy of the 4-bit layer (2,048 + 256 + 64 B) and the weight
+  // dequantized to bf16 come first; lora_weight and the scaled product are fp32, and so is the
+  // sum (bf16 + fp32).
+  s.training.precision = Precision::BF16;
+  s.finetune.quantization = Quantization::NF4;
+  s.finetune.computeDType = DType::BF16;
+  const auto [qpeak, qloaded] = initPeak(s);
+  CHECK(qpeak == qloaded - 64 * 4 + (2048 + 256 + 64) + 64 * 64 * 2 + 3 * 64 * 64 * 4);
 }
 
 TEST_CASE("Fine-tuning validation names each field", "[finetune]") {

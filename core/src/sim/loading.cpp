@@ -8,13 +8,14 @@
 #include <algorithm>
 
 #include "gpumem/finetune.hpp"
+#include "sim/tape.hpp"
 
 namespace gpumem {
 
 bool LoadingSimulated(const Setup& setup) {
   const FinetuneDef& f = setup.finetune;
   return setup.model.kind == ModelKind::Transformer &&
-         (f.quantization != Quantization::None || f.prepareForKbitTraining);
+         (f.quantization != Quantization::None || f.prepareForKbitTraining || (f.lora && f.useDora));
 }
 
 namespace {
@@ -207,6 +208,69 @@ class Loader {
     Drop(copy, i, t_.Make({"checkpoint copy"}));
   }
 
+  // PEFT's dora_init → DoraLinearLayer.update_layer (tuners/lora/dora.py), for each adapted
+  // linear once its lora_A and lora_B are on the base layer's device (LoraLayer.update_layer:
+  // "call this before dora_init"). `magnitude` is the magnitude parameter's index, `base` the base
+  // weight's, `a` lora_A's. In order:
+  //   - a Linear4bit base is deep-copied ("otherwise, FSDP will throw an error"; its packed
+  //     codes and quant state, one block here) and dequantize_module_weight dequantizes it to
+  //     the dtype it was loaded in; an int8 one is weight.data · SCB · (1/127), fp32, one
+  //     temporary on the way; a float base weight is read as it is;
+  //   - fp16 adapters are upcast (lora_A.float(), lora_B.float()) and lora_weight made in fp32
+  //     and then .half();
+  //   - lora_weight = lora_B @ lora_A [out, in] in the adapters' dtype;
+  //   - get_weight_norm: weight + scaling * lora_weight (the scaled product freed after the add;
+  //     the sum in the promoted dtype), torch.linalg.norm(weight, dim=1) [out], which becomes
+  //     the magnitude parameter, and the sum freed as the function returns;
+  //   - update_layer's locals freed as it returns, in argument-then-local order: the copied
+  //     base layer, the upcast adapters, the dequantized weight, lora_weight.
+  // Measured on CPU torch (validate's llama-dora-qv, fp32): each adapted layer's init peaks at
+  // three [out, in] fp32 tensors above what is loaded.
+  void DoraInit(std::size_t magnitude, std::size_t base, std::size_t a) {
+    const Tensor& w = inventory_.parameters[base];
+    const Tensor& m = inventory_.parameters[magnitude];
+    step_ = t_.Make({"dora_init"});
+    const std::int64_t n = w.Elements();
+    const Shape shape{m.shape[0], n / std::max<std::int64_t>(1, m.shape[0])};
+    const DType adapters = inventory_.parameters[a].storage == Tensor::Storage::FP32 ? DType::FP32 : weights_;
+    auto temp = [&](std::int64_t elements, DType type, const char* what, const Shape& sh) {
+      return Temp(magnitude, elements * BytesPerElement(type), t_.Make({TextPart::View(what)}), t_.Shape(sh, type));
+    };
+    TensorHandle copy = kNoTensor, dequantized = kNoTensor, upA = kNoTensor, upB = kNoTensor;
+    DType weightType = ParameterType(w, weights_, weights_);
+    if (w.storage == Tensor::Storage::NF4 || w.storage == Tensor::Storage::NF4Double) {
+      copy = Temp(magnitude, StoredBytes(w, weights_), t_.Make({"deepcopy(base_layer)"}), StorageFormula(t_, w, weights_));
+      weightType = weights_;
+      dequantized = temp(n, weightType, "dequantized base weight", shape);
+    } else if (w.storage == Tensor::Storage::Int8) {
+      weightType = DType::FP32;
+      const TensorHandle scaled = temp(n, DType::FP32, "weight.data · SCB", shape);
+      dequantized = temp(n, DType::FP32, "dequantized base weight (· 1/127)", shape);
+      Drop(scaled, magnitude, t_.Make({"weight.data · SCB"}));
+    }
+    TensorHandle product = kNoTensor;
+    if (adapters == DType::FP16) {
+      const Tensor& pa = inventory_.parameters[a];
+      const Tensor& pb = inventory_.parameters[a + 1];
+      upA = temp(pa.Elements(), DType::FP32, "lora_A.float()", Shape(pa.shape));
+      upB = temp(pb.Elements(), DType::FP32, "lora_B.float()", Shape(pb.shape));
+      const TensorHandle wide = temp(n, DType::FP32, "lora_B @ lora_A (fp32)", shape);
+      product = temp(n, DType::FP16, "lora_weight.half()", shape);
+      Drop(wide, magnitude, t_.Make({"lora_B @ lora_A (fp32, rebound)"}));
+    } else {
+      product = temp(n, adapters, "lora_weight = lora_B @ lora_A", shape);
+    }
+    const DType productType = adapters == DType::FP16 ? DType::FP16 : adapters;
+    const TensorHandle scaled = temp(n, productType, "scaling * lora_weight", shape);
+    const TensorHandle sum = temp(n, Promote(weightType, productType), "weight + scaling * lora_weight", shape);
+    Drop(scaled, magnitude, t_.Make({"scaling * lora_weight"}));
+    Stored(magnitude, t_.Make({"loading: dora_init of ", names_[magnitude], " (torch.linalg.norm(weight, dim=1))"}));
+    Drop(sum, magnitude, t_.Make({"weight + scaling * lora_weight (get_weight_norm returned)"}));
+    for (TensorHandle h : {copy, upA, upB, dequantized, product}) {
+      if (h != kNoTensor) Drop(h, magnitude, t_.Make({"its temporaries (update_layer returned)"}));
+    }
+  }
+
   // prepare_model_for_kbit_training: param.data = param.data.to(torch.float32) for each fp16 /
   // bf16 parameter but Params4bit: the fp32 tensor is made while the 16-bit one lives; the old
   // data is freed when param.data is rebound.
@@ -279,7 +343,12 @@ void AllocParametersAsLoaded(TraceBuilder& b, const Setup& setup, const Inventor
     if (toUpcast[i] != kNoTensor) load.Upcast(i, toUpcast[i]);
   }
   for (std::size_t i = 0; i < params.size(); ++i) {
-    if (params[i].adapter) plain(i);
+    if (!params[i].adapter) continue;
+    // The inventory lists an adapted linear's base weight, lora_A, lora_B, then DoRA's magnitude.
+    const bool dora = f.useDora && i >= 3 && params[i].name.ends_with(".lora_magnitude_vector.default.weight") &&
+                      params[i - 3].name.ends_with(".base_layer.weight");
+    if (dora) load.DoraInit(i, i - 3, i - 2);
+    else plain(i);
   }
 }
 
