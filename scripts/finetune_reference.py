@@ -27,7 +27,7 @@ class DoraLinearLayer(nn.Module):
 
     def __init__(self, base, lora_A, lora_B, scaling, dtype):
         super().__init__()
-        # update_layer (lora/dora.py): lora_weight = lora_B @ lora_A, then get_weight_norm's
+        # update_layer (lora/dora.py at d20332e): lora_weight = lora_B @ lora_A, then get_weight_norm's
         # weight + scaling * lora_weight in the promoted dtype (bf16 + fp32 adapters: fp32) and
         # its row norms, which become the magnitude; the sum goes as get_weight_norm returns,
         # then lora_weight.

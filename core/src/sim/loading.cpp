@@ -208,7 +208,8 @@ class Loader {
     Drop(copy, i, t_.Make({"checkpoint copy"}));
   }
 
-  // PEFT's dora_init → DoraLinearLayer.update_layer (tuners/lora/dora.py), for each adapted
+  // PEFT's dora_init → DoraLinearLayer.update_layer (tuners/lora/dora.py at d20332e; PEFT 0.10's
+  // 0a6cd5a had delayed it to the first forward, later versions run it here), for each adapted
   // linear once its lora_A and lora_B are on the base layer's device (LoraLayer.update_layer:
   // "call this before dora_init"). `magnitude` is the magnitude parameter's index, `base` the base
   // weight's, `a` lora_A's. In order:
