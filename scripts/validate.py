@@ -396,7 +396,11 @@ def loss_bytes(setup):
         if setup["training"].get("lossInModelDtype", False) and precision.endswith("Mixed"):
             return 2
         return 2 if precision == "bf16" else 4
-    return 4 if precision == "fp32" else 2
+    # mse_loss's scalar keeps the storage its meta function allocated at the output's full size
+    # (TORCH_META_FUNC(mse_loss): resize_({}) keeps it); fp32 under autocast (its fp32 list).
+    t = setup["training"]
+    element = 4 if precision in ("fp32", "ampBf16", "ampFp16") else 2
+    return t["batchSize"] * t["sequenceLength"] * output_width(model["layers"]) * element
 
 
 def predict(cli, setup):

@@ -15,24 +15,25 @@ TEST_CASE("a tiny fp32 MLP counted byte by byte", "[trace]") {
   // Linear(4→3) → ReLU → Linear(3→2), MSE, batch 2, fp32, SGD.
   // Parameters 12+3+6+2 = 23 × 4 B = 92 B. Forward adds input 32, targets 16, linear output 24,
   // ReLU output 24 → 188 (the linear output, saved by nobody, is then freed: 164), output 16
-  // → 180, mse's element-wise squared error 16 and the loss 4 → 200, the forward peak; the
-  // squared error is freed once reduced → 184.
-  // Backward: mse gradient 16 (200; the output stays, held by the loop), layers[2]: input
-  // gradient 24 (224), weight grad 24 (248), bias grad 8 (256), incoming gradient freed (240);
-  // layers[1] ReLU: input gradient 24 (264), saved output and incoming gradient freed (216);
-  // layers[0]: weight grad 48 (264), bias grad 12 (276) — the peak — incoming gradient freed.
+  // → 180, the loss 16 (mse_loss's meta function allocates its output at the element-wise
+  // size, 2 × 2 × 4 B, and resize_({}) keeps that storage) → 196, mse's element-wise squared
+  // error 16 → 212, the forward peak; the squared error is freed once reduced → 196.
+  // Backward: mse gradient 16 (212; the output stays, held by the loop), layers[2]: input
+  // gradient 24 (236), weight grad 24 (260), bias grad 8 (268), incoming gradient freed (252);
+  // layers[1] ReLU: input gradient 24 (276), saved output and incoming gradient freed (228);
+  // layers[0]: weight grad 48 (276), bias grad 12 (288) — the peak — incoming gradient freed.
   Setup s = LayerSetup({Linear(4, 3), Activation(LayerKind::ReLU), Linear(3, 2)}, LossKind::MSE, 2, 1,
                        Precision::FP32, OptimizerKind::SGD);
   const Estimate e = MustEstimate(s);
   CHECK(e.phasePeaks[0].totalBytes == 92);
-  CHECK(e.phasePeaks[1].totalBytes == 200);
-  CHECK(e.phasePeaks[2].totalBytes == 276);
-  CHECK(e.peak.totalBytes == 276);
+  CHECK(e.phasePeaks[1].totalBytes == 212);
+  CHECK(e.phasePeaks[2].totalBytes == 288);
+  CHECK(e.peak.totalBytes == 288);
   CHECK(e.peak.phase == Phase::Backward);
   CHECK(e.peak.step == 1);
   CHECK(BytesIn(e.peak, Category::Gradients) == 92);
   CHECK(BytesIn(e.peak, Category::InputBatch) == 48);
-  CHECK(BytesIn(e.peak, Category::Activations) == 16 + 4);  // the held output and the loss
+  CHECK(BytesIn(e.peak, Category::Activations) == 16 + 16);  // the held output and the loss
   // After the step: zero_grad frees the gradients; output, loss and batch go; parameters remain.
   CHECK(e.timeline.back().totalBytes == 92);
 }
@@ -88,7 +89,9 @@ TEST_CASE("saved-for-backward rules of each activation", "[trace]") {
   };
   const std::int64_t act = b * w * 4;  // one activation, bytes
   const std::int64_t none = heldAfterForward({});
-  CHECK(none == 2 * act + 4);  // the first linear's output (saved by the second) + output + loss
+  // The first linear's output (saved by the second), the output, and the loss, whose scalar
+  // keeps the output-sized storage mse_loss's meta function allocated (resize_({})).
+  CHECK(none == 3 * act);
   SECTION("ReLU, Tanh, Sigmoid keep their output; their input is freed") {
     for (auto k : {LayerKind::ReLU, LayerKind::Tanh, LayerKind::Sigmoid}) {
       CHECK(heldAfterForward({Activation(k)}) == none);

@@ -191,11 +191,16 @@ class LayerListPass final : public ModelPass {
         savedInput_ = current;  // mse saves its input: the model output stays alive
       }
       savedTarget_ = b.Retain(labels_);
-      TensorHandle squared = b.Alloc(Category::Activations, tokens * classes * BytesPerElement(lossType),
-                                     "squared error", "loss: element-wise squared error",
+      // TORCH_META_FUNC(mse_loss) (aten/src/ATen/native/Loss.cpp) sets the output up as the
+      // element-wise op's, full size, then resize_({}): the scalar keeps that storage for as
+      // long as the loss lives. The implementation then squares into a TensorIterator temporary
+      // of its own and mean_out's it into the scalar (CPU torch 1.13 measured: the loss's
+      // storage is b · s · out elements; validate's mlp-* MSE rows).
+      const std::int64_t full = tokens * classes * BytesPerElement(lossType);
+      loss_value_ = b.Alloc(Category::Activations, full, "loss", "loss: scalar (mse_loss's output, resized from full size)",
+                            SizeFormula({batch_, sequence_, classes}, lossType));
+      TensorHandle squared = b.Alloc(Category::Activations, full, "squared error", "loss: element-wise squared error",
                                      SizeFormula({batch_, sequence_, classes}, lossType));
-      loss_value_ = b.Alloc(Category::Activations, BytesPerElement(lossType), "loss", "loss: scalar",
-                            SizeFormula({1}, lossType));
       b.Release(squared, "loss: reduced to its mean");
     }
     // Leaving the autocast context: the cached weight copies go (the saved ones stay).
