@@ -55,6 +55,8 @@ TEST_CASE("Block templates: copied backward spans equal simulated ones", "[trace
       R"({"model":{"preset":"mixtral-8x7b"},"training":{"batchSize":1,"sequenceLength":512,"attention":"sdpa","checkpointing":"everyBlock","precision":"bf16Mixed"}})",
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyKthBlock","checkpointInterval":2}})",
       R"({"model":{"preset":"bert-base-uncased"},"training":{"batchSize":2,"sequenceLength":128,"checkpointing":"everyBlock"}})",
+      // Autocast's cached cast of the recompute's detached input (BERT's q, k and v read it).
+      R"({"model":{"preset":"bert-base-uncased"},"training":{"batchSize":2,"sequenceLength":128,"checkpointing":"everyBlock","precision":"ampBf16"}})",
       // Blocks that differ from the ones a template is made from: frozen first blocks, one
       // block trained alone, LoRA (frozen base, adapters), gradient accumulation.
       R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock"},"finetune":{"freezeFirstBlocks":6}})",

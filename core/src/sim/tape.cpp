@@ -327,14 +327,28 @@ ValueId Tape::ForMatmul(ValueId v) {
     return Keep(id);
   }
   static constexpr const char* kTo[] = {"to(fp32)", "to(fp16)", "to(bf16)", "to(int64)", "to(bool)"};
-  return Apply({.name = TextPart::View(kTo[static_cast<int>(compute_)]),
-                .inputs = {{v, In::Compute}},
-                .shape = value.shape,
-                .type = compute_});
+  const Tape::OpSpec cast{.name = TextPart::View(kTo[static_cast<int>(compute_)]),
+                          .inputs = {{v, In::Compute}},
+                          .shape = value.shape,
+                          .type = compute_};
+  // The same rule for a reentrant recompute's detached fp32 input (cached_cast: a float leaf
+  // that requires grad): BERT's query, key and value read one cached copy of the block's input
+  // there, where the checkpointed forward (no grad, no leaf) casts it for each. Measured on CPU
+  // torch, bert-cls-ckpt-ampbf16: one 16-bit copy in each block's recompute.
+  CastCache& c = cache();
+  for (std::size_t i = 0; i < c.leafInputs.size(); ++i) {
+    if (c.leafInputs[i] != v || value.type != DType::FP32) continue;
+    if (c.leafCopies[i] == kNoValue) c.leafCopies[i] = Apply(cast);
+    return Keep(c.leafCopies[i]);
+  }
+  return Apply(cast);
 }
 
 void Tape::EndAutocast() {
   CastCache& c = cache();
+  for (ValueId copy : c.leafCopies) Drop(copy);  // (kNoValue: never made)
+  c.leafInputs.clear();
+  c.leafCopies.clear();
   // In parameter order, as the map this replaces iterated.
   std::sort(c.cached.begin(), c.cached.end());
   for (int index : c.cached) {
@@ -678,6 +692,13 @@ void Tape::RunCheckpoint(int index) {
     ++cacheDepth_;
     if (caches_.size() <= static_cast<std::size_t>(cacheDepth_)) caches_.emplace_back();
     if (autocast_) cache().byParameter.assign(parameterCount_, kNoValue);
+    if (autocast_ && node.packedOps < 0) {  // reentrant: torch.utils.checkpoint's detach_variable leaves
+      for (ValueId d : detached) {
+        if (!values_[static_cast<std::size_t>(d)].requiresGrad) continue;
+        cache().leafInputs.push_back(d);
+        cache().leafCopies.push_back(kNoValue);
+      }
+    }
     const bool replays = static_cast<std::size_t>(node.block) < sacKept_.size() &&
                          !sacKept_[static_cast<std::size_t>(node.block)].empty();
     if (replays) {

@@ -296,6 +296,10 @@ class Tape {
   struct CastCache {
     std::vector<ValueId> byParameter;
     std::vector<int> cached;
+    // A reentrant checkpoint's recompute: its detached inputs are leaves that require grad, so
+    // autocast caches their casts as it does the weights' (one copy for every linear that reads
+    // the input directly); the copies, in the order of leafInputs, kNoValue until made.
+    std::vector<ValueId> leafInputs, leafCopies;
   };
 
   ValueId NewValue(const Value& v);
