@@ -189,6 +189,29 @@ TEST_CASE("enable_input_require_grads: the embeddings' leaf and its .grad live u
   CHECK(heldAtStep(reentrant.trace) - heldAtStep(plain.trace) == 2 * hidden);
 }
 
+TEST_CASE("Autocast caches the cast of a reentrant recompute's detached input", "[checkpoint][reentrant]") {
+  // BERT's query, key and value read the block's fp32 input. The checkpointed forward (no grad,
+  // the input no leaf) casts it once per linear; the reentrant recompute's input is a detached
+  // leaf that requires grad, whose cast autocast caches: one 16-bit copy for the three.
+  Setup s = test::TinyTransformer(Family::BERT, 2, Precision::AmpBF16);
+  s.training.checkpointing = Checkpointing::EveryBlock;
+  const Built built = TraceOf(s);
+  auto inputCasts = [&](Phase phase) {
+    return CountEvents(built.trace, EventKind::Alloc, "attention: to(bf16)", [phase](const Event& e) {
+      return e.step == 1 && e.phase == phase && e.layer == 1;
+    });
+  };
+  // (Each count also holds the eager softmax's fp32 probabilities cast back to bf16.)
+  CHECK(inputCasts(Phase::Forward) == 3 + 1);
+  CHECK(inputCasts(Phase::Backward) == 1 + 1);
+  // use_reentrant=False recomputes on the original (non-leaf) input: one cast per linear.
+  s.training.useReentrant = false;
+  const Built plain = TraceOf(s);
+  CHECK(CountEvents(plain.trace, EventKind::Alloc, "attention: to(bf16)", [](const Event& e) {
+          return e.step == 1 && e.phase == Phase::Backward && e.layer == 1;
+        }) == 3 + 1);
+}
+
 TEST_CASE("training.useReentrant: read, written back, refused when not a boolean", "[checkpoint][reentrant][json]") {
   Setup s;
   REQUIRE(ParseAndValidate(R"({"model":{"preset":"gpt2"},"training":{"checkpointing":"everyBlock","useReentrant":false}})", s)
