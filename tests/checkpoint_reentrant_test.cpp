@@ -189,6 +189,36 @@ TEST_CASE("enable_input_require_grads: the embeddings' leaf and its .grad live u
   CHECK(heldAtStep(reentrant.trace) - heldAtStep(plain.trace) == 2 * hidden);
 }
 
+TEST_CASE("enable_input_require_grads hooks the word embedding: what follows it records and saves",
+          "[checkpoint][reentrant][finetune]") {
+  // GPT-2 with LoRA under reentrant checkpointing: the hook makes wte's output the leaf, so the
+  // embedding dropout (after + wpe) runs with grad and saves its mask through the forward; its
+  // backward, and the add's, then run before the leaf's .grad. (CPU torch: a GPT-2 LoRA run read
+  // -1.0 % when the leaf was block 0's input.)
+  auto lora = [](bool reentrant) {
+    Setup s = test::TinyTransformer(Family::GPT2, 2, Precision::FP32);
+    s.model.architecture.hiddenDropout = 0.1;
+    s.training.checkpointing = Checkpointing::EveryBlock;
+    s.training.useReentrant = reentrant;
+    s.finetune.lora = true;
+    return s;
+  };
+  auto embeddingMasks = [](const Trace& t) {
+    return CountEvents(t, EventKind::Alloc, "embedding dropout: mask (saved)",
+                       [](const Event& e) { return e.step == 1 && e.phase == Phase::Forward; });
+  };
+  auto dropoutBackward = [](const Trace& t) {
+    return CountEvents(t, EventKind::Alloc, "embedding dropout backward",
+                       [](const Event& e) { return e.step == 1 && e.phase == Phase::Backward; });
+  };
+  const Built reentrant = TraceOf(lora(true));
+  const Built plain = TraceOf(lora(false));
+  CHECK(embeddingMasks(reentrant.trace) == 1);
+  CHECK(dropoutBackward(reentrant.trace) >= 1);
+  CHECK(embeddingMasks(plain.trace) == 0);  // use_reentrant=False: no hook, nothing below block 0 trains
+  CHECK(dropoutBackward(plain.trace) == 0);
+}
+
 TEST_CASE("Autocast caches the cast of a reentrant recompute's detached input", "[checkpoint][reentrant]") {
   // BERT's query, key and value read the block's fp32 input. The checkpointed forward (no grad,
   // the input no leaf) casts it once per linear; the reentrant recompute's input is a detached

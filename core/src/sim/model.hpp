@@ -80,6 +80,13 @@ struct Model {
   // A trainable head saves it anyway; with a frozen head (LoRA) it is the one hidden-sized
   // tensor alive through the loss that nothing saved.
   ValueId headInput = kNoValue;
+  // enable_input_require_grads (PreTrainedModel: a forward hook on get_input_embeddings() that
+  // calls output.requires_grad_(True)): the word embedding's output, frozen, becomes a leaf that
+  // requires grad, and every op between it and block 0 (GPT-2's + wpe and dropout, BERT's sums,
+  // LayerNorm and dropout, Gemma's scaling) records a node and saves what it saves. Held by
+  // the graph until the loss goes (Tape::RequireGrad) unless a pipeline stage runs it.
+  bool embeddingsRequireGrad = false;
+  bool embeddingsHeldByGraph = false;
 
   // Megatron --sequence-parallel: the tensor-parallel size t when on, else 1. What sits outside
   // the column/row linears holds s/t tokens (core/src/parallel/sequence_split.cpp).

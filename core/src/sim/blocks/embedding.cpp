@@ -14,6 +14,7 @@ namespace gpumem::blocks {
 ValueId WordEmbedding(Model& m, ValueId ids, ValueId weight, TextPart name) {
   Tape& t = m.t;
   const ValueId looked = ops::Embedding(t, ids, weight, m.a.hiddenSize, name);
+  if (m.embeddingsRequireGrad && m.vocabShards <= 1) t.RequireGrad(looked, m.embeddingsHeldByGraph);
   if (m.vocabShards <= 1) return looked;
   const ValueId masked = t.Apply({.name = "output_parallel[input_mask, :] = 0.0 (VocabParallelEmbedding)",
                                   .inputs = {{looked}},
@@ -22,6 +23,7 @@ ValueId WordEmbedding(Model& m, ValueId ids, ValueId weight, TextPart name) {
                                   .saveNew = {{t.ShapeOf(ids), DType::Bool, "input_mask"}},
                                   .viewOf = looked});
   t.Drop(looked);
+  if (m.embeddingsRequireGrad) t.RequireGrad(masked, m.embeddingsHeldByGraph);  // the hook sees the module's output
   return masked;
 }
 

@@ -98,6 +98,8 @@ class TransformerPass final : public ModelPass {
     model_->contextShards = contextShards_;
     model_->expertShards = expertShards_;
     model_->expertTensorShards = expertTensorShards_;
+    model_->embeddingsRequireGrad = inputRequiresGrad_;
+    model_->embeddingsHeldByGraph = !chunk_.active;
     Tape& t = *tape_;
     Model& m = *model_;
     m.Scope(-1, "batch");
@@ -303,8 +305,6 @@ class TransformerPass final : public ModelPass {
     c.slidingMask = c.slidingCos = c.slidingSin = kNoValue;
     // A pipeline chunk runs only its own blocks; the others pass x through untouched.
     if (chunk_.active && (i < chunk_.firstLayer || i >= chunk_.firstLayer + chunk_.layers)) return m.t.Keep(x);
-    // The hook sits on the embeddings; block 0's input is their output (GPT-2: wte + wpe).
-    if (i == 0 && inputRequiresGrad_) m.t.RequireGrad(x, /*heldByGraph=*/!chunk_.active);
     auto run = [&m, i, family = a_.family](ValueId in, const Context& ctx) {
       switch (family) {
         case Family::GPT2: return families::Gpt2Block(m, in, ctx, i);
