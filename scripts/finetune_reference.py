@@ -155,12 +155,16 @@ def apply(model, setup, param_dtype, dropout_module):
     return t.get("checkpointing", "none") != "none" and t.get("useReentrant", True)
 
 
-def hook_input_grads(model, family):
-    """transformers PreTrainedModel.enable_input_require_grads on the input embeddings."""
+def hook_input_grads(model, family, on_leaf=None):
+    """transformers PreTrainedModel.enable_input_require_grads on the input embeddings.
+    `on_leaf(output)` sees each leaf it makes (its AccumulateGrad node, and so the graph, holds
+    it until the loss goes)."""
     emb = {"llama": lambda m: m.model.embed_tokens, "gpt2": lambda m: m.transformer.wte,
            "bert": lambda m: m.bert.embeddings.word_embeddings}[family](model)
 
     def make_inputs_require_grads(module, inputs, output):
         output.requires_grad_(True)
+        if on_leaf is not None:
+            on_leaf(output)
 
     return emb.register_forward_hook(make_inputs_require_grads)

@@ -1487,13 +1487,17 @@ def measure_transformer(setup, tracker=fast_allocation_events):
     route_bias = make_route_bias(cfg, b, s) if cfg.num_experts else None
     state = {}
 
+    leaves = []  # enable_input_require_grads' leaves (storage pointer, bytes), step by step
+
     def run():
         with record_function("gpumem:init"):
             model = build_model(cfg, dtype, route_bias=route_bias)
             # Fine-tuning (finetune_reference.py): frozen parameters, LoRA / DoRA wrappers; the
             # optimizer and the masters see only what trains.
             if finetune_reference.apply(model, setup, dtype, Dropout):
-                finetune_reference.hook_input_grads(model, cfg.family)
+                # Held after forward counts the hook's leaf too: the graph holds it (and later
+                # its .grad) while the loss lives, though no node saves it.
+                finetune_reference.hook_input_grads(model, cfg.family, on_leaf=lambda out: leaves.append(_storage(out)))
             emulate_cuda_bias_sums(model)  # CUDA's bias-gradient sums take scratch (validate.py)
             all_params = list(model.parameters())
             params = [p for p in all_params if p.requires_grad]
@@ -1518,6 +1522,7 @@ def measure_transformer(setup, tracker=fast_allocation_events):
                     batch = make_batch(cfg, b, s)
                     excluded = model_ptrs | {_storage(x)[0] for x in batch.values()}
                     saved.clear()
+                    leaves.clear()
 
                     def pack(tensor):
                         ptr, nbytes = _storage(tensor)
@@ -1529,6 +1534,8 @@ def measure_transformer(setup, tracker=fast_allocation_events):
                         with torch.autocast("cpu", dtype=torch.bfloat16) if amp else contextlib.nullcontext():
                             loss = compute_loss(model, batch)
                 if step == 1:
+                    for ptr, nbytes in leaves:  # (pointer, bytes) only: a reference would keep it
+                        saved.setdefault(ptr, nbytes)
                     state["saved"] = sum(saved.values())
                 with record_function(f"gpumem:backward:{step}"):
                     if loss_scale:

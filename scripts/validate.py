@@ -716,6 +716,11 @@ FINETUNE_CASES = [
                         {"lora": True, "r": 8, "targetModules": ["q_proj", "v_proj", "down_proj"]},
                         precision="bf16", checkpointing="everyBlock", useReentrant=False)),
     ftcase("llama-dora-qv", arch("llama"), {"lora": True, "r": 8, "useDora": True}),
+    # enable_input_require_grads on families whose block 0 reads more than the word embedding:
+    # GPT-2's + wpe and dropout, BERT's sums, LayerNorm and dropout record and save.
+    ftcase("gpt2-lora-ckpt", arch("gpt2"), {"lora": True, "r": 8}, checkpointing="everyBlock"),
+    ftcase("bert-lora-ckpt-ampbf16", arch("bert"), {"lora": True, "r": 8}, precision="ampBf16",
+           checkpointing="everyBlock"),
     # bf16 weights, fp32 adapters: DoRA's init sum is promoted to fp32 (get_weight_norm).
     ftcase("llama-dora-bf16", arch("llama"), {"lora": True, "r": 8, "useDora": True}, precision="bf16"),
     # autocast casts (and caches) only weights that require grad: the frozen base is cast per use
