@@ -23,7 +23,10 @@ ValueId Activation(Model& m, ValueId x, TextPart name);
 // x @ Wᵀ + b with the module's weight and optional bias.
 ValueId Linear(Model& m, ValueId x, const Module& module, std::int64_t out, TextPart name);
 // GPT-2's and BERT's MLP: up-projection, activation, down-projection, dropout.
-ValueId PlainMlp(Model& m, ValueId x, const Module& up, const Module& down, const char* label);
+// `activation`: where the activation's output is handed to the caller instead of dropped after
+// the down projection (BERT's feed_forward_chunk holds `intermediate_output` through BertOutput).
+ValueId PlainMlp(Model& m, ValueId x, const Module& up, const Module& down, const char* label,
+                 ValueId* activation = nullptr);
 // SwiGLU: down(act(gate(x)) · up(x)), the projections named as the module names them.
 ValueId GatedMlp(Model& m, ValueId x, const Module& module, std::int64_t inter, const char* gate,
                  const char* up, const char* down, TextPart label);

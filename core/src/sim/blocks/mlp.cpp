@@ -40,7 +40,8 @@ ValueId Activation(Model& m, ValueId x, TextPart name) {
   return t.Keep(x);
 }
 
-ValueId PlainMlp(Model& m, ValueId x, const Module& up, const Module& down, const char* label) {
+ValueId PlainMlp(Model& m, ValueId x, const Module& up, const Module& down, const char* label,
+                 ValueId* activation) {
   Tape& t = m.t;
   const TextPart l = TextPart::View(label);
   const ValueId wide = Linear(m, x, up, IntermediateSize(m.a), t.T({l, " up"}));
@@ -49,7 +50,8 @@ ValueId PlainMlp(Model& m, ValueId x, const Module& up, const Module& down, cons
   // Tensor parallelism: `up` is column-parallel (IntermediateSize is the rank's 1/t), `down`
   // row-parallel (its whole h output, reduce-scattered to s/t tokens under sequence parallelism).
   ValueId narrow = Linear(m, act, down, m.a.hiddenSize, t.T({l, " down"}));
-  t.Drop(act);
+  if (activation != nullptr) *activation = act;  // the caller's reference now
+  else t.Drop(act);
   narrow = sequence_split::RowParallelOutput(m, narrow, t.T({l, " down reduce-scatter (s/t)"}));
   const ValueId dropped = ops::Dropout(t, narrow, m.a.hiddenDropout, t.T({l, " dropout"}));
   t.Drop(narrow);

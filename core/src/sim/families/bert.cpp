@@ -32,11 +32,18 @@ ValueId BertLayer(Model& m, ValueId x, const Context& c, int i) {
   t.Drop(dropped);
   t.Drop(sum);
   m.Scope(i, "mlp");
-  const ValueId dropped2 =
-      blocks::PlainMlp(m, attnOut, m.Child(root, "intermediate.dense"), m.Child(root, "output.dense"), "mlp");
+  // BertLayer.feed_forward_chunk: `intermediate_output = self.intermediate(attention_output)`
+  // is held until self.output(intermediate_output, attention_output) returns, through the
+  // output dense, dropout, add and LayerNorm (measured on CPU torch, bert-lora-ckpt-ampbf16:
+  // the recompute's peak is that LayerNorm with the activation's output held, which nothing
+  // saves when output.dense is frozen).
+  ValueId intermediate = kNoValue;
+  const ValueId dropped2 = blocks::PlainMlp(m, attnOut, m.Child(root, "intermediate.dense"),
+                                            m.Child(root, "output.dense"), "mlp", &intermediate);
   const ValueId sum2 = ops::Add(t, dropped2, attnOut, "residual add");
   const ValueId y = blocks::LayerNorm(m, sum2, m.Child(root, "output.LayerNorm"));
   t.Drop(dropped2);
+  t.Drop(intermediate);
   t.Drop(attnOut);
   t.Drop(sum2);
   return y;
