@@ -706,3 +706,22 @@ TEST_CASE("make it fit offers the fused loss as free where the logits matter", "
   CHECK(Suggestion(amp, "loss-fused") == nullptr);
   CHECK(Suggestion(amp, "loss-chunked") != nullptr);
 }
+
+TEST_CASE("Reentrant checkpointing with a frozen word embedding is noted: the blocks get no gradient", "[savers]") {
+  auto hasNote = [](const Setup& s) {
+    const Estimate e = MustEstimate(s);
+    return std::any_of(e.notes.begin(), e.notes.end(),
+                       [](const std::string& n) { return n.find("None of the inputs have requires_grad") != std::string::npos; });
+  };
+  Setup s = TinyTransformer(Family::Llama, 2, Precision::FP32);
+  s.training.checkpointing = Checkpointing::EveryBlock;
+  s.finetune.freezeEmbeddings = true;
+  CHECK(hasNote(s));
+  s.training.useReentrant = false;  // the non-reentrant checkpoint reaches the parameters
+  CHECK_FALSE(hasNote(s));
+  s.training.useReentrant = true;
+  s.finetune.freezeEmbeddings = false;  // the embedding's output requires grad
+  CHECK_FALSE(hasNote(s));
+  s.finetune.lora = true;  // PEFT's enable_input_require_grads hook
+  CHECK_FALSE(hasNote(s));
+}

@@ -58,6 +58,30 @@ void AddSaverNotes(const Setup& setup, const Inventory& inventory, std::vector<s
                     "the allocator's segments; the driver evicts the rest to host memory when the GPU runs short, "
                     "so they slow the step instead of running out of memory.");
   }
+  // torch.utils.checkpoint(use_reentrant=True) records its node only when an input requires
+  // grad (CheckpointFunction is an autograd.Function): with the word embedding frozen and no
+  // enable_input_require_grads hook (LoRA / prepare_model_for_kbit_training add it), no
+  // checkpointed block's input does, so PyTorch warns "None of the inputs have requires_grad=True"
+  // and those blocks' parameters get no gradient and, with .grad None, no optimizer state. Measured
+  // on CPU torch (frozen embeddings and first two blocks, every block checkpointed: only the head
+  // and the final norm received gradients). The estimate counts every trainable parameter.
+  if (setup.model.kind == ModelKind::Transformer && t.checkpointing == Checkpointing::EveryBlock && t.useReentrant &&
+      !setup.finetune.lora && !setup.finetune.prepareForKbitTraining) {
+    bool embeddingTrains = false, blockTrains = false;
+    for (const Tensor& p : inventory.parameters) {
+      const bool embedding = p.name.find("embed_tokens.weight") != std::string::npos || p.name == "transformer.wte.weight" ||
+                             p.name == "gpt_neox.embed_in.weight" || p.name.find("word_embeddings.weight") != std::string::npos;
+      embeddingTrains = embeddingTrains || (embedding && p.trainable);
+      blockTrains = blockTrains || (p.layer >= 0 && p.trainable);
+    }
+    if (!embeddingTrains && blockTrains) {
+      notes.push_back("Reentrant checkpointing with a frozen word embedding: no checkpointed block's input requires a "
+                      "gradient, so torch.utils.checkpoint (use_reentrant=True) gives the blocks' parameters none "
+                      "(PyTorch warns \"None of the inputs have requires_grad=True\") and they do not train. This "
+                      "estimate counts their gradients and optimizer states; set use_reentrant=False "
+                      "(training.useReentrant) or call model.enable_input_require_grads() for them to train.");
+    }
+  }
   if (t.optimizerInBackward) {
     notes.push_back("Optimizer in backward (torchtune optimizer_in_bwd): each parameter's own optimizer steps in "
                     "its post-accumulate-grad hook and frees the gradient, so at most the gradients still being "
