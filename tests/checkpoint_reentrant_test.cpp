@@ -38,6 +38,13 @@ Setup CheckpointedLlama(bool reentrant, const char* pytorch = "2.5") {
   return s;
 }
 
+// The same with PEFT's default LoRA (q_proj, v_proj).
+Setup CheckpointedLlamaLora(bool reentrant) {
+  Setup s = CheckpointedLlama(reentrant);
+  s.finetune.lora = true;
+  return s;
+}
+
 // Whether `e` is in step 1's backward of block `layer`.
 bool InBackward(const Event& e, int layer) { return e.step == 1 && e.phase == Phase::Backward && e.layer == layer; }
 
@@ -126,11 +133,7 @@ TEST_CASE("use_reentrant=False: from PyTorch 2.1 the recompute stops at the last
 
 TEST_CASE("use_reentrant=False with LoRA: no enable_input_require_grads, the adapters still train",
           "[checkpoint][reentrant][finetune]") {
-  auto lora = [](bool reentrant) {
-    Setup s = CheckpointedLlama(reentrant);
-    s.finetune.lora = true;
-    return s;
-  };
+  auto lora = CheckpointedLlamaLora;
   const Estimate a = test::MustEstimate(lora(true));
   const Estimate b = test::MustEstimate(lora(false));
   // The adapters' gradients in both.
@@ -157,11 +160,7 @@ TEST_CASE("enable_input_require_grads: the embeddings' leaf and its .grad live u
   // holds that node while the loop's `loss` lives, so the leaf's tensor and its .grad (one
   // hidden state each: 2 × 128 × 256 × 2 B in bf16) are freed at the step's end, after the
   // optimizer step, not when backward finishes (CPU torch: validate's llama-lora-bf16-ckpt).
-  auto lora = [](bool reentrant) {
-    Setup s = CheckpointedLlama(reentrant);
-    s.finetune.lora = true;
-    return s;
-  };
+  auto lora = CheckpointedLlamaLora;
   const std::int64_t hidden = 2 * 128 * 256 * 2;
   const Built reentrant = TraceOf(lora(true));
   const Built plain = TraceOf(lora(false));
