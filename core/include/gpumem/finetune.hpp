@@ -99,6 +99,10 @@ Text StorageFormula(TextStore& text, const Tensor& p, DType regimeWeights);
 // + 3,407,872 adapters × 4 B").
 std::string FinetuneParameterFormula(const Setup& setup, const Inventory& inventory);
 
+// Whether a parameter is an input embedding (token, position or token-type: what
+// freezeEmbeddings freezes), by its Hugging Face name.
+bool IsEmbedding(std::string_view name);
+
 // --- LoRA targets ---
 // PEFT's default target_modules for the family (q_proj/v_proj, c_attn, query/value).
 std::span<const char* const> DefaultTargetModules(Family family);

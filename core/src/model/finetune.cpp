@@ -29,12 +29,6 @@ bool HasComponents(std::string_view path, std::string_view name) {
   return false;
 }
 
-bool IsEmbedding(std::string_view name) {
-  return name.find("embed_tokens") != std::string_view::npos || name.starts_with("transformer.wte") ||
-         name.starts_with("transformer.wpe") || name.starts_with("bert.embeddings.") ||
-         name.starts_with("gpt_neox.embed_in.");
-}
-
 // The model's output layer and heads outside the base model (what freezeHead means).
 bool IsHead(std::string_view name) {
   return name.starts_with("lm_head.") || name.starts_with("classifier.") || name.starts_with("bert.pooler.") ||
@@ -146,6 +140,12 @@ bool Quantized(Tensor::Storage s) {
          s == Tensor::Storage::TorchaoNF4;
 }
 }  // namespace
+
+bool IsEmbedding(std::string_view name) {
+  return name.find("embed_tokens") != std::string_view::npos || name.starts_with("transformer.wte") ||
+         name.starts_with("transformer.wpe") || name.starts_with("bert.embeddings.") ||
+         name.starts_with("gpt_neox.embed_in.");
+}
 
 std::int64_t StoredBytes(const Tensor& p, DType regimeWeights) {
   switch (p.storage) {

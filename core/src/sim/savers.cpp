@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
 #include "gpumem/names.hpp"
 #include "sim/trace_builder.hpp"
@@ -59,7 +60,7 @@ void AddSaverNotes(const Setup& setup, const Inventory& inventory, std::vector<s
                     "so they slow the step instead of running out of memory.");
   }
   // torch.utils.checkpoint(use_reentrant=True) records its node only when an input requires
-  // grad (CheckpointFunction is an autograd.Function): with the word embedding frozen and no
+  // grad (CheckpointFunction is an autograd.Function): with the embeddings frozen and no
   // enable_input_require_grads hook (LoRA / prepare_model_for_kbit_training add it), no
   // checkpointed block's input does, so PyTorch warns "None of the inputs have requires_grad=True"
   // and those blocks' parameters get no gradient and, with .grad None, no optimizer state. Measured
@@ -69,13 +70,13 @@ void AddSaverNotes(const Setup& setup, const Inventory& inventory, std::vector<s
       !setup.finetune.lora && !setup.finetune.prepareForKbitTraining) {
     bool embeddingTrains = false, blockTrains = false;
     for (const Tensor& p : inventory.parameters) {
-      const bool embedding = p.name.find("embed_tokens.weight") != std::string::npos || p.name == "transformer.wte.weight" ||
-                             p.name == "gpt_neox.embed_in.weight" || p.name.find("word_embeddings.weight") != std::string::npos;
-      embeddingTrains = embeddingTrains || (embedding && p.trainable);
+      // Any trained embedding (GPT-2's wpe, BERT's position or token-type table) makes the sum
+      // that enters block 0 require grad.
+      embeddingTrains = embeddingTrains || (IsEmbedding(p.name) && p.trainable);
       blockTrains = blockTrains || (p.layer >= 0 && p.trainable);
     }
     if (!embeddingTrains && blockTrains) {
-      notes.push_back("Reentrant checkpointing with a frozen word embedding: no checkpointed block's input requires a "
+      notes.push_back("Reentrant checkpointing with frozen embeddings: no checkpointed block's input requires a "
                       "gradient, so torch.utils.checkpoint (use_reentrant=True) gives the blocks' parameters none "
                       "(PyTorch warns \"None of the inputs have requires_grad=True\") and they do not train. This "
                       "estimate counts their gradients and optimizer states; set use_reentrant=False "

@@ -505,14 +505,14 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
   template_.ready = false;
   // What is still held (in value order, as the map this replaces iterated).
   const Text finished = T({"backward finished"});
-  for (std::size_t v = 0; v < grads_.size(); ++v) {
-    TensorHandle& grad = grads_[v];
+  for (ValueId leaf : graphLeaves_) {  // each leaf's .grad stays until the graph goes
+    TensorHandle& grad = GradOf(leaf);
+    if (grad != kNoTensor) graphLeafGrads_.push_back(grad);
+    grad = kNoTensor;
+  }
+  for (TensorHandle& grad : grads_) {
     if (grad == kNoTensor) continue;
-    if (std::find(graphLeaves_.begin(), graphLeaves_.end(), static_cast<ValueId>(v)) != graphLeaves_.end()) {
-      graphLeafGrads_.push_back(grad);  // the leaf's .grad, until the graph goes
-    } else {
-      b_.Release(grad, finished);
-    }
+    b_.Release(grad, finished);
     grad = kNoTensor;
   }
   if (offload_) offload_->EndBackward(finished);

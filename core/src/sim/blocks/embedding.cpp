@@ -13,18 +13,20 @@ namespace gpumem::blocks {
 // before the embedding's own. Measured: scripts/validate_tensor.py's first pipeline stages.
 ValueId WordEmbedding(Model& m, ValueId ids, ValueId weight, TextPart name) {
   Tape& t = m.t;
-  const ValueId looked = ops::Embedding(t, ids, weight, m.a.hiddenSize, name);
-  if (m.embeddingsRequireGrad && m.vocabShards <= 1) t.RequireGrad(looked, m.embeddingsHeldByGraph);
-  if (m.vocabShards <= 1) return looked;
-  const ValueId masked = t.Apply({.name = "output_parallel[input_mask, :] = 0.0 (VocabParallelEmbedding)",
-                                  .inputs = {{looked}},
-                                  .shape = t.ShapeOf(looked),
-                                  .type = t.TypeOf(looked),
-                                  .saveNew = {{t.ShapeOf(ids), DType::Bool, "input_mask"}},
-                                  .viewOf = looked});
-  t.Drop(looked);
-  if (m.embeddingsRequireGrad) t.RequireGrad(masked, m.embeddingsHeldByGraph);  // the hook sees the module's output
-  return masked;
+  ValueId out = ops::Embedding(t, ids, weight, m.a.hiddenSize, name);
+  if (m.vocabShards > 1) {
+    const ValueId looked = out;
+    out = t.Apply({.name = "output_parallel[input_mask, :] = 0.0 (VocabParallelEmbedding)",
+                   .inputs = {{looked}},
+                   .shape = t.ShapeOf(looked),
+                   .type = t.TypeOf(looked),
+                   .saveNew = {{t.ShapeOf(ids), DType::Bool, "input_mask"}},
+                   .viewOf = looked});
+    t.Drop(looked);
+  }
+  // enable_input_require_grads' hook sees the module's output.
+  if (m.embeddingsRequireGrad) t.RequireGrad(out, m.embeddingsHeldByGraph);
+  return out;
 }
 
 }  // namespace gpumem::blocks
