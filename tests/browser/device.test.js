@@ -203,7 +203,9 @@ test('the allocator\'s segments at the reserved peak are drawn under the timelin
     track: Number(g.querySelector('rect.bar-track').getAttribute('width')),
     blocks: [...g.querySelectorAll('rect.seg-block')].map((r) => ({
       bytes: Number(r.dataset.bytes), allocated: r.dataset.allocated === 'true', label: r.dataset.label,
-      x: Number(r.getAttribute('x')), width: Number(r.getAttribute('width')), title: r.querySelector('title').textContent,
+      x: Number(r.getAttribute('x')), width: Number(r.getAttribute('width')),
+      // The title is made when the pointer first reaches the block.
+      title: (r.dispatchEvent(new MouseEvent('mouseover', { bubbles: true })), r.querySelector('title').textContent),
     })),
   })));
   // One bar per segment, in the core's address order, each block as the core has it.
