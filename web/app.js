@@ -80,6 +80,7 @@ export function update() {
   scheduleViews(setup);
   if (state.embed) showParamProblems(state.paramProblems ?? []);
   recordTiming(started, estimated);
+  stampShown();
 }
 
 export function failed(errors) {
@@ -87,6 +88,16 @@ export function failed(errors) {
   cancelViews();
   setResultsState(state.lastGood ? 'stale' : 'empty');
   if (state.embed) showParamProblems([...(state.paramProblems ?? []), ...errors]);
+  stampShown();
+}
+
+// When the answer (or the errors) reached the screen, in ms since the page's navigation began:
+// a task queued from the next animation frame runs after that frame's layout and paint. Kept on
+// #results as data-shown-at-ms; the browser tests' time bounds read it (tests/browser/bounds).
+function stampShown() {
+  const results = $('#results');
+  delete results.dataset.shownAtMs;
+  requestAnimationFrame(() => setTimeout(() => { results.dataset.shownAtMs = performance.now().toFixed(1); }, 0));
 }
 
 function markSolveStale(setup) {
