@@ -104,14 +104,15 @@ class Reader {
   void Int(const json& object, const char* key, const std::string& path, std::int64_t& out) {
     auto it = object.find(key);
     if (it == object.end()) return;
-    const std::string field = Join(path, key);
     const json& v = *it;
-    if (v.is_number_integer()) {
-      if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX)) {
-        Fail(ErrorCode::InvalidField, field, "The value is far too large.");
-        return;
-      }
+    if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(INT64_MAX))) {
       out = v.get<std::int64_t>();
+      return;
+    }
+    // The field's name is built only for an error: a 5,000-layer list reads 10,000 of these.
+    const std::string field = Join(path, key);
+    if (v.is_number_integer()) {
+      Fail(ErrorCode::InvalidField, field, "The value is far too large.");
       return;
     }
     if (v.is_number_float()) {
@@ -153,15 +154,12 @@ class Reader {
   bool Enum(const json& object, const char* key, const std::string& path, E& out) {
     auto it = object.find(key);
     if (it == object.end()) return true;
-    const std::string field = Join(path, key);
+    if (it->is_string() && FromId(it->get_ref<const std::string&>(), out)) return true;
+    // The message (every id of the enum) is built only for an error.
     std::string allowed;
     for (const auto& n : NamesOf(E{})) allowed += (allowed.empty() ? "" : ", ") + std::string(n.id);
-    if (!it->is_string() || !FromId(it->get_ref<const std::string&>(), out)) {
-      Fail(ErrorCode::InvalidField, field,
-           "Must be one of " + allowed + " (got " + Echo(*it) + ").");
-      return false;
-    }
-    return true;
+    Fail(ErrorCode::InvalidField, Join(path, key), "Must be one of " + allowed + " (got " + Echo(*it) + ").");
+    return false;
   }
 
  private:

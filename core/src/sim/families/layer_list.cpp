@@ -32,6 +32,11 @@
 namespace gpumem {
 namespace {
 
+// "layers[3]": a layer's name as parts of the trace's text store, so that no string is built per
+// event (a 5,000-layer list makes 200,000 events; with the words off, as in the solver's
+// estimates, nothing at all is made).
+Text NameOf(TextStore& t, std::size_t i) { return t.Make({"layers[", TextPart::Int(static_cast<std::int64_t>(i)), "]"}); }
+
 class LayerListPass final : public ModelPass {
  public:
   LayerListPass(const Setup& setup, const Inventory& inventory, const Regime& regime)
@@ -85,18 +90,18 @@ class LayerListPass final : public ModelPass {
     DType currentType = batchType;  // the dtype of `current`
     std::vector<TensorHandle> castCache;  // autocast's cached weight and bias copies
     bool anyParameterBefore = false;      // whether the current input needs a gradient
+    TextStore& t = b.text();
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       const LayerDef& layer = layers_[i];
-      const std::string name = "layers[" + std::to_string(i) + "]";
-      const std::string op = name + " " + LabelOf(layer.kind) + " forward";
+      const Text name = NameOf(t, i);
+      const Text op = t.Make({name, " ", TextPart::View(LabelOf(layer.kind)), " forward"});
       const int index = static_cast<int>(i);
       const std::int64_t width = widths_[i];
       inTypes_[i] = currentType;
       DType outType = currentType;
-      auto output = [&](DType type, const char* what = "output") {
-        return b.Alloc(Category::Activations, tokens * width * BytesPerElement(type),
-                       name + "." + what, op + ": " + what, SizeFormula({batch_, sequence_, width}, type),
-                       index);
+      auto output = [&](DType type) {
+        return b.Alloc(Category::Activations, tokens * width * BytesPerElement(type), t.Make({name, ".output"}),
+                       t.Make({op, ": output"}), t.Size({batch_, sequence_, width}, type), index);
       };
       TensorHandle out = kNoTensor;
       const bool inputNeedsGrad = anyParameterBefore;
@@ -108,20 +113,23 @@ class LayerListPass final : public ModelPass {
             castInput_[i] = currentType != compute;
             saved_[i] = castInput_[i]
                             ? b.Alloc(Category::Activations, tokens * layer.inFeatures * BytesPerElement(compute),
-                                      name + ".input (16-bit copy)", op + ": autocast copies its input to 16-bit (saved)",
-                                      SizeFormula({batch_, sequence_, layer.inFeatures}, compute), index)
+                                      t.Make({name, ".input (16-bit copy)"}),
+                                      t.Make({op, ": autocast copies its input to 16-bit (saved)"}),
+                                      t.Size({batch_, sequence_, layer.inFeatures}, compute), index)
                             : b.Retain(current);
             const TensorHandle weight = b.Alloc(Category::WeightCopies, layer.inFeatures * layer.outFeatures * BytesPerElement(compute),
-                                                name + ".weight (16-bit copy)", op + ": autocast copies the weight to 16-bit (cached)",
-                                                SizeFormula({layer.outFeatures, layer.inFeatures}, compute), index);
+                                                t.Make({name, ".weight (16-bit copy)"}),
+                                                t.Make({op, ": autocast copies the weight to 16-bit (cached)"}),
+                                                t.Size({layer.outFeatures, layer.inFeatures}, compute), index);
             // addmm saves the weight for its input's gradient, only when that input needs one
             // (derivatives.yaml's saves are conditional on should_compute_output).
             if (inputNeedsGrad) savedWeight_[i] = b.Retain(weight);
             castCache.push_back(weight);
             if (layer.bias) {
               castCache.push_back(b.Alloc(Category::WeightCopies, layer.outFeatures * BytesPerElement(compute),
-                                          name + ".bias (16-bit copy)", op + ": autocast copies the bias to 16-bit (cached)",
-                                          SizeFormula({layer.outFeatures}, compute), index));
+                                          t.Make({name, ".bias (16-bit copy)"}),
+                                          t.Make({op, ": autocast copies the bias to 16-bit (cached)"}),
+                                          t.Size({layer.outFeatures}, compute), index));
             }
           } else {
             saved_[i] = b.Retain(current);  // saves its input
@@ -145,14 +153,13 @@ class LayerListPass final : public ModelPass {
             types_[i] = currentType;
             continue;
           }
-          saved_[i] = b.Alloc(Category::Activations, tokens * width, name + ".mask",
-                              op + ": mask (saved)", SizeFormula({batch_, sequence_, width}, DType::Bool),
-                              index);
+          saved_[i] = b.Alloc(Category::Activations, tokens * width, t.Make({name, ".mask"}), t.Make({op, ": mask (saved)"}),
+                              t.Size({batch_, sequence_, width}, DType::Bool), index);
           out = output(outType);
           break;
       }
       types_[i] = outType;
-      b.Release(current, op + ": input no longer referenced");
+      b.Release(current, t.Make({op, ": input no longer referenced"}));
       current = out;
       currentType = outType;
     }
@@ -240,12 +247,13 @@ class LayerListPass final : public ModelPass {
       gradOut = cast;
     }
 
+    TextStore& t = b.text();
     for (std::size_t i = layers_.size(); i-- > 0;) {
       const LayerDef& layer = layers_[i];
-      const std::string name = "layers[" + std::to_string(i) + "]";
-      const std::string op = name + " " + LabelOf(layer.kind) + " backward";
-      const int index = static_cast<int>(i);
       if (layer.kind == LayerKind::Dropout && layer.dropoutProbability == 0.0) continue;
+      const Text name = NameOf(t, i);
+      const Text op = t.Make({name, " ", TextPart::View(LabelOf(layer.kind)), " backward"});
+      const int index = static_cast<int>(i);
       // The gradient flowing into this layer's input; layer 0's input is data (no gradient).
       const std::int64_t inWidth = layer.kind == LayerKind::Linear ? layer.inFeatures
                                    : i > 0 ? widths_[i - 1] : 0;
@@ -255,37 +263,37 @@ class LayerListPass final : public ModelPass {
       TensorHandle gradIn = kNoTensor;
       if (i > 0 && layer.kind != LayerKind::Embedding) {
         gradIn = b.Alloc(Category::ActivationGradients, tokens * inWidth * BytesPerElement(gradType),
-                         name + " grad of input", op + ": gradient of its input",
-                         SizeFormula({batch_, sequence_, inWidth}, gradType), index);
+                         t.Make({name, " grad of input"}), t.Make({op, ": gradient of its input"}),
+                         t.Size({batch_, sequence_, inWidth}, gradType), index);
       }
       if (autocastLinear) {
-        LinearCastsBackward(b, gradients, i, op);
-      } else if (!parameterIndices_[i].empty()) {
-        const Text opText = b.text().Own(op);
-        for (std::size_t p : parameterIndices_[i]) gradients.Produce(p, opText);
+        LinearCastsBackward(b, gradients, i, name, op);
+      } else {
+        for (std::size_t p : parameterIndices_[i]) gradients.Produce(p, op);
       }
       if (layer.kind == LayerKind::Linear && layer.bias) {
         BiasSumScratch(b, tokens, layer.outFeatures, autocastLinear ? regime_.compute : types_[i], name, op, index);
       }
-      b.Release(saved_[i], op + ": saved tensor freed");
+      if (saved_[i] != kNoTensor) b.Release(saved_[i], t.Make({op, ": saved tensor freed"}));
       saved_[i] = kNoTensor;
-      b.Release(savedWeight_[i], op + ": saved 16-bit weight freed");
+      if (savedWeight_[i] != kNoTensor) b.Release(savedWeight_[i], t.Make({op, ": saved 16-bit weight freed"}));
       savedWeight_[i] = kNoTensor;
-      b.Release(gradOut, op + ": incoming gradient consumed");
+      if (gradOut != kNoTensor) b.Release(gradOut, t.Make({op, ": incoming gradient consumed"}));
       if (autocastLinear) {
         // The casts' ToCopyBackward nodes, latest made first: bias, weight, then the input.
-        const Text castText = b.text().Own(name + " autocast cast backward");
+        const Text castText = t.Make({name, " autocast cast backward"});
         for (std::size_t k = parameterIndices_[i].size(); k-- > 0;) {
           gradients.Produce(parameterIndices_[i][k], castText);
-          b.Release(castGrads_[k], name + ": 16-bit gradient cast to fp32");
+          b.Release(castGrads_[k], t.Make({name, ": 16-bit gradient cast to fp32"}));
           gradients.RunReady();
         }
         castGrads_.clear();
         if (castInput_[i] && gradIn != kNoTensor) {
           const TensorHandle grad32 = b.Alloc(Category::ActivationGradients, tokens * inWidth * BytesPerElement(inTypes_[i]),
-                                              name + " grad of input (fp32)", name + " input cast backward: gradient to fp32",
-                                              SizeFormula({batch_, sequence_, inWidth}, inTypes_[i]), index);
-          b.Release(gradIn, name + " input cast backward: 16-bit gradient consumed");
+                                              t.Make({name, " grad of input (fp32)"}),
+                                              t.Make({name, " input cast backward: gradient to fp32"}),
+                                              t.Size({batch_, sequence_, inWidth}, inTypes_[i]), index);
+          b.Release(gradIn, t.Make({name, " input cast backward: 16-bit gradient consumed"}));
           gradIn = grad32;
         }
       }
@@ -298,35 +306,38 @@ class LayerListPass final : public ModelPass {
   // the node's gradients are made); on CUDA that sum may split its rows across blocks and take a
   // scratch buffer and semaphores from the caching allocator, freed when it returns
   // (sim/reduction.hpp).
-  void BiasSumScratch(TraceBuilder& b, std::int64_t rows, std::int64_t outputs, DType type, const std::string& name,
-                      const std::string& op, int layer) {
+  void BiasSumScratch(TraceBuilder& b, std::int64_t rows, std::int64_t outputs, DType type, Text name, Text op,
+                      int layer) {
     const ReductionScratch r = LeadingSumScratch(rows, outputs, BytesPerElement(type), gpu_);
     if (r.bufferBytes <= 0) return;
-    const TensorHandle buffer = b.Alloc(Category::ActivationGradients, r.bufferBytes, name + " sum_to scratch",
-                                        op + ": bias gradient's CUDA sum, partial sums",
-                                        SizeFormula({r.bufferBytes / 4}, DType::FP32), layer);
-    const TensorHandle semaphores = b.Alloc(Category::ActivationGradients, r.semaphoreBytes, name + " sum_to semaphores",
-                                            op + ": bias gradient's CUDA sum, semaphores",
-                                            SizeFormula({r.semaphoreBytes}, DType::UInt8), layer);
-    b.Release(buffer, op + ": sum scratch freed");
-    b.Release(semaphores, op + ": sum scratch freed");
+    TextStore& t = b.text();
+    const TensorHandle buffer = b.Alloc(Category::ActivationGradients, r.bufferBytes, t.Make({name, " sum_to scratch"}),
+                                        t.Make({op, ": bias gradient's CUDA sum, partial sums"}),
+                                        t.Size({r.bufferBytes / 4}, DType::FP32), layer);
+    const TensorHandle semaphores = b.Alloc(Category::ActivationGradients, r.semaphoreBytes,
+                                            t.Make({name, " sum_to semaphores"}),
+                                            t.Make({op, ": bias gradient's CUDA sum, semaphores"}),
+                                            t.Size({r.semaphoreBytes}, DType::UInt8), layer);
+    const Text freed = t.Make({op, ": sum scratch freed"});
+    b.Release(buffer, freed);
+    b.Release(semaphores, freed);
   }
 
   // Under autocast, addmm's backward makes the 16-bit gradients of the weight and bias copies
   // (weight first, bias second in parameterIndices_), kept in castGrads_ for their casts.
-  void LinearCastsBackward(TraceBuilder& b, GradientSink&, std::size_t i, const std::string& op) {
+  void LinearCastsBackward(TraceBuilder& b, GradientSink&, std::size_t i, Text name, Text op) {
     const LayerDef& layer = layers_[i];
     const DType compute = regime_.compute;
     const int index = static_cast<int>(i);
-    const std::string name = "layers[" + std::to_string(i) + "]";
+    TextStore& t = b.text();
     castGrads_.clear();
     castGrads_.push_back(b.Alloc(Category::ActivationGradients, layer.inFeatures * layer.outFeatures * BytesPerElement(compute),
-                                 name + " grad of weight (16-bit)", op + ": gradient of the 16-bit weight",
-                                 SizeFormula({layer.outFeatures, layer.inFeatures}, compute), index));
+                                 t.Make({name, " grad of weight (16-bit)"}), t.Make({op, ": gradient of the 16-bit weight"}),
+                                 t.Size({layer.outFeatures, layer.inFeatures}, compute), index));
     if (layer.bias) {
       castGrads_.push_back(b.Alloc(Category::ActivationGradients, layer.outFeatures * BytesPerElement(compute),
-                                   name + " grad of bias (16-bit)", op + ": gradient of the 16-bit bias",
-                                   SizeFormula({layer.outFeatures}, compute), index));
+                                   t.Make({name, " grad of bias (16-bit)"}), t.Make({op, ": gradient of the 16-bit bias"}),
+                                   t.Size({layer.outFeatures}, compute), index));
     }
   }
 
