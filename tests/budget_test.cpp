@@ -5,6 +5,7 @@
 // random valid setups checks the properties every estimate must keep.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -201,6 +202,31 @@ TEST_CASE("setups beyond the work budget are refused naming the field that drive
   CHECK(seconds < 0.5);
 }
 
+TEST_CASE("a layer list may have kMaxListedLayers layers, whatever their events", "[budget]") {
+  // At the limit: accepted.
+  CHECK(Validate(DeepList(std::size_t(kMaxListedLayers / 2), 64)).empty());
+  // One more: refused on the list, with the count and the limit, though its events are few.
+  Setup over = DeepList(std::size_t(kMaxListedLayers / 2), 64);
+  over.model.layers.push_back(Activation(LayerKind::ReLU));
+  REQUIRE(PredictEvents(over).predictedEvents < kMaxPredictedEvents);
+  FieldError e = MustRefuse(over);
+  CHECK(e.code == ErrorCode::TooLarge);
+  CHECK(e.field == "model.layers");
+  CHECK_THAT(e.message, Catch::Contains("4,001 layers") && Catch::Contains("more than the 4,000"));
+  // Activations cost the estimate 12 events each, the page a line of the editor each: 39,000 of
+  // them passed the event budget and took the page about 2 s (setup.hpp, kMaxListedLayers).
+  Setup relus = DeepList(1, 64);
+  relus.model.layers.insert(relus.model.layers.end(), 39'000, Activation(LayerKind::ReLU));
+  REQUIRE(PredictEvents(relus).predictedEvents < kMaxPredictedEvents);
+  e = MustRefuse(relus);
+  CHECK(e.code == ErrorCode::TooLarge);
+  CHECK(e.field == "model.layers");
+  // The JSON envelope names the same field.
+  const json doc = json::parse(EstimateJson(SetupToJson(relus)));
+  CHECK(doc.at("ok") == false);
+  CHECK(doc.at("errors").at(0).at("field") == "model.layers");
+}
+
 TEST_CASE("each input class at its limit returns in under 2 s natively", "[budget]") {
   // The page asks for a labelled timeline (thinned to 2,000 points): the costliest answer.
   auto timeJson = [](const Setup& s, const char* what) {
@@ -230,10 +256,11 @@ TEST_CASE("each input class at its limit returns in under 2 s natively", "[budge
     return WithinBudget(t);
   });
   timeJson(moe, "experts");
-  // Many layers in a list.
-  const std::int64_t blocks = LargestFitting(Limits::maxLayers / 2, [&](std::int64_t n) {
+  // Many layers in a list: as many as a list may have (kMaxListedLayers binds before the events).
+  const std::int64_t blocks = std::min(kMaxListedLayers / 2, LargestFitting(Limits::maxLayers / 2, [&](std::int64_t n) {
     return WithinBudget(DeepList(std::size_t(n), 8));
-  });
+  }));
+  CHECK(blocks == kMaxListedLayers / 2);
   timeJson(DeepList(std::size_t(blocks), 64), "layer list");
   // Long context: a million tokens through GPT-2-sized Llama blocks with SDPA and checkpointing.
   Setup longContext = PresetSetup(*FindPreset("llama-3.2-1b"));

@@ -643,6 +643,13 @@ EventBudget PredictEvents(const Setup& setup);
 // docs/budget.md for events/s, bytes/event and why this keeps an estimate near one second and
 // well under 256 MB of wasm memory on a 2-core machine.
 inline constexpr double kMaxPredictedEvents = 500'000.0;
+// The most layers a layer list may have, whatever its events. The page's cost of a list grows
+// with its length as well as with its events: the JSON editor's lines, the link that holds it,
+// reading it twice. Opening a link, to the frame that shows the answer (Chromium 156 on this
+// 2-core machine, tests/browser/bounds.test.js): 4,000 linear layers 1.19–1.34 s; 5,000 took
+// 1.35–1.45 s here and up to 2.2 s on CI; 39,000 ReLUs after one linear, within the event budget,
+// 1.8–2.1 s here.
+inline constexpr std::int64_t kMaxListedLayers = 4'000;
 
 // Feature width flowing out of layer `index` (and into layer index+1), or 0 when unknown
 // (a leading activation with no width yet). Used by validation and by the trace.

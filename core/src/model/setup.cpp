@@ -951,6 +951,14 @@ void Validate(const Setup& setup, ErrorList& errors) {
 
   if (errors.empty()) {
     // The work budget first: it is cheap and bounds time and memory before any simulation.
+    if (m.kind == ModelKind::LayerList && static_cast<std::int64_t>(m.layers.size()) > kMaxListedLayers) {
+      errors.push_back({ErrorCode::TooLarge, "model.layers",
+                        "The list has " + FormatCount(static_cast<std::int64_t>(m.layers.size())) + " layers, more than the " +
+                            FormatCount(kMaxListedLayers) +
+                            " a layer list may have (one that long is shown and estimated within about a second in "
+                            "the page). Describe a repeated stack as a transformer architecture, or merge layers."});
+      return;
+    }
     const EventBudget budget = PredictEventsOf(setup);
     if (budget.predictedEvents > kMaxPredictedEvents) {
       errors.push_back(TooManyEventsError(budget));
