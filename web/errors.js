@@ -48,6 +48,8 @@ export function fieldLabel(field) {
     for (const unit of copy.querySelectorAll('.unit')) unit.remove();
     return copy.textContent.trim();
   }
+  // A control labelled by its place rather than a <label> (the layer list's JSON editor).
+  if (exact && control.dataset.label) return control.dataset.label;
   const layer = /^model\.layers\[(\d+)\](?:\.(\w+))?/.exec(field);
   const words = (name) => name.replace(/([a-z])([A-Z])/g, '$1 $2').toLowerCase();
   if (layer) return `layer ${Number(layer[1]) + 1}${layer[2] ? ` · ${words(layer[2])}` : ''}`;
