@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -14,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpumem/format.hpp"
 #include "gpumem/json.hpp"
 #include "gpumem/presets.hpp"
 #include "test_support.hpp"
@@ -225,6 +227,35 @@ TEST_CASE("a layer list may have kMaxListedLayers layers, whatever their events"
   const json doc = json::parse(EstimateJson(SetupToJson(relus)));
   CHECK(doc.at("ok") == false);
   CHECK(doc.at("errors").at(0).at("field") == "model.layers");
+}
+
+TEST_CASE("quick mode may list kMaxListedMatrices matrices, whatever their events", "[budget]") {
+  Setup s = QuickSetup(1'000'000'000'000, Precision::BF16Mixed, OptimizerKind::Adafactor);
+  s.model.largestMatrices.assign(std::size_t(kMaxListedMatrices), MatrixShape{1000, 1000});
+  CHECK(Validate(s).empty());
+  s.model.largestMatrices.push_back(MatrixShape{1000, 1000});
+  REQUIRE(PredictEvents(s).predictedEvents < kMaxPredictedEvents);
+  const FieldError e = MustRefuse(s);
+  CHECK(e.code == ErrorCode::TooLarge);
+  CHECK(e.field == "model.largestMatrices");
+  CHECK_THAT(e.message, Catch::Contains("8,001 matrices") && Catch::Contains("more than the 8,000"));
+}
+
+TEST_CASE("the work budget's refusal gives the events in digits", "[budget]") {
+  // Just past the budget the rounded "5e05, more than the 5e05" said nothing.
+  Setup deep = PresetSetup(*FindPreset("llama-2-7b"));
+  deep.training.sequenceLength = 512;
+  deep.training.checkpointing = Checkpointing::EveryBlock;
+  deep.model.architecture.numLayers = LargestFitting(Limits::maxLayers, [&](std::int64_t n) {
+    Setup t = deep;
+    t.model.architecture.numLayers = n;
+    return WithinBudget(t);
+  }) + 1;
+  const double predicted = PredictEvents(deep).predictedEvents;
+  REQUIRE(predicted > kMaxPredictedEvents);
+  const FieldError e = MustRefuse(deep);
+  CHECK(e.field == "model.architecture.numLayers");
+  CHECK_THAT(e.message, Catch::Contains("about " + FormatCount(std::llround(predicted)) + " memory events, more than the 500,000"));
 }
 
 TEST_CASE("each input class at its limit returns in under 2 s natively", "[budget]") {

@@ -65,6 +65,12 @@ const layerList = (n, layer) => ({
   training: { batchSize: 4, sequenceLength: 1 },
 });
 
+// Quick mode listing `n` largest matrices (Adafactor factors each).
+const quick = (n) => ({
+  model: { kind: 'parameterCount', parameterCount: 1e12, largestMatrices: Array.from({ length: n }, () => ({ rows: 1000, cols: 1000 })) },
+  training: { optimizer: 'adafactor' },
+});
+
 const llama = (architecture, training = {}) => ({
   model: { kind: 'transformer', architecture: { family: 'llama', numKeyValueHeads: 4, ...architecture } },
   training: { batchSize: 1, sequenceLength: 128, attention: 'sdpa', ...training },
@@ -85,6 +91,9 @@ test('setups at the limits are answered and past them refused, each within 2 s i
     ['the longest layer list', layerList(4000, (i) => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'ok'],
     ['a layer list one layer past its limit', layerList(4001, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'error', /Layers: The list has 4,001 layers/],
     ['a layer list past the work budget', layerList(8000, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'error', /layers/],
+    // Quick mode may list 8,000 matrices (kMaxListedMatrices, setup.hpp).
+    ['the longest list of largest matrices', quick(8000), 'ok'],
+    ['one matrix past it', quick(8001), 'error', /Largest weight matrices.*: 8,001 matrices are listed/],
     ['a long layer list of wrong types (thousands of errors, capped)',
       layerList(5000, () => ({ type: 'linear', inFeatures: 'x', outFeatures: 'y' })), 'error', /more errors|inFeatures/],
   ];

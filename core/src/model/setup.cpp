@@ -505,7 +505,14 @@ EventBudget PredictEventsOf(const Setup& setup) {
   return budget;
 }
 
+// A count of events in digits while they fit (just past the budget, "about 5e05 memory events,
+// more than the 5e05" said nothing).
+std::string EventsText(double events) {
+  return events < 1e15 ? FormatCount(std::llround(events)) : FormatScientific(events);
+}
+
 FieldError TooManyEventsError(const EventBudget& budget) {
+  const std::string events = EventsText(budget.predictedEvents);
   const char* change = budget.field == "model.layers"             ? "Use fewer layers."
                        : budget.field == "model.largestMatrices"  ? "List fewer matrices."
                        : budget.field == "model.architecture.numExperts" ? "Use fewer experts or layers."
@@ -514,9 +521,8 @@ FieldError TooManyEventsError(const EventBudget& budget) {
                              "larger hidden size, fewer tokens or the chunked loss."
                                                                   : "Use fewer layers.";
   return {ErrorCode::TooLarge, budget.field,
-          "This setup would simulate about " + FormatScientific(budget.predictedEvents) +
-              " memory events, more than the " + FormatScientific(kMaxPredictedEvents) +
-              " an estimate may take (about a second and 256 MB in the page). " + change};
+          "This setup would simulate about " + events + " memory events, more than the " +
+              EventsText(kMaxPredictedEvents) + " an estimate may take (about a second and 256 MB in the page). " + change};
 }
 
 // The field that drives a bound's excess, and what to say about it.
@@ -959,6 +965,14 @@ void Validate(const Setup& setup, ErrorList& errors) {
                             "the page). Describe a repeated stack as a transformer architecture, or merge layers."});
       return;
     }
+    if (m.kind == ModelKind::ParameterCount && static_cast<std::int64_t>(m.largestMatrices.size()) > kMaxListedMatrices) {
+      errors.push_back({ErrorCode::TooLarge, "model.largestMatrices",
+                        FormatCount(static_cast<std::int64_t>(m.largestMatrices.size())) + " matrices are listed, more than the " +
+                            FormatCount(kMaxListedMatrices) +
+                            " quick mode takes. List the largest: they decide Adafactor's factored states and the "
+                            "per-parameter optimizer's largest temporary."});
+      return;
+    }
     const EventBudget budget = PredictEventsOf(setup);
     if (budget.predictedEvents > kMaxPredictedEvents) {
       errors.push_back(TooManyEventsError(budget));
@@ -979,8 +993,8 @@ void Validate(const Setup& setup, ErrorList& errors) {
       errors.push_back({ErrorCode::TooLarge, "parallel.gradientAccumulationSteps",
                         "Simulating " + FormatCount(setup.parallel.gradientAccumulationSteps) +
                             " micro-batches" + (setup.parallel.pipelineParallel > 1 ? " of the largest stage" : "") +
-                            " would take about " + FormatScientific(budget.predictedEvents * microBatches) +
-                            " events, more than " + FormatScientific(kMaxPredictedEvents) +
+                            " would take about " + EventsText(budget.predictedEvents * microBatches) +
+                            " events, more than " + EventsText(kMaxPredictedEvents) +
                             (setup.parallel.pipelineParallel <= 1
                                  ? ": fewer micro-batches show the same peak (from the second on, the gradients "
                                    "exist)."
