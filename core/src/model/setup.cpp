@@ -961,8 +961,8 @@ void Validate(const Setup& setup, ErrorList& errors) {
       errors.push_back({ErrorCode::TooLarge, "model.layers",
                         "The list has " + FormatCount(static_cast<std::int64_t>(m.layers.size())) + " layers, more than the " +
                             FormatCount(kMaxListedLayers) +
-                            " a layer list may have (one that long is shown and estimated within about a second in "
-                            "the page). Describe a repeated stack as a transformer architecture, or merge layers."});
+                            " a layer list may have (the page opens, estimates and shows one that long within 2 s). "
+                            "Describe a repeated stack as a transformer architecture, or merge layers."});
       return;
     }
     if (m.kind == ModelKind::ParameterCount && static_cast<std::int64_t>(m.largestMatrices.size()) > kMaxListedMatrices) {
