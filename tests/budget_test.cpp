@@ -83,6 +83,19 @@ std::int64_t LargestFitting(std::int64_t hi, const std::function<bool(std::int64
 
 bool WithinBudget(const Setup& s) { return PredictEvents(s).predictedEvents <= kMaxPredictedEvents; }
 
+// The most Llama-2-7B-shaped blocks the budget admits, 512 tokens, every block checkpointed.
+Setup DeepestLlama() {
+  Setup deep = PresetSetup(*FindPreset("llama-2-7b"));
+  deep.training.sequenceLength = 512;
+  deep.training.checkpointing = Checkpointing::EveryBlock;
+  deep.model.architecture.numLayers = LargestFitting(Limits::maxLayers, [&](std::int64_t n) {
+    Setup t = deep;
+    t.model.architecture.numLayers = n;
+    return WithinBudget(t);
+  });
+  return deep;
+}
+
 }  // namespace
 
 TEST_CASE("the predicted events bound activation offloading too", "[budget]") {
@@ -243,14 +256,8 @@ TEST_CASE("quick mode may list kMaxListedMatrices matrices, whatever their event
 
 TEST_CASE("the work budget's refusal gives the events in digits", "[budget]") {
   // Just past the budget the rounded "5e05, more than the 5e05" said nothing.
-  Setup deep = PresetSetup(*FindPreset("llama-2-7b"));
-  deep.training.sequenceLength = 512;
-  deep.training.checkpointing = Checkpointing::EveryBlock;
-  deep.model.architecture.numLayers = LargestFitting(Limits::maxLayers, [&](std::int64_t n) {
-    Setup t = deep;
-    t.model.architecture.numLayers = n;
-    return WithinBudget(t);
-  }) + 1;
+  Setup deep = DeepestLlama();
+  ++deep.model.architecture.numLayers;
   const double predicted = PredictEvents(deep).predictedEvents;
   REQUIRE(predicted > kMaxPredictedEvents);
   const FieldError e = MustRefuse(deep);
@@ -269,14 +276,7 @@ TEST_CASE("each input class at its limit returns in under 2 s natively", "[budge
     CHECK(seconds < 2.0);
   };
   // Deep models: the most Llama-2-7B-shaped blocks the budget admits, with checkpointing.
-  Setup deep = PresetSetup(*FindPreset("llama-2-7b"));
-  deep.training.sequenceLength = 512;
-  deep.training.checkpointing = Checkpointing::EveryBlock;
-  deep.model.architecture.numLayers = LargestFitting(Limits::maxLayers, [&](std::int64_t n) {
-    Setup t = deep;
-    t.model.architecture.numLayers = n;
-    return WithinBudget(t);
-  });
+  const Setup deep = DeepestLlama();
   timeJson(deep, "deep");
   // Many experts: Qwen1.5-MoE's 24 blocks with as many experts as the budget admits.
   Setup moe = PresetSetup(*FindPreset("qwen1.5-moe-a2.7b"));
