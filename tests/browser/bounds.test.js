@@ -88,7 +88,7 @@ test('setups at the limits are answered and past them refused, each within 2 s i
     ['the largest mixture-of-experts preset', { model: { preset: 'qwen1.5-moe-a2.7b' }, training: { batchSize: 1, sequenceLength: 4096, attention: 'sdpa' } }, 'ok'],
     ['bad values everywhere', { training: { batchSize: -1, sequenceLength: 'x', precision: 'fp8' }, gpu: { memoryGiB: 0 } }, 'error', /batch/i],
     // A list may have 4,000 layers (kMaxListedLayers, setup.hpp): the longest is answered, one more refused.
-    ['the longest layer list', layerList(4000, (i) => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'ok'],
+    ['the longest layer list', layerList(4000, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'ok'],
     ['a layer list one layer past its limit', layerList(4001, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'error', /Layers: The list has 4,001 layers/],
     ['a layer list past the work budget', layerList(8000, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'error', /layers/],
     // Quick mode may list 8,000 matrices (kMaxListedMatrices, setup.hpp).

@@ -505,6 +505,26 @@ EventBudget PredictEventsOf(const Setup& setup) {
   return budget;
 }
 
+// A layer list or quick mode's matrix list past its length limit (setup.hpp: kMaxListedLayers,
+// kMaxListedMatrices), whatever its events; nullopt otherwise.
+std::optional<FieldError> ListTooLong(const ModelDef& m) {
+  const auto count = [](std::size_t n) { return FormatCount(static_cast<std::int64_t>(n)); };
+  if (m.kind == ModelKind::LayerList && m.layers.size() > static_cast<std::size_t>(kMaxListedLayers)) {
+    return FieldError{ErrorCode::TooLarge, "model.layers",
+                      "The list has " + count(m.layers.size()) + " layers, more than the " + FormatCount(kMaxListedLayers) +
+                          " a layer list may have (the page opens, estimates and shows one that long within 2 s). "
+                          "Describe a repeated stack as a transformer architecture, or merge layers."};
+  }
+  if (m.kind == ModelKind::ParameterCount && m.largestMatrices.size() > static_cast<std::size_t>(kMaxListedMatrices)) {
+    return FieldError{ErrorCode::TooLarge, "model.largestMatrices",
+                      count(m.largestMatrices.size()) + " matrices are listed, more than the " +
+                          FormatCount(kMaxListedMatrices) +
+                          " quick mode takes. List the largest: they decide Adafactor's factored states and the "
+                          "per-parameter optimizer's largest temporary."};
+  }
+  return std::nullopt;
+}
+
 // A count of events in digits while they fit (just past the budget, "about 5e05 memory events,
 // more than the 5e05" said nothing).
 std::string EventsText(double events) {
@@ -957,20 +977,8 @@ void Validate(const Setup& setup, ErrorList& errors) {
 
   if (errors.empty()) {
     // The work budget first: it is cheap and bounds time and memory before any simulation.
-    if (m.kind == ModelKind::LayerList && static_cast<std::int64_t>(m.layers.size()) > kMaxListedLayers) {
-      errors.push_back({ErrorCode::TooLarge, "model.layers",
-                        "The list has " + FormatCount(static_cast<std::int64_t>(m.layers.size())) + " layers, more than the " +
-                            FormatCount(kMaxListedLayers) +
-                            " a layer list may have (the page opens, estimates and shows one that long within 2 s). "
-                            "Describe a repeated stack as a transformer architecture, or merge layers."});
-      return;
-    }
-    if (m.kind == ModelKind::ParameterCount && static_cast<std::int64_t>(m.largestMatrices.size()) > kMaxListedMatrices) {
-      errors.push_back({ErrorCode::TooLarge, "model.largestMatrices",
-                        FormatCount(static_cast<std::int64_t>(m.largestMatrices.size())) + " matrices are listed, more than the " +
-                            FormatCount(kMaxListedMatrices) +
-                            " quick mode takes. List the largest: they decide Adafactor's factored states and the "
-                            "per-parameter optimizer's largest temporary."});
+    if (std::optional<FieldError> tooLong = ListTooLong(m)) {
+      errors.push_back(std::move(*tooLong));
       return;
     }
     const EventBudget budget = PredictEventsOf(setup);

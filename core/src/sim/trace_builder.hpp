@@ -41,7 +41,7 @@ class TraceBuilder {
   // Allocates a tensor held once (by the caller).
   TensorHandle Alloc(Category category, std::int64_t bytes, Text tensor, Text label, Text formula,
                      int layer = -1);
-  // The same with owned strings, for the passes that make few events (layer lists, quick mode).
+  // The same with owned strings, for the passes that make few events (quick mode; a layer list's batch and loss).
   TensorHandle Alloc(Category category, std::int64_t bytes, std::string tensor, std::string label,
                      std::string formula, int layer = -1) {
     TextStore& t = text();
