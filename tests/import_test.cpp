@@ -94,6 +94,25 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(CountOf(q.architecture) - 151'936 * 1024 == 440'467'456);  // the card's 0.44B
     CHECK(q.notes.empty());
   }
+  SECTION("Qwen3 14B and 32B: untied heads, as their model cards' totals need") {
+    // Qwen/Qwen3-14B's and Qwen/Qwen3-32B's config.json. Cards: 14.8B (13.2B without embeddings),
+    // 32.8B (31.2B). The presets hold the configs' exact counts.
+    const ConfigImport q14 = ImportHfConfig(R"({"model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 17408,
+      "num_attention_heads": 40, "num_hidden_layers": 40, "num_key_value_heads": 8, "head_dim": 128,
+      "vocab_size": 151936, "tie_word_embeddings": false, "attention_bias": false})");
+    const ConfigImport q32 = ImportHfConfig(R"({"model_type": "qwen3", "hidden_size": 5120, "intermediate_size": 25600,
+      "num_attention_heads": 64, "num_hidden_layers": 64, "num_key_value_heads": 8, "head_dim": 128,
+      "vocab_size": 151936, "tie_word_embeddings": false, "attention_bias": false})");
+    REQUIRE(q14.ok());
+    REQUIRE(q32.ok());
+    const std::int64_t embeddings = 2 * std::int64_t{151'936} * 5120;  // embed_tokens and lm_head
+    CHECK(CountOf(q14.architecture) == FindPreset("qwen3-14b")->publishedParameters);
+    CHECK(CountOf(q32.architecture) == FindPreset("qwen3-32b")->publishedParameters);
+    CHECK((CountOf(q14.architecture) + 50'000'000) / 100'000'000 == 148);                // 14.8B
+    CHECK((CountOf(q14.architecture) - embeddings + 50'000'000) / 100'000'000 == 132);   // 13.2B
+    CHECK((CountOf(q32.architecture) + 50'000'000) / 100'000'000 == 328);                // 32.8B
+    CHECK((CountOf(q32.architecture) - embeddings + 50'000'000) / 100'000'000 == 312);   // 31.2B
+  }
   SECTION("Gemma 2: sandwich norms, both soft caps and the sliding window of every other layer") {
     // google/gemma-2-9b's config.json (9.24B on its model card).
     const ConfigImport g = ImportHfConfig(R"({"model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336,

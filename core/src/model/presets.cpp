@@ -101,7 +101,7 @@ std::vector<Preset> MakePresets() {
   ArchitectureDef mistral = llama(32000, 4096, 32, 32, 8, 14336);
   mistral.slidingWindow = 4096;
   add("mistral-7b-v0.1", "Mistral 7B v0.1", "mistralai/Mistral-7B-v0.1", mistral, 7'241'732'096);
-  add("llama-3-8b", "Llama 3 8B", "meta-llama/Meta-Llama-3-8B", llama(128256, 4096, 32, 32, 8, 14336), 8'030'261'248);
+  add("llama-3-8b", "Llama 3 / 3.1 8B", "meta-llama/Meta-Llama-3-8B", llama(128256, 4096, 32, 32, 8, 14336), 8'030'261'248);
   add("llama-3-70b", "Llama 3 / 3.1 70B", "meta-llama/Meta-Llama-3-70B", llama(128256, 8192, 80, 64, 8, 28672),
       70'553'706'496);
   add("llama-3.1-405b", "Llama 3.1 405B", "meta-llama/Llama-3.1-405B", llama(128256, 16384, 126, 128, 8, 53248),
@@ -128,6 +128,10 @@ std::vector<Preset> MakePresets() {
       1'720'574'976);
   add("qwen3-4b", "Qwen3 4B", "Qwen/Qwen3-4B", tied(qwen3(llama(151936, 2560, 36, 32, 8, 9728))), 4'022'468'096);
   add("qwen3-8b", "Qwen3 8B", "Qwen/Qwen3-8B", qwen3(llama(151936, 4096, 36, 32, 8, 12288)), 8'190'735'360);
+  // Model cards: 14.8B (13.2B non-embedding) and 32.8B (31.2B); both untie the head, which is
+  // what makes the totals round to those (tied, they would be 14.0B and 32.0B).
+  add("qwen3-14b", "Qwen3 14B", "Qwen/Qwen3-14B", qwen3(llama(151936, 5120, 40, 40, 8, 17408)), 14'768'307'200);
+  add("qwen3-32b", "Qwen3 32B", "Qwen/Qwen3-32B", qwen3(llama(151936, 5120, 64, 64, 8, 25600)), 32'762'123'264);
 
   add("gemma-2b", "Gemma 2B", "google/gemma-2b", gemma(llama(256000, 2048, 18, 8, 1, 16384)), 2'506'172'416);
   add("gemma-7b", "Gemma 7B", "google/gemma-7b", gemma(llama(256000, 3072, 28, 16, 16, 24576)), 8'537'680'896);
