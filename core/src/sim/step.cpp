@@ -2,6 +2,7 @@
 #include "gpumem/trace.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <optional>
 
@@ -91,28 +92,33 @@ void TraceBuilder::Release(TensorHandle handle, Text label) {
 bool TraceBuilder::Repeat(std::size_t from, std::size_t to, int step, Category skip) {
   std::vector<Event>& events = trace_.events;
   const std::size_t mark = events.size(), firstNew = holders_.size();
-  // Tensor ids are handed out in order, so those the range allocates form one interval; count
-  // what is kept so every vector is sized once.
-  int idFrom = -1, idTo = -1;
-  std::size_t kept = 0, allocs = 0;
+  // Only the trace's tail repeats (the one caller's step): the tensors it allocates are then the
+  // last ids handed out, [idFrom, firstNew).
+  if (from > to || to != mark) return false;
+  int idFrom = static_cast<int>(firstNew);
   for (std::size_t i = from; i < to; ++i) {
-    const Event& e = events[i];
-    if (e.kind == EventKind::Alloc) {
-      if (idFrom < 0) idFrom = e.tensorId;
-      idTo = e.tensorId + 1;
-      if (e.category == skip || e.tensorId == sequenceGatherBuffer) continue;
-      ++allocs;
+    if (events[i].kind == EventKind::Alloc) {
+      idFrom = events[i].tensorId;
+      break;
     }
-    ++kept;
   }
-  std::vector<int> renamed(idFrom < 0 ? 0 : static_cast<std::size_t>(idTo - idFrom), -1);
-  events.resize(mark + kept);
-  holders_.resize(firstNew + allocs);
-  trace_.allocAt.resize(firstNew + allocs);
-  trace_.freeAt.resize(firstNew + allocs, Trace::kNeverFreed);
+  if (idFrom < 0 || static_cast<std::size_t>(idFrom) > firstNew) return false;
+  const std::size_t idCount = firstNew - static_cast<std::size_t>(idFrom);
+  std::vector<int> renamed(idCount, -1);
+  // The range is copied at once (one memcpy, where a 48-byte copy per event in the loop below
+  // was most of this function: 7 % of a Mixtral estimate, callgrind) and renamed in place;
+  // events move down only after the first one left out (the optimizer states' allocations, in
+  // the step's last phase).
+  const std::size_t n = to - from;
+  events.resize(mark + n);
+  if (n > 0) std::memcpy(static_cast<void*>(events.data() + mark), events.data() + from, n * sizeof(Event));
+  holders_.resize(firstNew + idCount);
+  trace_.allocAt.resize(firstNew + idCount);
+  trace_.freeAt.resize(firstNew + idCount, Trace::kNeverFreed);
+  const auto stepByte = static_cast<std::uint8_t>(step);
   std::size_t out = mark, id = firstNew;
-  for (std::size_t i = from; i < to; ++i) {
-    Event e = events[i];
+  for (std::size_t i = mark; i < mark + n; ++i) {
+    Event& e = events[i];
     if (e.kind == EventKind::Alloc) {
       if (e.category == skip || e.tensorId == sequenceGatherBuffer) continue;
       renamed[static_cast<std::size_t>(e.tensorId - idFrom)] = static_cast<int>(id);
@@ -121,8 +127,10 @@ bool TraceBuilder::Repeat(std::size_t from, std::size_t to, int step, Category s
       e.tensorId = static_cast<int>(id++);
     } else {
       const int old = e.tensorId;
-      const int renamedId = old >= idFrom && old < idTo ? renamed[static_cast<std::size_t>(old - idFrom)] : -1;
-      if (renamedId < 0) {  // freed here, allocated before: this range is no step that repeats
+      const int renamedId = old >= idFrom && static_cast<std::size_t>(old) < firstNew
+                                ? renamed[static_cast<std::size_t>(old - idFrom)]
+                                : -1;
+      if (renamedId < 0) {  // freed here, allocated before (or left out): this range is no step that repeats
         events.resize(mark);
         holders_.resize(firstNew);
         trace_.allocAt.resize(firstNew);
@@ -132,9 +140,14 @@ bool TraceBuilder::Repeat(std::size_t from, std::size_t to, int step, Category s
       e.tensorId = renamedId;
       trace_.freeAt[static_cast<std::size_t>(renamedId)] = static_cast<std::uint32_t>(out);
     }
-    e.step = static_cast<std::uint8_t>(step);
-    events[out++] = e;
+    e.step = stepByte;
+    if (out != i) events[out] = e;
+    ++out;
   }
+  events.resize(out);
+  holders_.resize(id);
+  trace_.allocAt.resize(id);
+  trace_.freeAt.resize(id);
   step_ = step;
   return true;
 }
