@@ -418,17 +418,28 @@ int main(int argc, char** argv) {
     std::cout << out << "\n";
     return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
   }
+  // A single estimate takes the native host's work budget (setup.hpp kMaxHostPredictedEvents:
+  // Qwen3-30B-A3B's 128 experts × 48 layers, which the page refuses); the solver, which runs many,
+  // keeps the page's.
+  const double budget = solve ? gpumem::kMaxPredictedEvents : gpumem::kMaxHostPredictedEvents;
   if (json) {
     // One document: the estimate, and with --solve the solver's answer beside it.
-    const std::string out = solve ? gpumem::EstimateAndSolveJson(text, 2) : gpumem::EstimateJson(text, 2);
+    const std::string out =
+        solve ? gpumem::EstimateAndSolveJson(text, 2)
+              : gpumem::EstimateJson(text, 2, {.timeline = gpumem::EstimateOptions::Timeline::Labelled,
+                                               .maxPredictedEvents = budget});
     std::cout << out << "\n";
     return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
   }
   gpumem::Setup setup;
   gpumem::EstimateResult result;
-  result.errors = gpumem::ParseAndValidate(text, setup);
-  // The table's --timeline lists every event, labelled.
-  if (result.ok()) result = gpumem::EstimateMemory(setup, {.timeline = gpumem::EstimateOptions::Timeline::Labelled});
+  result.errors = gpumem::ParseAndValidate(text, setup, budget);
+  // The table's --timeline lists every event, labelled (without it no event's words are kept).
+  if (result.ok()) {
+    result = gpumem::EstimateMemory(setup, {.timeline = timeline ? gpumem::EstimateOptions::Timeline::Labelled
+                                                                 : gpumem::EstimateOptions::Timeline::None,
+                                            .maxPredictedEvents = budget});
+  }
   if (!result.ok()) {
     for (const auto& e : result.errors) {
       std::cerr << "error: " << (e.field.empty() ? "setup" : e.field) << ": " << e.message << " ["

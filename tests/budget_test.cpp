@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpumem/format.hpp"
+#include "gpumem/import.hpp"
 #include "gpumem/json.hpp"
 #include "gpumem/presets.hpp"
 #include "test_support.hpp"
@@ -263,6 +264,48 @@ TEST_CASE("the work budget's refusal gives the events in digits", "[budget]") {
   const FieldError e = MustRefuse(deep);
   CHECK(e.field == "model.architecture.numLayers");
   CHECK_THAT(e.message, Catch::Contains("about " + FormatCount(std::llround(predicted)) + " memory events, more than the 500,000"));
+}
+
+TEST_CASE("a native host's larger work budget takes what the page refuses, up to its own limit", "[budget]") {
+  // Qwen/Qwen3-30B-A3B's config.json: 48 layers of 128 experts, every expert simulated one at a
+  // time (blocks/moe.cpp), about 1.14e6 predicted events.
+  const ConfigImport q = ImportHfConfig(R"({"model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+      "num_attention_heads": 32, "num_hidden_layers": 48, "num_key_value_heads": 4, "head_dim": 128,
+      "vocab_size": 151936, "tie_word_embeddings": false, "num_experts": 128, "num_experts_per_tok": 8,
+      "moe_intermediate_size": 768, "norm_topk_prob": true})");
+  REQUIRE(q.ok());
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = q.architecture;
+  s.training.sequenceLength = 2048;
+  s.training.precision = Precision::BF16;
+  s.finetune.lora = true;  // PEFT LoRA on the attention: the experts stay frozen and adapterless
+  s.finetune.targetModules = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  const double predicted = PredictEvents(s).predictedEvents;
+  REQUIRE(predicted > kMaxPredictedEvents);
+  REQUIRE(predicted < kMaxHostPredictedEvents);
+  // The page's budget refuses it and says where a larger one is.
+  const std::vector<FieldError> page = Validate(s);
+  REQUIRE(page.size() == 1);
+  CHECK(page[0].field == "model.architecture.numExperts");
+  CHECK_THAT(page[0].message, Catch::Contains("more than the 500,000") && Catch::Contains("command-line tool") &&
+                                  Catch::Contains("2,000,000"));
+  // The host's takes it, and the prediction stays an upper bound of what is simulated.
+  CHECK(Validate(s, kMaxHostPredictedEvents).empty());
+  const EstimateResult r = EstimateMemory(s, {.timeline = EstimateOptions::Timeline::None, .timelineLimit = 0,
+                                              .explain = false, .maxPredictedEvents = kMaxHostPredictedEvents});
+  REQUIRE(r.ok());
+  CHECK(double(r.estimate.eventCount) <= predicted);
+  CHECK(double(r.estimate.eventCount) > kMaxPredictedEvents);
+  // No budget beyond the host's: a budget above it is the host's, and a setup past it is refused
+  // without pointing anywhere else.
+  s.model.architecture.numLayers = 200;
+  const std::vector<FieldError> host = Validate(s, 1e300);
+  REQUIRE(host.size() == 1);
+  CHECK_THAT(host[0].message, Catch::Contains("more than the 2,000,000") && !Catch::Contains("command-line tool"));
+  // And below the page's, the page's (NaN too).
+  CHECK(Validate(s, 1.0).front().message.find("more than the 500,000") != std::string::npos);
+  CHECK(Validate(s, std::nan("")).front().message.find("more than the 500,000") != std::string::npos);
 }
 
 TEST_CASE("each input class at its limit returns in under 2 s natively", "[budget]") {

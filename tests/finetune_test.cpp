@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "gpumem/finetune.hpp"
@@ -374,9 +375,16 @@ TEST_CASE("Import: a PEFT adapter_config.json and a config's quantization_config
 TEST_CASE("The work budget bounds fine-tuning setups", "[finetune]") {
   // Adapters add events per linear: the prediction (setup.cpp PredictEvents with
   // FinetuneEventsPerBlock) must stay an upper bound for LoRA, DoRA and quantized weights.
+  const std::vector<std::vector<std::string>> targetSets = {{"all-linear"}, {"q_proj", "v_proj"}, {"w1", "w3"}};
   for (const char* id : {"llama-3-8b", "gpt2", "bert-base-uncased", "mixtral-8x7b"}) {
     for (int variant = 0; variant < 4; ++variant) {
-      for (Checkpointing c : {Checkpointing::None, Checkpointing::EveryBlock}) {
+      for (Checkpointing c : {Checkpointing::None, Checkpointing::EveryBlock})
+      for (const std::vector<std::string>& targets : targetSets) {
+        // q_proj / v_proj name Llama-family modules, w1 / w3 a mixture of experts' (GPT-2 and
+        // BERT take all-linear alone).
+        const ArchitectureDef& a = FindPreset(id)->architecture;
+        if (targets.front() != "all-linear" && a.family != Family::Llama) continue;
+        if (targets.front() == "w1" && a.numExperts == 0) continue;
         Setup s = DefaultSetup();
         s.model.kind = ModelKind::Transformer;
         s.model.architecture = FindPreset(id)->architecture;
@@ -385,17 +393,31 @@ TEST_CASE("The work budget bounds fine-tuning setups", "[finetune]") {
         s.training.precision = Precision::BF16;
         s.training.checkpointing = c;
         s.finetune.lora = true;
-        s.finetune.targetModules = {"all-linear"};
+        s.finetune.targetModules = targets;
         s.finetune.useDora = variant == 1 || variant == 3;
         s.finetune.loraDropout = variant >= 2 ? 0.1 : 0.0;
         if (variant >= 2) s.finetune.quantization = Quantization::NF4;
         if (variant == 3) s.finetune.prepareForKbitTraining = true;
         const EstimateResult r = EstimateMemory(s, {.timeline = EstimateOptions::Timeline::None, .timelineLimit = 0, .explain = false});
         REQUIRE(r.ok());
-        INFO(id << " variant " << variant << " checkpointing " << int(c) << ": " << r.estimate.eventCount);
+        INFO(id << " variant " << variant << " checkpointing " << int(c) << " targets " << targets.front() << ": "
+                << r.estimate.eventCount);
         CHECK(PredictEvents(s).predictedEvents >= double(r.estimate.eventCount));
       }
     }
+  }
+  SECTION("adapters on the attention of a mixture of experts are counted as that, not on every expert") {
+    Setup s = DefaultSetup();
+    s.model.kind = ModelKind::Transformer;
+    s.model.architecture = FindPreset("mixtral-8x7b")->architecture;
+    s.model.architecture.numLayers = 2;
+    s.finetune.lora = true;
+    s.finetune.targetModules = {"q_proj", "v_proj"};
+    const double attention = PredictEvents(s).predictedEvents;
+    s.finetune.targetModules = {"q_proj", "v_proj", "w1", "w2", "w3"};
+    const double everyExpert = PredictEvents(s).predictedEvents;
+    // 2 blocks × 2 (recomputation margin) × 8 experts × 3 linears × 40 events: the experts' share.
+    CHECK(everyExpert - attention == 2 * 2 * 8 * 3 * 40);
   }
 }
 

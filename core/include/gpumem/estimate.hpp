@@ -60,6 +60,9 @@ struct EstimateOptions {
   // Off, the figures are the same and every such string is empty (for callers that only
   // compare peaks, such as the solver; about a third faster).
   bool explain = true;
+  // The work budget validation holds the setup to (docs/budget.md): the page's and the JS API's
+  // kMaxPredictedEvents by default; a native host may raise it up to kMaxHostPredictedEvents.
+  double maxPredictedEvents = kMaxPredictedEvents;
 };
 
 // Persistent memory of the model (what stays between steps), with formulas.

@@ -32,8 +32,10 @@ std::string EstimateToJson(const Estimate& estimate, int indent = -1);
 std::string ErrorsToJson(const std::vector<FieldError>& errors, int indent = -1);
 
 // Parse + validate (every problem, parse and range errors together) → the setup's errors, with
-// `setup` filled with what could be read.
-std::vector<FieldError> ParseAndValidate(std::string_view text, Setup& setup);
+// `setup` filled with what could be read. `maxPredictedEvents`: the work budget
+// (EstimateOptions::maxPredictedEvents).
+std::vector<FieldError> ParseAndValidate(std::string_view text, Setup& setup,
+                                         double maxPredictedEvents = kMaxPredictedEvents);
 
 // Parse + validate + estimate.
 EstimateResult EstimateFromJson(std::string_view setupText, const EstimateOptions& options = {});

@@ -756,7 +756,8 @@ void Attribute(FieldError& e, const Given& given, const Setup& setup) {
 // already named (and everything inside it: a layer whose type is unknown is not then told that
 // its features are missing). Linear: the named fields are looked up in a hash set, each
 // validation error by its own path and its parents'.
-std::vector<FieldError> ParseAndValidateInto(std::string_view text, Setup& setup, Given& given) {
+std::vector<FieldError> ParseAndValidateInto(std::string_view text, Setup& setup, Given& given,
+                                             double maxPredictedEvents = kMaxPredictedEvents) {
   ErrorList errors;
   ParseInto(text, setup, errors, given);
   if (!errors.empty() && errors.Kept().front().code == ErrorCode::MalformedJson) return errors.Report();
@@ -778,7 +779,7 @@ std::vector<FieldError> ParseAndValidateInto(std::string_view text, Setup& setup
     return false;
   });
   const std::size_t parseErrors = errors.size();
-  Validate(setup, errors);
+  Validate(setup, errors, maxPredictedEvents);
   std::vector<FieldError> out = errors.Report();
   for (std::size_t i = parseErrors; i < out.size(); ++i) {
     if (out[i].code != ErrorCode::TooManyErrors) Attribute(out[i], given, setup);
@@ -807,9 +808,9 @@ std::string ErrorsToJson(const std::vector<FieldError>& errors, int indent) {
   return Dump(ErrorsArray(errors), indent);
 }
 
-std::vector<FieldError> ParseAndValidate(std::string_view text, Setup& setup) {
+std::vector<FieldError> ParseAndValidate(std::string_view text, Setup& setup, double maxPredictedEvents) {
   Given given;
-  return ParseAndValidateInto(text, setup, given);
+  return ParseAndValidateInto(text, setup, given, maxPredictedEvents);
 }
 
 std::string EstimateResultToJson(const EstimateResult& result, int indent) {
@@ -820,7 +821,7 @@ std::string EstimateResultToJson(const EstimateResult& result, int indent) {
 EstimateResult EstimateFromJson(std::string_view setupText, const EstimateOptions& options) {
   Setup setup;
   EstimateResult result;
-  result.errors = ParseAndValidate(setupText, setup);
+  result.errors = ParseAndValidate(setupText, setup, options.maxPredictedEvents);
   if (result.ok()) result = EstimateMemory(setup, options);
   return result;
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <string_view>
 #include <unordered_set>
 
@@ -339,16 +340,28 @@ double FinetuneEventsPerBlock(const Setup& setup) {
   // margin: the quantized path (casts, the dequantized weight, the clone) up to 14 events, LoRA
   // up to 40, DoRA up to 90; × 2 for recomputation under checkpointing. An upper bound, checked
   // by tests/finetune_test.cpp ("The work budget bounds fine-tuning setups").
-  const double experts = double(std::max<std::int64_t>(0, setup.model.architecture.numExperts));
+  const ArchitectureDef& a = setup.model.architecture;
+  const double experts = double(std::max<std::int64_t>(0, a.numExperts));
   const double linears = 8 + 3 * experts;
+  // Adapters go only where a target module names them (PEFT's suffix match, IsLoraTarget): an
+  // expert's w1, w2 or w3 take one only when a target names it (or all-linear), so LoRA on the
+  // attention of a mixture of 128 experts is not counted as 392 adapters a block.
+  double adaptedPerExpert = 0;
+  if (f.lora && experts > 0) {
+    for (const char* w : {"w1", "w2", "w3"}) {
+      if (IsLoraTarget(f, a.family, std::string("model.layers.0.block_sparse_moe.experts.0.") + w)) ++adaptedPerExpert;
+    }
+  }
+  const double adapted = 8 + adaptedPerExpert * experts;
   // torchao's NF4Tensor dequantizes through get_original_weight's locals: up to 34 events more.
   const double quantized = f.quantLayout == QuantLayout::TorchaoNf4 ? 48 : 14;
-  const double perLinear = (f.quantization != Quantization::None ? quantized : 0) + (f.lora ? (f.useDora ? 90 : 40) : 0);
+  const double perQuantized = f.quantization != Quantization::None ? quantized : 0;
+  const double perAdapted = f.lora ? (f.useDora ? 90 : 40) : 0;
   // Loading (sim/loading.cpp), once per weight: bitsandbytes up to 7 events; torchao's to_nf4
   // twice (construction and load_state_dict), about 60 events each with at most two chunks
   // written out, so 130; prepare_model_for_kbit_training 3 per upcast parameter (a block's norms).
   const double loading = f.quantization == Quantization::None ? 0 : f.quantLayout == QuantLayout::TorchaoNf4 ? 130 : 8;
-  return 2 * linears * perLinear + linears * loading + (f.prepareForKbitTraining ? 8 : 0);
+  return 2 * (linears * perQuantized + adapted * perAdapted) + linears * loading + (f.prepareForKbitTraining ? 8 : 0);
 }
 
 namespace {

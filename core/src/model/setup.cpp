@@ -531,7 +531,17 @@ std::string EventsText(double events) {
   return events < 1e15 ? FormatCount(std::llround(events)) : FormatScientific(events);
 }
 
-FieldError TooManyEventsError(const EventBudget& budget) {
+// Why the budget is what it is, and where a larger one is (the command-line tool's), when that
+// one would take the setup.
+std::string WorkBudgetWhy(double limit, double predicted) {
+  if (limit >= kMaxHostPredictedEvents) return " an estimate may take (about a second and 320 MB natively). ";
+  return predicted <= kMaxHostPredictedEvents
+             ? " an estimate may take in the page (about a second and 256 MB); the command-line tool (gpumem "
+               "SETUP.json) takes up to " + EventsText(kMaxHostPredictedEvents) + ". "
+             : " an estimate may take (about a second and 256 MB in the page). ";
+}
+
+FieldError TooManyEventsError(const EventBudget& budget, double limit) {
   const std::string events = EventsText(budget.predictedEvents);
   const char* change = budget.field == "model.layers"             ? "Use fewer layers."
                        : budget.field == "model.largestMatrices"  ? "List fewer matrices."
@@ -541,8 +551,8 @@ FieldError TooManyEventsError(const EventBudget& budget) {
                              "larger hidden size, fewer tokens or the chunked loss."
                                                                   : "Use fewer layers.";
   return {ErrorCode::TooLarge, budget.field,
-          "This setup would simulate about " + events + " memory events, more than the " +
-              EventsText(kMaxPredictedEvents) + " an estimate may take (about a second and 256 MB in the page). " + change};
+          "This setup would simulate about " + events + " memory events, more than the " + EventsText(limit) +
+              WorkBudgetWhy(limit, budget.predictedEvents) + change};
 }
 
 // The field that drives a bound's excess, and what to say about it.
@@ -784,11 +794,15 @@ bool ParseVersion(std::string_view text, int& major, int& minor, int& patch) {
   return true;
 }
 
-std::vector<FieldError> Validate(const Setup& setup) {
+std::vector<FieldError> Validate(const Setup& setup) { return Validate(setup, kMaxPredictedEvents); }
+
+std::vector<FieldError> Validate(const Setup& setup, double maxPredictedEvents) {
   ErrorList errors;
-  Validate(setup, errors);
+  Validate(setup, errors, maxPredictedEvents);
   return errors.Report();
 }
+
+void Validate(const Setup& setup, ErrorList& errors) { Validate(setup, errors, kMaxPredictedEvents); }
 
 SizeBound EstimateSizeBound(const Setup& setup) { return SizeBoundOf(setup, std::nullopt); }
 
@@ -908,7 +922,11 @@ static void ValidateSavers(const Setup& setup, ErrorList& errors) {
   }
 }
 
-void Validate(const Setup& setup, ErrorList& errors) {
+void Validate(const Setup& setup, ErrorList& errors, double maxPredictedEvents) {
+  // (NaN fails both tests and is the page's budget.)
+  const double limit = maxPredictedEvents > kMaxPredictedEvents
+                           ? std::min(maxPredictedEvents, kMaxHostPredictedEvents)
+                           : kMaxPredictedEvents;
   const TrainingDef& t = setup.training;
   std::optional<ParameterSplit> parameters;
   const ModelDef& m = setup.model;
@@ -982,8 +1000,8 @@ void Validate(const Setup& setup, ErrorList& errors) {
       return;
     }
     const EventBudget budget = PredictEventsOf(setup);
-    if (budget.predictedEvents > kMaxPredictedEvents) {
-      errors.push_back(TooManyEventsError(budget));
+    if (budget.predictedEvents > limit) {
+      errors.push_back(TooManyEventsError(budget, limit));
       return;
     }
     // Every accumulated micro-batch is simulated (docs/parallel.md): the budget grows with them.
@@ -997,12 +1015,12 @@ void Validate(const Setup& setup, ErrorList& errors) {
                         static_cast<double>(setup.model.architecture.numLayers);
       }
     }
-    if (budget.predictedEvents * microBatches > kMaxPredictedEvents) {
+    if (budget.predictedEvents * microBatches > limit) {
       errors.push_back({ErrorCode::TooLarge, "parallel.gradientAccumulationSteps",
                         "Simulating " + FormatCount(setup.parallel.gradientAccumulationSteps) +
                             " micro-batches" + (setup.parallel.pipelineParallel > 1 ? " of the largest stage" : "") +
                             " would take about " + EventsText(budget.predictedEvents * microBatches) +
-                            " events, more than " + EventsText(kMaxPredictedEvents) +
+                            " events, more than " + EventsText(limit) +
                             (setup.parallel.pipelineParallel <= 1
                                  ? ": fewer micro-batches show the same peak (from the second on, the gradients "
                                    "exist)."

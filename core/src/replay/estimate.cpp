@@ -225,7 +225,7 @@ ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {
 
 EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options) {
   EstimateResult result;
-  result.errors = Validate(setup);
+  result.errors = Validate(setup, options.maxPredictedEvents);
   if (!result.ok()) return result;
 
   // Many GPUs: the simulated rank's model (tensor-parallel slices; core/src/parallel/).
