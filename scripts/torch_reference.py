@@ -115,6 +115,8 @@ def read_config(setup):
         expert_inter=a.get("expertIntermediateSize") or inter,
         shared_inter=a.get("sharedExpertIntermediateSize") or 0,
         shared_gate=bool(a.get("sharedExpertGate", False)),
+        # norm_topk_prob (Qwen2MoeSparseMoeBlock / Qwen3MoeSparseMoeBlock; Mixtral always)
+        norm_topk=bool(a.get("normTopkProb", True)),
         hidden_dropout=float(a.get("hiddenDropout") or 0.0),
         attention_dropout=float(a.get("attentionDropout") or 0.0),
         head=a.get("encoderHead") or "classification",
@@ -944,7 +946,8 @@ class SparseMoeBlock(nn.Module):
             router_logits.add_(self.route_bias[router_logits.dtype])          # in place: no allocation
         routing_weights = F.softmax(router_logits, dim=1, dtype=torch.float)
         routing_weights, selected_experts = torch.topk(routing_weights, cfg.top_k, dim=-1)
-        routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
+        if cfg.norm_topk:
+            routing_weights /= routing_weights.sum(dim=-1, keepdim=True)
         routing_weights = routing_weights.to(hidden_states.dtype)
         final_hidden_states = torch.zeros((batch_size * sequence_length, hidden_dim), dtype=hidden_states.dtype)
         expert_mask = F.one_hot(selected_experts, num_classes=cfg.num_experts).permute(2, 1, 0)   # (E, k, T)

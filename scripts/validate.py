@@ -622,6 +622,9 @@ TRANSFORMER_CASES = [
     tcase("llama-momentum", arch("llama"), optimizer="sgdMomentum"),
     tcase("moe-fp32", arch("moe")),
     tcase("moe-shared-gate-bf16mixed", arch("moe", sharedExpertIntermediateSize=256, sharedExpertGate=True), precision="bf16Mixed"),
+    # Qwen2-MoE as Qwen1.5-MoE-A2.7B configures it: norm_topk_prob false, no renormalisation.
+    tcase("moe-shared-gate-unnormed-bf16mixed", arch("moe", sharedExpertIntermediateSize=256, sharedExpertGate=True,
+                                                     normTopkProb=False), precision="bf16Mixed"),
     tcase("moe-ampbf16-sdpa", arch("moe"), precision="ampBf16", attention="sdpa"),
     tcase("bert-cls-fp32", arch("bert")),
     tcase("bert-mlm-fp32", arch("bert", encoderHead="maskedLm")),

@@ -309,8 +309,32 @@ TEST_CASE("a config.json becomes the architecture it describes", "[import][confi
     CHECK(q.architecture.numExperts == 128);
     CHECK(q.architecture.expertsPerToken == 8);
     CHECK(q.architecture.sharedExpertIntermediateSize == 0);
+    CHECK(q.architecture.normTopkProb);  // its config sets norm_topk_prob; Qwen3MoeConfig's default is false
     CHECK(CountOf(q.architecture) == 30'532'122'624);
     CHECK(CountOf(q.architecture) - 2 * 151'936 * 2048 == 29'909'792'768);
+  }
+  SECTION("Qwen2-MoE: a shared expert with its gate, and norm_topk_prob as the config says") {
+    // Qwen/Qwen1.5-MoE-A2.7B's config.json ("norm_topk_prob": false; Qwen2MoeConfig's default too).
+    const std::string config = R"({"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632,
+      "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "num_experts": 60,
+      "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_attention_heads": 16, "num_key_value_heads": 16,
+      "vocab_size": 151936, "tie_word_embeddings": false, "norm_topk_prob": false})";
+    const ConfigImport q = ImportHfConfig(config);
+    REQUIRE(q.ok());
+    CHECK(q.architecture.sharedExpertGate);
+    CHECK_FALSE(q.architecture.normTopkProb);
+    CHECK(CountOf(q.architecture) == FindPreset("qwen1.5-moe-a2.7b")->publishedParameters);
+    std::string renormalised = config;
+    const std::string unnormed = "\"norm_topk_prob\": false";
+    renormalised.replace(renormalised.find(unnormed), unnormed.size(), "\"norm_topk_prob\": true");
+    const ConfigImport r = ImportHfConfig(renormalised);
+    REQUIRE(r.ok());
+    CHECK(r.architecture.normTopkProb);
+    std::string unstated = config;
+    unstated.replace(unstated.find(", " + unnormed), unnormed.size() + 2, "");
+    const ConfigImport d = ImportHfConfig(unstated);
+    REQUIRE(d.ok());
+    CHECK_FALSE(d.architecture.normTopkProb);  // Qwen2MoeConfig's default
   }
   SECTION("a BERT checkpoint for masked LM gets the MLM head") {
     const ConfigImport b = ImportHfConfig(R"({"model_type": "bert", "architectures": ["BertForMaskedLM"],

@@ -292,7 +292,7 @@ TEST_CASE("the form's architecture fields are exactly the schema's", "[transform
                                              "\":" + value + "}}}", parsed);
     for (const FieldError& e : errors) CHECK(e.code != ErrorCode::UnknownField);
   }
-  CHECK(listed == 39);
+  CHECK(listed == 40);
 }
 
 TEST_CASE("transformer setups in JSON", "[transformer][json]") {
@@ -488,6 +488,26 @@ TEST_CASE("Qwen3's per-head q/k norms and Gemma's norm keep what their forwards 
     CHECK(SavedAtForwardEnd(setup([](ArchitectureDef& a) { a.rmsNormUnitOffset = a.embeddingScale = true; })) - plain ==
           norms * perNorm);
   }
+}
+
+TEST_CASE("norm_topk_prob: renormalising the routing weights keeps the top-k values and their sum", "[transformer]") {
+  // `routing_weights /= routing_weights.sum(dim=-1, keepdim=True)` saves the division's inputs:
+  // the fp32 top-k weights [T, k] and their sum [T, 1], in every MoE block until its backward.
+  // Without it (Qwen1.5-MoE-A2.7B's config) neither is kept (topk saves only its int64 indices,
+  // which both keep). b = 2, s = 64, 2 layers of 8 experts, top-2.
+  const std::int64_t b = 2, s = 64, L = 2, k = 2;
+  auto setup = [&](bool norm) {
+    return NormTestLlama(b, s, L, 128, 4, 2, 32, [&](ArchitectureDef& a) {
+      a.numExperts = 8;
+      a.expertsPerToken = k;
+      a.normTopkProb = norm;
+    });
+  };
+  const std::int64_t tokens = b * s;
+  CHECK(SavedAtForwardEnd(setup(true)) - SavedAtForwardEnd(setup(false)) == L * tokens * (k + 1) * 4);
+  // The import reads it, with each config class's default.
+  CHECK_FALSE(FindPreset("qwen1.5-moe-a2.7b")->architecture.normTopkProb);
+  CHECK(FindPreset("mixtral-8x7b")->architecture.normTopkProb);
 }
 
 TEST_CASE("Gemma 2's sandwich norms, soft caps and sliding-window masks keep what their forwards save", "[transformer]") {

@@ -230,6 +230,9 @@ struct ArchitectureDef {
   std::int64_t expertIntermediateSize = 0;  // moe_intermediate_size; 0 = intermediateSize
   std::int64_t sharedExpertIntermediateSize = 0;  // shared_expert_intermediate_size; 0 = none
   bool sharedExpertGate = false;            // a sigmoid gate (hidden → 1) on the shared expert
+  // norm_topk_prob: the top-k routing weights renormalised to sum to 1 (Mixtral always; Qwen2-MoE
+  // and Qwen3-MoE as their config says: Qwen1.5-MoE-A2.7B false, Qwen3-30B-A3B true).
+  bool normTopkProb = true;
   double hiddenDropout = 0.0;               // resid/embd_pdrop, hidden_dropout_prob, in [0, 1)
   double attentionDropout = 0.0;            // attn_pdrop, attention_(probs_)dropout(_prob)
   EncoderHead encoderHead = EncoderHead::Classification;  // BERT only

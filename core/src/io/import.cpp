@@ -334,7 +334,8 @@ ConfigImport ImportHfConfig(std::string_view text) {
       r.Int({"num_experts"}, a.numExperts, true);
       r.Int({"num_experts_per_tok"}, a.expertsPerToken, true);
       r.Int({"moe_intermediate_size"}, a.expertIntermediateSize, true);
-      r.Use("norm_topk_prob");
+      a.normTopkProb = false;  // Qwen3MoeConfig's default; the released configs set true
+      r.Bool({"norm_topk_prob"}, a.normTopkProb);
       out.notes.push_back("Qwen3-MoE: every layer is taken as sparse (decoder_sparse_step 1, no mlp_only_layers).");
     } else if (t == "qwen2_moe") {
       r.Int({"num_experts"}, a.numExperts, true);
@@ -342,6 +343,8 @@ ConfigImport ImportHfConfig(std::string_view text) {
       r.Int({"moe_intermediate_size"}, a.expertIntermediateSize, true);
       r.Int({"shared_expert_intermediate_size"}, a.sharedExpertIntermediateSize, false);
       a.sharedExpertGate = a.sharedExpertIntermediateSize > 0;
+      a.normTopkProb = false;  // Qwen2MoeConfig's default (Qwen1.5-MoE-A2.7B: false)
+      r.Bool({"norm_topk_prob"}, a.normTopkProb);
       out.notes.push_back("Qwen2-MoE: every layer is taken as sparse (decoder_sparse_step 1, no mlp_only_layers).");
     }
     if (t == "gemma2") ReadGemma2(doc, r, a, out, 50.0, 30.0, 4096, 2);

@@ -213,7 +213,7 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
                       "tieWordEmbeddings", "attentionBias", "outputBias", "mlpBias", "queryKeyNorm", "rmsNormUnitOffset",
                       "embeddingScale", "fusedProjections", "partialRotaryFactor", "sandwichNorms",
                       "attentionLogitSoftcap", "finalLogitSoftcap", "slidingWindow", "slidingWindowPattern", "gemma3Layout", "olmo2Layout", "rotaryFp32", "noRopeInterval", "graniteMultipliers", "parallelResidual", "hiddenAct", "numExperts", "expertsPerToken",
-                      "expertIntermediateSize", "sharedExpertIntermediateSize", "sharedExpertGate",
+                      "expertIntermediateSize", "sharedExpertIntermediateSize", "sharedExpertGate", "normTopkProb",
                       "hiddenDropout", "attentionDropout", "encoderHead", "numLabels"},
                   path);
   Family family = a.family;
@@ -256,6 +256,7 @@ void ReadArchitecture(Reader& r, const json& v, ArchitectureDef& a, Given& given
   r.Int(v, "expertIntermediateSize", path, a.expertIntermediateSize);
   r.Int(v, "sharedExpertIntermediateSize", path, a.sharedExpertIntermediateSize);
   r.Bool(v, "sharedExpertGate", path, a.sharedExpertGate);
+  r.Bool(v, "normTopkProb", path, a.normTopkProb);
   r.Number(v, "hiddenDropout", path, a.hiddenDropout);
   r.Number(v, "attentionDropout", path, a.attentionDropout);
   r.Enum(v, "encoderHead", path, a.encoderHead);
@@ -579,7 +580,8 @@ ojson ArchitectureJson(const ArchitectureDef& a) {
           {"hiddenAct", IdOf(a.hiddenAct)}, {"numExperts", a.numExperts},
           {"expertsPerToken", a.expertsPerToken}, {"expertIntermediateSize", a.expertIntermediateSize},
           {"sharedExpertIntermediateSize", a.sharedExpertIntermediateSize},
-          {"sharedExpertGate", a.sharedExpertGate}, {"hiddenDropout", a.hiddenDropout},
+          {"sharedExpertGate", a.sharedExpertGate}, {"normTopkProb", a.normTopkProb},
+          {"hiddenDropout", a.hiddenDropout},
           {"attentionDropout", a.attentionDropout}, {"encoderHead", IdOf(a.encoderHead)},
           {"numLabels", a.numLabels}};
 }

@@ -190,6 +190,7 @@ std::vector<Preset> MakePresets() {
       experts(llama(32000, 6144, 56, 48, 8, 16384), 8, 2), 140'620'634'112);
   ArchitectureDef qwenMoe = experts(qwen(llama(151936, 2048, 24, 16, 16, 5632)), 60, 4);
   qwenMoe.expertIntermediateSize = 1408; qwenMoe.sharedExpertIntermediateSize = 5632; qwenMoe.sharedExpertGate = true;
+  qwenMoe.normTopkProb = false;  // its config.json: "norm_topk_prob": false
   add("qwen1.5-moe-a2.7b", "Qwen1.5-MoE A2.7B", "Qwen/Qwen1.5-MoE-A2.7B", qwenMoe, 14'315'784'192);
   return out;
 }

@@ -667,6 +667,7 @@ std::span<const ArchitectureField> ArchitectureFields() {
       {"expertIntermediateSize", "Expert MLP width", "count", "", "elements; 0 = intermediateSize", false, true, false, false, "numExperts", "positive"},
       {"sharedExpertIntermediateSize", "Shared expert width", "count", "", "elements; 0 = no shared expert", false, true, false, false, "numExperts", "positive"},
       {"sharedExpertGate", "Sigmoid gate on the shared expert", "bool", "", "", false, true, false, false, "sharedExpertIntermediateSize", "positive"},
+      {"normTopkProb", "Top-k routing weights renormalised (norm_topk_prob)", "bool", "", "Mixtral always; Qwen1.5-MoE off, Qwen3-MoE on", false, true, false, false, "numExperts", "positive"},
   };
   return kFields;
 }

@@ -1,6 +1,7 @@
 // MixtralSparseMoeBlock, with tokens routed evenly: expert e receives ⌊T·k/E⌋ tokens, the first
 // (T·k mod E) experts one more. Saved activations depend only on the total T·k, so imbalance
-// changes the transients, not the saved total. Qwen2-MoE adds a shared expert with a sigmoid gate.
+// changes the transients, not the saved total. Qwen2-MoE adds a shared expert with a sigmoid gate;
+// Qwen2-MoE and Qwen3-MoE renormalise the top-k weights only under norm_topk_prob.
 #include "sim/blocks/blocks.hpp"
 #include "parallel/expert_split.hpp"
 
@@ -56,13 +57,18 @@ ValueId MoE(Model& m, ValueId x, const Module& block) {
   const ValueId top = t.Apply({.name = "topk weights", .inputs = {{probs}}, .shape = {T, k},
                                .type = DType::FP32, .saves = {selected}});
   t.Drop(probs);
-  const ValueId sum = t.Apply({.name = "routing sum", .inputs = {{top}}, .shape = {T, 1}, .type = DType::FP32});
-  const ValueId normed = t.Apply({.name = "routing /= sum", .inputs = {{top}, {sum}}, .shape = {T, k},
-                                  .type = DType::FP32, .saves = {top, sum}});
-  t.Drop(sum);
-  t.Drop(top);
-  const ValueId weights = ops::To(t, normed, t.TypeOf(flat));
-  t.Drop(normed);
+  // norm_topk_prob: `routing_weights /= routing_weights.sum(dim=-1, keepdim=True)` (Mixtral's
+  // block always; Qwen2MoeSparseMoeBlock and Qwen3MoeSparseMoeBlock only when the config says so).
+  ValueId routed = top;
+  if (a.normTopkProb) {
+    const ValueId sum = t.Apply({.name = "routing sum", .inputs = {{top}}, .shape = {T, 1}, .type = DType::FP32});
+    routed = t.Apply({.name = "routing /= sum", .inputs = {{top}, {sum}}, .shape = {T, k}, .type = DType::FP32,
+                      .saves = {top, sum}});
+    t.Drop(sum);
+    t.Drop(top);
+  }
+  const ValueId weights = ops::To(t, routed, t.TypeOf(flat));
+  t.Drop(routed);
   // Expert parallelism: Megatron's all-to-all dispatcher and the rank's E/e experts.
   if (dispatcher) {
     return expert_split::ExpertParallelTail(m, flat, weights, selected, sharedFirst, t.ShapeOf(x), block);
