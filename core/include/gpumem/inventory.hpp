@@ -1,6 +1,7 @@
 // gpumem — Inventory: every parameter tensor the model owns, with its shape.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -28,6 +29,13 @@ struct Tensor {
 
   std::int64_t Elements() const;
 };
+
+// A mixture of experts under a Llama-family block, named as Mixtral's modules are:
+// block_sparse_moe.gate, and per expert block_sparse_moe.experts.<e>.w1 (gate), w2 (down) and
+// w3 (up). The inventory, the simulated block (blocks/moe.cpp), expert parallelism and the
+// fine-tuning budget (which experts a LoRA target reaches) read the names here.
+inline constexpr const char* kExpertsModule = "block_sparse_moe.experts.";
+inline constexpr std::array<const char*, 3> kExpertProjections = {"w1", "w2", "w3"};
 
 struct Inventory {
   std::vector<Tensor> parameters;

@@ -348,8 +348,8 @@ double FinetuneEventsPerBlock(const Setup& setup) {
   // attention of a mixture of 128 experts is not counted as 392 adapters a block.
   double adaptedPerExpert = 0;
   if (f.lora && experts > 0) {
-    for (const char* w : {"w1", "w2", "w3"}) {
-      if (IsLoraTarget(f, a.family, std::string("model.layers.0.block_sparse_moe.experts.0.") + w)) ++adaptedPerExpert;
+    for (const char* w : kExpertProjections) {
+      if (IsLoraTarget(f, a.family, std::string("model.layers.0.") + kExpertsModule + "0." + w)) ++adaptedPerExpert;
     }
   }
   const double adapted = 8 + adaptedPerExpert * experts;

@@ -149,7 +149,7 @@ void ForEachTransformerTensor(const ArchitectureDef& a, bool named, Add&& add0) 
         }
         add(b, "block_sparse_moe.gate.weight", {a.numExperts, h}, L);
         for (std::int64_t e = 0; e < a.numExperts; ++e) {
-          const std::string x = named ? b + "block_sparse_moe.experts." + std::to_string(e) + "." : none;
+          const std::string x = named ? b + kExpertsModule + std::to_string(e) + "." : none;  // w1, w2, w3: kExpertProjections
           add(x, "w1.weight", {ei, h}, L, true);
           add(x, "w2.weight", {h, ei}, L, true);
           add(x, "w3.weight", {ei, h}, L, true);

@@ -81,7 +81,7 @@ ValueId ExpertParallelTail(Model& m, ValueId flat, ValueId weights, ValueId sele
   m.sequenceShards = 1;
   ValueId combined = t.Fresh({rows, h}, type, "expert outputs (torch.cat)");
   const std::int64_t inter = ExpertIntermediateSize(a);
-  const Module experts = m.Child(block, "block_sparse_moe.experts.");
+  const Module experts = m.Child(block, kExpertsModule);
   for (std::int64_t i = 0; i < local; ++i) {
     const std::int64_t n = rows / local + (i < rows % local ? 1 : 0);
     if (n == 0) continue;

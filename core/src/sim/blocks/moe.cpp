@@ -76,7 +76,7 @@ ValueId MoE(Model& m, ValueId x, const Module& block) {
   ValueId final = t.Fresh({T, h}, t.TypeOf(flat), "final_hidden_states (zeros)");
   const ValueId expertMask = t.Fresh({E, k, T}, DType::Int64, "expert_mask (one_hot)");
   const std::int64_t inter = ExpertIntermediateSize(a);
-  const Module experts = m.Child(block, "block_sparse_moe.experts.");
+  const Module experts = m.Child(block, kExpertsModule);
   for (std::int64_t e = 0; e < E; ++e) {
     const std::int64_t n = (T * k) / E + (e < (T * k) % E ? 1 : 0);
     if (n == 0) continue;
