@@ -4,6 +4,8 @@
 #include "gpumem/device.hpp"
 #include "gpumem/gpus.hpp"
 
+#include <string>
+
 using namespace gpumem;
 
 namespace {
@@ -21,6 +23,28 @@ TEST_CASE("every listed GPU has a compute capability or a ROCm target", "[device
   CHECK(GpuComputeCapability("nvidia-a100-80").major == 8);
   CHECK(GpuComputeCapability("nvidia-rtx-4090").minor == 9);
   CHECK(GpuComputeCapability("no-such-gpu").major == 0);
+}
+
+TEST_CASE("every listed GPU's capacity is CUDA's total, with its source", "[device]") {
+  // Below the size the product is sold as (the label's last figure) and within 10 % of it: CUDA
+  // keeps some memory back, never this much (B200 178.35 GiB of 192, the furthest).
+  for (const GpuModel& gpu : Gpus()) {
+    INFO(gpu.id);
+    const std::string label = gpu.label;
+    const std::size_t gb = label.rfind(" GB");
+    REQUIRE(gb != std::string::npos);
+    const double sold = std::stod(label.substr(label.rfind(' ', gb - 1) + 1));
+    CHECK(gpu.memoryGiB < sold);
+    CHECK(gpu.memoryGiB > 0.9 * sold);
+    CHECK(std::string(gpu.capacitySource).size() > 20);
+  }
+  // As PyTorch reports them (docs/device.md, "GPU capacities"): total_memory in bytes or MiB.
+  const auto bytes = [](const char* id) { return FindGpu(id)->memoryGiB * double(1 << 30); };
+  CHECK(bytes("nvidia-h100-sxm") == 85017493504.0);  // measured (tests/data/cuda)
+  CHECK(bytes("nvidia-rtx-4090") == 25393692672.0);
+  CHECK(bytes("nvidia-h200") == 143156.0 * MiB);
+  CHECK(bytes("nvidia-a100-80") == 81037.0 * MiB);
+  CHECK(bytes("amd-mi250x") == 65520.0 * MiB);  // one of its two dies: PyTorch's device
 }
 
 TEST_CASE("cuBLAS workspaces by architecture and handle", "[device]") {

@@ -44,15 +44,26 @@ export function buildGpuSelect() {
   }
 }
 
-// A listed GPU's capacity for people: whole GiB as sold, or a measured total to 2 decimals.
+// A listed GPU's capacity for people: CUDA's total to 2 decimals, as PyTorch's out-of-memory
+// message writes it (whole GiB stay whole). The size field shows the same; the setup carries the
+// exact figure (readForm), so the field need not hold 23.649719297885895.
+export function gpuCapacityField(gpu) {
+  return Number.isInteger(gpu.memoryGiB) ? String(gpu.memoryGiB) : gpu.memoryGiB.toFixed(2);
+}
+
 function gpuCapacityText(gpu) {
-  return `${Number.isInteger(gpu.memoryGiB) ? gpu.memoryGiB : gpu.memoryGiB.toFixed(2)} GiB`;
+  return `${gpuCapacityField(gpu)} GiB`;
+}
+
+// Whether the size field's text is this GPU's capacity: as shown, or exact.
+export function fieldHoldsGpu(text, gpu) {
+  return String(text).trim() === gpuCapacityField(gpu) || parseNumberText(text) === gpu.memoryGiB;
 }
 
 // The select names a GPU only while the size field holds that GPU's memory.
 export function syncGpuSelect() {
   const gpu = gpuById(state.gpuId);
-  if (!gpu || parseNumberText($('#memoryGiB').value) !== gpu.memoryGiB) state.gpuId = '';
+  if (!gpu || !fieldHoldsGpu($('#memoryGiB').value, gpu)) state.gpuId = '';
   $('#gpu').value = state.gpuId;
   const hint = $('#gpu-hint');
   const chosen = gpuById(state.gpuId);
@@ -66,7 +77,7 @@ export function syncGpuSelect() {
 export function onGpuChange() {
   const gpu = gpuById($('#gpu').value);
   state.gpuId = gpu?.id ?? '';
-  if (gpu) $('#memoryGiB').value = String(gpu.memoryGiB);
+  if (gpu) $('#memoryGiB').value = gpuCapacityField(gpu);
   syncGpuSelect();
 }
 

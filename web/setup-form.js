@@ -5,7 +5,7 @@
 import { formatInteger } from './charts.js';
 import { syncModelSearch } from './first-screen.js';
 import { fillFinetune, finetuneFields, readFinetune } from './finetune-panel.js';
-import { gpuById, syncGpuSelect } from './gpu-panel.js';
+import { fieldHoldsGpu, gpuById, gpuCapacityField, syncGpuSelect } from './gpu-panel.js';
 import { readLayers, renderLayers } from './layers-panel.js';
 import { fillArchitecture, presetById, readArchitecture } from './model-panel.js';
 import { $, $$, displayNumber, numberValue, parseMatrices, parseNumberText, state } from './page-state.js';
@@ -90,7 +90,9 @@ export function fillForm(setup, presetId) {
   setSelectValue($('#attention'), training.attention);
   setSelectValue($('#checkpointing'), training.checkpointing);
   $('#checkpointInterval').value = displayNumber(training.checkpointInterval);
-  $('#memoryGiB').value = displayNumber(gpu.memoryGiB);
+  const listed = gpuById(gpu.id);
+  $('#memoryGiB').value = listed && (gpu.memoryGiB === undefined || gpu.memoryGiB === listed.memoryGiB)
+    ? gpuCapacityField(listed) : displayNumber(gpu.memoryGiB);
   fillRuntime(setup.runtime);
   fillSavers(setup.training);
   if (finetuneFields().length) fillFinetune(setup.finetune);
@@ -107,6 +109,14 @@ export function fillForm(setup, presetId) {
 
 // The setup the form describes, in the schema's shape. Only the active model mode's fields are
 // written: the other mode's fields would be ignored by the core anyway.
+// The listed GPU with its exact capacity while the size field shows it (syncGpuSelect); an id
+// the list lacks (a link's) as it is, for the core to name; else a custom size.
+function readGpu() {
+  const listed = gpuById(state.gpuId);
+  if (listed && fieldHoldsGpu($('#memoryGiB').value, listed)) return { id: listed.id, memoryGiB: listed.memoryGiB };
+  return state.gpuId ? { id: state.gpuId, memoryGiB: numberValue($('#memoryGiB')) } : { memoryGiB: numberValue($('#memoryGiB')) };
+}
+
 export function readForm() {
   const errors = [];
   const kind = currentKind();
@@ -141,9 +151,9 @@ export function readForm() {
       checkpointing: $('#checkpointing').value,
       checkpointInterval: numberValue($('#checkpointInterval')),
     },
-    // A GPU of the list is named by its id; its size is written too, so the setup reads the
-    // same without the list.
-    gpu: state.gpuId ? { id: state.gpuId, memoryGiB: numberValue($('#memoryGiB')) } : { memoryGiB: numberValue($('#memoryGiB')) },
+    // A GPU of the list is named by its id; its exact size is written too (the field shows it
+    // rounded), so the setup reads the same without the list.
+    gpu: readGpu(),
   };
   Object.assign(setup.training, readSavers());
   setup.runtime = readRuntime();

@@ -43,7 +43,7 @@ test('device table and bar: reserved, cache, workspaces and context add up to th
   const byPart = Object.fromEntries(parts.map((p) => [p.part, p.width]));
   const ratio = byPart.cache / byPart.context;
   assert.ok(Math.abs(ratio - d.fragmentationBytes / d.contextBytes) < 0.05 * ratio, `cache:context drawn ${ratio}`);
-  assert.match(await page.textContent('#device-bar'), /GPU 24\.00 GiB/);
+  assert.match(await page.textContent('#device-bar'), /GPU 23\.65 GiB/);  // the 4090's CUDA total
   assert.match(await page.textContent('#device-legend'), /Allocator cache/);
   await finish();
 });

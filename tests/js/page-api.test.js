@@ -226,7 +226,7 @@ test('setup-params: embed attributes and link parameters become a partial setup 
     gpu: { id: 'nvidia-rtx-4090' },
   });
   const estimate = gpumem.estimate(setup);
-  assert.equal(estimate.gpu.capacityBytes, 24 * 2 ** 30);
+  assert.equal(estimate.gpu.capacityBytes, 25393692672);  // the 4090's CUDA total, 23.65 GiB
   assert.equal(estimate.modelStates.parameterCount, 124439808);
 
   // setup is the base; the other attributes override it; a size drops the GPU id.

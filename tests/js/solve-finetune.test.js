@@ -28,9 +28,9 @@ const gpumem = await loadGpumem({ factory: createRequire(import.meta.url)(wasmJs
 test('Llama 3 8B on a 24 GB card: the first suggestion is LoRA or QLoRA and applying it fits', () => {
   const setup = mergeSetup(gpumem.defaultSetup(), { model: { kind: 'transformer', preset: 'llama-3-8b' }, gpu: { id: 'nvidia-rtx-4090' } });
   delete setup.model.architecture;
-  // The card's own 24 GiB: the default setup's memoryGiB (80) would win over the id.
+  // The card's own 23.65 GiB (CUDA's total): the default setup's memoryGiB (80) would win over the id.
   delete setup.gpu.memoryGiB;
-  assert.equal(gpumem.estimate(setup).gpu.capacityBytes, 24 * 2 ** 30);
+  assert.equal(gpumem.estimate(setup).gpu.capacityBytes, 25393692672);
   assert.equal(gpumem.estimate(setup).gpu.fits, false);
   const result = gpumem.solve(setup);
   const first = result.suggestions[0];
