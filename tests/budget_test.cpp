@@ -283,13 +283,25 @@ TEST_CASE("a native host's larger work budget takes what the page refuses, up to
   s.finetune.targetModules = {"q_proj", "k_proj", "v_proj", "o_proj"};
   const double predicted = PredictEvents(s).predictedEvents;
   REQUIRE(predicted > kMaxPredictedEvents);
-  REQUIRE(predicted < kMaxHostPredictedEvents);
-  // The page's budget refuses it and says where a larger one is.
-  const std::vector<FieldError> page = Validate(s);
+  REQUIRE(predicted < kMaxPagePredictedEvents);
+  // A search's budget refuses it and says where a larger one is: the page's single estimate.
+  const std::vector<FieldError> search = Validate(s);
+  REQUIRE(search.size() == 1);
+  CHECK(search[0].field == "model.architecture.numExperts");
+  CHECK_THAT(search[0].message, Catch::Contains("more than the 500,000 each estimate of a search may take") &&
+                                    Catch::Contains("a single estimate takes up to 1,500,000 in the page") &&
+                                    Catch::Contains("command-line tool") && Catch::Contains("2,000,000"));
+  // The page's single estimate takes it (frozen experts: 1,258,256 predicted, 853,055 simulated).
+  CHECK(Validate(s, kMaxPagePredictedEvents).empty());
+  // Past the page's, the page says the command-line tool takes it.
+  Setup deeper = s;
+  deeper.model.architecture.numLayers = 94;  // Qwen3-235B-A22B's depth
+  REQUIRE(PredictEvents(deeper).predictedEvents > kMaxPagePredictedEvents);
+  REQUIRE(PredictEvents(deeper).predictedEvents < kMaxHostPredictedEvents);
+  const std::vector<FieldError> page = Validate(deeper, kMaxPagePredictedEvents);
   REQUIRE(page.size() == 1);
-  CHECK(page[0].field == "model.architecture.numExperts");
-  CHECK_THAT(page[0].message, Catch::Contains("more than the 500,000") && Catch::Contains("command-line tool") &&
-                                  Catch::Contains("2,000,000"));
+  CHECK_THAT(page[0].message, Catch::Contains("more than the 1,500,000 an estimate may take in the page") &&
+                                  Catch::Contains("command-line tool") && Catch::Contains("2,000,000"));
   // The host's takes it, and the prediction stays an upper bound of what is simulated.
   CHECK(Validate(s, kMaxHostPredictedEvents).empty());
   const EstimateResult r = EstimateMemory(s, {.timeline = EstimateOptions::Timeline::None, .timelineLimit = 0,
@@ -303,7 +315,7 @@ TEST_CASE("a native host's larger work budget takes what the page refuses, up to
   const std::vector<FieldError> host = Validate(s, 1e300);
   REQUIRE(host.size() == 1);
   CHECK_THAT(host[0].message, Catch::Contains("more than the 2,000,000") && !Catch::Contains("command-line tool"));
-  // And below the page's, the page's (NaN too).
+  // And below the smallest, the smallest (NaN too).
   CHECK(Validate(s, 1.0).front().message.find("more than the 500,000") != std::string::npos);
   CHECK(Validate(s, std::nan("")).front().message.find("more than the 500,000") != std::string::npos);
 }

@@ -29,9 +29,14 @@ emscripten::val EstimateJs(const std::string& setup, const std::string& timeline
   options.timeline = timeline == "labelled" ? gpumem::EstimateOptions::Timeline::Labelled
                      : timeline == "points" ? gpumem::EstimateOptions::Timeline::Points
                                             : gpumem::EstimateOptions::Timeline::None;
+  // One estimate at a time: the page's budget (setup.hpp kMaxPagePredictedEvents); searches keep
+  // the default.
+  options.maxPredictedEvents = gpumem::kMaxPagePredictedEvents;
   return Out(gpumem::EstimateJson(setup, -1, options));
 }
-emscripten::val ValidateJs(const std::string& setup) { return Out(gpumem::ValidateJson(setup)); }
+emscripten::val ValidateJs(const std::string& setup) {
+  return Out(gpumem::ValidateJson(setup, -1, gpumem::kMaxPagePredictedEvents));
+}
 emscripten::val OptionsJs() { return Out(gpumem::OptionsJson()); }
 std::string VersionJs() { return gpumem::Version(); }
 emscripten::val ImportConfigJs(const std::string& text) { return Out(gpumem::ImportConfigJson(text)); }

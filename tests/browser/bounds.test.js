@@ -5,7 +5,7 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { chromium } from 'playwright-core';
@@ -71,6 +71,8 @@ const quick = (n) => ({
   training: { optimizer: 'adafactor' },
 });
 
+const QWEN3_MOE_LORA = JSON.parse(readFileSync(join(root, 'tests/data/qwen3-30b-a3b-lora.json'), 'utf8'));
+
 const llama = (architecture, training = {}) => ({
   model: { kind: 'transformer', architecture: { family: 'llama', numKeyValueHeads: 4, ...architecture } },
   training: { batchSize: 1, sequenceLength: 128, attention: 'sdpa', ...training },
@@ -86,6 +88,9 @@ test('setups at the limits are answered and past them refused, each within 2 s i
     ['long context with fused attention and checkpointing', { model: { preset: 'llama-3-8b' },
       training: { batchSize: 1, sequenceLength: 262144, attention: 'sdpa', checkpointing: 'everyBlock', precision: 'bf16Mixed' } }, 'ok'],
     ['the largest mixture-of-experts preset', { model: { preset: 'qwen1.5-moe-a2.7b' }, training: { batchSize: 1, sequenceLength: 4096, attention: 'sdpa' } }, 'ok'],
+    // Qwen3-30B-A3B (48 layers × 128 experts) with LoRA: 1,258,256 predicted events, within the
+    // page's single-estimate budget (1,500,000), past a search's.
+    ['a fine-grained mixture of experts with LoRA', QWEN3_MOE_LORA, 'ok'],
     ['bad values everywhere', { training: { batchSize: -1, sequenceLength: 'x', precision: 'fp8' }, gpu: { memoryGiB: 0 } }, 'error', /batch/i],
     // A list may have 4,000 layers (kMaxListedLayers, setup.hpp): the longest is answered, one more refused.
     ['the longest layer list', layerList(4000, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'ok'],

@@ -27,6 +27,24 @@ test('a setup beyond the work budget is refused before it can take memory', asyn
   assert.ok(gpumem.estimate({ model: { preset: 'gpt2' } }).peak.totalBytes > 0);
 });
 
+test('a single estimate takes the page\'s budget; a search keeps the smaller one and says so', async () => {
+  // Qwen3-30B-A3B (48 layers × 128 experts) with LoRA on the attention, every block checkpointed:
+  // 1,258,256 predicted events, past a search's 500,000 and within the page's 1,500,000.
+  const gpumem = await loadGpumem({ factory });
+  const setup = JSON.parse(readFileSync(path.join(repoRoot, 'tests', 'data', 'qwen3-30b-a3b-lora.json'), 'utf8'));
+  const estimate = gpumem.estimate(setup);
+  assert.equal(estimate.modelStates.parameterCount, 30545491968);
+  assert.ok(estimate.timelineEventCount > 500000, `${estimate.timelineEventCount} events`);
+  assert.deepEqual(gpumem.validate(setup).ok, true);
+  assert.throws(() => gpumem.solve(setup), (e) => e instanceof GpumemError && e.code === 'tooLarge' &&
+    e.field === 'model.architecture.numExperts' && /each estimate of a search may take/.test(e.message) &&
+    /a single estimate takes up to 1,500,000 in the page/.test(e.message));
+  // Past the page's budget (64 layers: 1.68e6 predicted): refused, the CLI named.
+  const deeper = { ...setup, model: { ...setup.model, architecture: { ...setup.model.architecture, numLayers: 64 } } };
+  assert.throws(() => gpumem.estimate(deeper), (e) => e instanceof GpumemError && e.code === 'tooLarge' &&
+    /more than the 1,500,000 an estimate may take in the page/.test(e.message) && /gpumem SETUP\.json/.test(e.message));
+});
+
 test('an abort at the memory ceiling is a tooLarge error and the module is reloaded', async () => {
   // The real module, whose estimate aborts once the way Emscripten does when an allocation
   // finds the heap at its ceiling (the budget keeps real setups from getting there).

@@ -119,5 +119,10 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory);
 
 // Upper bound of the extra trace events the adapters add per block (for the work budget).
 double FinetuneEventsPerBlock(const Setup& setup);
+// For the work budget too: whether a block's routed experts train their own weights (not under
+// LoRA, which freezes every base weight, nor quantized), and the trained tensors the adapters
+// add to a block (lora_A and lora_B per adapted linear, and DoRA's magnitude).
+bool ExpertWeightsTrain(const FinetuneDef& f);
+double AdapterTensorsPerBlock(const Setup& setup);
 
 }  // namespace gpumem

@@ -49,7 +49,7 @@ std::string EstimateJson(std::string_view setupText, int indent = -1,
                          EstimateOptions options = {.timeline = EstimateOptions::Timeline::Labelled});
 
 // Parse + validate: {"ok":true,"setup":{…normalised…}} or {"ok":false,"errors":[…]}.
-std::string ValidateJson(std::string_view setupText, int indent = -1);
+std::string ValidateJson(std::string_view setupText, int indent = -1, double maxPredictedEvents = kMaxPredictedEvents);
 
 // Every enum's ids and labels, the defaults and the examples, for the page's controls:
 // {"schemaVersion":1,"defaultSetup":{…},"examples":[{"id","label","setup"}],"precisions":[{"id","label"}],…}

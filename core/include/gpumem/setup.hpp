@@ -646,16 +646,23 @@ struct EventBudget {
 };
 // Only meaningful for a setup whose sizes pass validation's range checks.
 EventBudget PredictEvents(const Setup& setup);
-// The largest prediction Validate accepts. Measured in wasm (node scripts/bench.mjs): see
-// docs/budget.md for events/s, bytes/event and why this keeps an estimate near one second and
-// well under 256 MB of wasm memory on a 2-core machine.
+// The largest prediction Validate accepts by default: each estimate of a search (the solver, the
+// views, the layouts, the fewest-GPUs search), which run tens to hundreds of them, and the fuzz
+// targets. Measured in wasm (node scripts/bench.mjs): see docs/budget.md for events/s,
+// bytes/event and why this keeps a search's estimates near a tenth of a second each.
 inline constexpr double kMaxPredictedEvents = 500'000.0;
+// The page's and the JS API's single estimates (wasm/bindings.cpp): one estimate at a time, on
+// a module whose memory stops at 1 GiB. Measured in wasm under node on the 2-core machine
+// (docs/budget.md): Qwen3-30B-A3B (48 layers × 128 experts) with LoRA, 1,258,256 predicted and
+// 853,055 simulated events, 0.39 s the first time (70 ms after) and 415 MiB of wasm memory;
+// Llama 2 7B's blocks × 2,280, 1,450,272 events, 0.43 s and 658 MiB: at this limit (no more
+// events than predicted) the heap stays under 700 MiB.
+inline constexpr double kMaxPagePredictedEvents = 1'500'000.0;
 // The largest budget a native host may give itself (EstimateOptions::maxPredictedEvents): the
 // command-line tool's single estimates. At its limit (Llama 2 7B's blocks × 2,280, every one
 // checkpointed: 1,559,716 events) the CLI answers in 1.0 s and 320 MB with --json, 3 s and 610 MB
 // printing every event (docs/budget.md): what a desktop process can spend and a browser tab
-// should not. It admits the fine-grained mixtures of experts that the page refuses (Qwen3-30B-A3B:
-// 48 layers × 128 experts, 1,139,684 predicted and 774,281 simulated events, 0.26 s).
+// should not.
 inline constexpr double kMaxHostPredictedEvents = 2'000'000.0;
 // The most layers a layer list may have, whatever its events. The page's cost of a list grows
 // with its length as well as with its events: the JSON editor's lines, the link that holds it,

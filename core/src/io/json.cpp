@@ -837,9 +837,9 @@ std::string EstimateJson(std::string_view setupText, int indent, EstimateOptions
   return EstimateResultToJson(EstimateFromJson(setupText, options), indent);
 }
 
-std::string ValidateJson(std::string_view setupText, int indent) {
+std::string ValidateJson(std::string_view setupText, int indent, double maxPredictedEvents) {
   Setup setup;
-  const std::vector<FieldError> errors = ParseAndValidate(setupText, setup);
+  const std::vector<FieldError> errors = ParseAndValidate(setupText, setup, maxPredictedEvents);
   if (!errors.empty()) return Dump({{"ok", false}, {"errors", ErrorsArray(errors)}}, indent);
   return Dump({{"ok", true}, {"setup", SetupJson(setup)}}, indent);
 }
@@ -851,8 +851,10 @@ std::string ImportConfigJson(std::string_view configText, int indent) {
   imported.model.kind = ModelKind::Transformer;
   imported.model.architecture = c.architecture;
   // The count, when the architecture is valid at all (its own errors show once it is estimated).
+  // (The count needs the inventory only: the largest work budget, so that a model the page
+  // estimates within its own is counted too.)
   std::vector<FieldError> problems;
-  for (const FieldError& e : Validate(imported)) if (e.field.starts_with("model.")) problems.push_back(e);
+  for (const FieldError& e : Validate(imported, kMaxHostPredictedEvents)) if (e.field.starts_with("model.")) problems.push_back(e);
   const ojson count = problems.empty() ? ojson(BuildInventory(imported).ParameterCount()) : ojson(nullptr);
   ojson setup = {{"model", {{"kind", IdOf(ModelKind::Transformer)}, {"architecture", ArchitectureJson(c.architecture)}}}};
   std::vector<std::string> notes = c.notes;

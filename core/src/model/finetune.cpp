@@ -333,35 +333,61 @@ void ApplyFinetune(const Setup& setup, Inventory& inventory) {
   inventory.parameters = std::move(out);
 }
 
+namespace {
+// Linears of a block with an adapter: the 7 dense ones and the lm_head's share (8, an upper bound
+// whatever the targets), and an expert's w1, w2 or w3 only when a target names it (PEFT's suffix
+// match, IsLoraTarget), so that LoRA on the attention of a mixture of 128 experts is not counted
+// as 392 adapters a block.
+double AdaptedLinearsPerBlock(const Setup& setup) {
+  const FinetuneDef& f = setup.finetune;
+  if (!f.lora) return 0;
+  const ArchitectureDef& a = setup.model.architecture;
+  double adaptedPerExpert = 0;
+  if (a.numExperts > 0) {
+    for (const char* w : kExpertProjections) {
+      if (IsLoraTarget(f, a.family, std::string("model.layers.0.") + kExpertsModule + "0." + w)) ++adaptedPerExpert;
+    }
+  }
+  return 8 + adaptedPerExpert * double(std::max<std::int64_t>(0, a.numExperts));
+}
+}  // namespace
+
+bool ExpertWeightsTrain(const FinetuneDef& f) { return !f.lora && f.quantization == Quantization::None; }
+
+double AdapterTensorsPerBlock(const Setup& setup) {
+  return AdaptedLinearsPerBlock(setup) * (setup.finetune.useDora ? 3 : 2);
+}
+
 double FinetuneEventsPerBlock(const Setup& setup) {
   const FinetuneDef& f = setup.finetune;
   if (!FinetuneActive(f)) return 0;
   // Per linear of a block (at most 7 dense, or 3 per expert), counted with its backward and
   // margin: the quantized path (casts, the dequantized weight, the clone) up to 14 events, LoRA
-  // up to 40, DoRA up to 90; × 2 for recomputation under checkpointing. An upper bound, checked
-  // by tests/finetune_test.cpp ("The work budget bounds fine-tuning setups").
+  // up to 50 (under autocast its A and B are cast too: 48 measured on an expert's w1, w2, w3 with
+  // every block checkpointed), DoRA up to 95 (150 where blocks are recomputed); × 2 for
+  // recomputation under checkpointing. The adapters' optimizer work is counted per tensor with the
+  // others' (AdapterTensorsPerBlock). An upper bound, checked by tests/finetune_test.cpp ("The
+  // work budget bounds fine-tuning setups") and docs/budget.md's sweep.
   const ArchitectureDef& a = setup.model.architecture;
   const double experts = double(std::max<std::int64_t>(0, a.numExperts));
   const double linears = 8 + 3 * experts;
-  // Adapters go only where a target module names them (PEFT's suffix match, IsLoraTarget): an
-  // expert's w1, w2 or w3 take one only when a target names it (or all-linear), so LoRA on the
-  // attention of a mixture of 128 experts is not counted as 392 adapters a block.
-  double adaptedPerExpert = 0;
-  if (f.lora && experts > 0) {
-    for (const char* w : kExpertProjections) {
-      if (IsLoraTarget(f, a.family, std::string("model.layers.0.") + kExpertsModule + "0." + w)) ++adaptedPerExpert;
-    }
-  }
-  const double adapted = 8 + adaptedPerExpert * experts;
   // torchao's NF4Tensor dequantizes through get_original_weight's locals: up to 34 events more.
   const double quantized = f.quantLayout == QuantLayout::TorchaoNf4 ? 48 : 14;
   const double perQuantized = f.quantization != Quantization::None ? quantized : 0;
-  const double perAdapted = f.lora ? (f.useDora ? 90 : 40) : 0;
+  // DoRA's forward is the heavy part (the weight's norm, its casts under autocast), done again by
+  // a recompute: 276 events per adapted expert linear measured with every block checkpointed
+  // under autocast, 91 without checkpointing. (prepare_model_for_kbit_training's checkpointing
+  // is already in setup.training here: PredictEventsOf sets it.)
+  const bool recomputes = setup.training.checkpointing != Checkpointing::None &&
+                          setup.training.checkpointing != Checkpointing::Selective;
+  const double perDora = recomputes ? 150 : 95;
+  const double perAdapted = f.lora ? (f.useDora ? perDora : 50) : 0;
   // Loading (sim/loading.cpp), once per weight: bitsandbytes up to 7 events; torchao's to_nf4
   // twice (construction and load_state_dict), about 60 events each with at most two chunks
   // written out, so 130; prepare_model_for_kbit_training 3 per upcast parameter (a block's norms).
   const double loading = f.quantization == Quantization::None ? 0 : f.quantLayout == QuantLayout::TorchaoNf4 ? 130 : 8;
-  return 2 * (linears * perQuantized + adapted * perAdapted) + linears * loading + (f.prepareForKbitTraining ? 8 : 0);
+  return 2 * (linears * perQuantized + AdaptedLinearsPerBlock(setup) * perAdapted) + linears * loading +
+         (f.prepareForKbitTraining ? 8 : 0);
 }
 
 namespace {

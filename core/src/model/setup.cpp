@@ -412,6 +412,11 @@ constexpr double kRotaryFp32 = 40;      // OLMo 2's casts of q and k back from t
 constexpr double kOlmo2Layout = 30;     // OLMo 2's norms in fp32 (measured 11 over Qwen3's with biases)
 constexpr double kGraniteMultipliers = 30;  // Granite's residual multipliers, two products a block (measured 16)
 constexpr double kExpert = 155;         // one routed expert's ops (gate, up, down, act, index, routing weight)
+// The same with the expert's weights frozen (LoRA, quantized): no weight gradients, which leave a
+// quarter of its backward (measured 91–119 a block without checkpointing, 131–179 with every block
+// checkpointed, against 121–197 and 161–257 trained; 2 blocks × 32 and 64 experts, every
+// precision × checkpointing × optimizer and implementation).
+constexpr double kFrozenExpert = 130;
 constexpr double kSharedExpert = 160;   // Qwen2-MoE's shared expert and its gate
 // Recomputing blocks during backward: the whole block (every/every-kth) or its attention core.
 constexpr double kRecomputeFactor = 1.45, kSelectiveFactor = 1.1;
@@ -455,7 +460,9 @@ EventBudget PredictEventsOf(const Setup& setup) {
   const ArchitectureDef& a = m.architecture;
   const TrainingDef& t = setup.training;
   const double experts = a.numExperts > 0 ? double(a.numExperts) : 0.0;
-  double block = 0, tensors = 0;  // events and parameter tensors per block
+  const bool expertsTrain = ExpertWeightsTrain(setup.finetune);
+  const double expertEvents = expertsTrain ? events::kExpert : events::kFrozenExpert;
+  double block = 0, tensors = 0;  // events and trained parameter tensors per block (dense ones always counted)
   switch (a.family) {
     case Family::GPT2: block = events::kGpt2Block; tensors = 12; break;
     case Family::BERT: block = events::kBertBlock; tensors = 16; break;
@@ -467,12 +474,13 @@ EventBudget PredictEventsOf(const Setup& setup) {
               (a.attentionLogitSoftcap > 0.0 ? events::kAttentionSoftcap : 0.0) +
               (a.rotaryFp32 ? events::kRotaryFp32 : 0.0) + (a.olmo2Layout ? events::kOlmo2Layout : 0.0) +
               (a.outputBias ? events::kOutputBias : 0.0) + (a.mlpBias ? events::kMlpBias : 0.0) +
-              (a.graniteMultipliers ? events::kGraniteMultipliers : 0.0) + events::kExpert * experts +
+              (a.graniteMultipliers ? events::kGraniteMultipliers : 0.0) + expertEvents * experts +
               (a.sharedExpertIntermediateSize > 0 ? events::kSharedExpert : 0.0);
-      tensors = 9 + (a.attentionBias ? 3 : 0) + (a.outputBias ? 1 : 0) + (a.mlpBias ? 3 : 0) + (a.queryKeyNorm ? 2 : 0) + (a.sandwichNorms ? 2 : 0) + (experts > 0 ? 1 + 3 * experts : 0) +
-                (a.sharedExpertIntermediateSize > 0 ? 4 : 0);
+      tensors = 9 + (a.attentionBias ? 3 : 0) + (a.outputBias ? 1 : 0) + (a.mlpBias ? 3 : 0) + (a.queryKeyNorm ? 2 : 0) + (a.sandwichNorms ? 2 : 0) +
+                (experts > 0 ? 1 + (expertsTrain ? 3 * experts : 0) : 0) + (a.sharedExpertIntermediateSize > 0 ? 4 : 0);
       break;
   }
+  tensors += AdapterTensorsPerBlock(setup);
   switch (t.checkpointing) {
     case Checkpointing::None: break;
     case Checkpointing::Selective: block *= events::kSelectiveFactor; break;
@@ -491,7 +499,7 @@ EventBudget PredictEventsOf(const Setup& setup) {
   }
   budget.predictedEvents = events::kTransformerConstant + double(a.numLayers) * (block + FinetuneEventsPerBlock(setup));
   // The experts drive it when they make most of a block's events.
-  budget.field = events::kExpert * experts > block / 2 ? "model.architecture.numExperts"
+  budget.field = expertEvents * experts > block / 2 ? "model.architecture.numExperts"
                                                        : "model.architecture.numLayers";
   if (t.lossImplementation == LossImplementation::FusedLinearCrossEntropy && a.hiddenSize > 0) {
     // Liger's token chunks (sim/blocks/loss.cpp): at most cdiv(V, H) of them, and never more than
@@ -531,14 +539,23 @@ std::string EventsText(double events) {
   return events < 1e15 ? FormatCount(std::llround(events)) : FormatScientific(events);
 }
 
-// Why the budget is what it is, and where a larger one is (the command-line tool's), when that
-// one would take the setup.
+// Why the budget is what it is, and where a larger one is (the page's single estimate, the
+// command-line tool's) when that one would take the setup.
 std::string WorkBudgetWhy(double limit, double predicted) {
   if (limit >= kMaxHostPredictedEvents) return " an estimate may take (about a second and 320 MB natively). ";
-  return predicted <= kMaxHostPredictedEvents
-             ? " an estimate may take in the page (about a second and 256 MB); the command-line tool (gpumem "
-               "SETUP.json) takes up to " + EventsText(kMaxHostPredictedEvents) + ". "
-             : " an estimate may take (about a second and 256 MB in the page). ";
+  const std::string cli =
+      "the command-line tool (gpumem SETUP.json) takes up to " + EventsText(kMaxHostPredictedEvents) + ". ";
+  if (limit >= kMaxPagePredictedEvents) {
+    return predicted <= kMaxHostPredictedEvents
+               ? " an estimate may take in the page (about half a second and 700 MB); " + cli
+               : " an estimate may take (about half a second and 700 MB in the page). ";
+  }
+  const std::string search = " each estimate of a search may take (the solver, the views and the layouts run many); ";
+  if (predicted <= kMaxPagePredictedEvents) {
+    return search + "a single estimate takes up to " + EventsText(kMaxPagePredictedEvents) +
+           " in the page, and " + cli;
+  }
+  return predicted <= kMaxHostPredictedEvents ? search + cli : search;
 }
 
 FieldError TooManyEventsError(const EventBudget& budget, double limit) {
