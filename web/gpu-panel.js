@@ -71,7 +71,9 @@ export function syncGpuSelect() {
     ? (chosen.capacitySource
       ? `${chosen.label}: ${gpuCapacityText(chosen)}, the capacity CUDA reports (${chosen.capacitySource}).`
       : `${chosen.label}: ${gpuCapacityText(chosen)} as sold (${chosen.vendor}); the driver keeps a little of it back.`)
-    : gpus().length ? 'Choose a GPU, or type a custom size in GiB (2^30 bytes).' : 'Memory in GiB (2^30 bytes).';
+    : gpus().length
+      ? 'Choose a GPU, or type a custom size in GiB (2^30 bytes): the total CUDA reports (torch.cuda.get_device_properties(0).total_memory), a little below the size sold.'
+      : 'Memory in GiB (2^30 bytes).';
 }
 
 export function onGpuChange() {

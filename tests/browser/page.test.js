@@ -816,6 +816,7 @@ test('GPU list: choosing a GPU sets its memory, flips the verdict, and the link 
   // Typing a size makes it a custom GPU.
   await page.fill('#memoryGiB', '40');
   await page.waitForFunction(() => document.querySelector('#gpu').value === '', null, WAIT);
+  assert.match(await page.textContent('#gpu-hint'), /the total CUDA reports/, 'a custom size is CUDA\'s total, not the size sold');
   await settled(page);
   assert.deepEqual(setupFromUrl(page.url()).gpu, { memoryGiB: 40 });
   await finish();
