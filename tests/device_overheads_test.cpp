@@ -45,6 +45,11 @@ TEST_CASE("every listed GPU's capacity is CUDA's total, with its source", "[devi
   CHECK(bytes("nvidia-h200") == 143156.0 * MiB);
   CHECK(bytes("nvidia-a100-80") == 81037.0 * MiB);
   CHECK(bytes("amd-mi250x") == 65520.0 * MiB);  // one of its two dies: PyTorch's device
+  CHECK(bytes("nvidia-p100-16") == 16280.0 * MiB);  // Kaggle's GPU
+  CHECK(bytes("nvidia-gh200") == 102005473280.0);
+  CHECK(GpuComputeCapability("nvidia-p100-16").major == 6);
+  CHECK(GpuParallelismOf("nvidia-p100-16").maxThreadsPerMultiprocessor == 2048);
+  CHECK(GpuParallelismOf("nvidia-rtx-pro-6000").maxThreadsPerMultiprocessor == 1536);
 }
 
 TEST_CASE("cuBLAS workspaces by architecture and handle", "[device]") {

@@ -188,8 +188,10 @@ AllocatorConfParse ParseAllocatorConf(std::string_view text) {
 // GPUs: compute capability by the ids of Gpus() (NVIDIA's CUDA GPUs list,
 // developer.nvidia.com/cuda-gpus; AMD's gfx targets from the ROCm GPU support matrix), and the
 // multiprocessor count each product's data sheet gives (NVIDIA's architecture whitepapers: H100
-// SXM 132 SMs, H100 PCIe 114, A100 108, B200 148; AMD's CDNA 3 whitepaper: MI300X 304 CUs; the
-// MI250X's 220 CUs are two GCDs, and PyTorch sees each GCD, 110 CUs, as a device).
+// SXM 132 SMs, H100 PCIe 114, A100 108, B200 148; the GeForce and RTX cards' CUDA cores / 128 per
+// SM, Pascal's / 64: RTX PRO 6000 Blackwell 188, P100 56; AMD's CDNA 3 whitepaper: MI300X and
+// MI325X 304 CUs; the MI250X's 220 CUs are two GCDs, and PyTorch sees each GCD, 110 CUs, as a
+// device).
 
 namespace {
 
@@ -202,26 +204,37 @@ struct CapabilityRow {
 constexpr CapabilityRow kCapabilities[] = {
     {"nvidia-b200", {10, 0, "Blackwell"}, 148},
     {"nvidia-h200", {9, 0, "Hopper"}, 132},
+    {"nvidia-gh200", {9, 0, "Hopper"}, 132},
     {"nvidia-h100-nvl", {9, 0, "Hopper"}, 132},
     {"nvidia-h100-sxm", {9, 0, "Hopper"}, 132},
     {"nvidia-h100-pcie", {9, 0, "Hopper"}, 114},
     {"nvidia-a100-80", {8, 0, "Ampere"}, 108},
     {"nvidia-a100-40", {8, 0, "Ampere"}, 108},
     {"nvidia-l40s", {8, 9, "Ada Lovelace"}, 142},
+    {"nvidia-l40", {8, 9, "Ada Lovelace"}, 142},
+    {"nvidia-a40", {8, 6, "Ampere"}, 84},
     {"nvidia-a10g", {8, 6, "Ampere"}, 80},
+    {"nvidia-a10", {8, 6, "Ampere"}, 72},
     {"nvidia-l4", {8, 9, "Ada Lovelace"}, 58},
     {"nvidia-v100-32", {7, 0, "Volta"}, 80},
     {"nvidia-v100-16", {7, 0, "Volta"}, 80},
+    {"nvidia-p100-16", {6, 0, "Pascal"}, 56},
     {"nvidia-t4", {7, 5, "Turing"}, 40},
     {"amd-mi300x", {0, 0, "gfx942"}, 304},
+    {"amd-mi325x", {0, 0, "gfx942"}, 304},
     {"amd-mi250x", {0, 0, "gfx90a"}, 110},
     {"nvidia-rtx-6000-ada", {8, 9, "Ada Lovelace"}, 142},
+    {"nvidia-rtx-pro-6000", {12, 0, "Blackwell"}, 188},
     {"nvidia-rtx-a6000", {8, 6, "Ampere"}, 84},
     {"nvidia-rtx-5090", {12, 0, "Blackwell"}, 170},
+    {"nvidia-rtx-5080", {12, 0, "Blackwell"}, 84},
     {"nvidia-rtx-4090", {8, 9, "Ada Lovelace"}, 128},
+    {"nvidia-rtx-3090-ti", {8, 6, "Ampere"}, 84},
     {"nvidia-rtx-3090", {8, 6, "Ampere"}, 82},
     {"nvidia-rtx-4080", {8, 9, "Ada Lovelace"}, 76},
+    {"nvidia-rtx-4070-ti-super", {8, 9, "Ada Lovelace"}, 66},
     {"nvidia-rtx-4060-ti-16", {8, 9, "Ada Lovelace"}, 34},
+    {"nvidia-rtx-4070", {8, 9, "Ada Lovelace"}, 46},
     {"nvidia-rtx-3060", {8, 6, "Ampere"}, 28},
     {"nvidia-rtx-3080", {8, 6, "Ampere"}, 68},
 };
@@ -286,7 +299,7 @@ GpuParallelism GpuParallelismOf(std::string_view gpuId) {
       p.maxThreadsPerMultiprocessor = 2048;
     } else {
       // CUDA C Programming Guide, "Technical Specifications per Compute Capability": maximum
-      // resident threads per SM, 1024 on 7.5, 1536 on 8.6 / 8.9 / 12.x, 2048 on 7.0 / 8.0 / 9.0 / 10.0.
+      // resident threads per SM, 1024 on 7.5, 1536 on 8.6 / 8.9 / 12.x, 2048 on 6.0 / 7.0 / 8.0 / 9.0 / 10.0.
       const bool fewer = c.major == 12 || (c.major == 8 && c.minor >= 6);
       p.maxThreadsPerMultiprocessor = c.major == 7 && c.minor == 5 ? 1024 : fewer ? 1536 : 2048;
     }
