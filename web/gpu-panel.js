@@ -68,9 +68,8 @@ export function syncGpuSelect() {
   const hint = $('#gpu-hint');
   const chosen = gpuById(state.gpuId);
   hint.textContent = chosen
-    ? (chosen.capacitySource
-      ? `${chosen.label}: ${gpuCapacityText(chosen)}, the capacity CUDA reports (${chosen.capacitySource}).`
-      : `${chosen.label}: ${gpuCapacityText(chosen)} as sold (${chosen.vendor}); the driver keeps a little of it back.`)
+    // Every listed GPU carries its source (tests/device_overheads_test.cpp).
+    ? `${chosen.label}: ${gpuCapacityText(chosen)}, the capacity CUDA reports (${chosen.capacitySource}).`
     : gpus().length
       ? 'Choose a GPU, or type a custom size in GiB (2^30 bytes): the total CUDA reports (torch.cuda.get_device_properties(0).total_memory), a little below the size sold.'
       : 'Memory in GiB (2^30 bytes).';

@@ -107,8 +107,6 @@ export function fillForm(setup, presetId) {
   if (model.kind !== state.archKind || !presetById($('#preset').value)) $('#model-details').open = true;
 }
 
-// The setup the form describes, in the schema's shape. Only the active model mode's fields are
-// written: the other mode's fields would be ignored by the core anyway.
 // The listed GPU with its exact capacity while the size field shows it (syncGpuSelect); an id
 // the list lacks (a link's) as it is, for the core to name; else a custom size.
 function readGpu() {
@@ -117,6 +115,8 @@ function readGpu() {
   return state.gpuId ? { id: state.gpuId, memoryGiB: numberValue($('#memoryGiB')) } : { memoryGiB: numberValue($('#memoryGiB')) };
 }
 
+// The setup the form describes, in the schema's shape. Only the active model mode's fields are
+// written: the other mode's fields would be ignored by the core anyway.
 export function readForm() {
   const errors = [];
   const kind = currentKind();
