@@ -20,6 +20,12 @@ export function gpuById(id) {
   return id ? gpus().find((g) => g.id === id) : undefined;
 }
 
+// The listed GPU a setup's gpu section names at its own capacity (no size of another given).
+export function listedGpuOf(gpu) {
+  const listed = gpuById(gpu?.id);
+  return listed && (gpu.memoryGiB === undefined || gpu.memoryGiB === listed.memoryGiB) ? listed : undefined;
+}
+
 const GPU_KIND_LABELS = { dataCenter: 'Data centre', workstation: 'Workstation', consumer: 'Consumer' };
 
 // The select lists options.gpus grouped by kind; without a list (an older core) only the size

@@ -7,7 +7,7 @@ import { encodeSetupParam, fromBase64Url, setupFromParams } from './setup-params
 import { update } from './app.js';
 import { loadCompareFrom } from './compare-panel.js';
 import { errorText, errorsOf, fieldLabel } from './errors.js';
-import { gpuById, setUnits } from './gpu-panel.js';
+import { gpuById, listedGpuOf, setUnits } from './gpu-panel.js';
 import { renderLayers } from './layers-panel.js';
 import { presetById } from './model-panel.js';
 import { firstVisitSetup } from './first-screen.js';
@@ -77,8 +77,8 @@ export function shortSetup(setup) {
   if (out.model?.preset && setup.training?.sequenceLength !== undefined) training.sequenceLength = setup.training.sequenceLength;
   if (Object.keys(training).length) out.training = training;
   const gpu = setup.gpu ?? {};
-  const listed = gpuById(gpu.id);
-  const gpuPart = listed && (gpu.memoryGiB === undefined || gpu.memoryGiB === listed.memoryGiB) ? { id: listed.id } : differences(gpu, defaults.gpu);
+  const listed = listedGpuOf(gpu);
+  const gpuPart = listed ? { id: listed.id } : differences(gpu, defaults.gpu);
   if (gpuPart) out.gpu = gpuPart;
   const runtime = differences(setup.runtime ?? {}, defaults.runtime);
   if (runtime) out.runtime = runtime;

@@ -5,7 +5,7 @@
 import { formatInteger } from './charts.js';
 import { syncModelSearch } from './first-screen.js';
 import { fillFinetune, finetuneFields, readFinetune } from './finetune-panel.js';
-import { fieldHoldsGpu, gpuById, gpuCapacityField, syncGpuSelect } from './gpu-panel.js';
+import { fieldHoldsGpu, gpuById, gpuCapacityField, listedGpuOf, syncGpuSelect } from './gpu-panel.js';
 import { readLayers, renderLayers } from './layers-panel.js';
 import { fillArchitecture, presetById, readArchitecture } from './model-panel.js';
 import { $, $$, displayNumber, numberValue, parseMatrices, parseNumberText, state } from './page-state.js';
@@ -90,9 +90,8 @@ export function fillForm(setup, presetId) {
   setSelectValue($('#attention'), training.attention);
   setSelectValue($('#checkpointing'), training.checkpointing);
   $('#checkpointInterval').value = displayNumber(training.checkpointInterval);
-  const listed = gpuById(gpu.id);
-  $('#memoryGiB').value = listed && (gpu.memoryGiB === undefined || gpu.memoryGiB === listed.memoryGiB)
-    ? gpuCapacityField(listed) : displayNumber(gpu.memoryGiB);
+  const listed = listedGpuOf(gpu);
+  $('#memoryGiB').value = listed ? gpuCapacityField(listed) : displayNumber(gpu.memoryGiB);
   fillRuntime(setup.runtime);
   fillSavers(setup.training);
   if (finetuneFields().length) fillFinetune(setup.finetune);
