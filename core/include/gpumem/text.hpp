@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "gpumem/dtype.hpp"
@@ -97,8 +98,32 @@ class TextStore {
   // dimensions are stored, one of each, and appending parts and dimensions as they are.
   std::size_t partCount() const { return size_; }
   std::size_t dimCount() const { return dimSize_; }
-  const TextPart& part(std::size_t i) const { return parts_[i]; }
-  std::int64_t dim(std::size_t i) const { return dims_[i]; }
+  TextPart part(std::size_t i) const {
+    return i < copiedParts_.first || i >= copiedParts_.second ? parts_[i] : CopiedPart(i);
+  }
+  std::int64_t dim(std::size_t i) const {
+    return i < copiedDims_.first || i >= copiedDims_.second ? dims_[i] : CopiedDim(i);
+  }
+
+  // A block template's copies, stored as a rule instead of as parts. A series is the parts
+  // and dimensions of a template's first copy (`parts`, `dims`) and how each part moves from
+  // one copy to the next: `positionSteps` and `numberSteps` give (part index, step) for the
+  // parts that are positions (references, shape offsets) and numbers; `names` lists the parts
+  // that name a parameter, which AppendCopy is given copy by copy. Copy k of a series takes
+  // as many positions in the parts and in the dimensions as the first, written nowhere: part
+  // j reads as the first copy's with k times its step, and the dimensions as the first's. A
+  // 405B estimate's copies were 5 MB of parts written and never read (only shown events are
+  // rendered). Returns the series' number, or −1 when the store is off.
+  struct PartStepRule {
+    std::uint32_t index;
+    std::int64_t delta;
+  };
+  int AddSeries(std::vector<TextPart> parts, std::vector<std::int64_t> dims,
+                const std::vector<PartStepRule>& positionSteps, const std::vector<PartStepRule>& numberSteps,
+                std::vector<std::uint32_t> names);
+  // Copy `k` of `series` at the end of the store; `names` holds the parts listed in the
+  // series' `names`, in that order, as this copy has them.
+  void AppendCopy(int series, std::int64_t k, const TextPart* names);
   void AppendRaw(const std::vector<TextPart>& parts, const std::vector<std::int64_t>& dims) {
     // One memcpy each: a span's parts are kilobytes, which wasm copies with memory.copy (or
     // Emscripten's memcpy_big), where the loop of 16-byte stores this replaced took 7 % of a
@@ -126,7 +151,7 @@ class TextStore {
       if (p.kind == TextPart::kRef) {
         if (p.value == 0) continue;
         // A reference to a single part is that part, copied: one indirection less to render.
-        *out++ = p.value == 1 ? parts_[p.n] : p;
+        *out++ = p.value == 1 ? part(p.n) : p;
       } else if (p.kind != TextPart::kStr || p.n != 0) {
         *out++ = p;
       }
@@ -146,6 +171,22 @@ class TextStore {
     return out;
   }
   void GrowDims(std::size_t needed);
+  TextPart CopiedPart(std::size_t i) const;
+  std::int64_t CopiedDim(std::size_t i) const;
+  struct Series {
+    std::vector<TextPart> parts;
+    std::vector<std::int64_t> dims;
+    std::vector<std::int64_t> positionStep, numberStep;  // per part, 0 for none
+    std::vector<std::int32_t> nameSlot;                   // per part, −1 for none
+    std::size_t nameCount = 0;
+    std::vector<TextPart> names;  // copy k's names at [k · nameCount, (k + 1) · nameCount)
+  };
+  struct Copy {
+    std::size_t partFrom, dimFrom;
+    int series;
+    std::int64_t k;
+    std::size_t names;  // where its names start in the series' `names`
+  };
   // A plain growable array: TextPart is trivially copyable, and Make is the hottest call of a
   // simulation (std::vector's per-element push_back cost a quarter of an estimate).
   TextPart* parts_ = nullptr;
@@ -154,6 +195,11 @@ class TextStore {
   // The dimensions of shapes and sizes, dims_[0, dimSize_): a plain growable array too.
   std::int64_t* dims_ = nullptr;
   std::size_t dimSize_ = 0, dimCapacity_ = 0;
+  std::vector<Series> series_;
+  std::vector<Copy> copies_;  // by position, in both the parts and the dimensions
+  // From the first copy's first position to the last one's end: outside, part() and dim()
+  // read the arrays without a search.
+  std::pair<std::size_t, std::size_t> copiedParts_{0, 0}, copiedDims_{0, 0};
   std::deque<std::string> owned_;
 };
 

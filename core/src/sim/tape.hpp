@@ -380,11 +380,14 @@ class Tape {
     std::vector<PartStep> partSteps;  // parameters' names (positions and numbers: below)
     // The parts that are positions (most: references to texts and dimensions) and numbers,
     // each in its own list: no branch per part (a Mixtral block's span has 1,000 of them).
-    struct PartDelta {
-      std::uint32_t index;
-      std::int64_t delta;
-    };
+    using PartDelta = TextStore::PartStepRule;
     std::vector<PartDelta> positionSteps, numberSteps;
+    // Its copies' words (TextStore::AddSeries): the series, how many copies were made from it,
+    // and the parts that name a parameter (partSteps' indices), gathered for each copy.
+    int series = -1;
+    std::int64_t copies = 0;
+    std::vector<std::uint32_t> nameParts;
+    std::vector<TextPart> names;
     std::vector<int> touchSteps;
     std::vector<std::pair<int, int>> gradSteps;
     std::vector<int> inputGradSteps;
@@ -426,7 +429,9 @@ class Tape {
   bool AdvanceTemplate(SpanTemplate& t);
   void RunCheckpointSpan(int node);
   // `inputs`: the checkpoint's block inputs, or a plain span's PlainSpanInputs.
-  bool ApplyPredicted(int node, const Values& inputs, const PredictedSpan& predicted);
+  bool ApplyPredicted(int node, const Values& inputs, SpanTemplate& t);
+  // The words of the template's next copy (TextStore::AppendCopy).
+  void AppendCopyText(SpanTemplate& t);
   // The backward of the plain block whose last node is `top` (its nodes: the run of nodes of
   // its layer below `top`), copied or simulated; returns the run's lowest node.
   int RunPlainSpan(int top);
@@ -452,7 +457,7 @@ class Tape {
   // plainLayer: a plain block's index (PlainBlock), -1 for a checkpointed block's forward.
   Values RunForwardSpan(const Values& inputs, const Block& block, int plainLayer = -1);
   void ForgetForwardSpans();
-  bool ApplyForward(const PredictedSpan& predicted, const Values& inputs, int layer, Values& outs);
+  bool ApplyForward(SpanTemplate& t, const Values& inputs, int layer, Values& outs);
   static bool NextNode(const Node& x, const Node& y, Node& out);
   static bool SameNode(const Node& x, const Node& y);
   static int InputKind(const Value& v) { return static_cast<int>(v.type) * 2 + (v.requiresGrad ? 1 : 0); }

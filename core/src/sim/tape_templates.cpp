@@ -79,7 +79,7 @@ void Tape::RunCheckpointSpan(int index) {
     // the next ones only move those numbers on again.
     const bool next = template_.ready ? AdvanceTemplate(template_)
                                          : BuildTemplate(template_, spans_[spans_.size() - 2], spans_.back());
-    if (next && ApplyPredicted(index, node.blockInputs, template_.span)) return;
+    if (next && ApplyPredicted(index, node.blockInputs, template_)) return;
     spans_.clear();
     templateChecked_ = false;
     template_.ready = false;
@@ -470,8 +470,18 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
       t.tempStep = c.tempFrom - b.tempFrom;
     }
   }
+  t.nameParts.clear();
+  for (const PartStep& d : t.partSteps) t.nameParts.push_back(d.index);
+  t.copies = 0;
+  t.series = text().AddSeries(t.span.parts, t.span.dims, t.positionSteps, t.numberSteps, t.nameParts);
   t.ready = true;
   return true;
+}
+
+void Tape::AppendCopyText(SpanTemplate& t) {
+  t.names.clear();
+  for (std::uint32_t j : t.nameParts) t.names.push_back(t.span.parts[j]);
+  text().AppendCopy(t.series, t.copies, t.names.data());
 }
 
 bool Tape::AdvanceTemplate(SpanTemplate& t) {
@@ -503,9 +513,9 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
     e.formula.begin = static_cast<std::uint32_t>(e.formula.begin + d.formula);
   }
   const std::vector<Tensor>& parameters = inventory().parameters;
-  TextPart* parts = t.span.parts.data();
-  for (const SpanTemplate::PartDelta& d : t.positionSteps) parts[d.index].n = static_cast<std::uint32_t>(parts[d.index].n + d.delta);
-  for (const SpanTemplate::PartDelta& d : t.numberSteps) parts[d.index].value += d.delta;
+  // The parts that are positions and numbers move by the store's rule (AppendCopyText); only
+  // the parameters' names are made here, copy by copy.
+  ++t.copies;
   for (PartStep& d : t.partSteps) {
     TextPart& p = t.span.parts[d.index];
     if (d.what == PartStep::kPosition) {
@@ -571,7 +581,8 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
   return true;
 }
 
-bool Tape::ApplyPredicted(int index, const Values& inputs, const PredictedSpan& predicted) {
+bool Tape::ApplyPredicted(int index, const Values& inputs, SpanTemplate& t) {
+  const PredictedSpan& predicted = t.span;
   const SpanRecord& r = predicted.record;
   // The prediction must continue the trace exactly where it stands, for the block it predicts
   // (a plain span: from its lowest node, `index`, for as many nodes as the spans it came from).
@@ -595,7 +606,7 @@ bool Tape::ApplyPredicted(int index, const Values& inputs, const PredictedSpan& 
     if (g != kNoTensor && (g < (r.plain ? 0 : r.idFrom) || g >= r.idTo)) return false;
   }
   if (r.plain && !TouchesConsistent(predicted)) return false;
-  text().AppendRaw(predicted.parts, predicted.dims);
+  AppendCopyText(t);
   b_.AppendCopied(predicted.events, r.holders);
   for (const auto& [id, delta] : r.touches) b_.AddHolders(id, delta);
   for (const auto& [parameter, grad] : r.grads) sink_->SetGrad(static_cast<std::size_t>(parameter), grad);
@@ -669,7 +680,7 @@ int Tape::RunPlainSpan(int top) {
   if (templateChecked_ && spans_.size() >= 2) {
     const bool next = template_.ready ? AdvanceTemplate(template_)
                                       : BuildTemplate(template_, spans_[spans_.size() - 2], spans_.back());
-    if (next && template_.span.record.nodeTo == top + 1 && ApplyPredicted(bottom, inputs, template_.span)) return bottom;
+    if (next && template_.span.record.nodeTo == top + 1 && ApplyPredicted(bottom, inputs, template_)) return bottom;
     ForgetSpans();
   }
   if (layerSignature_.empty()) ComputeLayerSignatures();
@@ -969,7 +980,7 @@ Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block, int 
                           ? AdvanceTemplate(forwardTemplate_)
                           : BuildTemplate(forwardTemplate_, forwardSpans_[forwardSpans_.size() - 2], forwardSpans_.back());
     Values outs;
-    if (next && ApplyForward(forwardTemplate_.span, inputs, plain ? plainLayer : layer_, outs)) return outs;
+    if (next && ApplyForward(forwardTemplate_, inputs, plain ? plainLayer : layer_, outs)) return outs;
     ForgetForwardSpans();
   }
   if (layerSignature_.empty()) ComputeLayerSignatures();
@@ -1050,7 +1061,8 @@ void Tape::ForgetForwardSpans() {
   forwardTemplate_.ready = false;
 }
 
-bool Tape::ApplyForward(const PredictedSpan& predicted, const Values& inputs, int layer, Values& outs) {
+bool Tape::ApplyForward(SpanTemplate& t, const Values& inputs, int layer, Values& outs) {
+  const PredictedSpan& predicted = t.span;
   const SpanRecord& r = predicted.record;
   if (!SpanFits(predicted) || r.layer != layer || r.valueFrom != static_cast<int>(values_.size()) ||
       (r.packedOps > 0 && !packing_) ||
@@ -1095,7 +1107,7 @@ bool Tape::ApplyForward(const PredictedSpan& predicted, const Values& inputs, in
       if (v.producer >= r.nodeTo || (v.producer >= 0 && v.producer < r.nodeFrom)) return false;
     }
   }
-  text().AppendRaw(predicted.parts, predicted.dims);
+  AppendCopyText(t);
   b_.AppendCopied(predicted.events, r.holders);
   for (const auto& [id, delta] : r.touches) b_.AddHolders(id, delta);
   values_.insert(values_.end(), predicted.values.begin(), predicted.values.end());

@@ -68,6 +68,8 @@ TextStore::TextStore(TextStore&& o) noexcept
     : parts_(std::exchange(o.parts_, nullptr)), size_(std::exchange(o.size_, 0)),
       capacity_(std::exchange(o.capacity_, 0)), dims_(std::exchange(o.dims_, nullptr)),
       dimSize_(std::exchange(o.dimSize_, 0)), dimCapacity_(std::exchange(o.dimCapacity_, 0)),
+      series_(std::move(o.series_)), copies_(std::move(o.copies_)),
+      copiedParts_(std::exchange(o.copiedParts_, {})), copiedDims_(std::exchange(o.copiedDims_, {})),
       owned_(std::move(o.owned_)) {}
 
 TextStore& TextStore::operator=(TextStore&& o) noexcept {
@@ -80,6 +82,10 @@ TextStore& TextStore::operator=(TextStore&& o) noexcept {
     dims_ = std::exchange(o.dims_, nullptr);
     dimSize_ = std::exchange(o.dimSize_, 0);
     dimCapacity_ = std::exchange(o.dimCapacity_, 0);
+    series_ = std::move(o.series_);
+    copies_ = std::move(o.copies_);
+    copiedParts_ = std::exchange(o.copiedParts_, {});
+    copiedDims_ = std::exchange(o.copiedDims_, {});
     owned_ = std::move(o.owned_);
   }
   return *this;
@@ -181,6 +187,67 @@ Text TextStore::Size(std::initializer_list<std::int64_t> dims, DType type) {
   return Add(&p, 1);
 }
 
+int TextStore::AddSeries(std::vector<TextPart> parts, std::vector<std::int64_t> dims,
+                         const std::vector<PartStepRule>& positionSteps, const std::vector<PartStepRule>& numberSteps,
+                         std::vector<std::uint32_t> names) {
+  if (!enabled_) return -1;
+  Series s;
+  const std::size_t n = parts.size();
+  s.positionStep.assign(n, 0);
+  s.numberStep.assign(n, 0);
+  s.nameSlot.assign(n, -1);
+  for (const PartStepRule& r : positionSteps) s.positionStep[r.index] = r.delta;
+  for (const PartStepRule& r : numberSteps) s.numberStep[r.index] = r.delta;
+  for (std::size_t slot = 0; slot < names.size(); ++slot) s.nameSlot[names[slot]] = static_cast<std::int32_t>(slot);
+  s.nameCount = names.size();
+  s.parts = std::move(parts);
+  s.dims = std::move(dims);
+  series_.push_back(std::move(s));
+  return static_cast<int>(series_.size()) - 1;
+}
+
+void TextStore::AppendCopy(int series, std::int64_t k, const TextPart* names) {
+  if (!enabled_ || series < 0) return;
+  Series& s = series_[static_cast<std::size_t>(series)];
+  if (s.parts.empty() && s.dims.empty()) return;
+  if (copies_.empty()) {
+    copiedParts_.first = size_;
+    copiedDims_.first = dimSize_;
+  }
+  copies_.push_back({size_, dimSize_, series, k, s.names.size()});
+  s.names.insert(s.names.end(), names, names + s.nameCount);
+  // Positions only: what lies there is never read (part() and dim() compute it).
+  if (size_ + s.parts.size() > capacity_) Grow(size_ + s.parts.size());
+  size_ += s.parts.size();
+  AppendDims(s.dims.size());
+  copiedParts_.second = size_;
+  copiedDims_.second = dimSize_;
+}
+
+TextPart TextStore::CopiedPart(std::size_t i) const {
+  // The last copy that starts at or before i (copies are appended in position order).
+  auto it = std::upper_bound(copies_.begin(), copies_.end(), i,
+                             [](std::size_t x, const Copy& c) { return x < c.partFrom; });
+  const Copy& c = *(it - 1);
+  const Series& s = series_[static_cast<std::size_t>(c.series)];
+  const std::size_t j = i - c.partFrom;
+  if (j >= s.parts.size()) return parts_[i];  // written after that copy
+  TextPart p = s.parts[j];
+  if (s.nameSlot[j] >= 0) return s.names[c.names + static_cast<std::size_t>(s.nameSlot[j])];
+  p.n = static_cast<std::uint32_t>(p.n + c.k * s.positionStep[j]);
+  p.value += c.k * s.numberStep[j];
+  return p;
+}
+
+std::int64_t TextStore::CopiedDim(std::size_t i) const {
+  auto it = std::upper_bound(copies_.begin(), copies_.end(), i,
+                             [](std::size_t x, const Copy& c) { return x < c.dimFrom; });
+  const Copy& c = *(it - 1);
+  const Series& s = series_[static_cast<std::size_t>(c.series)];
+  const std::size_t j = i - c.dimFrom;
+  return j < s.dims.size() ? s.dims[j] : dims_[i];
+}
+
 std::string_view TextStore::Keep(std::string s) {
   owned_.push_back(std::move(s));
   return owned_.back();
@@ -194,18 +261,21 @@ std::string TextStore::Render(Text text) const {
 
 void TextStore::RenderTo(Text text, std::string& out) const {
   for (std::uint32_t i = text.begin; i < text.begin + text.count; ++i) {
-    const TextPart& p = parts_[i];
+    const TextPart p = part(i);
     switch (p.kind) {
       case TextPart::kStr: out.append(p.str, p.n); break;
       case TextPart::kInt: out += std::to_string(p.value); break;
       case TextPart::kCount: out += FormatCount(p.value); break;
       case TextPart::kRef: RenderTo(Text{p.n, static_cast<std::uint32_t>(p.value)}, out); break;
       case TextPart::kBytes: out += BytesOf(p.type); break;
-      case TextPart::kShape:
-        out += ShapeFormula(std::vector<std::int64_t>(dims_ + p.n, dims_ + p.n + p.rank), p.type);
+      case TextPart::kShape: {
+        std::vector<std::int64_t> dims(p.rank);
+        for (std::uint32_t k = 0; k < p.rank; ++k) dims[k] = dim(p.n + k);
+        out += ShapeFormula(dims, p.type);
         break;
+      }
       case TextPart::kSize: {
-        for (std::uint32_t k = 0; k < p.rank; ++k) out += FormatCount(dims_[p.n + k]) + " × ";
+        for (std::uint32_t k = 0; k < p.rank; ++k) out += FormatCount(dim(p.n + k)) + " × ";
         out += BytesOf(p.type);
         break;
       }
