@@ -441,9 +441,13 @@ class Tape {
   // Plain blocks shorter than this many nodes are simulated: recording, checking and copying
   // their spans cost more than it saved. Callgrind per estimate against no plain templates:
   // forward copies GPT-2 (36 nodes a block) +2.5 %, Llama-2 (49) -2.7 %, Mixtral (126) -5.4 %;
-  // backward copies on top GPT-2 +2.4 %, Llama-2 -0.1 %, Mixtral -1.1 %.
+  // backward copies on top GPT-2 +2.4 %, Llama-2 -0.1 %, Mixtral -1.1 %. Since copies keep
+  // their words as a rule (TextStore::AddSeries) a copy costs less: Llama-2's backward copies
+  // (a 64-node minimum kept them out) save 4.7 % of its instructions (gpumem_bench 1 "Llama 2",
+  // 43.03 -> 41.00 M), while GPT-2's blocks copied at a 30-node minimum still cost 2.7 % more
+  // (20.41 -> 20.97 M).
   static constexpr int kMinPlainForwardNodes = 40;
-  static constexpr int kMinPlainBackwardNodes = 64;
+  static constexpr int kMinPlainBackwardNodes = 40;
   bool plainForwardsOff_ = false;  // a plain block was shorter than kMinPlainForwardNodes
   int lowestLayer_ = -1;  // the lowest block with plain nodes: always simulated
   void ForgetSpans() {
