@@ -94,8 +94,8 @@ class TextStore {
   std::string_view Keep(std::string s);
   Text Own(std::string s) { return enabled_ ? Make({TextPart::View(Keep(std::move(s)))}) : Text{}; }
 
-  // Raw access for block templates (core/src/sim/tape.cpp): how many parts and shape
-  // dimensions are stored, one of each, and appending parts and dimensions as they are.
+  // Raw access for block templates (core/src/sim/tape_templates.cpp): how many parts and shape
+  // dimensions are stored, and one of each (a copy's computed from its series).
   std::size_t partCount() const { return size_; }
   std::size_t dimCount() const { return dimSize_; }
   TextPart part(std::size_t i) const {
@@ -124,17 +124,6 @@ class TextStore {
   // Copy `k` of `series` at the end of the store; `names` holds the parts listed in the
   // series' `names`, in that order, as this copy has them.
   void AppendCopy(int series, std::int64_t k, const TextPart* names);
-  void AppendRaw(const std::vector<TextPart>& parts, const std::vector<std::int64_t>& dims) {
-    // One memcpy each: a span's parts are kilobytes, which wasm copies with memory.copy (or
-    // Emscripten's memcpy_big), where the loop of 16-byte stores this replaced took 7 % of a
-    // 405B estimate (node --cpu-prof). (callgrind counts glibc's `rep movsb` per byte, so it
-    // shows the native side as dearer than it is.)
-    if (size_ + parts.size() > capacity_) Grow(size_ + parts.size());
-    if (!parts.empty()) std::memcpy(parts_ + size_, parts.data(), parts.size() * sizeof(TextPart));
-    size_ += parts.size();
-    std::int64_t* out = AppendDims(dims.size());
-    if (!dims.empty()) std::memcpy(out, dims.data(), dims.size() * sizeof(std::int64_t));
-  }
 
   std::string Render(Text text) const;
   void RenderTo(Text text, std::string& out) const;
@@ -179,7 +168,7 @@ class TextStore {
     std::vector<std::int64_t> positionStep, numberStep;  // per part, 0 for none
     std::vector<std::int32_t> nameSlot;                   // per part, −1 for none
     std::size_t nameCount = 0;
-    std::vector<TextPart> names;  // copy k's names at [k · nameCount, (k + 1) · nameCount)
+    std::vector<TextPart> names;  // each copy's nameCount names, from its Copy::names on
   };
   struct Copy {
     std::size_t partFrom, dimFrom;
