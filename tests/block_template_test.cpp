@@ -170,6 +170,32 @@ TEST_CASE("Block templates: checkpointed forwards are copied under activation of
   }
 }
 
+TEST_CASE("Block templates: checkpointed backward spans are copied under activation offloading", "[trace][templates]") {
+  // Each block's backward brings its offloaded input back and frees what the block above
+  // brought back; a copy redoes the offloader's part (ActivationOffload::CopiedUnpack). The
+  // top blocks differ (the forward stash still holds the last inputs; the first brought-back
+  // tensor has no block above it to free it), and so do the bottom ones, whose forwards were
+  // laid out differently while the forward stash filled (their texts are not where a copy
+  // would put them: CheckpointOutsideTexts); block 0 is always simulated. Non-reentrant
+  // checkpoints under offloading are simulated (their spans are not alike), as before.
+  const std::pair<const char*, std::size_t> cases[] = {
+      {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","activationOffloading":true}})", 10},
+      {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","activationOffloading":true,"useReentrant":false}})", 0},
+      {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"bf16","activationOffloading":true},"finetune":{"lora":true}})", 9}};
+  for (const auto& [json, expected] : cases) {
+    INFO(json);
+    gpumem::Setup setup;
+    REQUIRE(gpumem::ParseAndValidate(json, setup).empty());
+    const gpumem::Inventory inventory = gpumem::BuildInventory(setup);
+    const std::size_t before = gpumem::BackwardSpansCopied();
+    const gpumem::Trace copied = Build("", true, true, inventory, setup);
+    const std::size_t copies = gpumem::BackwardSpansCopied() - before;
+    CHECK(copies == expected);  // step 2 repeats step 1's events: one step's copies
+    CHECK(FirstDifference(Build("", false, true, inventory, setup), copied) == "");
+    CHECK(copied.offloadedActivationsPeakBytes == Build("", false, false, inventory, setup).offloadedActivationsPeakBytes);
+  }
+}
+
 TEST_CASE("Block templates: non-reentrant checkpoints' forwards are copied, packs counted", "[trace][templates]") {
   // The forward records nodes that Checkpoint drops; a copy makes none and adds the span's count
   // of packing ops, which the recompute's early stop reads (PyTorch >= 2.1 here, by default).

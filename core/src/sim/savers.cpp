@@ -190,6 +190,29 @@ void ActivationOffload::AfterOp(Text label) {
   previousOp_ = 0;
 }
 
+bool ActivationOffload::CopiedUnpack(const int* ids, std::size_t count, const Stash& stash) {
+  if (!forwardStash_.empty() || previousOp_ != 0) return false;
+  std::size_t k = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const int id = ids[i];
+    if (id < 0) continue;
+    if (id > static_cast<int>(packed_.size()) || k >= stash.size() || stash[k].first != id) return false;
+    const Packed& p = packed_[static_cast<std::size_t>(id - 1)];
+    if (!p.onHost || p.onGpu != kNoTensor) return false;
+    ++k;
+  }
+  if (k != stash.size()) return false;
+  for (std::size_t i = 0; i < count; ++i) {
+    const int id = ids[i];
+    if (id < 0) continue;
+    Packed& p = packed_[static_cast<std::size_t>(id - 1)];
+    p.onHost = false;
+    b_.HostActivationBytes(-p.bytes);
+  }
+  backwardStash_ = stash;
+  return true;
+}
+
 void ActivationOffload::EndBackward(Text label) {
   for (const auto& [id, h] : backwardStash_) ReleaseFreeing(h, label);
   backwardStash_.clear();

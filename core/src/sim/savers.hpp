@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <deque>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpumem/inventory.hpp"
@@ -76,6 +77,17 @@ class ActivationOffload {
   // The callback at the end of backward: everything brought back is released.
   void EndBackward(Text label);
 
+  // Block templates (sim/tape_templates.cpp): a checkpointed block's backward span copied
+  // instead of simulated. What the span's op did here, Unpack of each of ids[0, count) and then
+  // AfterOp, is done without its events (the copy brings those): each id's host copy is let
+  // go, and bwd_tensor_stash becomes `stash`, the tensors the copy brought back. Only where
+  // simulating would have done just that: the forward stash empty, and each id offloaded and
+  // on the host only (so brought back by an allocation); false, and nothing changed, otherwise.
+  using Stash = std::vector<std::pair<int, TensorHandle>>;
+  const Stash& backwardStash() const { return backwardStash_; }
+  Text PackedName(int id) const { return packed_[static_cast<std::size_t>(id - 1)].name; }
+  bool CopiedUnpack(const int* ids, std::size_t count, const Stash& stash);
+
  private:
   struct Packed {
     std::int64_t bytes = 0;
@@ -89,7 +101,7 @@ class ActivationOffload {
   int nextId_ = 0;
   std::vector<Packed> packed_;          // by id − 1 (offloaded ones only hold bytes)
   std::deque<int> forwardStash_;        // fwd_stash ids, oldest first
-  std::vector<std::pair<int, TensorHandle>> backwardStash_;  // bwd_tensor_stash
+  Stash backwardStash_;                 // bwd_tensor_stash
   std::size_t previousOp_ = 0;          // backwardStash_ entries before this are the previous op's
 };
 

@@ -344,9 +344,13 @@ class Tape {
     int nodeFrom = 0, nodeTo = 0, tempFrom = 0, tempTo = 0;
     // A plain block's backward: the names of the values it reads from outside (PlainSpanInputs),
     // texts of the block below, which its labels refer to (a copy checks them: block 0's forward
-    // is not laid out as the others').
+    // is not laid out as the others'). A checkpointed block's: CheckpointOutsideTexts.
     std::vector<Text> inputNames;
     SmallVec<int, 4> inputKinds;
+    // Activation offloading: a checkpointed block's backward unpacked its offloaded input and
+    // left the tensors it brought back in the offloader's bwd_tensor_stash (packed id, tensor).
+    bool unpacked = false;
+    std::vector<std::pair<int, TensorHandle>> offloadStash;
   };
   // A span predicted from the two before it (every id, text position, layer and parameter
   // index moving by as much again as from the first to the second).
@@ -391,6 +395,7 @@ class Tape {
     std::vector<int> touchSteps;
     std::vector<std::pair<int, int>> gradSteps;
     std::vector<int> inputGradSteps;
+    std::vector<std::pair<int, int>> offloadStashSteps;
     // A forward span's: values (storage, parameter, name position), casts, leaves, outputs.
     struct ValueStep {
       int storage, parameter, producer;
@@ -432,6 +437,10 @@ class Tape {
   bool ApplyPredicted(int node, const Values& inputs, SpanTemplate& t);
   // The words of the template's next copy (TextStore::AppendCopy).
   void AppendCopyText(SpanTemplate& t);
+  // The texts of a checkpoint node's forward that its backward's words refer to: its label,
+  // its inputs' names and those of its offloaded inputs (kept in SpanRecord::inputNames).
+  void CheckpointOutsideTexts(int index, std::vector<Text>& out) const;
+  std::vector<Text> outsideTexts_;
   // The backward of the plain block whose last node is `top` (its nodes: the run of nodes of
   // its layer below `top`), copied or simulated; returns the run's lowest node.
   int RunPlainSpan(int top);
@@ -566,6 +575,8 @@ bool BlockTemplatesOn();
 // How many checkpointed blocks' forwards were copied so far in this process (tests: that the
 // forward templates do copy).
 std::size_t ForwardSpansCopied();
+// And how many backward spans (checkpointed blocks' and plain blocks') were copied.
+std::size_t BackwardSpansCopied();
 
 // The wider of two floating types, as PyTorch promotes mixed operands.
 DType Promote(DType a, DType b);

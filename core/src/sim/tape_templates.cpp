@@ -13,6 +13,7 @@
 #include <cstring>
 #include <functional>
 
+#include "sim/savers.hpp"
 #include "sim/tape.hpp"
 
 namespace gpumem {
@@ -20,9 +21,11 @@ namespace gpumem {
 namespace {
 bool gBlockTemplates = true;  // SetBlockTemplates
 std::size_t gForwardCopies = 0;  // ForwardSpansCopied
+std::size_t gBackwardCopies = 0;  // BackwardSpansCopied
 }  // namespace
 
 std::size_t ForwardSpansCopied() { return gForwardCopies; }
+std::size_t BackwardSpansCopied() { return gBackwardCopies; }
 
 void SetBlockTemplates(bool on) { gBlockTemplates = on; }
 bool BlockTemplatesOn() { return gBlockTemplates; }
@@ -61,7 +64,9 @@ void Tape::EndSpanRecord(SpanRecord& r) {
 
 void Tape::RunCheckpointSpan(int index) {
   const Node& node = nodes_[static_cast<std::size_t>(index)];
-  bool eligible = index != lowestCheckpoint_ && node.packed < 0;
+  // An offloaded input (node.packed) is brought back by the span itself: copies redo what the
+  // offloader keeps of it (ActivationOffload::CopiedUnpack).
+  bool eligible = index != lowestCheckpoint_;
   bool any = false;
   for (ValueId o : node.outputs) any = any || GradOf(o) != kNoTensor;
   eligible = eligible && any;
@@ -89,6 +94,9 @@ void Tape::RunCheckpointSpan(int index) {
   BeginSpanRecord(r);
   RunCheckpoint(index);
   EndSpanRecord(r);
+  r.unpacked = offload_ != nullptr && nodes_[static_cast<std::size_t>(index)].packed >= 0;
+  if (r.unpacked) r.offloadStash = offload_->backwardStash();
+  CheckpointOutsideTexts(index, r.inputNames);
   for (ValueId v : nodes_[static_cast<std::size_t>(index)].blockInputs) r.inputGrads.push_back(GradOf(v));
   r.layerAfter = layer_;
   r.layer = nodes_[static_cast<std::size_t>(index)].layer;
@@ -161,7 +169,8 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
   if (a.forward != b.forward || a.plain != b.plain || a.nodeTo - a.nodeFrom != b.nodeTo - b.nodeFrom ||
       a.tempTo - a.tempFrom != b.tempTo - b.tempFrom || a.eventTo - a.eventFrom != events || a.partTo - a.partFrom != parts || a.dimTo - a.dimFrom != dims ||
       a.idTo - a.idFrom != b.idTo - b.idFrom || a.holders != b.holders || a.touches.size() != b.touches.size() ||
-      a.grads.size() != b.grads.size() || a.inputGrads.size() != b.inputGrads.size() || a.packedOps != b.packedOps) {
+      a.grads.size() != b.grads.size() || a.inputGrads.size() != b.inputGrads.size() || a.packedOps != b.packedOps ||
+      a.unpacked != b.unpacked || a.offloadStash.size() != b.offloadStash.size()) {
     return false;
   }
   out.record = SpanRecord{};  // `out` may hold an earlier prediction (the template's)
@@ -195,7 +204,10 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
     r.plain = true;
     r.nodeFrom = static_cast<int>(Next(a.nodeFrom, b.nodeFrom));
     r.nodeTo = r.nodeFrom + (b.nodeTo - b.nodeFrom);
-    if (r.nodeFrom < 0 || a.inputNames.size() != b.inputNames.size()) return false;
+    if (r.nodeFrom < 0) return false;
+  }
+  if (!b.forward) {  // the texts from outside a backward span its words refer to
+    if (a.inputNames.size() != b.inputNames.size()) return false;
     r.inputNames.resize(b.inputNames.size());
     for (std::size_t i = 0; i < b.inputNames.size(); ++i) {
       if (!NextText(a.inputNames[i], b.inputNames[i], r.inputNames[i])) return false;
@@ -212,6 +224,11 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
     const std::int64_t parameter = Next(a.grads[j].first, b.grads[j].first);
     if (parameter < 0 || parameter >= parameterCount) return false;
     r.grads.push_back({static_cast<int>(parameter), static_cast<int>(Next(a.grads[j].second, b.grads[j].second))});
+  }
+  r.unpacked = b.unpacked;
+  for (std::size_t j = 0; j < b.offloadStash.size(); ++j) {
+    r.offloadStash.push_back({static_cast<int>(Next(a.offloadStash[j].first, b.offloadStash[j].first)),
+                              static_cast<TensorHandle>(Next(a.offloadStash[j].second, b.offloadStash[j].second))});
   }
   for (int i = 0; i < b.inputGrads.size(); ++i) {
     if ((a.inputGrads[i] == kNoTensor) != (b.inputGrads[i] == kNoTensor)) return false;
@@ -294,7 +311,7 @@ bool Tape::SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& act
       r.idTo != actual.idTo || r.holders != actual.holders || r.touches != actual.touches || r.grads != actual.grads ||
       r.layerAfter != actual.layerAfter || r.inputGrads.size() != actual.inputGrads.size() || r.plain != actual.plain ||
       r.nodeFrom != actual.nodeFrom || r.nodeTo != actual.nodeTo || r.inputNames.size() != actual.inputNames.size() ||
-      r.packedOps != actual.packedOps) {
+      r.packedOps != actual.packedOps || r.unpacked != actual.unpacked || r.offloadStash != actual.offloadStash) {
     return false;
   }
   for (std::size_t i = 0; i < r.inputNames.size(); ++i) if (!SameText(r.inputNames[i], actual.inputNames[i])) return false;
@@ -432,6 +449,11 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
   for (int i = 0; i < c.inputGrads.size(); ++i) {
     t.inputGradSteps.push_back(c.inputGrads[i] == kNoTensor ? 0 : c.inputGrads[i] - b.inputGrads[i]);
   }
+  t.offloadStashSteps.clear();
+  for (std::size_t j = 0; j < c.offloadStash.size(); ++j) {
+    t.offloadStashSteps.push_back({c.offloadStash[j].first - b.offloadStash[j].first,
+                                   c.offloadStash[j].second - b.offloadStash[j].second});
+  }
   if (c.forward) {
     t.valueStep = c.valueFrom - b.valueFrom;
     t.valueSteps.clear();
@@ -476,6 +498,17 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
   t.series = text().AddSeries(t.span.parts, t.span.dims, t.positionSteps, t.numberSteps, t.nameParts);
   t.ready = true;
   return true;
+}
+
+void Tape::CheckpointOutsideTexts(int index, std::vector<Text>& out) const {
+  const Node& node = nodes_[static_cast<std::size_t>(index)];
+  out.clear();
+  out.push_back(node.label);
+  for (ValueId v : node.blockInputs) out.push_back(values_[static_cast<std::size_t>(v)].name);
+  if (offload_ == nullptr || node.packed < 0) return;
+  for (int id : packed_[static_cast<std::size_t>(node.packed)]) {
+    if (id >= 0) out.push_back(offload_->PackedName(id));
+  }
 }
 
 void Tape::AppendCopyText(SpanTemplate& t) {
@@ -538,6 +571,10 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
   }
   for (int i = 0; i < r.inputGrads.size(); ++i) {
     if (r.inputGrads[i] != kNoTensor) r.inputGrads[i] += t.inputGradSteps[static_cast<std::size_t>(i)];
+  }
+  for (std::size_t j = 0; j < r.offloadStash.size(); ++j) {
+    r.offloadStash[j].first += t.offloadStashSteps[j].first;
+    r.offloadStash[j].second += t.offloadStashSteps[j].second;
   }
   if (r.forward) {
     r.valueFrom += t.valueStep;
@@ -606,7 +643,37 @@ bool Tape::ApplyPredicted(int index, const Values& inputs, SpanTemplate& t) {
     if (g != kNoTensor && (g < (r.plain ? 0 : r.idFrom) || g >= r.idTo)) return false;
   }
   if (r.plain && !TouchesConsistent(predicted)) return false;
+  // A checkpointed block's words refer to texts its forward made: the copy's must be where the
+  // template puts them (they are not where the blocks' forwards are laid out differently: the
+  // first blocks' under activation offloading, whose forward stash fills over five packs).
+  if (!r.plain) {
+    std::vector<Text>& outside = outsideTexts_;
+    CheckpointOutsideTexts(index, outside);
+    if (outside.size() != r.inputNames.size()) return false;
+    for (std::size_t i = 0; i < outside.size(); ++i) if (!SameText(outside[i], r.inputNames[i])) return false;
+  }
+  // Activation offloading: a checkpointed block brings its offloaded input back, and its
+  // post-hook frees what the block before brought back. The offloader's stash must hold what
+  // the template's last span left (the copy's events free those tensors); it then holds what
+  // the copy brought back, tensors of the copy (CopiedUnpack checks the rest, changing nothing
+  // when it refuses, so it comes last).
+  const Node& checkpoint = nodes_[static_cast<std::size_t>(index)];
+  if ((!r.plain && offload_ != nullptr && checkpoint.packed >= 0) != r.unpacked) return false;
+  if (r.unpacked) {
+    const ActivationOffload::Stash& before = offload_->backwardStash();
+    if (before.size() != r.offloadStash.size()) return false;
+    for (std::size_t j = 0; j < before.size(); ++j) {
+      const auto& [id, tensor] = r.offloadStash[j];
+      if (before[j].first != id - t.offloadStashSteps[j].first ||
+          before[j].second != tensor - t.offloadStashSteps[j].second || tensor < r.idFrom || tensor >= r.idTo) {
+        return false;
+      }
+    }
+    const SmallVec<int, 6>& ids = packed_[static_cast<std::size_t>(checkpoint.packed)];
+    if (!offload_->CopiedUnpack(ids.begin(), static_cast<std::size_t>(ids.size()), r.offloadStash)) return false;
+  }
   AppendCopyText(t);
+  ++gBackwardCopies;
   b_.AppendCopied(predicted.events, r.holders);
   for (const auto& [id, delta] : r.touches) b_.AddHolders(id, delta);
   for (const auto& [parameter, grad] : r.grads) sink_->SetGrad(static_cast<std::size_t>(parameter), grad);
