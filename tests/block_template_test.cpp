@@ -170,17 +170,19 @@ TEST_CASE("Block templates: checkpointed forwards are copied under activation of
   }
 }
 
-TEST_CASE("Block templates: checkpointed backward spans are copied under activation offloading", "[trace][templates]") {
-  // Each block's backward brings its offloaded input back and frees what the block above
-  // brought back; a copy redoes the offloader's part (ActivationOffload::CopiedUnpack). The
-  // top blocks differ (the forward stash still holds the last inputs; the first brought-back
-  // tensor has no block above it to free it), and so do the bottom ones, whose forwards were
-  // laid out differently while the forward stash filled (their texts are not where a copy
-  // would put them: CheckpointOutsideTexts); block 0 is always simulated. Non-reentrant
-  // checkpoints under offloading are simulated (their spans are not alike), as before.
+TEST_CASE("Block templates: checkpointed backward spans are copied, non-reentrant and under activation offloading", "[trace][templates]") {
+  // Non-reentrant: the block's own nodes take the incoming gradient, and a residual add passes
+  // it on to the block's input, a tensor of the span before. Offloading: each block's backward
+  // brings its offloaded input back and frees what the block above brought back; a copy redoes
+  // the offloader's part (ActivationOffload::CopiedUnpack). The top blocks differ (the forward
+  // stash still holds the last inputs; the first brought-back tensor has no block above it to
+  // free it), and so do the bottom ones, whose forwards were laid out differently while the
+  // forward stash filled (their texts are not where a copy would put them:
+  // CheckpointOutsideTexts); block 0 is always simulated.
   const std::pair<const char*, std::size_t> cases[] = {
+      {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","useReentrant":false}})", 12},
       {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","activationOffloading":true}})", 10},
-      {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","activationOffloading":true,"useReentrant":false}})", 0},
+      {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","activationOffloading":true,"useReentrant":false}})", 10},
       {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"bf16","activationOffloading":true},"finetune":{"lora":true}})", 9}};
   for (const auto& [json, expected] : cases) {
     INFO(json);

@@ -638,9 +638,12 @@ bool Tape::ApplyPredicted(int index, const Values& inputs, SpanTemplate& t) {
     }
   }
   // A plain block's input may take the incoming gradient itself (a residual add passes it
-  // through): a tensor of the span before, older than this one.
+  // through): a tensor of the span before, older than this one. So may a non-reentrant
+  // checkpoint's, whose block's own nodes take the incoming gradients from the engine (a
+  // reentrant one's backward makes every input gradient anew).
+  const bool passesThrough = r.plain || nodes_[static_cast<std::size_t>(index)].packedOps >= 0;
   for (TensorHandle g : r.inputGrads) {
-    if (g != kNoTensor && (g < (r.plain ? 0 : r.idFrom) || g >= r.idTo)) return false;
+    if (g != kNoTensor && (g < (passesThrough ? 0 : r.idFrom) || g >= r.idTo)) return false;
   }
   if (r.plain && !TouchesConsistent(predicted)) return false;
   // A checkpointed block's words refer to texts its forward made: the copy's must be where the
