@@ -198,6 +198,30 @@ TEST_CASE("Block templates: checkpointed backward spans are copied, non-reentran
   }
 }
 
+TEST_CASE("Block templates: backward spans are copied with the optimizer in backward", "[trace][templates]") {
+  // Each parameter's step runs inside its block's backward span (its .grad made, stepped by the
+  // hook, freed); a copy's events hold those steps, and the optimizer is told which parameters
+  // it stepped (OptimizerPass::AdoptCopiedStep). With torch_empty_cache_steps step 2 is
+  // simulated, not repeated: states made by copies in step 1 must not be made again there.
+  const std::pair<const char*, std::size_t> cases[] = {
+      {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"bf16","optimizerInBackward":true}})", 11},
+      {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"bf16","optimizerInBackward":true,"emptyCacheSteps":1}})", 22},
+      {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"precision":"bf16","optimizerInBackward":true,"optimizer":"pagedAdamw"}})", 12},
+      {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"bf16","optimizerInBackward":true,"activationOffloading":true,"useReentrant":false}})", 10}};
+  for (const auto& [json, expected] : cases) {
+    INFO(json);
+    gpumem::Setup setup;
+    REQUIRE(gpumem::ParseAndValidate(json, setup).empty());
+    const gpumem::Inventory inventory = gpumem::BuildInventory(setup);
+    const std::size_t before = gpumem::BackwardSpansCopied();
+    const gpumem::Trace copied = Build("", true, true, inventory, setup);
+    CHECK(gpumem::BackwardSpansCopied() - before == expected);
+    const gpumem::Trace simulated = Build("", false, true, inventory, setup);
+    CHECK(FirstDifference(simulated, copied) == "");
+    CHECK(copied.unifiedBytes == simulated.unifiedBytes);
+  }
+}
+
 TEST_CASE("Block templates: non-reentrant checkpoints' forwards are copied, packs counted", "[trace][templates]") {
   // The forward records nodes that Checkpoint drops; a copy makes none and adds the span's count
   // of packing ops, which the recompute's early stop reads (PyTorch >= 2.1 here, by default).

@@ -218,6 +218,26 @@ void OptimizerPass::StepTensors(TraceBuilder& b, const std::vector<std::size_t>&
   Temporaries(b, all, &grads32);
 }
 
+bool OptimizerPass::AdoptCopiedStep(TraceBuilder& b, std::size_t index, bool apply) {
+  const Tensor& p = inventory_.parameters[index];
+  if (!p.trainable || created_[index]) return true;  // a step of temporaries only: events
+  const TrainingDef& t = setup_.training;
+  const StateTensors states = OptimizerStateTensors(t, regime_, p);
+  // CreateStates' one-time work (the quantization maps, the step's label) lies in a simulated
+  // span before any copy; a copy cannot stand for it.
+  const bool shared = !sharedCreated_ && states.count > 0 && states.items[0].type == DType::UInt8;
+  if (shared || createsStep_ != b.step()) return false;
+  if (!apply) return true;
+  created_[index] = true;
+  const bool paged = OptimizerStatesPaged(t, p);
+  for (const StateTensor& s : states) {
+    if (paged && s.elements == p.Elements()) b.UnifiedBytes(s.elements * BytesPerElement(s.type));
+  }
+  // (states_ keeps the handles CreateStates made; nothing reads it, and a copy's are the
+  // copied events' own.)
+  return true;
+}
+
 void OptimizerPass::StepParameter(TraceBuilder& b, std::size_t index) {
   if (!inventory_.parameters[index].trainable) return;
   CreateStates(b, index);

@@ -227,6 +227,21 @@ void GradientSink::Adopt(std::size_t index, TensorHandle grad, Text label) {
   Received(index, label);
 }
 
+bool GradientSink::CanTakeCopied(std::size_t index) const {
+  if (grads_[index] != kNoTensor) return false;
+  if (!ready_) return true;
+  // The span's step ran once its one gradient arrived, and left no count behind.
+  return received_[index] == 0 && expected_[index] == 1 && copied_(index, false);
+}
+
+void GradientSink::TakeCopied(std::size_t index, TensorHandle grad) {
+  if (!ready_) {
+    grads_[index] = grad;
+    return;
+  }
+  copied_(index, true);  // the .grad was made, stepped and freed within the span
+}
+
 void GradientSink::Received(std::size_t index, Text label) {
   if (!ready_ || ++received_[index] < expected_[index]) return;
   received_[index] = 0;
@@ -307,7 +322,10 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
                           parallel ? parallel->optimizerRegime() : regime);
   // The optimizer in backward (savers.hpp; refused with many GPUs by validation).
   const bool inBackward = setup.training.optimizerInBackward;
-  if (inBackward) gradients.OnReady([&](std::size_t index) { optimizer.StepParameter(b, index); });
+  if (inBackward) {
+    gradients.OnReady([&](std::size_t index) { optimizer.StepParameter(b, index); });
+    gradients.OnCopied([&](std::size_t index, bool apply) { return optimizer.AdoptCopiedStep(b, index, apply); });
+  }
   if (parallel && parallel->InitializesOptimizerStates()) {
     // DeepSpeed ZeRO makes the optimizer's states at construction (parallel_step.hpp).
     parallel->BeforeInitialOptimizerStep(b);

@@ -482,11 +482,11 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
   }
   for (std::size_t i = 0; i < uses.size(); ++i) if (uses[i] > 1) sink.Expect(i, uses[i]);
   // Block templates: only where nothing outside the tape and the sink sees a block's backward
-  // but the activation offloader, whose part a copy redoes (no layer hook of a sharding engine,
-  // plain .grads, no selective checkpoint).
+  // but the activation offloader and the optimizer in backward, whose parts a copy redoes (no
+  // layer hook of a sharding engine, no selective checkpoint).
   bool selective = false;
   for (const std::vector<TensorHandle>& kept : sacKept_) selective = selective || !kept.empty();
-  templates_ = BlockTemplatesOn() && layerHook_ == nullptr && sink.plain() && cacheDepth_ == 0 && !selective;
+  templates_ = BlockTemplatesOn() && layerHook_ == nullptr && sink.CopiesAllowed() && cacheDepth_ == 0 && !selective;
   lowestCheckpoint_ = -1;
   lowestLayer_ = -1;
   for (std::size_t n = 0; n < nodes_.size(); ++n) {

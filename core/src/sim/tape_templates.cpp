@@ -628,7 +628,7 @@ bool Tape::ApplyPredicted(int index, const Values& inputs, SpanTemplate& t) {
     return false;
   }
   for (const auto& [parameter, grad] : r.grads) {
-    if (sink_->handles()[static_cast<std::size_t>(parameter)] != kNoTensor || grad < r.idFrom || grad >= r.idTo) return false;
+    if (!sink_->CanTakeCopied(static_cast<std::size_t>(parameter)) || grad < r.idFrom || grad >= r.idTo) return false;
   }
   if (inputs.size() != r.inputGrads.size()) return false;
   if (r.plain) {
@@ -679,7 +679,7 @@ bool Tape::ApplyPredicted(int index, const Values& inputs, SpanTemplate& t) {
   ++gBackwardCopies;
   b_.AppendCopied(predicted.events, r.holders);
   for (const auto& [id, delta] : r.touches) b_.AddHolders(id, delta);
-  for (const auto& [parameter, grad] : r.grads) sink_->SetGrad(static_cast<std::size_t>(parameter), grad);
+  for (const auto& [parameter, grad] : r.grads) sink_->TakeCopied(static_cast<std::size_t>(parameter), grad);
   if (r.plain) {  // every node's state as Execute leaves it
     for (int n = r.nodeFrom; n < r.nodeTo; ++n) {
       Node& node = nodes_[static_cast<std::size_t>(n)];

@@ -184,20 +184,29 @@ class GradientSink {
   void ReleaseAll(Text label);
   const std::vector<TensorHandle>& handles() const { return grads_; }
   void SetHook(GradientHook* hook) { hook_ = hook; }
-  // Block templates: no hook of any kind (each gradient is a plain .grad).
-  bool plain() const { return hook_ == nullptr && !ready_; }
+  // Block templates: no gradient hook of a sharding engine, and an optimizer in backward only
+  // where it can take a copied span's steps (OnCopied).
+  bool CopiesAllowed() const { return hook_ == nullptr && (!ready_ || copied_); }
   const Inventory& inventory() const { return inventory_; }
   // Notes (parameter, new .grad) for every .grad made from now on; (parameter, -2) for anything
   // else a gradient does (accumulated, adopted). Null stops.
   void RecordGrads(std::vector<std::pair<int, int>>* record) { record_ = record; }
-  // A copied span's .grad.
-  void SetGrad(std::size_t index, TensorHandle grad) { grads_[index] = grad; }
 
   // Optimizer in backward: `ready(index)` runs once the parameter's gradient is complete (its
   // last expected contribution arrived: register_post_accumulate_grad_hook fires after the one
   // AccumulateGrad, which the engine runs once all uses have sent their gradients), and its
   // .grad is then freed (the hook's zero_grad()).
   void OnReady(std::function<void(std::size_t)> ready) { ready_ = std::move(ready); }
+  // Block templates with the optimizer in backward: a copied span's events hold each of its
+  // parameters' steps (the .grad made, the hook's step, the .grad freed), and
+  // `copied(index, apply)` tells the optimizer that parameter was stepped (apply), or whether it
+  // can be told so (not apply: OptimizerPass::AdoptCopiedStep).
+  void OnCopied(std::function<bool(std::size_t, bool)> copied) { copied_ = std::move(copied); }
+  // A copied span's .grad of parameter `index` (`grad`): kept as .grad, or, with the optimizer
+  // in backward, stepped and freed within the span. CanTakeCopied first: TakeCopied then
+  // changes what it checked.
+  bool CanTakeCopied(std::size_t index) const;
+  void TakeCopied(std::size_t index, TensorHandle grad);
   // Runs the hooks of the parameters whose gradients completed since the last call, in order,
   // freeing each .grad after its hook. Called once the backward op that produced them has
   // released what it held (PyTorch runs AccumulateGrad as a node of its own, after that op).
@@ -214,6 +223,7 @@ class GradientSink {
   Regime regime_;
   std::vector<TensorHandle> grads_;
   std::function<void(std::size_t)> ready_;
+  std::function<bool(std::size_t, bool)> copied_;
   std::vector<int> expected_, received_;
   std::vector<std::size_t> pending_;  // complete, hook not yet run
   std::vector<Text> pendingLabels_;
@@ -246,6 +256,10 @@ class OptimizerPass {
   // Optimizer in backward: the step of parameter `index` alone, run by its gradient hook with
   // an optimizer of its own (torchtune's optimizer_in_bwd builds one per parameter).
   void StepParameter(TraceBuilder& builder, std::size_t index);
+  // Block templates: StepParameter's effect on this object for a step a copied span holds the
+  // events of (the states made: paged ones' unified bytes). False, with nothing done, where
+  // the copy's events could not be that step (the step's first states, whose label it makes).
+  bool AdoptCopiedStep(TraceBuilder& builder, std::size_t index, bool apply);
 
  private:
   void CreateStates(TraceBuilder& builder, std::size_t index);
