@@ -44,6 +44,23 @@ std::string FirstDifference(const gpumem::Trace& a, const gpumem::Trace& b) {
   return "";
 }
 
+// Builds the setup's trace with templates on and off (words included): `expected` backward
+// spans copied (step 2 repeats step 1's events, so one step's copies unless step 2 is
+// simulated), every event and word the same, and the offloaded and unified bytes too.
+void CheckBackwardCopies(const char* json, std::size_t expected) {
+  INFO(json);
+  gpumem::Setup setup;
+  REQUIRE(gpumem::ParseAndValidate(json, setup).empty());
+  const gpumem::Inventory inventory = gpumem::BuildInventory(setup);
+  const std::size_t before = gpumem::BackwardSpansCopied();
+  const gpumem::Trace copied = Build("", true, true, inventory, setup);
+  CHECK(gpumem::BackwardSpansCopied() - before == expected);
+  const gpumem::Trace simulated = Build("", false, true, inventory, setup);
+  CHECK(FirstDifference(simulated, copied) == "");
+  CHECK(copied.offloadedActivationsPeakBytes == simulated.offloadedActivationsPeakBytes);
+  CHECK(copied.unifiedBytes == simulated.unifiedBytes);
+}
+
 }  // namespace
 
 TEST_CASE("Block templates: copied backward spans equal simulated ones", "[trace][templates]") {
@@ -184,18 +201,7 @@ TEST_CASE("Block templates: checkpointed backward spans are copied, non-reentran
       {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","activationOffloading":true}})", 10},
       {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"ampBf16","activationOffloading":true,"useReentrant":false}})", 10},
       {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"bf16","activationOffloading":true},"finetune":{"lora":true}})", 9}};
-  for (const auto& [json, expected] : cases) {
-    INFO(json);
-    gpumem::Setup setup;
-    REQUIRE(gpumem::ParseAndValidate(json, setup).empty());
-    const gpumem::Inventory inventory = gpumem::BuildInventory(setup);
-    const std::size_t before = gpumem::BackwardSpansCopied();
-    const gpumem::Trace copied = Build("", true, true, inventory, setup);
-    const std::size_t copies = gpumem::BackwardSpansCopied() - before;
-    CHECK(copies == expected);  // step 2 repeats step 1's events: one step's copies
-    CHECK(FirstDifference(Build("", false, true, inventory, setup), copied) == "");
-    CHECK(copied.offloadedActivationsPeakBytes == Build("", false, false, inventory, setup).offloadedActivationsPeakBytes);
-  }
+  for (const auto& [json, expected] : cases) CheckBackwardCopies(json, expected);
 }
 
 TEST_CASE("Block templates: backward spans are copied with the optimizer in backward", "[trace][templates]") {
@@ -208,18 +214,7 @@ TEST_CASE("Block templates: backward spans are copied with the optimizer in back
       {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"bf16","optimizerInBackward":true,"emptyCacheSteps":1}})", 22},
       {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"precision":"bf16","optimizerInBackward":true,"optimizer":"pagedAdamw"}})", 12},
       {R"({"model":{"preset":"llama-3.2-1b"},"training":{"batchSize":1,"sequenceLength":256,"checkpointing":"everyBlock","precision":"bf16","optimizerInBackward":true,"activationOffloading":true,"useReentrant":false}})", 10}};
-  for (const auto& [json, expected] : cases) {
-    INFO(json);
-    gpumem::Setup setup;
-    REQUIRE(gpumem::ParseAndValidate(json, setup).empty());
-    const gpumem::Inventory inventory = gpumem::BuildInventory(setup);
-    const std::size_t before = gpumem::BackwardSpansCopied();
-    const gpumem::Trace copied = Build("", true, true, inventory, setup);
-    CHECK(gpumem::BackwardSpansCopied() - before == expected);
-    const gpumem::Trace simulated = Build("", false, true, inventory, setup);
-    CHECK(FirstDifference(simulated, copied) == "");
-    CHECK(copied.unifiedBytes == simulated.unifiedBytes);
-  }
+  for (const auto& [json, expected] : cases) CheckBackwardCopies(json, expected);
 }
 
 TEST_CASE("Block templates: non-reentrant checkpoints' forwards are copied, packs counted", "[trace][templates]") {
