@@ -187,7 +187,7 @@ TEST_CASE("Block templates: checkpointed forwards are copied under activation of
   }
 }
 
-TEST_CASE("Block templates: checkpointed backward spans are copied, non-reentrant and under activation offloading", "[trace][templates]") {
+TEST_CASE("Block templates: checkpointed backward spans are copied when non-reentrant and under activation offloading", "[trace][templates]") {
   // Non-reentrant: the block's own nodes take the incoming gradient, and a residual add passes
   // it on to the block's input, a tensor of the span before. Offloading: each block's backward
   // brings its offloaded input back and frees what the block above brought back; a copy redoes
