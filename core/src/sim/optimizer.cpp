@@ -149,6 +149,15 @@ OptimizerPass::OptimizerPass(const Setup& setup, const Inventory& inventory,
     : setup_(setup), inventory_(inventory), names_(names), regime_(regime),
       created_(inventory.parameters.size(), false) {}
 
+namespace {
+// bitsandbytes' get_state_buffer: the state of the parameter's own size is paged, not absmax.
+bool PagedBuffer(bool paged, const StateTensor& s, const Tensor& p) { return paged && s.elements == p.Elements(); }
+}  // namespace
+
+bool OptimizerPass::SharedMapsPending(const StateTensors& states) const {
+  return !sharedCreated_ && states.count > 0 && states.items[0].type == DType::UInt8;
+}
+
 void OptimizerPass::CreateStates(TraceBuilder& b, std::size_t i) {
   if (created_[i]) return;
   created_[i] = true;
@@ -157,7 +166,7 @@ void OptimizerPass::CreateStates(TraceBuilder& b, std::size_t i) {
   TextStore& text = b.text();
   const Tensor& p = inventory_.parameters[i];
   const StateTensors states = OptimizerStateTensors(t, regime_, p);
-  if (!sharedCreated_ && states.count > 0 && states.items[0].type == DType::UInt8) {
+  if (SharedMapsPending(states)) {
     // init_state: self.name2qmap["dynamic"].to(p.device), before the tensor's own states.
     sharedCreated_ = true;
     for (const StateTensor& s : OptimizerSharedStates(t, inventory_)) {
@@ -179,8 +188,7 @@ void OptimizerPass::CreateStates(TraceBuilder& b, std::size_t i) {
   }
   for (const StateTensor& s : states) {
     const TextPart state = TextPart::View(s.name);  // a literal
-    const bool pagedBuffer = paged && s.elements == p.Elements();  // get_state_buffer's, not absmax
-    if (pagedBuffer) {
+    if (PagedBuffer(paged, s, p)) {
       // F.get_paged: cuda_ptr = lib.cget_managed_ptr(num_bytes) (cudaMallocManaged), wrapped with
       // torch.frombuffer: no request to PyTorch's caching allocator, so no event. Kept to the end.
       b.UnifiedBytes(s.elements * BytesPerElement(s.type));
@@ -225,13 +233,12 @@ bool OptimizerPass::AdoptCopiedStep(TraceBuilder& b, std::size_t index, bool app
   const StateTensors states = OptimizerStateTensors(t, regime_, p);
   // CreateStates' one-time work (the quantization maps, the step's label) lies in a simulated
   // span before any copy; a copy cannot stand for it.
-  const bool shared = !sharedCreated_ && states.count > 0 && states.items[0].type == DType::UInt8;
-  if (shared || createsStep_ != b.step()) return false;
+  if (SharedMapsPending(states) || createsStep_ != b.step()) return false;
   if (!apply) return true;
   created_[index] = true;
   const bool paged = OptimizerStatesPaged(t, p);
   for (const StateTensor& s : states) {
-    if (paged && s.elements == p.Elements()) b.UnifiedBytes(s.elements * BytesPerElement(s.type));
+    if (PagedBuffer(paged, s, p)) b.UnifiedBytes(s.elements * BytesPerElement(s.type));
   }
   // (states_ keeps the handles CreateStates made; nothing reads it, and a copy's are the
   // copied events' own.)

@@ -242,6 +242,8 @@ class ModelPass {
   virtual void SetLayerHook(LayerHook*) {}
 };
 
+struct StateTensors;  // below
+
 // Emits one optimizer.step(): states created on the first call, then the temporaries of the
 // chosen implementation. Defined in optimizer.cpp next to the state-size rules.
 class OptimizerPass {
@@ -263,6 +265,9 @@ class OptimizerPass {
 
  private:
   void CreateStates(TraceBuilder& builder, std::size_t index);
+  // bitsandbytes' two quantization maps are still to be moved to the GPU, by the first 8-bit
+  // state (`states`: a parameter's).
+  bool SharedMapsPending(const StateTensors& states) const;
   // The implementation that runs: Adafactor, Lion and bitsandbytes always loop over parameters.
   OptimizerImplementation Implementation() const;
   // foreach under fp32 masters: the fp32 copy of every gradient in `indices`, one allocation each
