@@ -6,6 +6,7 @@
 #include "parallel/expert_split.hpp"
 
 #include <algorithm>
+#include <array>
 #include <initializer_list>
 #include <string>
 #include <string_view>
@@ -352,17 +353,29 @@ std::shared_ptr<const Inventory> SharedInventory(const Setup& setup) {
     std::int64_t expertParallel = 1;
     std::shared_ptr<const Inventory> inventory;
   };
-  GPUMEM_THREAD_LOCAL Entry last;
-  if (last.inventory && last.architecture == setup.model.architecture && last.finetune == setup.finetune &&
-      last.precision == setup.training.precision && last.expertParallel == setup.parallel.expertParallel) {
-    return last.inventory;
+  // The last few, most recent first: a solve moves between a handful of setups (its own, the
+  // fine-tuning changes, the one- and two-block models of ForwardEndFloor), and with one entry
+  // each move rebuilt an inventory: 14 of a Mixtral 8x22B solve's 180 M instructions, a third of
+  // them destroying the one it replaced (callgrind).
+  constexpr std::size_t kKept = 4;
+  GPUMEM_THREAD_LOCAL std::array<Entry, kKept> kept;
+  const auto same = [&](const Entry& e) {
+    return e.inventory && e.architecture == setup.model.architecture && e.finetune == setup.finetune &&
+           e.precision == setup.training.precision && e.expertParallel == setup.parallel.expertParallel;
+  };
+  const auto hit = std::find_if(kept.begin(), kept.end(), same);
+  // The found one (or the oldest, replaced) moves to the front.
+  const auto moved = hit != kept.end() ? hit : kept.end() - 1;
+  std::rotate(kept.begin(), moved, moved + 1);
+  Entry& e = kept.front();
+  if (hit == kept.end()) {
+    e.inventory = std::make_shared<const Inventory>(BuildInventory(setup));
+    e.architecture = setup.model.architecture;
+    e.finetune = setup.finetune;
+    e.precision = setup.training.precision;
+    e.expertParallel = setup.parallel.expertParallel;
   }
-  last.inventory = std::make_shared<const Inventory>(BuildInventory(setup));
-  last.architecture = setup.model.architecture;
-  last.finetune = setup.finetune;
-  last.precision = setup.training.precision;
-  last.expertParallel = setup.parallel.expertParallel;
-  return last.inventory;
+  return e.inventory;
 }
 
 }  // namespace gpumem
