@@ -15,6 +15,7 @@
 #include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
 #include "gpumem/parallel.hpp"
+#include "gpumem/trace.hpp"
 #include "gpumem/training_modes.hpp"
 #include "sim/families/family.hpp"
 #include "sim/savers.hpp"
@@ -208,10 +209,13 @@ std::int64_t ForwardEndFloor(const Setup& setup) {
   auto savedAtForwardEnd = [&](std::int64_t blocks) -> std::optional<std::int64_t> {
     Setup small = setup;
     small.model.architecture.numLayers = blocks;
-    const EstimateResult r = EstimateMemory(small, kPeaksOnly);
-    if (!r.ok()) return std::nullopt;
+    // EstimateMemory's validation, trace and running totals, without its caching allocator run:
+    // the forward's end is an allocated figure (Replay's), and the device stage was most of
+    // these two simulations' cost.
+    if (!Validate(small, kPeaksOnly.maxPredictedEvents).empty()) return std::nullopt;
+    const Estimate replayed = Replay(BuildTrace(small, *SharedInventory(small), false), kPeaksOnly);
     std::int64_t bytes = 0;
-    for (const CategoryBytes& row : r.estimate.forwardEnd.byCategory) {
+    for (const CategoryBytes& row : replayed.forwardEnd.byCategory) {
       if (row.category == Category::Activations) bytes += row.bytes;
     }
     return bytes;
