@@ -247,3 +247,36 @@ TEST_CASE("Block templates: plain blocks' forwards are copied where blocks are l
   // GPT-2 (36 nodes a block, under Tape::kMinPlainForwardNodes): all simulated.
   CHECK(copies(R"({"model":{"preset":"gpt2"},"training":{"batchSize":1,"sequenceLength":256}})") == 0);
 }
+
+TEST_CASE("Block templates: blocks that repeat every few blocks are copied from blocks of their kind", "[trace][templates]") {
+  // Gemma 2 alternates sliding-window and global attention (each kind reads its own mask),
+  // SmolLM3 leaves RoPE out of every fourth block: consecutive blocks differ, so a span is
+  // predicted from the two of its place in the period before it (Tape::SpanChain). Gemma 2 2B,
+  // 26 blocks, period 2, checkpointed: each place's first three forwards are simulated (blocks
+  // 0-5), 20 copied; backward from block 25 down, the top block's span differs from the ones
+  // below, so its place simulates four (25, 23, 21, 19) and the other three (24, 22, 20), and
+  // blocks 0 and 1 are always simulated (each the last to hold its kind's mask): 17 copied.
+  // Gemma 3 1B (26 blocks, five sliding-window to one global) keeps period 1: runs of five
+  // equal blocks copy more than places of period 6 would.
+  struct Case {
+    const char* json;
+    std::size_t forwards, backwards;
+  };
+  const Case cases[] = {
+      {R"({"model":{"preset":"gemma-2-2b"},"training":{"batchSize":2,"sequenceLength":256,"attention":"sdpa","checkpointing":"everyBlock"}})", 20, 17},
+      {R"({"model":{"preset":"gemma-2-2b"},"training":{"batchSize":2,"sequenceLength":256,"attention":"eager"},"finetune":{"lora":true,"targetModules":["all-linear"]}})", 19, 18},
+      {R"({"model":{"preset":"gemma-2-2b"},"training":{"batchSize":2,"sequenceLength":256,"attention":"sdpa","checkpointing":"everyBlock","useReentrant":false,"precision":"bf16","optimizerInBackward":true}})", 20, 18},
+      {R"({"model":{"preset":"smollm3-3b"},"training":{"batchSize":2,"sequenceLength":256,"attention":"sdpa","checkpointing":"everyBlock"}})", 23, 19},
+      {R"({"model":{"preset":"gemma-3-1b"},"training":{"batchSize":2,"sequenceLength":256,"attention":"sdpa","checkpointing":"everyBlock"}})", 7, 6}};
+  for (const Case& c : cases) {
+    INFO(c.json);
+    gpumem::Setup setup;
+    REQUIRE(gpumem::ParseAndValidate(c.json, setup).empty());
+    const gpumem::Inventory inventory = gpumem::BuildInventory(setup);
+    const std::size_t forwards = gpumem::ForwardSpansCopied(), backwards = gpumem::BackwardSpansCopied();
+    const gpumem::Trace copied = Build("", true, true, inventory, setup);
+    CHECK(gpumem::ForwardSpansCopied() - forwards == c.forwards);
+    CHECK(gpumem::BackwardSpansCopied() - backwards == c.backwards);
+    CHECK(FirstDifference(Build("", false, true, inventory, setup), copied) == "");
+  }
+}

@@ -495,14 +495,11 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
       lowestLayer_ = nodes_[n].layer;
     }
   }
-  spans_.clear();
-  templateChecked_ = false;
-  template_.ready = false;
+  ForgetSpans();
   ForgetForwardSpans();  // a forward span is copied only right after the ones it was predicted from
   layerSignature_.clear();  // made when a first span is recorded (ComputeLayerSignatures)
   RunBackward(0, static_cast<int>(nodes_.size()));
-  spans_.clear();
-  template_.ready = false;
+  ForgetSpans();
   // What is still held (in value order, as the map this replaces iterated).
   const Text finished = T({"backward finished"});
   for (ValueId leaf : graphLeaves_) {  // each leaf's .grad stays until the graph goes
@@ -524,21 +521,20 @@ void Tape::RunBackward(int fromNode, int toNode) {
   // Spans are copied only in the outer backward (a recompute's own nodes are never checkpoints
   // of blocks), and only from spans that follow one another with nothing between.
   const bool outer = fromNode == 0;
+  // The blocks' period (ComputeLayerSignatures) decides which blocks are always simulated.
+  if (outer && templates_ && layerSignature_.empty()) ComputeLayerSignatures();
   for (int n = toNode - 1; n >= fromNode; --n) {
     if (nodes_[static_cast<std::size_t>(n)].done) continue;
     const Node& node = nodes_[static_cast<std::size_t>(n)];
     if (node.block >= 0) {
       if (outer && templates_) RunCheckpointSpan(n);
       else RunCheckpoint(n);
-    } else if (outer && templates_ && node.layer >= 0 && node.layer != lowestLayer_) {
+    } else if (outer && templates_ && node.layer >= 0 && node.layer != lowestLayer_ &&
+               (period_ == 1 || node.layer >= lowestLayer_ + period_)) {
       n = RunPlainSpan(n);  // the block's nodes down to its lowest
     } else {
       Execute(n);
-      if (outer) {
-        spans_.clear();
-        templateChecked_ = false;
-        template_.ready = false;
-      }
+      if (outer) ForgetSpans();
     }
   }
 }

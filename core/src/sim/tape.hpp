@@ -18,6 +18,7 @@
 // every label is a Text (parts rendered only when shown).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstdlib>
@@ -248,7 +249,8 @@ class Tape {
   }
   // What makes blocks of equal parameters run differently (a Gemma sliding-window layer beside a
   // full-attention one, a SmolLM3 layer without RoPE), one value per block: a block's span is
-  // copied only from blocks of its own kind (ComputeLayerSignatures mixes it in).
+  // copied only from blocks of its own kind (ComputeLayerSignatures mixes it in, and the kinds'
+  // pattern sets the period of the spans' templates: SpanChain).
   void SetLayerKinds(std::vector<std::uint8_t> kinds) {
     layerKinds_ = std::move(kinds);
     layerSignature_.clear();
@@ -419,7 +421,36 @@ class Tape {
     int nodeStep = 0, tempStep = 0;
     std::vector<std::int64_t> inputNameSteps;
   };
-  SpanTemplate template_;
+  // The spans a kind of copy learns from (the backward's, of checkpointed and plain blocks, and
+  // the forward's). Blocks repeat every period_ blocks (ComputeLayerSignatures: 1 for most
+  // models; Gemma 2 alternates sliding-window and global attention, 2; SmolLM3 leaves RoPE out
+  // of every fourth block, 4), so a span is predicted from the two simulated spans of its place
+  // in the period before it, and each place has a template of its own.
+  struct SpanChain {
+    std::vector<SpanRecord> spans;        // the last simulated spans, newest last (2 · period + 1)
+    std::vector<SpanTemplate> templates;  // by layer mod period
+    std::vector<std::uint8_t> checked;    // by layer mod period: a prediction matched a simulation
+    void Forget() {
+      spans.clear();
+      for (SpanTemplate& t : templates) t.ready = false;
+      std::fill(checked.begin(), checked.end(), std::uint8_t{0});
+    }
+  };
+  SpanChain backwardChain_, forwardChain_;
+  int period_ = 1;
+  int PhaseOf(int layer) const { return layer >= 0 ? layer % period_ : 0; }
+  bool Checked(const SpanChain& c, int layer) const {
+    const auto phase = static_cast<std::size_t>(PhaseOf(layer));
+    return phase < c.checked.size() && c.checked[phase] != 0;
+  }
+  // The simulated span of `layer` in `c`, newest first; null when there is none.
+  static const SpanRecord* SpanOf(const SpanChain& c, int layer);
+  // The template of the span at `layer` (a checked place of the period): moved on by a period,
+  // or built from the two simulated spans of its place before it; null when that fails.
+  SpanTemplate* NextTemplate(SpanChain& c, int layer, bool forward);
+  // Keeps a simulated span and, while its place is unchecked, checks the prediction of it from
+  // the two spans of its place before it.
+  void KeepSpan(SpanChain& c, SpanRecord&& r);
   // Per block: a hash of its parameters (shapes, trainable, storage, adapter) and the index of
   // its first one. A span is copied to block k only when block k's parameters are those of the
   // block before it, one stride on in the inventory (not so: blocks frozen by
@@ -459,11 +490,7 @@ class Tape {
   static constexpr int kMinPlainBackwardNodes = 40;
   bool plainForwardsOff_ = false;  // a plain block was shorter than kMinPlainForwardNodes
   int lowestLayer_ = -1;  // the lowest block with plain nodes: always simulated
-  void ForgetSpans() {
-    spans_.clear();
-    templateChecked_ = false;
-    template_.ready = false;
-  }
+  void ForgetSpans() { backwardChain_.Forget(); }
   bool Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out);
   bool SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& actual) const;
   // Forward templates (RunForwardSpan): the checkpointed blocks' forwards, copied.
@@ -482,9 +509,6 @@ class Tape {
   mutable std::vector<int> touchDelta_, touchIds_;  // TouchesConsistent's scratch, by tensor id
   mutable std::vector<std::uint8_t> touchFlags_;
   const Inventory& inventory() const { return inventory_ != nullptr ? *inventory_ : sink_->inventory(); }
-  SpanTemplate forwardTemplate_;
-  std::vector<SpanRecord> forwardSpans_;  // the last forward spans, newest last (at most 3)
-  bool forwardChecked_ = false;
   const Inventory* inventory_ = nullptr;
   std::vector<std::uint8_t> layerKinds_;  // SetLayerKinds
   std::vector<ValueId>* leaves_ = nullptr;                // Parameters' cache: inventory index → leaf
@@ -492,9 +516,7 @@ class Tape {
   // The inventory index of the parameter whose name `text` points into, or -1.
   int ParameterOfName(const char* text);
   bool templates_ = false;        // this backward may copy spans (Backward decides)
-  bool templateChecked_ = false;  // a prediction matched a simulated span
   int lowestCheckpoint_ = -1;     // the first checkpoint node (block 0's): always simulated
-  std::vector<SpanRecord> spans_;  // the last spans, newest last (at most 3)
   std::vector<std::pair<const char*, int>> nameIndex_;  // parameter name → index, sorted
   void Execute(int node);
   void RunCheckpoint(int node);

@@ -66,28 +66,29 @@ void Tape::RunCheckpointSpan(int index) {
   const Node& node = nodes_[static_cast<std::size_t>(index)];
   // An offloaded input (node.packed) is brought back by the span itself: copies redo what the
   // offloader keeps of it (ActivationOffload::CopiedUnpack).
-  bool eligible = index != lowestCheckpoint_;
+  if (layerSignature_.empty()) ComputeLayerSignatures();
+  // Block 0's span, and with a period over one the first block of each of its places: the last
+  // to hold what the blocks of its kind share (a Gemma 2 global block's causal mask), which its
+  // checkpoint lets go of.
+  bool eligible = index != lowestCheckpoint_ &&
+                  (period_ == 1 || node.layer >= nodes_[static_cast<std::size_t>(lowestCheckpoint_)].layer + period_);
   bool any = false;
   for (ValueId o : node.outputs) any = any || GradOf(o) != kNoTensor;
   eligible = eligible && any;
   for (ValueId v : node.blockInputs) eligible = eligible && GradOf(v) == kNoTensor;
   if (!eligible) {
-    spans_.clear();
-    templateChecked_ = false;
-    template_.ready = false;
+    ForgetSpans();
     RunCheckpoint(index);
     return;
   }
-  if (!spans_.empty() && spans_.back().plain) ForgetSpans();  // a plain block before this one
-  if (templateChecked_ && spans_.size() >= 2) {
-    // The first copy predicts from the last two spans and notes how far each number moves;
-    // the next ones only move those numbers on again.
-    const bool next = template_.ready ? AdvanceTemplate(template_)
-                                         : BuildTemplate(template_, spans_[spans_.size() - 2], spans_.back());
-    if (next && ApplyPredicted(index, node.blockInputs, template_)) return;
-    spans_.clear();
-    templateChecked_ = false;
-    template_.ready = false;
+  SpanChain& chain = backwardChain_;
+  if (!chain.spans.empty() && chain.spans.back().plain) ForgetSpans();  // a plain block before this one
+  if (Checked(chain, node.layer)) {
+    // The first copy predicts from the two spans of its place in the period before it and notes
+    // how far each number moves; the next ones only move those numbers on again.
+    SpanTemplate* t = NextTemplate(chain, node.layer, false);
+    if (t != nullptr && ApplyPredicted(index, node.blockInputs, *t)) return;
+    ForgetSpans();
   }
   if (layerSignature_.empty()) ComputeLayerSignatures();
   SpanRecord r;
@@ -102,17 +103,41 @@ void Tape::RunCheckpointSpan(int index) {
   r.layer = nodes_[static_cast<std::size_t>(index)].layer;
   for (const auto& [parameter, grad] : r.grads) r.copyable = r.copyable && grad >= 0;
   if (!r.copyable) {
-    spans_.clear();
-    templateChecked_ = false;
-    template_.ready = false;
+    ForgetSpans();
     return;
   }
-  spans_.push_back(std::move(r));
-  if (spans_.size() > 3) spans_.erase(spans_.begin());
-  if (!templateChecked_ && spans_.size() == 3) {
-    PredictedSpan predicted;
-    templateChecked_ = Predict(spans_[0], spans_[1], predicted) && SameAsSimulated(predicted, spans_[2]);
+  KeepSpan(chain, std::move(r));
+}
+
+const Tape::SpanRecord* Tape::SpanOf(const SpanChain& c, int layer) {
+  for (auto it = c.spans.rbegin(); it != c.spans.rend(); ++it) {
+    if (it->layer == layer) return &*it;
   }
+  return nullptr;
+}
+
+Tape::SpanTemplate* Tape::NextTemplate(SpanChain& c, int layer, bool forward) {
+  SpanTemplate& t = c.templates[static_cast<std::size_t>(PhaseOf(layer))];  // Checked: in range
+  if (t.ready) return AdvanceTemplate(t) ? &t : nullptr;
+  // Backward spans run from the last block down, forward spans from the first up.
+  const int back = forward ? -period_ : period_;
+  const SpanRecord* a = SpanOf(c, layer + 2 * back);
+  const SpanRecord* b = SpanOf(c, layer + back);
+  return a != nullptr && b != nullptr && BuildTemplate(t, *a, *b) ? &t : nullptr;
+}
+
+void Tape::KeepSpan(SpanChain& c, SpanRecord&& r) {
+  const int layer = r.layer;
+  const int back = r.forward ? -period_ : period_;
+  c.spans.push_back(std::move(r));
+  if (c.spans.size() > static_cast<std::size_t>(2 * period_ + 1)) c.spans.erase(c.spans.begin());
+  const auto phase = static_cast<std::size_t>(PhaseOf(layer));
+  if (phase >= c.checked.size() || c.checked[phase] != 0) return;
+  const SpanRecord* a = SpanOf(c, layer + 2 * back);
+  const SpanRecord* b = SpanOf(c, layer + back);
+  if (a == nullptr || b == nullptr) return;
+  PredictedSpan predicted;
+  c.checked[phase] = Predict(*a, *b, predicted) && SameAsSimulated(predicted, c.spans.back());
 }
 
 namespace {
@@ -178,14 +203,14 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
   out.parts.clear();
   out.dims.clear();
   // Backward spans run from the last block down, forward spans from the first up.
-  if (b.forward ? !LayerFollows(a.layer, b.layer) || !LayerFollows(b.layer, b.layer + 1)
-                : !LayerFollows(b.layer, a.layer) || !LayerFollows(b.layer - 1, b.layer)) {
+  if (b.forward ? !LayerFollows(a.layer, b.layer) || !LayerFollows(b.layer, b.layer + period_)
+                : !LayerFollows(b.layer, a.layer) || !LayerFollows(b.layer - period_, b.layer)) {
     return false;
   }
   SpanRecord& r = out.record;
   r.forward = b.forward;
   r.packedOps = b.packedOps;
-  r.layer = b.forward ? b.layer + 1 : b.layer - 1;
+  r.layer = b.forward ? b.layer + period_ : b.layer - period_;
   const std::int64_t eventFrom = Next(static_cast<std::int64_t>(a.eventFrom), static_cast<std::int64_t>(b.eventFrom));
   const std::int64_t partFrom = Next(static_cast<std::int64_t>(a.partFrom), static_cast<std::int64_t>(b.partFrom));
   const std::int64_t dimFrom = Next(static_cast<std::int64_t>(a.dimFrom), static_cast<std::int64_t>(b.dimFrom));
@@ -365,18 +390,57 @@ void Tape::ComputeLayerSignatures() {
   for (std::size_t layer = 0; layer < layerSignature_.size() && layer < layerKinds_.size(); ++layer) {
     layerSignature_[layer] = (layerSignature_[layer] ^ (layerKinds_[layer] + 1u)) * 1099511628211ull;
   }
+  // The blocks' period: the least p with every block's signature that of the block p on (1 when
+  // none up to kMaxPeriod is: frozen first blocks, say, then only the equal ones that follow one
+  // another are copied, as before there were periods). Gemma 3's five sliding-window blocks to
+  // one global make 6.
+  constexpr int kMaxPeriod = 8;
+  const auto blocks = static_cast<int>(layerSignature_.size());
+  int period = 1;
+  for (int p = 1; p <= kMaxPeriod && p < blocks; ++p) {
+    bool repeats = true;
+    for (int layer = 0; layer + p < blocks && repeats; ++layer) {
+      repeats = layerSignature_[static_cast<std::size_t>(layer)] == layerSignature_[static_cast<std::size_t>(layer + p)];
+    }
+    if (repeats) {
+      period = p;
+      break;
+    }
+  }
+  // Only where it copies more: each place of a period p simulates three spans before its copies,
+  // and the backward the first p blocks too (about blocks − 4p + 1 copies), where period 1
+  // copies a run of equal blocks after its first three. Gemma 3 1B (26 blocks, runs of five)
+  // keeps period 1; Gemma 2 (runs of one) and SmolLM3 (runs of three) take theirs.
+  if (period > 1) {
+    int runCopies = 0;
+    for (int layer = 0, run = 1; layer < blocks; ++layer, ++run) {
+      if (layer + 1 == blocks || layerSignature_[static_cast<std::size_t>(layer)] != layerSignature_[static_cast<std::size_t>(layer + 1)]) {
+        runCopies += std::max(0, run - 3);
+        run = 0;
+      }
+    }
+    if (blocks - 4 * period + 1 <= runCopies) period = 1;
+  }
+  if (period != period_ || backwardChain_.checked.size() != static_cast<std::size_t>(period)) {
+    period_ = period;
+    for (SpanChain* c : {&backwardChain_, &forwardChain_}) {
+      c->Forget();
+      c->templates.resize(static_cast<std::size_t>(period));
+      c->checked.assign(static_cast<std::size_t>(period), 0);
+    }
+  }
 }
 
 bool Tape::LayerFollows(int layer, int previous) const {
   const auto known = static_cast<int>(layerSignature_.size());
-  if (layer < 0 || previous < 0 || layer >= known || previous >= known || previous - layer != 1) return false;
+  if (layer < 0 || previous < 0 || layer >= known || previous >= known || previous - layer != period_) return false;
   if (layerSignature_[static_cast<std::size_t>(layer)] != layerSignature_[static_cast<std::size_t>(previous)]) return false;
-  // One stride on: the parameters of consecutive blocks sit at equal distances.
+  // One stride on: the parameters of blocks a period apart sit at equal distances.
   const std::int64_t stride = layerFirstParameter_[static_cast<std::size_t>(previous)] -
                               layerFirstParameter_[static_cast<std::size_t>(layer)];
   if (stride <= 0) return false;
-  if (previous + 1 < known) {
-    return layerFirstParameter_[static_cast<std::size_t>(previous) + 1] -
+  if (previous + period_ < known) {
+    return layerFirstParameter_[static_cast<std::size_t>(previous + period_)] -
                layerFirstParameter_[static_cast<std::size_t>(previous)] == stride;
   }
   return true;
@@ -526,8 +590,8 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
   move(r.partTo, t.partStep);
   move(r.dimFrom, t.dimStep);
   move(r.dimTo, t.dimStep);
-  if (r.forward ? !LayerFollows(r.layer, r.layer + 1) : !LayerFollows(r.layer - 1, r.layer)) return false;
-  r.layer += r.forward ? 1 : -1;
+  if (r.forward ? !LayerFollows(r.layer, r.layer + period_) : !LayerFollows(r.layer - period_, r.layer)) return false;
+  r.layer += r.forward ? period_ : -period_;
   r.idFrom += t.idStep;
   r.idTo += t.idStep;
   r.layerAfter += t.layerStep;
@@ -746,11 +810,11 @@ int Tape::RunPlainSpan(int top) {
     simulate();
     return bottom;
   }
-  if (!spans_.empty() && !spans_.back().plain) ForgetSpans();  // a checkpointed block before this one
-  if (templateChecked_ && spans_.size() >= 2) {
-    const bool next = template_.ready ? AdvanceTemplate(template_)
-                                      : BuildTemplate(template_, spans_[spans_.size() - 2], spans_.back());
-    if (next && template_.span.record.nodeTo == top + 1 && ApplyPredicted(bottom, inputs, template_)) return bottom;
+  SpanChain& chain = backwardChain_;
+  if (!chain.spans.empty() && !chain.spans.back().plain) ForgetSpans();  // a checkpointed block before this one
+  if (Checked(chain, layer)) {
+    SpanTemplate* t = NextTemplate(chain, layer, false);
+    if (t != nullptr && t->span.record.nodeTo == top + 1 && ApplyPredicted(bottom, inputs, *t)) return bottom;
     ForgetSpans();
   }
   if (layerSignature_.empty()) ComputeLayerSignatures();
@@ -772,12 +836,7 @@ int Tape::RunPlainSpan(int top) {
     ForgetSpans();
     return bottom;
   }
-  spans_.push_back(std::move(r));
-  if (spans_.size() > 3) spans_.erase(spans_.begin());
-  if (!templateChecked_ && spans_.size() == 3) {
-    PredictedSpan predicted;
-    templateChecked_ = Predict(spans_[0], spans_[1], predicted) && SameAsSimulated(predicted, spans_[2]);
-  }
+  KeepSpan(chain, std::move(r));
   return bottom;
 }
 
@@ -1044,20 +1103,20 @@ bool Tape::TouchesConsistent(const PredictedSpan& predicted) const {
 // ops' saved tensors go through the pack hooks).
 Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block, int plainLayer) {
   const bool plain = plainLayer >= 0;
-  if (!forwardSpans_.empty() && forwardSpans_.back().plain != plain) ForgetForwardSpans();
-  if (forwardChecked_ && forwardSpans_.size() >= 2) {
-    const bool next = forwardTemplate_.ready
-                          ? AdvanceTemplate(forwardTemplate_)
-                          : BuildTemplate(forwardTemplate_, forwardSpans_[forwardSpans_.size() - 2], forwardSpans_.back());
+  const int blockLayer = plain ? plainLayer : layer_;
+  SpanChain& chain = forwardChain_;
+  if (!chain.spans.empty() && chain.spans.back().plain != plain) ForgetForwardSpans();
+  if (Checked(chain, blockLayer)) {
+    SpanTemplate* t = NextTemplate(chain, blockLayer, true);
     Values outs;
-    if (next && ApplyForward(forwardTemplate_, inputs, plain ? plainLayer : layer_, outs)) return outs;
+    if (t != nullptr && ApplyForward(*t, inputs, blockLayer, outs)) return outs;
     ForgetForwardSpans();
   }
   if (layerSignature_.empty()) ComputeLayerSignatures();
   SpanRecord r;
   r.forward = true;
   r.plain = plain;
-  r.layer = plain ? plainLayer : layer_;
+  r.layer = blockLayer;
   if (plain) {
     r.nodeFrom = static_cast<int>(nodes_.size());
     r.tempFrom = static_cast<int>(temps_.size());
@@ -1115,21 +1174,11 @@ Tape::Values Tape::RunForwardSpan(const Values& inputs, const Block& block, int 
     ForgetForwardSpans();
     return outs;
   }
-  forwardSpans_.push_back(std::move(r));
-  if (forwardSpans_.size() > 3) forwardSpans_.erase(forwardSpans_.begin());
-  if (!forwardChecked_ && forwardSpans_.size() == 3) {
-    PredictedSpan predicted;
-    forwardChecked_ = Predict(forwardSpans_[0], forwardSpans_[1], predicted) &&
-                      SameAsSimulated(predicted, forwardSpans_[2]);
-  }
+  KeepSpan(chain, std::move(r));
   return outs;
 }
 
-void Tape::ForgetForwardSpans() {
-  forwardSpans_.clear();
-  forwardChecked_ = false;
-  forwardTemplate_.ready = false;
-}
+void Tape::ForgetForwardSpans() { forwardChain_.Forget(); }
 
 bool Tape::ApplyForward(SpanTemplate& t, const Values& inputs, int layer, Values& outs) {
   const PredictedSpan& predicted = t.span;
