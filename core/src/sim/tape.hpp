@@ -350,9 +350,10 @@ class Tape {
     std::vector<Text> inputNames;
     SmallVec<int, 4> inputKinds;
     // Activation offloading: a checkpointed block's backward unpacked its offloaded input and
-    // left the tensors it brought back in the offloader's bwd_tensor_stash (packed id, tensor).
+    // left the tensors it brought back in the offloader's bwd_tensor_stash (packed id, tensor);
+    // the stash it found (what the block above brought back, which it frees) too.
     bool unpacked = false;
-    std::vector<std::pair<int, TensorHandle>> offloadStash;
+    std::vector<std::pair<int, TensorHandle>> offloadStash, offloadStashBefore;
   };
   // A span predicted from the two before it (every id, text position, layer and parameter
   // index moving by as much again as from the first to the second).
@@ -397,7 +398,7 @@ class Tape {
     std::vector<int> touchSteps;
     std::vector<std::pair<int, int>> gradSteps;
     std::vector<int> inputGradSteps;
-    std::vector<std::pair<int, int>> offloadStashSteps;
+    std::vector<std::pair<int, int>> offloadStashSteps, offloadStashBeforeSteps;
     // A forward span's: values (storage, parameter, name position), casts, leaves, outputs.
     struct ValueStep {
       int storage, parameter, producer;

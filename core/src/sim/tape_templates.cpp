@@ -92,10 +92,11 @@ void Tape::RunCheckpointSpan(int index) {
   }
   if (layerSignature_.empty()) ComputeLayerSignatures();
   SpanRecord r;
+  r.unpacked = offload_ != nullptr && nodes_[static_cast<std::size_t>(index)].packed >= 0;
+  if (r.unpacked) r.offloadStashBefore = offload_->backwardStash();
   BeginSpanRecord(r);
   RunCheckpoint(index);
   EndSpanRecord(r);
-  r.unpacked = offload_ != nullptr && nodes_[static_cast<std::size_t>(index)].packed >= 0;
   if (r.unpacked) r.offloadStash = offload_->backwardStash();
   CheckpointOutsideTexts(index, r.inputNames);
   for (ValueId v : nodes_[static_cast<std::size_t>(index)].blockInputs) r.inputGrads.push_back(GradOf(v));
@@ -195,7 +196,8 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
       a.tempTo - a.tempFrom != b.tempTo - b.tempFrom || a.eventTo - a.eventFrom != events || a.partTo - a.partFrom != parts || a.dimTo - a.dimFrom != dims ||
       a.idTo - a.idFrom != b.idTo - b.idFrom || a.holders != b.holders || a.touches.size() != b.touches.size() ||
       a.grads.size() != b.grads.size() || a.inputGrads.size() != b.inputGrads.size() || a.packedOps != b.packedOps ||
-      a.unpacked != b.unpacked || a.offloadStash.size() != b.offloadStash.size()) {
+      a.unpacked != b.unpacked || a.offloadStash.size() != b.offloadStash.size() ||
+      a.offloadStashBefore.size() != b.offloadStashBefore.size()) {
     return false;
   }
   out.record = SpanRecord{};  // `out` may hold an earlier prediction (the template's)
@@ -254,6 +256,11 @@ bool Tape::Predict(const SpanRecord& a, const SpanRecord& b, PredictedSpan& out)
   for (std::size_t j = 0; j < b.offloadStash.size(); ++j) {
     r.offloadStash.push_back({static_cast<int>(Next(a.offloadStash[j].first, b.offloadStash[j].first)),
                               static_cast<TensorHandle>(Next(a.offloadStash[j].second, b.offloadStash[j].second))});
+  }
+  for (std::size_t j = 0; j < b.offloadStashBefore.size(); ++j) {
+    r.offloadStashBefore.push_back(
+        {static_cast<int>(Next(a.offloadStashBefore[j].first, b.offloadStashBefore[j].first)),
+         static_cast<TensorHandle>(Next(a.offloadStashBefore[j].second, b.offloadStashBefore[j].second))});
   }
   for (int i = 0; i < b.inputGrads.size(); ++i) {
     if ((a.inputGrads[i] == kNoTensor) != (b.inputGrads[i] == kNoTensor)) return false;
@@ -336,7 +343,8 @@ bool Tape::SameAsSimulated(const PredictedSpan& predicted, const SpanRecord& act
       r.idTo != actual.idTo || r.holders != actual.holders || r.touches != actual.touches || r.grads != actual.grads ||
       r.layerAfter != actual.layerAfter || r.inputGrads.size() != actual.inputGrads.size() || r.plain != actual.plain ||
       r.nodeFrom != actual.nodeFrom || r.nodeTo != actual.nodeTo || r.inputNames.size() != actual.inputNames.size() ||
-      r.packedOps != actual.packedOps || r.unpacked != actual.unpacked || r.offloadStash != actual.offloadStash) {
+      r.packedOps != actual.packedOps || r.unpacked != actual.unpacked || r.offloadStash != actual.offloadStash ||
+      r.offloadStashBefore != actual.offloadStashBefore) {
     return false;
   }
   for (std::size_t i = 0; i < r.inputNames.size(); ++i) if (!SameText(r.inputNames[i], actual.inputNames[i])) return false;
@@ -518,6 +526,11 @@ bool Tape::BuildTemplate(SpanTemplate& t, const SpanRecord& a, const SpanRecord&
     t.offloadStashSteps.push_back({c.offloadStash[j].first - b.offloadStash[j].first,
                                    c.offloadStash[j].second - b.offloadStash[j].second});
   }
+  t.offloadStashBeforeSteps.clear();
+  for (std::size_t j = 0; j < c.offloadStashBefore.size(); ++j) {
+    t.offloadStashBeforeSteps.push_back({c.offloadStashBefore[j].first - b.offloadStashBefore[j].first,
+                                         c.offloadStashBefore[j].second - b.offloadStashBefore[j].second});
+  }
   if (c.forward) {
     t.valueStep = c.valueFrom - b.valueFrom;
     t.valueSteps.clear();
@@ -640,6 +653,10 @@ bool Tape::AdvanceTemplate(SpanTemplate& t) {
     r.offloadStash[j].first += t.offloadStashSteps[j].first;
     r.offloadStash[j].second += t.offloadStashSteps[j].second;
   }
+  for (std::size_t j = 0; j < r.offloadStashBefore.size(); ++j) {
+    r.offloadStashBefore[j].first += t.offloadStashBeforeSteps[j].first;
+    r.offloadStashBefore[j].second += t.offloadStashBeforeSteps[j].second;
+  }
   if (r.forward) {
     r.valueFrom += t.valueStep;
     r.valueTo += t.valueStep;
@@ -721,20 +738,16 @@ bool Tape::ApplyPredicted(int index, const Values& inputs, SpanTemplate& t) {
   }
   // Activation offloading: a checkpointed block brings its offloaded input back, and its
   // post-hook frees what the block before brought back. The offloader's stash must hold what
-  // the template's last span left (the copy's events free those tensors); it then holds what
-  // the copy brought back, tensors of the copy (CopiedUnpack checks the rest, changing nothing
-  // when it refuses, so it comes last).
+  // the template's spans found, moved on (the copy's events free those tensors; with a period
+  // over one, the block before is of another place); it then holds what the copy brought back,
+  // tensors of the copy (CopiedUnpack checks the rest, changing nothing when it refuses, so it
+  // comes last).
   const Node& checkpoint = nodes_[static_cast<std::size_t>(index)];
   if ((!r.plain && offload_ != nullptr && checkpoint.packed >= 0) != r.unpacked) return false;
   if (r.unpacked) {
-    const ActivationOffload::Stash& before = offload_->backwardStash();
-    if (before.size() != r.offloadStash.size()) return false;
-    for (std::size_t j = 0; j < before.size(); ++j) {
-      const auto& [id, tensor] = r.offloadStash[j];
-      if (before[j].first != id - t.offloadStashSteps[j].first ||
-          before[j].second != tensor - t.offloadStashSteps[j].second || tensor < r.idFrom || tensor >= r.idTo) {
-        return false;
-      }
+    if (offload_->backwardStash() != r.offloadStashBefore) return false;
+    for (const auto& [id, tensor] : r.offloadStash) {
+      if (tensor < r.idFrom || tensor >= r.idTo) return false;
     }
     const SmallVec<int, 6>& ids = packed_[static_cast<std::size_t>(checkpoint.packed)];
     if (!offload_->CopiedUnpack(ids.begin(), static_cast<std::size_t>(ids.size()), r.offloadStash)) return false;
