@@ -519,7 +519,8 @@ void Tape::Backward(ValueId loss, GradientSink& sink) {
 
 void Tape::RunBackward(int fromNode, int toNode) {
   // Spans are copied only in the outer backward (a recompute's own nodes are never checkpoints
-  // of blocks), and only from spans that follow one another with nothing between.
+  // of blocks), and only from spans that follow one another with nothing between (the spans of
+  // a period's other places aside).
   const bool outer = fromNode == 0;
   // The blocks' period (ComputeLayerSignatures) decides which blocks are always simulated.
   if (outer && templates_ && layerSignature_.empty()) ComputeLayerSignatures();

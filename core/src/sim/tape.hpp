@@ -249,8 +249,8 @@ class Tape {
   }
   // What makes blocks of equal parameters run differently (a Gemma sliding-window layer beside a
   // full-attention one, a SmolLM3 layer without RoPE), one value per block: a block's span is
-  // copied only from blocks of its own kind (ComputeLayerSignatures mixes it in, and the kinds'
-  // pattern sets the period of the spans' templates: SpanChain).
+  // copied only from blocks of its own kind (ComputeLayerSignatures mixes it in; the pattern of
+  // the signatures sets the period of the spans' templates: SpanChain).
   void SetLayerKinds(std::vector<std::uint8_t> kinds) {
     layerKinds_ = std::move(kinds);
     layerSignature_.clear();
@@ -452,10 +452,10 @@ class Tape {
   // Keeps a simulated span and, while its place is unchecked, checks the prediction of it from
   // the two spans of its place before it.
   void KeepSpan(SpanChain& c, SpanRecord&& r);
-  // Per block: a hash of its parameters (shapes, trainable, storage, adapter) and the index of
-  // its first one. A span is copied to block k only when block k's parameters are those of the
-  // block before it, one stride on in the inventory (not so: blocks frozen by
-  // finetune.freezeFirstBlocks or left out of trainOnlyModules).
+  // Per block: a hash of its parameters (shapes, trainable, storage, adapter) and kind, and the
+  // index of its first parameter. A span is copied to block k only when block k's parameters are
+  // those of the block a period before it, one stride on in the inventory (not so: blocks frozen
+  // by finetune.freezeFirstBlocks or left out of trainOnlyModules).
   std::vector<std::uint64_t> layerSignature_;
   std::vector<std::int64_t> layerFirstParameter_;
   void ComputeLayerSignatures();
