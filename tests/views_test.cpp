@@ -245,6 +245,76 @@ TEST_CASE("views JSON: envelopes with the core's numbers and errors as values", 
   CHECK(type["errors"][0]["field"] == "curvePoints");
 }
 
+TEST_CASE("a view split into parts: every part's cells together are the whole view's", "[views][json]") {
+  // The page's pool (web/engine.js) sends one request per part and merges the cells: the merge
+  // must be the whole view, point for point, and each part must leave the others' cells out.
+  const std::string setup =
+      R"("setup":{"model":{"kind":"transformer","preset":"gpt2"},"training":{"batchSize":2,"sequenceLength":256,"precision":"ampBf16"},"gpu":{"id":"nvidia-rtx-4090"}},"axisValues":3,"curvePoints":4)";
+  const auto whole = nlohmann::json::parse(HeatMapJson("{" + setup + "}"))["heatMap"];
+  REQUIRE(whole.contains("cells"));
+  CHECK_FALSE(whole.contains("part"));
+  const std::size_t rows = whole["batchSizes"].size(), columns = whole["sequenceLengths"].size();
+  REQUIRE(rows * columns >= 9);
+  for (int count : {2, 3, 7, 64}) {
+    nlohmann::json merged = nlohmann::json::array();
+    for (std::size_t i = 0; i < rows; ++i) merged.push_back(nlohmann::json::array());
+    int estimates = 0;
+    for (int index = 0; index < count; ++index) {
+      const std::string request =
+          "{" + setup + R"(,"part":{"index":)" + std::to_string(index) + R"(,"count":)" + std::to_string(count) + "}}";
+      const auto part = nlohmann::json::parse(HeatMapJson(request));
+      REQUIRE(part["ok"] == true);
+      const auto& h = part["heatMap"];
+      CHECK(h["part"]["index"] == index);
+      CHECK(h["part"]["count"] == count);
+      CHECK(h["batchSizes"] == whole["batchSizes"]);
+      CHECK(h["sequenceLengths"] == whole["sequenceLengths"]);
+      estimates += h["estimates"].get<int>();
+      int own = 0;
+      for (std::size_t i = 0; i < rows; ++i) {
+        for (std::size_t j = 0; j < columns; ++j) {
+          const auto& cell = h["cells"][i][j];
+          const bool mine = static_cast<int>((i * columns + j) % static_cast<std::size_t>(count)) == index;
+          CHECK(cell.is_null() == !mine);
+          if (!mine) continue;
+          ++own;
+          if (merged[i].size() <= j) merged[i].get_ref<nlohmann::json::array_t&>().resize(columns);
+          merged[i][j] = cell;
+        }
+      }
+      CHECK(h["estimates"] == own);
+    }
+    CHECK(merged == whole["cells"]);
+    CHECK(estimates == whole["estimates"]);
+  }
+
+  // The curves: part 0 of 2 the batch curve, part 1 the sequence curve.
+  const auto curves = nlohmann::json::parse(CurvesJson("{" + setup + "}"))["curves"];
+  const auto batch = nlohmann::json::parse(CurvesJson("{" + setup + R"(,"part":{"index":0,"count":2}})"))["curves"];
+  const auto sequence = nlohmann::json::parse(CurvesJson("{" + setup + R"(,"part":{"index":1,"count":2}})"))["curves"];
+  CHECK(batch["batch"] == curves["batch"]);
+  CHECK(batch["sequence"].is_null());
+  CHECK(sequence["sequence"] == curves["sequence"]);
+  CHECK(sequence["batch"].is_null());
+  CHECK(batch["current"] == curves["current"]);
+  CHECK(sequence["current"] == curves["current"]);
+  const auto third = nlohmann::json::parse(CurvesJson("{" + setup + R"(,"part":{"index":2,"count":3}})"))["curves"];
+  CHECK(third["batch"].is_null());
+  CHECK(third["sequence"].is_null());
+
+  // Bad parts are errors naming the field; the GPU matrix is not split.
+  auto fieldOf = [](const std::string& text) { return nlohmann::json::parse(text)["errors"][0]["field"]; };
+  CHECK(fieldOf(HeatMapJson("{" + setup + R"(,"part":{"index":2,"count":2}})")) == "part.index");
+  CHECK(fieldOf(HeatMapJson("{" + setup + R"(,"part":{"index":-1,"count":2}})")) == "part.index");
+  CHECK(fieldOf(HeatMapJson("{" + setup + R"(,"part":{"index":0,"count":0}})")) == "part.count");
+  CHECK(fieldOf(HeatMapJson("{" + setup + R"(,"part":{"index":0,"count":65}})")) == "part.count");
+  CHECK(fieldOf(CurvesJson("{" + setup + R"(,"part":{"index":0.5,"count":2}})")) == "part.index");
+  CHECK(fieldOf(CurvesJson("{" + setup + R"(,"part":{"index":0,"of":2}})")) == "part.of");
+  CHECK(fieldOf(CurvesJson("{" + setup + R"(,"part":[0,2]})")) == "part");
+  CHECK(fieldOf(GpuMatrixJson("{" + setup + R"(,"part":{"index":0,"count":2}})")) == "part.count");
+  CHECK(nlohmann::json::parse(GpuMatrixJson("{" + setup + R"(,"part":{"index":0,"count":1}})"))["ok"] == true);
+}
+
 TEST_CASE("the GPU matrix estimates a GPU between the allocated and the device figure at its own capacity", "[views]") {
   // Llama 2 7B under DeepSpeed ZeRO-2 over 8 (0.19: the parameters flattened on the GPU, their
   // own 12.55 GiB of segments left cached). On the H100 the device figure is 43.26 GiB, over an

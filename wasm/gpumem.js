@@ -215,6 +215,31 @@ export function resultOfEnvelope(text, key) {
   return envelope[key];
 }
 
+// The parts of a split view (the results of heatMap or curves asked with part {index, count}
+// for every index, in any order) → the whole view's result, as one call without a part returns
+// it: each cell or curve from the part that computed it (the others are null there), the
+// estimates summed (the work the parts did: each part of the curves estimates the current setup
+// for its `current`, one more than a whole call). Throws a GpumemError when the parts are not one whole (a part missing, twice,
+// or of another split). Nothing is computed here: every number is the core's.
+export function mergeViewParts(kind, parts) {
+  const fail = (message) => new GpumemError([{ code: 'internal', field: '', message }]);
+  if (kind !== 'heatMap' && kind !== 'curves') throw fail(`${kind} is not split into parts.`);
+  if (!Array.isArray(parts) || parts.length === 0) throw fail('No parts to merge.');
+  const count = parts[0]?.part?.count ?? 1;
+  const seen = new Set(parts.map((p) => p?.part?.index ?? 0));
+  if (parts.length !== count || seen.size !== count || parts.some((p) => (p?.part?.count ?? 1) !== count)) {
+    throw fail(`Expected the ${count} parts of one ${kind}, got ${parts.length}.`);
+  }
+  const { part, ...whole } = JSON.parse(JSON.stringify(parts[0]));
+  whole.estimates = parts.reduce((sum, p) => sum + (p.estimates ?? 0), 0);
+  if (kind === 'heatMap') {
+    whole.cells = whole.cells.map((row, i) => row.map((cell, j) => parts.map((p) => p.cells?.[i]?.[j]).find((c) => c != null) ?? null));
+  } else {
+    for (const key of ['batch', 'sequence']) whole[key] = parts.map((p) => p[key]).find((c) => c != null) ?? null;
+  }
+  return whole;
+}
+
 // The core's long calls by kind, and the bound function each one uses (wasm/bindings.cpp).
 export const CALLS = Object.freeze({ solve: 'solveJson', heatMap: 'heatMapJson', gpuMatrix: 'gpuMatrixJson', curves: 'curvesJson', fewestGpus: 'fewestGpusJson', layouts: 'layoutsJson' });
 
@@ -235,11 +260,11 @@ function layoutsRequest(setup, options = {}) {
   return `{${parts.join(',')}}`;
 }
 
-// One request object: {"setup":{…},"axisValues":n,"curvePoints":n}. A setup given as text (an
+// One request object: {"setup":{…},"axisValues":n,"curvePoints":n,"part":{"index","count"}}. A setup given as text (an
 // imported file) is embedded as it is, so the core reports its parse errors as for an estimate.
 function viewRequest(setup, options = {}) {
   const parts = [`"setup":${setup === undefined ? '{}' : setupText(setup)}`];
-  for (const key of ['axisValues', 'curvePoints']) {
+  for (const key of ['axisValues', 'curvePoints', 'part']) {
     if (options[key] !== undefined) parts.push(`${JSON.stringify(key)}:${JSON.stringify(options[key])}`);
   }
   return `{${parts.join(',')}}`;

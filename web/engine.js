@@ -29,11 +29,13 @@ function makeWorker() {
 }
 
 class Lane {
-  constructor(name, api, useWorker) {
+  // source: where the lane takes its jobs ({queue, generation}): itself, or the pool it is in.
+  constructor(name, api, useWorker, source = null) {
     this.name = name;
     this.api = api;
     this.mode = 'sync';     // 'starting' | 'worker' | 'sync'
     this.worker = null;
+    this.source = source ?? this;
     this.queue = [];        // jobs not yet started, all of the latest submission
     this.current = null;    // the job in flight
     this.generation = 0;    // bumped by every submit(); older results are dropped
@@ -69,7 +71,7 @@ class Lane {
     if (this.current) {
       const job = this.current;
       this.current = null;
-      this.queue.unshift(job);
+      this.source.queue.unshift(job);
     }
     this.pump();
   }
@@ -87,17 +89,18 @@ class Lane {
     }
   }
 
+  get size() {
+    return 1;
+  }
+
   submit(jobs, onResult) {
-    this.generation += 1;
-    const generation = this.generation;
-    this.queue = jobs.map((job) => ({ ...job, generation, onResult }));
+    submitTo(this, jobs, onResult);
     this.pump();
   }
 
   // Drops every waiting job and any result still to come.
   cancel() {
-    this.generation += 1;
-    this.queue = [];
+    cancelIn(this);
   }
 
   // Cancels, and stops the call in flight too: its worker is ended and a fresh one started (a
@@ -117,8 +120,8 @@ class Lane {
   }
 
   pump() {
-    if (this.current || !this.queue.length || this.mode === 'starting') return;
-    const job = this.queue.shift();
+    if (this.current || !this.source.queue.length || this.mode === 'starting') return;
+    const job = this.source.queue.shift();
     job.id = this.nextId++;
     job.sentAt = performance.now();
     this.current = job;
@@ -144,7 +147,7 @@ class Lane {
   finish(envelope, coreMs) {
     const job = this.current;
     this.current = null;
-    if (job.generation === this.generation) {
+    if (job.generation === this.source.generation) {
       const outcome = { kind: job.kind, coreMs, roundTripMs: performance.now() - job.sentAt, inWorker: this.mode === 'worker' };
       try {
         outcome.result = resultOfEnvelope(envelope, job.kind === 'solve' ? 'solve' : job.kind);
@@ -157,25 +160,103 @@ class Lane {
   }
 }
 
-// api: the page's loaded gpumem API (for the fallback). Lanes: 'views', 'solve' and 'parallel'
-// (fewest GPUs), so a long solve never delays the views. The 'parallel' lane's worker (one more
-// wasm instance) starts only when that lane is first used.
-export function createEngine(api, { useWorker = typeof Worker === 'function' } = {}) {
-  const lanes = { views: new Lane('views', api, useWorker), solve: new Lane('solve', api, useWorker) };
+// The latest submission replaces what waits in `source` (a lane or a pool); its generation
+// marks the jobs, so that results of replaced work are dropped.
+function submitTo(source, jobs, onResult) {
+  source.generation += 1;
+  const generation = source.generation;
+  source.queue = jobs.map((job) => ({ ...job, generation, onResult }));
+}
+
+function cancelIn(source) {
+  source.generation += 1;
+  source.queue = [];
+}
+
+// Several lanes (workers) taking jobs from one queue, each the next waiting job when it is free:
+// for work split into parts (the heat map's cells, the two curves; docs/schema.md "part"), so
+// that a machine's cores share one view. Each worker is its own wasm instance (about 30 MiB of
+// memory after the largest presets' views).
+class Pool {
+  constructor(name, api, useWorker, size) {
+    this.queue = [];
+    this.generation = 0;
+    this.lanes = Array.from({ length: size }, (_, i) => new Lane(`${name}-${i}`, api, useWorker, this));
+  }
+
+  get size() {
+    return this.lanes.length;
+  }
+
+  submit(jobs, onResult) {
+    submitTo(this, jobs, onResult);
+    for (const lane of this.lanes) lane.pump();
+  }
+
+  cancel() {
+    cancelIn(this);
+  }
+
+  stop() {
+    this.cancel();
+    let busy = false;
+    for (const lane of this.lanes) {
+      if (lane.current === null) continue;
+      busy = true;
+      if (lane.worker && lane.mode !== 'sync') {
+        clearTimeout(lane.startTimer);
+        lane.worker.terminate();
+        lane.worker = null;
+        lane.current = null;
+        lane.startWorker();
+      }
+    }
+    return busy;
+  }
+
+  // The pool's mode: 'worker' when any lane runs in a worker, else the first lane's.
+  get mode() {
+    return this.lanes.find((lane) => lane.mode === 'worker')?.mode ?? this.lanes[0].mode;
+  }
+
+  get fallbackReason() {
+    return this.lanes.map((lane) => lane.fallbackReason).find(Boolean) ?? '';
+  }
+}
+
+// How many workers share the views: the machine's cores (navigator.hardwareConcurrency), at
+// most 4 and at least 2, so that on two cores the heat map's halves run side by side while the
+// page's thread mostly waits.
+export function viewWorkers(hardwareConcurrency = globalThis.navigator?.hardwareConcurrency) {
+  const cores = Number.isFinite(hardwareConcurrency) && hardwareConcurrency > 0 ? Math.floor(hardwareConcurrency) : 2;
+  return Math.min(4, Math.max(2, cores));
+}
+
+// api: the page's loaded gpumem API (for the fallback). Lanes: 'views' (a pool of viewLanes
+// workers), 'solve' and 'parallel' (fewest GPUs), so a long solve never delays the views. The
+// 'parallel' lane's worker (one more wasm instance) starts only when that lane is first used.
+export function createEngine(api, { useWorker = typeof Worker === 'function', viewLanes = viewWorkers() } = {}) {
+  // Without workers the pool is one lane: on the page's thread, parts would only add work.
+  const lanes = { views: new Pool('views', api, useWorker, useWorker ? viewLanes : 1), solve: new Lane('solve', api, useWorker) };
   const lazyLanes = new Set(['parallel']);
   const lane = (name) => {
     if (!lanes[name] && lazyLanes.has(name)) lanes[name] = new Lane(name, api, useWorker);
     return lanes[name];
   };
   return {
-    // Runs calls one after another in a lane: [{kind, setup, options}] → onResult(outcome) for
-    // each, in order, unless a later run() on the same lane replaced them.
+    // Runs calls in a lane: [{kind, setup, options}] → onResult(outcome) for each, unless a
+    // later run() on the same lane replaced them. A lane runs them one after another, in order;
+    // a pool ('views') as many at once as it has workers, each result as it comes.
     run(laneName, calls, onResult) {
       const jobs = calls.map(({ kind, setup, options }) => ({ kind, text: requestText(kind, setup, options) }));
       lane(laneName).submit(jobs, onResult);
     },
     cancel(laneName) {
       lanes[laneName]?.cancel();
+    },
+    // How many calls the lane runs at once: the parts to split its work into.
+    workers(laneName) {
+      return lane(laneName)?.size ?? 1;
     },
     // Ends the lane's call in flight (restarting its worker) and drops what waits.
     stop(laneName) {

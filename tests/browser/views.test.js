@@ -86,9 +86,15 @@ test('views: heat map, curves and GPU matrix show the core\'s numbers for a pres
   const { page, finish } = await openPage(urlFor(GPT2));
   const timings = await viewsDone(page);
   assert.equal(timings.inWorker, 'true', 'the views ran in a Web Worker');
-  console.log(`# gpt2 views in the page (worker): heat map ${timings.heatMapCoreMs} ms core / ${timings.heatMapMs} ms round trip, `
-    + `curves ${timings.curvesCoreMs} / ${timings.curvesMs} ms, GPU matrix ${timings.gpuMatrixCoreMs} / ${timings.gpuMatrixMs} ms, `
-    + `all three from request ${timings.viewsMs} ms`);
+  // A pool of at least two workers shares them: the heat map in one part per worker, the curves
+  // in two, merged on the page (the cells below are compared with one whole call in node).
+  assert.ok(Number(timings.viewWorkers) >= 2, `view workers: ${timings.viewWorkers}`);
+  assert.equal(timings.heatMapParts, timings.viewWorkers);
+  assert.equal(timings.curvesParts, '2');
+  assert.equal(timings.gpuMatrixParts, '1');
+  console.log(`# gpt2 views in the page (${timings.viewWorkers} workers): heat map ${timings.heatMapCoreMs} ms core in ${timings.heatMapParts} parts / `
+    + `${timings.heatMapMs} ms from request, curves ${timings.curvesCoreMs} / ${timings.curvesMs} ms, `
+    + `GPU matrix ${timings.gpuMatrixCoreMs} / ${timings.gpuMatrixMs} ms, all three from request ${timings.viewsMs} ms`);
   const api = await core();
   const heat = api.heatMap(GPT2);
   const matrix = api.gpuMatrix(GPT2);

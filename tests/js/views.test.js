@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { loadGpumem, GpumemError, requestText, resultOfEnvelope, CALLS } from '../../wasm/gpumem.js';
+import { loadGpumem, GpumemError, requestText, resultOfEnvelope, mergeViewParts, CALLS } from '../../wasm/gpumem.js';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 const factory = createRequire(import.meta.url)(process.env.GPUMEM_WASM_JS ?? join(root, 'build/wasm/wasm/gpumem_core.cjs'));
@@ -55,4 +55,32 @@ test('errors are GpumemErrors naming the field; the worker path gives the same e
   assert.deepEqual(resultOfEnvelope(api.envelope('gpuMatrix', text), 'gpuMatrix'), api.gpuMatrix(setup));
   assert.deepEqual(resultOfEnvelope(api.envelope('solve', requestText('solve', setup)), 'solve'), api.solve(setup));
   assert.deepEqual(Object.keys(CALLS).sort(), ['curves', 'fewestGpus', 'gpuMatrix', 'heatMap', 'layouts', 'solve']);
+});
+
+test('a view split into parts merges into the whole view (the page\'s worker pool)', () => {
+  const heat = api.heatMap(setup, { axisValues: 3 });
+  for (const count of [2, 3, 5]) {
+    const parts = Array.from({ length: count }, (_, index) => api.heatMap(setup, { axisValues: 3, part: { index, count } }));
+    for (const [index, part] of parts.entries()) {
+      assert.deepEqual(part.part, { index, count });
+      const mine = part.cells.flat().filter((cell) => cell !== null).length;
+      assert.equal(part.estimates, mine);
+    }
+    // In any order, as the workers answer.
+    assert.deepEqual(mergeViewParts('heatMap', parts.reverse()), heat);
+  }
+  const curves = api.curves(setup, { curvePoints: 4 });
+  const halves = [1, 0].map((index) => api.curves(setup, { curvePoints: 4, part: { index, count: 2 } }));
+  assert.equal(halves[0].batch, null);
+  assert.equal(halves[1].sequence, null);
+  const merged = mergeViewParts('curves', halves);
+  assert.deepEqual({ ...merged, estimates: 0 }, { ...curves, estimates: 0 });
+  assert.equal(merged.estimates, curves.estimates + 1, 'each half estimates the current setup');
+  // Parts that are not one whole are refused, not merged into a wrong view.
+  const two = [0, 1].map((index) => api.heatMap(setup, { axisValues: 3, part: { index, count: 2 } }));
+  assert.throws(() => mergeViewParts('heatMap', [two[0]]), GpumemError);
+  assert.throws(() => mergeViewParts('heatMap', [two[0], two[0]]), GpumemError);
+  assert.throws(() => mergeViewParts('gpuMatrix', [api.gpuMatrix(setup)]), GpumemError);
+  assert.throws(() => api.gpuMatrix(setup, { part: { index: 0, count: 2 } }), (e) => e instanceof GpumemError && e.field === 'part.count');
+  assert.throws(() => api.heatMap(setup, { part: { index: 3, count: 2 } }), (e) => e instanceof GpumemError && e.field === 'part.index');
 });

@@ -19,11 +19,23 @@
 
 namespace gpumem {
 
+// The most parts a view may be split into (ViewOptions::partCount).
+constexpr int kMaxViewParts = 64;
+
 // The one options struct every view takes.
 struct ViewOptions {
   Setup setup;             // the setup the views are about (validated first)
   int axisValues = 8;      // heat map: powers of two per axis, 2–12 (the current value is added)
   int curvePoints = 16;    // curves: points per curve, 2–32 (powers of two and 3·2^k; the current value is added)
+  // One part of a view's work, so that several workers share it (the page's pool, web/engine.js):
+  // part partIndex of partCount computes the heat map's cells whose index (row × columns +
+  // column) is ≡ partIndex mod partCount, and the curves (0 batch, 1 sequence) whose index is;
+  // the rest are left out (null in the JSON). Interleaved, so the parts take about equal time
+  // (a grid's expensive cells are not in one corner). Every part's cells together are the whole
+  // view's, cell for cell (tests/views_test.cpp). The GPU matrix is one part: where it stops
+  // depends on every candidate before.
+  int partIndex = 0;       // 0 ≤ partIndex < partCount
+  int partCount = 1;       // 1–64
 };
 
 // The peak of one estimate and what dominates it (Estimate::peakDominant).
@@ -56,7 +68,12 @@ struct HeatMap {
   AxisLimit batchLimit, sequenceLimit;
   std::vector<std::vector<PeakPoint>> cells;  // cells[row][column]: batchSizes[row] × sequenceLengths[column]
   int estimates = 0;                       // how many estimates the view ran
+  int partIndex = 0, partCount = 1;        // ViewOptions': the cells this part computed (Computed)
   bool ok() const { return errors.empty(); }
+  // Whether cells[row][column] was estimated by this part (a default PeakPoint otherwise).
+  bool Computed(std::size_t row, std::size_t column) const {
+    return static_cast<int>((row * sequenceLengths.size() + column) % static_cast<std::size_t>(partCount)) == partIndex;
+  }
 };
 
 // The changes the GPU matrix tries, cheapest for the person first: what keeps the math
@@ -112,10 +129,14 @@ struct Curves {
   Curve batch;     // sequence fixed at the setup's
   Curve sequence;  // batch fixed at the setup's
   int estimates = 0;
+  int partIndex = 0, partCount = 1;  // ViewOptions': the curves this part computed (Computed)
   bool ok() const { return errors.empty(); }
+  // Whether curve 0 (batch) or 1 (sequence) was computed by this part (empty otherwise).
+  bool Computed(int curve) const { return curve % partCount == partIndex; }
 };
 
-// Problems with the options themselves (field paths "axisValues", "curvePoints") and the setup.
+// Problems with the options themselves (field paths "axisValues", "curvePoints", "part.index",
+// "part.count") and the setup.
 std::vector<FieldError> ValidateViewOptions(const ViewOptions& options);
 
 HeatMap ComputeHeatMap(const ViewOptions& options);

@@ -30,7 +30,27 @@ std::string ErrorsEnvelope(const std::vector<FieldError>& errors, int indent) {
   return Dump({{"ok", false}, {"errors", list}}, indent);
 }
 
-// Reads {"setup":{…},"axisValues":n,"curvePoints":n}. Setup errors keep the setup's own paths
+// "part": {"index": i, "count": n} (ViewOptions::partIndex, partCount; ranges checked later).
+void ReadPart(const nlohmann::json& value, ViewOptions& options, std::vector<FieldError>& errors) {
+  if (!value.is_object()) {
+    errors.push_back({ErrorCode::InvalidField, "part", "'part' must be an object {\"index\": i, \"count\": n}."});
+    return;
+  }
+  for (const auto& [key, v] : value.items()) {
+    if (key != "index" && key != "count") {
+      errors.push_back({ErrorCode::UnknownField, "part." + key, "Unknown field 'part." + key + "' (a part has index and count)."});
+      continue;
+    }
+    if (!v.is_number_integer()) {
+      errors.push_back({ErrorCode::InvalidField, "part." + key, "'part." + key + "' must be a whole number."});
+      continue;
+    }
+    const auto n = v.get<std::int64_t>();
+    (key == "index" ? options.partIndex : options.partCount) = n < -1000 ? -1000 : n > 1000 ? 1000 : static_cast<int>(n);
+  }
+}
+
+// Reads {"setup":{…},"axisValues":n,"curvePoints":n,"part":{…}}. Setup errors keep the setup's own paths
 // ("training.batchSize"), so the page points at the same controls as for an estimate.
 std::vector<FieldError> ParseRequest(std::string_view text, ViewOptions& options) {
   options = ViewOptions{};
@@ -45,9 +65,11 @@ std::vector<FieldError> ParseRequest(std::string_view text, ViewOptions& options
         const auto v = value.get<std::int64_t>();
         target = v < -1000 ? -1000 : v > 1000 ? 1000 : static_cast<int>(v);  // ranges checked later
       }
+    } else if (key == "part") {
+      ReadPart(value, options, errors);
     } else {
       errors.push_back({ErrorCode::UnknownField, key,
-                        "Unknown field '" + key + "' (a views request has setup, axisValues, curvePoints)."});
+                        "Unknown field '" + key + "' (a views request has setup, axisValues, curvePoints, part)."});
     }
   });
 }
@@ -61,6 +83,8 @@ ojson PointJson(const PeakPoint& p) {
 }
 
 ojson LimitJson(const AxisLimit& l) { return {{"value", l.value}, {"reason", l.reason}}; }
+
+ojson PartJson(int index, int count) { return {{"index", index}, {"count", count}}; }
 
 // A candidate's changes as a partial setup (only the fields it touches), read back from its
 // setup's JSON so the ids are the schema's.
@@ -99,21 +123,21 @@ std::string HeatMapJson(std::string_view requestText, int indent) {
   const HeatMap h = ComputeHeatMap(options);
   if (!h.ok()) return ErrorsEnvelope(h.errors, indent);
   ojson cells = ojson::array();
-  for (const auto& row : h.cells) {
+  for (std::size_t i = 0; i < h.cells.size(); ++i) {
     ojson r = ojson::array();
-    for (const PeakPoint& p : row) r.push_back(PointJson(p));
+    for (std::size_t j = 0; j < h.cells[i].size(); ++j) r.push_back(h.Computed(i, j) ? PointJson(h.cells[i][j]) : ojson(nullptr));
     cells.push_back(r);
   }
-  return Dump({{"ok", true},
-               {"heatMap", {{"capacityBytes", h.capacityBytes},
-                            {"batchSizes", h.batchSizes},
-                            {"sequenceLengths", h.sequenceLengths},
-                            {"current", {{"batchSize", h.currentBatchSize}, {"sequenceLength", h.currentSequenceLength}}},
-                            {"batchLimit", LimitJson(h.batchLimit)},
-                            {"sequenceLimit", LimitJson(h.sequenceLimit)},
-                            {"cells", cells},
-                            {"estimates", h.estimates}}}},
-              indent);
+  ojson heatMap = {{"capacityBytes", h.capacityBytes},
+                   {"batchSizes", h.batchSizes},
+                   {"sequenceLengths", h.sequenceLengths},
+                   {"current", {{"batchSize", h.currentBatchSize}, {"sequenceLength", h.currentSequenceLength}}},
+                   {"batchLimit", LimitJson(h.batchLimit)},
+                   {"sequenceLimit", LimitJson(h.sequenceLimit)},
+                   {"cells", cells},
+                   {"estimates", h.estimates}};
+  if (h.partCount > 1) heatMap["part"] = PartJson(h.partIndex, h.partCount);
+  return Dump({{"ok", true}, {"heatMap", heatMap}}, indent);
 }
 
 std::string GpuMatrixJson(std::string_view requestText, int indent) {
@@ -158,14 +182,14 @@ std::string CurvesJson(std::string_view requestText, int indent) {
   if (!errors.empty()) return ErrorsEnvelope(errors, indent);
   const Curves c = ComputeCurves(options);
   if (!c.ok()) return ErrorsEnvelope(c.errors, indent);
-  return Dump({{"ok", true},
-               {"curves", {{"capacityBytes", c.capacityBytes},
-                           {"current", {{"batchSize", c.currentBatchSize}, {"sequenceLength", c.currentSequenceLength},
-                                        {"peakBytes", c.currentPeakBytes}}},
-                           {"batch", CurveJson(c.batch)},
-                           {"sequence", CurveJson(c.sequence)},
-                           {"estimates", c.estimates}}}},
-              indent);
+  ojson curves = {{"capacityBytes", c.capacityBytes},
+                  {"current", {{"batchSize", c.currentBatchSize}, {"sequenceLength", c.currentSequenceLength},
+                               {"peakBytes", c.currentPeakBytes}}},
+                  {"batch", c.Computed(0) ? CurveJson(c.batch) : ojson(nullptr)},
+                  {"sequence", c.Computed(1) ? CurveJson(c.sequence) : ojson(nullptr)},
+                  {"estimates", c.estimates}};
+  if (c.partCount > 1) curves["part"] = PartJson(c.partIndex, c.partCount);
+  return Dump({{"ok", true}, {"curves", curves}}, indent);
 }
 
 }  // namespace gpumem

@@ -191,6 +191,15 @@ std::vector<FieldError> ValidateViewOptions(const ViewOptions& options) {
     errors.push_back({ErrorCode::InvalidField, "curvePoints",
                       "A curve takes 2 to 32 points (got " + std::to_string(options.curvePoints) + ")."});
   }
+  if (options.partCount < 1 || options.partCount > kMaxViewParts) {
+    errors.push_back({ErrorCode::InvalidField, "part.count",
+                      "A view is split into 1 to " + std::to_string(kMaxViewParts) + " parts (got " +
+                          std::to_string(options.partCount) + ")."});
+  } else if (options.partIndex < 0 || options.partIndex >= options.partCount) {
+    errors.push_back({ErrorCode::InvalidField, "part.index",
+                      "The part's index runs from 0 to " + std::to_string(options.partCount - 1) + " (got " +
+                          std::to_string(options.partIndex) + ")."});
+  }
   std::vector<FieldError> setupErrors = Validate(options.setup);
   errors.insert(errors.end(), setupErrors.begin(), setupErrors.end());
   return errors;
@@ -208,13 +217,16 @@ HeatMap ComputeHeatMap(const ViewOptions& options) {
   out.sequenceLengths = SequenceAxis(setup, options.axisValues);
   out.currentBatchSize = setup.training.batchSize;
   out.currentSequenceLength = setup.training.sequenceLength;
-  for (std::int64_t b : out.batchSizes) {
-    std::vector<PeakPoint> row;
-    for (std::int64_t n : out.sequenceLengths) {
+  out.partIndex = options.partIndex;
+  out.partCount = options.partCount;
+  for (std::size_t i = 0; i < out.batchSizes.size(); ++i) {
+    std::vector<PeakPoint> row(out.sequenceLengths.size());
+    for (std::size_t j = 0; j < out.sequenceLengths.size(); ++j) {
+      if (!out.Computed(i, j)) continue;
       Setup s = setup;
-      s.training.batchSize = b;
-      s.training.sequenceLength = n;
-      row.push_back(PeakOf(s, out.estimates));
+      s.training.batchSize = out.batchSizes[i];
+      s.training.sequenceLength = out.sequenceLengths[j];
+      row[j] = PeakOf(s, out.estimates);
     }
     out.cells.push_back(std::move(row));
   }
@@ -224,6 +236,11 @@ HeatMap ComputeHeatMap(const ViewOptions& options) {
 GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
   GpuMatrix out;
   out.errors = Validate(options.setup);  // the grid sizes do not apply here
+  // Not split: where the candidates stop depends on every one before (ViewOptions::partCount).
+  if (options.partCount != 1 || options.partIndex != 0) {
+    out.errors.push_back({ErrorCode::InvalidField, options.partCount != 1 ? "part.count" : "part.index",
+                          "The GPU matrix is computed whole: its part must be {\"index\": 0, \"count\": 1}."});
+  }
   if (!out.ok()) return out;
   const Setup& setup = options.setup;
   const TrainingDef& t = setup.training;
@@ -436,10 +453,16 @@ Curves ComputeCurves(const ViewOptions& options) {
     for (std::int64_t v : curve.values) curve.points.push_back(peakAt(v));
     FindLargestFitting(curve, peakAt);
   };
-  fill(out.batch, "training.batchSize", BatchLimit(setup), setup.training.batchSize,
-       [](Setup& s, std::int64_t v) { s.training.batchSize = v; });
-  fill(out.sequence, "training.sequenceLength", SequenceLimit(setup), setup.training.sequenceLength,
-       [](Setup& s, std::int64_t v) { s.training.sequenceLength = v; });
+  out.partIndex = options.partIndex;
+  out.partCount = options.partCount;
+  if (out.Computed(0)) {
+    fill(out.batch, "training.batchSize", BatchLimit(setup), setup.training.batchSize,
+         [](Setup& s, std::int64_t v) { s.training.batchSize = v; });
+  }
+  if (out.Computed(1)) {
+    fill(out.sequence, "training.sequenceLength", SequenceLimit(setup), setup.training.sequenceLength,
+         [](Setup& s, std::int64_t v) { s.training.sequenceLength = v; });
+  }
   return out;
 }
 
