@@ -3,7 +3,7 @@
 // Prints, per setup, the median and 95th percentile of `estimate(setup)` (the figures, no
 // timeline: what the solver, the views and the embed ask for) and of the estimate the page's
 // result panel asks for (with its labelled timeline), each against the engine issue's target;
-// then the solver and the native figures (build/native/tests/gpumem_bench, when built).
+// then the solver, the views and the native figures (build/native/tests/gpumem_bench, when built).
 // Usage: node scripts/bench.mjs [runs]   (after scripts/build)
 import { createRequire } from 'node:module';
 import { statSync, readFileSync, existsSync } from 'node:fs';
@@ -113,6 +113,28 @@ for (const [name, setup] of [
   if (t > 20) missed++;
   console.log(`${name.padEnd(40)} ${t.toFixed(1).padStart(7)} ms (min ${fastest.toFixed(1)})  ${verdict(t, 20).padEnd(18)} ` +
               `${solved.suggestions.length} suggestions, ${solved.estimatesRun ?? '?'} estimates`);
+}
+// The views (one whole call each, median of 3 after one warm-up call; the issue's target is
+// 100 ms a view in the page), and the heat map's slowest part when split in four, as the page's
+// pool of workers runs it on a machine with four cores or more (web/views-panel.js).
+for (const [name, setup] of [
+  ['GPT-2, 1 × 1024', { model: { preset: 'gpt2' }, training: { batchSize: 1, sequenceLength: 1024 } }],
+  ['Llama 2 7B, 1 × 4096', { model: { preset: 'llama-2-7b' }, training: { batchSize: 1, sequenceLength: 4096, attention: 'sdpa' } }],
+  ['Mixtral 8x22B, 1 × 8192', { model: { preset: 'mixtral-8x22b' }, training: { batchSize: 1, sequenceLength: 8192, attention: 'sdpa' } }],
+]) {
+  if (!gpumem.options().presets.some((p) => p.id === setup.model.preset)) continue;
+  const median3 = (call) => {
+    call();
+    const times = [0, 1, 2].map(() => { const t0 = performance.now(); call(); return performance.now() - t0; });
+    return times.sort((a, b) => a - b)[1];
+  };
+  const figures = ['heatMap', 'gpuMatrix', 'curves'].map((kind) => {
+    const t = median3(() => gpumem[kind](setup));
+    if (t > 100) missed++;
+    return `${kind} ${t.toFixed(0)} ms${t > 100 ? ' MISSED' : ''}`;
+  });
+  const parts = [0, 1, 2, 3].map((index) => median3(() => gpumem.heatMap(setup, { part: { index, count: 4 } })));
+  console.log(`${`views: ${name}`.padEnd(40)} ${figures.join(', ')}; heat map in 4 parts, slowest ${Math.max(...parts).toFixed(0)} ms`);
 }
 console.log(missed === 0 ? 'every target met' : `${missed} target(s) missed`);
 
