@@ -11,6 +11,7 @@
 #include "gpumem/names.hpp"
 #include "gpumem/presets.hpp"
 #include "gpumem/views.hpp"
+#include "device/device_stage.hpp"
 #include "test_support.hpp"
 
 using namespace gpumem;
@@ -166,6 +167,67 @@ TEST_CASE("the GPU matrix says when nothing fits", "[views]") {
   }
   // Every candidate was tried: 1 as is, the fused optimizer, then 3 precisions, 2 optimizers and 6 pairs.
   CHECK(m.candidates.size() == 13);
+  // Once each: no candidate's floor leaves room on any GPU, so none is estimated again for the
+  // GPUs of another cuBLAS workspace (it was 13 × 2 before the floor: Hopper's 32 MiB and 8 MiB).
+  CHECK(m.estimates == 13);
+}
+
+TEST_CASE("the GPU matrix's floor: no GPU's device figure is below it, and no verdict moves by it", "[views]") {
+  // Estimate::gpuIndependentPeakBytes plus a GPU's context and NCCL buffers must be at most that
+  // GPU's device figure for the same setup, whatever its SM count (the CUDA reduction scratch,
+  // sim/reduction.hpp) and workspace; and each GPU's choice must be the first candidate that
+  // fits it when estimated on that GPU itself, as if nothing had been skipped.
+  std::vector<Setup> setups;
+  setups.push_back(PresetSetup("gpt2", 8, 1024, 80));  // Conv1D biases over 8,192 rows: scratch
+  {
+    Setup s = PresetSetup("llama-2-7b", 2, 1024, 80);
+    s.training.precision = Precision::FP32;
+    setups.push_back(s);  // the 24 GiB cards need changes, the 80 GiB ones fewer
+  }
+  {
+    Setup s = PresetSetup("bert-base-uncased", 32, 512, 24);
+    s.gpu.id = "nvidia-rtx-4090";
+    setups.push_back(s);
+    // Expandable segments size their virtual range by the capacity: every GPU on its own.
+    s.runtime.allocator.expandableSegments = true;
+    setups.push_back(s);
+  }
+  bool sawScratch = false;
+  for (const Setup& s : setups) {
+    CAPTURE(s.model.architecture.hiddenSize, s.training.batchSize);
+    const Estimate here = MustEstimate(s);
+    CHECK(here.gpuIndependentPeakBytes <= here.peak.totalBytes);
+    sawScratch = sawScratch || here.gpuIndependentPeakBytes < here.peak.totalBytes;
+    for (const GpuModel& g : Gpus()) {
+      CAPTURE(g.id);
+      Setup on = s;
+      on.gpu.id = g.id;
+      on.gpu.memoryGiB = Limits::maxGpuMemoryGiB;
+      const Estimate there = MustEstimate(on);
+      CHECK(there.peak.totalBytes >= here.gpuIndependentPeakBytes);
+      CHECK(there.device.peakDeviceBytes >= here.gpuIndependentPeakBytes + OutsideAllocatorBytes(on));
+    }
+    const GpuMatrix m = ComputeGpuMatrix(Options(s));
+    REQUIRE(m.ok());
+    for (const GpuFit& f : m.gpus) {
+      CAPTURE(f.id);
+      int first = -1;
+      for (std::size_t k = 0; k < m.candidates.size() && first < 0; ++k) {
+        Setup own = m.candidates[k].setup;
+        own.gpu.id = f.id;
+        own.gpu.memoryGiB = f.memoryGiB;
+        if (MustEstimate(own).fits) first = static_cast<int>(k);
+      }
+      CHECK(f.choice == first);
+      if (first >= 0) {
+        Setup own = m.candidates[static_cast<std::size_t>(first)].setup;
+        own.gpu.id = f.id;
+        own.gpu.memoryGiB = f.memoryGiB;
+        CHECK(f.headroomBytes == MustEstimate(own).headroomBytes);
+      }
+    }
+  }
+  CHECK(sawScratch);
 }
 
 TEST_CASE("curves are peaks of the same setups and find the largest fitting value", "[views]") {

@@ -175,6 +175,11 @@ struct AllocatorCapacityRun {
   // went on from there); 0 when it ran from the start (expandable segments, garbage
   // collection) or was not needed.
   int sharedEvents = 0;
+  // Whether the capacity may have shaped atCapacity: it refused a cudaMalloc (from there the
+  // allocator released its cache and retried, which a run without a limit never does), or it
+  // could not be watched (expandable segments, garbage collection). False: atCapacity is the
+  // run without a limit, event for event.
+  bool capacityReached = false;
 };
 // Equal, field by field, to the one or two SimulateCachingAllocator calls it stands for
 // (tests/allocator_identity_test.cpp), in about one pass.
@@ -361,6 +366,9 @@ struct DeviceEstimate {
   // Formulas of the figures (empty without EstimateOptions::explain).
   std::string peakAllocatedFormula, peakReservedFormula, fragmentationFormula, contextFormula,
       workspaceFormula, communicationFormula, unifiedFormula, peakDeviceFormula, headroomFormula;
+  // The capacity refused a cudaMalloc in the run at capacity, or could not be watched
+  // (AllocatorCapacityRun::capacityReached). False: the figures are also those without a limit.
+  bool capacityReached = false;
   std::int64_t numAllocRetries = 0;     // cudaMalloc failures the cache release recovered from
   DeviceOom oom;
   DeviceSegments segments;  // the picture at the reserved peak (with a labelled timeline)

@@ -111,6 +111,13 @@ struct HostMemory {
 struct Estimate {
   ModelStates modelStates;
   Snapshot peak;                     // the largest total of the whole simulation
+  // peak.totalBytes less the largest CUDA reduction scratch of the step (Trace::
+  // gpuScratchMaxBytes): the only tensors whose sizes depend on the GPU, so on any GPU the same
+  // setup's live tensors reach at least this. Not in the JSON; the GPU matrix's lower bound.
+  std::int64_t gpuIndependentPeakBytes = 0;
+  // Trace::gpuReductions: the CUDA sums whose scratch the GPU's SM count sizes (the GPU matrix
+  // tells by them which GPUs make the same trace). Not in the JSON.
+  std::vector<ReductionShape> gpuReductions;
   // Which category dominates the peak, its share, and why it is large there (what grows it and
   // what would shrink it), for people.
   std::string peakExplanation;

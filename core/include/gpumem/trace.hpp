@@ -55,6 +55,13 @@ struct Event {
 // The stream byte took the padding of the 48-byte event (the trace is ~10^5 of them).
 static_assert(sizeof(Event) == 48, "Event grew: keep new fields in its padding");
 
+// A sum over the leading dimension of a contiguous [rows, outputs] tensor on the GPU (autograd's
+// sum_to of a bias or norm weight gradient), as sim/reduction.hpp LeadingSumScratch sizes it.
+struct ReductionShape {
+  std::int64_t rows = 0, outputs = 0, elementBytes = 0;
+  bool operator==(const ReductionShape&) const = default;
+};
+
 struct Trace {
   Trace();
   ~Trace();
@@ -79,6 +86,14 @@ struct Trace {
   // Not events: torch.cuda.memory_allocated / memory_reserved never see them. Made in step 1's
   // optimizer step and kept; the device stage counts what stays resident on the GPU.
   std::int64_t unifiedBytes = 0;
+  // The CUDA sums whose scratch (partial sums and semaphores, sim/reduction.hpp) the step may
+  // take: the only tensors whose sizes depend on the GPU (its SM count). Each distinct shape
+  // once; two GPUs whose LeadingSumScratch agrees on every one make the same trace (the GPU
+  // matrix compares them: solve/views.cpp). The largest scratch one op takes here, each freed
+  // before the next op's: on any GPU the trace's live bytes reach at least its peak less this
+  // (Estimate::gpuIndependentPeakBytes).
+  std::vector<ReductionShape> gpuReductions;
+  std::int64_t gpuScratchMaxBytes = 0;
   // torch.cuda.empty_cache() calls, each by the index of the event it comes before (in order;
   // events.size() after the last): not events, since replay's running total never sees them;
   // the device stage hands each to the caching allocator model between the events: DeepSpeed

@@ -47,6 +47,20 @@ struct PeakPoint {
   // device.peakAllocatedBytes + context + communication: below this no capacity fits, whatever
   // the allocator's cache does (the GPU matrix estimates a GPU between the two on its own).
   std::int64_t allocatedDeviceBytes = 0;
+  // Estimate::gpuIndependentPeakBytes: on any GPU the device figure of this setup is at least
+  // this plus that GPU's context and NCCL buffers (reserved ≥ the allocator's allocated ≥ the
+  // bytes of the live tensors at the trace's peak, the cuBLAS workspaces only adding to them).
+  // The GPU matrix skips an estimate that could not bring a GPU under its capacity.
+  std::int64_t deviceFloorBytes = 0;
+  // For the GPU matrix, which derives other GPUs' figures from this estimate's: the allocator's
+  // reserved peak without a capacity limit (DeviceEstimate::peakReservedBytes of the run the
+  // figures come from), the trace's allocated peak (Estimate::peak.totalBytes), CUDA unified
+  // memory (Trace::unifiedBytes) and the sums whose scratch the GPU sizes.
+  std::int64_t reservedBytes = 0;
+  bool reservedUnlimited = false;  // reservedBytes is the run without a limit (no cache release)
+  std::int64_t tracePeakBytes = 0;
+  std::int64_t unifiedBytes = 0;
+  std::vector<ReductionShape> gpuReductions;
   Category dominant = Category::Parameters;  // Estimate::peakDominant.category
   std::int64_t dominantBytes = 0;  // bytes of that category at the peak
   double dominantSharePercent = 0; // of the peak

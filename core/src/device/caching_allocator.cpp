@@ -1284,6 +1284,7 @@ AllocatorCapacityRun SimulateCachingAllocatorAtCapacity(AllocatorEventRuns event
   const bool watch = capped.CanWatchCapacity();
   capped.WatchCapacity(watch);
   const int miss = RunFrom(capped, run.atCapacity, events, 0, recording);
+  run.capacityReached = miss >= 0 || !watch;
   Model& unlimited = ThreadModel(1);
   if (miss >= 0) {
     unlimited = capped;  // the state before event `miss`, as the unlimited run has it too

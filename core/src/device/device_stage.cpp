@@ -278,6 +278,18 @@ std::int64_t AllocatorLimitOf(const Setup& setup) {
   return AllocatorLimit(CapacityBytes(setup.gpu.memoryGiB), OverheadsOf(setup));
 }
 
+DeviceOverheadsResult DeviceOverheadsOf(const Setup& setup) { return OverheadsOf(setup); }
+
+std::int64_t OutsideAllocatorBytes(const Setup& setup) {
+  const DeviceOverheadsResult overheads = OverheadsOf(setup);
+  return overheads.context.bytes + overheads.communication.bytes;
+}
+
+bool AllocatorRunDependsOnCapacity(const Setup& setup) {
+  const AllocatorOptions o = AllocatorOptionsOf(setup.runtime);
+  return o.expandableSegments || (o.perProcessMemoryFraction > 0 && o.garbageCollectionThreshold > 0);
+}
+
 DeviceAllocatorInput DeviceAllocatorInputOf(const Setup& setup, const Trace& trace, std::int64_t capacityBytes) {
   DeviceAllocatorInput input;
   const DeviceOverheadsResult overheads = OverheadsOf(setup);
@@ -333,6 +345,7 @@ DeviceEstimate ComputeDeviceEstimate(const Setup& setup, const Trace& trace, std
   AllocatorCapacityRun runs = SimulateCachingAllocatorAtCapacity(AllocatorEventRuns(placed.runs), options, limit, recording);
   const AllocatorResult& capped = runs.atCapacity;
   d.fits = !capped.oom.happened;
+  d.capacityReached = runs.capacityReached;
   d.numAllocRetries = capped.numAllocRetries;
   if (capped.oom.happened) {
     const AllocatorOom& o = capped.oom;

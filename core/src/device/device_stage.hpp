@@ -23,6 +23,19 @@ std::int64_t CapacityBytes(double memoryGiB);
 // (parallel_step.cpp FlattenZeroGroup).
 std::int64_t AllocatorLimitOf(const Setup& setup);
 
+// The setup's device overheads on its GPU (context, workspaces, NCCL buffers), as the device
+// stage takes them.
+DeviceOverheadsResult DeviceOverheadsOf(const Setup& setup);
+
+// What the setup's GPU holds outside the caching allocator: the CUDA context and NCCL's
+// buffers, bytes (DeviceEstimate::contextBytes + communicationBytes; peakDeviceBytes is the
+// allocator's reserved peak plus these and CUDA unified memory).
+std::int64_t OutsideAllocatorBytes(const Setup& setup);
+
+// Whether the allocator run without a limit still depends on the capacity: expandable segments
+// reserve their virtual range by it, and the garbage collection's threshold is a fraction of it.
+bool AllocatorRunDependsOnCapacity(const Setup& setup);
+
 // Field errors of setup.runtime ("runtime.allocator.maxSplitSizeMiB", …).
 void ValidateRuntime(const Setup& setup, std::vector<FieldError>& errors);
 

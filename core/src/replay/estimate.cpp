@@ -252,6 +252,8 @@ EstimateResult EstimateMemory(const Setup& setup, const EstimateOptions& options
     states = std::move(rank);
   }
   Estimate est = Replay(trace, options, states.rows);
+  est.gpuIndependentPeakBytes = std::max<std::int64_t>(0, est.peak.totalBytes - trace.gpuScratchMaxBytes);
+  est.gpuReductions = trace.gpuReductions;
   est.modelStates = std::move(states);
   if (parallel) {
     est.rank = SimulatedRankOf(setup);

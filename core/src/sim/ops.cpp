@@ -20,9 +20,12 @@ const Shape& Larger(const Tape& t, ValueId a, ValueId b) {
 bool Grad(const Tape& t, ValueId v) { return t.recording() && t.RequiresGrad(v); }
 
 void SumToScratch(Tape& t, Tape::OpSpec& spec, std::int64_t rows, std::int64_t outputs, DType type) {
-  const ReductionScratch r = LeadingSumScratch(rows, outputs, BytesPerElement(type), t.gpu());
   // (BackwardTemps holds 4: the ops that add this have at most one other temporary.)
-  if (r.bufferBytes <= 0 || spec.backwardTemps.size() > 2) return;
+  if (spec.backwardTemps.size() > 2) return;
+  const ReductionScratch r = LeadingSumScratch(rows, outputs, BytesPerElement(type), t.gpu());
+  // Noted whether or not this GPU splits the sum: another one may (Trace::gpuReductions).
+  t.builder().GpuReduction({rows, outputs, BytesPerElement(type)}, r.bufferBytes + r.semaphoreBytes);
+  if (r.bufferBytes <= 0) return;
   // Reduce.cuh gpu_reduce_kernel: buffer then semaphores from the caching allocator, both freed
   // when the launch returns. The buffer holds fp32 partial sums (global_memory_size: outputs ×
   // blocks per output × block.x × output_vec_size), the semaphores one int per output tile.

@@ -6,6 +6,7 @@
 // input" is one Retain, and the input is freed exactly when nothing else holds it.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -78,6 +79,13 @@ class TraceBuilder {
   // states, cudaMallocManaged): no event, so neither allocated nor reserved counts it; the trace
   // keeps the total (Trace::unifiedBytes), which the device stage places on the GPU.
   void UnifiedBytes(std::int64_t bytes) { trace_.unifiedBytes += bytes; }
+  // A CUDA sum whose scratch the GPU sizes, and that scratch here, bytes (Trace::gpuReductions,
+  // gpuScratchMaxBytes).
+  void GpuReduction(const ReductionShape& shape, std::int64_t scratchBytes) {
+    std::vector<ReductionShape>& shapes = trace_.gpuReductions;
+    if (std::find(shapes.begin(), shapes.end(), shape) == shapes.end()) shapes.push_back(shape);
+    trace_.gpuScratchMaxBytes = std::max(trace_.gpuScratchMaxBytes, scratchBytes);
+  }
   // Something a person should know about this trace (Trace::notes, shown with the estimate).
   void Note(std::string note) { trace_.notes.push_back(std::move(note)); }
   // torch.cuda.empty_cache() here, before the next event (Trace::emptyCacheBefore).

@@ -4,6 +4,7 @@
 
 #include "device/device_stage.hpp"
 #include "parallel/parallel_step.hpp"
+#include "sim/reduction.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -30,6 +31,12 @@ PeakPoint PeakOf(const Setup& setup, int& estimates) {
       // The device figure (allocator cache, context, workspaces): what fits is decided on.
       p.peakBytes = e.device.peakDeviceBytes;
       p.allocatedDeviceBytes = e.device.peakAllocatedBytes + e.device.contextBytes + e.device.communicationBytes;
+      p.deviceFloorBytes = e.gpuIndependentPeakBytes;
+      p.reservedBytes = e.device.peakReservedBytes;
+      p.reservedUnlimited = !e.device.fits || !e.device.capacityReached;
+      p.tracePeakBytes = e.peak.totalBytes;
+      p.unifiedBytes = e.device.unifiedBytes + e.device.unifiedEvictedBytes;
+      p.gpuReductions = e.gpuReductions;
       p.fits = e.fits;
       p.dominant = e.peakDominant.category;
       p.dominantBytes = e.peakDominant.bytes;
@@ -354,12 +361,17 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
     f.capacityBytes = CapacityBytes(g.memoryGiB);
     out.gpus.push_back(std::move(f));
   }
-  // The device peak depends on the GPU only through its workspace size (compute capability)
-  // and the cache releases near capacity; the matrix takes the setup's GPU's figure for every
-  // GPU above it or below its allocated figure (allocated + context, which no cache release
-  // lowers), and estimates a GPU in between on its own capacity, where the allocator's retries
-  // decide. So each candidate is estimated once for most GPUs, in cost order, until every GPU
-  // has its cheapest.
+  // A candidate is estimated once, on the setup's GPU; another GPU's figure follows from it
+  // without an estimate where the GPU makes the same trace and the same allocator run. A GPU
+  // changes three things: its context and NCCL buffers (outside the allocator: added per GPU),
+  // its cuBLAS workspace (an allocation the allocator sees) and the scratch of the CUDA sums its
+  // SM count sizes (sim/reduction.hpp: trace events). GPUs agreeing on the last two share one
+  // unlimited allocator run (estimated on the first of them, at a capacity no step reaches, so
+  // that no cache release enters) and its reserved peak. A GPU then fits this candidate when
+  // that peak with its context, buffers and unified memory is under its capacity; a GPU between
+  // that and the floor below is estimated on its own capacity, where the allocator's retries
+  // decide; under the floor it cannot fit. Candidates go in cost order until every GPU has its
+  // cheapest.
   std::size_t open = out.gpus.size();
   for (SettingsCandidate& c : order) {
     if (open == 0) break;
@@ -368,17 +380,31 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
     const int index = static_cast<int>(out.candidates.size());
     c.rank = index;
     if (c.tier == ChangeTier::AsIs) out.currentPeakBytes = c.peak.peakBytes;
-    // The device peak on each GPU: its cuBLAS workspace differs by compute capability, so the
-    // candidate is estimated once per workspace size (two or three sizes among the GPUs), on a
-    // capacity no step reaches (no cache release), and that figure decides each GPU's fit.
-    std::vector<std::pair<std::int64_t, std::int64_t>> peakByWorkspace;  // workspace bytes → device peak
-    const RuntimeOptions runtime = RuntimeOptionsOf(c.setup.runtime);
-    // DeepSpeed ZeRO-1/2 (from 0.18.7) flattens the parameters on the GPU only where NVML's free
-    // memory holds the flat, so its trace depends on the GPU's capacity: a GPU whose choice
-    // differs from the setup's GPU's is estimated on its own capacity (parallel_step.cpp).
-    const bool zeroFlatten = c.setup.parallel.zeroStage > 0 && DeepSpeedZeroOneTwo(c.setup);
-    const Inventory inventory = zeroFlatten ? BuildInventory(c.setup) : Inventory{};
-    const bool onDevice = zeroFlatten && DeepSpeedFlattensOnDevice(c.setup, inventory);
+    // What decides a GPU's allocator run: its workspaces and the scratch of every CUDA sum.
+    auto runKey = [&](const Setup& on) {
+      std::vector<std::int64_t> key = DeviceOverheadsOf(on).workspaceAllocations;
+      key.push_back(-1);
+      const GpuParallelism gpu = GpuParallelismOf(on.gpu.id);
+      for (const ReductionShape& r : c.peak.gpuReductions) {
+        const ReductionScratch scratch = LeadingSumScratch(r.rows, r.outputs, r.elementBytes, gpu);
+        key.push_back(scratch.bufferBytes);
+        key.push_back(scratch.semaphoreBytes);
+      }
+      return key;
+    };
+    struct Run {
+      std::vector<std::int64_t> key;
+      std::int64_t reservedBytes, tracePeakBytes;
+    };
+    // The candidate's own estimate ran without a limit where it did not fit, and where it did
+    // without the capacity refusing a cudaMalloc, the run at capacity was that run.
+    std::vector<Run> runs;
+    if (c.peak.reservedUnlimited) runs.push_back({runKey(c.setup), c.peak.reservedBytes, c.peak.tracePeakBytes});
+    // Where the capacity shapes the run, every GPU is estimated on its own: DeepSpeed ZeRO-1/2
+    // (from 0.18.7) flattens the parameters on the GPU only where NVML's free memory holds the
+    // flat (parallel_step.cpp), and expandable segments and the garbage collection read it.
+    const bool ownCapacity = (c.setup.parallel.zeroStage > 0 && DeepSpeedZeroOneTwo(c.setup)) ||
+                             AllocatorRunDependsOnCapacity(c.setup);
     for (GpuFit& f : out.gpus) {
       if (f.smallestPeakCandidate < 0 || c.peak.peakBytes < out.candidates[f.smallestPeakCandidate].peak.peakBytes) {
         f.smallestPeakCandidate = index;
@@ -396,33 +422,39 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
           --open;
         }
       };
-      if (zeroFlatten && DeepSpeedFlattensOnDevice(own, inventory) != onDevice) {
+      // The floor: to fit, the run at capacity must hold the trace's live tensors at its peak
+      // (reserved ≥ allocated ≥ them) within capacity − context − buffers, and no GPU brings
+      // them below gpuIndependentPeakBytes. (Not under ZeRO-1/2's flattening by capacity.)
+      const bool zeroFlatten = c.setup.parallel.zeroStage > 0 && DeepSpeedZeroOneTwo(c.setup);
+      const std::int64_t outside = OutsideAllocatorBytes(own);
+      if (!zeroFlatten && c.peak.deviceFloorBytes + outside > f.capacityBytes) continue;
+      if (ownCapacity) {
         estimateOnItsOwn();
         continue;
       }
-      const std::int64_t workspace = DeviceOverheads(f.id, runtime).workspace.bytes;
-      auto known = std::find_if(peakByWorkspace.begin(), peakByWorkspace.end(),
-                                [&](const auto& p) { return p.first == workspace; });
-      std::int64_t peak = c.peak.peakBytes;
-      if (workspace != DeviceOverheads(c.setup.gpu.id, runtime).workspace.bytes) {
-        if (known == peakByWorkspace.end()) {
-          Setup on = c.setup;
-          on.gpu.id = f.id;
-          on.gpu.memoryGiB = Limits::maxGpuMemoryGiB;
-          const PeakPoint p = PeakOf(on, out.estimates);
-          peakByWorkspace.emplace_back(workspace, p.ok ? p.peakBytes : c.peak.peakBytes);
-          known = peakByWorkspace.end() - 1;
+      const std::vector<std::int64_t> key = runKey(own);
+      auto run = std::find_if(runs.begin(), runs.end(), [&](const Run& r) { return r.key == key; });
+      if (run == runs.end()) {
+        Setup on = own;
+        on.gpu.memoryGiB = Limits::maxGpuMemoryGiB;
+        const PeakPoint p = PeakOf(on, out.estimates);
+        if (!p.ok) {
+          estimateOnItsOwn();
+          continue;
         }
-        peak = known->second;
+        runs.push_back({key, p.reservedBytes, p.tracePeakBytes});
+        run = runs.end() - 1;
       }
+      if (run->tracePeakBytes + outside > f.capacityBytes) continue;  // this GPU's own floor
+      const std::int64_t peak = run->reservedBytes + outside + c.peak.unifiedBytes;
       if (peak <= f.capacityBytes) {
         f.fits = true;
         f.choice = index;
         f.headroomBytes = f.capacityBytes - peak;
         --open;
-      } else if (c.peak.allocatedDeviceBytes <= f.capacityBytes) {
-        // Between the allocated figure and the device figure the allocator's cache decides: at
-        // this GPU's capacity it releases its cache and retries before failing.
+      } else {
+        // Between the floor and the device figure the allocator's cache decides: at this GPU's
+        // capacity it releases its cache and retries before failing.
         estimateOnItsOwn();
       }
     }

@@ -309,6 +309,8 @@ class LayerListPass final : public ModelPass {
   void BiasSumScratch(TraceBuilder& b, std::int64_t rows, std::int64_t outputs, DType type, Text name, Text op,
                       int layer) {
     const ReductionScratch r = LeadingSumScratch(rows, outputs, BytesPerElement(type), gpu_);
+    // Noted whether or not this GPU splits the sum: another one may (Trace::gpuReductions).
+    b.GpuReduction({rows, outputs, BytesPerElement(type)}, r.bufferBytes + r.semaphoreBytes);
     if (r.bufferBytes <= 0) return;
     TextStore& t = b.text();
     const TensorHandle buffer = b.Alloc(Category::ActivationGradients, r.bufferBytes, t.Make({name, " sum_to scratch"}),
