@@ -109,14 +109,19 @@ class Lane {
   stop() {
     const busy = this.current !== null;
     this.cancel();
-    if (busy && this.worker && this.mode !== 'sync') {
-      clearTimeout(this.startTimer);
-      this.worker.terminate();
-      this.worker = null;
-      this.current = null;
-      this.startWorker();
-    }
+    this.abandonCall();
     return busy;
+  }
+
+  // Ends the call in flight in the worker (whose result is then never read) and starts a fresh
+  // worker; a call on the page's thread runs to its end.
+  abandonCall() {
+    if (this.current === null || !this.worker || this.mode === 'sync') return;
+    clearTimeout(this.startTimer);
+    this.worker.terminate();
+    this.worker = null;
+    this.current = null;
+    this.startWorker();
   }
 
   pump() {
@@ -199,18 +204,8 @@ class Pool {
 
   stop() {
     this.cancel();
-    let busy = false;
-    for (const lane of this.lanes) {
-      if (lane.current === null) continue;
-      busy = true;
-      if (lane.worker && lane.mode !== 'sync') {
-        clearTimeout(lane.startTimer);
-        lane.worker.terminate();
-        lane.worker = null;
-        lane.current = null;
-        lane.startWorker();
-      }
-    }
+    const busy = this.lanes.some((lane) => lane.current !== null);
+    for (const lane of this.lanes) lane.abandonCall();
     return busy;
   }
 
