@@ -192,6 +192,14 @@ TEST_CASE("the GPU matrix's floor: no GPU's device figure is below it, and no ve
     s.runtime.allocator.expandableSegments = true;
     setups.push_back(s);
   }
+  {
+    // DeepSpeed ZeRO-2 flattens the parameters on the GPU only where they fit (by capacity).
+    auto parsed = ParseSetupJson(R"({"model":{"preset":"llama-2-7b"},
+        "training":{"batchSize":1,"sequenceLength":512,"attention":"sdpa","precision":"bf16Mixed","checkpointing":"everyBlock"},
+        "parallel":{"dataParallel":8,"zeroStage":2},"gpu":{"id":"nvidia-h100-sxm"}})");
+    REQUIRE(parsed.errors.empty());
+    setups.push_back(parsed.setup);
+  }
   bool sawScratch = false;
   for (const Setup& s : setups) {
     CAPTURE(s.model.architecture.hiddenSize, s.training.batchSize);

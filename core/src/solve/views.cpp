@@ -398,13 +398,19 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
     };
     // The candidate's own estimate ran without a limit where it did not fit, and where it did
     // without the capacity refusing a cudaMalloc, the run at capacity was that run.
+    // DeepSpeed ZeRO-1/2 (from 0.18.7) flattens the parameters on the GPU only where NVML's free
+    // memory holds the flat (parallel_step.cpp): the trace depends on the capacity. A GPU that
+    // flattens on the device shares a run with the others that do (the run without a limit
+    // flattens there too); one that does not is estimated on its own capacity.
+    const bool zeroFlatten = c.setup.parallel.zeroStage > 0 && DeepSpeedZeroOneTwo(c.setup);
+    const Inventory inventory = zeroFlatten ? BuildInventory(c.setup) : Inventory{};
     std::vector<Run> runs;
-    if (c.peak.reservedUnlimited) runs.push_back({runKey(c.setup), c.peak.reservedBytes, c.peak.tracePeakBytes});
-    // Where the capacity shapes the run, every GPU is estimated on its own: DeepSpeed ZeRO-1/2
-    // (from 0.18.7) flattens the parameters on the GPU only where NVML's free memory holds the
-    // flat (parallel_step.cpp), and expandable segments and the garbage collection read it.
-    const bool ownCapacity = (c.setup.parallel.zeroStage > 0 && DeepSpeedZeroOneTwo(c.setup)) ||
-                             AllocatorRunDependsOnCapacity(c.setup);
+    if (c.peak.reservedUnlimited && (!zeroFlatten || DeepSpeedFlattensOnDevice(c.setup, inventory))) {
+      runs.push_back({runKey(c.setup), c.peak.reservedBytes, c.peak.tracePeakBytes});
+    }
+    // Expandable segments size their virtual range by the capacity, and the garbage collection's
+    // threshold is a fraction of it: there every GPU is estimated on its own.
+    const bool ownCapacity = AllocatorRunDependsOnCapacity(c.setup);
     for (GpuFit& f : out.gpus) {
       if (f.smallestPeakCandidate < 0 || c.peak.peakBytes < out.candidates[f.smallestPeakCandidate].peak.peakBytes) {
         f.smallestPeakCandidate = index;
@@ -425,10 +431,9 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
       // The floor: to fit, the run at capacity must hold the trace's live tensors at its peak
       // (reserved ≥ allocated ≥ them) within capacity − context − buffers, and no GPU brings
       // them below gpuIndependentPeakBytes. (Not under ZeRO-1/2's flattening by capacity.)
-      const bool zeroFlatten = c.setup.parallel.zeroStage > 0 && DeepSpeedZeroOneTwo(c.setup);
       const std::int64_t outside = OutsideAllocatorBytes(own);
       if (!zeroFlatten && c.peak.deviceFloorBytes + outside > f.capacityBytes) continue;
-      if (ownCapacity) {
+      if (ownCapacity || (zeroFlatten && !DeepSpeedFlattensOnDevice(own, inventory))) {
         estimateOnItsOwn();
         continue;
       }
