@@ -46,7 +46,11 @@ export function scheduleViews(setup) {
         box.dataset.viewsMs = (performance.now() - requestedAt).toFixed(1);
         box.dataset.inWorker = String(outcome.inWorker);
         box.dataset.viewWorkers = String(state.engine.workers('views'));
-        $('#views-status').textContent = `(${timings.join(', ')}${outcome.inWorker ? `, in ${state.engine.workers('views')} background workers` : ', on the page'}.)`;
+        // A failure's message stays; otherwise the timings.
+        const failedView = VIEW_KINDS.some((kind) => pending[kind].failed);
+        if (!failedView) {
+          $('#views-status').textContent = `(${timings.join(', ')}${outcome.inWorker ? `, in ${state.engine.workers('views')} background workers` : ', on the page'}.)`;
+        }
       }
     });
   }, VIEWS_DELAY_MS);
@@ -69,12 +73,14 @@ function finishView(kind, view, requestedAt, timings) {
   view.done = true;
   const box = $('#views');
   if (view.errors) {
+    view.failed = true;
     $('#views-status').textContent = `The views failed: ${view.errors.map(errorText).join('; ')}`;
   } else {
     try {
       state.views[kind] = view.parts.length === 1 && !view.parts[0].part ? view.parts[0] : mergeViewParts(kind, view.parts);
       renderView(kind);
     } catch (error) {
+      view.failed = true;
       $('#views-status').textContent = `The views failed: ${errorText(error?.errors?.[0] ?? { message: String(error) })}`;
     }
   }

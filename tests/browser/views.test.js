@@ -6,7 +6,7 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { createRequire } from 'node:module';
@@ -213,5 +213,19 @@ test('without a worker (?worker=0) the views run on the page and show the same n
   const heat = (await core()).heatMap(setup);
   const first = await page.$eval('#heatmap rect.cell[data-batch-size="8"][data-sequence-length="512"]', (r) => Number(r.dataset.peakBytes));
   assert.equal(first, heat.cells[heat.batchSizes.indexOf(8)][heat.sequenceLengths.indexOf(512)].peakBytes);
+  await finish();
+});
+
+test('views the search budget refuses say so, from every part, and the message stays', async () => {
+  // Qwen3-30B-A3B with LoRA: 1,258,256 predicted events, inside the page's single-estimate
+  // budget and past a search's (500,000): the estimate is shown, every view (each part of the
+  // heat map and of the curves, and the GPU matrix) is refused, naming the field.
+  const setup = JSON.parse(readFileSync(join(root, 'tests/data/qwen3-30b-a3b-lora.json'), 'utf8'));
+  const { page, finish } = await openPage(urlFor(setup));
+  const timings = await viewsDone(page);
+  assert.equal(await page.getAttribute('#results', 'data-state'), 'ok');
+  assert.ok(Number(timings.heatMapParts) >= 2, `heat map parts: ${timings.heatMapParts}`);
+  const status = await page.$eval('#views-status', (el) => el.textContent);
+  assert.match(status, /The views failed: .*500,000 each estimate of a search may take/);
   await finish();
 });
