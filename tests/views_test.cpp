@@ -168,7 +168,7 @@ TEST_CASE("the GPU matrix says when nothing fits", "[views]") {
   // Every candidate was tried: 1 as is, the fused optimizer, then 3 precisions, 2 optimizers and 6 pairs.
   CHECK(m.candidates.size() == 13);
   // Once each: no candidate's floor leaves room on any GPU, so none is estimated again for the
-  // GPUs of another cuBLAS workspace (it was 13 × 2 before the floor: Hopper's 32 MiB and 8 MiB).
+  // GPUs of another cuBLAS workspace (52 before the floor: 13 on each of four workspace sizes).
   CHECK(m.estimates == 13);
 }
 
