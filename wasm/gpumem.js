@@ -219,8 +219,9 @@ export function resultOfEnvelope(text, key) {
 // for every index, in any order) → the whole view's result, as one call without a part returns
 // it: each cell or curve from the part that computed it (the others are null there), the
 // estimates summed (the work the parts did: each part of the curves estimates the current setup
-// for its `current`, one more than a whole call). Throws a GpumemError when the parts are not one whole (a part missing, twice,
-// or of another split). Nothing is computed here: every number is the core's.
+// for its `current`, one more than a whole call). Throws a GpumemError when the parts are not
+// one whole (a part missing, twice, or of another split). Nothing is computed here: every
+// number is the core's.
 export function mergeViewParts(kind, parts) {
   const fail = (message) => new GpumemError([{ code: 'internal', field: '', message }]);
   if (kind !== 'heatMap' && kind !== 'curves') throw fail(`${kind} is not split into parts.`);
@@ -260,8 +261,9 @@ function layoutsRequest(setup, options = {}) {
   return `{${parts.join(',')}}`;
 }
 
-// One request object: {"setup":{…},"axisValues":n,"curvePoints":n,"part":{"index","count"}}. A setup given as text (an
-// imported file) is embedded as it is, so the core reports its parse errors as for an estimate.
+// One request object: {"setup":{…},"axisValues":n,"curvePoints":n,"part":{"index","count"}}. A
+// setup given as text (an imported file) is embedded as it is, so the core reports its parse
+// errors as for an estimate.
 function viewRequest(setup, options = {}) {
   const parts = [`"setup":${setup === undefined ? '{}' : setupText(setup)}`];
   for (const key of ['axisValues', 'curvePoints', 'part']) {

@@ -1,7 +1,8 @@
 // Runs the core's long calls (the views, the solver) in Web Workers so the page never freezes:
 // typing stays responsive, results arrive asynchronously, and stale work is dropped. Each lane
-// (one worker) runs one call at a time; submitting new work replaces whatever still waits in
-// that lane, and a result of replaced work is dropped. When no worker can start (an old
+// (a pool of workers, one for the solver, several for the views) runs one call per worker at a
+// time; submitting new work replaces whatever still waits in that lane, and a result of
+// replaced work is dropped. When no worker can start (an old
 // browser, a policy without worker-src blob:, ?worker=0), the same lanes run the calls on the
 // page's thread, one per task, through the wasm module the page already has.
 //
@@ -28,17 +29,15 @@ function makeWorker() {
   return new Worker('worker.js', { name: 'gpumem' });
 }
 
+// One worker of a pool: it takes the pool's next waiting job whenever it is free.
 class Lane {
-  // source: where the lane takes its jobs ({queue, generation}): itself, or the pool it is in.
-  constructor(name, api, useWorker, source = null) {
+  constructor(name, api, useWorker, pool) {
     this.name = name;
     this.api = api;
     this.mode = 'sync';     // 'starting' | 'worker' | 'sync'
     this.worker = null;
-    this.source = source ?? this;
-    this.queue = [];        // jobs not yet started, all of the latest submission
+    this.pool = pool;       // its queue and generation
     this.current = null;    // the job in flight
-    this.generation = 0;    // bumped by every submit(); older results are dropped
     this.nextId = 1;
     this.fallbackReason = useWorker ? '' : 'workers disabled (?worker=0)';
     if (useWorker) this.startWorker();
@@ -71,7 +70,7 @@ class Lane {
     if (this.current) {
       const job = this.current;
       this.current = null;
-      this.source.queue.unshift(job);
+      this.pool.queue.unshift(job);
     }
     this.pump();
   }
@@ -89,30 +88,6 @@ class Lane {
     }
   }
 
-  get size() {
-    return 1;
-  }
-
-  submit(jobs, onResult) {
-    submitTo(this, jobs, onResult);
-    this.pump();
-  }
-
-  // Drops every waiting job and any result still to come.
-  cancel() {
-    cancelIn(this);
-  }
-
-  // Cancels, and stops the call in flight too: its worker is ended and a fresh one started (a
-  // call on the page's thread cannot be interrupted; its result is dropped). True when a call
-  // was in flight.
-  stop() {
-    const busy = this.current !== null;
-    this.cancel();
-    this.abandonCall();
-    return busy;
-  }
-
   // Ends the call in flight in the worker (whose result is then never read) and starts a fresh
   // worker; a call on the page's thread runs to its end.
   abandonCall() {
@@ -125,8 +100,8 @@ class Lane {
   }
 
   pump() {
-    if (this.current || !this.source.queue.length || this.mode === 'starting') return;
-    const job = this.source.queue.shift();
+    if (this.current || !this.pool.queue.length || this.mode === 'starting') return;
+    const job = this.pool.queue.shift();
     job.id = this.nextId++;
     job.sentAt = performance.now();
     this.current = job;
@@ -152,7 +127,7 @@ class Lane {
   finish(envelope, coreMs) {
     const job = this.current;
     this.current = null;
-    if (job.generation === this.source.generation) {
+    if (job.generation === this.pool.generation) {
       const outcome = { kind: job.kind, coreMs, roundTripMs: performance.now() - job.sentAt, inWorker: this.mode === 'worker' };
       try {
         outcome.result = resultOfEnvelope(envelope, job.kind === 'solve' ? 'solve' : job.kind);
@@ -165,43 +140,38 @@ class Lane {
   }
 }
 
-// The latest submission replaces what waits in `source` (a lane or a pool); its generation
-// marks the jobs, so that results of replaced work are dropped.
-function submitTo(source, jobs, onResult) {
-  source.generation += 1;
-  const generation = source.generation;
-  source.queue = jobs.map((job) => ({ ...job, generation, onResult }));
-}
-
-function cancelIn(source) {
-  source.generation += 1;
-  source.queue = [];
-}
-
-// Several lanes (workers) taking jobs from one queue, each the next waiting job when it is free:
-// for work split into parts (the heat map's cells, the two curves; docs/schema.md "part"), so
-// that a machine's cores share one view. Each worker is its own wasm instance (about 30 MiB of
-// memory after the largest presets' views).
+// Lanes (workers) taking jobs from one queue, each the next waiting job when it is free: one for
+// the solver, several for the views, whose work is split into parts (the heat map's cells, the
+// two curves; docs/schema.md "part") so that a machine's cores share one view. Each worker is
+// its own wasm instance (about 30 MiB of memory after the largest presets' views).
 class Pool {
   constructor(name, api, useWorker, size) {
-    this.queue = [];
-    this.generation = 0;
-    this.lanes = Array.from({ length: size }, (_, i) => new Lane(`${name}-${i}`, api, useWorker, this));
+    this.queue = [];        // jobs not yet started, all of the latest submission
+    this.generation = 0;    // bumped by every submit(); older results are dropped
+    this.lanes = Array.from({ length: size }, (_, i) => new Lane(size === 1 ? name : `${name}-${i}`, api, useWorker, this));
   }
 
   get size() {
     return this.lanes.length;
   }
 
+  // The latest submission replaces what waits; its generation marks the jobs.
   submit(jobs, onResult) {
-    submitTo(this, jobs, onResult);
+    this.generation += 1;
+    const generation = this.generation;
+    this.queue = jobs.map((job) => ({ ...job, generation, onResult }));
     for (const lane of this.lanes) lane.pump();
   }
 
+  // Drops every waiting job and any result still to come.
   cancel() {
-    cancelIn(this);
+    this.generation += 1;
+    this.queue = [];
   }
 
+  // Cancels, and stops the calls in flight too: their workers are ended and fresh ones started
+  // (a call on the page's thread cannot be interrupted; its result is dropped). True when a
+  // call was in flight.
   stop() {
     this.cancel();
     const busy = this.lanes.some((lane) => lane.current !== null);
@@ -211,7 +181,7 @@ class Pool {
 
   // The pool's mode: 'worker' when any lane runs in a worker, else the first lane's.
   get mode() {
-    return this.lanes.find((lane) => lane.mode === 'worker')?.mode ?? this.lanes[0].mode;
+    return this.lanes.some((lane) => lane.mode === 'worker') ? 'worker' : this.lanes[0].mode;
   }
 
   get fallbackReason() {
@@ -232,16 +202,16 @@ export function viewWorkers(hardwareConcurrency = globalThis.navigator?.hardware
 // 'parallel' lane's worker (one more wasm instance) starts only when that lane is first used.
 export function createEngine(api, { useWorker = typeof Worker === 'function', viewLanes = viewWorkers() } = {}) {
   // Without workers the pool is one lane: on the page's thread, parts would only add work.
-  const lanes = { views: new Pool('views', api, useWorker, useWorker ? viewLanes : 1), solve: new Lane('solve', api, useWorker) };
+  const lanes = { views: new Pool('views', api, useWorker, useWorker ? viewLanes : 1), solve: new Pool('solve', api, useWorker, 1) };
   const lazyLanes = new Set(['parallel']);
   const lane = (name) => {
-    if (!lanes[name] && lazyLanes.has(name)) lanes[name] = new Lane(name, api, useWorker);
+    if (!lanes[name] && lazyLanes.has(name)) lanes[name] = new Pool(name, api, useWorker, 1);
     return lanes[name];
   };
   return {
     // Runs calls in a lane: [{kind, setup, options}] → onResult(outcome) for each, unless a
-    // later run() on the same lane replaced them. A lane runs them one after another, in order;
-    // a pool ('views') as many at once as it has workers, each result as it comes.
+    // later run() on the same lane replaced them. A lane of one worker runs them one after
+    // another, in order; the views' as many at once as it has workers, each result as it comes.
     run(laneName, calls, onResult) {
       const jobs = calls.map(({ kind, setup, options }) => ({ kind, text: requestText(kind, setup, options) }));
       lane(laneName).submit(jobs, onResult);

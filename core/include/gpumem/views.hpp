@@ -42,10 +42,10 @@ struct ViewOptions {
 struct PeakPoint {
   bool ok = false;                 // false: this setup is invalid or too large to estimate
   FieldError error;                // why, when !ok
-  std::int64_t peakBytes = 0;      // Estimate::peak.totalBytes
+  std::int64_t peakBytes = 0;      // Estimate::device.peakDeviceBytes
   bool fits = false;               // peakBytes ≤ the GPU's capacity
-  // device.peakAllocatedBytes + context + communication: below this no capacity fits, whatever
-  // the allocator's cache does (the GPU matrix estimates a GPU between the two on its own).
+  // device.peakAllocatedBytes + context + communication: the device figure less the allocator's
+  // cache.
   std::int64_t allocatedDeviceBytes = 0;
   // Estimate::gpuIndependentPeakBytes: on any GPU the device figure of this setup is at least
   // this plus that GPU's context and NCCL buffers (reserved ≥ the allocator's allocated ≥ the

@@ -30,6 +30,10 @@ std::string ErrorsEnvelope(const std::vector<FieldError>& errors, int indent) {
   return Dump({{"ok", false}, {"errors", list}}, indent);
 }
 
+// A whole number of a request, clamped into int far outside every allowed range (the ranges are
+// checked later, with the field's own message).
+int ClampedCount(std::int64_t v) { return v < -1000 ? -1000 : v > 1000 ? 1000 : static_cast<int>(v); }
+
 // "part": {"index": i, "count": n} (ViewOptions::partIndex, partCount; ranges checked later).
 void ReadPart(const nlohmann::json& value, ViewOptions& options, std::vector<FieldError>& errors) {
   if (!value.is_object()) {
@@ -45,13 +49,12 @@ void ReadPart(const nlohmann::json& value, ViewOptions& options, std::vector<Fie
       errors.push_back({ErrorCode::InvalidField, "part." + key, "'part." + key + "' must be a whole number."});
       continue;
     }
-    const auto n = v.get<std::int64_t>();
-    (key == "index" ? options.partIndex : options.partCount) = n < -1000 ? -1000 : n > 1000 ? 1000 : static_cast<int>(n);
+    (key == "index" ? options.partIndex : options.partCount) = ClampedCount(v.get<std::int64_t>());
   }
 }
 
-// Reads {"setup":{…},"axisValues":n,"curvePoints":n,"part":{…}}. Setup errors keep the setup's own paths
-// ("training.batchSize"), so the page points at the same controls as for an estimate.
+// Reads {"setup":{…},"axisValues":n,"curvePoints":n,"part":{…}}. Setup errors keep the setup's
+// own paths ("training.batchSize"), so the page points at the same controls as for an estimate.
 std::vector<FieldError> ParseRequest(std::string_view text, ViewOptions& options) {
   options = ViewOptions{};
   options.setup = DefaultSetup();
@@ -62,8 +65,7 @@ std::vector<FieldError> ParseRequest(std::string_view text, ViewOptions& options
       if (!value.is_number_integer()) {
         errors.push_back({ErrorCode::InvalidField, key, "'" + key + "' must be a whole number."});
       } else {
-        const auto v = value.get<std::int64_t>();
-        target = v < -1000 ? -1000 : v > 1000 ? 1000 : static_cast<int>(v);  // ranges checked later
+        target = ClampedCount(value.get<std::int64_t>());
       }
     } else if (key == "part") {
       ReadPart(value, options, errors);

@@ -381,10 +381,10 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
     c.rank = index;
     if (c.tier == ChangeTier::AsIs) out.currentPeakBytes = c.peak.peakBytes;
     // What decides a GPU's allocator run: its workspaces and the scratch of every CUDA sum.
-    auto runKey = [&](const Setup& on) {
-      std::vector<std::int64_t> key = DeviceOverheadsOf(on).workspaceAllocations;
+    auto runKey = [&](const std::string& gpuId, const DeviceOverheadsResult& overheads) {
+      std::vector<std::int64_t> key = overheads.workspaceAllocations;
       key.push_back(-1);
-      const GpuParallelism gpu = GpuParallelismOf(on.gpu.id);
+      const GpuParallelism gpu = GpuParallelismOf(gpuId);
       for (const ReductionShape& r : c.peak.gpuReductions) {
         const ReductionScratch scratch = LeadingSumScratch(r.rows, r.outputs, r.elementBytes, gpu);
         key.push_back(scratch.bufferBytes);
@@ -406,7 +406,7 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
     const Inventory inventory = zeroFlatten ? BuildInventory(c.setup) : Inventory{};
     std::vector<Run> runs;
     if (c.peak.reservedUnlimited && (!zeroFlatten || DeepSpeedFlattensOnDevice(c.setup, inventory))) {
-      runs.push_back({runKey(c.setup), c.peak.reservedBytes, c.peak.tracePeakBytes});
+      runs.push_back({runKey(c.setup.gpu.id, DeviceOverheadsOf(c.setup)), c.peak.reservedBytes, c.peak.tracePeakBytes});
     }
     // Expandable segments size their virtual range by the capacity, and the garbage collection's
     // threshold is a fraction of it: there every GPU is estimated on its own.
@@ -431,13 +431,14 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
       // The floor: to fit, the run at capacity must hold the trace's live tensors at its peak
       // (reserved ≥ allocated ≥ them) within capacity − context − buffers, and no GPU brings
       // them below gpuIndependentPeakBytes. (Not under ZeRO-1/2's flattening by capacity.)
-      const std::int64_t outside = OutsideAllocatorBytes(own);
+      const DeviceOverheadsResult overheads = DeviceOverheadsOf(own);
+      const std::int64_t outside = overheads.context.bytes + overheads.communication.bytes;
       if (!zeroFlatten && c.peak.deviceFloorBytes + outside > f.capacityBytes) continue;
       if (ownCapacity || (zeroFlatten && !DeepSpeedFlattensOnDevice(own, inventory))) {
         estimateOnItsOwn();
         continue;
       }
-      const std::vector<std::int64_t> key = runKey(own);
+      const std::vector<std::int64_t> key = runKey(f.id, overheads);
       auto run = std::find_if(runs.begin(), runs.end(), [&](const Run& r) { return r.key == key; });
       if (run == runs.end()) {
         Setup on = own;
