@@ -691,68 +691,138 @@ void CopyChangedFields(const FitSuggestion& s, Setup& next) {
 }
 
 // No single change fits: combine the largest savers, one change per field, until it fits.
-// The first is already simulated alone; at most kCombinationSteps more are simulated (the
+// The first is already simulated alone; at most kCombinationSteps more are weighed (the
 // largest savers come first, and each later one saves less, so a long tail rarely helps).
+//
+// Two rules keep the answer one a person would act on:
+// - A change that sets the fields of one taken change replaces it while the combination's model
+//   states alone pass the capacity and the newcomer's are fewer. Ranked by what they could save,
+//   LoRA (its floor: 16-bit base weights) comes before QLoRA (simulated whole), and used to shut
+//   QLoRA out: Llama 3 70B at 1 × 4096 on an H100 ended "LoRA + bf16: 132 GiB, does not fit",
+//   where QLoRA with checkpointing fits.
+// - Once it fits, each change that costs something (compute or results), the last one aside, is
+//   left out again if the rest still fits, latest first: the greedy order takes checkpointing,
+//   activation offloading and paged AdamW before the adapters that make most of them needless.
+//   Free changes (the same math) stay. One more simulation per costly change at most.
 void Solver::AddCombination() {
   constexpr int kCombinationSteps = 8;
   std::vector<FitSuggestion>& suggestions = out_.suggestions;
   const bool anyFits = std::any_of(suggestions.begin(), suggestions.end(), [](const FitSuggestion& s) { return s.fits; });
   if (anyFits || out_.currentPeakBytes <= capacity_ || suggestions.size() <= 1) return;
-  FitSuggestion combo;
-  combo.setup = setup_;
-  std::vector<std::string> labels;
-  bool comboSimulated = true;  // combo.peakBytes is the simulated peak of combo.setup
-  std::int64_t comboBound = statesBound_;  // ModelStatesLowerBound(combo.setup)
+
+  using Steps = std::vector<const FitSuggestion*>;
+  // What a combination's peak is known as: simulated, or a floor that settles it unsimulated
+  // (its model states, or those and what its blocks keep at the end of forward).
+  struct Outcome {
+    std::optional<std::int64_t> peak;  // nullopt: the combined setup is refused
+    bool simulated = true;
+    std::string basis;                 // FitSuggestion::lowerBoundBasis when not simulated
+    std::int64_t statesBound = -1;     // ModelStatesLowerBound of the combined setup (-1: none)
+  };
+  auto setupOf = [&](const Steps& steps) {
+    Setup s = setup_;
+    for (const FitSuggestion* step : steps) CopyChangedFields(*step, s);
+    return s;
+  };
+  auto evaluate = [&](const Steps& steps) {
+    Outcome o;
+    if (steps.size() == 1) {  // a single change: already weighed
+      o.peak = steps[0]->peakBytes;
+      o.simulated = !steps[0]->peakIsLowerBound;
+      o.basis = steps[0]->lowerBoundBasis;
+      o.statesBound = inventories_.Bound(steps[0]->setup);
+      return o;
+    }
+    const Setup s = setupOf(steps);
+    o.statesBound = inventories_.Bound(s);
+    if (o.statesBound > capacity_) {
+      o.peak = o.statesBound;
+      o.simulated = false;
+      o.basis = "modelStates";
+    } else if (const std::int64_t floor = TryForwardEndFloor(s, o.statesBound, capacity_); floor > capacity_) {
+      o.peak = floor;
+      o.simulated = false;
+      o.basis = "forwardEnd";
+    } else {
+      o.peak = PeakOf(s);  // refused setups have no bound (-1): simulated, and dropped when refused
+    }
+    return o;
+  };
+  auto shareField = [](const FitSuggestion& a, const FitSuggestion& b) {
+    return std::any_of(a.changedFields.begin(), a.changedFields.end(), [&](const std::string& f) {
+      return std::find(b.changedFields.begin(), b.changedFields.end(), f) != b.changedFields.end();
+    });
+  };
+
+  Steps taken;
+  Outcome now;
   int steps = 0;
   for (const FitSuggestion& s : suggestions) {
-    bool clash = false;
-    for (const std::string& f : s.changedFields) {
-      clash = clash || std::find(combo.changedFields.begin(), combo.changedFields.end(), f) != combo.changedFields.end();
-    }
+    const Setup current = setupOf(taken);
     // The optimizer in backward leaves no gradient to accumulate into.
     const bool accumulates = s.id.rfind("batch-", 0) == 0;
-    clash = clash || (accumulates && combo.setup.training.optimizerInBackward) ||
-            (s.setup.training.optimizerInBackward && combo.setup.training.batchSize != setup_.training.batchSize);
-    if (clash) continue;
-    if (!labels.empty() && steps++ == kCombinationSteps) break;
-    Setup next = combo.setup;
-    CopyChangedFields(s, next);
-    // A step whose model states alone pass the capacity cannot fit: it is
-    // taken unsimulated (only the last step's peak is reported, and only a fit ends the loop),
-    // and a combination whose last step was such a one is listed by that step's floor.
-    std::optional<std::int64_t> peak;
-    bool simulated = true;
-    const std::int64_t nextBound = BoundOf(next, s.changedFields, comboBound);
-    if (labels.empty()) {
-      peak = s.peakBytes;
-      simulated = !s.peakIsLowerBound;
-    } else if (const std::int64_t least = nextBound; least > capacity_) {
-      peak = least;  // refused setups have no bound (-1), so they are simulated and skipped as before
-      simulated = false;
-    } else {
-      peak = PeakOf(next);
+    if ((accumulates && current.training.optimizerInBackward) ||
+        (s.setup.training.optimizerInBackward && current.training.batchSize != setup_.training.batchSize)) {
+      continue;
     }
-    if (!peak) continue;
-    comboSimulated = simulated;
-    comboBound = nextBound;
-    combo.setup = next;
-    combo.changedFields.insert(combo.changedFields.end(), s.changedFields.begin(), s.changedFields.end());
-    combo.peakBytes = *peak;
-    labels.push_back(s.label);
-    combo.id += (combo.id.empty() ? "" : "+") + s.id;
-    combo.tradeoff += (combo.tradeoff.empty() ? "" : "; ") + s.tradeoff;
-    combo.cost = std::max(combo.cost, s.cost);
-    if (*peak <= capacity_) break;
+    Steps next = taken;
+    std::size_t clashes = 0, clashAt = 0;
+    for (std::size_t i = 0; i < taken.size(); ++i) {
+      if (shareField(s, *taken[i])) {
+        ++clashes;
+        clashAt = i;
+      }
+    }
+    if (clashes == 0) {
+      next.push_back(&s);
+    } else {
+      // Replace the one change it clashes with, only while the states alone rule a fit out.
+      if (clashes > 1 || now.basis != "modelStates") continue;
+      next[clashAt] = &s;
+      const std::int64_t bound = inventories_.Bound(setupOf(next));
+      if (bound < 0 || bound >= now.statesBound) continue;
+    }
+    if (!taken.empty() && steps++ == kCombinationSteps) break;
+    const Outcome o = evaluate(next);
+    if (!o.peak) continue;
+    taken = std::move(next);
+    now = o;
+    if (*o.peak <= capacity_) break;
   }
-  if (labels.size() <= 1) return;
-  // Its last step was left unsimulated because that step's model states alone pass the
-  // capacity, and combo.peakBytes is their sum: the combination cannot fit either, and is
-  // listed by that floor like a single change (a 405B model on one GPU: one simulation fewer).
-  if (!comboSimulated) combo.peakIsLowerBound = true;
+  if (taken.size() <= 1) return;
+  if (now.simulated && *now.peak <= capacity_) {
+    for (std::size_t i = taken.size() - 1; i-- > 0;) {
+      if (taken[i]->cost == FitCost::Free) continue;
+      Steps without = taken;
+      without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
+      const Outcome o = evaluate(without);
+      if (o.peak && o.simulated && *o.peak <= capacity_) {
+        taken = std::move(without);
+        now = o;
+      }
+    }
+  }
+  if (taken.size() <= 1) return;  // (only a fitting single is left: never, none fits alone)
+
+  FitSuggestion combo;
+  combo.setup = setupOf(taken);
+  combo.label = "Combine: ";
+  for (std::size_t i = 0; i < taken.size(); ++i) {
+    const FitSuggestion& s = *taken[i];
+    combo.changedFields.insert(combo.changedFields.end(), s.changedFields.begin(), s.changedFields.end());
+    combo.id += (i ? "+" : "") + s.id;
+    combo.label += (i ? " + " : "") + s.label;
+    combo.tradeoff += (i ? "; " : "") + s.tradeoff;
+    combo.cost = std::max(combo.cost, s.cost);
+  }
+  combo.peakBytes = *now.peak;
+  // Unsimulated, it is listed by its floor like a single change: its model states alone, or with
+  // what its blocks keep at the end of forward, pass the capacity (a 405B model on one GPU: one
+  // simulation fewer).
+  combo.peakIsLowerBound = !now.simulated;
+  combo.lowerBoundBasis = now.simulated ? "" : now.basis;
   combo.fits = combo.peakBytes <= capacity_;
   combo.savedBytes = out_.currentPeakBytes - combo.peakBytes;
-  combo.label = "Combine: ";
-  for (std::size_t i = 0; i < labels.size(); ++i) combo.label += (i ? " + " : "") + labels[i];
   suggestions.insert(suggestions.begin(), std::move(combo));
 }
 
