@@ -700,10 +700,13 @@ void CopyChangedFields(const FitSuggestion& s, Setup& next) {
 //   LoRA (its floor: 16-bit base weights) comes before QLoRA (simulated whole), and used to shut
 //   QLoRA out: Llama 3 70B at 1 × 4096 on an H100 ended "LoRA + bf16: 132 GiB, does not fit",
 //   where QLoRA with checkpointing fits.
-// - Once it fits, each change that costs something (compute or results), the last one aside, is
-//   left out again if the rest still fits, latest first: the greedy order takes checkpointing,
-//   activation offloading and paged AdamW before the adapters that make most of them needless.
-//   Free changes (the same math) stay. One more simulation per costly change at most.
+// - Once it fits, what it fits without is left out again, the last change aside: first each
+//   change that costs something (compute or results), latest first, with every free change
+//   still in (the greedy order takes checkpointing, activation offloading and paged AdamW before
+//   the adapters that make most of them needless); then the free ones (the same math), all at
+//   once, else one at a time. A person reads the fewest changes, the costly ones fewest first.
+//   One more simulation per costly change at most, and one for the free ones where none is
+//   needed (Llama 3 70B QLoRA: "checkpointing + QLoRA", not four free changes besides).
 void Solver::AddCombination() {
   constexpr int kCombinationSteps = 8;
   std::vector<FitSuggestion>& suggestions = out_.suggestions;
@@ -791,14 +794,35 @@ void Solver::AddCombination() {
   }
   if (taken.size() <= 1) return;
   if (now.simulated && *now.peak <= capacity_) {
+    // Takes `without` when it still fits (simulated: a floor never says it fits).
+    auto tryWithout = [&](const Steps& without) {
+      const Outcome o = evaluate(without);
+      if (!o.peak || !o.simulated || *o.peak > capacity_) return false;
+      taken = without;
+      now = o;
+      return true;
+    };
+    const FitSuggestion* last = taken.back();
+    // The costly changes one at a time, latest first, with every free change still in.
     for (std::size_t i = taken.size() - 1; i-- > 0;) {
       if (taken[i]->cost == FitCost::Free) continue;
       Steps without = taken;
       without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
-      const Outcome o = evaluate(without);
-      if (o.peak && o.simulated && *o.peak <= capacity_) {
-        taken = std::move(without);
-        now = o;
+      tryWithout(without);
+    }
+    // Then the free ones: all at once (usually none is needed once the costly ones fit: one
+    // simulation), else one at a time, latest first.
+    Steps costlyOnly;
+    for (const FitSuggestion* step : taken) {
+      if (step->cost != FitCost::Free || step == last) costlyOnly.push_back(step);
+    }
+    // (A single change is not tried: none fits alone.)
+    if (costlyOnly.size() < taken.size() && !(costlyOnly.size() > 1 && tryWithout(costlyOnly))) {
+      for (std::size_t i = taken.size() - 1; i-- > 0;) {
+        if (taken[i]->cost != FitCost::Free) continue;
+        Steps without = taken;
+        without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
+        tryWithout(without);
       }
     }
   }
