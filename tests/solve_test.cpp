@@ -397,6 +397,49 @@ TEST_CASE("every preset's fitting combination needs each of its changes", "[solv
   CHECK(combinations >= 20);
 }
 
+TEST_CASE("the same math together comes before a change that fits at a cost", "[solve]") {
+  // Llama 3.2 3B in bf16 mixed at 4 × 2048 with eager attention on an H100: activation offloading
+  // or checkpointing fits alone (more compute or PCIe traffic); SDPA and the fused loss fit
+  // together, and neither alone. That combination is offered first, each of its changes needed.
+  const std::string text =
+      R"({"model":{"preset":"llama-3.2-3b"},"training":{"batchSize":4,"sequenceLength":2048,"attention":"eager",)"
+      R"("precision":"bf16Mixed"},"gpu":{"id":"nvidia-h100-sxm"}})";
+  const std::vector<std::string> ids = CheckFittingCombination(text);
+  REQUIRE(ids.size() >= 2);
+  const json solve = SolveDoc(text);
+  const json& suggestions = solve.at("suggestions");
+  CHECK(suggestions.at(0).at("cost") == "free");
+  CHECK(std::find(ids.begin(), ids.end(), "attention-sdpa") != ids.end());
+  const bool costlySingleFits = std::any_of(suggestions.begin() + 1, suggestions.end(), [](const json& s) {
+    return s.at("fits") == true && s.at("cost") != "free";
+  });
+  CHECK(costlySingleFits);
+  for (std::size_t i = 1; i < suggestions.size(); ++i) {
+    INFO(suggestions.at(i).at("id").get<std::string>());
+    CHECK_FALSE((suggestions.at(i).at("fits") == true && suggestions.at(i).at("cost") == "free"));
+  }
+}
+
+TEST_CASE("full fine-tuning is kept where paged AdamW with another change fits", "[solve]") {
+  // Llama 3 8B under autocast at 1 × 2048 with eager attention on an H100: its fp32 weights,
+  // gradients and Adam states alone (16 B a parameter) nearly fill 80 GB. The first answer
+  // was QLoRA, which trains something else; SDPA with paged AdamW (its states in unified
+  // memory, paged out when the GPU runs short) fits and trains every parameter.
+  const std::string text =
+      R"({"model":{"preset":"llama-3-8b"},"training":{"batchSize":1,"sequenceLength":2048,"attention":"eager",)"
+      R"("precision":"ampBf16"},"gpu":{"id":"nvidia-h100-sxm"}})";
+  const std::vector<std::string> ids = CheckFittingCombination(text);
+  REQUIRE_FALSE(ids.empty());
+  const json solve = SolveDoc(text);
+  const json& first = solve.at("suggestions").at(0);
+  CHECK(first.at("cost") == "compute");
+  CHECK_FALSE(first.at("change").contains("finetune"));
+  const auto qlora = std::find_if(solve.at("suggestions").begin(), solve.at("suggestions").end(),
+                                  [](const json& s) { return s.at("id") == "finetune-qlora"; });
+  REQUIRE(qlora != solve.at("suggestions").end());
+  CHECK(qlora->at("fits") == true);
+}
+
 TEST_CASE("QLoRA takes LoRA's place in the combination when 16-bit base weights cannot fit", "[solve]") {
   // Llama 3 70B at 1 × 4096 on one H100. Ranked by the most they could save, LoRA (a floor: its
   // 140 GB of bf16 base weights) comes before QLoRA (simulated whole, without checkpointing:

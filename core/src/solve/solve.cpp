@@ -282,7 +282,7 @@ class Solver {
   void FindLimits();        // the largest micro-batch and the longest sequence that fit
   void AddSingleChanges();  // each change of one setting that could lower the peak
   void SortSuggestions();   // those that fit first; then the cheapest kind; then the largest saving
-  void AddCombination();    // when none fits alone: the largest savers together
+  void AddCombination();    // when none fits alone, or only at a cost: cheaper savers together
 
  private:
   std::optional<PhasePeaks> SimulatedPhasePeaks(const Setup& s);  // one simulation, counted
@@ -690,9 +690,12 @@ void CopyChangedFields(const FitSuggestion& s, Setup& next) {
   }
 }
 
-// No single change fits: combine the largest savers, one change per field, until it fits.
-// The first is already simulated alone; at most kCombinationSteps more are weighed (the
-// largest savers come first, and each later one saves less, so a long tail rarely helps).
+// No single change fits, or only at a cost (compute, changed results): combine the largest
+// savers, one change per field, until it fits — those cheaper than the cheapest single that
+// fits, if one does (fused attention and the fused loss together fit where checkpointing alone
+// does too: offered first, and only if it fits). The first is already simulated alone; at most
+// kCombinationSteps more are weighed (the largest savers come first, and each later one saves
+// less, so a long tail rarely helps).
 //
 // Two rules keep the answer one a person would act on:
 // - A change that sets the fields of one taken change replaces it while the combination's model
@@ -710,8 +713,17 @@ void CopyChangedFields(const FitSuggestion& s, Setup& next) {
 void Solver::AddCombination() {
   constexpr int kCombinationSteps = 8;
   std::vector<FitSuggestion>& suggestions = out_.suggestions;
-  const bool anyFits = std::any_of(suggestions.begin(), suggestions.end(), [](const FitSuggestion& s) { return s.fits; });
-  if (anyFits || out_.currentPeakBytes <= capacity_ || suggestions.size() <= 1) return;
+  if (out_.currentPeakBytes <= capacity_ || suggestions.size() <= 1) return;
+  // Where a single change fits, only changes that cost less than the cheapest such one are
+  // combined, and the combination is offered only if it fits: the same math together before
+  // checkpointing alone.
+  bool anyFits = false;
+  FitCost below = FitCost::ChangesResults;
+  for (const FitSuggestion& s : suggestions) {
+    if (s.fits && (!anyFits || s.cost < below)) below = s.cost;
+    anyFits = anyFits || s.fits;
+  }
+  if (anyFits && below == FitCost::Free) return;
 
   using Steps = std::vector<const FitSuggestion*>;
   // What a combination's peak is known as: simulated, or a floor that settles it unsimulated
@@ -761,6 +773,7 @@ void Solver::AddCombination() {
   Outcome now;
   int steps = 0;
   for (const FitSuggestion& s : suggestions) {
+    if (anyFits && s.cost >= below) continue;
     const Setup current = setupOf(taken);
     // The optimizer in backward leaves no gradient to accumulate into.
     const bool accumulates = s.id.rfind("batch-", 0) == 0;
@@ -827,6 +840,7 @@ void Solver::AddCombination() {
     }
   }
   if (taken.size() <= 1) return;  // (only a fitting single is left: never, none fits alone)
+  if (anyFits && !(now.simulated && *now.peak <= capacity_)) return;  // a fitting single is cheaper
 
   FitSuggestion combo;
   combo.setup = setupOf(taken);
