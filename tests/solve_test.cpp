@@ -381,11 +381,12 @@ TEST_CASE("the combination keeps no costly change it does not need", "[solve]") 
 }
 
 TEST_CASE("every preset's fitting combination needs each of its changes", "[solve]") {
-  // Every transformer preset at 2 × 4096 under autocast on a 24 GB and an 80 GB card. Before
-  // the combination was trimmed, 194 of these checks failed: changes it fitted without.
+  // Every transformer preset at 2 × 4096 under autocast on a 24, a 40 and an 80 GB card. Before
+  // the combination was trimmed, 194 of these checks (on the 24 and 80 GB cards) failed: changes
+  // it fitted without. Gemma 2 27B on the A100 fits without the change the greedy added last.
   int combinations = 0;
   for (const Preset& preset : Presets()) {
-    for (const char* gpu : {"nvidia-rtx-4090", "nvidia-h100-sxm"}) {
+    for (const char* gpu : {"nvidia-rtx-4090", "nvidia-a100-40", "nvidia-h100-sxm"}) {
       const std::string text = std::string(R"({"model":{"preset":")") + preset.id +
                                R"("},"training":{"batchSize":2,"sequenceLength":4096,"attention":"sdpa","precision":"ampBf16"},)"
                                R"("gpu":{"id":")" + gpu + R"("}})";
