@@ -441,6 +441,18 @@ TEST_CASE("full fine-tuning is kept where paged AdamW with another change fits",
   CHECK(qlora->at("fits") == true);
 }
 
+TEST_CASE("gradient accumulation is weighed without the optimizer in backward when that blocks a fit", "[solve]") {
+  // Gemma 2 27B in bf16 mixed at 2 × 4096 on an A100 40 GB. The optimizer in backward (free,
+  // taken first) leaves no gradient to accumulate into, and the combination with it ended at
+  // 47.5 GiB, "does not fit"; without it, checkpointing, batch 1 × 2 accumulated and QLoRA fit.
+  const std::vector<std::string> ids = CheckFittingCombination(
+      R"({"model":{"preset":"gemma-2-27b"},"training":{"batchSize":2,"sequenceLength":4096,"attention":"sdpa",)"
+      R"("precision":"bf16Mixed"},"gpu":{"id":"nvidia-a100-40"}})");
+  REQUIRE_FALSE(ids.empty());
+  CHECK(std::find(ids.begin(), ids.end(), "optimizer-in-backward") == ids.end());
+  CHECK(std::any_of(ids.begin(), ids.end(), [](const std::string& id) { return id.rfind("batch-", 0) == 0; }));
+}
+
 TEST_CASE("QLoRA takes LoRA's place in the combination when 16-bit base weights cannot fit", "[solve]") {
   // Llama 3 70B at 1 × 4096 on one H100. Ranked by the most they could save, LoRA (a floor: its
   // 140 GB of bf16 base weights) comes before QLoRA (simulated whole, without checkpointing:
