@@ -697,7 +697,8 @@ void CopyChangedFields(const FitSuggestion& s, Setup& next) {
 // kCombinationSteps more are weighed (the largest savers come first, and each later one saves
 // less, so a long tail rarely helps).
 //
-// Two rules keep the answer one a person would act on:
+// Three rules keep the answer one a person would act on (the third, the optimizer in backward
+// against gradient accumulation, where the greedy pass is weighed again below):
 // - A change that sets the fields of one taken change replaces it while the combination's model
 //   states alone pass the capacity and the newcomer's are fewer. Ranked by what they could save,
 //   LoRA (its floor: 16-bit base weights) comes before QLoRA (simulated whole), and used to shut
