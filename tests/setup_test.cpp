@@ -50,6 +50,19 @@ TEST_CASE("bad numbers name their field", "[setup]") {
       CHECK(HasErrorOn(Validate(s), "gpu.memoryGiB"));
     }
   }
+  SECTION("a GPU id not in the list, set in C++ as the JSON reader would refuse it") {
+    s.gpu.id = "nvidia-a100-40gb";  // the list's id is nvidia-a100-40
+    CHECK(HasErrorOn(Validate(s), "gpu.id"));
+    CHECK(!EstimateMemory(s).ok());
+    s.gpu.id = std::string("\xff\x00gpu", 5);
+    const auto errors = Validate(s);
+    REQUIRE(HasErrorOn(errors, "gpu.id"));
+    for (const FieldError& e : errors) CHECK(e.message.find('\xff') == std::string::npos);
+    s.gpu.id = "nvidia-a100-40";
+    CHECK_FALSE(HasErrorOn(Validate(s), "gpu.id"));
+    s.gpu.id = "";  // a custom size
+    CHECK_FALSE(HasErrorOn(Validate(s), "gpu.id"));
+  }
   SECTION("Adafactor has no fused implementation") {
     s.training.optimizer = OptimizerKind::Adafactor;
     s.training.optimizerImplementation = OptimizerImplementation::Fused;

@@ -10,6 +10,7 @@
 #include "device/device_stage.hpp"
 #include "gpumem/finetune.hpp"
 #include "gpumem/format.hpp"
+#include "gpumem/gpus.hpp"
 #include "gpumem/heuristics.hpp"
 #include "gpumem/inventory.hpp"
 #include "gpumem/names.hpp"
@@ -998,6 +999,12 @@ void Validate(const Setup& setup, ErrorList& errors, double maxPredictedEvents) 
       setup.gpu.memoryGiB > Limits::maxGpuMemoryGiB) {
     errors.push_back({ErrorCode::InvalidField, "gpu.memoryGiB",
                       "GPU memory must be a positive number of GiB, at most 1e6."});
+  }
+  // The JSON reader refuses an unknown id; a setup built in C++ is held to the same list (an
+  // unknown id would otherwise get no CUDA context and no workspaces: DeviceOverheads).
+  if (!setup.gpu.id.empty() && FindGpu(setup.gpu.id) == nullptr) {
+    errors.push_back({ErrorCode::InvalidField, "gpu.id",
+                      "Unknown GPU id (see the gpus list in the options)."});  // not echoed: any bytes
   }
   {
     std::vector<FieldError> runtime;
