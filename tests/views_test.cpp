@@ -213,7 +213,7 @@ TEST_CASE("the GPU matrix's floor: no GPU's device figure is below it, and no ve
       on.gpu.memoryGiB = Limits::maxGpuMemoryGiB;
       const Estimate there = MustEstimate(on);
       CHECK(there.peak.totalBytes >= here.gpuIndependentPeakBytes);
-      CHECK(there.device.peakDeviceBytes >= here.gpuIndependentPeakBytes + OutsideAllocatorBytes(on));
+      CHECK(there.device.peakDeviceBytes >= here.gpuIndependentPeakBytes + OutsideAllocatorBytes(DeviceOverheadsOf(on)));
     }
     const GpuMatrix m = ComputeGpuMatrix(Options(s));
     REQUIRE(m.ok());

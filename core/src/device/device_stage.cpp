@@ -258,7 +258,7 @@ DeviceSegments PictureOf(const Trace& trace, const AllocatorResult& run, std::si
 }
 
 std::int64_t AllocatorLimit(std::int64_t capacityBytes, const DeviceOverheadsResult& overheads) {
-  return std::max<std::int64_t>(0, capacityBytes - overheads.context.bytes - overheads.communication.bytes);
+  return std::max<std::int64_t>(0, capacityBytes - OutsideAllocatorBytes(overheads));
 }
 
 // The setup's device overheads. Many GPUs: the job's size decides whether NCCL communicators
@@ -280,8 +280,7 @@ std::int64_t AllocatorLimitOf(const Setup& setup) {
 
 DeviceOverheadsResult DeviceOverheadsOf(const Setup& setup) { return OverheadsOf(setup); }
 
-std::int64_t OutsideAllocatorBytes(const Setup& setup) {
-  const DeviceOverheadsResult overheads = OverheadsOf(setup);
+std::int64_t OutsideAllocatorBytes(const DeviceOverheadsResult& overheads) {
   return overheads.context.bytes + overheads.communication.bytes;
 }
 

@@ -27,10 +27,10 @@ std::int64_t AllocatorLimitOf(const Setup& setup);
 // stage takes them.
 DeviceOverheadsResult DeviceOverheadsOf(const Setup& setup);
 
-// What the setup's GPU holds outside the caching allocator: the CUDA context and NCCL's
-// buffers, bytes (DeviceEstimate::contextBytes + communicationBytes; peakDeviceBytes is the
-// allocator's reserved peak plus these and CUDA unified memory).
-std::int64_t OutsideAllocatorBytes(const Setup& setup);
+// What a GPU holds outside the caching allocator: the CUDA context and NCCL's buffers, bytes
+// (DeviceEstimate::contextBytes + communicationBytes; peakDeviceBytes is the allocator's
+// reserved peak plus these and CUDA unified memory).
+std::int64_t OutsideAllocatorBytes(const DeviceOverheadsResult& overheads);
 
 // Whether the allocator run without a limit still depends on the capacity: expandable segments
 // reserve their virtual range by it, and the garbage collection's threshold is a fraction of it.

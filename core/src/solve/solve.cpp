@@ -287,6 +287,16 @@ class Solver {
  private:
   std::optional<PhasePeaks> SimulatedPhasePeaks(const Setup& s);  // one simulation, counted
   std::optional<std::int64_t> PeakOf(const Setup& s);
+  // A changed setup's peak: a floor that settles it unsimulated when its model states
+  // (`statesBound`, -1 when refused), or those and what its blocks keep at the end of forward,
+  // pass the capacity; else one simulation.
+  struct Weighed {
+    std::optional<std::int64_t> peak;  // nullopt: the setup is refused
+    bool simulated = true;
+    std::string basis;                 // FitSuggestion::lowerBoundBasis when not simulated
+    std::int64_t statesBound = -1;
+  };
+  Weighed Weigh(const Setup& s, std::int64_t statesBound);
   std::int64_t BoundOf(const Setup& changed, const std::vector<std::string>& fields, std::int64_t known);
   SolvedLimit Largest(std::int64_t limit, std::int64_t known, const PeakFn& peak);
   bool HeldAtPeak(std::initializer_list<Category> categories) const;
@@ -351,6 +361,25 @@ std::optional<PhasePeaks> Solver::SimulatedPhasePeaks(const Setup& s) {
 std::optional<std::int64_t> Solver::PeakOf(const Setup& s) {
   const auto p = SimulatedPhasePeaks(s);
   return p ? std::optional(Overall(*p)) : std::nullopt;
+}
+
+Solver::Weighed Solver::Weigh(const Setup& s, std::int64_t statesBound) {
+  Weighed w;
+  w.statesBound = statesBound;
+  if (statesBound > capacity_) {
+    w.peak = statesBound;
+    w.simulated = false;
+    w.basis = "modelStates";
+  } else if (const std::int64_t floor = TryForwardEndFloor(s, statesBound, capacity_); floor > capacity_) {
+    // Its states fit, but not with what its blocks keep at the end of forward: two small
+    // simulations instead of the whole one.
+    w.peak = floor;
+    w.simulated = false;
+    w.basis = "forwardEnd";
+  } else {
+    w.peak = PeakOf(s);  // refused setups have no bound (-1): simulated, and dropped when refused
+  }
+  return w;
 }
 
 // The model-states bound of `changed`, made from the setup by changing `fields`; `known` is the
@@ -435,19 +464,10 @@ void Solver::Add(FitCost cost, std::string id, std::string label, std::string tr
   change(s.setup);
   std::optional<std::int64_t> peak = knownPeak;
   if (!peak) {
-    if (const std::int64_t least = BoundOf(s.setup, s.changedFields, statesBound_); least > capacity_) {
-      peak = least;
-      s.peakIsLowerBound = true;
-      s.lowerBoundBasis = "modelStates";
-    } else if (const std::int64_t floor = TryForwardEndFloor(s.setup, least, capacity_); floor > capacity_) {
-      // Its states fit, but not with what its blocks keep at the end of forward: two small
-      // simulations instead of the whole one.
-      peak = floor;
-      s.peakIsLowerBound = true;
-      s.lowerBoundBasis = "forwardEnd";
-    } else {
-      peak = PeakOf(s.setup);
-    }
+    Weighed w = Weigh(s.setup, BoundOf(s.setup, s.changedFields, statesBound_));
+    peak = w.peak;
+    s.peakIsLowerBound = !w.simulated;
+    s.lowerBoundBasis = std::move(w.basis);
   }
   if (!peak) return;
   s.peakBytes = *peak;
@@ -727,21 +747,13 @@ void Solver::AddCombination() {
   if (anyFits && below == FitCost::Free) return;
 
   using Steps = std::vector<const FitSuggestion*>;
-  // What a combination's peak is known as: simulated, or a floor that settles it unsimulated
-  // (its model states, or those and what its blocks keep at the end of forward).
-  struct Outcome {
-    std::optional<std::int64_t> peak;  // nullopt: the combined setup is refused
-    bool simulated = true;
-    std::string basis;                 // FitSuggestion::lowerBoundBasis when not simulated
-    std::int64_t statesBound = -1;     // ModelStatesLowerBound of the combined setup (-1: none)
-  };
   auto setupOf = [&](const Steps& steps) {
     Setup s = setup_;
     for (const FitSuggestion* step : steps) CopyChangedFields(*step, s);
     return s;
   };
   auto evaluate = [&](const Steps& steps) {
-    Outcome o;
+    Weighed o;
     if (steps.size() == 1) {  // a single change: already weighed
       o.peak = steps[0]->peakBytes;
       o.simulated = !steps[0]->peakIsLowerBound;
@@ -750,19 +762,7 @@ void Solver::AddCombination() {
       return o;
     }
     const Setup s = setupOf(steps);
-    o.statesBound = inventories_.Bound(s);
-    if (o.statesBound > capacity_) {
-      o.peak = o.statesBound;
-      o.simulated = false;
-      o.basis = "modelStates";
-    } else if (const std::int64_t floor = TryForwardEndFloor(s, o.statesBound, capacity_); floor > capacity_) {
-      o.peak = floor;
-      o.simulated = false;
-      o.basis = "forwardEnd";
-    } else {
-      o.peak = PeakOf(s);  // refused setups have no bound (-1): simulated, and dropped when refused
-    }
-    return o;
+    return Weigh(s, inventories_.Bound(s));
   };
   auto shareField = [](const FitSuggestion& a, const FitSuggestion& b) {
     return std::any_of(a.changedFields.begin(), a.changedFields.end(), [&](const std::string& f) {
@@ -771,12 +771,12 @@ void Solver::AddCombination() {
   };
 
   Steps taken;
-  Outcome now;
+  Weighed now;
   // The greedy pass, leaving out the optimizer in backward when `withoutInBackward`; says
   // whether it passed over gradient accumulation because the optimizer in backward was taken.
   auto greedy = [&](bool withoutInBackward) {
     taken.clear();
-    now = Outcome{};
+    now = Weighed{};
     int steps = 0;
     bool accumulationBlocked = false;
     for (const FitSuggestion& s : suggestions) {
@@ -808,7 +808,7 @@ void Solver::AddCombination() {
         if (bound < 0 || bound >= now.statesBound) continue;
       }
       if (!taken.empty() && steps++ == kCombinationSteps) break;
-      const Outcome o = evaluate(next);
+      const Weighed o = evaluate(next);
       if (!o.peak) continue;
       taken = std::move(next);
       now = o;
@@ -822,7 +822,7 @@ void Solver::AddCombination() {
   // at 2 × 4096 on an A100 40 GB: QLoRA with checkpointing and batch 1 × 2 accumulated fits).
   if (greedy(false) && !fitsNow()) {
     const Steps first = taken;
-    const Outcome firstOutcome = now;
+    const Weighed firstOutcome = now;
     greedy(true);
     if (!fitsNow()) {
       taken = first;
@@ -830,11 +830,11 @@ void Solver::AddCombination() {
     }
   }
   if (taken.size() <= 1) return;
-  if (now.simulated && *now.peak <= capacity_) {
+  if (fitsNow()) {
     // Takes `without` when it still fits (simulated: a floor never says it fits).
     bool trimmed = false;
     auto tryWithout = [&](const Steps& without) {
-      const Outcome o = evaluate(without);
+      const Weighed o = evaluate(without);
       if (!o.peak || !o.simulated || *o.peak > capacity_) return false;
       taken = without;
       now = o;
@@ -842,13 +842,17 @@ void Solver::AddCombination() {
       return true;
     };
     const FitSuggestion* last = taken.back();
-    // The costly changes one at a time, latest first, with every free change still in.
-    for (std::size_t i = taken.size() - 1; i-- > 0;) {
-      if (taken[i]->cost == FitCost::Free) continue;
-      Steps without = taken;
-      without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
-      tryWithout(without);
-    }
+    // The free or the costly changes one at a time, latest first, the last aside.
+    auto trimOneByOne = [&](bool free) {
+      for (std::size_t i = taken.size() - 1; i-- > 0;) {
+        if ((taken[i]->cost == FitCost::Free) != free) continue;
+        Steps without = taken;
+        without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
+        tryWithout(without);
+      }
+    };
+    // The costly changes first, with every free change still in.
+    trimOneByOne(false);
     // Then the free ones: all at once (usually none is needed once the costly ones fit: one
     // simulation), else one at a time, latest first.
     Steps costlyOnly;
@@ -856,14 +860,7 @@ void Solver::AddCombination() {
       if (step->cost != FitCost::Free || step == last) costlyOnly.push_back(step);
     }
     // (A single change is not tried: none fits alone.)
-    if (costlyOnly.size() < taken.size() && !(costlyOnly.size() > 1 && tryWithout(costlyOnly))) {
-      for (std::size_t i = taken.size() - 1; i-- > 0;) {
-        if (taken[i]->cost != FitCost::Free) continue;
-        Steps without = taken;
-        without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
-        tryWithout(without);
-      }
-    }
+    if (costlyOnly.size() < taken.size() && !(costlyOnly.size() > 1 && tryWithout(costlyOnly))) trimOneByOne(true);
     // Last, the change that made it fit, once others are gone: without them it may not be
     // needed either (the fit at the capacity's edge is not monotone in the changes: Gemma 2 27B
     // under autocast at 2 × 4096 on an A100 40 GB fits with checkpointing, accumulation and
@@ -872,7 +869,7 @@ void Solver::AddCombination() {
     if (trimmed && taken.size() > 2 && taken.back() == last) tryWithout(Steps(taken.begin(), taken.end() - 1));
   }
   if (taken.size() <= 1) return;  // (only a fitting single is left: never, none fits alone)
-  if (anyFits && !(now.simulated && *now.peak <= capacity_)) return;  // a fitting single is cheaper
+  if (anyFits && !fitsNow()) return;  // a fitting single is cheaper
 
   FitSuggestion combo;
   combo.setup = setupOf(taken);

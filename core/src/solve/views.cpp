@@ -432,7 +432,7 @@ GpuMatrix ComputeGpuMatrix(const ViewOptions& options) {
       // (reserved ≥ allocated ≥ them) within capacity − context − buffers, and no GPU brings
       // them below gpuIndependentPeakBytes. (Not under ZeRO-1/2's flattening by capacity.)
       const DeviceOverheadsResult overheads = DeviceOverheadsOf(own);
-      const std::int64_t outside = overheads.context.bytes + overheads.communication.bytes;
+      const std::int64_t outside = OutsideAllocatorBytes(overheads);
       if (!zeroFlatten && c.peak.deviceFloorBytes + outside > f.capacityBytes) continue;
       if (ownCapacity || (zeroFlatten && !DeepSpeedFlattensOnDevice(own, inventory))) {
         estimateOnItsOwn();
