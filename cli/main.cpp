@@ -16,6 +16,9 @@
 #include "gpumem/presets.hpp"
 #include "gpumem/snapshot.hpp"
 #include "gpumem/pickle.hpp"
+#include <nlohmann/json.hpp>
+
+#include "gpumem/measure.hpp"
 #include "gpumem/solve.hpp"
 
 namespace {
@@ -41,6 +44,8 @@ constexpr const char* kUsage =
     "  --import-accelerate config.yaml  the same with accelerate's config (FSDP; docs/parallel.md)\n"
     "  --import-megatron 'ARGS'         the same with Megatron-LM's arguments as one quoted string\n"
     "  --layouts N                      the layouts of N GPUs of the setup's type that fit, ranked (JSON)\n"
+    "  --measure-script                  a Python script that measures the setup on a GPU (PyTorch,\n"
+    "                                    transformers) and prints its peaks beside the estimate's\n"
     "  --fewest-gpus                     the fewest GPUs of the setup's type that train it (docs/parallel.md)\n"
     "  --import-safetensors FILE         count the tensors of a safetensors header or index JSON\n"
     "  --compare-snapshot FILE.pickle    a torch.cuda.memory._dump_snapshot() file measured: peak\n"
@@ -304,6 +309,7 @@ int main(int argc, char** argv) {
   const char* importMegatron = nullptr;
   const char* layoutsFor = nullptr;
   bool fewestGpus = false;
+  bool measureScript = false;
   std::string presetSetup;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
@@ -316,6 +322,7 @@ int main(int argc, char** argv) {
     else if (arg == "--compare-snapshot" && i + 1 < argc) compareSnapshot = argv[++i];
     else if (arg == "--import-deepspeed" && i + 1 < argc) importDeepSpeed = argv[++i];
     else if (arg == "--fewest-gpus") fewestGpus = true;
+    else if (arg == "--measure-script") measureScript = true;
     else if (arg == "--import-accelerate" && i + 1 < argc) importAccelerate = argv[++i];
     else if (arg == "--import-megatron" && i + 1 < argc) importMegatron = argv[++i];
     else if (arg == "--layouts" && i + 1 < argc) layoutsFor = argv[++i];
@@ -417,6 +424,22 @@ int main(int argc, char** argv) {
     const std::string out = gpumem::FewestGpusJson(text, true, 2);
     std::cout << out << "\n";
     return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
+  }
+  if (measureScript) {  // the Python script that measures the setup on a GPU (or, --json, its envelope)
+    const std::string out = gpumem::MeasureScriptJson(text, json ? 2 : -1);
+    if (json) {
+      std::cout << out << "\n";
+      return out.find("\"ok\": true") != std::string::npos ? 0 : 1;
+    }
+    const nlohmann::json doc = nlohmann::json::parse(out, nullptr, false);
+    if (doc.is_discarded() || !doc.value("ok", false)) {
+      for (const auto& e : doc.is_discarded() ? nlohmann::json::array() : doc["errors"]) {
+        std::cerr << "gpumem: " << e.value("field", "") << ": " << e.value("message", "") << "\n";
+      }
+      return 1;
+    }
+    std::cout << doc["script"].get<std::string>();
+    return 0;
   }
   // A single estimate takes the native host's work budget (setup.hpp kMaxHostPredictedEvents:
   // Qwen3-30B-A3B's 128 experts × 48 layers, which the page refuses); the solver, which runs many,

@@ -1,0 +1,181 @@
+// The measuring script (gpumem/measure.hpp): the setup written back as the config.json of its
+// Hugging Face model type, and the Python that measures it on a GPU.
+#include <catch2/catch.hpp>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gpumem/import.hpp"
+#include "gpumem/json.hpp"
+#include "gpumem/measure.hpp"
+#include "gpumem/presets.hpp"
+#include "test_support.hpp"
+
+using namespace gpumem;
+using namespace gpumem::test;
+
+namespace {
+
+Setup PresetSetup(std::string_view id) {
+  const Preset* p = FindPreset(id);
+  REQUIRE(p != nullptr);
+  Setup s = DefaultSetup();
+  s.model.kind = ModelKind::Transformer;
+  s.model.architecture = p->architecture;
+  s.training.sequenceLength = 256;
+  return s;
+}
+
+std::string ReadData(const std::string& name) {
+  std::ifstream in(std::string(GPUMEM_TEST_DATA) + "/" + name);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+TEST_CASE("every preset is written back as the config.json it was read from", "[measure][config]") {
+  // HfConfigOf imports its own text again and compares: ok() means the architecture came back
+  // field for field. The model type is the one the preset's own config.json names.
+  const std::pair<const char*, const char*> types[] = {
+      {"gpt2", "gpt2"},
+      {"pythia-1b", "gpt_neox"},
+      {"bert-base-uncased", "bert"},
+      {"llama-3.2-1b", "llama"},
+      {"mistral-7b-v0.1", "mistral"},
+      {"qwen2.5-7b", "qwen2"},
+      {"qwen3-8b", "qwen3"},
+      {"gemma-2b", "gemma"},
+      {"gemma-2-9b", "gemma2"},
+      {"gemma-3-1b", "gemma3_text"},
+      {"phi-3-mini-4k", "phi3"},
+      {"olmo-2-7b", "olmo2"},
+      {"granite-3.1-8b", "granite"},
+      {"smollm3-3b", "smollm3"},
+      {"mixtral-8x7b", "mixtral"},
+      {"qwen1.5-moe-a2.7b", "qwen2_moe"},
+  };
+  for (const auto& [preset, type] : types) {
+    INFO(preset);
+    const HfConfigExport e = HfConfigOf(FindPreset(preset)->architecture, true);
+    REQUIRE(e.ok());
+    CHECK(e.modelType == type);
+  }
+  for (const Preset& p : Presets()) {
+    INFO(p.id);
+    for (const bool useCache : {true, false}) {
+      const HfConfigExport e = HfConfigOf(p.architecture, useCache);
+      CHECK(e.ok());
+      const ConfigImport back = ImportHfConfig(e.text);
+      CHECK(back.architecture == p.architecture);
+      CHECK(back.useCache == useCache);
+    }
+  }
+}
+
+TEST_CASE("published config.json files come back with their own model type", "[measure][config]") {
+  for (const char* name : {"gpt2", "llama-2-7b", "qwen2.5-1.5b", "mixtral-8x7b", "gemma-2-9b", "gemma-3-1b",
+                           "olmo-2-1124-7b", "bert-base-uncased"}) {
+    INFO(name);
+    const ConfigImport original = ImportHfConfig(ReadData(std::string("configs/") + name + ".json"));
+    REQUIRE(original.ok());
+    const HfConfigExport e = HfConfigOf(original.architecture, original.useCache);
+    REQUIRE(e.ok());
+    CHECK(e.modelType == original.modelType);
+  }
+}
+
+TEST_CASE("an architecture no model type has is refused, naming the fields", "[measure][config]") {
+  ArchitectureDef a = FindPreset("phi-3-mini-4k")->architecture;
+  a.queryKeyNorm = true;  // Phi-3's fused projections with Qwen3's q/k norms: no such model
+  const HfConfigExport e = HfConfigOf(a, true);
+  REQUIRE_FALSE(e.ok());
+  CHECK(e.errors.front().field == "model.architecture");
+  CHECK_THAT(e.errors.front().message, Catch::Contains("phi3 (the nearest) differs in queryKeyNorm"));
+  ArchitectureDef m = FindPreset("mistral-7b-v0.1")->architecture;
+  m.attentionBias = true;  // MistralAttention takes no biases; Qwen2's are on q/k/v only
+  m.outputBias = true;
+  const HfConfigExport mistral = HfConfigOf(m, true);
+  REQUIRE_FALSE(mistral.ok());
+  CHECK_THAT(mistral.errors.front().message, Catch::Contains("attentionBias"));
+}
+
+TEST_CASE("the script carries the setup's training and the estimate's figures", "[measure][script]") {
+  Setup s = PresetSetup("llama-3.2-1b");
+  s.training.precision = Precision::AmpBF16;
+  s.training.attention = AttentionImplementation::SDPA;
+  s.training.checkpointing = Checkpointing::EveryBlock;
+  s.training.useReentrant = false;
+  s.training.batchSize = 4;
+  s.training.sequenceLength = 2048;
+  s.training.optimizer = OptimizerKind::AdamW;
+  s.training.optimizerImplementation = OptimizerImplementation::Fused;
+  s.runtime.allocator.expandableSegments = true;
+  s.gpu.id = "nvidia-h100-sxm";
+  const Estimate est = MustEstimate(s);
+  const MeasureScript m = MeasureScriptFor(s, est);
+  REQUIRE(m.ok());
+  CHECK(m.fileName == "gpumem_measure_llama.py");
+  const std::string& py = m.script;
+  for (const std::string line : {"PRECISION = \"ampBf16\"", "ATTENTION = \"sdpa\"", "BATCH, SEQUENCE = 4, 2048",
+                                 "CHECKPOINTING = True", "USE_REENTRANT = False", "OPTIMIZER = \"adamw\"",
+                                 "IMPLEMENTATION = \"fused\"", "ZERO_GRAD_SET_TO_NONE = True", "LORA = json.loads(\"null\")",
+                                 "os.environ[\"PYTORCH_CUDA_ALLOC_CONF\"] = \"expandable_segments:True\"",
+                                 "\"model_type\": \"llama\"", "\"num_key_value_heads\": 8", "\"use_cache\": true",
+                                 "\"gpu\": \"NVIDIA H100 SXM 80 GB\""}) {
+    INFO(line);
+    CHECK(py.find(line) != std::string::npos);
+  }
+  // The predicted figures are the estimate's, byte for byte.
+  CHECK(py.find("\"peakAllocatedBytes\": " + std::to_string(est.device.peakAllocatedBytes) + ",") != std::string::npos);
+  CHECK(py.find("\"peakReservedBytes\": " + std::to_string(est.device.peakReservedBytes) + ",") != std::string::npos);
+  CHECK(py.find("\"peakDeviceBytes\": " + std::to_string(est.device.peakDeviceBytes) + ",") != std::string::npos);
+  CHECK(py.find("\"capacityBytes\": " + std::to_string(est.device.capacityBytes) + ",") != std::string::npos);
+  // No token left unreplaced.
+  CHECK(py.find("@") == std::string::npos);
+}
+
+TEST_CASE("LoRA goes to PEFT with the modules the estimate adapts", "[measure][script]") {
+  Setup s = PresetSetup("qwen2.5-0.5b");
+  s.training.precision = Precision::BF16;
+  s.finetune.lora = true;
+  s.finetune.r = 16;
+  s.finetune.loraAlpha = 32;
+  s.finetune.adapterDType = AdapterDType::Weights;
+  const MeasureScript m = MeasureScriptFor(s, MustEstimate(s));
+  REQUIRE(m.ok());
+  CHECK(m.modelType == "qwen2");
+  // PEFT's own default would do here; the estimate's resolution is written out all the same.
+  CHECK(m.script.find(R"(\"target_modules\":[\"q_proj\",\"v_proj\"])") != std::string::npos);
+  CHECK(m.script.find(R"(\"r\":16)") != std::string::npos);
+  CHECK(m.script.find("ADAPTERS_IN_FP32 = False") != std::string::npos);
+  CHECK(m.script.find("transformers, peft (0.12 or later).") != std::string::npos);
+}
+
+TEST_CASE("what the script cannot run is refused by field", "[measure][script]") {
+  auto fieldsOf = [](const Setup& s) {
+    std::vector<std::string> fields;
+    for (const FieldError& e : MeasureScriptFor(s, Estimate{}).errors) fields.push_back(e.field);
+    return fields;
+  };
+  Setup quantized = PresetSetup("llama-3.2-1b");
+  quantized.finetune.lora = true;
+  quantized.finetune.quantization = Quantization::NF4;
+  CHECK(fieldsOf(quantized) == std::vector<std::string>{"finetune.quantization"});
+  Setup eightBit = PresetSetup("llama-3.2-1b");
+  eightBit.training.optimizer = OptimizerKind::AdamW8bit;
+  eightBit.training.lossImplementation = LossImplementation::Chunked;
+  CHECK(fieldsOf(eightBit) == std::vector<std::string>{"training.optimizer", "training.lossImplementation"});
+  Setup parallel = PresetSetup("llama-3.2-1b");
+  parallel.parallel.dataParallel = 8;
+  parallel.parallel.zeroStage = 3;
+  CHECK(fieldsOf(parallel) == std::vector<std::string>{"parallel"});
+  CHECK(fieldsOf(ExampleMlpSetup()) == std::vector<std::string>{"model.kind"});
+  // Through the JSON entry point: the envelope of errors.
+  const std::string refused = MeasureScriptJson(R"({"model":{"preset":"gpt2"},"parallel":{"dataParallel":2}})");
+  CHECK_THAT(refused, Catch::StartsWith(R"({"ok":false,"errors":[{"code":"invalidField","field":"parallel")"));
+  const std::string ok = MeasureScriptJson(R"({"model":{"preset":"gpt2"},"training":{"precision":"ampBf16"}})");
+  CHECK_THAT(ok, Catch::StartsWith(R"({"ok":true,"fileName":"gpumem_measure_gpt2.py","modelType":"gpt2","script":"#!/usr/bin/env python3)"));
+}
