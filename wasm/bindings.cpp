@@ -6,6 +6,7 @@
 #include <string>
 
 #include "gpumem/json.hpp"
+#include "gpumem/measure.hpp"
 #include "gpumem/snapshot.hpp"
 #include "gpumem/views.hpp"
 
@@ -44,6 +45,7 @@ emscripten::val ImportSafetensorsJs(const std::string& text, const std::string& 
   return Out(gpumem::ImportSafetensorsJson(text, setup));
 }
 emscripten::val SolveJs(const std::string& setup) { return Out(gpumem::SolveJson(setup)); }
+emscripten::val MeasureScriptJs(const std::string& setup) { return Out(gpumem::MeasureScriptJson(setup)); }
 emscripten::val HeatMapJs(const std::string& request) { return Out(gpumem::HeatMapJson(request)); }
 emscripten::val GpuMatrixJs(const std::string& request) { return Out(gpumem::GpuMatrixJson(request)); }
 emscripten::val CurvesJs(const std::string& request) { return Out(gpumem::CurvesJson(request)); }
@@ -78,6 +80,7 @@ EMSCRIPTEN_BINDINGS(gpumem) {
   emscripten::function("importConfigJson", &ImportConfigJs);
   emscripten::function("importSafetensorsJson", &ImportSafetensorsJs);
   emscripten::function("solveJson", &SolveJs);
+  emscripten::function("measureScriptJson", &MeasureScriptJs);
   emscripten::function("heatMapJson", &HeatMapJs);
   emscripten::function("gpuMatrixJson", &GpuMatrixJs);
   emscripten::function("curvesJson", &CurvesJs);

@@ -119,6 +119,16 @@ function wrapModule(firstCore, make) {
       const { ok, ...result } = envelope;
       return result;
     },
+    // A Python script that measures `setup` on a GPU (PyTorch, transformers; docs/device.md,
+    // "Measure it on your GPU") → { fileName, modelType, script }; what it cannot run throws,
+    // naming the field.
+    measureScript(setup) {
+      const text = setupText(setup);
+      const envelope = parseEnvelope(callCore((c) => c.measureScriptJson(text), text));
+      if (!envelope.ok) throw new GpumemError(envelope.errors);
+      const { ok, ...result } = envelope;
+      return result;
+    },
     // The largest micro-batch and sequence that fit, and the changes that would make it fit.
     solve(setup) {
       const text = setupText(setup);

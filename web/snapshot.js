@@ -8,6 +8,7 @@
 
 import { GpumemError } from './gpumem.js';
 import { svgEl, formatBytes, formatExactBytes, formatInteger } from './charts.js';
+import { downloadBlob } from './exports.js';
 
 const snapshotSel = (selector, root = document) => root.querySelector(selector);
 
@@ -43,6 +44,26 @@ export function wireSnapshot({ api, getSetup }) {
   }
 
   snapshotSel('#snapshot-file', card).addEventListener('change', (event) => read(event.target.files?.[0]));
+  // The script that measures the current setup (the core writes it, or names what it cannot run).
+  const scriptButton = snapshotSel('#measure-script', card);
+  const scriptError = snapshotSel('#measure-script-error', card);
+  if (scriptButton && typeof api.measureScript === 'function') {
+    scriptButton.addEventListener('click', () => {
+      const setup = getSetup();
+      scriptError.hidden = true;
+      let made;
+      try {
+        if (!setup) throw new GpumemError([{ field: '', message: 'There is no estimate to measure yet: fix the setup first.' }]);
+        made = api.measureScript(setup);
+      } catch (error) {
+        const errors = error instanceof GpumemError ? error.errors : [{ field: '', message: String(error?.message ?? error) }];
+        scriptError.hidden = false;
+        scriptError.textContent = `No script for this setup: ${errors.map((e) => `${e.field ? `${e.field}: ` : ''}${e.message}`).join(' ')}`;
+        return;
+      }
+      downloadBlob(new Blob([made.script], { type: 'text/x-python' }), made.fileName);
+    });
+  }
   const hasFiles = (event) => [...(event.dataTransfer?.types ?? [])].includes('Files');
   card.addEventListener('dragover', (event) => {
     if (!hasFiles(event)) return;

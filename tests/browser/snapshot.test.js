@@ -103,3 +103,32 @@ test('snapshot: a dropped .pickle is measured and drawn under the estimate', asy
   assert.deepEqual(errors, [], 'no page or console errors');
   await context.close();
 });
+
+test('snapshot: the card downloads the script that measures the setup, or says why not', async () => {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 }, acceptDownloads: true });
+  const page = await context.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  await page.goto(`${pageUrl}#s=${Buffer.from(JSON.stringify(SETUP)).toString('base64url')}`);
+  await page.waitForSelector('body[data-ready=true]', { timeout: 10000 });
+  const api = await nodeCore();
+  const expected = api.measureScript(SETUP);
+  const [download] = await Promise.all([page.waitForEvent('download', WAIT), page.click('#measure-script')]);
+  assert.equal(download.suggestedFilename(), 'gpumem_measure_gpt2.py');
+  const saved = join(screenshotDir, download.suggestedFilename());
+  await download.saveAs(saved);
+  assert.equal(readFileSync(saved, 'utf8'), expected.script, 'the page hands over the core\'s script as it is');
+  assert.equal(await page.isHidden('#measure-script-error'), true);
+
+  // A setup the script cannot run: the card names the field instead.
+  const parallel = { ...SETUP, parallel: { dataParallel: 4 } };
+  await page.evaluate((hash) => { location.hash = hash; }, `#s=${Buffer.from(JSON.stringify(parallel)).toString('base64url')}`);
+  const parallelDevice = String(api.estimate(parallel).device.peakDeviceBytes);
+  await page.waitForFunction((want) => document.querySelector('#peak-device')?.dataset.bytes === want, parallelDevice, WAIT);
+  await page.click('#measure-script');
+  await page.waitForSelector('#measure-script-error:not([hidden])', WAIT);
+  assert.match(await page.textContent('#measure-script-error'), /parallel: It measures one GPU/);
+  assert.deepEqual(errors, [], 'no page or console errors');
+  await context.close();
+});

@@ -49,3 +49,19 @@ test('compareSnapshot refuses code and non-bytes with GpumemErrors', () => {
   assert.throws(() => gpumem.compareSnapshot(snapshot('simple.pickle'), { training: { batchSize: 0 } }),
     (e) => e instanceof GpumemError && e.field === 'training.batchSize');
 });
+
+test('measureScript writes the Python that measures a setup, with the estimate\'s figures', () => {
+  const setup = { model: { preset: 'llama-3.2-1b' }, training: { precision: 'ampBf16', attention: 'sdpa', sequenceLength: 512 } };
+  const made = gpumem.measureScript(setup);
+  assert.equal(made.fileName, 'gpumem_measure_llama.py');
+  assert.equal(made.modelType, 'llama');
+  assert.match(made.script, /^#!\/usr\/bin\/env python3\n/);
+  assert.match(made.script, /ATTENTION = "sdpa"/);
+  assert.match(made.script, /BATCH, SEQUENCE = 1, 512/);
+  const estimate = gpumem.estimate(setup);
+  assert.ok(made.script.includes(`"peakReservedBytes": ${estimate.device.peakReservedBytes},`));
+  assert.ok(made.script.includes(`"peakDeviceBytes": ${estimate.device.peakDeviceBytes},`));
+  // What it cannot run is refused by field, as a GpumemError.
+  assert.throws(() => gpumem.measureScript({ model: { preset: 'gpt2' }, training: { optimizer: 'adamw8bit' } }),
+    (error) => error instanceof GpumemError && error.errors[0].field === 'training.optimizer');
+});

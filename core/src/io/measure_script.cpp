@@ -349,10 +349,10 @@ def main():
     parser.add_argument("--snapshot", metavar="FILE", help="dump a torch.cuda.memory snapshot here")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
+    baseline = nvml_used()  # what the GPU holds before this process touches it
     import torch
     if not torch.cuda.is_available():
         sys.exit("PyTorch sees no CUDA GPU here.")
-    baseline = nvml_used()
     torch.manual_seed(0)
     context = torch.ones(1, device="cuda")  # the CUDA context first, as the estimate counts it
     if args.snapshot:
