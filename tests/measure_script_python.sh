@@ -1,5 +1,5 @@
 #!/bin/sh
-# The measuring script (gpumem --measure-script) for setups of each kind it takes: every one
+# The measuring script (gpumem --measure-script) for setups of each kind it takes (nine): every one
 # compiles, and its module-level code (the embedded config, figures and setup) runs as far as
 # --help. Usage: measure_script_python.sh CLI PYTHON3 WORKDIR
 set -eu
@@ -15,7 +15,9 @@ for setup in \
   '{"model":{"preset":"qwen2.5-0.5b"},"training":{"precision":"bf16","sequenceLength":512},"finetune":{"lora":true,"r":16,"loraAlpha":32,"targetModules":["all-linear"],"useDora":true}}' \
   '{"model":{"preset":"gemma-2-2b"},"training":{"precision":"bf16Mixed","sequenceLength":512,"optimizerImplementation":"perParameter"},"runtime":{"cublasWorkspaceConfig":":4096:8","lazyModuleLoading":false}}' \
   '{"model":{"preset":"qwen1.5-moe-a2.7b"},"training":{"precision":"bf16","sequenceLength":256,"optimizer":"sgdMomentum"}}' \
-  '{"model":{"preset":"pythia-160m"},"training":{"precision":"fp32","sequenceLength":256,"zeroGradSetToNone":false}}'
+  '{"model":{"preset":"pythia-160m"},"training":{"precision":"fp32","sequenceLength":256,"zeroGradSetToNone":false}}' \
+  '{"model":{"preset":"smollm3-3b"},"training":{"precision":"ampBf16","sequenceLength":256,"optimizer":"pagedAdamw8bit"},"parallel":{"gradientAccumulationSteps":4}}' \
+  '{"model":{"preset":"bert-large-uncased"},"training":{"precision":"ampFp16","sequenceLength":128,"optimizer":"adafactor","optimizerImplementation":"perParameter","adafactorBeta1":true}}'
 do
   n=$((n + 1))
   script="$work/measure_$n.py"

@@ -154,6 +154,25 @@ TEST_CASE("LoRA goes to PEFT with the modules the estimate adapts", "[measure][s
   CHECK(m.script.find("transformers, peft (0.12 or later).") != std::string::npos);
 }
 
+TEST_CASE("bitsandbytes' optimizers, Adafactor and gradient accumulation are scripted", "[measure][script]") {
+  Setup s = PresetSetup("gpt2");
+  s.training.precision = Precision::AmpBF16;
+  s.training.optimizer = OptimizerKind::PagedAdamW8bit;
+  s.parallel.gradientAccumulationSteps = 4;
+  const MeasureScript m = MeasureScriptFor(s, MustEstimate(s));
+  REQUIRE(m.ok());
+  CHECK(m.script.find("OPTIMIZER = \"pagedAdamw8bit\"") != std::string::npos);
+  CHECK(m.script.find("\"pagedAdamw8bit\": \"PagedAdamW8bit\"") != std::string::npos);
+  CHECK(m.script.find("ACCUMULATION = 4 ") != std::string::npos);
+  CHECK(m.script.find("transformers, bitsandbytes.") != std::string::npos);
+  s.training.optimizer = OptimizerKind::Adafactor;
+  s.training.optimizerImplementation = OptimizerImplementation::PerParameter;
+  s.training.adafactorBeta1 = true;
+  const MeasureScript a = MeasureScriptFor(s, MustEstimate(s));
+  REQUIRE(a.ok());
+  CHECK(a.script.find("ADAFACTOR_BETA1 = True") != std::string::npos);
+}
+
 TEST_CASE("what the script cannot run is refused by field", "[measure][script]") {
   auto fieldsOf = [](const Setup& s) {
     std::vector<std::string> fields;
@@ -164,10 +183,10 @@ TEST_CASE("what the script cannot run is refused by field", "[measure][script]")
   quantized.finetune.lora = true;
   quantized.finetune.quantization = Quantization::NF4;
   CHECK(fieldsOf(quantized) == std::vector<std::string>{"finetune.quantization"});
-  Setup eightBit = PresetSetup("llama-3.2-1b");
-  eightBit.training.optimizer = OptimizerKind::AdamW8bit;
-  eightBit.training.lossImplementation = LossImplementation::Chunked;
-  CHECK(fieldsOf(eightBit) == std::vector<std::string>{"training.optimizer", "training.lossImplementation"});
+  Setup lion = PresetSetup("llama-3.2-1b");
+  lion.training.optimizer = OptimizerKind::Lion;
+  lion.training.lossImplementation = LossImplementation::Chunked;
+  CHECK(fieldsOf(lion) == std::vector<std::string>{"training.optimizer", "training.lossImplementation"});
   Setup parallel = PresetSetup("llama-3.2-1b");
   parallel.parallel.dataParallel = 8;
   parallel.parallel.zeroStage = 3;

@@ -62,6 +62,6 @@ test('measureScript writes the Python that measures a setup, with the estimate\'
   assert.ok(made.script.includes(`"peakReservedBytes": ${estimate.device.peakReservedBytes},`));
   assert.ok(made.script.includes(`"peakDeviceBytes": ${estimate.device.peakDeviceBytes},`));
   // What it cannot run is refused by field, as a GpumemError.
-  assert.throws(() => gpumem.measureScript({ model: { preset: 'gpt2' }, training: { optimizer: 'adamw8bit' } }),
+  assert.throws(() => gpumem.measureScript({ model: { preset: 'gpt2' }, training: { optimizer: 'lion' } }),
     (error) => error instanceof GpumemError && error.errors[0].field === 'training.optimizer');
 });

@@ -266,6 +266,8 @@ CHECKPOINTING = @CHECKPOINTING@
 USE_REENTRANT = @REENTRANT@
 OPTIMIZER = "@OPTIMIZER@"
 IMPLEMENTATION = "@IMPLEMENTATION@"
+ADAFACTOR_BETA1 = @ADAFACTOR_BETA1@
+ACCUMULATION = @ACCUMULATION@  # micro-batches per optimizer step
 ZERO_GRAD_SET_TO_NONE = @SET_TO_NONE@
 LORA = json.loads(@LORA@)  # peft.LoraConfig's arguments
 # get_peft_model(autocast_adapter_dtype=True), PEFT's default, keeps the adapters in fp32 on a
@@ -317,7 +319,20 @@ def build_model(torch):
             return cls.from_config(config, torch_dtype=dtype, attn_implementation=ATTENTION)
 
 
+# bitsandbytes' optimizers by gpumem's names (8-bit states; paged states in CUDA unified memory).
+BNB_OPTIMIZERS = {"adam8bit": "Adam8bit", "adamw8bit": "AdamW8bit", "pagedAdamw": "PagedAdamW",
+                  "pagedAdamw8bit": "PagedAdamW8bit"}
+
+
 def make_optimizer(torch, params):
+    if OPTIMIZER in BNB_OPTIMIZERS:
+        import bitsandbytes as bnb
+        return getattr(bnb.optim, BNB_OPTIMIZERS[OPTIMIZER])(params, lr=1e-5)
+    if OPTIMIZER == "adafactor":
+        # The Trainer's optim="adafactor": a fixed learning rate, no parameter scaling.
+        from transformers.optimization import Adafactor
+        return Adafactor(params, lr=1e-5, scale_parameter=False, relative_step=False, warmup_init=False,
+                         beta1=0.9 if ADAFACTOR_BETA1 else None)
     flavour = {"fused": {"fused": True}, "perParameter": {"foreach": False}}.get(IMPLEMENTATION, {"foreach": True})
     if OPTIMIZER == "sgd":
         return torch.optim.SGD(params, lr=1e-3, **flavour)
@@ -397,14 +412,19 @@ def main():
     phase("init", started)
     try:
         for step in (1, 2):
-            started = time.time()
-            batch = make_batch(torch, step)
-            with torch.autocast("cuda", dtype=amp_dtype, enabled=amp):
-                loss = model(**batch).loss
-            phase("forward:%d" % step, started)
-            started = time.time()
-            (scaler.scale(loss) if scaler else loss).backward()
-            phase("backward:%d" % step, started)
+            # Gradient accumulation: a micro-batch before the last lets go of its batch and loss
+            # once its backward is done; the last keeps them through the step.
+            for micro in range(ACCUMULATION):
+                started = time.time()
+                batch = make_batch(torch, step * 1000 + micro)
+                with torch.autocast("cuda", dtype=amp_dtype, enabled=amp):
+                    loss = model(**batch).loss
+                phase("forward:%d" % step, started)
+                started = time.time()
+                (scaler.scale(loss) if scaler else loss).backward()
+                phase("backward:%d" % step, started)
+                if micro < ACCUMULATION - 1:
+                    del loss, batch
             started = time.time()
             if mixed:
                 # (fp16Mixed as the estimate simulates it: no loss scaling, which allocates nothing.)
@@ -536,13 +556,9 @@ void CheckScriptable(const Setup& s, std::vector<FieldError>& errors) {
   }
   const TrainingDef& t = s.training;
   const FinetuneDef& f = s.finetune;
-  if (IsParallel(s.parallel) || s.parallel.gradientAccumulationSteps > 1) {
-    Refuse(errors, "parallel", "It measures one GPU, one micro-batch a step.");
-  }
-  switch (t.optimizer) {
-    case OptimizerKind::SGD: case OptimizerKind::SGDMomentum: case OptimizerKind::Adam: case OptimizerKind::AdamW: break;
-    default: Refuse(errors, "training.optimizer", std::string("It uses torch.optim's SGD, Adam and AdamW; ") +
-                                                  LabelOf(t.optimizer) + " comes from another library.");
+  if (IsParallel(s.parallel)) Refuse(errors, "parallel", "It measures one GPU.");
+  if (t.optimizer == OptimizerKind::Lion) {
+    Refuse(errors, "training.optimizer", "Lion comes from lion-pytorch or bitsandbytes by implementation.");
   }
   if (t.checkpointing != Checkpointing::None && t.checkpointing != Checkpointing::EveryBlock) {
     Refuse(errors, "training.checkpointing",
@@ -622,7 +638,12 @@ MeasureScript MeasureScriptFor(const Setup& setup, const Estimate& estimate) {
   std::string script = kScript;
   Replace(script, "@VERSION@", Version());
   Replace(script, "@TITLE@", Title(setup, config.modelType));
-  Replace(script, "@NEEDS@", setup.finetune.lora ? ", peft (0.12 or later)" : "");
+  std::string needs = setup.finetune.lora ? ", peft (0.12 or later)" : "";
+  if (t.optimizer == OptimizerKind::Adam8bit || t.optimizer == OptimizerKind::AdamW8bit ||
+      t.optimizer == OptimizerKind::PagedAdamW || t.optimizer == OptimizerKind::PagedAdamW8bit) {
+    needs += ", bitsandbytes";
+  }
+  Replace(script, "@NEEDS@", needs);
   Replace(script, "@FILE@", out.fileName);
   std::string environment;
   const std::string conf = AllocatorConf(setup.runtime.allocator);
@@ -648,6 +669,8 @@ MeasureScript MeasureScriptFor(const Setup& setup, const Estimate& estimate) {
   Replace(script, "@OPTIMIZER@", IdOf(t.optimizer));
   Replace(script, "@IMPLEMENTATION@", IdOf(t.optimizerImplementation));
   Replace(script, "@SET_TO_NONE@", PythonBool(t.zeroGradSetToNone));
+  Replace(script, "@ADAFACTOR_BETA1@", PythonBool(t.adafactorBeta1));
+  Replace(script, "@ACCUMULATION@", std::to_string(std::max<std::int64_t>(1, setup.parallel.gradientAccumulationSteps)));
   Replace(script, "@LORA@", PythonString(LoraArguments(setup)));
   Replace(script, "@ADAPTERS_FP32@", PythonBool(setup.finetune.adapterDType == AdapterDType::FP32));
   const DeviceEstimate& d = estimate.device;
