@@ -1,7 +1,8 @@
 #!/bin/sh
 # The measuring script (gpumem --measure-script) for setups of each kind it takes (nine): every one
-# compiles, and its module-level code (the embedded config, figures and setup) runs as far as
-# --help. Usage: measure_script_python.sh CLI PYTHON3 WORKDIR
+# compiles, its module-level code (the embedded config, figures and setup) runs as far as --help,
+# and its training loop runs against the stand-ins of tests/measure_fakes, doing what its setup
+# says (measure_script_check.py). Usage: measure_script_python.sh CLI PYTHON3 WORKDIR
 set -eu
 cli="$1"
 python="$2"
@@ -25,5 +26,6 @@ do
   "$python" -m py_compile "$script"
   "$python" "$script" --help >"$work/help_$n.txt"
   grep -q "Measure the training step gpumem estimated" "$work/help_$n.txt"
+  "$python" "$(dirname "$0")/measure_script_check.py" "$script" "$work/calls_$n.jsonl"
 done
-echo "$n measuring scripts compile and run to --help"
+echo "$n measuring scripts compile, run to --help and train against the stand-ins as their setups say"

@@ -1,0 +1,5 @@
+import torch
+
+
+class Adafactor(torch._Optimizer):
+    pass
