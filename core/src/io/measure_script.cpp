@@ -76,8 +76,10 @@ ojson LlamaFamilyConfig(const ArchitectureDef& a, const std::string& type) {
   c["hidden_size"] = a.hiddenSize;
   c["num_hidden_layers"] = a.numLayers;
   c["num_attention_heads"] = a.numHeads;
-  if (a.numKeyValueHeads > 0) c["num_key_value_heads"] = a.numKeyValueHeads;
-  if (a.headDim > 0) c["head_dim"] = a.headDim;
+  // Always written: the config classes' defaults differ (Gemma's head_dim 256 and 16 key/value
+  // heads, Qwen3's head_dim 128), and a key left out would build another model.
+  c["num_key_value_heads"] = KeyValueHeads(a);
+  c["head_dim"] = HeadDim(a);
   c["intermediate_size"] = a.intermediateSize;
   c["tie_word_embeddings"] = a.tieWordEmbeddings;
   // No padding row (Phi-3's config names 32000, Gemma's 0): padding_idx changes no byte, and a
@@ -206,6 +208,20 @@ std::string Join(const std::vector<std::string>& items) {
 
 }  // namespace
 
+namespace {
+
+// The architecture as the model has it: head size and key/value heads spelled out (0 means the
+// default the simulation takes; the config writes the value).
+ArchitectureDef Spelled(ArchitectureDef a) {
+  if (a.family == Family::Llama) {
+    a.headDim = HeadDim(a);
+    a.numKeyValueHeads = KeyValueHeads(a);
+  }
+  return a;
+}
+
+}  // namespace
+
 HfConfigExport HfConfigOf(const ArchitectureDef& architecture, bool useCache) {
   HfConfigExport out;
   ojson config = ConfigOf(architecture);
@@ -215,8 +231,9 @@ HfConfigExport HfConfigOf(const ArchitectureDef& architecture, bool useCache) {
   // What the importer reads back must be the architecture itself: a field the model type has
   // no key for (or fixes in code) would otherwise be measured as something else.
   const ConfigImport back = ImportHfConfig(out.text);
-  if (!back.ok() || !(back.architecture == architecture) || back.useCache != useCache) {
-    std::vector<std::string> fields = back.ok() ? DifferingFields(architecture, back.architecture) : std::vector<std::string>{};
+  if (!back.ok() || !(Spelled(back.architecture) == Spelled(architecture)) || back.useCache != useCache) {
+    std::vector<std::string> fields =
+        back.ok() ? DifferingFields(Spelled(architecture), Spelled(back.architecture)) : std::vector<std::string>{};
     std::string message = "No Hugging Face model type has this architecture as it is";
     if (!fields.empty()) {
       message += ": " + out.modelType + " (the nearest) differs in " + Join(fields);
