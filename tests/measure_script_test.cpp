@@ -69,12 +69,18 @@ TEST_CASE("every preset is written back as the config.json it was read from", "[
       const HfConfigExport e = HfConfigOf(p.architecture, useCache);
       CHECK(e.ok());
       const ConfigImport back = ImportHfConfig(e.text);
-      ArchitectureDef spelled = p.architecture;  // the config spells out the head size and k/v heads
-      if (spelled.family == Family::Llama) {
-        spelled.headDim = HeadDim(spelled);
-        spelled.numKeyValueHeads = KeyValueHeads(spelled);
+      // The config spells out the sizes 0 stands for: the head size, key/value heads, the MLP's
+      // width (GPT-2 leaves n_inner null, which means the same 4 × hidden).
+      ArchitectureDef spelled = p.architecture, read = back.architecture;
+      for (ArchitectureDef* a : {&spelled, &read}) {
+        if (a->family == Family::Llama) {
+          a->headDim = HeadDim(*a);
+          a->numKeyValueHeads = KeyValueHeads(*a);
+          if (a->numExperts > 0) a->expertIntermediateSize = ExpertIntermediateSize(*a);
+        }
+        a->intermediateSize = IntermediateSize(*a);
       }
-      CHECK(back.architecture == spelled);
+      CHECK(read == spelled);
       CHECK(back.useCache == useCache);
     }
   }
@@ -90,6 +96,23 @@ TEST_CASE("published config.json files come back with their own model type", "[m
     REQUIRE(e.ok());
     CHECK(e.modelType == original.modelType);
   }
+}
+
+TEST_CASE("sizes the simulation defaults are written out, not left to the config class", "[measure][config]") {
+  // 0 stands for the simulation's default (4 × hidden for the MLP, hidden / heads per head); the
+  // config classes have their own (Gemma: head_dim 256) or build nothing (intermediate_size 0).
+  ArchitectureDef a = FindPreset("gemma-2b")->architecture;
+  a.headDim = 0;
+  a.intermediateSize = 0;
+  const HfConfigExport e = HfConfigOf(a, true);
+  REQUIRE(e.ok());
+  CHECK(e.text.find("\"head_dim\": " + std::to_string(a.hiddenSize / a.numHeads) + ",") != std::string::npos);
+  CHECK(e.text.find("\"intermediate_size\": " + std::to_string(4 * a.hiddenSize) + ",") != std::string::npos);
+  ArchitectureDef moe = FindPreset("qwen1.5-moe-a2.7b")->architecture;
+  moe.expertIntermediateSize = 0;
+  const HfConfigExport m = HfConfigOf(moe, true);
+  REQUIRE(m.ok());
+  CHECK(m.text.find("\"moe_intermediate_size\": " + std::to_string(ExpertIntermediateSize(moe)) + ",") != std::string::npos);
 }
 
 TEST_CASE("an architecture no model type has is refused, naming the fields", "[measure][config]") {

@@ -69,18 +69,24 @@ ojson LayerTypes(const ArchitectureDef& a) {
 
 ojson NullIfZero(double v) { return v == 0.0 ? ojson(nullptr) : ojson(v); }
 
-ojson LlamaFamilyConfig(const ArchitectureDef& a, const std::string& type) {
+// The sizes every family but GPT-2 names alike (GPT-2's config says n_embd, n_layer, n_head).
+ojson SizedConfig(const char* modelType, const ArchitectureDef& a) {
   ojson c;
-  c["model_type"] = type;
+  c["model_type"] = modelType;
   c["vocab_size"] = a.vocabSize;
   c["hidden_size"] = a.hiddenSize;
   c["num_hidden_layers"] = a.numLayers;
   c["num_attention_heads"] = a.numHeads;
+  c["intermediate_size"] = IntermediateSize(a);  // 0 means 4 × hidden here, no MLP at all there
+  return c;
+}
+
+ojson LlamaFamilyConfig(const ArchitectureDef& a, const std::string& type) {
+  ojson c = SizedConfig(type.c_str(), a);
   // Always written: the config classes' defaults differ (Gemma's head_dim 256 and 16 key/value
   // heads, Qwen3's head_dim 128), and a key left out would build another model.
   c["num_key_value_heads"] = KeyValueHeads(a);
   c["head_dim"] = HeadDim(a);
-  c["intermediate_size"] = a.intermediateSize;
   c["tie_word_embeddings"] = a.tieWordEmbeddings;
   // No padding row (Phi-3's config names 32000, Gemma's 0): padding_idx changes no byte, and a
   // smaller vocabulary than the default's row would not build.
@@ -103,7 +109,7 @@ ojson LlamaFamilyConfig(const ArchitectureDef& a, const std::string& type) {
   if (type == "qwen2_moe" || type == "qwen3_moe") {
     c["num_experts"] = a.numExperts;
     c["num_experts_per_tok"] = a.expertsPerToken;
-    c["moe_intermediate_size"] = a.expertIntermediateSize;
+    c["moe_intermediate_size"] = ExpertIntermediateSize(a);
     c["norm_topk_prob"] = a.normTopkProb;
     c["decoder_sparse_step"] = 1;  // every layer sparse, as the importer reads them
     c["mlp_only_layers"] = ojson::array();
@@ -141,12 +147,7 @@ ojson ConfigOf(const ArchitectureDef& a) {
       c["tie_word_embeddings"] = a.tieWordEmbeddings;
       return c;
     case Family::GPTNeoX:
-      c["model_type"] = "gpt_neox";
-      c["vocab_size"] = a.vocabSize;
-      c["hidden_size"] = a.hiddenSize;
-      c["num_hidden_layers"] = a.numLayers;
-      c["num_attention_heads"] = a.numHeads;
-      c["intermediate_size"] = a.intermediateSize;
+      c = SizedConfig("gpt_neox", a);
       if (a.maxPositionEmbeddings > 0) c["max_position_embeddings"] = a.maxPositionEmbeddings;
       c["rotary_pct"] = a.partialRotaryFactor;
       c["use_parallel_residual"] = a.parallelResidual;
@@ -157,14 +158,9 @@ ojson ConfigOf(const ArchitectureDef& a) {
       c["attention_dropout"] = a.attentionDropout;
       return c;
     case Family::BERT: {
-      c["model_type"] = "bert";
+      c = SizedConfig("bert", a);
       c["architectures"] = ojson::array(
           {a.encoderHead == EncoderHead::MaskedLM ? "BertForMaskedLM" : "BertForSequenceClassification"});
-      c["vocab_size"] = a.vocabSize;
-      c["hidden_size"] = a.hiddenSize;
-      c["num_hidden_layers"] = a.numLayers;
-      c["num_attention_heads"] = a.numHeads;
-      c["intermediate_size"] = a.intermediateSize;
       c["max_position_embeddings"] = a.maxPositionEmbeddings;
       c["type_vocab_size"] = a.typeVocabSize;
       c["hidden_act"] = ActivationName(a.hiddenAct);
@@ -210,13 +206,15 @@ std::string Join(const std::vector<std::string>& items) {
 
 namespace {
 
-// The architecture as the model has it: head size and key/value heads spelled out (0 means the
-// default the simulation takes; the config writes the value).
+// The architecture as the model has it: sizes the simulation defaults when 0 (head size,
+// key/value heads, the MLP's and the experts' widths) spelled out, as the config writes them.
 ArchitectureDef Spelled(ArchitectureDef a) {
   if (a.family == Family::Llama) {
     a.headDim = HeadDim(a);
     a.numKeyValueHeads = KeyValueHeads(a);
+    if (a.numExperts > 0) a.expertIntermediateSize = ExpertIntermediateSize(a);
   }
+  a.intermediateSize = IntermediateSize(a);
   return a;
 }
 
