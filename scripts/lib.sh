@@ -64,7 +64,7 @@ FUZZ_APT_PACKAGES=(clang libclang-rt-14-dev)
 # Seconds each fuzz target runs in scripts/test.
 GPUMEM_FUZZ_SECONDS="${GPUMEM_FUZZ_SECONDS:-60}"
 FUZZ_TARGETS=(fuzz_estimate_json fuzz_import_config_json fuzz_import_safetensors_json
-              fuzz_import_safetensors_with_setup_json fuzz_solve_json fuzz_snapshot)
+              fuzz_import_safetensors_with_setup_json fuzz_solve_json fuzz_snapshot fuzz_measure_script_json)
 
 ensure_fuzz_packages() {
   local missing=()

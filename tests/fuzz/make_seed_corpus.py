@@ -276,6 +276,7 @@ def main():
         estimate_seeds["cli-defaults"] = subprocess.run([cli, "--defaults"], check=True, capture_output=True).stdout
     for name, text in {**estimate_seeds, **HOSTILE}.items():
         write("fuzz_estimate_json", name, text)
+        write("fuzz_measure_script_json", name, text)  # the same setups: the script is made from one
     for name, text in {**dict(configs()), **HOSTILE}.items():
         write("fuzz_import_config_json", name, text)
     headers = {**dict(safetensors()), **HOSTILE}
