@@ -36,7 +36,22 @@ def count(name):
 precision = t["precision"]
 dtype = {"fp32": "float32", "bf16": "bfloat16", "bf16Mixed": "bfloat16", "fp16Mixed": "float16",
          "ampBf16": "float32", "ampFp16": "float32"}[precision]
-made = only("from_config")
+if f["quantization"] == "none":
+    made = only("from_config")
+else:
+    # A random checkpoint on the CPU, then from_pretrained with bitsandbytes onto GPU 0.
+    assert only("from_config")["attn_implementation"] is None and count("save_pretrained") == 1
+    made = only("from_pretrained")
+    assert made["quantized"] and made["device_map"] == {"": 0}, made
+    bnb = only("BitsAndBytesConfig")
+    if f["quantization"] == "int8":
+        assert bnb == {"call": "BitsAndBytesConfig", "load_in_8bit": True}, bnb
+    else:
+        storage = {"uint8": "uint8", "bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[f["quantStorage"]]
+        compute = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[f["computeDType"]]
+        assert (bnb["load_in_4bit"], bnb["bnb_4bit_quant_type"], bnb["bnb_4bit_use_double_quant"],
+                bnb["bnb_4bit_compute_dtype"], bnb["bnb_4bit_quant_storage"]) == (
+                    True, f["quantization"], f["doubleQuant"], compute, storage), bnb
 assert made["dtype"] == dtype and made["attn_implementation"] == t["attention"], made
 assert only("config")["fields"]["use_cache"] == t["useCache"]
 accumulation = max(1, setup["parallel"]["gradientAccumulationSteps"])
@@ -45,7 +60,12 @@ amp = [c for c in calls if c["call"] == "autocast"]
 assert all(c["enabled"] == precision.startswith("amp") for c in amp)
 assert all(c["dtype"] == ("float16" if precision == "ampFp16" else "bfloat16") for c in amp)
 assert count("GradScaler") == (1 if precision == "ampFp16" else 0)
-if t["checkpointing"] == "everyBlock":
+if f["prepareForKbitTraining"]:
+    # peft's preparation checkpoints every block itself (and hooks the embeddings' output).
+    prepared = only("prepare_model_for_kbit_training")
+    assert prepared["use_gradient_checkpointing"] and prepared["kwargs"] == {"use_reentrant": t["useReentrant"]}
+    assert count("gradient_checkpointing_enable") == 0
+elif t["checkpointing"] == "everyBlock":
     assert only("gradient_checkpointing_enable")["kwargs"] == {"use_reentrant": t["useReentrant"]}
 else:
     assert count("gradient_checkpointing_enable") == 0
@@ -53,7 +73,7 @@ if f["lora"]:
     lc = only("LoraConfig")
     assert (lc["r"], lc["lora_alpha"], lc["lora_dropout"], lc["use_dora"]) == (f["r"], f["loraAlpha"], f["loraDropout"], f["useDora"])
     assert only("get_peft_model")["autocast_adapter_dtype"] == (f["adapterDType"] == "fp32")
-    wants_hook = t["checkpointing"] == "everyBlock" and t["useReentrant"]
+    wants_hook = t["checkpointing"] == "everyBlock" and t["useReentrant"] and not f["prepareForKbitTraining"]
     assert count("enable_input_require_grads") == (1 if wants_hook else 0)
 else:
     assert count("get_peft_model") == 0

@@ -202,16 +202,43 @@ TEST_CASE("bitsandbytes' optimizers, Adafactor and gradient accumulation are scr
   CHECK(a.script.find("ADAFACTOR_BETA1 = True") != std::string::npos);
 }
 
+TEST_CASE("QLoRA loads its base weights through bitsandbytes as the estimate's init phase does", "[measure][script]") {
+  Setup s = PresetSetup("llama-3.2-1b");
+  s.training.precision = Precision::BF16;
+  s.finetune.lora = true;
+  s.finetune.quantization = Quantization::NF4;
+  s.finetune.doubleQuant = true;
+  s.finetune.computeDType = DType::BF16;
+  s.finetune.prepareForKbitTraining = true;
+  const MeasureScript m = MeasureScriptFor(s, MustEstimate(s));
+  REQUIRE(m.ok());
+  CHECK(m.script.find(R"(QUANTIZATION = json.loads("{\"load_in_4bit\":true,\"bnb_4bit_quant_type\":\"nf4\",)"
+                      R"(\"bnb_4bit_use_double_quant\":true,\"bnb_4bit_compute_dtype\":\"bfloat16\",)"
+                      R"(\"bnb_4bit_quant_storage\":\"uint8\"}"))") != std::string::npos);
+  CHECK(m.script.find("PREPARE_FOR_KBIT = True") != std::string::npos);
+  // prepare_model_for_kbit_training checkpoints every block, as the estimate takes it.
+  CHECK(m.script.find("CHECKPOINTING = True") != std::string::npos);
+  CHECK(m.script.find("transformers, peft (0.12 or later), bitsandbytes.") != std::string::npos);
+  s.finetune.quantization = Quantization::Int8;
+  s.finetune.doubleQuant = false;
+  s.finetune.prepareForKbitTraining = false;
+  const MeasureScript int8 = MeasureScriptFor(s, MustEstimate(s));
+  REQUIRE(int8.ok());
+  CHECK(int8.script.find(R"(QUANTIZATION = json.loads("{\"load_in_8bit\":true}"))") != std::string::npos);
+  CHECK(int8.script.find("CHECKPOINTING = False") != std::string::npos);
+}
+
 TEST_CASE("what the script cannot run is refused by field", "[measure][script]") {
   auto fieldsOf = [](const Setup& s) {
     std::vector<std::string> fields;
     for (const FieldError& e : MeasureScriptFor(s, Estimate{}).errors) fields.push_back(e.field);
     return fields;
   };
-  Setup quantized = PresetSetup("llama-3.2-1b");
-  quantized.finetune.lora = true;
-  quantized.finetune.quantization = Quantization::NF4;
-  CHECK(fieldsOf(quantized) == std::vector<std::string>{"finetune.quantization"});
+  Setup torchtune = PresetSetup("llama-3.2-1b");
+  torchtune.finetune.lora = true;
+  torchtune.finetune.quantization = Quantization::NF4;
+  torchtune.finetune.quantLayout = QuantLayout::TorchaoNf4;
+  CHECK(fieldsOf(torchtune) == std::vector<std::string>{"finetune.quantLayout"});
   Setup lion = PresetSetup("llama-3.2-1b");
   lion.training.optimizer = OptimizerKind::Lion;
   lion.training.lossImplementation = LossImplementation::Chunked;

@@ -285,6 +285,10 @@ ADAFACTOR_BETA1 = @ADAFACTOR_BETA1@
 ACCUMULATION = @ACCUMULATION@  # micro-batches per optimizer step
 ZERO_GRAD_SET_TO_NONE = @SET_TO_NONE@
 LORA = json.loads(@LORA@)  # peft.LoraConfig's arguments
+# transformers.BitsAndBytesConfig's arguments (quantized base weights), or None; and whether
+# peft.prepare_model_for_kbit_training runs (fp32 copies of the other parameters, checkpointing).
+QUANTIZATION = json.loads(@QUANTIZATION@)
+PREPARE_FOR_KBIT = @PREPARE@
 # get_peft_model(autocast_adapter_dtype=True), PEFT's default, keeps the adapters in fp32 on a
 # 16-bit model; False leaves them in the model's dtype.
 ADAPTERS_IN_FP32 = @ADAPTERS_FP32@
@@ -326,12 +330,31 @@ def build_model(torch):
     cls = {"causalLm": transformers.AutoModelForCausalLM,
            "sequenceClassification": transformers.AutoModelForSequenceClassification,
            "maskedLm": transformers.AutoModelForMaskedLM}[TASK]
-    # Built on the GPU, its parameters allocated one by one there (random init is fast there).
-    with torch.device("cuda"):
+    if QUANTIZATION is None:
+        # Built on the GPU, its parameters allocated one by one there (random init is fast there).
+        with torch.device("cuda"):
+            try:
+                return cls.from_config(config, dtype=dtype, attn_implementation=ATTENTION)
+            except TypeError:  # transformers before 4.56 calls it torch_dtype
+                return cls.from_config(config, torch_dtype=dtype, attn_implementation=ATTENTION)
+    # Quantized base weights are made as from_pretrained loads a checkpoint (each weight copied to
+    # the GPU in the model's dtype and quantized there, as the estimate's init phase has it): a
+    # checkpoint of random weights is written first, which takes the unquantized model's size in
+    # CPU memory and on disk for a while.
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
         try:
-            return cls.from_config(config, dtype=dtype, attn_implementation=ATTENTION)
-        except TypeError:  # transformers before 4.56 calls it torch_dtype
-            return cls.from_config(config, torch_dtype=dtype, attn_implementation=ATTENTION)
+            unquantized = cls.from_config(config, dtype=dtype)
+        except TypeError:
+            unquantized = cls.from_config(config, torch_dtype=dtype)
+        unquantized.save_pretrained(folder)
+        del unquantized
+        loading = {"quantization_config": transformers.BitsAndBytesConfig(**QUANTIZATION),
+                   "device_map": {"": 0}, "attn_implementation": ATTENTION}
+        try:
+            return cls.from_pretrained(folder, dtype=dtype, **loading)
+        except TypeError:
+            return cls.from_pretrained(folder, torch_dtype=dtype, **loading)
 
 
 # bitsandbytes' optimizers by gpumem's names (8-bit states; paged states in CUDA unified memory).
@@ -400,13 +423,18 @@ def main():
 
     started = time.time()
     model = build_model(torch)
-    if CHECKPOINTING:
+    if PREPARE_FOR_KBIT:
+        # Its own checkpointing of every block, and the embeddings' output hook for reentrant ones.
+        import peft
+        model = peft.prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": USE_REENTRANT})
+    elif CHECKPOINTING:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": USE_REENTRANT})
     if LORA is not None:
         import peft
         model = peft.get_peft_model(model, peft.LoraConfig(task_type="CAUSAL_LM", **LORA),
                                     autocast_adapter_dtype=ADAPTERS_IN_FP32)
-        if CHECKPOINTING and USE_REENTRANT:
+        if CHECKPOINTING and USE_REENTRANT and not PREPARE_FOR_KBIT:
             # Reentrant checkpoints need an input that requires grad (the frozen embeddings' output).
             model.enable_input_require_grads()
     model.train()
@@ -588,8 +616,8 @@ void CheckScriptable(const Setup& s, std::vector<FieldError>& errors) {
   if (t.maskedSoftmaxFusion) Refuse(errors, "training.maskedSoftmaxFusion", "The fused masked softmax is Megatron's.");
   if (t.emptyCacheSteps > 0) Refuse(errors, "training.emptyCacheSteps", "The Trainer's empty_cache steps are not scripted.");
   const FinetuneDef none;
-  if (f.quantization != Quantization::None || f.prepareForKbitTraining) {
-    Refuse(errors, "finetune.quantization", "Quantized base weights are loaded by bitsandbytes from a checkpoint.");
+  if (f.quantization != Quantization::None && f.quantLayout == QuantLayout::TorchaoNf4) {
+    Refuse(errors, "finetune.quantLayout", "torchao's NF4 is torchtune's recipe (it builds and loads the model its own way).");
   }
   if (f.freezeEmbeddings || f.freezeHead || f.freezeFirstBlocks > 0 || !f.trainOnlyModules.empty()) {
     Refuse(errors, "finetune.freezeFirstBlocks", "Freezing parts of the model by hand is not scripted.");
@@ -625,6 +653,26 @@ std::string LoraArguments(const Setup& s) {
   return l.dump();
 }
 
+// transformers.BitsAndBytesConfig's arguments for the quantized base weights (None without).
+std::string QuantizationArguments(const FinetuneDef& f) {
+  if (f.quantization == Quantization::None) return "null";
+  nlohmann::ordered_json q;
+  if (f.quantization == Quantization::Int8) {
+    q["load_in_8bit"] = true;
+    return q.dump();
+  }
+  q["load_in_4bit"] = true;
+  q["bnb_4bit_quant_type"] = f.quantization == Quantization::FP4 ? "fp4" : "nf4";
+  q["bnb_4bit_use_double_quant"] = f.doubleQuant;
+  const char* torchNames[] = {"float32", "float16", "bfloat16"};
+  q["bnb_4bit_compute_dtype"] = f.computeDType == DType::BF16 ? torchNames[2] : f.computeDType == DType::FP16 ? torchNames[1] : torchNames[0];
+  q["bnb_4bit_quant_storage"] = f.quantStorage == DType::BF16   ? "bfloat16"
+                                : f.quantStorage == DType::FP16 ? "float16"
+                                : f.quantStorage == DType::FP32 ? "float32"
+                                                                : "uint8";
+  return q.dump();
+}
+
 std::string Title(const Setup& s, const std::string& modelType) {
   const TrainingDef& t = s.training;
   std::string title = modelType + " (" + FormatCount(s.model.architecture.numLayers) + " layers, hidden " +
@@ -632,6 +680,7 @@ std::string Title(const Setup& s, const std::string& modelType) {
                       IdOf(t.attention) + ", batch " + FormatCount(t.batchSize) + " x " + FormatCount(t.sequenceLength);
   if (t.checkpointing != Checkpointing::None) title += ", every block checkpointed";
   if (s.finetune.lora) title += s.finetune.useDora ? ", DoRA r " + FormatCount(s.finetune.r) : ", LoRA r " + FormatCount(s.finetune.r);
+  if (s.finetune.quantization != Quantization::None) title += std::string(" on ") + IdOf(s.finetune.quantization) + " base weights";
   return title + ", " + IdOf(t.optimizer) + " (" + IdOf(t.optimizerImplementation) + ")";
 }
 
@@ -653,9 +702,10 @@ MeasureScript MeasureScriptFor(const Setup& setup, const Estimate& estimate) {
   std::string script = kScript;
   Replace(script, "@VERSION@", Version());
   Replace(script, "@TITLE@", Title(setup, config.modelType));
-  std::string needs = setup.finetune.lora ? ", peft (0.12 or later)" : "";
-  if (t.optimizer == OptimizerKind::Adam8bit || t.optimizer == OptimizerKind::AdamW8bit ||
-      t.optimizer == OptimizerKind::PagedAdamW || t.optimizer == OptimizerKind::PagedAdamW8bit) {
+  std::string needs = setup.finetune.lora || setup.finetune.prepareForKbitTraining ? ", peft (0.12 or later)" : "";
+  if (setup.finetune.quantization != Quantization::None || t.optimizer == OptimizerKind::Adam8bit ||
+      t.optimizer == OptimizerKind::AdamW8bit || t.optimizer == OptimizerKind::PagedAdamW ||
+      t.optimizer == OptimizerKind::PagedAdamW8bit) {
     needs += ", bitsandbytes";
   }
   Replace(script, "@NEEDS@", needs);
@@ -679,7 +729,11 @@ MeasureScript MeasureScriptFor(const Setup& setup, const Estimate& estimate) {
   Replace(script, "@ATTENTION@", IdOf(t.attention));
   Replace(script, "@BATCH@", std::to_string(t.batchSize));
   Replace(script, "@SEQUENCE@", std::to_string(t.sequenceLength));
-  Replace(script, "@CHECKPOINTING@", PythonBool(t.checkpointing == Checkpointing::EveryBlock));
+  // prepare_model_for_kbit_training checkpoints every block whatever training.checkpointing says.
+  Replace(script, "@CHECKPOINTING@",
+          PythonBool(t.checkpointing == Checkpointing::EveryBlock || setup.finetune.prepareForKbitTraining));
+  Replace(script, "@QUANTIZATION@", PythonString(QuantizationArguments(setup.finetune)));
+  Replace(script, "@PREPARE@", PythonBool(setup.finetune.prepareForKbitTraining));
   Replace(script, "@REENTRANT@", PythonBool(t.useReentrant));
   Replace(script, "@OPTIMIZER@", IdOf(t.optimizer));
   Replace(script, "@IMPLEMENTATION@", IdOf(t.optimizerImplementation));

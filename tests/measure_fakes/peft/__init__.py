@@ -20,3 +20,9 @@ def get_peft_model(model, config, autocast_adapter_dtype=True):
     base_parameters = model.parameters
     model.parameters = lambda: base_parameters() + [adapter]
     return model
+
+
+def prepare_model_for_kbit_training(model, use_gradient_checkpointing=True, gradient_checkpointing_kwargs=None):
+    record("prepare_model_for_kbit_training", use_gradient_checkpointing=use_gradient_checkpointing,
+           kwargs=gradient_checkpointing_kwargs)
+    return model

@@ -21,6 +21,9 @@ class _Model:
         self.weight = torch.Parameter((config.vocab_size, 8), dtype)
         self.head = torch.Parameter((8, 8), dtype)
 
+    def save_pretrained(self, folder):
+        record("save_pretrained")
+
     def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs=None):
         record("gradient_checkpointing_enable", kwargs=gradient_checkpointing_kwargs)
 
@@ -42,12 +45,23 @@ class _Model:
         return types.SimpleNamespace(loss=torch.Tensor(()))
 
 
+class BitsAndBytesConfig:
+    def __init__(self, **arguments):
+        record("BitsAndBytesConfig", **arguments)
+
+
 class _Auto:
     def __init__(self, task):
         self.task = task
 
+    def from_pretrained(self, folder, quantization_config=None, device_map=None, attn_implementation=None, dtype=None):
+        record("from_pretrained", task=self.task, dtype=dtype, attn_implementation=attn_implementation,
+               device_map=device_map, quantized=isinstance(quantization_config, BitsAndBytesConfig))
+        return _Model(self._config, dtype, attn_implementation)
+
     def from_config(self, config, dtype=None, attn_implementation=None):
         record("from_config", task=self.task, dtype=dtype, attn_implementation=attn_implementation)
+        self._config = config
         return _Model(config, dtype, attn_implementation)
 
 
