@@ -218,7 +218,7 @@ TEST_CASE("QLoRA loads its base weights through bitsandbytes as the estimate's i
   CHECK(m.script.find("PREPARE_FOR_KBIT = True") != std::string::npos);
   // prepare_model_for_kbit_training checkpoints every block, as the estimate takes it.
   CHECK(m.script.find("CHECKPOINTING = True") != std::string::npos);
-  CHECK(m.script.find("transformers, peft (0.12 or later), bitsandbytes.") != std::string::npos);
+  CHECK(m.script.find("transformers, peft (0.12 or later), bitsandbytes, accelerate.") != std::string::npos);
   s.finetune.quantization = Quantization::Int8;
   s.finetune.doubleQuant = false;
   s.finetune.prepareForKbitTraining = false;

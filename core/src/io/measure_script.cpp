@@ -708,6 +708,7 @@ MeasureScript MeasureScriptFor(const Setup& setup, const Estimate& estimate) {
       t.optimizer == OptimizerKind::PagedAdamW8bit) {
     needs += ", bitsandbytes";
   }
+  if (setup.finetune.quantization != Quantization::None) needs += ", accelerate";  // device_map
   Replace(script, "@NEEDS@", needs);
   Replace(script, "@FILE@", out.fileName);
   std::string environment;
