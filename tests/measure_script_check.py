@@ -87,8 +87,11 @@ if t["optimizer"] in ("sgd", "sgdMomentum", "adam", "adamw"):
     assert all(o.get(flag[0]) == flag[1] for o in optimizers), optimizers
     assert all(o.get("momentum", 0) == (0.9 if t["optimizer"] == "sgdMomentum" else 0) for o in optimizers)
 mixed = precision.endswith("Mixed")
-per_tensor = mixed and t["optimizerImplementation"] == "perParameter"
+per_tensor = (mixed and t["optimizerImplementation"] == "perParameter") or t["optimizerInBackward"]
 assert (len(optimizers) > 1 or optimizers[0]["tensors"] == 1) if per_tensor else len(optimizers) == 1
+assert count("post_accumulate_grad_hook") == (len(optimizers) if t["optimizerInBackward"] else 0)
+every = t["emptyCacheSteps"]
+assert count("empty_cache") == sum(accumulation for step in (1, 2) if every and (step - 1) % every == 0)
 assert all(c["set_to_none"] == t["zeroGradSetToNone"] for c in calls if c["call"] == "zero_grad")
 allocator = setup["runtime"]["allocator"]
 environment = only("environment")

@@ -1,5 +1,5 @@
 #!/bin/sh
-# The measuring script (gpumem --measure-script) for setups of each kind it takes (eleven): every one
+# The measuring script (gpumem --measure-script) for setups of each kind it takes (twelve): every one
 # compiles, its module-level code (the embedded config, figures and setup) runs as far as --help,
 # and its training loop runs against the stand-ins of tests/measure_fakes, doing what its setup
 # says (measure_script_check.py). Usage: measure_script_python.sh CLI PYTHON3 WORKDIR
@@ -20,7 +20,8 @@ for setup in \
   '{"model":{"preset":"smollm3-3b"},"training":{"precision":"ampBf16","sequenceLength":256,"optimizer":"pagedAdamw8bit"},"parallel":{"gradientAccumulationSteps":4}}' \
   '{"model":{"preset":"bert-large-uncased"},"training":{"precision":"ampFp16","sequenceLength":128,"optimizer":"adafactor","optimizerImplementation":"perParameter","adafactorBeta1":true}}' \
   '{"model":{"preset":"llama-3-8b"},"training":{"precision":"bf16","attention":"sdpa","sequenceLength":512,"optimizer":"pagedAdamw"},"finetune":{"lora":true,"r":16,"targetModules":["all-linear"],"quantization":"nf4","doubleQuant":true,"computeDType":"bf16","prepareForKbitTraining":true}}' \
-  '{"model":{"preset":"mistral-7b-v0.1"},"training":{"precision":"fp32","sequenceLength":256,"checkpointing":"everyBlock","useReentrant":false},"finetune":{"lora":true,"quantization":"int8"}}'
+  '{"model":{"preset":"mistral-7b-v0.1"},"training":{"precision":"fp32","sequenceLength":256,"checkpointing":"everyBlock","useReentrant":false},"finetune":{"lora":true,"quantization":"int8"}}' \
+  '{"model":{"preset":"llama-3.2-1b"},"training":{"precision":"bf16","attention":"sdpa","sequenceLength":1024,"optimizerInBackward":true,"emptyCacheSteps":2}}'
 do
   n=$((n + 1))
   script="$work/measure_$n.py"

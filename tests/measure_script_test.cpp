@@ -243,6 +243,15 @@ TEST_CASE("what the script cannot run is refused by field", "[measure][script]")
   lion.training.optimizer = OptimizerKind::Lion;
   lion.training.lossImplementation = LossImplementation::Chunked;
   CHECK(fieldsOf(lion) == std::vector<std::string>{"training.optimizer", "training.lossImplementation"});
+  Setup inBackward = PresetSetup("llama-3.2-1b");  // default precision: fp16 with fp32 masters
+  inBackward.training.optimizerInBackward = true;
+  CHECK(fieldsOf(inBackward) == std::vector<std::string>{"training.optimizerInBackward"});
+  inBackward.training.precision = Precision::BF16;
+  inBackward.training.emptyCacheSteps = 2;
+  const MeasureScript scripted = MeasureScriptFor(inBackward, MustEstimate(inBackward));
+  REQUIRE(scripted.ok());
+  CHECK(scripted.script.find("IN_BACKWARD = True") != std::string::npos);
+  CHECK(scripted.script.find("EMPTY_CACHE_STEPS = 2 ") != std::string::npos);
   Setup parallel = PresetSetup("llama-3.2-1b");
   parallel.parallel.dataParallel = 8;
   parallel.parallel.zeroStage = 3;

@@ -282,6 +282,8 @@ USE_REENTRANT = @REENTRANT@
 OPTIMIZER = "@OPTIMIZER@"
 IMPLEMENTATION = "@IMPLEMENTATION@"
 ADAFACTOR_BETA1 = @ADAFACTOR_BETA1@
+IN_BACKWARD = @IN_BACKWARD@  # torchtune's optimizer_in_bwd
+EMPTY_CACHE_STEPS = @EMPTY_CACHE_STEPS@  # the Trainer's torch_empty_cache_steps (0: never)
 ACCUMULATION = @ACCUMULATION@  # micro-batches per optimizer step
 ZERO_GRAD_SET_TO_NONE = @SET_TO_NONE@
 LORA = json.loads(@LORA@)  # peft.LoraConfig's arguments
@@ -445,7 +447,16 @@ def main():
     # Mixed precision: fp32 master copies the optimizer steps, copied back into the 16-bit weights;
     # one optimizer over all of them, or one per tensor for a per-parameter loop.
     masters = [p.detach().float() for p in params] if mixed else None
-    if mixed and IMPLEMENTATION == "perParameter":
+    if IN_BACKWARD:
+        # An optimizer per parameter, stepped and zeroed as soon as its gradient is accumulated
+        # (register_post_accumulate_grad_hook, PyTorch 2.1 and later).
+        optimizers = []
+        for p in params:
+            def step_now(tensor, opt=make_optimizer(torch, [p])):
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            p.register_post_accumulate_grad_hook(step_now)
+    elif mixed and IMPLEMENTATION == "perParameter":
         optimizers = [make_optimizer(torch, [m]) for m in masters]
     else:
         optimizers = [make_optimizer(torch, masters if mixed else params)]
@@ -464,6 +475,8 @@ def main():
                     loss = model(**batch).loss
                 phase("forward:%d" % step, started)
                 started = time.time()
+                if EMPTY_CACHE_STEPS and (step - 1) % EMPTY_CACHE_STEPS == 0:
+                    torch.cuda.empty_cache()  # the Trainer's: after the loss, before the backward
                 (scaler.scale(loss) if scaler else loss).backward()
                 phase("backward:%d" % step, started)
                 if micro < ACCUMULATION - 1:
@@ -490,7 +503,7 @@ def main():
             elif scaler:
                 scaler.step(optimizers[0])
                 scaler.update()
-            else:
+            elif not IN_BACKWARD:
                 optimizers[0].step()
             for opt in optimizers:
                 opt.zero_grad(set_to_none=ZERO_GRAD_SET_TO_NONE)
@@ -610,11 +623,14 @@ void CheckScriptable(const Setup& s, std::vector<FieldError>& errors) {
   if (t.lossImplementation != LossImplementation::Standard || t.lossInModelDtype) {
     Refuse(errors, "training.lossImplementation", "It computes the model's own loss (Hugging Face's ForCausalLMLoss).");
   }
-  if (t.optimizerInBackward) Refuse(errors, "training.optimizerInBackward", "The optimizer in backward is torchtune's.");
+  const bool mixed = t.precision == Precision::BF16Mixed || t.precision == Precision::FP16Mixed;
+  if (t.optimizerInBackward && (mixed || t.precision == Precision::AmpFP16)) {
+    Refuse(errors, "training.optimizerInBackward",
+           "The optimizer in backward is scripted without master copies or loss scaling (as torchtune runs it).");
+  }
   if (t.activationOffloading) Refuse(errors, "training.activationOffloading", "Activation offloading is torchtune's.");
   if (t.packedSequences != PackedSequences::None) Refuse(errors, "training.packedSequences", "Packed sequences need a collator.");
   if (t.maskedSoftmaxFusion) Refuse(errors, "training.maskedSoftmaxFusion", "The fused masked softmax is Megatron's.");
-  if (t.emptyCacheSteps > 0) Refuse(errors, "training.emptyCacheSteps", "The Trainer's empty_cache steps are not scripted.");
   const FinetuneDef none;
   if (f.quantization != Quantization::None && f.quantLayout == QuantLayout::TorchaoNf4) {
     Refuse(errors, "finetune.quantLayout", "torchao's NF4 is torchtune's recipe (it builds and loads the model its own way).");
@@ -740,6 +756,8 @@ MeasureScript MeasureScriptFor(const Setup& setup, const Estimate& estimate) {
   Replace(script, "@IMPLEMENTATION@", IdOf(t.optimizerImplementation));
   Replace(script, "@SET_TO_NONE@", PythonBool(t.zeroGradSetToNone));
   Replace(script, "@ADAFACTOR_BETA1@", PythonBool(t.adafactorBeta1));
+  Replace(script, "@IN_BACKWARD@", PythonBool(t.optimizerInBackward));
+  Replace(script, "@EMPTY_CACHE_STEPS@", std::to_string(t.emptyCacheSteps));
   Replace(script, "@ACCUMULATION@", std::to_string(std::max<std::int64_t>(1, setup.parallel.gradientAccumulationSteps)));
   Replace(script, "@LORA@", PythonString(LoraArguments(setup)));
   Replace(script, "@ADAPTERS_FP32@", PythonBool(setup.finetune.adapterDType == AdapterDType::FP32));

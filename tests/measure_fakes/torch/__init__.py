@@ -37,6 +37,8 @@ class Tensor:
         for p in _live_parameters:
             if p.requires_grad:
                 p.grad = Tensor(p.shape, p.dtype)
+                for hook in p.hooks:
+                    hook(p)
 
     def __float__(self):
         return 0.0
@@ -48,7 +50,12 @@ _live_parameters = []
 class Parameter(Tensor):
     def __init__(self, shape, dtype):
         super().__init__(shape, dtype, True)
+        self.hooks = []
         _live_parameters.append(self)
+
+    def register_post_accumulate_grad_hook(self, hook):
+        record("post_accumulate_grad_hook")
+        self.hooks.append(hook)
 
 
 def ones(*shape, device=None, dtype=float32):
@@ -146,6 +153,10 @@ class _Cuda:
     @staticmethod
     def synchronize():
         pass
+
+    @staticmethod
+    def empty_cache():
+        record("empty_cache")
 
     @staticmethod
     def max_memory_allocated():
