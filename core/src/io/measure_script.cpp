@@ -21,8 +21,6 @@
 namespace gpumem {
 namespace {
 
-using ojson = nlohmann::ordered_json;
-
 // The config.json spelling of an activation (the first name ImportHfConfig reads as it).
 const char* ActivationName(HiddenAct act) {
   switch (act) {
@@ -58,124 +56,137 @@ std::string LlamaModelType(const ArchitectureDef& a) {
 
 // layer_types as Gemma 2 / 3 and OLMo 3 configs list them: every pattern-th layer attends to all
 // tokens (ReadLayerTypes reads the pattern back).
-ojson LayerTypes(const ArchitectureDef& a) {
-  ojson list = ojson::array();
+void LayerTypes(JsonWriter& w, const ArchitectureDef& a) {
+  w.BeginArray();
   for (std::int64_t i = 0; i < a.numLayers; ++i) {
     const bool full = a.slidingWindowPattern > 0 && (i + 1) % a.slidingWindowPattern == 0;
-    list.push_back(full ? "full_attention" : "sliding_attention");
+    w.String(full ? "full_attention" : "sliding_attention");
   }
-  return list;
+  w.EndArray();
 }
 
-ojson NullIfZero(double v) { return v == 0.0 ? ojson(nullptr) : ojson(v); }
-
-// The sizes every family but GPT-2 names alike (GPT-2's config says n_embd, n_layer, n_head).
-ojson SizedConfig(const char* modelType, const ArchitectureDef& a) {
-  ojson c;
-  c["model_type"] = modelType;
-  c["vocab_size"] = a.vocabSize;
-  c["hidden_size"] = a.hiddenSize;
-  c["num_hidden_layers"] = a.numLayers;
-  c["num_attention_heads"] = a.numHeads;
-  c["intermediate_size"] = IntermediateSize(a);  // 0 means 4 × hidden here, no MLP at all there
-  return c;
+void NullIfZero(JsonWriter& w, double v) {
+  if (v == 0.0) w.Null();
+  else w.Double(v);
 }
 
-ojson LlamaFamilyConfig(const ArchitectureDef& a, const std::string& type) {
-  ojson c = SizedConfig(type.c_str(), a);
+// The sizes every family but GPT-2 names alike (GPT-2's config says n_embd, n_layer, n_head);
+// the object is left open for the family's own keys.
+void SizedConfig(JsonWriter& w, const char* modelType, const ArchitectureDef& a) {
+  w.BeginObject();
+  w.Key("model_type").String(modelType);
+  w.Key("vocab_size").Int(a.vocabSize);
+  w.Key("hidden_size").Int(a.hiddenSize);
+  w.Key("num_hidden_layers").Int(a.numLayers);
+  w.Key("num_attention_heads").Int(a.numHeads);
+  w.Key("intermediate_size").Int(IntermediateSize(a));  // 0 means 4 × hidden here, no MLP at all there
+}
+
+void LlamaFamilyConfig(JsonWriter& w, const ArchitectureDef& a, const std::string& type) {
+  SizedConfig(w, type.c_str(), a);
   // Always written: the config classes' defaults differ (Gemma's head_dim 256 and 16 key/value
   // heads, Qwen3's head_dim 128), and a key left out would build another model.
-  c["num_key_value_heads"] = KeyValueHeads(a);
-  c["head_dim"] = HeadDim(a);
-  c["tie_word_embeddings"] = a.tieWordEmbeddings;
+  w.Key("num_key_value_heads").Int(KeyValueHeads(a));
+  w.Key("head_dim").Int(HeadDim(a));
+  w.Key("tie_word_embeddings").Bool(a.tieWordEmbeddings);
   // No padding row (Phi-3's config names 32000, Gemma's 0): padding_idx changes no byte, and a
   // smaller vocabulary than the default's row would not build.
-  c["pad_token_id"] = nullptr;
+  w.Key("pad_token_id").Null();
   // attention_bias where the config class has it; Qwen2's, Mistral's, Mixtral's, Qwen2-MoE's and
   // Phi-3's attentions fix their biases in code.
   const bool biasKey = type != "qwen2" && type != "qwen2_moe" && type != "mistral" && type != "mixtral" && type != "phi3";
-  if (biasKey) c["attention_bias"] = a.attentionBias;
-  if (type == "llama" || type == "granite" || type == "smollm3") c["mlp_bias"] = a.mlpBias;
+  if (biasKey) w.Key("attention_bias").Bool(a.attentionBias);
+  if (type == "llama" || type == "granite" || type == "smollm3") w.Key("mlp_bias").Bool(a.mlpBias);
   const bool gemma = type == "gemma" || type == "gemma2" || type == "gemma3_text";
-  c[gemma ? "hidden_activation" : "hidden_act"] = ActivationName(a.hiddenAct);
-  c["attention_dropout"] = a.attentionDropout;
+  w.Key(gemma ? "hidden_activation" : "hidden_act").String(ActivationName(a.hiddenAct));
+  w.Key("attention_dropout").Double(a.attentionDropout);
   if ((type == "mistral" || type == "mixtral" || type == "phi3") && a.slidingWindow > 0) {
-    c["sliding_window"] = a.slidingWindow;
+    w.Key("sliding_window").Int(a.slidingWindow);
   }
   if (type == "mixtral") {
-    c["num_local_experts"] = a.numExperts;
-    c["num_experts_per_tok"] = a.expertsPerToken;
+    w.Key("num_local_experts").Int(a.numExperts);
+    w.Key("num_experts_per_tok").Int(a.expertsPerToken);
   }
   if (type == "qwen2_moe" || type == "qwen3_moe") {
-    c["num_experts"] = a.numExperts;
-    c["num_experts_per_tok"] = a.expertsPerToken;
-    c["moe_intermediate_size"] = ExpertIntermediateSize(a);
-    c["norm_topk_prob"] = a.normTopkProb;
-    c["decoder_sparse_step"] = 1;  // every layer sparse, as the importer reads them
-    c["mlp_only_layers"] = ojson::array();
-    if (type == "qwen2_moe") c["shared_expert_intermediate_size"] = a.sharedExpertIntermediateSize;
+    w.Key("num_experts").Int(a.numExperts);
+    w.Key("num_experts_per_tok").Int(a.expertsPerToken);
+    w.Key("moe_intermediate_size").Int(ExpertIntermediateSize(a));
+    w.Key("norm_topk_prob").Bool(a.normTopkProb);
+    w.Key("decoder_sparse_step").Int(1);  // every layer sparse, as the importer reads them
+    w.Key("mlp_only_layers").BeginArray().EndArray();
+    if (type == "qwen2_moe") w.Key("shared_expert_intermediate_size").Int(a.sharedExpertIntermediateSize);
   }
   if (type == "gemma2" || type == "gemma3_text") {
-    c["attn_logit_softcapping"] = NullIfZero(a.attentionLogitSoftcap);
-    c["final_logit_softcapping"] = NullIfZero(a.finalLogitSoftcap);
+    NullIfZero(w.Key("attn_logit_softcapping"), a.attentionLogitSoftcap);
+    NullIfZero(w.Key("final_logit_softcapping"), a.finalLogitSoftcap);
   }
   if (type == "gemma2" || type == "gemma3_text" || type == "olmo3") {
-    c["sliding_window"] = a.slidingWindow;
-    c["layer_types"] = LayerTypes(a);
+    w.Key("sliding_window").Int(a.slidingWindow);
+    LayerTypes(w.Key("layer_types"), a);
   }
-  if (type == "smollm3") c["no_rope_layer_interval"] = a.noRopeInterval;
-  if (type == "phi3" && a.partialRotaryFactor != 1.0) c["partial_rotary_factor"] = a.partialRotaryFactor;
-  return c;
+  if (type == "smollm3") w.Key("no_rope_layer_interval").Int(a.noRopeInterval);
+  if (type == "phi3" && a.partialRotaryFactor != 1.0) w.Key("partial_rotary_factor").Double(a.partialRotaryFactor);
 }
 
-ojson ConfigOf(const ArchitectureDef& a) {
-  ojson c;
+// The config.json of `a`'s model type, with use_cache; returns the model type.
+std::string WriteConfig(JsonWriter& w, const ArchitectureDef& a, bool useCache) {
+  std::string type;
   switch (a.family) {
     case Family::GPT2:
-      c["model_type"] = "gpt2";
-      c["vocab_size"] = a.vocabSize;
-      c["n_embd"] = a.hiddenSize;
-      c["n_layer"] = a.numLayers;
-      c["n_head"] = a.numHeads;
-      c["n_positions"] = a.maxPositionEmbeddings;
-      c["n_inner"] = a.intermediateSize > 0 ? ojson(a.intermediateSize) : ojson(nullptr);
-      c["activation_function"] = ActivationName(a.hiddenAct);
+      type = "gpt2";
+      w.BeginObject();
+      w.Key("model_type").String(type);
+      w.Key("vocab_size").Int(a.vocabSize);
+      w.Key("n_embd").Int(a.hiddenSize);
+      w.Key("n_layer").Int(a.numLayers);
+      w.Key("n_head").Int(a.numHeads);
+      w.Key("n_positions").Int(a.maxPositionEmbeddings);
+      if (a.intermediateSize > 0) w.Key("n_inner").Int(a.intermediateSize);
+      else w.Key("n_inner").Null();
+      w.Key("activation_function").String(ActivationName(a.hiddenAct));
       // The simulation's embedding dropout and residual dropouts take one rate (hiddenDropout).
-      c["resid_pdrop"] = a.hiddenDropout;
-      c["embd_pdrop"] = a.hiddenDropout;
-      c["attn_pdrop"] = a.attentionDropout;
-      c["tie_word_embeddings"] = a.tieWordEmbeddings;
-      return c;
+      w.Key("resid_pdrop").Double(a.hiddenDropout);
+      w.Key("embd_pdrop").Double(a.hiddenDropout);
+      w.Key("attn_pdrop").Double(a.attentionDropout);
+      w.Key("tie_word_embeddings").Bool(a.tieWordEmbeddings);
+      break;
     case Family::GPTNeoX:
-      c = SizedConfig("gpt_neox", a);
-      if (a.maxPositionEmbeddings > 0) c["max_position_embeddings"] = a.maxPositionEmbeddings;
-      c["rotary_pct"] = a.partialRotaryFactor;
-      c["use_parallel_residual"] = a.parallelResidual;
-      c["attention_bias"] = a.attentionBias;
-      c["tie_word_embeddings"] = a.tieWordEmbeddings;
-      c["hidden_act"] = ActivationName(a.hiddenAct);
-      c["hidden_dropout"] = a.hiddenDropout;
-      c["attention_dropout"] = a.attentionDropout;
-      return c;
-    case Family::BERT: {
-      c = SizedConfig("bert", a);
-      c["architectures"] = ojson::array(
-          {a.encoderHead == EncoderHead::MaskedLM ? "BertForMaskedLM" : "BertForSequenceClassification"});
-      c["max_position_embeddings"] = a.maxPositionEmbeddings;
-      c["type_vocab_size"] = a.typeVocabSize;
-      c["hidden_act"] = ActivationName(a.hiddenAct);
-      c["hidden_dropout_prob"] = a.hiddenDropout;
-      c["attention_probs_dropout_prob"] = a.attentionDropout;
+      type = "gpt_neox";
+      SizedConfig(w, type.c_str(), a);
+      if (a.maxPositionEmbeddings > 0) w.Key("max_position_embeddings").Int(a.maxPositionEmbeddings);
+      w.Key("rotary_pct").Double(a.partialRotaryFactor);
+      w.Key("use_parallel_residual").Bool(a.parallelResidual);
+      w.Key("attention_bias").Bool(a.attentionBias);
+      w.Key("tie_word_embeddings").Bool(a.tieWordEmbeddings);
+      w.Key("hidden_act").String(ActivationName(a.hiddenAct));
+      w.Key("hidden_dropout").Double(a.hiddenDropout);
+      w.Key("attention_dropout").Double(a.attentionDropout);
+      break;
+    case Family::BERT:
+      type = "bert";
+      SizedConfig(w, type.c_str(), a);
+      w.Key("architectures").BeginArray();
+      w.String(a.encoderHead == EncoderHead::MaskedLM ? "BertForMaskedLM" : "BertForSequenceClassification");
+      w.EndArray();
+      w.Key("max_position_embeddings").Int(a.maxPositionEmbeddings);
+      w.Key("type_vocab_size").Int(a.typeVocabSize);
+      w.Key("hidden_act").String(ActivationName(a.hiddenAct));
+      w.Key("hidden_dropout_prob").Double(a.hiddenDropout);
+      w.Key("attention_probs_dropout_prob").Double(a.attentionDropout);
       if (a.encoderHead == EncoderHead::Classification) {
-        ojson labels;
-        for (std::int64_t i = 0; i < a.numLabels; ++i) labels[std::to_string(i)] = "LABEL_" + std::to_string(i);
-        c["id2label"] = labels;
+        w.Key("id2label").BeginObject();
+        for (std::int64_t i = 0; i < a.numLabels; ++i) w.Key(std::to_string(i)).String("LABEL_" + std::to_string(i));
+        w.EndObject();
       }
-      return c;
-    }
-    case Family::Llama: return LlamaFamilyConfig(a, LlamaModelType(a));
+      break;
+    case Family::Llama:
+      type = LlamaModelType(a);
+      LlamaFamilyConfig(w, a, type);
+      break;
   }
-  return c;
+  w.Key("use_cache").Bool(useCache);
+  w.EndObject();
+  return type;
 }
 
 // The architecture's JSON keys whose values differ between a and b (the page's field names).
@@ -222,10 +233,9 @@ ArchitectureDef Spelled(ArchitectureDef a) {
 
 HfConfigExport HfConfigOf(const ArchitectureDef& architecture, bool useCache) {
   HfConfigExport out;
-  ojson config = ConfigOf(architecture);
-  config["use_cache"] = useCache;
-  out.modelType = config["model_type"].get<std::string>();
-  out.text = config.dump(2);
+  JsonWriter w(2);
+  out.modelType = WriteConfig(w, architecture, useCache);
+  out.text = std::move(w.text());
   // What the importer reads back must be the architecture itself: a field the model type has
   // no key for (or fixes in code) would otherwise be measured as something else.
   const ConfigImport back = ImportHfConfig(out.text);
@@ -672,21 +682,22 @@ std::string LoraArguments(const Setup& s) {
 // transformers.BitsAndBytesConfig's arguments for the quantized base weights (None without).
 std::string QuantizationArguments(const FinetuneDef& f) {
   if (f.quantization == Quantization::None) return "null";
-  nlohmann::ordered_json q;
+  auto torchName = [](DType t) {
+    return t == DType::BF16 ? "bfloat16" : t == DType::FP16 ? "float16" : t == DType::FP32 ? "float32" : "uint8";
+  };
+  JsonWriter q;
+  q.BeginObject();
   if (f.quantization == Quantization::Int8) {
-    q["load_in_8bit"] = true;
-    return q.dump();
+    q.Key("load_in_8bit").Bool(true);
+  } else {
+    q.Key("load_in_4bit").Bool(true);
+    q.Key("bnb_4bit_quant_type").String(f.quantization == Quantization::FP4 ? "fp4" : "nf4");
+    q.Key("bnb_4bit_use_double_quant").Bool(f.doubleQuant);
+    q.Key("bnb_4bit_compute_dtype").String(torchName(f.computeDType));
+    q.Key("bnb_4bit_quant_storage").String(torchName(f.quantStorage));
   }
-  q["load_in_4bit"] = true;
-  q["bnb_4bit_quant_type"] = f.quantization == Quantization::FP4 ? "fp4" : "nf4";
-  q["bnb_4bit_use_double_quant"] = f.doubleQuant;
-  const char* torchNames[] = {"float32", "float16", "bfloat16"};
-  q["bnb_4bit_compute_dtype"] = f.computeDType == DType::BF16 ? torchNames[2] : f.computeDType == DType::FP16 ? torchNames[1] : torchNames[0];
-  q["bnb_4bit_quant_storage"] = f.quantStorage == DType::BF16   ? "bfloat16"
-                                : f.quantStorage == DType::FP16 ? "float16"
-                                : f.quantStorage == DType::FP32 ? "float32"
-                                                                : "uint8";
-  return q.dump();
+  q.EndObject();
+  return std::move(q.text());
 }
 
 std::string Title(const Setup& s, const std::string& modelType) {
@@ -762,16 +773,18 @@ MeasureScript MeasureScriptFor(const Setup& setup, const Estimate& estimate) {
   Replace(script, "@LORA@", PythonString(LoraArguments(setup)));
   Replace(script, "@ADAPTERS_FP32@", PythonBool(setup.finetune.adapterDType == AdapterDType::FP32));
   const DeviceEstimate& d = estimate.device;
-  nlohmann::ordered_json predicted;
-  predicted["peakAllocatedBytes"] = d.peakAllocatedBytes;
-  predicted["peakReservedBytes"] = d.peakReservedBytes;
-  predicted["peakDeviceBytes"] = d.peakDeviceBytes;
-  predicted["contextBytes"] = d.contextBytes;
-  predicted["capacityBytes"] = d.capacityBytes;
-  predicted["fits"] = d.fits;
+  JsonWriter predicted(2);
+  predicted.BeginObject();
+  predicted.Key("peakAllocatedBytes").Int(d.peakAllocatedBytes);
+  predicted.Key("peakReservedBytes").Int(d.peakReservedBytes);
+  predicted.Key("peakDeviceBytes").Int(d.peakDeviceBytes);
+  predicted.Key("contextBytes").Int(d.contextBytes);
+  predicted.Key("capacityBytes").Int(d.capacityBytes);
+  predicted.Key("fits").Bool(d.fits);
   const GpuModel* gpu = setup.gpu.id.empty() ? nullptr : FindGpu(setup.gpu.id);
-  predicted["gpu"] = gpu != nullptr ? gpu->label : HumanBytes(d.capacityBytes) + " GPU";
-  Replace(script, "@PREDICTED@", ReadablePythonString(predicted.dump(2)));
+  predicted.Key("gpu").String(gpu != nullptr ? std::string(gpu->label) : HumanBytes(d.capacityBytes) + " GPU");
+  predicted.EndObject();
+  Replace(script, "@PREDICTED@", ReadablePythonString(predicted.text()));
   Replace(script, "@SETUP@", PythonString(SetupToJson(setup)));
   out.script = std::move(script);
   return out;
