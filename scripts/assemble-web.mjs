@@ -125,7 +125,7 @@ const PAGE_MODULES = ['page-state.js', 'setup-form.js', 'runtime-panel.js', 'mod
   'import-panel.js', 'solve-panel.js', 'views-panel.js', 'app.js'].filter((f) => existsSync(join(paths.web, f)));
 const LIBRARY_MODULES = ['charts.js', 'setup-params.js', 'exports.js', 'engine.js', 'views.js', 'snapshot.js'];
 for (const name of readdirSync(paths.web)) {
-  if (name.endsWith('.js') && !PAGE_MODULES.includes(name) && !LIBRARY_MODULES.includes(name) && name !== 'worker.js' && name !== 'embed.js') {
+  if (name.endsWith('.js') && !PAGE_MODULES.includes(name) && !LIBRARY_MODULES.includes(name) && name !== 'worker.js' && name !== 'embed.js' && name !== 'wasm-preload.js') {
     fail(`web/${name} is not listed in PAGE_MODULES or LIBRARY_MODULES of scripts/assemble-web.mjs`);
   }
 }
@@ -175,9 +175,20 @@ const swap = (pattern, replacement) => {
   page = page.replace(pattern, () => replacement);
   if (page === before) fail(`index.html does not contain ${pattern}`);
 };
+// The wasm leaves the glue: its base64 goes in an element of its own, which web/wasm-preload.js
+// decodes and starts compiling as soon as it is parsed (see there why). The glue keeps an empty
+// data: URL it never reads: loadGpumem gives it the compiled module (Emscripten's
+// instantiateWasm). The embed keeps the whole glue.
+const WASM_URL = /(wasmBinaryFile\s*=\s*"data:application\/octet-stream;base64,)([A-Za-z0-9+/=]+)(")/;
+const wasmMatch = WASM_URL.exec(glue);
+if (!wasmMatch) fail(`the glue at ${paths.glue} has no embedded wasm (wasmBinaryFile="data:…;base64,…"); build it with -sSINGLE_FILE=1`);
+const pageGlue = glue.replace(WASM_URL, (_, head, _base64, tail) => `${head}${tail}`);
 // The glue's element has an id so web/engine.js can start a blob: Web Worker from the same text
-// (and worker.js, which the browser does not run as text/plain, after it): one copy of the wasm.
-swap(/<script src="gpumem_core\.cjs"><\/script>/, `<script id="gpumem-core-source">\n${escapeScript(glue)}\n</script>\n`
+// (and worker.js, which the browser does not run as text/plain, after it); the workers get the
+// page's compiled module, so there is one copy of the wasm.
+swap(/<script src="gpumem_core\.cjs"><\/script>/, `<script type="application/octet-stream" id="gpumem-wasm">${wasmMatch[2]}</script>\n`
+  + `<script>\n${escapeScript(readFileSync(join(paths.web, 'wasm-preload.js'), 'utf8'))}\n</script>\n`
+  + `<script id="gpumem-core-source">\n${escapeScript(pageGlue)}\n</script>\n`
   + `<script type="text/plain" id="gpumem-worker-source">\n${escapeScript(readFileSync(join(paths.web, 'worker.js'), 'utf8'))}\n</script>`);
 swap(/<script type="module" src="app\.js"><\/script>/, `<script type="module">\n${escapeScript(bundle)}\n</script>`);
 // A separate stylesheet, if the page links one, is inlined too.

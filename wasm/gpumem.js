@@ -33,19 +33,40 @@ function envelopeText(result) {
 // One promise per factory: instantiating the module again would only duplicate its memory.
 const loaded = new Map();
 
-export async function loadGpumem({ factory } = {}) {
-  const make = factory ?? globalThis.GpumemCore;
-  if (typeof make !== 'function') {
+// wasmModule (optional): the compiled WebAssembly.Module, or a promise of it, for a glue whose
+// wasm was compiled elsewhere (the single-file page's, web/wasm-preload.js); Emscripten's
+// instantiateWasm hook instantiates it instead of the glue's own bytes.
+export async function loadGpumem({ factory, wasmModule } = {}) {
+  const glueFactory = factory ?? globalThis.GpumemCore;
+  if (typeof glueFactory !== 'function') {
     throw new Error('gpumem: the wasm module is not loaded (no GpumemCore factory); load gpumem_core.cjs first or pass { factory }.');
   }
-  let promise = loaded.get(make);
+  const make = wasmModule ? withCompiledModule(glueFactory, wasmModule) : glueFactory;
+  let promise = loaded.get(glueFactory);
   if (!promise) {
     promise = Promise.resolve(make()).then((core) => wrapModule(core, make));
     // A failed load must not stay cached, or a retry could never succeed.
-    promise.catch(() => loaded.delete(make));
-    loaded.set(make, promise);
+    promise.catch(() => loaded.delete(glueFactory));
+    loaded.set(glueFactory, promise);
   }
   return promise;
+}
+
+// A factory that instantiates an already compiled module: the glue calls instantiateWasm and
+// waits for receive(instance). A failure to compile or instantiate rejects the factory's promise
+// (the glue's own would wait for ever).
+function withCompiledModule(glueFactory, wasmModule) {
+  return () => new Promise((resolve, reject) => {
+    const ready = glueFactory({
+      instantiateWasm(imports, receive) {
+        Promise.resolve(wasmModule)
+          .then((module) => WebAssembly.instantiate(module, imports))
+          .then((instance) => receive(instance), reject);
+        return {};
+      },
+    });
+    Promise.resolve(ready).then(resolve, reject);
+  });
 }
 
 // The module's memory ceiling (-sMAXIMUM_MEMORY in wasm/CMakeLists.txt), bytes.

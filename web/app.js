@@ -292,11 +292,17 @@ function wireEvents() {
   }).observe($('#results'));
 }
 
+// The marks time the page's start (gpumem:…, in the performance timeline): what the first
+// answer waits for, read by the page-load measurements (docs/budget.md).
 async function start() {
+  performance.mark('gpumem:start');
   const status = $('#load-status');
   try {
-    state.api = await loadGpumem();
+    // The single-file page compiled its wasm while it was parsed (web/wasm-preload.js).
+    state.api = await loadGpumem({ wasmModule: globalThis.gpumemWasm?.module });
+    performance.mark('gpumem:module-ready');
     state.options = state.api.options();
+    performance.mark('gpumem:options');
   } catch (exception) {
     status.textContent = `The calculator could not start: ${exception?.message ?? exception}`;
     status.className = 'field-error';
@@ -306,15 +312,21 @@ async function start() {
   const params = new URLSearchParams(location.search);
   state.embed = params.get('embed') === '1';
   // ?worker=0 runs the long calls on the page's thread (the fallback when no worker can start).
-  if (!state.embed) state.engine = createEngine(state.api, { useWorker: typeof Worker === 'function' && params.get('worker') !== '0' });
+  if (!state.embed) {
+    state.engine = createEngine(state.api, { useWorker: typeof Worker === 'function' && params.get('worker') !== '0', wasm: globalThis.gpumemWasm ?? null });
+  }
   document.body.classList.toggle('embed', state.embed);
   buildControls(state.options);
   wireEvents();
   $('#version').textContent = `version ${state.options.version ?? state.api.version ?? '?'}`;
+  performance.mark('gpumem:controls');
   loadFromHash();
   $('#controls').disabled = false;
   status.textContent = 'Ready';
   document.body.dataset.ready = 'true';
+  // The background workers start once the first answer is on the screen (a task after the next
+  // frame), not beside it: on two cores their start took a third of the first answer's time.
+  requestAnimationFrame(() => setTimeout(() => state.engine?.start(), 0));
 }
 
 start();

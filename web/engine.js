@@ -34,13 +34,20 @@ class Lane {
   constructor(name, api, useWorker, pool) {
     this.name = name;
     this.api = api;
-    this.mode = 'sync';     // 'starting' | 'worker' | 'sync'
+    // 'idle' (a worker not yet started) | 'starting' | 'worker' | 'sync'. A worker starts on the
+    // lane's first job or on start(): each one parses the 2.4 MB glue and compiles the wasm
+    // module on a core of its own, and on a 2-core machine three of them starting beside the
+    // page's first estimate and layout slowed the first answer by a third (issue 14's 2 s bound).
+    this.mode = useWorker ? 'idle' : 'sync';
     this.worker = null;
     this.pool = pool;       // its queue and generation
     this.current = null;    // the job in flight
     this.nextId = 1;
     this.fallbackReason = useWorker ? '' : 'workers disabled (?worker=0)';
-    if (useWorker) this.startWorker();
+  }
+
+  start() {
+    if (this.mode === 'idle') this.startWorker();
   }
 
   startWorker() {
@@ -52,11 +59,28 @@ class Lane {
     }
     this.mode = 'starting';
     this.startTimer = setTimeout(() => this.fallBack('the worker did not start in time'), WORKER_START_TIMEOUT_MS);
+    this.sendInit(this.worker);
     this.worker.onmessage = (event) => this.onMessage(event.data);
     this.worker.onerror = (event) => {
       event.preventDefault?.();
       this.fallBack(`the worker failed: ${event.message ?? 'unknown error'}`);
     };
+  }
+
+  // The worker's first message: the page's compiled wasm module when it has one (the single-file
+  // page's glue carries no wasm; web/wasm-preload.js), so the worker neither decodes nor compiles
+  // it again. A browser that cannot pass a module gets the bytes; served, the worker's glue has
+  // its own (module and bytes null).
+  sendInit(worker) {
+    const wasm = this.pool.wasm;
+    Promise.resolve(wasm?.module).then((module) => {
+      if (this.worker !== worker) return;
+      try {
+        worker.postMessage({ type: 'init', module: module ?? null });
+      } catch {
+        worker.postMessage({ type: 'init', module: null, bytes: wasm?.bytes ?? null });
+      }
+    }, (error) => this.fallBack(`the wasm module did not compile: ${error?.message ?? error}`));
   }
 
   fallBack(reason) {
@@ -100,7 +124,13 @@ class Lane {
   }
 
   pump() {
-    if (this.current || !this.pool.queue.length || this.mode === 'starting') return;
+    if (this.current || !this.pool.queue.length) return;
+    // The worker's 'ready' (or its fallback to the page's thread) pumps again.
+    if (this.mode === 'idle') {
+      this.startWorker();
+      return;
+    }
+    if (this.mode === 'starting') return;
     const job = this.pool.queue.shift();
     job.id = this.nextId++;
     job.sentAt = performance.now();
@@ -145,9 +175,10 @@ class Lane {
 // two curves; docs/schema.md "part") so that a machine's cores share one view. Each worker is
 // its own wasm instance (about 30 MiB of memory after the largest presets' views).
 class Pool {
-  constructor(name, api, useWorker, size) {
+  constructor(name, api, useWorker, size, wasm) {
     this.queue = [];        // jobs not yet started, all of the latest submission
     this.generation = 0;    // bumped by every submit(); older results are dropped
+    this.wasm = wasm;       // {module, bytes} of the page's compiled wasm, or null
     this.lanes = Array.from({ length: size }, (_, i) => new Lane(size === 1 ? name : `${name}-${i}`, api, useWorker, this));
   }
 
@@ -179,6 +210,10 @@ class Pool {
     return busy;
   }
 
+  start() {
+    for (const lane of this.lanes) lane.start();
+  }
+
   // The pool's mode: 'worker' when any lane runs in a worker, else the first lane's.
   get mode() {
     return this.lanes.some((lane) => lane.mode === 'worker') ? 'worker' : this.lanes[0].mode;
@@ -200,12 +235,14 @@ export function viewWorkers(hardwareConcurrency = globalThis.navigator?.hardware
 // api: the page's loaded gpumem API (for the fallback). Lanes: 'views' (a pool of viewLanes
 // workers), 'solve' and 'parallel' (fewest GPUs), so a long solve never delays the views. The
 // 'parallel' lane's worker (one more wasm instance) starts only when that lane is first used.
-export function createEngine(api, { useWorker = typeof Worker === 'function', viewLanes = viewWorkers() } = {}) {
+// wasm: {module (a WebAssembly.Module or a promise of one), bytes} when the page compiled the
+// wasm itself (web/wasm-preload.js); the workers are handed it.
+export function createEngine(api, { useWorker = typeof Worker === 'function', viewLanes = viewWorkers(), wasm = null } = {}) {
   // Without workers the pool is one lane: on the page's thread, parts would only add work.
-  const lanes = { views: new Pool('views', api, useWorker, useWorker ? viewLanes : 1), solve: new Pool('solve', api, useWorker, 1) };
+  const lanes = { views: new Pool('views', api, useWorker, useWorker ? viewLanes : 1, wasm), solve: new Pool('solve', api, useWorker, 1, wasm) };
   const lazyLanes = new Set(['parallel']);
   const lane = (name) => {
-    if (!lanes[name] && lazyLanes.has(name)) lanes[name] = new Pool(name, api, useWorker, 1);
+    if (!lanes[name] && lazyLanes.has(name)) lanes[name] = new Pool(name, api, useWorker, 1, wasm);
     return lanes[name];
   };
   return {
@@ -227,7 +264,12 @@ export function createEngine(api, { useWorker = typeof Worker === 'function', vi
     stop(laneName) {
       return lanes[laneName]?.stop() ?? false;
     },
-    // 'starting', 'worker' or 'sync' per lane, and why a lane runs on the page's thread.
+    // Starts the workers not yet started (the views' and the solver's; 'parallel' starts when
+    // first used): the page calls it once its first answer is on the screen.
+    start() {
+      for (const pool of Object.values(lanes)) pool.start();
+    },
+    // 'idle', 'starting', 'worker' or 'sync' per lane, and why a lane runs on the page's thread.
     status() {
       return Object.fromEntries(Object.entries(lanes).map(([name, lane]) => [name, { mode: lane.mode, fallbackReason: lane.fallbackReason }]));
     },

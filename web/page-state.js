@@ -30,6 +30,7 @@ export const state = {
   lastHash: '',       // the hash this page wrote, to tell it from one a person pasted
   lastCostMs: 0,      // how long the last estimate and render took
   chartWidth: -1,     // the timeline chart's box width when last drawn
+  segmentsIdle: null, // the allocator's segments, drawn once the answer is shown (results-panel.js)
   inputAt: 0,         // when the change being estimated was made (performance.now())
   timer: 0,
   units: 'GiB',       // 'GiB' or 'GB': how byte figures are shown (URL: units=GB)

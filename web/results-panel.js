@@ -287,9 +287,12 @@ export function render(est) {
   }));
 
   fillLargestEvents(est.timeline, est.timelineEventCount);
-  drawCharts(est);
   renderCompare();
+  // Every measurement before any drawing: a read after a write lays the page out again, and a
+  // 300-layer model's page took ~170 ms a layout on a 2-core machine (three of them, before).
+  const widths = chartWidths();
   markScrollingTables();
+  drawCharts(est, widths);
   if (state.embed) {
     const d = describeSetup(state.lastGoodSetup, state.lastGoodSetup, est);
     const model = document.createElement('strong');
@@ -487,24 +490,33 @@ function renderDevice(est) {
     : '';
 }
 
-export function drawCharts(est) {
+// The boxes' widths the charts are drawn to, read together (one layout).
+export function chartWidths() {
+  return {
+    bar: $('#capacity-bar').clientWidth,
+    device: $('#device-bar').clientWidth,
+    timeline: $('#timeline-chart').clientWidth,
+  };
+}
+
+export function drawCharts(est, widths = chartWidths()) {
   const barBox = $('#capacity-bar');
   const segments = est.peak.byCategory.map((row) => ({ label: categoryLabel(row), bytes: row.bytes, colorIndex: categoryIndex(row.category) }));
   barBox.replaceChildren(capacityBar(segments, est.gpu.capacityBytes, {
-    width: Math.max(barBox.clientWidth, 280), peakLabel: `peak ${formatBytes(est.peak.totalBytes)}`,
+    width: Math.max(widths.bar, 280), peakLabel: `peak ${formatBytes(est.peak.totalBytes)}`,
   }));
   const deviceBox = $('#device-bar');
   if (est.device) {
     const device = est.device;
     deviceBox.replaceChildren(capacityBar(deviceSegments(device), device.capacityBytes, {
-      width: Math.max(deviceBox.clientWidth, 280),
+      width: Math.max(widths.device, 280),
       peakLabel: `device peak ${formatBytes(device.peakDeviceBytes)}`,
       ariaLabel: `On the device at the peak, ${formatBytes(device.peakDeviceBytes)}: allocated tensors, cuBLAS workspaces, allocator cache and CUDA context, against a GPU of ${formatBytes(device.capacityBytes)}`,
     }));
   }
   const chartBox = $('#timeline-chart');
-  const width = Math.max(chartBox.clientWidth, 280);
-  state.chartWidth = chartBox.clientWidth;
+  const width = Math.max(widths.timeline, 280);
+  state.chartWidth = widths.timeline;
   // A person stepping through the chart with the keyboard keeps the focus across a redraw.
   const hadFocus = chartBox.contains(document.activeElement);
   chartBox.replaceChildren(timelineChart(est.timeline, {
@@ -513,22 +525,46 @@ export function drawCharts(est) {
     width, height: width < 500 ? 220 : 270,
   }));
   if (hadFocus) $('svg', chartBox)?.focus();
-  drawSegments(est, width);
+  scheduleSegments(est, width);
   drawCompareChart();
 }
 
 // Under the timeline: the caching allocator's segments at the reserved peak, as memory_viz
 // draws them (estimate.device.segments, present with the labelled timeline the page asks for).
-function drawSegments(est, width) {
+// Drawn when the page is next idle, after the frame that shows the answer: a big model's
+// picture is thousands of SVG blocks (a 300-layer model: 146 segments, 2,745 elements, half of
+// the first answer's layout), and it sits below the timeline, out of the first screen. Until
+// then the box keeps the last picture, marked data-pending; a newer estimate replaces the
+// drawing still to come.
+function scheduleSegments(est, width) {
   let box = $('#segments-chart');
   if (!box) {
     box = document.createElement('div');
     box.id = 'segments-chart';
     $('#timeline-chart').after(box);
   }
+  cancelIdle(state.segmentsIdle);
+  box.dataset.pending = 'true';
+  state.segmentsIdle = whenIdle(() => drawSegments(box, est, width));
+}
+
+// requestIdleCallback where the browser has it (it runs after the frame, once the tasks queued
+// before it are done), else a timer; either way within SEGMENTS_LATEST_MS.
+const SEGMENTS_LATEST_MS = 300;
+function whenIdle(callback) {
+  if (typeof requestIdleCallback === 'function') return { idle: requestIdleCallback(callback, { timeout: SEGMENTS_LATEST_MS }) };
+  return { timer: setTimeout(callback, 50) };
+}
+function cancelIdle(handle) {
+  if (handle?.idle !== undefined) cancelIdleCallback(handle.idle);
+  if (handle?.timer !== undefined) clearTimeout(handle.timer);
+}
+
+function drawSegments(box, est, width) {
   const picture = est.device?.segments;
   box.hidden = !picture;
   box.replaceChildren(...(picture ? [segmentsChart(picture, { width })] : []));
+  delete box.dataset.pending;
 }
 
 // On a phone the results come after the form: a bar fixed at the bottom of the screen keeps the
@@ -545,8 +581,9 @@ function showPinnedVerdict(est, headline) {
 // A table wider than its box says so (a note and an edge shadow): on a phone the columns that
 // do not fit scroll sideways instead of running off the page unseen.
 export function markScrollingTables() {
-  for (const wrap of $$('.table-wrap')) {
-    const scrolls = wrap.scrollWidth > wrap.clientWidth + 1;
+  // Every table measured before any is marked (one layout, not one per table).
+  const wraps = $$('.table-wrap').map((wrap) => [wrap, wrap.scrollWidth > wrap.clientWidth + 1]);
+  for (const [wrap, scrolls] of wraps) {
     wrap.dataset.scrolls = String(scrolls);
     if (scrolls && !wrap.hasAttribute('tabindex')) {
       // A scrolling region is reachable from the keyboard (arrow keys scroll it).
