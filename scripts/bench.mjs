@@ -15,7 +15,7 @@ import { loadGpumem } from '../wasm/gpumem.js';
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const runs = Number(process.argv[2] ?? 50);
-const glue = path.join(root, 'build/wasm/wasm/gpumem_core.cjs');
+const glue = process.env.GPUMEM_GLUE ?? path.join(root, 'build/wasm/wasm/gpumem_core.cjs');
 const started = performance.now();
 const gpumem = await loadGpumem({ factory: createRequire(import.meta.url)(glue) });
 const loadMs = performance.now() - started;
