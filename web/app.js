@@ -320,7 +320,7 @@ async function start() {
   wireEvents();
   $('#version').textContent = `version ${state.options.version ?? state.api.version ?? '?'}`;
   performance.mark('gpumem:controls');
-  loadFromHash();
+  await loadFromHash();
   $('#controls').disabled = false;
   status.textContent = 'Ready';
   document.body.dataset.ready = 'true';

@@ -35,9 +35,9 @@ class Lane {
     this.name = name;
     this.api = api;
     // 'idle' (a worker not yet started) | 'starting' | 'worker' | 'sync'. A worker starts on the
-    // lane's first job or on start(): each one parses the 2.4 MB glue and compiles the wasm
-    // module on a core of its own, and on a 2-core machine three of them starting beside the
-    // page's first estimate and layout slowed the first answer by a third (issue 14's 2 s bound).
+    // lane's first job or on start(): each one parses the glue and instantiates the wasm module
+    // on a core of its own, and on a 2-core machine three of them starting beside the page's
+    // first estimate and layout slowed the first answer (issue 14's 2 s target).
     this.mode = useWorker ? 'idle' : 'sync';
     this.worker = null;
     this.pool = pool;       // its queue and generation

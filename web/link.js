@@ -3,7 +3,7 @@
 // Split out of app.js by panel; every byte it shows comes from the core's estimate.
 
 import { downloadBlob } from './exports.js';
-import { encodeSetupParam, fromBase64Url, setupFromParams } from './setup-params.js';
+import { deflateSetupText, encodeSetupParam, fromBase64Url, inflateSetupText, setupFromParams, toBase64Url } from './setup-params.js';
 import { update } from './app.js';
 import { loadCompareFrom } from './compare-panel.js';
 import { errorText, errorsOf, fieldLabel } from './errors.js';
@@ -17,8 +17,11 @@ import { currentKind, fillForm, isPlainObject, mergeSetup, readForm, setSelectVa
 // ---------- URL state ----------
 
 // The setup from "#s=<base64url of the JSON>" (or of URI-encoded JSON, for hand-written
-// links); null when the hash holds none; throws when it holds one that cannot be read.
-function setupFromHash(hash) {
+// links), or from "#z=" (compressed; `inflated`: its JSON text, or the error inflating it);
+// null when the hash holds none; throws when it holds one that cannot be read.
+function setupFromHash(hash, inflated) {
+  if (inflated instanceof Error) throw inflated;
+  if (typeof inflated === 'string') return JSON.parse(inflated);
   const value = new URLSearchParams(hash.replace(/^#/, '')).get('s');
   if (!value) return null;
   const text = value.trimStart().startsWith('{') ? value : fromBase64Url(value);
@@ -92,15 +95,34 @@ export function shortSetup(setup) {
   return out;
 }
 
-// The page's state in its address: #v=<gpumem version>&s=<short setup>, units=GB when decimal
-// units are chosen, compare=<setup A> while a comparison is pinned, and c=<checksum> last.
-// Called with no setup, it rewrites the last one (after a units change).
+// Past this many characters of base64url JSON a setup goes in the address compressed (z=).
+const LONG_SETUP_CHARS = 2000;
+
+// The page's state in its address: #v=<gpumem version>&s=<short setup> (z=<the same
+// compressed> when it is long), units=GB when decimal units are chosen, compare=<setup A> while
+// a comparison is pinned, and c=<checksum> last. Called with no setup, it rewrites the last one
+// (after a units change). A long setup is compressed asynchronously: the address follows a
+// moment later, unless a newer write came first.
 export function writeHash(setup) {
   if (setup) state.hashSetup = setup;
   if (!state.hashSetup) return;
+  const generation = ++state.hashGeneration;
+  const text = JSON.stringify(shortSetup(state.hashSetup));
+  const plain = toBase64Url(text);
+  if (plain.length <= LONG_SETUP_CHARS || typeof CompressionStream !== 'function') {
+    replaceHash('s', plain);
+    return;
+  }
+  deflateSetupText(text).then(
+    (compressed) => { if (generation === state.hashGeneration) replaceHash('z', compressed); },
+    () => { if (generation === state.hashGeneration) replaceHash('s', plain); },
+  );
+}
+
+function replaceHash(key, value) {
   const params = new URLSearchParams();
   params.set('v', String(state.options.version ?? ''));
-  params.set('s', encodeSetupParam(shortSetup(state.hashSetup)));
+  params.set(key, value);
   if (state.units === 'GB') params.set('units', 'GB');
   if (state.compare) params.set('compare', encodeSetupParam(shortSetup(state.compare.setup)));
   const body = params.toString();
@@ -135,7 +157,7 @@ function hashIntegrity(hash) {
     return ok && !otherVersion ? null : { incomplete: !ok, otherVersion };
   }
   // Written by this page (it has v=) but its checksum is gone: cut off.
-  if (version !== null || !params.has('s')) return { incomplete: true, otherVersion };
+  if (version !== null || (!params.has('s') && !params.has('z'))) return { incomplete: true, otherVersion };
   return null;
 }
 
@@ -199,16 +221,25 @@ function presetBaseSetup(partial) {
 // The state in the address: the hash the page writes (#s=…&gpu=…&units=…&compare=…), or, when
 // it holds no setup, the short parameters of a hand-written link or an iframe embed
 // (?embed=1&preset=gpt2&batch-size=4&gpu=nvidia-h100-sxm; see web/setup-params.js).
+// A compressed setup (z=) is inflated first: then it returns a promise, settled once the setup
+// is applied.
 export function loadFromHash() {
+  const hash = location.hash;
+  const compressed = new URLSearchParams(hash.replace(/^#/, '')).get('z');
+  if (compressed === null) return loadHash(hash, undefined);
+  return inflateSetupText(compressed).then((text) => loadHash(hash, text), (error) => loadHash(hash, error));
+}
+
+function loadHash(hash, inflated) {
   state.paramProblems = [];
-  const params = new URLSearchParams(location.hash.replace(/^#/, ''));
+  const params = new URLSearchParams(hash.replace(/^#/, ''));
   const query = new URLSearchParams(location.search);
   setUnits(params.get('units') ?? query.get('units') ?? 'GiB', { rerender: false });
   loadCompareFrom(params.get('compare') ?? query.get('compare'));
-  const integrity = hashIntegrity(location.hash);
+  const integrity = hashIntegrity(hash);
   let fromHash = null;
   try {
-    fromHash = setupFromHash(location.hash);
+    fromHash = setupFromHash(hash, inflated);
   } catch {
     const start = firstVisitSetup();
     applySetup(start);

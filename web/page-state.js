@@ -36,6 +36,7 @@ export const state = {
   units: 'GiB',       // 'GiB' or 'GB': how byte figures are shown (URL: units=GB)
   gpuId: '',          // the GPU chosen from options.gpus (setup's gpu.id), '' for a custom size
   hashSetup: null,    // the setup last written to the URL
+  hashGeneration: 0,  // writes to the URL so far: a compressed one still to come that is older is dropped
   compare: null,      // {setup, shown, estimate, error}: the pinned setup A (URL: compare=)
   explainAll: false,  // every formula expanded
   embed: false,       // ?embed=1: compact layout without the editor

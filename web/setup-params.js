@@ -73,18 +73,59 @@ export function paramNumber(text) {
 // Both go through btoa / atob's "binary strings" in chunks: a character per byte, built and read
 // without a callback per byte (a 5,000-layer setup is a few hundred kilobytes).
 export function toBase64Url(text) {
-  const bytes = new TextEncoder().encode(text);
+  return bytesToBase64Url(new TextEncoder().encode(text));
+}
+
+export function fromBase64Url(text) {
+  return new TextDecoder('utf-8', { fatal: true }).decode(base64UrlToBytes(text));
+}
+
+function bytesToBase64Url(bytes) {
   const chunks = [];
   for (let i = 0; i < bytes.length; i += 0x8000) chunks.push(String.fromCharCode.apply(null, bytes.subarray(i, i + 0x8000)));
   return btoa(chunks.join('')).replace(/\+/g, '-').replace(/\//g, '_').replace(/=+$/, '');
 }
 
-export function fromBase64Url(text) {
-  let b64 = text.replace(/-/g, '+').replace(/_/g, '/');
+function base64UrlToBytes(text) {
+  let b64 = String(text).replace(/-/g, '+').replace(/_/g, '/');
   while (b64.length % 4) b64 += '=';
   const binary = atob(b64);
   const bytes = new Uint8Array(binary.length);
   for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return bytes;
+}
+
+// A long setup's link parameter (#z=): its JSON compressed (deflate-raw, CompressionStream),
+// in base64url. A 4,000-layer list is 267 KB as #s= and 1 KB as #z=; a long address is slow to
+// open in itself (docs/budget.md, "The page's time to an answer"), and chat apps cut it.
+export async function deflateSetupText(text) {
+  const stream = new Blob([new TextEncoder().encode(text)]).stream().pipeThrough(new CompressionStream('deflate-raw'));
+  return bytesToBase64Url(new Uint8Array(await new Response(stream).arrayBuffer()));
+}
+
+// The JSON text a #z= parameter holds; rejects when it is not base64url of deflate-raw data, or
+// when it inflates past maxBytes (a link is a few kilobytes; a hostile one could be a bomb).
+export async function inflateSetupText(value, { maxBytes = 16 * 1024 * 1024 } = {}) {
+  const stream = new Blob([base64UrlToBytes(value)]).stream().pipeThrough(new DecompressionStream('deflate-raw'));
+  const reader = stream.getReader();
+  const parts = [];
+  let total = 0;
+  for (;;) {
+    const { done, value: chunk } = await reader.read();
+    if (done) break;
+    total += chunk.length;
+    if (total > maxBytes) {
+      await reader.cancel();
+      throw new Error(`the link's setup inflates past ${maxBytes} bytes`);
+    }
+    parts.push(chunk);
+  }
+  const bytes = new Uint8Array(total);
+  let at = 0;
+  for (const part of parts) {
+    bytes.set(part, at);
+    at += part.length;
+  }
   return new TextDecoder('utf-8', { fatal: true }).decode(bytes);
 }
 

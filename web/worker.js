@@ -6,9 +6,10 @@
 //
 // Protocol: the page posts {type: 'init', module, bytes} first (where the wasm comes from; see
 // startCore), then {id, kind, text} (kind: solve | heatMap | gpuMatrix | curves | fewestGpus |
-// layouts; text: the request web/engine.js built with requestText()); the worker answers {type: 'result', id,
-// kind, envelope, ms} with the core's envelope text as it is, or {type: 'ready'} once, or
-// {type: 'failed', message} when the module cannot start. The core never throws for bad input.
+// layouts; text: the request web/engine.js built with requestText()); the worker answers
+// {type: 'result', id, kind, envelope, ms} with the core's envelope text as it is, or
+// {type: 'ready'} once, or {type: 'failed', message} when the module cannot start. The core
+// never throws for bad input.
 /* global GpumemCore, importScripts */
 'use strict';
 

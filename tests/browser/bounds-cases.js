@@ -4,6 +4,7 @@
 // (scripts/bench-page.mjs: how long each takes, against issue 14's 2 s target).
 
 import { readFileSync } from 'node:fs';
+import { deflateRawSync } from 'node:zlib';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
@@ -39,7 +40,8 @@ export const llama = (architecture, training = {}) => ({
 
 export { layerList };
 
-// [name, setup, expected state ('ok' | 'error'), what the error must name]
+// [name, setup, expected state ('ok' | 'error'), what the error must name, {plain}: opened as
+// an #s= link whatever its length]
 export function boundsCases() {
   const qwen3MoeLora = JSON.parse(readFileSync(join(root, 'tests/data/qwen3-30b-a3b-lora.json'), 'utf8'));
   return [
@@ -57,6 +59,8 @@ export function boundsCases() {
     ['bad values everywhere', { training: { batchSize: -1, sequenceLength: 'x', precision: 'fp8' }, gpu: { memoryGiB: 0 } }, 'error', /batch/i],
     // A list may have 4,000 layers (kMaxListedLayers, setup.hpp): the longest is answered, one more refused.
     ['the longest layer list', layerList(4000, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'ok'],
+    // As a link written before links were compressed (267 KB): it still opens.
+    ['the longest layer list, as an uncompressed #s= link', layerList(4000, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'ok', undefined, { plain: true }],
     ['a layer list one layer past its limit', layerList(4001, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'error', /Layers: The list has 4,001 layers/],
     ['a layer list past the work budget', layerList(8000, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 })), 'error', /layers/],
     // Quick mode may list 8,000 matrices (kMaxListedMatrices, setup.hpp).
@@ -67,8 +71,13 @@ export function boundsCases() {
   ];
 }
 
-export function urlFor(setup) {
-  return `${pageUrl}#s=${Buffer.from(JSON.stringify(setup)).toString('base64url')}`;
+// The link to a setup as the page writes it (web/link.js, writeHash): its JSON in base64url
+// (#s=), compressed (#z=, deflate-raw) past 2,000 characters; `plain` keeps #s= whatever its length.
+export function urlFor(setup, { plain = false } = {}) {
+  const text = JSON.stringify(setup);
+  const s = Buffer.from(text).toString('base64url');
+  if (plain || s.length <= 2000) return `${pageUrl}#s=${s}`;
+  return `${pageUrl}#z=${deflateRawSync(Buffer.from(text)).toString('base64url')}`;
 }
 
 // Opens the page on a setup in a fresh context and waits until it settles: a result shown, or
@@ -76,12 +85,12 @@ export function urlFor(setup) {
 // estimate runs as the page loads) to the frame that shows the answer or the errors, as the
 // page records it (#results data-shown-at-ms; the test's own polling is not the page's time);
 // marks: the page's gpumem:* performance marks (web/app.js), ms since the navigation's start.
-export async function settle(browser, setup, { waitMs = 30000 } = {}) {
+export async function settle(browser, setup, { waitMs = 30000, plain = false } = {}) {
   const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
   const page = await context.newPage();
   const pageErrors = [];
   page.on('pageerror', (error) => pageErrors.push(error.message));
-  await page.goto(urlFor(setup));
+  await page.goto(urlFor(setup, { plain }));
   await page.waitForSelector('body[data-ready=true]', { timeout: waitMs });
   await page.waitForFunction(() => {
     const results = document.querySelector('#results');

@@ -27,15 +27,15 @@ after(async () => {
   await browser?.close();
 });
 
-async function settle(setup) {
-  const opened = await openOn(browser, setup, { waitMs: HANG_MS + 15000 });
+async function settle(setup, { plain = false } = {}) {
+  const opened = await openOn(browser, setup, { waitMs: HANG_MS + 15000, plain });
   assert.deepEqual(opened.pageErrors, [], 'no uncaught exceptions');
   return opened;
 }
 
 test('setups at the limits are answered and past them refused, none hanging the page', async () => {
-  for (const [name, setup, expected, named] of boundsCases()) {
-    const { context, ms, state, errors } = await settle(setup);
+  for (const [name, setup, expected, named, how] of boundsCases()) {
+    const { context, ms, state, errors } = await settle(setup, how);
     assert.equal(state, expected, `${name}: ${errors}`);
     if (named) assert.match(errors, named, `${name}: the error names its field`);
     await context.close();

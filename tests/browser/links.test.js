@@ -94,3 +94,34 @@ test('unknown preset and GPU ids name themselves in the banner, and no estimate 
   assert.match(await page.textContent('#link-banner'), /"no-such-model"/);
   await finish();
 });
+
+test('a long setup goes in the link compressed (z=): short, and it reproduces the setup; an old #s= link to it still opens', async () => {
+  // 1,000 linear layers, widths 64, 96, 128 in turn: ~65 KB of base64url JSON as #s=.
+  const width = (i) => 64 + 32 * (i % 3);
+  const layers = Array.from({ length: 1000 }, (_, i) => ({ type: 'linear', inFeatures: i === 0 ? 64 : width(i - 1), outFeatures: width(i) }));
+  const setup = { model: { kind: 'layers', loss: 'mse', layers }, training: { batchSize: 4, sequenceLength: 1 } };
+  const plain = `#s=${Buffer.from(JSON.stringify(setup)).toString('base64url')}`;
+  const first = await openPage({ hash: plain });
+  await first.page.waitForFunction(() => /[#&]z=/.test(location.hash), null, WAIT);
+  const peak = await first.page.getAttribute('#peak-total', 'data-bytes');
+  assert.ok(Number(peak) > 0);
+  const url = first.page.url();
+  const hash = new URL(url).hash;
+  assert.match(hash, /^#v=[^&]+&z=[A-Za-z0-9_-]+&c=[0-9a-z]+$/);
+  assert.ok(hash.length * 20 < plain.length, `the link's hash is ${hash.length} characters, against ${plain.length} as #s=`);
+  await first.finish();
+
+  const again = await openPage({ url });
+  await waitForAttr(again.page, '#peak-total', 'data-bytes', peak);
+  assert.equal(await again.page.isHidden('#link-banner'), true);
+  const shown = JSON.parse(await again.page.inputValue('#layer-json'));
+  assert.deepEqual(shown.map((l) => [l.type, l.inFeatures, l.outFeatures]), layers.map((l) => [l.type, l.inFeatures, l.outFeatures]));
+  await again.finish();
+
+  // Cut, the compressed link cannot be read: the banner says so, as for any cut link.
+  const hashAt = url.indexOf('#');
+  const cut = await openPage({ url: url.slice(0, hashAt + Math.floor((url.length - hashAt) * 0.6)) });
+  await cut.page.waitForSelector('#link-banner:not([hidden])', WAIT);
+  assert.match(await cut.page.textContent('#link-banner'), /This link is incomplete/);
+  await cut.finish();
+});

@@ -75,6 +75,36 @@ test('a failed load is not cached', async () => {
   assert.equal(calls, 2);
 });
 
+// The single-file page's glue carries no wasm (scripts/assemble-web.mjs moves its base64 out):
+// a factory of that glue, in a browser-like global of its own.
+function glueWithoutWasm() {
+  const match = /(wasmBinaryFile\s*=\s*"data:application\/octet-stream;base64,)([A-Za-z0-9+/=]+)(")/.exec(glue);
+  assert.ok(match, 'the glue embeds its wasm as base64');
+  const sandbox = { console, setTimeout, clearTimeout };
+  sandbox.window = sandbox;
+  sandbox.self = sandbox;
+  sandbox.globalThis = sandbox;
+  vm.createContext(sandbox);
+  vm.runInContext(glue.replace(match[0], `${match[1]}${match[3]}`), sandbox, { filename: 'gpumem_core.cjs' });
+  return { factory: sandbox.GpumemCore, bytes: Buffer.from(match[2], 'base64') };
+}
+
+test('loadGpumem({ wasmModule }): a glue without its wasm runs on a module compiled elsewhere', async () => {
+  const { factory: bare, bytes } = glueWithoutWasm();
+  const gpumem = await loadGpumem({ factory: bare, wasmModule: WebAssembly.compile(bytes) });
+  const estimate = gpumem.estimate({ model: { kind: 'parameterCount', parameterCount: 1500000000 }, training: { precision: 'fp16Mixed', optimizer: 'adam' } });
+  assert.equal(estimate.modelStates.totalBytes, 24e9);
+});
+
+// (A load that waited for ever instead would end at the timeout.)
+test('loadGpumem({ wasmModule }): a module that does not compile or instantiate fails the load', { timeout: 30000 }, async () => {
+  const { factory: bare } = glueWithoutWasm();
+  await assert.rejects(loadGpumem({ factory: bare, wasmModule: WebAssembly.compile(new Uint8Array([0, 97, 115, 109, 9, 9])) }), WebAssembly.CompileError);
+  // A valid module that is not the glue's: its imports do not match.
+  const other = await WebAssembly.compile(new Uint8Array([0, 97, 115, 109, 1, 0, 0, 0, 1, 4, 1, 96, 0, 0, 2, 7, 1, 1, 120, 1, 121, 0, 0]));
+  await assert.rejects(loadGpumem({ factory: glueWithoutWasm().factory, wasmModule: other }), (error) => error instanceof Error);
+});
+
 test('memory stays flat over many calls, good and bad', async () => {
   // A fresh instance, so other tests' allocations do not blur the figure. The text going in is
   // large on purpose (1 MB, cheap to reject): leaking it would outgrow the 16 MB heap within

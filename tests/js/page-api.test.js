@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { loadGpumem, GpumemError } from '../../wasm/gpumem.js';
-import { setupFromParams, decodeSetupParam, encodeSetupParam, calculatorHash, paramNumber } from '../../web/setup-params.js';
+import { setupFromParams, decodeSetupParam, encodeSetupParam, calculatorHash, paramNumber, deflateSetupText, inflateSetupText, toBase64Url } from '../../web/setup-params.js';
 import { gpt2SafetensorsHeader, llamaIndex } from './fixtures.js';
 
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -248,4 +248,19 @@ test('setup-params: embed attributes and link parameters become a partial setup 
   assert.deepEqual(decodeSetupParam(encodeSetupParam(s)), s);
   assert.deepEqual(decodeSetupParam(JSON.stringify(s)), s, 'raw JSON is accepted too');
   assert.match(calculatorHash(s, { units: 'GB' }), /^#s=[A-Za-z0-9_-]+&units=GB$/);
+});
+
+test('setup-params: a long setup\'s link parameter (z=) is its JSON compressed, read back exactly; a bad or bomb one is refused', async () => {
+  const layers = Array.from({ length: 4000 }, (_, i) => ({ type: 'linear', inFeatures: 64, outFeatures: 64 + (i % 3) }));
+  const text = JSON.stringify({ model: { kind: 'layers', layers }, note: 'ü ✓' });
+  const z = await deflateSetupText(text);
+  assert.match(z, /^[A-Za-z0-9_-]+$/, 'base64url');
+  assert.equal(await inflateSetupText(z), text);
+  // 4,000 layers: ~200 KB of base64url JSON, a few kilobytes compressed.
+  assert.ok(z.length * 50 < toBase64Url(text).length, `${z.length} vs ${toBase64Url(text).length} characters`);
+  await assert.rejects(inflateSetupText('not-deflate-data'));
+  await assert.rejects(inflateSetupText(await deflateSetupText(text), { maxBytes: 1000 }), /inflates past 1000 bytes/);
+  // Bytes that are not UTF-8 are refused, not read as replacement characters.
+  const bytes = new Uint8Array(await new Response(new Blob([new Uint8Array([0xff, 0xfe])]).stream().pipeThrough(new CompressionStream('deflate-raw'))).arrayBuffer());
+  await assert.rejects(inflateSetupText(Buffer.from(bytes).toString('base64url')), TypeError);
 });
