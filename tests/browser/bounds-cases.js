@@ -1,5 +1,5 @@
 // The setups at the estimator's limits and past them, as the page is opened on them (a link
-// holding the setup, #s=…): shared by the bounds test (tests/browser/bounds.test.js: each is
+// holding the setup as the page writes one): shared by the bounds test (tests/browser/bounds.test.js: each is
 // answered or refused with its field named, and never hangs) and the page benchmark
 // (scripts/bench-page.mjs: how long each takes, against issue 14's 2 s target).
 

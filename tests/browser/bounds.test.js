@@ -13,7 +13,7 @@ import { chromium } from 'playwright-core';
 import { CHROMIUM_ARGS, boundsCases, chromiumPath, layerList, llama, pagePath, settle as openOn } from './bounds-cases.js';
 
 // Bounded: a setup the page neither answers nor refuses within this long hangs it (the slowest
-// case took 3.7 s on this 2-core machine, the benchmark's figures in docs/budget.md).
+// case took 2.9–3.7 s on this 2-core machine; the benchmark's figures are in docs/budget.md).
 const HANG_MS = 15000;
 
 let browser;
