@@ -36,8 +36,9 @@ export function useBrowser() {
 }
 
 // Opens the page (optionally with a query and hash) in a fresh context; `finish` checks network
-// isolation, console errors and uncaught exceptions, then closes the context.
-export async function openPage({ url = pageUrl, search = '', hash = '', viewport = { width: 1280, height: 900 }, colorScheme = 'light', hasTouch = false, isMobile = false } = {}) {
+// isolation, console errors and uncaught exceptions, then closes the context. `origin`: the one
+// http origin the page may also reach (the page served by scripts/serve, from that server).
+export async function openPage({ url = pageUrl, search = '', hash = '', viewport = { width: 1280, height: 900 }, colorScheme = 'light', hasTouch = false, isMobile = false, origin = null } = {}) {
   const context = await browser.newContext({ viewport, colorScheme, acceptDownloads: true, hasTouch, isMobile });
   const page = await context.newPage();
   const record = { requests: [], consoleErrors: [], pageErrors: [] };
@@ -47,7 +48,7 @@ export async function openPage({ url = pageUrl, search = '', hash = '', viewport
   await page.goto(`${url}${search}${hash}`);
   await page.waitForSelector('body[data-ready=true]', WAIT);
   const finish = async () => {
-    const outside = record.requests.filter((u) => !ALLOWED_SCHEMES.has(new URL(u).protocol));
+    const outside = record.requests.filter((u) => !ALLOWED_SCHEMES.has(new URL(u).protocol) && new URL(u).origin !== origin);
     assert.deepEqual(outside, [], 'the page must not make network requests');
     assert.deepEqual(record.pageErrors, [], 'uncaught exceptions');
     assert.deepEqual(record.consoleErrors, [], 'console errors');
