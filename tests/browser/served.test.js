@@ -84,13 +84,16 @@ test('served by scripts/serve, the page answers with the core\'s figures and run
   await finish();
 });
 
-test('scripts/serve.py gives each script the type its loader needs', async () => {
+test('scripts/serve.py gives each script the type its loader needs, revalidated on every load', async () => {
   // Module scripts and a worker's importScripts refuse a file whose type is not JavaScript
   // (Python's own table has none for .cjs; some versions give .js a legacy one).
   for (const path of ['/app.js', '/engine.js', '/worker.js', '/gpumem_core.cjs']) {
     const response = await fetch(`${origin}${path}`);
     assert.equal(response.status, 200, path);
     assert.match(response.headers.get('content-type') ?? '', /^text\/javascript/, `${path} served as ${response.headers.get('content-type')}`);
+    // Revalidated on every load: a reload after scripts/build never mixes the old build's
+    // modules with the new glue.
+    assert.equal(response.headers.get('cache-control'), 'no-cache', `${path}: Cache-Control`);
     await response.arrayBuffer();
   }
   const page = await fetch(`${origin}/`);
