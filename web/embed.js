@@ -22,7 +22,7 @@
 
 import { loadGpumem, GpumemError } from './gpumem.js';
 import { capacityBar, formatBytes, formatExactBytes, formatInteger, bytesTitle, setByteUnits } from './charts.js';
-import { SETUP_PARAMS, setupFromParams, calculatorHash } from './setup-params.js';
+import { SETUP_PARAMS, setupFromParams, calculatorHash, compactCalculatorHash } from './setup-params.js';
 
 // Where this script was loaded from, read while it runs (afterwards currentScript is gone): the
 // default calculator link is gpumem.html beside it.
@@ -197,10 +197,10 @@ class GpumemCalculator extends HTMLElement {
     this.dispatchEvent(new CustomEvent('gpumem-estimate', { detail: { setup, estimate } }));
   }
 
-  calculatorLink(setup, units) {
+  calculatorLink(setup, units, hash = calculatorHash(setup, { units })) {
     const base = this.getAttribute('calculator-url') || new URL('gpumem.html', scriptUrl || document.baseURI).href;
     const url = new URL(base, document.baseURI);
-    url.hash = calculatorHash(setup, { units }).slice(1);
+    url.hash = hash.slice(1);
     return url.href;
   }
 
@@ -208,6 +208,12 @@ class GpumemCalculator extends HTMLElement {
     const foot = el('div', 'foot');
     const link = el('a', 'open', 'Open in the calculator ↗');
     link.href = this.calculatorLink(setup, units);
+    // A long setup (a layer list) is linked compressed, as the calculator writes its own address:
+    // a long address is slow to open and gets cut. The href follows a moment later, unless the
+    // element has moved on to another setup.
+    compactCalculatorHash(setup, { units }).then((hash) => {
+      if (this.setup === setup) link.href = this.calculatorLink(setup, units, hash);
+    }, () => {});
     link.target = '_blank';
     link.rel = 'noopener';
     link.setAttribute('part', 'link');

@@ -3,7 +3,7 @@
 // Split out of app.js by panel; every byte it shows comes from the core's estimate.
 
 import { downloadBlob } from './exports.js';
-import { deflateSetupText, encodeSetupParam, fromBase64Url, inflateSetupText, setupFromParams, toBase64Url } from './setup-params.js';
+import { LONG_SETUP_CHARS, deflateSetupText, encodeSetupParam, fromBase64Url, inflateSetupText, setupFromParams, toBase64Url } from './setup-params.js';
 import { update } from './app.js';
 import { loadCompareFrom } from './compare-panel.js';
 import { errorText, errorsOf, fieldLabel } from './errors.js';
@@ -94,9 +94,6 @@ export function shortSetup(setup) {
   if (setup.schemaVersion !== undefined && setup.schemaVersion !== defaults.schemaVersion) out.schemaVersion = setup.schemaVersion;
   return out;
 }
-
-// Past this many characters of base64url JSON a setup goes in the address compressed (z=).
-const LONG_SETUP_CHARS = 2000;
 
 // The page's state in its address: #v=<gpumem version>&s=<short setup> (z=<the same
 // compressed> when it is long), units=GB when decimal units are chosen, compare=<setup A> while

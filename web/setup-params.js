@@ -206,10 +206,28 @@ export function setupFromParams(get) {
   return { setup, problems, given };
 }
 
+// Past this many characters of base64url JSON a setup goes in an address compressed (z=): the
+// page's own address (web/link.js) and the embed's link to the calculator.
+export const LONG_SETUP_CHARS = 2000;
+
 // The calculator's own address for a setup: "#s=…", plus units=GB for decimal units.
 export function calculatorHash(setup, { units = '' } = {}) {
   const params = new URLSearchParams();
   params.set('s', encodeSetupParam(setup));
+  if (units === 'GB') params.set('units', 'GB');
+  return `#${params.toString()}`;
+}
+
+// The same address with a long setup compressed ("#z=…", as the page writes its own; the
+// calculator reads both): a promise, since CompressionStream is asynchronous. A short setup, or
+// a browser without CompressionStream, gets calculatorHash's "#s=…".
+export async function compactCalculatorHash(setup, { units = '' } = {}) {
+  const text = JSON.stringify(setup);
+  if (toBase64Url(text).length <= LONG_SETUP_CHARS || typeof CompressionStream !== 'function') {
+    return calculatorHash(setup, { units });
+  }
+  const params = new URLSearchParams();
+  params.set('z', await deflateSetupText(text));
   if (units === 'GB') params.set('units', 'GB');
   return `#${params.toString()}`;
 }

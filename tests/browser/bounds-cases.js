@@ -7,6 +7,7 @@ import { readFileSync } from 'node:fs';
 import { deflateRawSync } from 'node:zlib';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { LONG_SETUP_CHARS } from '../../web/setup-params.js';
 
 export const root = resolve(dirname(fileURLToPath(import.meta.url)), '../..');
 export const pagePath = resolve(process.env.GPUMEM_PAGE ?? join(root, 'dist/gpumem.html'));
@@ -72,11 +73,11 @@ export function boundsCases() {
 }
 
 // The link to a setup as the page writes it (web/link.js, writeHash): its JSON in base64url
-// (#s=), compressed (#z=, deflate-raw) past 2,000 characters; `plain` keeps #s= whatever its length.
+// (#s=), compressed (#z=, deflate-raw) past LONG_SETUP_CHARS; `plain` keeps #s= whatever its length.
 export function urlFor(setup, { plain = false } = {}) {
   const text = JSON.stringify(setup);
   const s = Buffer.from(text).toString('base64url');
-  if (plain || s.length <= 2000) return `${pageUrl}#s=${s}`;
+  if (plain || s.length <= LONG_SETUP_CHARS) return `${pageUrl}#s=${s}`;
   return `${pageUrl}#z=${deflateRawSync(Buffer.from(text)).toString('base64url')}`;
 }
 

@@ -1102,6 +1102,39 @@ test('embed: the example page\'s <gpumem-calculator> elements show the core\'s p
   }
 });
 
+test('embed: a <gpumem-calculator> holding a long layer list links to the calculator compressed (z=), and the link reproduces its peak', async () => {
+  const context = await browser.newContext({ viewport: { width: 900, height: 900 } });
+  const page = await context.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  await page.goto(pathToFileURL(examplePath).href);
+  // 300 linear layers: ~13 KB of base64url JSON as #s=, past the page's 2,000 characters.
+  const layers = Array.from({ length: 300 }, (_, i) => ({ type: 'linear', inFeatures: 64, outFeatures: 64 }));
+  const setup = { model: { kind: 'layers', loss: 'mse', layers }, training: { batchSize: 4, sequenceLength: 1 } };
+  await page.evaluate((text) => {
+    const el = document.createElement('gpumem-calculator');
+    el.id = 'long-list';
+    el.setAttribute('setup', text);
+    document.body.append(el);
+  }, JSON.stringify(setup));
+  await page.waitForSelector('#long-list .peak[data-bytes]', WAIT);
+  const peak = await page.$eval('#long-list', (el) => el.shadowRoot.querySelector('.peak').dataset.bytes);
+  assert.equal(Number(peak), (await core()).estimate(setup).peak.totalBytes, 'the element shows the core\'s peak');
+  await page.waitForFunction(() => /#z=/.test(document.querySelector('#long-list').shadowRoot.querySelector('a.open').href), null, WAIT);
+  const href = await page.$eval('#long-list', (el) => el.shadowRoot.querySelector('a.open').href);
+  assert.match(href, /\/gpumem\.html#z=[A-Za-z0-9_-]+$/);
+  assert.ok(new URL(href).hash.length < 1000, `the link's hash is ${new URL(href).hash.length} characters`);
+  assert.deepEqual(errors, []);
+  await context.close();
+
+  const opened = await openPage({ url: href });
+  await waitForAttr(opened.page, '#peak-total', 'data-bytes', peak);
+  assert.equal(await opened.page.isHidden('#link-banner'), true, 'the calculator reads the link whole');
+  assert.equal(JSON.parse(await opened.page.inputValue('#layer-json')).length, 300);
+  await opened.finish();
+});
+
 test('?embed=1: the compact page from link parameters, with the core\'s peak and a link to the full calculator', async () => {
   const params = 'embed=1&preset=gpt2&batch-size=4&sequence-length=512&gpu=nvidia-rtx-4090&units=GB';
   const { page, finish } = await openPage({ url: `${pageUrl}?${params}`, viewport: { width: 480, height: 700 } });

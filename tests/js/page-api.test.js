@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { loadGpumem, GpumemError } from '../../wasm/gpumem.js';
-import { setupFromParams, decodeSetupParam, encodeSetupParam, calculatorHash, paramNumber, deflateSetupText, inflateSetupText, toBase64Url } from '../../web/setup-params.js';
+import { setupFromParams, decodeSetupParam, encodeSetupParam, calculatorHash, compactCalculatorHash, LONG_SETUP_CHARS, paramNumber, deflateSetupText, inflateSetupText, toBase64Url } from '../../web/setup-params.js';
 import { gpt2SafetensorsHeader, llamaIndex } from './fixtures.js';
 
 const repoRoot = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..', '..');
@@ -263,4 +263,18 @@ test('setup-params: a long setup\'s link parameter (z=) is its JSON compressed, 
   // Bytes that are not UTF-8 are refused, not read as replacement characters.
   const bytes = new Uint8Array(await new Response(new Blob([new Uint8Array([0xff, 0xfe])]).stream().pipeThrough(new CompressionStream('deflate-raw'))).arrayBuffer());
   await assert.rejects(inflateSetupText(Buffer.from(bytes).toString('base64url')), TypeError);
+});
+
+test('setup-params: the embed\'s link to the calculator holds a long setup compressed (z=), a short one as s=', async () => {
+  const short = { model: { preset: 'gpt2' }, training: { batchSize: 2 } };
+  assert.equal(await compactCalculatorHash(short, { units: 'GB' }), calculatorHash(short, { units: 'GB' }));
+  const layers = Array.from({ length: 300 }, () => ({ type: 'linear', inFeatures: 64, outFeatures: 64 }));
+  const long = { model: { kind: 'layers', loss: 'mse', layers }, training: { batchSize: 4, sequenceLength: 1 } };
+  assert.ok(toBase64Url(JSON.stringify(long)).length > LONG_SETUP_CHARS, 'past the threshold as s=');
+  const hash = await compactCalculatorHash(long, { units: 'GB' });
+  const params = new URLSearchParams(hash.slice(1));
+  assert.deepEqual([...params.keys()], ['z', 'units']);
+  assert.equal(params.get('units'), 'GB');
+  assert.deepEqual(JSON.parse(await inflateSetupText(params.get('z'))), long, 'read back exactly');
+  assert.ok(hash.length * 10 < calculatorHash(long).length, `${hash.length} against ${calculatorHash(long).length} characters`);
 });
