@@ -1109,7 +1109,7 @@ test('embed: a <gpumem-calculator> holding a long layer list links to the calcul
   page.on('pageerror', (e) => errors.push(e.message));
   page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
   await page.goto(pathToFileURL(examplePath).href);
-  // 300 linear layers: ~13 KB of base64url JSON as #s=, past the page's 2,000 characters.
+  // 300 linear layers: 20,533 characters as #s=, past the page's 2,000 (247 as #z=).
   const layers = Array.from({ length: 300 }, (_, i) => ({ type: 'linear', inFeatures: 64, outFeatures: 64 }));
   const setup = { model: { kind: 'layers', loss: 'mse', layers }, training: { batchSize: 4, sequenceLength: 1 } };
   await page.evaluate((text) => {
