@@ -296,10 +296,60 @@ TEST_CASE("a change whose states fit but whose forward-end floor does not is lis
   CHECK(qlora->peakBytes > r.capacityBytes);
   CHECK(qlora->peakBytes > MustEstimate(qlora->setup).modelStates.totalBytes);
   CHECK(Peak(qlora->setup) >= qlora->peakBytes);
-  // Its own estimate, the combination's one, two to leave out paged AdamW and activation
-  // offloading, which checkpointing and QLoRA make needless, and one to leave out the four free
-  // changes.
-  CHECK(r.estimatesRun <= 5);
+  // Its own estimate and one more: the greedy combination (QLoRA with checkpointing, activation
+  // offloading, paged AdamW and four free changes) is not simulated, only where its trims end,
+  // "checkpointing + QLoRA", which makes the rest needless. Every trim's forward-end floor fits,
+  // so that end is guessed and simulated first: one simulation for the combination's and the
+  // three its trims took one by one (leave out offloading, then paged AdamW, then the free
+  // changes at once).
+  REQUIRE(!r.suggestions.empty());
+  const FitSuggestion& combo = r.suggestions.front();
+  CHECK(combo.id == "checkpointing-everyBlock+finetune-qlora");
+  CHECK(combo.fits);
+  CHECK_FALSE(combo.peakIsLowerBound);
+  CHECK(combo.peakBytes == Peak(combo.setup));
+  CHECK(r.estimatesRun == 2);
+}
+
+TEST_CASE("the trims' guessed end is what they reach one by one", "[solve]") {
+  // The guess stands for the combination and its trims where the fit is monotone in the changes:
+  // each combination they would have simulated and kept on the way (the greedy combination, then
+  // less activation offloading, then less paged AdamW as well) fits, and so does the end.
+  const SetupParseResult parsed = ParseSetupJson(
+      R"({"model":{"preset":"mixtral-8x22b"},"training":{"batchSize":1,"sequenceLength":8192,"attention":"sdpa"}})");
+  REQUIRE(parsed.errors.empty());
+  const SolveResult r = Solve(parsed.setup);
+  REQUIRE(r.ok());
+  const FitSuggestion& combo = r.suggestions.front();
+  REQUIRE(combo.id == "checkpointing-everyBlock+finetune-qlora");
+  auto single = [&](const std::string& id) -> const Setup& {
+    const auto it = std::find_if(r.suggestions.begin(), r.suggestions.end(), [&](const FitSuggestion& f) { return f.id == id; });
+    REQUIRE(it != r.suggestions.end());
+    return it->setup;
+  };
+  // The greedy combination's other changes, as each single change sets them.
+  Setup withPaged = combo.setup;
+  withPaged.training.optimizer = single("optimizer-pagedAdamw").training.optimizer;
+  withPaged.training.optimizerImplementation = single("optimizer-fused").training.optimizerImplementation;
+  withPaged.training.optimizerInBackward = single("optimizer-in-backward").training.optimizerInBackward;
+  withPaged.training.zeroGradSetToNone = single("optimizer-in-backward").training.zeroGradSetToNone;
+  withPaged.training.lossImplementation = single("loss-fused").training.lossImplementation;
+  withPaged.runtime = single("allocator-expandableSegments").runtime;
+  Setup greedy = withPaged;
+  greedy.training.activationOffloading = true;
+  Setup withoutPaged = greedy;
+  withoutPaged.training.activationOffloading = false;
+  withoutPaged.training.optimizer = parsed.setup.training.optimizer;
+  const std::int64_t end = Peak(combo.setup);
+  CHECK(end == combo.peakBytes);
+  CHECK(end <= r.capacityBytes);
+  CHECK(Peak(greedy) <= r.capacityBytes);
+  CHECK(Peak(withPaged) <= r.capacityBytes);
+  CHECK(Peak(withoutPaged) <= r.capacityBytes);
+  // Without checkpointing the forward-end floor rules a fit out: the trims kept it.
+  Setup noCheckpoint = combo.setup;
+  noCheckpoint.training.checkpointing = parsed.setup.training.checkpointing;
+  CHECK(ForwardEndFloor(noCheckpoint) > r.capacityBytes);
 }
 
 namespace {

@@ -295,8 +295,11 @@ class Solver {
     bool simulated = true;
     std::string basis;                 // FitSuggestion::lowerBoundBasis when not simulated
     std::int64_t statesBound = -1;
+    bool forwardEndFits = false;  // Floor: the forward-end floor was taken, and fits
   };
   Weighed Weigh(const Setup& s, std::int64_t statesBound);
+  // Weigh's lower bounds alone: `simulated` (and no peak) where neither rules a fit out.
+  Weighed Floor(const Setup& s, std::int64_t statesBound);
   std::int64_t BoundOf(const Setup& changed, const std::vector<std::string>& fields, std::int64_t known);
   SolvedLimit Largest(std::int64_t limit, std::int64_t known, const PeakFn& peak);
   bool HeldAtPeak(std::initializer_list<Category> categories) const;
@@ -364,6 +367,12 @@ std::optional<std::int64_t> Solver::PeakOf(const Setup& s) {
 }
 
 Solver::Weighed Solver::Weigh(const Setup& s, std::int64_t statesBound) {
+  Weighed w = Floor(s, statesBound);
+  if (w.simulated) w.peak = PeakOf(s);  // refused setups have no bound (-1): simulated, and dropped when refused
+  return w;
+}
+
+Solver::Weighed Solver::Floor(const Setup& s, std::int64_t statesBound) {
   Weighed w;
   w.statesBound = statesBound;
   if (statesBound > capacity_) {
@@ -377,7 +386,7 @@ Solver::Weighed Solver::Weigh(const Setup& s, std::int64_t statesBound) {
     w.simulated = false;
     w.basis = "forwardEnd";
   } else {
-    w.peak = PeakOf(s);  // refused setups have no bound (-1): simulated, and dropped when refused
+    w.forwardEndFits = floor > 0;
   }
   return w;
 }
@@ -752,6 +761,22 @@ void Solver::AddCombination() {
     for (const FitSuggestion* step : steps) CopyChangedFields(*step, s);
     return s;
   };
+  // Every combination weighed, and every lower bound taken, so that none is taken twice (the
+  // trims below may come back to a combination their guess weighed; the greedy pass without the
+  // optimizer in backward, to one the first pass weighed).
+  std::vector<std::pair<Steps, Weighed>> floors, weighed;
+  auto find = [](const std::vector<std::pair<Steps, Weighed>>& seen, const Steps& steps) -> const Weighed* {
+    for (const auto& [s, o] : seen) {
+      if (s == steps) return &o;
+    }
+    return nullptr;
+  };
+  auto floorOf = [&](const Steps& steps) {
+    if (const Weighed* seen = find(floors, steps)) return *seen;
+    const Setup s = setupOf(steps);
+    floors.emplace_back(steps, Floor(s, inventories_.Bound(s)));
+    return floors.back().second;
+  };
   auto evaluate = [&](const Steps& steps) {
     Weighed o;
     if (steps.size() == 1) {  // a single change: already weighed
@@ -761,8 +786,11 @@ void Solver::AddCombination() {
       o.statesBound = inventories_.Bound(steps[0]->setup);
       return o;
     }
-    const Setup s = setupOf(steps);
-    return Weigh(s, inventories_.Bound(s));
+    if (const Weighed* seen = find(weighed, steps)) return *seen;
+    o = floorOf(steps);  // Weigh, its bounds kept
+    if (o.simulated) o.peak = PeakOf(setupOf(steps));
+    weighed.emplace_back(steps, o);
+    return o;
   };
   auto shareField = [](const FitSuggestion& a, const FitSuggestion& b) {
     return std::any_of(a.changedFields.begin(), a.changedFields.end(), [&](const std::string& f) {
@@ -772,11 +800,74 @@ void Solver::AddCombination() {
 
   Steps taken;
   Weighed now;
+  // Takes `without` when it still fits (simulated: a floor never says it fits).
+  bool trimmed = false;
+  auto tryWithout = [&](const Steps& without) {
+    const Weighed o = evaluate(without);
+    if (!o.peak || !o.simulated || *o.peak > capacity_) return false;
+    taken = without;
+    now = o;
+    trimmed = true;
+    return true;
+  };
+  // Once a combination fits, what it fits without is left out again, its last change aside (the
+  // trims): first each costly change, latest first, with every free change still in; then the
+  // free ones all at once (usually none is needed once the costly ones fit: one simulation),
+  // else one at a time, latest first. `keep(without)` says whether `without` fits, and `steps`
+  // becomes it.
+  auto trim = [&](Steps& steps, const auto& keep) {
+    const FitSuggestion* last = steps.back();
+    auto oneByOne = [&](bool free) {
+      for (std::size_t i = steps.size() - 1; i-- > 0;) {
+        if ((steps[i]->cost == FitCost::Free) != free) continue;
+        Steps without = steps;
+        without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
+        if (keep(without)) steps = std::move(without);
+      }
+    };
+    oneByOne(false);
+    Steps costlyOnly;
+    for (const FitSuggestion* step : steps) {
+      if (step->cost != FitCost::Free || step == last) costlyOnly.push_back(step);
+    }
+    // (A single change is not tried: none fits alone.)
+    if (costlyOnly.size() < steps.size()) {
+      if (costlyOnly.size() > 1 && keep(costlyOnly)) {
+        steps = std::move(costlyOnly);
+      } else {
+        oneByOne(true);
+      }
+    }
+  };
+  // A guess at where the trims of `steps` end: each trim that no lower bound rules out taken as
+  // fitting; empty unless every one of them had the forward-end floor to go by (the long
+  // simulations, TryForwardEndFloor) and at least two are guessed. Simulated first: if the end
+  // fits, and the fit is monotone in the changes (more changes, no higher peak) as it is away
+  // from the capacity's edge, `steps` and each trim on the way fit as well, so the trims would end
+  // there, and one simulation stands for all of theirs and for that of `steps` (Mixtral 8x22B at
+  // 1 × 8192 on 80 GiB: one instead of four, "checkpointing + QLoRA"). Where the fit is not
+  // monotone, the guess is still a fit with no more changes than the trims would leave.
+  auto guessEnd = [&](const Steps& steps) {
+    Steps guess = steps;
+    bool informed = true;
+    int guessed = 0;
+    trim(guess, [&](const Steps& without) {
+      if (without.size() == 1) return false;  // none fits alone
+      const Weighed floor = floorOf(without);
+      if (!floor.simulated) return false;  // a bound rules it out
+      informed = informed && floor.forwardEndFits;
+      ++guessed;
+      return true;
+    });
+    return informed && guessed > 1 ? guess : Steps{};
+  };
+  bool endGuessed = false, guessMissed = false;
   // The greedy pass, leaving out the optimizer in backward when `withoutInBackward`; says
   // whether it passed over gradient accumulation because the optimizer in backward was taken.
   auto greedy = [&](bool withoutInBackward) {
     taken.clear();
     now = Weighed{};
+    endGuessed = false;
     int steps = 0;
     bool accumulationBlocked = false;
     for (const FitSuggestion& s : suggestions) {
@@ -808,6 +899,21 @@ void Solver::AddCombination() {
         if (bound < 0 || bound >= now.statesBound) continue;
       }
       if (!taken.empty() && steps++ == kCombinationSteps) break;
+      // Where `next` is to be simulated (no bound rules it out), the end of its trims first; once
+      // such a guess has missed, the combinations are simulated as they come.
+      if (!guessMissed && next.size() > 2 && floorOf(next).simulated && !find(weighed, next)) {
+        const Steps end = guessEnd(next);
+        if (!end.empty()) {
+          guessMissed = true;
+          const Weighed o = evaluate(end);
+          if (o.peak && o.simulated && *o.peak <= capacity_ && Validate(setupOf(next)).empty()) {
+            taken = end;
+            now = o;
+            endGuessed = trimmed = true;
+            break;
+          }
+        }
+      }
       const Weighed o = evaluate(next);
       if (!o.peak) continue;
       taken = std::move(next);
@@ -831,42 +937,16 @@ void Solver::AddCombination() {
   }
   if (taken.size() <= 1) return;
   if (fitsNow()) {
-    // Takes `without` when it still fits (simulated: a floor never says it fits).
-    bool trimmed = false;
-    auto tryWithout = [&](const Steps& without) {
-      const Weighed o = evaluate(without);
-      if (!o.peak || !o.simulated || *o.peak > capacity_) return false;
-      taken = without;
-      now = o;
-      trimmed = true;
-      return true;
-    };
-    const FitSuggestion* last = taken.back();
-    // The free or the costly changes one at a time, latest first, the last aside.
-    auto trimOneByOne = [&](bool free) {
-      for (std::size_t i = taken.size() - 1; i-- > 0;) {
-        if ((taken[i]->cost == FitCost::Free) != free) continue;
-        Steps without = taken;
-        without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
-        tryWithout(without);
-      }
-    };
-    // The costly changes first, with every free change still in.
-    trimOneByOne(false);
-    // Then the free ones: all at once (usually none is needed once the costly ones fit: one
-    // simulation), else one at a time, latest first.
-    Steps costlyOnly;
-    for (const FitSuggestion* step : taken) {
-      if (step->cost != FitCost::Free || step == last) costlyOnly.push_back(step);
+    if (!endGuessed) {
+      const Steps end = guessEnd(taken);
+      if (!(!end.empty() && tryWithout(end))) trim(taken, tryWithout);
     }
-    // (A single change is not tried: none fits alone.)
-    if (costlyOnly.size() < taken.size() && !(costlyOnly.size() > 1 && tryWithout(costlyOnly))) trimOneByOne(true);
-    // Last, the change that made it fit, once others are gone: without them it may not be
-    // needed either (the fit at the capacity's edge is not monotone in the changes: Gemma 2 27B
-    // under autocast at 2 × 4096 on an A100 40 GB fits with checkpointing, accumulation and
-    // QLoRA, without the pure bf16 the greedy added last). Otherwise the rest is the combination
-    // before it, which did not fit.
-    if (trimmed && taken.size() > 2 && taken.back() == last) tryWithout(Steps(taken.begin(), taken.end() - 1));
+    // Last, the change that made it fit (the trims keep it), once others are gone: without them
+    // it may not be needed either (the fit at the capacity's edge is not monotone in the changes:
+    // Gemma 2 27B under autocast at 2 × 4096 on an A100 40 GB fits with checkpointing,
+    // accumulation and QLoRA, without the pure bf16 the greedy added last). Otherwise the rest is
+    // the combination before it, which did not fit.
+    if (trimmed && taken.size() > 2) tryWithout(Steps(taken.begin(), taken.end() - 1));
   }
   if (taken.size() <= 1) return;  // (only a fitting single is left: never, none fits alone)
   if (anyFits && !fitsNow()) return;  // a fitting single is cheaper
