@@ -278,15 +278,28 @@ TEST_CASE("the forward-end floor bounds every allocated peak from below", "[solv
   CHECK(ForwardEndFloor(differ) == 0);
 }
 
-TEST_CASE("a change whose states fit but whose forward-end floor does not is listed unsimulated", "[solve]") {
-  // Mixtral 8x22B at 8k tokens on an 80 GiB GPU: QLoRA's 4-bit states fit (about 70 GB), but
-  // without checkpointing its 56 blocks keep far more at the end of forward.
-  // scripts/bench.mjs's solve, read as the page reads it.
+namespace {
+
+// scripts/bench.mjs's Mixtral 8x22B solve (1 × 8192, SDPA, 80 GiB), read as the page reads it.
+struct BenchSolve {
+  Setup setup;
+  SolveResult result;
+};
+BenchSolve SolveMixtral8x22b() {
   const SetupParseResult parsed = ParseSetupJson(
       R"({"model":{"preset":"mixtral-8x22b"},"training":{"batchSize":1,"sequenceLength":8192,"attention":"sdpa"}})");
   REQUIRE(parsed.errors.empty());
-  const SolveResult r = Solve(parsed.setup);
-  REQUIRE(r.ok());
+  BenchSolve out{parsed.setup, Solve(parsed.setup)};
+  REQUIRE(out.result.ok());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a change whose states fit but whose forward-end floor does not is listed unsimulated", "[solve]") {
+  // Mixtral 8x22B at 8k tokens on an 80 GiB GPU: QLoRA's 4-bit states fit (about 70 GB), but
+  // without checkpointing its 56 blocks keep far more at the end of forward.
+  const SolveResult r = SolveMixtral8x22b().result;
   const auto qlora = std::find_if(r.suggestions.begin(), r.suggestions.end(),
                                   [](const FitSuggestion& f) { return f.id == "finetune-qlora"; });
   REQUIRE(qlora != r.suggestions.end());
@@ -315,11 +328,8 @@ TEST_CASE("the trims' guessed end is what they reach one by one", "[solve]") {
   // The guess stands for the combination and its trims where the fit is monotone in the changes:
   // each combination they would have simulated and kept on the way (the greedy combination, then
   // less activation offloading, then less paged AdamW as well) fits, and so does the end.
-  const SetupParseResult parsed = ParseSetupJson(
-      R"({"model":{"preset":"mixtral-8x22b"},"training":{"batchSize":1,"sequenceLength":8192,"attention":"sdpa"}})");
-  REQUIRE(parsed.errors.empty());
-  const SolveResult r = Solve(parsed.setup);
-  REQUIRE(r.ok());
+  const BenchSolve solved = SolveMixtral8x22b();
+  const SolveResult& r = solved.result;
   const FitSuggestion& combo = r.suggestions.front();
   REQUIRE(combo.id == "checkpointing-everyBlock+finetune-qlora");
   auto single = [&](const std::string& id) -> const Setup& {
@@ -339,7 +349,7 @@ TEST_CASE("the trims' guessed end is what they reach one by one", "[solve]") {
   greedy.training.activationOffloading = true;
   Setup withoutPaged = greedy;
   withoutPaged.training.activationOffloading = false;
-  withoutPaged.training.optimizer = parsed.setup.training.optimizer;
+  withoutPaged.training.optimizer = solved.setup.training.optimizer;
   const std::int64_t end = Peak(combo.setup);
   CHECK(end == combo.peakBytes);
   CHECK(end <= r.capacityBytes);
@@ -348,7 +358,7 @@ TEST_CASE("the trims' guessed end is what they reach one by one", "[solve]") {
   CHECK(Peak(withoutPaged) <= r.capacityBytes);
   // Without checkpointing the forward-end floor rules a fit out: the trims kept it.
   Setup noCheckpoint = combo.setup;
-  noCheckpoint.training.checkpointing = parsed.setup.training.checkpointing;
+  noCheckpoint.training.checkpointing = solved.setup.training.checkpointing;
   CHECK(ForwardEndFloor(noCheckpoint) > r.capacityBytes);
 }
 
