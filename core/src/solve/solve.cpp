@@ -741,7 +741,7 @@ void CopyChangedFields(const FitSuggestion& s, Setup& next) {
 //   One more simulation per costly change at most, and one for the free ones where none is
 //   needed (Llama 3 70B QLoRA: "checkpointing + QLoRA", not four free changes besides).
 //   Where lower bounds inform every trim, their end is guessed and simulated first, before the
-//   combination itself (guessEnd): one simulation instead of up to five for the large models.
+//   combination itself (guessEnd): one simulation instead of up to four for the large models.
 //   On 3,948 solves (every preset at 16–80 GiB, 2k and 8k tokens, batch 1 and 4, three
 //   precisions, checkpointing, LoRA) every answer was the same as without the guess.
 void Solver::AddCombination() {
