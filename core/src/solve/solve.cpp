@@ -804,11 +804,13 @@ void Solver::AddCombination() {
 
   Steps taken;
   Weighed now;
-  // Takes `without` when it still fits (simulated: a floor never says it fits).
+  // Whether a weighed combination fits (simulated: a floor never says it fits).
+  auto simulatedFit = [&](const Weighed& o) { return o.peak && o.simulated && *o.peak <= capacity_; };
+  // Takes `without` when it still fits.
   bool trimmed = false;
   auto tryWithout = [&](const Steps& without) {
     const Weighed o = evaluate(without);
-    if (!o.peak || !o.simulated || *o.peak > capacity_) return false;
+    if (!simulatedFit(o)) return false;
     taken = without;
     now = o;
     trimmed = true;
@@ -910,7 +912,7 @@ void Solver::AddCombination() {
         if (!end.empty()) {
           guessMissed = true;
           const Weighed o = evaluate(end);
-          if (o.peak && o.simulated && *o.peak <= capacity_ && Validate(setupOf(next)).empty()) {
+          if (simulatedFit(o) && Validate(setupOf(next)).empty()) {
             taken = end;
             now = o;
             endGuessed = trimmed = true;
