@@ -3,6 +3,7 @@
 // nlohmann's dump(indent): compact with indent < 0, else one member per line.
 #pragma once
 
+#include <array>
 #include <charconv>
 #include <cstdint>
 #include <cstdio>
@@ -86,11 +87,13 @@ class JsonWriter {
     out += '"';
     // Runs of characters written as they are go in with one append each (a character at a
     // time cost a capacity check per character: most of the writer's time on labels).
+    // A table of the bytes to escape: one load and one test a character (three compares before,
+    // 12 instructions a byte of an estimate's labels and formulas, callgrind).
     std::size_t plain = 0;  // where the current run starts
     for (std::size_t i = 0; i < s.size(); ++i) {
       const char c = s[i];
       const auto u = static_cast<unsigned char>(c);
-      if (u >= 0x20 && c != '"' && c != '\\') continue;
+      if (!kEscaped[u]) continue;
       out.append(s.data() + plain, i - plain);
       plain = i + 1;
       if (c == '"' || c == '\\') {
@@ -113,6 +116,13 @@ class JsonWriter {
   }
 
  private:
+  // The bytes Quote escapes: control characters, the quote and the backslash.
+  static constexpr auto kEscaped = [] {
+    std::array<bool, 256> escaped{};
+    for (int c = 0; c < 0x20; ++c) escaped[static_cast<std::size_t>(c)] = true;
+    escaped['"'] = escaped['\\'] = true;
+    return escaped;
+  }();
   void AppendString(std::string_view s) { Quote(out_, s); }
   // Before a value or a key: a comma after a sibling, and a new line when pretty.
   void Separate() {
