@@ -186,6 +186,9 @@ Snapshot ToSnapshot(const Trace& trace, const Moment& m, std::span<const Categor
     if (trace.text.enabled() && !Replaced(known, row.category, row.bytes)) {
       std::int64_t rest = r.bytes;
       const int shown = static_cast<int>(std::min<std::int64_t>(r.tensors, 4));
+      // Room for four tensors' names and shapes at once (growing by doubling was 1.4 % of a
+      // GPT-2 estimate in wasm, node --cpu-prof).
+      row.formula.reserve(384);
       for (int k = 0; k < shown; ++k) {
         if (k) row.formula += " + ";
         trace.text.RenderTo(r.largest[k]->tensor, row.formula);
@@ -195,7 +198,11 @@ Snapshot ToSnapshot(const Trace& trace, const Moment& m, std::span<const Categor
         rest -= r.largest[k]->bytes;
       }
       if (r.tensors > 4) {
-        row.formula += " + " + FormatCount(r.tensors - 4) + " more tensors (" + FormatCount(rest) + " B)";
+        row.formula += " + ";
+        row.formula += FormatCount(r.tensors - 4);
+        row.formula += " more tensors (";
+        row.formula += FormatCount(rest);
+        row.formula += " B)";
       }
     }
     s.totalBytes += row.bytes;
