@@ -108,9 +108,15 @@ int FreeBlockIndex::NewWaiting() {
   return w;
 }
 
+// Into the spare buffer, which then becomes the list's: the two swap at every recentring, so
+// that a list that recentres often (Mixtral's expert temporaries: 178 a estimate) stops
+// allocating once both are large enough (a fresh buffer each time was 0.9 % of Mixtral's
+// wasm time, node --cpu-prof).
 void FreeBlockIndex::Waiting::Recenter() {
   const std::size_t n = (gapLo_ - lo_) + (hi_ - gapHi_);
-  std::vector<Dup> buf(std::max<std::size_t>(16, 2 * n + 8));
+  std::vector<Dup>& buf = spare_;
+  const std::size_t want = std::max<std::size_t>(16, 2 * n + 8);
+  if (buf.size() < want) buf.resize(want);
   const std::size_t lo = (buf.size() - n) / 2;
   const auto at = [this](std::size_t i) { return buf_.begin() + static_cast<std::ptrdiff_t>(i); };
   std::copy(at(gapHi_), at(hi_), std::copy(at(lo_), at(gapLo_), buf.begin() + static_cast<std::ptrdiff_t>(lo)));

@@ -151,6 +151,20 @@ class FreeBlockIndex {
   // lies anywhere in [lo_, hi_].
   class Waiting {
    public:
+    Waiting() = default;
+    Waiting(Waiting&&) = default;
+    Waiting& operator=(Waiting&&) = default;
+    // A copy takes the blocks, not the spare buffer's capacity (the capacity fork copies the
+    // lists once an estimate).
+    Waiting(const Waiting& o) : buf_(o.buf_), lo_(o.lo_), hi_(o.hi_), gapLo_(o.gapLo_), gapHi_(o.gapHi_) {}
+    Waiting& operator=(const Waiting& o) {
+      buf_ = o.buf_;
+      lo_ = o.lo_;
+      hi_ = o.hi_;
+      gapLo_ = o.gapLo_;
+      gapHi_ = o.gapHi_;
+      return *this;
+    }
     bool empty() const { return lo_ == hi_; }
     const Dup& front() const { return buf_[lo_]; }     // the lowest address
     const Dup& back() const { return buf_[hi_ - 1]; }  // the highest
@@ -194,6 +208,7 @@ class FreeBlockIndex {
     void Normalize();  // restores the gap's rule after a change at its edge
     void Recenter();   // room at both ends, no gap
     std::vector<Dup> buf_;
+    std::vector<Dup> spare_;  // Recenter's other buffer (no blocks in it)
     std::size_t lo_ = 0, hi_ = 0, gapLo_ = 0, gapHi_ = 0;
   };
   int NewWaiting();
