@@ -3,6 +3,7 @@
 // ForwardOrder, the order a forward first uses them (ZeRO-3's reuse distance).
 #include <catch2/catch.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -75,4 +76,44 @@ TEST_CASE("GPT-NeoX registers its norms first and GPT-2 in the order it runs: fo
   CHECK(forward[8] == "mlp.dense_h_to_4h.weight");
   const Inventory gpt2 = InventoryOf(R"({"model":{"preset":"gpt2"}})");
   CHECK(BlockZero(gpt2, ForwardOrder(gpt2), "transformer.h.0.") == BlockZero(gpt2, {}, "transformer.h.0."));
+}
+
+namespace {
+
+Setup SetupOf(const std::string& json) {
+  const SetupParseResult parsed = ParseSetupJson(json);
+  REQUIRE(parsed.ok());
+  return parsed.setup;
+}
+
+// GPT-2 with `layers` blocks: a distinct architecture, hence a distinct inventory, for each.
+Setup Gpt2With(int layers) {
+  return SetupOf(R"({"model":{"preset":"gpt2","architecture":{"numLayers":)" + std::to_string(layers) + "}}}");
+}
+
+}  // namespace
+
+TEST_CASE("SharedInventory keeps the last eight transformer inventories, and few tensors beyond the newest", "[inventory]") {
+  // A solve reads about five (core/src/model/inventory.cpp): the same model solved again finds
+  // them all. Held only by the cache, an inventory lives while it is kept.
+  std::weak_ptr<const Inventory> first = SharedInventory(Gpt2With(1));
+  for (int layers = 2; layers <= 8; ++layers) SharedInventory(Gpt2With(layers));
+  CHECK_FALSE(first.expired());
+  CHECK(SharedInventory(Gpt2With(1)) == first.lock());  // found, not rebuilt
+  // Eight others since its last use: the ninth is no longer kept.
+  for (int layers = 9; layers <= 16; ++layers) SharedInventory(Gpt2With(layers));
+  CHECK(first.expired());
+
+  // Past the newest inventory the kept ones hold at most 100,000 tensors: a mixture of 1,100
+  // experts in 32 blocks (105,600 expert weights) leaves none of the others kept.
+  std::weak_ptr<const Inventory> small = SharedInventory(Gpt2With(2));
+  const Setup huge = SetupOf(R"({"model":{"preset":"mixtral-8x7b","architecture":{"numExperts":1100}}})");
+  const std::shared_ptr<const Inventory> large = SharedInventory(huge);
+  REQUIRE(large->parameters.size() > 100'000);
+  CHECK(small.expired());
+  CHECK(SharedInventory(huge) == large);  // the newest stays, whatever its size
+  // The next one drops it (with it the kept ones would pass the limit): only the caller's
+  // pointer holds it then.
+  SharedInventory(Gpt2With(3));
+  CHECK(large.use_count() == 1);
 }

@@ -63,9 +63,10 @@ std::vector<std::size_t> ForwardOrder(const Inventory& inventory);
 
 // BuildInventory's result for a transformer, shared with the calls that ask for the same one:
 // validation, the solver's bounds and the estimate read the inventory of one setup in turn (a
-// solve on Mixtral 8x22B built it 12 times, 40 M of its 284 M instructions). One entry per
-// thread, keyed on what BuildInventory reads (the architecture, the finetune section, the
-// precision, parallel.expertParallel); other model kinds are built each time.
+// solve on Mixtral 8x22B built it 12 times, 40 M of its 284 M instructions). The last eight per
+// thread (beyond the newest, 100,000 tensors in all), keyed on what BuildInventory reads (the
+// architecture, the finetune section, the precision, parallel.expertParallel); other model
+// kinds are built each time.
 std::shared_ptr<const Inventory> SharedInventory(const Setup& setup);
 
 // Σ elements of what BuildInventory would list, without making names (for validation, which

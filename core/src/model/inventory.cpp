@@ -356,8 +356,16 @@ std::shared_ptr<const Inventory> SharedInventory(const Setup& setup) {
   // The last few, most recent first: a solve moves between a handful of setups (its own, the
   // fine-tuning changes, the one- and two-block models of ForwardEndFloor), and with one entry
   // each move rebuilt an inventory: 14 of a Mixtral 8x22B solve's 180 M instructions, a third of
-  // them destroying the one it replaced (callgrind).
-  constexpr std::size_t kKept = 4;
+  // them destroying the one it replaced (callgrind). Eight, so that the next solve of the same
+  // model (the page solves again as a training field changes) finds them all: the 8x22B solve
+  // at 8k tokens reads five (its own, LoRA's, QLoRA's, QLoRA's one- and two-block models), and
+  // with four kept each solve after the first rebuilt four of them, 7 M of its 154 M
+  // instructions. An inventory takes about 200 B a tensor natively (its name, its shape; Mixtral
+  // 8x22B's 1,739 tensors 341 KB), Qwen3 30B-A3B's 18,432 expert weights about 4 MB, and
+  // validation's event budget admits models of a few hundred thousand tensors: so past the most
+  // recent one the kept inventories hold at most kKeptTensors tensors in all (about 20 MB).
+  constexpr std::size_t kKept = 8;
+  constexpr std::size_t kKeptTensors = 100'000;
   GPUMEM_THREAD_LOCAL std::array<Entry, kKept> kept;
   const auto same = [&](const Entry& e) {
     return e.inventory && e.architecture == setup.model.architecture && e.finetune == setup.finetune &&
@@ -374,6 +382,12 @@ std::shared_ptr<const Inventory> SharedInventory(const Setup& setup) {
     e.finetune = setup.finetune;
     e.precision = setup.training.precision;
     e.expertParallel = setup.parallel.expertParallel;
+    std::size_t tensors = e.inventory->parameters.size();
+    for (std::size_t i = 1; i < kKept; ++i) {
+      if (!kept[i].inventory) continue;
+      tensors += kept[i].inventory->parameters.size();
+      if (tensors > kKeptTensors) kept[i].inventory.reset();  // `same` needs an inventory
+    }
   }
   return e.inventory;
 }
