@@ -6,6 +6,7 @@
 
 #include "gpumem/heuristics.hpp"
 #include "gpumem/inventory.hpp"
+#include "gpumem/presets.hpp"
 #include "test_support.hpp"
 
 using namespace gpumem;
@@ -155,4 +156,61 @@ TEST_CASE("quick mode uses the labelled per-token heuristic", "[trace]") {
   for (const auto& n : e.notes) labelled = labelled || n.find("heuristic") != std::string::npos;
   CHECK(labelled);
   CHECK(!MustEstimate(ExampleMlpSetup()).activationsFromHeuristic);
+}
+
+TEST_CASE("the trace to step 1's forward end is the whole trace's events up to there", "[trace]") {
+  // BuildTraceToForwardEnd (the solver's forward-end floor reads it): the same events, field by
+  // field, as BuildTrace's up to the last event of step 1's forward (the end Replay reports as
+  // forwardEnd), and nothing after. Across families, adapters and a quantized base,
+  // checkpointing, the optimizer in backward, micro-batches (the last one's forward ends it),
+  // empty_cache steps and packed sequences.
+  int compared = 0;
+  for (const char* preset : {"gpt2", "llama-3.2-1b", "bert-base-uncased", "mixtral-8x7b"})
+    for (int variant = 0; variant < 8; ++variant) {
+      Setup s = DefaultSetup();
+      s.model.kind = ModelKind::Transformer;
+      s.model.architecture = FindPreset(preset)->architecture;
+      s.model.architecture.numLayers = 3;
+      s.training.batchSize = 2;
+      s.training.sequenceLength = 128;
+      s.training.precision = Precision::BF16Mixed;
+      if (variant == 1) {
+        s.finetune.lora = true;
+        s.finetune.targetModules = {"all-linear"};
+        s.finetune.quantization = Quantization::NF4;
+      }
+      if (variant == 2) s.training.checkpointing = Checkpointing::EveryBlock;
+      if (variant == 3) s.training.optimizerInBackward = true;
+      if (variant == 4) s.parallel.gradientAccumulationSteps = 3;
+      if (variant == 5) s.training.emptyCacheSteps = 1;
+      if (variant == 6) {
+        s.training.attention = AttentionImplementation::SDPA;
+        s.training.packedSequences = PackedSequences::BlockCausalMask;
+      }
+      if (variant == 7) s.training.checkpointing = Checkpointing::EveryKthBlock;
+      if (!Validate(s).empty()) continue;
+      INFO(preset << " variant " << variant);
+      const Inventory inventory = BuildInventory(s);
+      const Trace whole = BuildTrace(s, inventory, false);
+      const Trace part = BuildTraceToForwardEnd(s, inventory);
+      std::size_t forwardEnd = whole.events.size();
+      for (std::size_t i = 0; i < whole.events.size(); ++i) {
+        if (whole.events[i].step == 1 && whole.events[i].phase == Phase::Forward) forwardEnd = i;
+      }
+      REQUIRE(forwardEnd < whole.events.size());
+      REQUIRE(part.events.size() == forwardEnd + 1);
+      for (std::size_t i = 0; i < part.events.size(); ++i) {
+        const Event& a = part.events[i];
+        const Event& b = whole.events[i];
+        const bool same = a.bytes == b.bytes && a.tensorId == b.tensorId && a.layer == b.layer && a.kind == b.kind &&
+                          a.category == b.category && a.phase == b.phase && a.step == b.step && a.stream == b.stream;
+        if (!same) FAIL("event " << i << " differs");
+      }
+      const Estimate wholeReplay = Replay(whole), partReplay = Replay(part);
+      CHECK(partReplay.forwardEnd.eventIndex == wholeReplay.forwardEnd.eventIndex);
+      CHECK(partReplay.forwardEnd.totalBytes == wholeReplay.forwardEnd.totalBytes);
+      CHECK(BytesIn(partReplay.forwardEnd, Category::Activations) == BytesIn(wholeReplay.forwardEnd, Category::Activations));
+      ++compared;
+    }
+  CHECK(compared >= 28);
 }

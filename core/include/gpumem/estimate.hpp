@@ -166,5 +166,8 @@ Estimate Replay(const Trace& trace, const EstimateOptions& options = {});
 ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory);
 // Its totalBytes alone, without the words (the solver's bounds).
 std::int64_t ModelStatesTotalBytes(const Setup& setup, const Inventory& inventory);
+// Its byte sums alone (parametersBytes, masterWeightsBytes, gradientsBytes, optimizerStatesBytes,
+// totalBytes), without counts, rows or words (the solver's forward-end floor).
+ModelStates ModelStateSums(const Setup& setup, const Inventory& inventory);
 
 }  // namespace gpumem

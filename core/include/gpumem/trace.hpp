@@ -111,5 +111,10 @@ struct Trace {
 // The trace's texts refer to the inventory's names: keep the inventory while reading them.
 // With `explain` false, no text is made (every Text is empty).
 Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain = true);
+// BuildTrace's events up to the end of step 1's forward pass (its last forward, after the
+// earlier micro-batches' forwards and backwards), without words: the same events as the whole
+// trace's up to there, since each event is made once and in order. What the solver's
+// forward-end floor reads (Estimate::forwardEnd); a setup with pipeline stages is built whole.
+Trace BuildTraceToForwardEnd(const Setup& setup, const Inventory& inventory);
 
 }  // namespace gpumem

@@ -144,10 +144,14 @@ std::int64_t SumModelStates(const Setup& setup, const Inventory& inventory, cons
 
 }  // namespace
 
-std::int64_t ModelStatesTotalBytes(const Setup& setup, const Inventory& inventory) {
+ModelStates ModelStateSums(const Setup& setup, const Inventory& inventory) {
   ModelStates m;
   SumModelStates(setup, inventory, RegimeOf(setup.training.precision), m, [](const StateTensor&, bool) {});
-  return m.totalBytes;
+  return m;
+}
+
+std::int64_t ModelStatesTotalBytes(const Setup& setup, const Inventory& inventory) {
+  return ModelStateSums(setup, inventory).totalBytes;
 }
 
 ModelStates ComputeModelStates(const Setup& setup, const Inventory& inventory) {

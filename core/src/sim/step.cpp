@@ -270,7 +270,9 @@ void GradientSink::ReleaseAll(Text label) {
   }
 }
 
-Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
+namespace {
+
+Trace Build(const Setup& setup, const Inventory& inventory, bool explain, bool toForwardEnd) {
   Trace trace;
   trace.text.SetEnabled(explain);
   TraceBuilder b(trace);
@@ -348,6 +350,8 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   auto emptyCache = [&](int step) {
     if (emptyEvery > 0 && (step - 1) % emptyEvery == 0) b.EmptyCache();
   };
+  // Nothing after step 1's last forward: no event of it changes an earlier one.
+  const bool stopAtForwardEnd = toForwardEnd && !pipeline;
   auto runStep = [&](int step) {
     if (pipeline) pipeline->Run(b, step, gradients, parallel ? &*parallel : nullptr);
     for (std::int64_t k = 1; k < microBatches && !pipeline; ++k) {
@@ -363,6 +367,7 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
     if (!pipeline) {
       b.SetPhase(Phase::Forward, step);
       pass->Forward(b);
+      if (stopAtForwardEnd) return;
       emptyCache(step);
       b.SetPhase(Phase::Backward, step);
       if (parallel) parallel->StartBackward(b);
@@ -385,6 +390,7 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
   };
   const std::size_t stepStart = b.size();
   runStep(1);
+  if (stopAtForwardEnd) return trace;
   // Step 2 is step 1 again but for the optimizer states, which step 1 created and step 2
   // finds: with zero_grad(set_to_none=True) nothing else outlives a step, so each event
   // repeats (a new tensor for each tensor, the same words). Only peaks differ, as the states
@@ -404,6 +410,16 @@ Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
                           "with Adam, before activations).");
   }
   return trace;
+}
+
+}  // namespace
+
+Trace BuildTrace(const Setup& setup, const Inventory& inventory, bool explain) {
+  return Build(setup, inventory, explain, false);
+}
+
+Trace BuildTraceToForwardEnd(const Setup& setup, const Inventory& inventory) {
+  return Build(setup, inventory, false, true);
 }
 
 }  // namespace gpumem
