@@ -151,20 +151,6 @@ class FreeBlockIndex {
   // lies anywhere in [lo_, hi_].
   class Waiting {
    public:
-    Waiting() = default;
-    Waiting(Waiting&&) = default;
-    Waiting& operator=(Waiting&&) = default;
-    // A copy takes the blocks, not the spare buffer's capacity (the capacity fork copies the
-    // lists once an estimate).
-    Waiting(const Waiting& o) : buf_(o.buf_), lo_(o.lo_), hi_(o.hi_), gapLo_(o.gapLo_), gapHi_(o.gapHi_) {}
-    Waiting& operator=(const Waiting& o) {
-      buf_ = o.buf_;
-      lo_ = o.lo_;
-      hi_ = o.hi_;
-      gapLo_ = o.gapLo_;
-      gapHi_ = o.gapHi_;
-      return *this;
-    }
     bool empty() const { return lo_ == hi_; }
     const Dup& front() const { return buf_[lo_]; }     // the lowest address
     const Dup& back() const { return buf_[hi_ - 1]; }  // the highest
@@ -207,8 +193,18 @@ class FreeBlockIndex {
     void RemoveFromPart(std::size_t& from, std::size_t& to, std::size_t i);
     void Normalize();  // restores the gap's rule after a change at its edge
     void Recenter();   // room at both ends, no gap
+    // Recenter's other buffer (what it holds is stale). A copied list does not take it: the
+    // capacity fork copies the lists once an estimate.
+    struct Spare {
+      std::vector<Dup> buffer;
+      Spare() = default;
+      Spare(Spare&&) = default;
+      Spare& operator=(Spare&&) = default;
+      Spare(const Spare&) {}
+      Spare& operator=(const Spare&) { return *this; }
+    };
     std::vector<Dup> buf_;
-    std::vector<Dup> spare_;  // Recenter's other buffer (no blocks in it)
+    Spare spare_;
     std::size_t lo_ = 0, hi_ = 0, gapLo_ = 0, gapHi_ = 0;
   };
   int NewWaiting();
