@@ -14,11 +14,13 @@ using namespace gpumem;
 
 namespace {
 
-Inventory InventoryOf(const char* json) {
+Setup SetupOf(const std::string& json) {
   const SetupParseResult parsed = ParseSetupJson(json);
   REQUIRE(parsed.ok());
-  return BuildInventory(parsed.setup);
+  return parsed.setup;
 }
+
+Inventory InventoryOf(const char* json) { return BuildInventory(SetupOf(json)); }
 
 // The names of block 0's tensors (after "…layers.0."), in `order` (all indices when empty).
 std::vector<std::string> BlockZero(const Inventory& inv, const std::vector<std::size_t>& order, const std::string& prefix) {
@@ -79,12 +81,6 @@ TEST_CASE("GPT-NeoX registers its norms first and GPT-2 in the order it runs: fo
 }
 
 namespace {
-
-Setup SetupOf(const std::string& json) {
-  const SetupParseResult parsed = ParseSetupJson(json);
-  REQUIRE(parsed.ok());
-  return parsed.setup;
-}
 
 // GPT-2 with `layers` blocks: a distinct architecture, hence a distinct inventory, for each.
 Setup Gpt2With(int layers) {
