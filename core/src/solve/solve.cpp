@@ -225,10 +225,11 @@ std::int64_t ForwardEndFloor(const Setup& setup) {
   };
   const auto one = savedAtForwardEnd(1), two = savedAtForwardEnd(2);
   if (!one || !two || *two <= *one) return 0;
-  const ModelStates states = ModelStateSums(setup, *SharedInventory(setup));
+  const std::shared_ptr<const Inventory> inventory = SharedInventory(setup);
+  const ModelStates states = ModelStateSums(setup, *inventory);
   // Paged optimizer states are no allocation (AllocatedStates).
   return states.parametersBytes + states.masterWeightsBytes + states.optimizerStatesBytes -
-         PagedOptimizerStateBytes(setup, *SharedInventory(setup)) + (layers - 1) * (*two - *one);
+         PagedOptimizerStateBytes(setup, *inventory) + (layers - 1) * (*two - *one);
 }
 
 namespace {
