@@ -159,21 +159,33 @@ class InventoryCache {
   // ModelStatesLowerBound: validated first (an inventory is built only for a valid setup).
   std::int64_t Bound(const Setup& s) {
     if (!HasModelStatesBound(s)) return -1;
-    if (!SameInventory(s)) return AllocatedStates(s, *SharedInventory(s));
-    if (!inventory_) inventory_.emplace(BuildInventory(base_));
+    // The base's inventory, or the shared one of a change that builds another (a fine-tuning
+    // change's adapters): those come back too (the 8x22B solve bounded QLoRA's three times and
+    // its combinations' four, each sum 0.4 M instructions, callgrind).
+    std::shared_ptr<const Inventory> shared;
+    const Inventory* inventory = nullptr;
+    if (SameInventory(s)) {
+      if (!inventory_) inventory_.emplace(BuildInventory(base_));
+      inventory = &*inventory_;
+    } else {
+      shared = SharedInventory(s);
+      inventory = shared.get();
+    }
     // On one inventory the states' sum reads only these training fields (ComputeModelStates:
     // the precision's regime, optimizerInBackward; OptimizerStateTensors and the shared and
     // paged states: optimizer, optimizerImplementation, adafactorBeta1). Most changes (attention,
     // checkpointing, the allocator, the loss) leave them as they are.
     const TrainingDef& t = s.training;
     for (const Known& k : known_) {
-      if (k.precision == t.precision && k.optimizer == t.optimizer && k.implementation == t.optimizerImplementation &&
-          k.adafactorBeta1 == t.adafactorBeta1 && k.inBackward == t.optimizerInBackward) {
+      if (k.inventory == inventory && k.precision == t.precision && k.optimizer == t.optimizer &&
+          k.implementation == t.optimizerImplementation && k.adafactorBeta1 == t.adafactorBeta1 &&
+          k.inBackward == t.optimizerInBackward) {
         return k.bytes;
       }
     }
-    const std::int64_t bytes = AllocatedStates(s, *inventory_);
-    known_.push_back({t.precision, t.optimizer, t.optimizerImplementation, t.adafactorBeta1, t.optimizerInBackward, bytes});
+    const std::int64_t bytes = AllocatedStates(s, *inventory);
+    known_.push_back({inventory, shared, t.precision, t.optimizer, t.optimizerImplementation, t.adafactorBeta1,
+                      t.optimizerInBackward, bytes});
     return bytes;
   }
 
@@ -185,6 +197,9 @@ class InventoryCache {
            (s.training.precision == base_.training.precision || !FinetuneActive(s.finetune));
   }
   struct Known {
+    const Inventory* inventory;
+    // A shared inventory, held so that no other takes its address while the solve lasts.
+    std::shared_ptr<const Inventory> held;
     Precision precision;
     OptimizerKind optimizer;
     OptimizerImplementation implementation;
