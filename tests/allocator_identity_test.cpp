@@ -252,6 +252,63 @@ TEST_CASE("the free block index keeps std::set's order under every operation", "
   }
 }
 
+TEST_CASE("a free block index copied or cleared forgets the blocks it held", "[allocator][identity]") {
+  // Copied onto an index that held more blocks (the capacity fork's unlimited model, reused from
+  // one estimate to the next), and cleared: a block id the index held before, asked for with the
+  // key another block now has there, must find that key as std::set::erase would, not a stale
+  // node of its own (FreeBlockIndex keeps its node array's length across a copy and resets only
+  // the nodes of its cached blocks). Keys are walked and compared after every change.
+  using Index = device::FreeBlockIndex;
+  using Tuple = std::tuple<std::int64_t, std::uint64_t>;
+  auto keysOf = [](const Index& index) {
+    std::vector<Tuple> keys;
+    index.ForEach([&](const Index::Key& key) { keys.emplace_back(key.size, key.ptr); });
+    return keys;
+  };
+  auto keyOf = [](int block) -> Tuple {  // four sizes, several blocks of each (waiting lists)
+    return {std::int64_t{1} << (20 + block % 4), static_cast<std::uint64_t>(block) * 4096};
+  };
+  for (const bool copy : {true, false}) {
+    Index index;
+    for (int block = 0; block < 400; ++block) index.Insert({std::get<0>(keyOf(block)), std::get<1>(keyOf(block)), block});
+    REQUIRE(index.size() == 400);
+    // The new contents: blocks 0..9 under the keys blocks 300..309 had, copied in from an index
+    // of ten blocks or inserted after a Clear.
+    Index source;
+    if (!copy) index.Clear();
+    std::set<Tuple> reference;
+    for (int block = 0; block < 10; ++block) {
+      const auto [size, ptr] = keyOf(300 + block);
+      (copy ? source : index).Insert({size, ptr, block});
+      reference.insert({size, ptr});
+    }
+    if (copy) index = source;
+    REQUIRE(index.size() == 10);
+    CHECK(keysOf(index) == std::vector<Tuple>(reference.begin(), reference.end()));
+    // Blocks 300..309 asked for by their old ids: each erases the key by value.
+    for (int block = 300; block < 310; ++block) {
+      const auto [size, ptr] = keyOf(block);
+      index.EraseBlock(block, size, ptr);
+      reference.erase({size, ptr});
+      REQUIRE(index.size() == reference.size());
+      CHECK(keysOf(index) == std::vector<Tuple>(reference.begin(), reference.end()));
+    }
+    // Other old ids, with their old keys: none is there.
+    for (int block = 10; block < 400; block += 7) {
+      const auto [size, ptr] = keyOf(block);
+      index.EraseBlock(block, size, ptr);
+    }
+    CHECK(index.empty());
+    // New blocks under old ids and keys are cached and taken again as usual.
+    for (int block = 390; block < 400; ++block) index.Insert({std::get<0>(keyOf(block)), std::get<1>(keyOf(block)), block});
+    CHECK(index.size() == 10);
+    const Index::Position best = index.LowerBound(1);
+    REQUIRE_FALSE(Index::AtEnd(best));
+    CHECK(index.At(best).size == std::int64_t{1} << 20);
+    CHECK(index.At(best).ptr == std::get<1>(keyOf(392)));
+  }
+}
+
 TEST_CASE("the free block index keeps std::set's order for runs of neighbouring addresses", "[allocator][identity]") {
   // The list of same-sized blocks keeps a gap where its last insert or erase in the middle was
   // (caching_allocator.hpp, Waiting): runs of inserts and erases going up or down from a random
