@@ -44,10 +44,8 @@ std::int64_t CeilDiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 // FreeBlockIndex
 
 void FreeBlockIndex::Clear() {
-  // Every node out, so that EraseBlock of a block cached before the Clear finds nothing: only
-  // the blocks in the index have a bin (Node::bin ≥ 0 exactly then), so only theirs is reset,
-  // not every node's (a few hundred cached blocks against thousands of block ids).
-  ForEach([this](const Key& key) { nodes_[static_cast<std::size_t>(key.block)].bin = -1; });
+  // Every node out, so that EraseBlock of a block cached before the Clear finds nothing.
+  ForgetNodesFrom(0);
   for (int bin = NextBin(0); bin >= 0; bin = NextBin(bin + 1)) bins_[static_cast<std::size_t>(bin)].clear();
   binBits_.fill(0);
   binSummary_ = 0;
@@ -61,15 +59,12 @@ void FreeBlockIndex::Clear() {
 
 FreeBlockIndex& FreeBlockIndex::operator=(const FreeBlockIndex& other) {
   if (this == &other) return *this;
-  // nodes_ keeps its length: the copy's first `theirs` nodes are other's, and of the rest only
-  // those of blocks in this index have a bin, which is reset here. (Copied whole, nodes_ took
-  // other's shorter length and the copy grew it again by value-initialising nodes, in every
-  // estimate: the capacity fork's unlimited model goes on from an early copy; 1.3 % of a
-  // Mixtral estimate in wasm, node --cpu-prof.)
+  // nodes_ keeps its length: the copy's first `theirs` nodes are other's, and the rest leave the
+  // index. (Copied whole, nodes_ took other's shorter length and the copy grew it again by
+  // value-initialising nodes, in every estimate: the capacity fork's unlimited model goes on
+  // from an early copy; 1.3 % of a Mixtral estimate in wasm, node --cpu-prof.)
   const std::size_t theirs = other.nodes_.size();
-  ForEach([&](const Key& key) {
-    if (static_cast<std::size_t>(key.block) >= theirs) nodes_[static_cast<std::size_t>(key.block)].bin = -1;
-  });
+  ForgetNodesFrom(theirs);
   for (int w = 0; w < kBinWords; ++w) {
     for (std::uint64_t bits = binBits_[static_cast<std::size_t>(w)] | other.binBits_[static_cast<std::size_t>(w)];
          bits != 0; bits &= bits - 1) {
@@ -85,6 +80,15 @@ FreeBlockIndex& FreeBlockIndex::operator=(const FreeBlockIndex& other) {
   freeWaiting_ = other.freeWaiting_;
   size_ = other.size_;
   return *this;
+}
+
+// Only the blocks in the index have a bin (Node::bin ≥ 0 exactly then): those of id ≥ `from`
+// are the nodes to reset, not every node (a few hundred cached blocks against thousands of ids).
+void FreeBlockIndex::ForgetNodesFrom(std::size_t from) {
+  ForEach([&](const Key& key) {
+    const auto block = static_cast<std::size_t>(key.block);
+    if (block >= from) nodes_[block].bin = -1;
+  });
 }
 
 FreeBlockIndex::Entry* FreeBlockIndex::EntryOf(int bin, std::int64_t size) {

@@ -208,6 +208,9 @@ class FreeBlockIndex {
     std::size_t lo_ = 0, hi_ = 0, gapLo_ = 0, gapHi_ = 0;
   };
   int NewWaiting();
+  // Resets the bin of the index's blocks of id ≥ from (their nodes read as not in the index);
+  // the bins themselves are left to the caller.
+  void ForgetNodesFrom(std::size_t from);
   // Takes block x out.
   void EraseNode(int x);
 
