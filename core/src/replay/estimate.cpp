@@ -115,7 +115,7 @@ std::string ExplainPeak(const Snapshot& peak, Estimate::Dominant& dominant) {
 // What one tensor adds to the model states' sums. StoredBytes, GradientTypeOf, HasMasterCopy
 // and OptimizerStateTensors read a tensor's shape, trainable flag, storage and packed element
 // size, and nothing else (no name, layer or adapter flag): tensors alike in those four add the
-// same, and a model's tensors are a few dozen kinds repeated per block (Mixtral 8x22B: 1,739
+// same, and a model's tensors are a few kinds repeated per block (Mixtral 8x22B: 1,739
 // tensors of 7 kinds). The solver sums them for each precision and optimizer it tries: 14 sums
 // of 0.47 M instructions a Mixtral 8x22B solve (callgrind), most of it OptimizerStateTensors.
 struct TensorSums {
@@ -133,8 +133,8 @@ bool Alike(const Tensor& a, const Tensor& b) {
 // GradientTypeOf, HasMasterCopy, OptimizerStateTensors, OptimizerSharedStates); `eachState` sees
 // every optimizer state and whether it is a shared one, for ComputeModelStates' words (the
 // solver's bounds need the sums alone: ModelStatesTotalBytes). Returns the master elements.
-// A tensor alike one of the last few kinds seen (a 64-slot table by shape) takes its sums and
-// states from it.
+// A tensor alike the last one seen in its slot of a 64-slot table (hashed by shape, storage and
+// trainable flag) takes that one's sums and states.
 template <typename F>
 std::int64_t SumModelStates(const Setup& setup, const Inventory& inventory, const Regime& regime, ModelStates& m,
                             F&& eachState) {
