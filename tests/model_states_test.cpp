@@ -92,8 +92,8 @@ TEST_CASE("tensors of one element count but other shapes keep their own optimize
 // The same sums tensor by tensor, with the rules the trace allocates by, on models of many
 // repeated tensors: a mixture of experts under QLoRA with 8-bit AdamW (NF4 bases frozen, fp32
 // adapters, bitsandbytes' fp32 states below 4,096 values and shared maps; a vocabulary as wide
-// as the model, so that the frozen bf16 embedding and head are [64, 64] like the NF4 attention
-// projections), and Llama with LoRA and Adafactor.
+// as the model, so that the frozen embedding, which prepare_model_for_kbit_training upcasts to
+// fp32, is [64, 64] like the NF4 attention projections), and Llama with LoRA and Adafactor.
 TEST_CASE("model states summed by kind equal the sums tensor by tensor", "[model_states]") {
   Setup moe = TinyTransformer(Family::Llama, 4, Precision::BF16Mixed);
   moe.model.architecture.numExperts = 4;
